@@ -1,0 +1,770 @@
+//! The claim protocol on DynamoDB: conditional writes, fencing tokens, TTL.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TimeToLiveStatus, TransactWriteItem, Update,
+};
+
+use super::memory::describe;
+use super::{
+    Claim, ClaimRequest, Completion, DedupStore, Record, Status, StoreError, StoredResult,
+    check_transaction_limits, decide_conflict,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::handler::StagedWrite;
+
+/// The name of the TTL attribute the dedup table must have enabled.
+pub const TTL_ATTRIBUTE: &str = "expires_at";
+/// The partition key attribute (string).
+pub const KEY_ATTRIBUTE: &str = "pk";
+
+const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s OR #status = :failed \
+     OR (#status = :in_progress AND lease_until < :now_ms)";
+const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
+
+/// How many times an operation whose outcome is unknown is sent again (with the
+/// same token) before the message is given back to the queue.
+const UNKNOWN_OUTCOME_ATTEMPTS: u32 = 4;
+
+/// The DynamoDB dedup store. Build the client once and pass it in.
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: Arc<str>,
+    clock: Arc<dyn Clock>,
+}
+
+/// Why a table cannot serve as the dedup table. Reported at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum TableCheckError {
+    /// No such table.
+    #[error(
+        "dedup table `{0}` does not exist (setting SQS_ONCE_TABLE); create it with `sqs-once init`"
+    )]
+    Missing(String),
+    /// Wrong keys.
+    #[error(
+        "dedup table `{table}` has key schema {found}; expected exactly one string partition key `pk` (setting SQS_ONCE_TABLE)"
+    )]
+    KeySchema {
+        /// The table.
+        table: String,
+        /// What it has.
+        found: String,
+    },
+    /// TTL not enabled on `expires_at`.
+    #[error(
+        "dedup table `{table}` has TTL {found}; expected TTL enabled on `expires_at`, or the table grows without bound (setting SQS_ONCE_TABLE; fix with `sqs-once init`)"
+    )]
+    Ttl {
+        /// The table.
+        table: String,
+        /// What it has.
+        found: String,
+    },
+    /// The check itself failed.
+    #[error("could not describe dedup table `{table}`: {reason}")]
+    Unreachable {
+        /// The table.
+        table: String,
+        /// The SDK's message.
+        reason: String,
+    },
+}
+
+enum Attempt {
+    /// The outcome is unknown or the failure transient: send again, same token.
+    Again(String),
+    /// A definite answer.
+    Done(StoreError),
+}
+
+fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
+    err: &SdkError<E, R>,
+) -> Attempt {
+    match err {
+        SdkError::ServiceError(se) => {
+            let e = se.err();
+            let code = e.code().unwrap_or("Unknown");
+            let msg = format!("{code}: {}", e.message().unwrap_or_default());
+            match code {
+                "ValidationException" | "SerializationException" => {
+                    Attempt::Done(StoreError::Invalid(msg))
+                }
+                "ResourceNotFoundException" => Attempt::Done(StoreError::Invalid(format!(
+                    "{msg} (is SQS_ONCE_TABLE right, and the table created?)"
+                ))),
+                "AccessDeniedException" | "UnrecognizedClientException" => {
+                    Attempt::Done(StoreError::Unavailable(msg))
+                }
+                _ => Attempt::Again(msg),
+            }
+        }
+        other => {
+            Attempt::Again(aws_smithy_types::error::display::DisplayErrorContext(other).to_string())
+        }
+    }
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 2)
+}
+
+fn names(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+impl DynamoStore {
+    /// A store on `table` using the system clock.
+    pub fn new(client: Client, table: impl Into<Arc<str>>) -> Self {
+        Self::with_clock(client, table, Arc::new(SystemClock))
+    }
+
+    /// A store with an injected clock (tests).
+    pub fn with_clock(client: Client, table: impl Into<Arc<str>>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+            clock,
+        }
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Checks at start-up that the table has the expected key schema and TTL.
+    pub async fn check_table(&self) -> Result<(), TableCheckError> {
+        let table = self.table.to_string();
+        let unreachable = |e: String| TableCheckError::Unreachable {
+            table: table.clone(),
+            reason: e,
+        };
+        let desc = match self
+            .client
+            .describe_table()
+            .table_name(&*self.table)
+            .send()
+            .await
+        {
+            Ok(d) => d,
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                return Err(TableCheckError::Missing(table));
+            }
+            Err(e) => {
+                return Err(unreachable(
+                    aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
+                ));
+            }
+        };
+        let t = desc
+            .table()
+            .ok_or_else(|| unreachable("empty DescribeTable answer".into()))?;
+        let keys: Vec<String> = t
+            .key_schema()
+            .iter()
+            .map(|k| format!("{}:{}", k.attribute_name(), k.key_type().as_str()))
+            .collect();
+        let pk_is_string = t.attribute_definitions().iter().any(|d| {
+            d.attribute_name() == KEY_ATTRIBUTE && *d.attribute_type() == ScalarAttributeType::S
+        });
+        let schema_ok = t.key_schema().len() == 1
+            && t.key_schema()[0].attribute_name() == KEY_ATTRIBUTE
+            && *t.key_schema()[0].key_type() == KeyType::Hash
+            && pk_is_string;
+        if !schema_ok {
+            let types: Vec<String> = t
+                .attribute_definitions()
+                .iter()
+                .map(|d| format!("{}({})", d.attribute_name(), d.attribute_type().as_str()))
+                .collect();
+            return Err(TableCheckError::KeySchema {
+                table,
+                found: format!("[{}] with types [{}]", keys.join(", "), types.join(", ")),
+            });
+        }
+        let ttl = self
+            .client
+            .describe_time_to_live()
+            .table_name(&*self.table)
+            .send()
+            .await
+            .map_err(|e| {
+                unreachable(aws_smithy_types::error::display::DisplayErrorContext(&e).to_string())
+            })?;
+        let desc = ttl.time_to_live_description();
+        let status = desc.and_then(|d| d.time_to_live_status());
+        let attr = desc.and_then(|d| d.attribute_name());
+        let enabled = matches!(
+            status,
+            Some(TimeToLiveStatus::Enabled) | Some(TimeToLiveStatus::Enabling)
+        );
+        if !enabled || attr != Some(TTL_ATTRIBUTE) {
+            return Err(TableCheckError::Ttl {
+                table,
+                found: format!(
+                    "{} on {}",
+                    status.map_or("DISABLED", |s| s.as_str()),
+                    attr.unwrap_or("no attribute")
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `op` until it gives a definite answer, at most
+    /// [`UNKNOWN_OUTCOME_ATTEMPTS`] times. Callers make `op` idempotent by
+    /// sending the same owner token each time.
+    async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
+        let mut delay = Duration::from_millis(50);
+        let mut last = String::new();
+        for attempt in 1..=UNKNOWN_OUTCOME_ATTEMPTS {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Done(e)) => return Err(e),
+                Err(Attempt::Again(reason)) => {
+                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB outcome unknown; sending again with the same token");
+                    last = reason;
+                    if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!("{what}: {last}")))
+    }
+
+    /// An owner-guarded update of our record. When the condition fails, the old
+    /// record decides: `accept(old)` true means an earlier attempt of ours already
+    /// did it.
+    async fn owned_update(
+        &self,
+        what: &str,
+        pk: &str,
+        owner: &str,
+        set: &str,
+        mut values: HashMap<String, AttributeValue>,
+        accept: impl Fn(&Record) -> bool,
+    ) -> Result<(), StoreError> {
+        values.insert(":owner".into(), s(owner));
+        values.insert(":in_progress".into(), s(Status::InProgress.as_str()));
+        let attr_names = names(&[
+            ("#owner", "owner"),
+            ("#status", "status"),
+            ("#error", "error"),
+        ]);
+        self.retrying(what, || async {
+            let res = self
+                .client
+                .update_item()
+                .table_name(&*self.table)
+                .key(KEY_ATTRIBUTE, s(pk))
+                .update_expression(set)
+                .condition_expression(OWNED_CONDITION)
+                .set_expression_attribute_names(Some(used_names(&attr_names, set)))
+                .set_expression_attribute_values(Some(values.clone()))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .send()
+                .await;
+            match res {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if let Some(ccf) = e.as_service_error().and_then(|se| match se {
+                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
+                        _ => None,
+                    }) {
+                        let old = ccf.item().map(|i| record_from_item(i)).transpose();
+                        let old = old.map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+                        if old.as_ref().is_some_and(|r| r.owner.as_deref() == Some(owner) && accept(r)) {
+                            return Ok(());
+                        }
+                        return Err(Attempt::Done(StoreError::LeaseLost {
+                            pk: pk.to_owned(),
+                            found: describe(old.as_ref()),
+                        }));
+                    }
+                    Err(classify(&e))
+                }
+            }
+        })
+        .await
+    }
+
+    fn completed_update(&self, c: &Completion) -> Result<Update, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let mut values = HashMap::from([
+            (":owner".to_owned(), s(&c.owner)),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":completed".to_owned(), s(Status::Completed.as_str())),
+            (":completed_at".to_owned(), n(now_ms)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(c.ttl)),
+            ),
+        ]);
+        let mut set =
+            "SET #status = :completed, completed_at = :completed_at, expires_at = :expires_at"
+                .to_owned();
+        let mut remove = vec!["lease_until"];
+        match &c.result {
+            None => remove.extend(["#result", "result_sha256", "result_bytes"]),
+            Some(StoredResult::Value(v)) => {
+                set.push_str(", #result = :result");
+                values.insert(":result".into(), s(v.to_string()));
+                remove.extend(["result_sha256", "result_bytes"]);
+            }
+            Some(StoredResult::Digest { sha256, bytes }) => {
+                set.push_str(", result_sha256 = :rsha, result_bytes = :rbytes");
+                values.insert(":rsha".into(), s(sha256));
+                values.insert(
+                    ":rbytes".into(),
+                    n(i64::try_from(*bytes).unwrap_or(i64::MAX)),
+                );
+                remove.push("#result");
+            }
+        }
+        let expr = format!("{set} REMOVE {}", remove.join(", "));
+        let all = names(&[
+            ("#owner", "owner"),
+            ("#status", "status"),
+            ("#result", "result"),
+        ]);
+        Update::builder()
+            .table_name(&*self.table)
+            .key(KEY_ATTRIBUTE, s(&c.pk))
+            .set_expression_attribute_names(Some(used_names(
+                &all,
+                &format!("{expr} {OWNED_CONDITION}"),
+            )))
+            .update_expression(expr)
+            .condition_expression(OWNED_CONDITION)
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+
+    async fn complete_plain(&self, c: &Completion, update: Update) -> Result<(), StoreError> {
+        let pk = c.pk.clone();
+        self.retrying("complete", || async {
+            let res = self
+                .client
+                .update_item()
+                .table_name(update.table_name())
+                .set_key(Some(update.key().clone()))
+                .update_expression(update.update_expression())
+                .set_condition_expression(update.condition_expression().map(str::to_owned))
+                .set_expression_attribute_names(update.expression_attribute_names().cloned())
+                .set_expression_attribute_values(update.expression_attribute_values().cloned())
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .send()
+                .await;
+            match res {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if let Some(ccf) = e.as_service_error().and_then(|se| match se {
+                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
+                        _ => None,
+                    }) {
+                        return completion_conflict(&pk, &c.owner, ccf.item());
+                    }
+                    Err(classify(&e))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn complete_transact(&self, c: &Completion, update: Update) -> Result<(), StoreError> {
+        let mut items = Vec::with_capacity(c.writes.len() + 1);
+        items.push(TransactWriteItem::builder().update(update).build());
+        items.extend(c.writes.iter().map(|w| w.item.clone()));
+        // DynamoDB makes a TransactWriteItems with the same token idempotent for ten
+        // minutes; the fencing check below covers a retry after that.
+        let token = crate::key::sha256_hex(format!("complete#{}#{}", c.pk, c.owner).as_bytes());
+        let token = &token[..36];
+        self.retrying("complete (transaction)", || async {
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(token)
+                .send()
+                .await;
+            match res {
+                Ok(_) => Ok(()),
+                Err(e) => match e.as_service_error() {
+                    Some(TransactWriteItemsError::TransactionCanceledException(tc)) => {
+                        let reasons = tc.cancellation_reasons();
+                        let code =
+                            |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+                        if code(0) == "ConditionalCheckFailed" {
+                            return completion_conflict(&c.pk, &c.owner, reasons[0].item());
+                        }
+                        if let Some(i) =
+                            (1..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed")
+                        {
+                            return Err(Attempt::Done(StoreError::WriteConditionFailed {
+                                index: i - 1,
+                                kind: c.writes[i - 1].on_condition_failed,
+                            }));
+                        }
+                        if let Some(i) = (0..reasons.len()).find(|&i| code(i) == "ValidationError")
+                        {
+                            return Err(Attempt::Done(StoreError::Invalid(format!(
+                                "transaction item #{i}: {}",
+                                reasons[i].message().unwrap_or("validation error")
+                            ))));
+                        }
+                        // TransactionConflict, ThrottlingError, ...: nothing was written.
+                        let all: Vec<&str> = (0..reasons.len()).map(code).collect();
+                        Err(Attempt::Again(format!("transaction cancelled: {all:?}")))
+                    }
+                    _ => Err(classify(&e)),
+                },
+            }
+        })
+        .await
+    }
+}
+
+/// The completion's fencing check failed: done already by an earlier attempt of
+/// ours (response lost), or the lease was lost.
+fn completion_conflict(
+    pk: &str,
+    owner: &str,
+    item: Option<&HashMap<String, AttributeValue>>,
+) -> Result<(), Attempt> {
+    let old = item
+        .map(record_from_item)
+        .transpose()
+        .map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+    if old
+        .as_ref()
+        .is_some_and(|r| r.status == Status::Completed && r.owner.as_deref() == Some(owner))
+    {
+        return Ok(());
+    }
+    Err(Attempt::Done(StoreError::LeaseLost {
+        pk: pk.to_owned(),
+        found: describe(old.as_ref()),
+    }))
+}
+
+/// Only the `#names` an expression uses (DynamoDB rejects unused ones).
+fn used_names(all: &HashMap<String, String>, expr: &str) -> HashMap<String, String> {
+    all.iter()
+        .filter(|(k, _)| expr.contains(k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+impl DedupStore for DynamoStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let values = HashMap::from([
+            (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
+            (":now_ms".to_owned(), n(now_ms)),
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":owner".to_owned(), s(&req.owner)),
+            (":lease_until".to_owned(), n(now_ms + ms(req.lease))),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(req.ttl)),
+            ),
+            (":payload".to_owned(), s(&req.payload_sha256)),
+            (":mid".to_owned(), s(&req.message_id)),
+            (":zero".to_owned(), n(0)),
+            (":one".to_owned(), n(1)),
+        ]);
+        let update = "SET #status = :in_progress, #owner = :owner, lease_until = :lease_until, \
+             expires_at = :expires_at, payload_sha256 = :payload, message_id = :mid, \
+             claimed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one \
+             REMOVE #result, result_sha256, result_bytes, completed_at";
+        let attr_names = names(&[
+            ("#status", "status"),
+            ("#owner", "owner"),
+            ("#result", "result"),
+        ]);
+        self.retrying("claim", || async {
+            let res = self
+                .client
+                .update_item()
+                .table_name(&*self.table)
+                .key(KEY_ATTRIBUTE, s(&req.pk))
+                .update_expression(update)
+                .condition_expression(CLAIM_CONDITION)
+                .set_expression_attribute_names(Some(attr_names.clone()))
+                .set_expression_attribute_values(Some(values.clone()))
+                .return_values(ReturnValue::AllNew)
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .send()
+                .await;
+            match res {
+                Ok(out) => {
+                    let attempt = out
+                        .attributes()
+                        .and_then(|a| a.get("attempts"))
+                        .and_then(|v| v.as_n().ok())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1);
+                    Ok(Claim::Acquired { attempt })
+                }
+                Err(e) => {
+                    if let Some(ccf) = e.as_service_error().and_then(|se| match se {
+                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
+                        _ => None,
+                    }) {
+                        let Some(item) = ccf.item() else {
+                            return Err(Attempt::Done(StoreError::Invalid(
+                                "conditional check failed without the old item (ALL_OLD not honoured)".into(),
+                            )));
+                        };
+                        let old = record_from_item(item).map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+                        return Ok(decide_conflict(&old, req, now_ms));
+                    }
+                    Err(classify(&e))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        check_transaction_limits(&c.writes)?;
+        let update = self.completed_update(&c)?;
+        if c.writes.is_empty() {
+            self.complete_plain(&c, update).await
+        } else {
+            self.complete_transact(&c, update).await
+        }
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        let values = HashMap::from([(":zero".to_owned(), n(0)), (":error".to_owned(), s(error))]);
+        self.owned_update(
+            "release",
+            pk,
+            owner,
+            "SET lease_until = :zero, #error = :error",
+            values,
+            |r| r.status == Status::InProgress,
+        )
+        .await
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        let values = HashMap::from([
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":error".to_owned(), s(error)),
+            (":zero".to_owned(), n(0)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(ttl)),
+            ),
+        ]);
+        self.owned_update(
+            "mark failed",
+            pk,
+            owner,
+            "SET #status = :failed, #error = :error, lease_until = :zero, expires_at = :expires_at",
+            values,
+            |r| r.status == Status::Failed,
+        )
+        .await
+    }
+
+    async fn extend_lease(&self, pk: &str, owner: &str, lease: Duration) -> Result<(), StoreError> {
+        let values = HashMap::from([(
+            ":lease_until".to_owned(),
+            n(self.clock.now_ms() + ms(lease)),
+        )]);
+        self.owned_update(
+            "extend lease",
+            pk,
+            owner,
+            "SET lease_until = :lease_until",
+            values,
+            |r| r.status == Status::InProgress,
+        )
+        .await
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        check_transaction_limits(&writes)?;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<TransactWriteItem> = writes.iter().map(|w| w.item.clone()).collect();
+        let res = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(tc)) => {
+                    let reasons = tc.cancellation_reasons();
+                    match reasons
+                        .iter()
+                        .position(|r| r.code() == Some("ConditionalCheckFailed"))
+                    {
+                        Some(i) => Err(StoreError::WriteConditionFailed {
+                            index: i,
+                            kind: writes[i].on_condition_failed,
+                        }),
+                        None => Err(StoreError::Unavailable(format!(
+                            "transaction cancelled: {tc}"
+                        ))),
+                    }
+                }
+                // Without a dedup record there is no way to tell whether an unknown
+                // outcome committed; the message comes back and may apply twice.
+                _ => match classify(&e) {
+                    Attempt::Done(err) => Err(err),
+                    Attempt::Again(reason) => Err(StoreError::Unavailable(reason)),
+                },
+            },
+        }
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(KEY_ATTRIBUTE, s(pk))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| match classify(&e) {
+                Attempt::Done(err) => err,
+                Attempt::Again(reason) => StoreError::Unavailable(reason),
+            })?;
+        out.item()
+            .map(record_from_item)
+            .transpose()
+            .map_err(StoreError::Invalid)
+    }
+}
+
+/// Reads a dedup record from a DynamoDB item.
+pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, String> {
+    let str_of = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num_of = |k: &str| -> Option<i64> {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+    };
+    let pk = str_of(KEY_ATTRIBUTE).ok_or("dedup record without `pk`")?;
+    let status_s = str_of("status").ok_or_else(|| format!("dedup record {pk} without `status`"))?;
+    let status = Status::parse(&status_s)
+        .ok_or_else(|| format!("dedup record {pk} has unknown status {status_s:?}"))?;
+    let result = if let Some(text) = str_of("result") {
+        Some(StoredResult::Value(serde_json::from_str(&text).map_err(
+            |e| format!("dedup record {pk}: result is not JSON: {e}"),
+        )?))
+    } else {
+        str_of("result_sha256").map(|sha256| StoredResult::Digest {
+            sha256,
+            bytes: num_of("result_bytes")
+                .and_then(|b| u64::try_from(b).ok())
+                .unwrap_or(0),
+        })
+    };
+    Ok(Record {
+        status,
+        owner: str_of("owner"),
+        lease_until_ms: num_of("lease_until").unwrap_or(0),
+        expires_at_s: num_of(TTL_ATTRIBUTE).unwrap_or(i64::MAX),
+        attempts: num_of("attempts")
+            .and_then(|a| u32::try_from(a).ok())
+            .unwrap_or(0),
+        payload_sha256: str_of("payload_sha256"),
+        result,
+        message_id: str_of("message_id"),
+        claimed_at_ms: num_of("claimed_at"),
+        completed_at_ms: num_of("completed_at"),
+        error: str_of("error"),
+        pk,
+    })
+}
+
+/// Approximate size of an attribute value as DynamoDB counts it.
+fn value_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => n.len().div_ceil(2) + 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::Ss(v) => v.iter().map(String::len).sum(),
+        AttributeValue::Ns(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+        AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::L(l) => 3 + l.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
+        AttributeValue::M(m) => 3 + map_size(m),
+        _ => 1,
+    }
+}
+
+fn map_size(m: &HashMap<String, AttributeValue>) -> usize {
+    m.iter().map(|(k, v)| k.len() + value_size(v)).sum()
+}
+
+/// Approximate size of a staged write: its item or key plus its expression values.
+pub(crate) fn write_size(w: &TransactWriteItem) -> usize {
+    if let Some(p) = w.put() {
+        map_size(p.item()) + p.expression_attribute_values().map_or(0, map_size)
+    } else if let Some(u) = w.update() {
+        map_size(u.key())
+            + u.update_expression().len()
+            + u.expression_attribute_values().map_or(0, map_size)
+    } else if let Some(d) = w.delete() {
+        map_size(d.key()) + d.expression_attribute_values().map_or(0, map_size)
+    } else if let Some(c) = w.condition_check() {
+        map_size(c.key()) + c.expression_attribute_values().map_or(0, map_size)
+    } else {
+        0
+    }
+}

@@ -1,0 +1,205 @@
+//! An in-memory [`DedupStore`] with the protocol's semantics, for fast tests.
+//!
+//! Staged writes are recorded (see [`MemoryStore::committed_writes`]) atomically
+//! with the completion, but their own conditions are not evaluated: behaviour
+//! that depends on DynamoDB's condition semantics is tested against DynamoDB.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
+use super::{
+    Claim, ClaimRequest, Completion, DedupStore, Record, Status, StoreError,
+    check_transaction_limits, decide_conflict,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::handler::StagedWrite;
+
+/// The in-memory store. Clones share state.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    clock: Arc<dyn Clock>,
+    state: Arc<Mutex<State>>,
+    unavailable: Arc<AtomicBool>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<String, Record>,
+    committed: Vec<Vec<TransactWriteItem>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the given clock.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: Arc::default(),
+            unavailable: Arc::default(),
+        }
+    }
+
+    /// Every committed transaction's staged writes, in commit order.
+    pub fn committed_writes(&self) -> Vec<Vec<TransactWriteItem>> {
+        self.lock().committed.clone()
+    }
+
+    /// Makes every call fail with [`StoreError::Unavailable`] until set back.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.unavailable.store(unavailable, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("memory store lock")
+    }
+
+    fn check_available(&self) -> Result<(), StoreError> {
+        if self.unavailable.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable(
+                "memory store set unavailable".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies `f` to our record if `owner` still holds it in progress.
+    fn with_owned<T>(
+        &self,
+        pk: &str,
+        owner: &str,
+        f: impl FnOnce(&mut Record, &mut Vec<Vec<TransactWriteItem>>) -> T,
+    ) -> Result<T, StoreError> {
+        self.check_available()?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        match state.records.get_mut(pk) {
+            Some(r) if r.owner.as_deref() == Some(owner) && r.status == Status::InProgress => {
+                Ok(f(r, &mut state.committed))
+            }
+            other => Err(StoreError::LeaseLost {
+                pk: pk.to_owned(),
+                found: describe(other.map(|r| &*r)),
+            }),
+        }
+    }
+}
+
+pub(crate) fn describe(r: Option<&Record>) -> String {
+    match r {
+        None => "absent".to_owned(),
+        Some(r) => format!(
+            "{} owned by {}",
+            r.status.as_str(),
+            r.owner.as_deref().unwrap_or("nobody")
+        ),
+    }
+}
+
+fn expires_at(now_ms: i64, ttl: Duration) -> i64 {
+    now_ms.div_euclid(1000) + i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2)
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+impl DedupStore for MemoryStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.check_available()?;
+        let now_ms = self.clock.now_ms();
+        let mut state = self.lock();
+        let old = state.records.get(&req.pk);
+        if let Some(old) = old {
+            if !old.claimable(now_ms) {
+                return Ok(decide_conflict(old, req, now_ms));
+            }
+        }
+        let attempts = old.map_or(0, |o| o.attempts) + 1;
+        let error = old.and_then(|o| o.error.clone());
+        state.records.insert(
+            req.pk.clone(),
+            Record {
+                pk: req.pk.clone(),
+                status: Status::InProgress,
+                owner: Some(req.owner.clone()),
+                lease_until_ms: now_ms + ms(req.lease),
+                expires_at_s: expires_at(now_ms, req.ttl),
+                attempts,
+                payload_sha256: Some(req.payload_sha256.clone()),
+                result: None,
+                message_id: Some(req.message_id.clone()),
+                claimed_at_ms: Some(now_ms),
+                completed_at_ms: None,
+                error,
+            },
+        );
+        Ok(Claim::Acquired { attempt: attempts })
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        check_transaction_limits(&c.writes)?;
+        let now_ms = self.clock.now_ms();
+        self.with_owned(&c.pk, &c.owner, |r, committed| {
+            r.status = Status::Completed;
+            r.result = c.result;
+            r.completed_at_ms = Some(now_ms);
+            r.expires_at_s = expires_at(now_ms, c.ttl);
+            if !c.writes.is_empty() {
+                committed.push(c.writes.into_iter().map(|w| w.item).collect());
+            }
+        })
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        self.with_owned(pk, owner, |r, _| {
+            r.lease_until_ms = 0;
+            r.error = Some(error.to_owned());
+        })
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        self.with_owned(pk, owner, |r, _| {
+            r.status = Status::Failed;
+            r.lease_until_ms = 0;
+            r.error = Some(error.to_owned());
+            r.expires_at_s = expires_at(now_ms, ttl);
+        })
+    }
+
+    async fn extend_lease(&self, pk: &str, owner: &str, lease: Duration) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        self.with_owned(pk, owner, |r, _| r.lease_until_ms = now_ms + ms(lease))
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        check_transaction_limits(&writes)?;
+        self.check_available()?;
+        if !writes.is_empty() {
+            self.lock()
+                .committed
+                .push(writes.into_iter().map(|w| w.item).collect());
+        }
+        Ok(())
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        self.check_available()?;
+        Ok(self.lock().records.get(pk).cloned())
+    }
+}

@@ -1,0 +1,314 @@
+//! The dedup store: the claim protocol of DESIGN.md, behind one trait.
+//!
+//! One record per logical message, keyed `{consumer}#{dedup_key}`:
+//!
+//! 1. **Claim** before any side effect. A conditional write takes the key when it
+//!    is absent, expired (by the clock), `FAILED`, or `IN_PROGRESS` with a lease
+//!    that has run out; otherwise the old record says what the message is:
+//!    [`Claim::Duplicate`] (completed), [`Claim::InFlight`] (someone else holds a
+//!    live lease). Every claim attempt carries a fresh random `owner` token: the
+//!    fencing token.
+//! 2. **Complete** (status `COMPLETED`, the result, staged writes in the same
+//!    transaction), **release** (lease ended so a redelivery can run) and
+//!    **mark failed** only succeed while `owner` is still our token.
+//! 3. **Unknown outcomes** (a timeout after the write may have committed) are
+//!    retried with the *same* token; a conditional failure whose old record
+//!    carries our token means the first attempt won.
+//!
+//! [`DynamoStore`](dynamodb::DynamoStore) is the real implementation;
+//! [`MemoryStore`](memory::MemoryStore) has the same semantics for fast tests.
+//! Both share [`decide_conflict`], so the outcome of a lost race is decided in
+//! one place.
+
+pub mod dynamodb;
+pub mod memory;
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::handler::{FailureKind, StagedWrite};
+
+/// `IN_PROGRESS`, `COMPLETED` or `FAILED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Claimed; the owner's lease says until when.
+    InProgress,
+    /// Done; duplicates are skipped.
+    Completed,
+    /// Failed permanently; kept for inspection; does not block a redriven message.
+    Failed,
+}
+
+impl Status {
+    /// The stored string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "IN_PROGRESS",
+            Status::Completed => "COMPLETED",
+            Status::Failed => "FAILED",
+        }
+    }
+
+    /// Parses the stored string.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "IN_PROGRESS" => Some(Status::InProgress),
+            "COMPLETED" => Some(Status::Completed),
+            "FAILED" => Some(Status::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// A handler result as recorded: the value itself, or its digest when larger
+/// than the configured bound.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredResult {
+    /// The result, as JSON.
+    Value(serde_json::Value),
+    /// A result too large to store: its SHA-256 and size.
+    Digest {
+        /// Hex SHA-256 of the JSON text.
+        sha256: String,
+        /// Size of the JSON text in bytes.
+        bytes: u64,
+    },
+}
+
+impl StoredResult {
+    /// Stores `value` as is when its JSON text is at most `max_bytes`, else as a digest.
+    pub fn bounded(value: &serde_json::Value, max_bytes: usize) -> Self {
+        let text = value.to_string();
+        if text.len() <= max_bytes {
+            StoredResult::Value(value.clone())
+        } else {
+            StoredResult::Digest {
+                sha256: crate::key::sha256_hex(text.as_bytes()),
+                bytes: text.len() as u64,
+            }
+        }
+    }
+}
+
+/// One dedup record, as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// `{consumer}#{dedup_key}` (hashed when too long).
+    pub pk: String,
+    /// The state.
+    pub status: Status,
+    /// The fencing token of the latest claim.
+    pub owner: Option<String>,
+    /// Lease end, epoch milliseconds.
+    pub lease_until_ms: i64,
+    /// The TTL attribute, epoch seconds.
+    pub expires_at_s: i64,
+    /// Claims this key has seen.
+    pub attempts: u32,
+    /// SHA-256 of the body that claimed it.
+    pub payload_sha256: Option<String>,
+    /// The recorded result.
+    pub result: Option<StoredResult>,
+    /// The SQS message id of the claiming delivery.
+    pub message_id: Option<String>,
+    /// When it was claimed, epoch ms.
+    pub claimed_at_ms: Option<i64>,
+    /// When it was completed, epoch ms.
+    pub completed_at_ms: Option<i64>,
+    /// The last error (release or permanent failure).
+    pub error: Option<String>,
+}
+
+impl Record {
+    /// Whether a claim at `now_ms` may take this record: the same predicate as the
+    /// DynamoDB condition expression.
+    pub fn claimable(&self, now_ms: i64) -> bool {
+        self.expires_at_s < now_ms.div_euclid(1000)
+            || self.status == Status::Failed
+            || (self.status == Status::InProgress && self.lease_until_ms < now_ms)
+    }
+}
+
+/// A claim attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The record key.
+    pub pk: String,
+    /// The fresh fencing token of this attempt.
+    pub owner: String,
+    /// The delivery's message id (for operators).
+    pub message_id: String,
+    /// SHA-256 of the body.
+    pub payload_sha256: String,
+    /// How long nobody else may claim.
+    pub lease: Duration,
+    /// Retention of the record (`expires_at = now + ttl`).
+    pub ttl: Duration,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// We own the key: run the handler.
+    Acquired {
+        /// Claims this key has seen, this one included.
+        attempt: u32,
+    },
+    /// Already completed: skip the handler.
+    Duplicate {
+        /// The recorded result.
+        result: Option<StoredResult>,
+        /// False when the record was made by a different body: a producer bug.
+        payload_matches: bool,
+    },
+    /// Another consumer holds a live lease: do not run; try again when it ends.
+    InFlight {
+        /// The other lease's end, epoch ms.
+        lease_until_ms: i64,
+        /// False when the record was made by a different body.
+        payload_matches: bool,
+    },
+}
+
+/// How a claim that lost its condition is answered, given the record that won.
+/// Shared by every store so the protocol is decided in one place.
+pub fn decide_conflict(old: &Record, req: &ClaimRequest, now_ms: i64) -> Claim {
+    let payload_matches = old
+        .payload_sha256
+        .as_deref()
+        .is_none_or(|p| p == req.payload_sha256);
+    match old.status {
+        // Our own earlier attempt committed and only its response was lost.
+        Status::InProgress if old.owner.as_deref() == Some(req.owner.as_str()) => Claim::Acquired {
+            attempt: old.attempts,
+        },
+        Status::Completed => Claim::Duplicate {
+            result: old.result.clone(),
+            payload_matches,
+        },
+        // A live lease, or (clock skew between us and the writer) one that looks
+        // claimable now: either way someone else holds it; come back when it ends.
+        _ => Claim::InFlight {
+            lease_until_ms: old.lease_until_ms.max(now_ms),
+            payload_matches,
+        },
+    }
+}
+
+/// A completion: status `COMPLETED`, the result, and the staged writes, all or nothing.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The record key.
+    pub pk: String,
+    /// Our fencing token.
+    pub owner: String,
+    /// The result to record.
+    pub result: Option<StoredResult>,
+    /// Retention from now.
+    pub ttl: Duration,
+    /// DynamoDB writes that commit in the same transaction.
+    pub writes: Vec<StagedWrite>,
+}
+
+/// DynamoDB's transaction limits, counting the dedup record.
+pub const MAX_TRANSACTION_ITEMS: usize = 100;
+/// DynamoDB's 4 MB aggregate transaction size.
+pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
+
+/// A store operation that did not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Someone else owns the key now (the fencing check failed): our lease ran out
+    /// and another consumer took over. Our effect must not be recorded.
+    #[error("lease lost on {pk}: the record is now {found}")]
+    LeaseLost {
+        /// The record key.
+        pk: String,
+        /// What the record holds now.
+        found: String,
+    },
+    /// A staged write's own condition failed; nothing was written.
+    #[error("staged write #{index} failed its condition; nothing was written")]
+    WriteConditionFailed {
+        /// Index among the staged writes.
+        index: usize,
+        /// What the handler declared this means.
+        kind: FailureKind,
+    },
+    /// The staged writes exceed DynamoDB's transaction limits; nothing was written.
+    #[error(
+        "the handler staged {items} writes / ~{bytes} bytes; a transaction holds at most {} items (one is the dedup record) and {} bytes",
+        MAX_TRANSACTION_ITEMS - 1,
+        MAX_TRANSACTION_BYTES
+    )]
+    TransactionTooLarge {
+        /// Staged writes.
+        items: usize,
+        /// Estimated size.
+        bytes: usize,
+    },
+    /// DynamoDB rejected the request as invalid (e.g. a malformed staged write).
+    #[error("DynamoDB rejected the request: {0}")]
+    Invalid(String),
+    /// Throttled, unavailable, or the outcome stayed unknown after retries with the
+    /// same token. Nothing can be assumed; the message comes back.
+    #[error("DynamoDB unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The dedup store. Every method is safe to call again with the same token after
+/// an error: implementations retry unknown outcomes themselves.
+pub trait DedupStore: Send + Sync + 'static {
+    /// Claims a key before any side effect.
+    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Completes a claim we own, with its staged writes in the same transaction.
+    fn complete(&self, c: Completion) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Ends our lease so a redelivery can claim again; keeps `attempts` and `error`.
+    fn release(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records a permanent failure (`FAILED`, with the reason).
+    fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Extends our lease to `now + lease`; [`StoreError::LeaseLost`] when it is not ours.
+    fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Commits staged writes without a dedup record (keyless messages processed
+    /// unprotected by configuration).
+    fn commit_unprotected(
+        &self,
+        writes: Vec<StagedWrite>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Reads a record.
+    fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+}
+
+/// Checks staged writes against the transaction limits before anything is sent.
+pub(crate) fn check_transaction_limits(writes: &[StagedWrite]) -> Result<(), StoreError> {
+    let bytes: usize = writes.iter().map(|w| dynamodb::write_size(&w.item)).sum();
+    if writes.len() + 1 > MAX_TRANSACTION_ITEMS || bytes > MAX_TRANSACTION_BYTES {
+        return Err(StoreError::TransactionTooLarge {
+            items: writes.len(),
+            bytes,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! The user's side: the [`Handler`] trait, its [`Context`] and its error kinds.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::TransactWriteItem;
+use tokio_util::sync::CancellationToken;
+
+use crate::Message;
+
+/// What a handler returns: an optional small result, recorded with the dedup
+/// record and handed back to duplicates.
+pub type HandlerResult = Result<Option<serde_json::Value>, HandlerError>;
+
+/// The code that makes a message's effect.
+///
+/// It never deletes, acknowledges or retries: the runtime does that from the
+/// returned [`HandlerResult`]. The same handler runs unchanged under the Lambda
+/// adapter and the long-polling runtime.
+///
+/// ```
+/// use sqs_once::{Context, Handler, HandlerResult, Message};
+///
+/// struct Greeter;
+///
+/// impl Handler for Greeter {
+///     async fn handle(&self, message: &Message, _ctx: &Context) -> HandlerResult {
+///         println!("hello {}", message.body());
+///         Ok(None)
+///     }
+/// }
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// Makes the effect of one message.
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send;
+}
+
+/// A handler made from a closure; see [`handler_fn`].
+#[derive(Debug, Clone)]
+pub struct HandlerFn<F>(F);
+
+/// Makes a [`Handler`] from an async closure taking owned copies of the message
+/// and context (both are cheap to clone).
+///
+/// ```
+/// use sqs_once::{handler_fn, HandlerError};
+///
+/// let handler = handler_fn(|message, _ctx| async move {
+///     if message.body().is_empty() {
+///         return Err(HandlerError::permanent("empty body"));
+///     }
+///     Ok(None)
+/// });
+/// # let _ = handler;
+/// ```
+pub fn handler_fn<F, Fut>(f: F) -> HandlerFn<F>
+where
+    F: Fn(Message, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    HandlerFn(f)
+}
+
+impl<F, Fut> Handler for HandlerFn<F>
+where
+    F: Fn(Message, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send {
+        (self.0)(message.clone(), ctx.clone())
+    }
+}
+
+/// What should happen to a message whose handler failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Try again later, with backoff from the receive count.
+    Retry,
+    /// Try again after this delay (capped at SQS's 12 hours).
+    RetryAfter(Duration),
+    /// Never retry: record `FAILED` and park the message in the DLQ with the reason.
+    Permanent,
+}
+
+/// A handler's failure, saying what happens next.
+///
+/// Any `std::error::Error` converts into a retryable `HandlerError` with `?`:
+/// retrying is the safe default, and the queue's redrive policy parks a message
+/// that keeps failing.
+#[derive(Debug)]
+pub struct HandlerError {
+    kind: FailureKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl HandlerError {
+    /// A retryable failure.
+    pub fn retry(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::new(FailureKind::Retry, error)
+    }
+
+    /// A failure to retry after `delay`.
+    pub fn retry_after(
+        delay: Duration,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::new(FailureKind::RetryAfter(delay), error)
+    }
+
+    /// A permanent failure: the message is parked, never retried.
+    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::new(FailureKind::Permanent, error)
+    }
+
+    /// A failure of the given kind.
+    pub fn new(
+        kind: FailureKind,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind,
+            source: error.into(),
+        }
+    }
+
+    /// What happens next.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self::retry(error)
+    }
+}
+
+/// A DynamoDB write staged by the handler, committed in the same
+/// `TransactWriteItems` call as the `COMPLETED` dedup record.
+#[derive(Debug, Clone)]
+pub struct StagedWrite {
+    /// The write (put, update, delete or condition check).
+    pub item: TransactWriteItem,
+    /// What a failure of this write's own condition means.
+    pub on_condition_failed: FailureKind,
+}
+
+/// What the runtime tells a handler about the message being processed, and where
+/// the handler stages DynamoDB writes.
+///
+/// Cheap to clone: clones share the staged writes and the cancellation signal.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+#[derive(Debug)]
+struct ContextInner {
+    consumer: String,
+    dedup_key: Option<String>,
+    idempotency_key: Option<String>,
+    attempt: u32,
+    staged: Mutex<Vec<StagedWrite>>,
+    cancelled: CancellationToken,
+}
+
+impl Context {
+    pub(crate) fn new(consumer: &str, dedup_key: Option<&str>, attempt: u32) -> Self {
+        Self {
+            inner: Arc::new(ContextInner {
+                consumer: consumer.to_owned(),
+                dedup_key: dedup_key.map(str::to_owned),
+                idempotency_key: dedup_key.map(|k| crate::key::idempotency_key(consumer, k)),
+                attempt,
+                staged: Mutex::new(Vec::new()),
+                cancelled: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The consumer name (the namespace of the dedup records).
+    pub fn consumer(&self) -> &str {
+        &self.inner.consumer
+    }
+
+    /// The message's dedup key; `None` only when the processor was configured to
+    /// run messages without a key unprotected.
+    pub fn dedup_key(&self) -> Option<&str> {
+        self.inner.dedup_key.as_deref()
+    }
+
+    /// A stable key derived from consumer and dedup key, the same on every
+    /// redelivery: send it downstream as `Idempotency-Key` so an external API
+    /// applies a retried call once.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.inner.idempotency_key.as_deref()
+    }
+
+    /// How many claims this key has seen, this one included (1 on the first run).
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// Stages a DynamoDB write that commits together with the dedup record, or not
+    /// at all. A failure of its own condition is retried.
+    pub fn stage(&self, item: TransactWriteItem) {
+        self.stage_with(item, FailureKind::Retry);
+    }
+
+    /// Stages a DynamoDB write, saying what a failure of its own condition means
+    /// (e.g. [`FailureKind::Permanent`] for "insufficient funds").
+    pub fn stage_with(&self, item: TransactWriteItem, on_condition_failed: FailureKind) {
+        self.inner
+            .staged
+            .lock()
+            .expect("staged writes lock")
+            .push(StagedWrite {
+                item,
+                on_condition_failed,
+            });
+    }
+
+    /// Cancelled when the claim's lease was lost (someone else owns the key now):
+    /// a long handler should stop; its result would not be recorded.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.inner.cancelled
+    }
+
+    pub(crate) fn take_staged(&self) -> Vec<StagedWrite> {
+        std::mem::take(&mut *self.inner.staged.lock().expect("staged writes lock"))
+    }
+}

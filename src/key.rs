@@ -1,0 +1,290 @@
+//! Where a message's dedup key comes from, and how it becomes a record key.
+
+use std::fmt;
+use std::str::FromStr;
+
+use sha2::{Digest, Sha256};
+
+use crate::Message;
+
+/// Where the dedup key of a message is taken from.
+///
+/// Parsed from the forms used in configuration (`SQS_ONCE_DEDUP_KEY`):
+///
+/// | form | key |
+/// |---|---|
+/// | `message-id` (default) | the SQS message id: catches redeliveries only |
+/// | `dedup-id` | the FIFO `MessageDeduplicationId` |
+/// | `attribute:NAME` | the string message attribute `NAME` |
+/// | `json:/pointer` | a string or number at that JSON pointer in the body, e.g. `json:/id` |
+/// | `body-sha256` | the SHA-256 of the body |
+///
+/// A producer that sends the same business event twice creates two message ids:
+/// only a business id from the producer (`json:` or `attribute:`) catches that.
+/// A producer that mints a new id on every retry defeats any key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KeySource {
+    /// The SQS message id.
+    #[default]
+    MessageId,
+    /// The FIFO deduplication id.
+    DeduplicationId,
+    /// A string message attribute.
+    Attribute(String),
+    /// A JSON pointer (RFC 6901) into the body.
+    JsonPointer(String),
+    /// The SHA-256 of the body.
+    BodySha256,
+}
+
+/// Why no dedup key could be taken from a message. A permanent failure: the same
+/// message will never yield a key on redelivery.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The message has no FIFO deduplication id.
+    #[error("the message has no FIFO deduplication id (dedup key source `dedup-id`)")]
+    NoDeduplicationId,
+    /// The attribute is absent.
+    #[error("the message has no attribute `{0}` (dedup key source `attribute:{0}`)")]
+    MissingAttribute(String),
+    /// The body is not JSON.
+    #[error("the body is not valid JSON, so `json:{pointer}` cannot be read: {reason}")]
+    BodyNotJson {
+        /// The configured pointer.
+        pointer: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// Nothing at the pointer.
+    #[error("the body has no value at `{0}` (dedup key source `json:{0}`)")]
+    MissingPointer(String),
+    /// A value that is not a string or number.
+    #[error("the value at `{pointer}` is {found}, expected a string or a number")]
+    NotScalar {
+        /// The configured pointer.
+        pointer: String,
+        /// What was found there.
+        found: &'static str,
+    },
+    /// An empty key.
+    #[error("the dedup key from {0} is empty")]
+    Empty(String),
+}
+
+impl KeySource {
+    /// Takes the dedup key from a message.
+    pub fn extract(&self, message: &Message) -> Result<String, KeyError> {
+        let key = match self {
+            KeySource::MessageId => message.id().to_owned(),
+            KeySource::DeduplicationId => message
+                .deduplication_id()
+                .ok_or(KeyError::NoDeduplicationId)?
+                .to_owned(),
+            KeySource::Attribute(name) => message
+                .attribute(name)
+                .ok_or_else(|| KeyError::MissingAttribute(name.clone()))?
+                .to_owned(),
+            KeySource::JsonPointer(pointer) => {
+                let body: serde_json::Value =
+                    serde_json::from_str(message.body()).map_err(|e| KeyError::BodyNotJson {
+                        pointer: pointer.clone(),
+                        reason: e.to_string(),
+                    })?;
+                match body.pointer(pointer) {
+                    None => return Err(KeyError::MissingPointer(pointer.clone())),
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(serde_json::Value::Number(n)) => n.to_string(),
+                    Some(other) => {
+                        return Err(KeyError::NotScalar {
+                            pointer: pointer.clone(),
+                            found: json_kind(other),
+                        });
+                    }
+                }
+            }
+            KeySource::BodySha256 => sha256_hex(message.body().as_bytes()),
+        };
+        if key.trim().is_empty() {
+            return Err(KeyError::Empty(self.to_string()));
+        }
+        Ok(key)
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Number(_) => "a number",
+    }
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::MessageId => f.write_str("message-id"),
+            KeySource::DeduplicationId => f.write_str("dedup-id"),
+            KeySource::Attribute(n) => write!(f, "attribute:{n}"),
+            KeySource::JsonPointer(p) => write!(f, "json:{p}"),
+            KeySource::BodySha256 => f.write_str("body-sha256"),
+        }
+    }
+}
+
+/// An unparseable key source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid dedup key source `{0}`: expected `message-id`, `dedup-id`, `attribute:NAME`, `json:/pointer` or `body-sha256`"
+)]
+pub struct KeySourceParseError(String);
+
+impl FromStr for KeySource {
+    type Err = KeySourceParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || KeySourceParseError(s.to_owned());
+        match s {
+            "message-id" => Ok(KeySource::MessageId),
+            "dedup-id" => Ok(KeySource::DeduplicationId),
+            "body-sha256" => Ok(KeySource::BodySha256),
+            _ => {
+                if let Some(name) = s.strip_prefix("attribute:") {
+                    if name.is_empty() {
+                        return Err(bad());
+                    }
+                    Ok(KeySource::Attribute(name.to_owned()))
+                } else if let Some(pointer) = s.strip_prefix("json:") {
+                    if !pointer.starts_with('/') {
+                        return Err(bad());
+                    }
+                    Ok(KeySource::JsonPointer(pointer.to_owned()))
+                } else {
+                    Err(bad())
+                }
+            }
+        }
+    }
+}
+
+/// Longest record key stored as is. DynamoDB allows 2048 bytes for a partition
+/// key; longer keys are hashed well before that.
+pub const MAX_PLAIN_KEY_BYTES: usize = 1024;
+
+/// The record's partition key: `{consumer}#{dedup_key}`, or
+/// `{consumer}#sha256:{hex}` when that would be longer than [`MAX_PLAIN_KEY_BYTES`].
+pub fn record_key(consumer: &str, dedup_key: &str) -> String {
+    let plain = format!("{consumer}#{dedup_key}");
+    if plain.len() <= MAX_PLAIN_KEY_BYTES {
+        plain
+    } else {
+        format!("{consumer}#sha256:{}", sha256_hex(dedup_key.as_bytes()))
+    }
+}
+
+/// The stable idempotency key to pass downstream (`Idempotency-Key` header):
+/// the same for every delivery of one logical message to one consumer.
+pub fn idempotency_key(consumer: &str, dedup_key: &str) -> String {
+    let digest = sha256_hex(format!("{consumer}#{dedup_key}").as_bytes());
+    format!("sqs-once-{}", &digest[..40])
+}
+
+/// Lower-case hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form_and_round_trips() {
+        for s in [
+            "message-id",
+            "dedup-id",
+            "attribute:order",
+            "json:/id",
+            "body-sha256",
+        ] {
+            let parsed: KeySource = s.parse().unwrap();
+            assert_eq!(parsed.to_string(), s);
+        }
+        for bad in ["", "json:id", "attribute:", "uuid", "json"] {
+            assert!(
+                bad.parse::<KeySource>().is_err(),
+                "{bad:?} should not parse"
+            );
+        }
+    }
+
+    #[test]
+    fn json_pointer_takes_strings_and_numbers_and_names_what_is_wrong() {
+        let src = KeySource::JsonPointer("/id".into());
+        assert_eq!(
+            src.extract(&Message::new("m", r#"{"id":"e-1"}"#)).unwrap(),
+            "e-1"
+        );
+        assert_eq!(
+            src.extract(&Message::new("m", r#"{"id":42}"#)).unwrap(),
+            "42"
+        );
+        assert_eq!(
+            src.extract(&Message::new("m", r#"{"other":1}"#)),
+            Err(KeyError::MissingPointer("/id".into()))
+        );
+        assert!(matches!(
+            src.extract(&Message::new("m", r#"{"id":{"a":1}}"#)),
+            Err(KeyError::NotScalar {
+                found: "an object",
+                ..
+            })
+        ));
+        assert!(matches!(
+            src.extract(&Message::new("m", "not json")),
+            Err(KeyError::BodyNotJson { .. })
+        ));
+        assert!(matches!(
+            src.extract(&Message::new("m", r#"{"id":"  "}"#)),
+            Err(KeyError::Empty(_))
+        ));
+    }
+
+    #[test]
+    fn other_sources() {
+        let m = Message::new("mid", "body")
+            .with_attribute("biz", "b-7")
+            .with_deduplication_id("d-1");
+        assert_eq!(KeySource::MessageId.extract(&m).unwrap(), "mid");
+        assert_eq!(KeySource::DeduplicationId.extract(&m).unwrap(), "d-1");
+        assert_eq!(
+            KeySource::Attribute("biz".into()).extract(&m).unwrap(),
+            "b-7"
+        );
+        assert_eq!(
+            KeySource::BodySha256.extract(&m).unwrap(),
+            sha256_hex(b"body")
+        );
+        assert_eq!(
+            KeySource::Attribute("nope".into()).extract(&m),
+            Err(KeyError::MissingAttribute("nope".into()))
+        );
+        assert_eq!(
+            KeySource::DeduplicationId.extract(&Message::new("x", "y")),
+            Err(KeyError::NoDeduplicationId)
+        );
+    }
+
+    #[test]
+    fn long_keys_are_hashed_short_ones_kept() {
+        assert_eq!(record_key("c", "k"), "c#k");
+        let long = "x".repeat(5000);
+        let k = record_key("c", &long);
+        assert!(k.starts_with("c#sha256:") && k.len() < 100, "{k}");
+        assert_eq!(k, record_key("c", &long), "hashing is stable");
+        assert_ne!(idempotency_key("a", "k"), idempotency_key("b", "k"));
+        assert_eq!(idempotency_key("a", "k"), idempotency_key("a", "k"));
+    }
+}

@@ -1,0 +1,44 @@
+//! sqs-once turns at-least-once SQS delivery into effectively-once processing.
+//!
+//! A [`Handler`] makes the effect of one [`Message`]. Before it runs, the
+//! [`Processor`] *claims* the message's dedup key in a [`DedupStore`] (DynamoDB in
+//! production: [`DynamoStore`]) with one conditional write; afterwards it
+//! *completes* the claim, committing the DynamoDB writes the handler staged on its
+//! [`Context`] in the same transaction. A redelivered or re-sent message finds the
+//! key completed and is skipped.
+//!
+//! # Guarantees
+//! - Effects that live in DynamoDB and are staged on the context happen exactly
+//!   once: they commit together with the `COMPLETED` record or not at all.
+//! - External effects get at most one concurrent attempt per key, and a stable
+//!   [`Context::idempotency_key`] to pass downstream.
+//! - Nothing is lost: a message is deleted only after its effect is recorded, or
+//!   after it is parked in a dead-letter queue with its reason.
+//!
+//! This is not exactly-once *delivery*: SQS still delivers duplicates; they are
+//! recognised by key and skipped. The key must be stable: see [`KeySource`].
+
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod config;
+pub mod dedup;
+mod handler;
+pub mod key;
+mod message;
+pub mod processor;
+pub mod setup;
+
+pub use dedup::dynamodb::DynamoStore;
+pub use dedup::memory::MemoryStore;
+pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
+pub use handler::{
+    Context, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedWrite, handler_fn,
+};
+pub use key::KeySource;
+pub use message::Message;
+pub use processor::{Outcome, Processor};
+
+/// The DynamoDB types handlers use to stage writes.
+pub use aws_sdk_dynamodb::types as dynamodb_types;
