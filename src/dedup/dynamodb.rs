@@ -280,11 +280,14 @@ impl DynamoStore {
     ) -> Result<(), StoreError> {
         values.insert(":owner".into(), s(owner));
         values.insert(":in_progress".into(), s(Status::InProgress.as_str()));
-        let attr_names = names(&[
-            ("#owner", "owner"),
-            ("#status", "status"),
-            ("#error", "error"),
-        ]);
+        let attr_names = used_names(
+            &names(&[
+                ("#owner", "owner"),
+                ("#status", "status"),
+                ("#error", "error"),
+            ]),
+            &format!("{set} {OWNED_CONDITION}"),
+        );
         self.retrying(what, || async {
             let res = self
                 .client
@@ -293,7 +296,7 @@ impl DynamoStore {
                 .key(KEY_ATTRIBUTE, s(pk))
                 .update_expression(set)
                 .condition_expression(OWNED_CONDITION)
-                .set_expression_attribute_names(Some(used_names(&attr_names, set)))
+                .set_expression_attribute_names(Some(attr_names.clone()))
                 .set_expression_attribute_values(Some(values.clone()))
                 .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                 .send()

@@ -71,20 +71,24 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// Applies `f` to our record if `owner` still holds it in progress.
-    fn with_owned<T>(
+    /// Applies `f` to our record if `owner` still holds it in progress; a no-op
+    /// when `done` says an earlier call of ours already did it.
+    fn with_owned(
         &self,
         pk: &str,
         owner: &str,
-        f: impl FnOnce(&mut Record, &mut Vec<Vec<TransactWriteItem>>) -> T,
-    ) -> Result<T, StoreError> {
+        done: impl FnOnce(&Record) -> bool,
+        f: impl FnOnce(&mut Record, &mut Vec<Vec<TransactWriteItem>>),
+    ) -> Result<(), StoreError> {
         self.check_available()?;
         let mut guard = self.lock();
         let state = &mut *guard;
         match state.records.get_mut(pk) {
             Some(r) if r.owner.as_deref() == Some(owner) && r.status == Status::InProgress => {
-                Ok(f(r, &mut state.committed))
+                f(r, &mut state.committed);
+                Ok(())
             }
+            Some(r) if r.owner.as_deref() == Some(owner) && done(r) => Ok(()),
             other => Err(StoreError::LeaseLost {
                 pk: pk.to_owned(),
                 found: describe(other.map(|r| &*r)),
@@ -148,22 +152,32 @@ impl DedupStore for MemoryStore {
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
         check_transaction_limits(&c.writes)?;
         let now_ms = self.clock.now_ms();
-        self.with_owned(&c.pk, &c.owner, |r, committed| {
-            r.status = Status::Completed;
-            r.result = c.result;
-            r.completed_at_ms = Some(now_ms);
-            r.expires_at_s = expires_at(now_ms, c.ttl);
-            if !c.writes.is_empty() {
-                committed.push(c.writes.into_iter().map(|w| w.item).collect());
-            }
-        })
+        self.with_owned(
+            &c.pk,
+            &c.owner,
+            |r| r.status == Status::Completed,
+            |r, committed| {
+                r.status = Status::Completed;
+                r.result = c.result;
+                r.completed_at_ms = Some(now_ms);
+                r.expires_at_s = expires_at(now_ms, c.ttl);
+                if !c.writes.is_empty() {
+                    committed.push(c.writes.into_iter().map(|w| w.item).collect());
+                }
+            },
+        )
     }
 
     async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
-        self.with_owned(pk, owner, |r, _| {
-            r.lease_until_ms = 0;
-            r.error = Some(error.to_owned());
-        })
+        self.with_owned(
+            pk,
+            owner,
+            |_| false,
+            |r, _| {
+                r.lease_until_ms = 0;
+                r.error = Some(error.to_owned());
+            },
+        )
     }
 
     async fn mark_failed(
@@ -174,17 +188,27 @@ impl DedupStore for MemoryStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let now_ms = self.clock.now_ms();
-        self.with_owned(pk, owner, |r, _| {
-            r.status = Status::Failed;
-            r.lease_until_ms = 0;
-            r.error = Some(error.to_owned());
-            r.expires_at_s = expires_at(now_ms, ttl);
-        })
+        self.with_owned(
+            pk,
+            owner,
+            |r| r.status == Status::Failed,
+            |r, _| {
+                r.status = Status::Failed;
+                r.lease_until_ms = 0;
+                r.error = Some(error.to_owned());
+                r.expires_at_s = expires_at(now_ms, ttl);
+            },
+        )
     }
 
     async fn extend_lease(&self, pk: &str, owner: &str, lease: Duration) -> Result<(), StoreError> {
         let now_ms = self.clock.now_ms();
-        self.with_owned(pk, owner, |r, _| r.lease_until_ms = now_ms + ms(lease))
+        self.with_owned(
+            pk,
+            owner,
+            |_| false,
+            |r, _| r.lease_until_ms = now_ms + ms(lease),
+        )
     }
 
     async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {

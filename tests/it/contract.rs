@@ -1,0 +1,345 @@
+//! One contract suite for every dedup store: the same tests run against the
+//! in-memory store and against DynamoDB on LocalStack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqs_once::clock::{Clock, ManualClock};
+use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::{Claim, DedupStore, Status, StoreError, StoredResult};
+
+const LEASE: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(3600);
+
+fn req(pk: &str, payload: &str) -> ClaimRequest {
+    ClaimRequest {
+        pk: pk.to_owned(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: uuid::Uuid::new_v4().to_string(),
+        payload_sha256: sqs_once::key::sha256_hex(payload.as_bytes()),
+        lease: LEASE,
+        ttl: TTL,
+    }
+}
+
+fn completion(r: &ClaimRequest, result: Option<serde_json::Value>) -> Completion {
+    Completion {
+        pk: r.pk.clone(),
+        owner: r.owner.clone(),
+        result: result.map(StoredResult::Value),
+        ttl: TTL,
+        writes: vec![],
+    }
+}
+
+pub async fn first_claim_acquires<S: DedupStore>(store: &S, clock: &ManualClock) {
+    let r = req("c#first", "body");
+    assert_eq!(
+        store.claim(&r).await.unwrap(),
+        Claim::Acquired { attempt: 1 }
+    );
+    let rec = store.get(&r.pk).await.unwrap().expect("record written");
+    assert_eq!(rec.status, Status::InProgress);
+    assert_eq!(rec.owner.as_deref(), Some(r.owner.as_str()));
+    assert_eq!(rec.attempts, 1);
+    assert_eq!(rec.lease_until_ms, clock.now_ms() + 30_000);
+    assert_eq!(rec.expires_at_s, clock.now_ms() / 1000 + 3600);
+    assert_eq!(rec.message_id.as_deref(), Some(r.message_id.as_str()));
+}
+
+pub async fn completed_key_is_duplicate_with_result<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    let a = req("c#done", "body");
+    store.claim(&a).await.unwrap();
+    store
+        .complete(completion(&a, Some(serde_json::json!({"charge": "ch_1"}))))
+        .await
+        .unwrap();
+    let b = req("c#done", "body");
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        Claim::Duplicate {
+            result: Some(StoredResult::Value(serde_json::json!({"charge": "ch_1"}))),
+            payload_matches: true
+        }
+    );
+    let rec = store.get("c#done").await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Completed);
+    assert_eq!(
+        rec.owner.as_deref(),
+        Some(a.owner.as_str()),
+        "a duplicate does not take the record"
+    );
+}
+
+pub async fn live_in_progress_key_is_in_flight_with_lease_end<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let a = req("c#live", "body");
+    store.claim(&a).await.unwrap();
+    let lease_end = clock.now_ms() + 30_000;
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(
+        store.claim(&req("c#live", "body")).await.unwrap(),
+        Claim::InFlight {
+            lease_until_ms: lease_end,
+            payload_matches: true
+        }
+    );
+}
+
+pub async fn stale_lease_is_taken_over_and_old_owner_is_fenced<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let old = req("c#stale", "body");
+    store.claim(&old).await.unwrap();
+    clock.advance(LEASE + Duration::from_secs(1));
+    let new = req("c#stale", "body");
+    assert_eq!(
+        store.claim(&new).await.unwrap(),
+        Claim::Acquired { attempt: 2 }
+    );
+    // The old owner wakes up: every guarded operation fails the fencing check.
+    let err = store.complete(completion(&old, None)).await.unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    let err = store
+        .extend_lease(&old.pk, &old.owner, LEASE)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    let err = store.release(&old.pk, &old.owner, "x").await.unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    let err = store
+        .mark_failed(&old.pk, &old.owner, "x", TTL)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    // The new owner is unaffected.
+    store.complete(completion(&new, None)).await.unwrap();
+    let rec = store.get(&new.pk).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.owner),
+        (Status::Completed, Some(new.owner.clone()))
+    );
+}
+
+pub async fn release_lets_the_next_claim_acquire<S: DedupStore>(store: &S, _clock: &ManualClock) {
+    let a = req("c#rel", "body");
+    store.claim(&a).await.unwrap();
+    store
+        .release(&a.pk, &a.owner, "downstream 503")
+        .await
+        .unwrap();
+    let b = req("c#rel", "body");
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        Claim::Acquired { attempt: 2 }
+    );
+    let rec = store.get(&b.pk).await.unwrap().unwrap();
+    assert_eq!(
+        rec.error.as_deref(),
+        Some("downstream 503"),
+        "last error kept for operators"
+    );
+}
+
+pub async fn extended_lease_keeps_others_out<S: DedupStore>(store: &S, clock: &ManualClock) {
+    let a = req("c#ext", "body");
+    store.claim(&a).await.unwrap();
+    clock.advance(Duration::from_secs(25));
+    store.extend_lease(&a.pk, &a.owner, LEASE).await.unwrap();
+    clock.advance(Duration::from_secs(25)); // past the first lease, inside the extension
+    assert!(matches!(
+        store.claim(&req("c#ext", "body")).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+}
+
+pub async fn expired_record_is_reclaimable_while_it_still_exists<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let a = req("c#exp", "body");
+    store.claim(&a).await.unwrap();
+    store.complete(completion(&a, None)).await.unwrap();
+    clock.advance(TTL + Duration::from_secs(2));
+    assert!(
+        store.get(&a.pk).await.unwrap().is_some(),
+        "TTL deletion is lazy: the item is still there"
+    );
+    assert_eq!(
+        store.claim(&req("c#exp", "body")).await.unwrap(),
+        Claim::Acquired { attempt: 2 },
+        "expiry is decided by the clock"
+    );
+}
+
+pub async fn same_key_different_payload_is_reported<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    let a = req("c#pay", "amount=10");
+    store.claim(&a).await.unwrap();
+    assert!(matches!(
+        store.claim(&req("c#pay", "amount=99")).await.unwrap(),
+        Claim::InFlight {
+            payload_matches: false,
+            ..
+        }
+    ));
+    store.complete(completion(&a, None)).await.unwrap();
+    assert_eq!(
+        store.claim(&req("c#pay", "amount=99")).await.unwrap(),
+        Claim::Duplicate {
+            result: None,
+            payload_matches: false
+        }
+    );
+}
+
+pub async fn retry_with_same_token_after_commit_is_idempotent<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    // What a caller whose response was lost does: send the same request again.
+    let a = req("c#again", "body");
+    assert_eq!(
+        store.claim(&a).await.unwrap(),
+        Claim::Acquired { attempt: 1 }
+    );
+    assert_eq!(
+        store.claim(&a).await.unwrap(),
+        Claim::Acquired { attempt: 1 }
+    );
+    store.extend_lease(&a.pk, &a.owner, LEASE).await.unwrap();
+    store.complete(completion(&a, None)).await.unwrap();
+    store.complete(completion(&a, None)).await.unwrap();
+    let b = req("c#again-failed", "body");
+    store.claim(&b).await.unwrap();
+    store
+        .mark_failed(&b.pk, &b.owner, "bad", TTL)
+        .await
+        .unwrap();
+    store
+        .mark_failed(&b.pk, &b.owner, "bad", TTL)
+        .await
+        .unwrap();
+}
+
+pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    let a = req("c#failed", "body");
+    store.claim(&a).await.unwrap();
+    store
+        .mark_failed(&a.pk, &a.owner, "card declined", TTL)
+        .await
+        .unwrap();
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Failed);
+    assert_eq!(
+        store.claim(&req("c#failed", "body")).await.unwrap(),
+        Claim::Acquired { attempt: 2 }
+    );
+    assert_eq!(
+        store.get(&a.pk).await.unwrap().unwrap().error.as_deref(),
+        Some("card declined")
+    );
+}
+
+pub async fn fifty_concurrent_claims_yield_one_acquired<S: DedupStore>(
+    store: Arc<S>,
+    _clock: &ManualClock,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let store = store.clone();
+        tasks.spawn(async move { store.claim(&req("c#race", "body")).await.unwrap() });
+    }
+    let (mut acquired, mut in_flight) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Claim::Acquired { .. } => acquired += 1,
+            Claim::InFlight { .. } => in_flight += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((acquired, in_flight), (1, 49));
+}
+
+pub async fn hashed_long_keys_work<S: DedupStore>(store: &S, _clock: &ManualClock) {
+    let pk = sqs_once::key::record_key("c", &"k".repeat(3000));
+    let a = req(&pk, "body");
+    assert_eq!(
+        store.claim(&a).await.unwrap(),
+        Claim::Acquired { attempt: 1 }
+    );
+    store.complete(completion(&a, None)).await.unwrap();
+    assert!(matches!(
+        store.claim(&req(&pk, "body")).await.unwrap(),
+        Claim::Duplicate { .. }
+    ));
+}
+
+macro_rules! contract_suite {
+    ($make:path) => {
+        contract_suite!(@one $make, first_claim_acquires);
+        contract_suite!(@one $make, completed_key_is_duplicate_with_result);
+        contract_suite!(@one $make, live_in_progress_key_is_in_flight_with_lease_end);
+        contract_suite!(@one $make, stale_lease_is_taken_over_and_old_owner_is_fenced);
+        contract_suite!(@one $make, release_lets_the_next_claim_acquire);
+        contract_suite!(@one $make, extended_lease_keeps_others_out);
+        contract_suite!(@one $make, expired_record_is_reclaimable_while_it_still_exists);
+        contract_suite!(@one $make, same_key_different_payload_is_reported);
+        contract_suite!(@one $make, retry_with_same_token_after_commit_is_idempotent);
+        contract_suite!(@one $make, failed_record_does_not_block_a_redrive);
+        contract_suite!(@one $make, hashed_long_keys_work);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn fifty_concurrent_claims_yield_one_acquired() {
+            let (store, clock) = $make().await;
+            super::fifty_concurrent_claims_yield_one_acquired(std::sync::Arc::new(store), &clock).await;
+        }
+    };
+    (@one $make:path, $name:ident) => {
+        #[tokio::test]
+        async fn $name() {
+            let (store, clock) = $make().await;
+            super::$name(&store, &clock).await;
+        }
+    };
+}
+
+mod memory {
+    use sqs_once::MemoryStore;
+    use sqs_once::clock::ManualClock;
+
+    async fn make() -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::starting_now();
+        (MemoryStore::new(std::sync::Arc::new(clock.clone())), clock)
+    }
+
+    contract_suite!(make);
+}
+
+mod dynamodb {
+    use sqs_once::DynamoStore;
+    use sqs_once::clock::ManualClock;
+
+    async fn make() -> (DynamoStore, ManualClock) {
+        let client = crate::common::ddb().await;
+        let table = crate::common::dedup_table(&client).await;
+        let clock = ManualClock::starting_now();
+        (
+            DynamoStore::with_clock(client, table, std::sync::Arc::new(clock.clone())),
+            clock,
+        )
+    }
+
+    contract_suite!(make);
+}

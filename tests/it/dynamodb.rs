@@ -1,0 +1,496 @@
+//! Behaviour that depends on DynamoDB's own semantics: transactions, lost
+//! responses, table checks, and the emulator's atomicity.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
+    ScalarAttributeType, TransactWriteItem, Update,
+};
+use sqs_once::config::ProcessorConfig;
+use sqs_once::dedup::dynamodb::TableCheckError;
+use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::{
+    Claim, Context, DedupStore, DynamoStore, FailureKind, Handler, HandlerError, HandlerResult,
+    Message, Outcome, Processor, Status, StoreError,
+};
+
+use crate::common::{ddb, ddb_losing, dedup_table, unique};
+
+const TTL: Duration = Duration::from_secs(3600);
+
+fn req(pk: &str) -> ClaimRequest {
+    ClaimRequest {
+        pk: pk.to_owned(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: "m".into(),
+        payload_sha256: "p".into(),
+        lease: Duration::from_secs(30),
+        ttl: TTL,
+    }
+}
+
+/// `ADD balance_cents :amount, applied_events :1` on account `pk` of `table`.
+fn add_to(table: &str, account: &str, amount: i64) -> TransactWriteItem {
+    TransactWriteItem::builder()
+        .update(
+            Update::builder()
+                .table_name(table)
+                .key("pk", AttributeValue::S(account.into()))
+                .update_expression("ADD balance_cents :a, applied_events :one")
+                .expression_attribute_values(":a", AttributeValue::N(amount.to_string()))
+                .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+/// A condition check that fails unless `account` exists.
+fn require_exists(table: &str, account: &str) -> TransactWriteItem {
+    TransactWriteItem::builder()
+        .condition_check(
+            ConditionCheck::builder()
+                .table_name(table)
+                .key("pk", AttributeValue::S(account.into()))
+                .condition_expression("attribute_exists(pk)")
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+async fn business_table(client: &aws_sdk_dynamodb::Client) -> String {
+    let name = unique("ledger");
+    sqs_once::setup::ensure_table(client, &name).await.unwrap();
+    name
+}
+
+async fn balance(client: &aws_sdk_dynamodb::Client, table: &str, account: &str) -> (i64, i64) {
+    let item = client
+        .get_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(account.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap_or_default();
+    let n = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (n("balance_cents"), n("applied_events"))
+}
+
+fn staged(item: TransactWriteItem, kind: FailureKind) -> sqs_once::StagedWrite {
+    sqs_once::StagedWrite {
+        item,
+        on_condition_failed: kind,
+    }
+}
+
+#[tokio::test]
+async fn staged_writes_commit_with_the_record_or_not_at_all() {
+    let client = ddb().await;
+    let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
+    let store = DynamoStore::new(client.clone(), dedup);
+
+    // A business condition fails: nothing is written, the claim is still ours.
+    let a = req("c#tx");
+    store.claim(&a).await.unwrap();
+    let err = store
+        .complete(Completion {
+            pk: a.pk.clone(),
+            owner: a.owner.clone(),
+            result: None,
+            ttl: TTL,
+            writes: vec![
+                staged(add_to(&ledger, "acct-1", 500), FailureKind::Retry),
+                staged(
+                    require_exists(&ledger, "no-such-account"),
+                    FailureKind::Permanent,
+                ),
+            ],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::WriteConditionFailed {
+                index: 1,
+                kind: FailureKind::Permanent
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        balance(&client, &ledger, "acct-1").await,
+        (0, 0),
+        "no half-applied effect"
+    );
+    assert_eq!(
+        store.get(&a.pk).await.unwrap().unwrap().status,
+        Status::InProgress
+    );
+
+    // Without the failing check both land together.
+    store
+        .complete(Completion {
+            pk: a.pk.clone(),
+            owner: a.owner.clone(),
+            result: None,
+            ttl: TTL,
+            writes: vec![staged(add_to(&ledger, "acct-1", 500), FailureKind::Retry)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(balance(&client, &ledger, "acct-1").await, (500, 1));
+    assert_eq!(
+        store.get(&a.pk).await.unwrap().unwrap().status,
+        Status::Completed
+    );
+
+    // A fenced-out owner's staged writes never apply.
+    let b = req("c#tx2");
+    store.claim(&b).await.unwrap();
+    let err = store
+        .complete(Completion {
+            pk: b.pk.clone(),
+            owner: "not-the-owner".into(),
+            result: None,
+            ttl: TTL,
+            writes: vec![staged(add_to(&ledger, "acct-2", 7), FailureKind::Retry)],
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(balance(&client, &ledger, "acct-2").await, (0, 0));
+}
+
+#[tokio::test]
+async fn too_many_staged_writes_is_a_clear_error_and_nothing_is_written() {
+    let client = ddb().await;
+    let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
+    let store = DynamoStore::new(client.clone(), dedup);
+    let a = req("c#big");
+    store.claim(&a).await.unwrap();
+    let writes = (0..100)
+        .map(|i| staged(add_to(&ledger, &format!("acct-{i}"), 1), FailureKind::Retry))
+        .collect();
+    let err = store
+        .complete(Completion {
+            pk: a.pk.clone(),
+            owner: a.owner.clone(),
+            result: None,
+            ttl: TTL,
+            writes,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::TransactionTooLarge { items: 100, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("at most 99"), "{err}");
+    assert_eq!(balance(&client, &ledger, "acct-0").await, (0, 0));
+}
+
+#[tokio::test]
+async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
+    let (client, lost) = ddb_losing("UpdateItem", 1).await;
+    let store = DynamoStore::new(client, dedup_table(&ddb().await).await);
+    let a = req("c#lost");
+    assert_eq!(
+        store.claim(&a).await.unwrap(),
+        Claim::Acquired { attempt: 1 }
+    );
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        1,
+        "the first response was really lost"
+    );
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!((rec.attempts, rec.owner), (1, Some(a.owner.clone())));
+}
+
+#[tokio::test]
+async fn lost_complete_response_applies_the_effect_once() {
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let (client, lost) = ddb_losing("TransactWriteItems", 2).await;
+    let store = DynamoStore::new(client, dedup);
+    let a = req("c#lost-complete");
+    store.claim(&a).await.unwrap();
+    store
+        .complete(Completion {
+            pk: a.pk.clone(),
+            owner: a.owner.clone(),
+            result: None,
+            ttl: TTL,
+            writes: vec![staged(add_to(&ledger, "acct", 250), FailureKind::Retry)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(lost.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        balance(&plain, &ledger, "acct").await,
+        (250, 1),
+        "applied exactly once"
+    );
+}
+
+#[tokio::test]
+async fn table_checks_name_what_is_wrong() {
+    let client = ddb().await;
+    let good = dedup_table(&client).await;
+    DynamoStore::new(client.clone(), good)
+        .check_table()
+        .await
+        .unwrap();
+
+    let missing = DynamoStore::new(client.clone(), unique("absent"))
+        .check_table()
+        .await;
+    assert!(
+        matches!(missing, Err(TableCheckError::Missing(_))),
+        "{missing:?}"
+    );
+
+    let no_ttl = business_table(&client).await;
+    let err = DynamoStore::new(client.clone(), no_ttl.clone())
+        .check_table()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TableCheckError::Ttl { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("expires_at") && err.to_string().contains(&no_ttl),
+        "{err}"
+    );
+
+    let wrong = unique("wrong-schema");
+    client
+        .create_table()
+        .table_name(&wrong)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::N)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let err = DynamoStore::new(client.clone(), wrong)
+        .check_table()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TableCheckError::KeySchema { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("id:HASH") && err.to_string().contains("SQS_ONCE_TABLE"),
+        "{err}"
+    );
+}
+
+/// Regression guard for the emulator: a threaded DynamoDB stand-in loses
+/// concurrent updates, which would make every concurrency test meaningless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn emulator_applies_every_concurrent_update_to_one_item() {
+    let client = ddb().await;
+    let table = business_table(&client).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (client, table) = (client.clone(), table.clone());
+        tasks.spawn(async move {
+            client
+                .update_item()
+                .table_name(table)
+                .key("pk", AttributeValue::S("hot".into()))
+                .update_expression("ADD applied_events :one")
+                .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                .send()
+                .await
+                .unwrap();
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    assert_eq!(balance(&client, &table, "hot").await.1, 50);
+}
+
+/// The ledger effect: a deliberately non-idempotent ADD staged into the
+/// completing transaction.
+struct Ledger {
+    table: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Event {
+    account: String,
+    amount_cents: i64,
+}
+
+impl Handler for Ledger {
+    async fn handle(&self, message: &Message, ctx: &Context) -> HandlerResult {
+        let e: Event = message.json().map_err(HandlerError::permanent)?;
+        if e.account == "frozen" {
+            ctx.stage_with(
+                require_exists(&self.table, "no-such-account"),
+                FailureKind::Permanent,
+            );
+        }
+        ctx.stage(add_to(&self.table, &e.account, e.amount_cents));
+        Ok(None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processor_applies_each_event_once_across_concurrent_duplicates() {
+    let client = ddb().await;
+    let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
+    let mut config = ProcessorConfig::new("ledger");
+    config.key_source = "json:/id".parse().unwrap();
+    let processor = Processor::new(
+        DynamoStore::new(client.clone(), dedup),
+        Ledger {
+            table: ledger.clone(),
+        },
+        config,
+    )
+    .unwrap();
+
+    // 20 events for 4 accounts, each delivered 3 times (a redelivery and a
+    // producer re-send with a new message id), all at once.
+    let mut expected: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let account = format!("acct-{}", i % 4);
+        let amount = 100 + i;
+        let e = expected.entry(account.clone()).or_default();
+        e.0 += amount;
+        e.1 += 1;
+        let body = serde_json::json!({"id": format!("evt-{i}"), "account": account, "amount_cents": amount}).to_string();
+        for copy in 0..3 {
+            let (p, body) = (processor.clone(), body.clone());
+            let mid = if copy == 2 {
+                format!("m{i}-resend")
+            } else {
+                format!("m{i}")
+            };
+            tasks.spawn(async move { p.process(Message::new(mid, body)).await });
+        }
+    }
+    let mut outcomes: HashMap<&'static str, u32> = HashMap::new();
+    while let Some(o) = tasks.join_next().await {
+        *outcomes.entry(o.unwrap().name()).or_default() += 1;
+    }
+    assert_eq!(outcomes.get("completed"), Some(&20), "{outcomes:?}");
+    assert_eq!(outcomes.values().sum::<u32>(), 60, "{outcomes:?}");
+    for (account, want) in &expected {
+        assert_eq!(balance(&client, &ledger, account).await, *want, "{account}");
+    }
+
+    // Retrying every in-flight one later still applies nothing twice.
+    for i in 0..20 {
+        let body = serde_json::json!({"id": format!("evt-{i}"), "account": "x", "amount_cents": 1})
+            .to_string();
+        let o = processor
+            .process(Message::new(format!("late-{i}"), body))
+            .await;
+        assert!(
+            matches!(
+                o,
+                Outcome::Duplicate {
+                    payload_matches: false,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+    }
+    assert_eq!(balance(&client, &ledger, "x").await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_business_condition_failure_parks_the_message_and_writes_nothing() {
+    let client = ddb().await;
+    let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
+    let mut config = ProcessorConfig::new("ledger");
+    config.key_source = "json:/id".parse().unwrap();
+    let processor = Processor::new(
+        DynamoStore::new(client.clone(), dedup),
+        Ledger {
+            table: ledger.clone(),
+        },
+        config,
+    )
+    .unwrap();
+    let body = r#"{"id":"evt-frozen","account":"frozen","amount_cents":5}"#;
+    let o = processor.process(Message::new("m", body)).await;
+    assert!(
+        matches!(&o, Outcome::Park { reason } if reason.contains("condition")),
+        "{o:?}"
+    );
+    assert_eq!(balance(&client, &ledger, "frozen").await, (0, 0));
+    let rec = processor
+        .store()
+        .get("ledger#evt-frozen")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, Status::Failed);
+
+    // A malformed body is parked with the parser's reason and claims nothing twice.
+    let o = processor
+        .process(Message::new("m2", r#"{"id":"evt-bad","account":7}"#))
+        .await;
+    assert!(
+        matches!(&o, Outcome::Park { reason } if reason.contains("invalid type")),
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
+async fn dynamodb_unavailable_means_no_handler_runs() {
+    // Nothing listens on port 9: every call fails to connect.
+    let conf = aws_sdk_dynamodb::config::Builder::from(&crate::common::sdk_config().await)
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(conf), "t");
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = ran.clone();
+    let processor = Processor::new(
+        store,
+        sqs_once::handler_fn(move |_m, _c| {
+            let r = r.clone();
+            async move {
+                r.store(true, Ordering::SeqCst);
+                Ok(None)
+            }
+        }),
+        ProcessorConfig::new("c"),
+    )
+    .unwrap();
+    let o = processor.process(Message::new("m", "b")).await;
+    assert!(
+        matches!(&o, Outcome::Retry { reason, .. } if reason.contains("claim failed")),
+        "{o:?}"
+    );
+    assert!(!ran.load(Ordering::SeqCst));
+}

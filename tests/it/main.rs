@@ -1,0 +1,6 @@
+//! Integration tests against LocalStack (SQS + DynamoDB) on this machine, with the
+//! real SDK clients. Start it with `localstack/up` (the test script does).
+
+mod common;
+mod contract;
+mod dynamodb;
