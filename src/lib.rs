@@ -26,6 +26,7 @@ pub mod config;
 pub mod dedup;
 mod handler;
 pub mod key;
+pub mod ledger;
 mod message;
 pub mod processor;
 pub mod setup;
