@@ -21,6 +21,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dedup;
@@ -28,6 +29,7 @@ mod handler;
 pub mod key;
 pub mod ledger;
 mod message;
+pub mod poller;
 pub mod processor;
 pub mod setup;
 

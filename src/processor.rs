@@ -90,6 +90,9 @@ pub struct ProcessOptions<'a> {
     pub visibility: Option<&'a dyn VisibilityExtender>,
     /// A shorter lease than configured (Lambda: never outlive the invocation).
     pub lease_cap: Option<Duration>,
+    /// Cancelled when the runtime must stop (shutdown deadline): a running handler
+    /// is dropped, the claim released, and the outcome is a retry with no delay.
+    pub stop: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// Takes messages through the claim protocol around a handler.
@@ -255,9 +258,21 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         tracing::Span::current().record("attempt", attempt);
 
         let ctx = Context::new(&self.config.consumer, Some(key), attempt);
+        let stopped = async {
+            match &opts.stop {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
         let handled = tokio::select! {
             r = self.call_handler(message, &ctx) => Some(r),
             () = self.heartbeat(message, &req, lease, opts.visibility) => None,
+            () = stopped => {
+                ctx.cancelled().cancel();
+                warn!("stopping: handler interrupted, claim released");
+                self.release(&req, "interrupted by shutdown").await;
+                return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
+            }
         };
         let Some(handled) = handled else {
             ctx.cancelled().cancel();

@@ -4,11 +4,9 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::MessageSystemAttributeName;
 use clap::{Parser, Subcommand};
-use sqs_once::config::ProcessorConfig;
-use sqs_once::ledger::{LedgerEvent, LedgerHandler};
-use sqs_once::{DynamoStore, Message, Outcome, Processor};
+use sqs_once::DynamoStore;
+use sqs_once::ledger::LedgerEvent;
 
 #[derive(Parser)]
 #[command(
@@ -174,66 +172,71 @@ async fn demo(sdk: &aws_config::SdkConfig, events: usize) -> Result<(), BoxError
         bodies.len()
     );
 
-    let mut config = ProcessorConfig::new("demo");
-    config.key_source = "json:/id".parse()?;
-    let processor = Processor::new(
-        DynamoStore::new(ddb.clone(), dedup_table),
-        LedgerHandler::new(&ledger_table),
-        config,
-    )?;
-    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut received = 0;
-    loop {
-        let out = sqs
-            .receive_message()
-            .queue_url(&queues.queue_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .send()
-            .await?;
-        let msgs = out.messages.unwrap_or_default();
-        if msgs.is_empty() {
-            break;
-        }
-        for m in msgs {
-            received += 1;
-            let receipt = m
-                .receipt_handle
-                .clone()
-                .ok_or("message without receipt handle")?;
-            let message = Message::new(
-                m.message_id.clone().ok_or("message without id")?,
-                m.body.clone().unwrap_or_default(),
+    // Run the real `ledger` poller (built next to this binary) until the queue is drained.
+    let ledger_bin = std::env::current_exe()?
+        .parent()
+        .ok_or("no directory for this executable")?
+        .join("ledger");
+    let started = std::time::Instant::now();
+    let out = tokio::process::Command::new(&ledger_bin)
+        .env("SQS_ONCE_QUEUE_URL", &queues.queue_url)
+        .env("SQS_ONCE_DLQ_URL", &queues.dlq_url)
+        .env("SQS_ONCE_TABLE", &dedup_table)
+        .env("SQS_ONCE_CONSUMER", "demo")
+        .env("SQS_ONCE_DEDUP_KEY", "json:/id")
+        .env("SQS_ONCE_EXIT_WHEN_IDLE", "3s")
+        .env("SQS_ONCE_WAIT", "1s")
+        .env("LEDGER_TABLE", &ledger_table)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await
+        .map_err(|e| {
+            format!(
+                "running {} (build it with `cargo build --bins`): {e}",
+                ledger_bin.display()
             )
-            .with_receipt_handle(&receipt);
-            let outcome = processor.process(message).await;
-            *counts.entry(outcome.name()).or_default() += 1;
-            if let Outcome::Park { reason } = &outcome {
-                sqs.send_message()
-                    .queue_url(&queues.dlq_url)
-                    .message_body(m.body.clone().unwrap_or_default())
-                    .message_attributes(
-                        "sqs_once_reason",
-                        aws_sdk_sqs::types::MessageAttributeValue::builder()
-                            .data_type("String")
-                            .string_value(reason)
-                            .build()?,
-                    )
-                    .send()
-                    .await?;
-                println!("  parked: {reason}");
-            }
-            if outcome.is_final() {
-                sqs.delete_message()
-                    .queue_url(&queues.queue_url)
-                    .receipt_handle(receipt)
-                    .send()
-                    .await?;
-            }
-        }
+        })?;
+    if !out.status.success() {
+        return Err(format!("the ledger poller failed: {}", out.status).into());
     }
-    println!("received {received}: {counts:?}");
+    let stats: serde_json::Value = serde_json::from_slice(
+        out.stdout
+            .split(|b| *b == b'\n')
+            .find(|l| l.starts_with(b"{"))
+            .unwrap_or(b"{}"),
+    )?;
+    let elapsed = started.elapsed();
+    let n = |k: &str| stats[k].as_u64().unwrap_or(0);
+    println!(
+        "ledger poller: received {}, applied {}, duplicates skipped {}, parked {}, retried {} ({:.0} messages/s incl. 3 s idle wait)",
+        n("received"),
+        n("completed"),
+        n("duplicates"),
+        n("parked"),
+        n("retried"),
+        n("received") as f64 / elapsed.as_secs_f64()
+    );
+    let parked = sqs
+        .receive_message()
+        .queue_url(&queues.dlq_url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .send()
+        .await?
+        .messages
+        .unwrap_or_default();
+    for m in &parked {
+        let reason = m
+            .message_attributes()
+            .and_then(|a| a.get("sqs_once_reason"))
+            .and_then(|v| v.string_value())
+            .unwrap_or("(no reason)");
+        println!("  in the DLQ: {:?}: {reason}", m.body().unwrap_or_default());
+    }
 
     let mut ok = true;
     for (account, want) in &expected {
@@ -257,8 +260,8 @@ async fn demo(sdk: &aws_config::SdkConfig, events: usize) -> Result<(), BoxError
         ok &= got == *want;
         println!("  {account}: balance {got} cents, expected {want}: {mark}");
     }
-    let applied = counts.get("completed").copied().unwrap_or(0);
-    if !ok || applied != events {
+    let applied = n("completed") as usize;
+    if !ok || applied != events || parked.len() != 2 {
         return Err(format!("ledger check failed: {applied} applied for {events} events").into());
     }
     println!(

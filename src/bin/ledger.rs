@@ -1,0 +1,34 @@
+//! The ledger example as a long-polling consumer (ECS or any host).
+//!
+//! Configuration: the `SQS_ONCE_*` environment variables (or the equivalent
+//! flags, see `--help`), `LEDGER_TABLE`, and the standard AWS SDK settings.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sqs_once::cli::PollerArgs;
+use sqs_once::ledger::LedgerHandler;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "sqs-once ledger example: applies each ledger event exactly once"
+)]
+struct Args {
+    #[command(flatten)]
+    poller: PollerArgs,
+    /// The ledger table (string partition key `pk`).
+    #[arg(long, env = "LEDGER_TABLE")]
+    ledger_table: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    sqs_once::cli::init_logging();
+    let args = Args::parse();
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+        eprintln!("ledger: the Lambda runtime is not implemented yet; run as a poller");
+        return ExitCode::FAILURE;
+    }
+    sqs_once::cli::run_poller(args.poller, LedgerHandler::new(args.ledger_table)).await
+}

@@ -1,0 +1,179 @@
+//! What the binaries share: settings from environment variables and flags,
+//! logging, and running the poller until SIGTERM/SIGINT.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
+use crate::poller::{PollerConfig, check_queue};
+use crate::{DynamoStore, Handler, KeySource, Processor};
+
+/// The runtime's settings; each flag has an `SQS_ONCE_*` environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PollerArgs {
+    /// The source queue URL.
+    #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
+    pub queue_url: String,
+    /// The dedup table.
+    #[arg(long, env = "SQS_ONCE_TABLE")]
+    pub table: String,
+    /// The consumer name: the namespace of its dedup records.
+    #[arg(long, env = "SQS_ONCE_CONSUMER")]
+    pub consumer: String,
+    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer, body-sha256.
+    #[arg(long, env = "SQS_ONCE_DEDUP_KEY", default_value = "message-id")]
+    pub dedup_key: String,
+    /// Process messages without a dedup key unprotected instead of parking them.
+    #[arg(long, env = "SQS_ONCE_ALLOW_MISSING_KEY", default_value_t = false)]
+    pub allow_missing_key: bool,
+    /// The dead-letter queue URL for permanent failures.
+    #[arg(long, env = "SQS_ONCE_DLQ_URL")]
+    pub dlq_url: Option<String>,
+    /// Messages in flight at most.
+    #[arg(long, env = "SQS_ONCE_CONCURRENCY", default_value_t = 10)]
+    pub concurrency: usize,
+    /// Claim lease.
+    #[arg(long, env = "SQS_ONCE_LEASE", default_value = "60s")]
+    pub lease: String,
+    /// Record retention (must exceed the queue's retention + redelivery window).
+    #[arg(long, env = "SQS_ONCE_TTL", default_value = "7d")]
+    pub ttl: String,
+    /// Heartbeat interval: lease and visibility extension while a handler runs.
+    #[arg(long, env = "SQS_ONCE_HEARTBEAT", default_value = "20s")]
+    pub heartbeat: String,
+    /// Drain deadline at shutdown.
+    #[arg(long, env = "SQS_ONCE_DRAIN", default_value = "25s")]
+    pub drain: String,
+    /// Long-poll wait.
+    #[arg(long, env = "SQS_ONCE_WAIT", default_value = "20s")]
+    pub wait: String,
+    /// First retry delay (doubled per receive).
+    #[arg(long, env = "SQS_ONCE_BACKOFF", default_value = "2s")]
+    pub backoff: String,
+    /// Exit once idle this long with nothing in flight (batch runs, demos, tests).
+    #[arg(long, env = "SQS_ONCE_EXIT_WHEN_IDLE")]
+    pub exit_when_idle: Option<String>,
+}
+
+impl PollerArgs {
+    /// Validated processor and poller settings.
+    pub fn configs(&self) -> Result<(ProcessorConfig, PollerConfig), ConfigError> {
+        let mut p = ProcessorConfig::new(&self.consumer);
+        p.key_source = self
+            .dedup_key
+            .parse::<KeySource>()
+            .map_err(|e| ConfigError {
+                setting: "SQS_ONCE_DEDUP_KEY",
+                problem: e.to_string(),
+            })?;
+        if self.allow_missing_key {
+            p.missing_key = MissingKey::ProcessUnprotected;
+        }
+        p.lease = parse_duration("SQS_ONCE_LEASE", &self.lease)?;
+        p.ttl = parse_duration("SQS_ONCE_TTL", &self.ttl)?;
+        p.heartbeat = parse_duration("SQS_ONCE_HEARTBEAT", &self.heartbeat)?;
+        p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
+        p.validate()?;
+        let mut q = PollerConfig::new(&self.queue_url);
+        q.dlq_url = self.dlq_url.clone().filter(|u| !u.is_empty());
+        if self.concurrency == 0 {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_CONCURRENCY",
+                problem: "must be at least 1".into(),
+            });
+        }
+        q.concurrency = self.concurrency;
+        q.drain = parse_duration("SQS_ONCE_DRAIN", &self.drain)?;
+        q.wait_time = parse_duration("SQS_ONCE_WAIT", &self.wait)?;
+        if q.wait_time > Duration::from_secs(20) {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_WAIT",
+                problem: "SQS long polls wait at most 20s".into(),
+            });
+        }
+        q.exit_when_idle = self
+            .exit_when_idle
+            .as_deref()
+            .map(|v| parse_duration("SQS_ONCE_EXIT_WHEN_IDLE", v))
+            .transpose()?;
+        Ok((p, q))
+    }
+}
+
+/// Logs to stderr: JSON when `SQS_ONCE_LOG_FORMAT=json` or inside Lambda, text
+/// otherwise; filtered by `RUST_LOG` (default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = std::env::var("SQS_ONCE_LOG_FORMAT").is_ok_and(|v| v == "json")
+        || std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Cancelled on SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// Checks the table and queue, then runs the poller until a signal. The exit
+/// code is non-zero only for a start-up failure.
+pub async fn run_poller<H: Handler>(args: PollerArgs, handler: H) -> ExitCode {
+    let (pconf, qconf) = match args.configs() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sdk = aws_config::load_from_env().await;
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), args.table.clone());
+    if let Err(e) = store.check_table().await {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    if let Err(e) = check_queue(&sqs, &qconf.queue_url, pconf.heartbeat, pconf.ttl).await {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    let processor = match Processor::new(store, handler, pconf) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let shutdown = shutdown_on_signals();
+    tracing::info!(queue = %qconf.queue_url, concurrency = qconf.concurrency, "polling");
+    let stats = crate::poller::run(sqs, processor, qconf, shutdown).await;
+    tracing::info!(?stats, "stopped");
+    println!(
+        "{}",
+        serde_json::json!({
+            "received": stats.received, "completed": stats.completed, "duplicates": stats.duplicates,
+            "in_flight": stats.in_flight, "retried": stats.retried, "parked": stats.parked,
+            "held_back": stats.held_back,
+        })
+    );
+    ExitCode::SUCCESS
+}

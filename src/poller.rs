@@ -1,0 +1,580 @@
+//! The long-polling runtime (ECS or any host): receive, process, delete.
+//!
+//! # Backpressure
+//! At most `concurrency` messages are in flight. The poller receives only as many
+//! messages as it can start now, so nothing waits in a local queue while its
+//! visibility timeout runs out.
+//!
+//! # Shutdown
+//! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
+//! it is cancelled the poller stops receiving, lets running handlers finish
+//! within the drain deadline, interrupts and releases the rest (their messages
+//! become visible again at once), flushes pending deletes and returns.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
+};
+use aws_smithy_types::error::display::DisplayErrorContext;
+use futures::future::BoxFuture;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::config::SQS_MAX_VISIBILITY;
+use crate::dedup::DedupStore;
+use crate::processor::{ProcessOptions, VisibilityExtender};
+use crate::{Handler, Message, Outcome, Processor};
+
+/// Settings of the long-polling runtime.
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    /// The source queue (`SQS_ONCE_QUEUE_URL`).
+    pub queue_url: String,
+    /// Where permanent failures are parked (`SQS_ONCE_DLQ_URL`). Without one, a
+    /// permanent failure is retried until the queue's redrive policy parks it.
+    pub dlq_url: Option<String>,
+    /// Messages in flight at most (`SQS_ONCE_CONCURRENCY`, default 10).
+    pub concurrency: usize,
+    /// Long-poll wait (default 20 s).
+    pub wait_time: Duration,
+    /// How long in-flight work may finish after shutdown (`SQS_ONCE_DRAIN`,
+    /// default 25 s, below ECS's 30 s stop timeout).
+    pub drain: Duration,
+    /// Return once nothing was received for this long and nothing is in flight
+    /// (`SQS_ONCE_EXIT_WHEN_IDLE`; for batch jobs, demos and tests).
+    pub exit_when_idle: Option<Duration>,
+}
+
+impl PollerConfig {
+    /// Defaults for a queue.
+    pub fn new(queue_url: impl Into<String>) -> Self {
+        Self {
+            queue_url: queue_url.into(),
+            dlq_url: None,
+            concurrency: 10,
+            wait_time: Duration::from_secs(20),
+            drain: Duration::from_secs(25),
+            exit_when_idle: None,
+        }
+    }
+
+    /// Whether the queue is FIFO (its name ends in `.fifo`).
+    pub fn is_fifo(&self) -> bool {
+        self.queue_url.ends_with(".fifo")
+    }
+}
+
+/// What a poller run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Messages received.
+    pub received: u64,
+    /// Handlers completed (effects recorded).
+    pub completed: u64,
+    /// Duplicates of completed work skipped.
+    pub duplicates: u64,
+    /// Messages held by another consumer's claim, made visible again later.
+    pub in_flight: u64,
+    /// Retryable failures (made visible again after a backoff).
+    pub retried: u64,
+    /// Messages parked in the DLQ.
+    pub parked: u64,
+    /// FIFO messages released unprocessed after an earlier failure in their group.
+    pub held_back: u64,
+}
+
+/// Reads the queue's attributes and warns about settings that defeat the
+/// protocol: a visibility timeout below the heartbeat, a retention longer than
+/// the records are kept.
+pub async fn check_queue(
+    sqs: &Client,
+    queue_url: &str,
+    heartbeat: Duration,
+    ttl: Duration,
+) -> Result<(), String> {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::VisibilityTimeout)
+        .attribute_names(QueueAttributeName::MessageRetentionPeriod)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot read queue {queue_url} (setting SQS_ONCE_QUEUE_URL): {}",
+                DisplayErrorContext(e)
+            )
+        })?;
+    let attrs = out.attributes.unwrap_or_default();
+    let secs = |n: QueueAttributeName| {
+        attrs
+            .get(&n)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_secs)
+    };
+    if let Some(vis) = secs(QueueAttributeName::VisibilityTimeout) {
+        if vis <= heartbeat {
+            warn!(
+                visibility_timeout = ?vis, ?heartbeat,
+                "the queue's visibility timeout is not above the heartbeat interval: messages may be redelivered while their handler runs (lower SQS_ONCE_HEARTBEAT or raise the queue's VisibilityTimeout)"
+            );
+        }
+    }
+    if let Some(retention) = secs(QueueAttributeName::MessageRetentionPeriod) {
+        if retention >= ttl {
+            warn!(
+                ?retention,
+                ?ttl,
+                "SQS_ONCE_TTL is not longer than the queue's retention: a message redelivered late could be processed again"
+            );
+        }
+    }
+    Ok(())
+}
+
+struct SqsVisibility {
+    sqs: Client,
+    queue_url: String,
+}
+
+impl VisibilityExtender for SqsVisibility {
+    fn extend<'a>(
+        &'a self,
+        message: &'a Message,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let Some(receipt) = message.receipt_handle() else {
+                return Err("no receipt handle".into());
+            };
+            set_visibility(&self.sqs, &self.queue_url, receipt, timeout).await
+        })
+    }
+}
+
+async fn set_visibility(
+    sqs: &Client,
+    queue_url: &str,
+    receipt: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let secs = timeout.min(SQS_MAX_VISIBILITY).as_secs();
+    sqs.change_message_visibility()
+        .queue_url(queue_url)
+        .receipt_handle(receipt)
+        .visibility_timeout(i32::try_from(secs).unwrap_or(43_200))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| DisplayErrorContext(e).to_string())
+}
+
+/// Converts a received SQS message; `None` (logged) for one without id or receipt.
+fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
+    let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
+        error!("received a message without id or receipt handle; left to its visibility timeout");
+        return None;
+    };
+    let sys = m.attributes.unwrap_or_default();
+    let mut msg = Message::new(id, m.body.unwrap_or_default()).with_receipt_handle(receipt);
+    if let Some(n) = sys
+        .get(&MessageSystemAttributeName::ApproximateReceiveCount)
+        .and_then(|v| v.parse().ok())
+    {
+        msg = msg.with_receive_count(n);
+    }
+    if let Some(g) = sys.get(&MessageSystemAttributeName::MessageGroupId) {
+        msg = msg.with_group_id(g);
+    }
+    if let Some(d) = sys.get(&MessageSystemAttributeName::MessageDeduplicationId) {
+        msg = msg.with_deduplication_id(d);
+    }
+    for (name, value) in m.message_attributes.unwrap_or_default() {
+        if let Some(v) = value.string_value {
+            msg = msg.with_attribute(name, v);
+        }
+    }
+    Some(msg)
+}
+
+struct Shared<S, H> {
+    sqs: Client,
+    processor: Processor<S, H>,
+    config: PollerConfig,
+    deletes: mpsc::UnboundedSender<String>,
+    stop: CancellationToken,
+    stats: std::sync::Mutex<RunStats>,
+}
+
+impl<S: DedupStore, H: Handler> Shared<S, H> {
+    fn count(&self, f: impl FnOnce(&mut RunStats)) {
+        f(&mut self.stats.lock().expect("stats lock"));
+    }
+
+    /// Processes one message and acts on the outcome; true when it is finished with.
+    async fn handle(&self, message: Message) -> bool {
+        let visibility = SqsVisibility {
+            sqs: self.sqs.clone(),
+            queue_url: self.config.queue_url.clone(),
+        };
+        let receipt = message.receipt_handle().unwrap_or_default().to_owned();
+        let outcome = self
+            .processor
+            .process_with(
+                message.clone(),
+                ProcessOptions {
+                    visibility: Some(&visibility),
+                    lease_cap: None,
+                    stop: Some(self.stop.clone()),
+                },
+            )
+            .await;
+        match &outcome {
+            Outcome::Completed { .. } => self.count(|s| s.completed += 1),
+            Outcome::Duplicate { .. } => self.count(|s| s.duplicates += 1),
+            Outcome::InFlight { .. } => self.count(|s| s.in_flight += 1),
+            Outcome::Retry { .. } => self.count(|s| s.retried += 1),
+            Outcome::Park { .. } => {}
+        }
+        match outcome {
+            Outcome::Completed { .. } | Outcome::Duplicate { .. } => {
+                let _ = self.deletes.send(receipt);
+                true
+            }
+            Outcome::Park { reason } => self.park(&message, &reason).await,
+            Outcome::InFlight { retry_after } => {
+                self.retry_later(&receipt, retry_after).await;
+                false
+            }
+            Outcome::Retry { after, reason } => {
+                info!(message_id = message.id(), %reason, ?after, "will retry");
+                self.retry_later(&receipt, after).await;
+                false
+            }
+        }
+    }
+
+    async fn retry_later(&self, receipt: &str, after: Duration) {
+        if let Err(e) = set_visibility(&self.sqs, &self.config.queue_url, receipt, after).await {
+            warn!(error = %e, "could not set the retry delay; the message returns after its visibility timeout");
+        }
+    }
+
+    /// Sends the message with its reason to the DLQ, then deletes it.
+    async fn park(&self, message: &Message, reason: &str) -> bool {
+        let Some(dlq) = &self.config.dlq_url else {
+            error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: retried until the queue's redrive policy parks it");
+            self.retry_later(
+                message.receipt_handle().unwrap_or_default(),
+                self.processor.config().backoff_max,
+            )
+            .await;
+            return false;
+        };
+        let attr = |v: &str| {
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(v)
+                .build()
+                .expect("complete attribute")
+        };
+        let mut send = self
+            .sqs
+            .send_message()
+            .queue_url(dlq)
+            .message_body(message.body())
+            .message_attributes("sqs_once_reason", attr(&truncate(reason, 4096)))
+            .message_attributes("sqs_once_message_id", attr(message.id()));
+        for (k, v) in message.attributes().iter().take(8) {
+            send = send.message_attributes(k, attr(v));
+        }
+        if dlq.ends_with(".fifo") {
+            send = send
+                .message_group_id(message.group_id().unwrap_or("sqs-once-parked"))
+                .message_deduplication_id(message.id());
+        }
+        match send.send().await {
+            Ok(_) => {
+                warn!(message_id = message.id(), %reason, dlq, "parked in the DLQ");
+                self.count(|s| s.parked += 1);
+                let _ = self
+                    .deletes
+                    .send(message.receipt_handle().unwrap_or_default().to_owned());
+                true
+            }
+            Err(e) => {
+                error!(error = %DisplayErrorContext(e), "could not park the message; it comes back");
+                self.retry_later(
+                    message.receipt_handle().unwrap_or_default(),
+                    self.processor.config().backoff(message.receive_count()),
+                )
+                .await;
+                false
+            }
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
+/// within a batch are sent once. Failed entries are tried once more alone, then
+/// logged (the message then comes back and is skipped as a duplicate).
+async fn delete_loop(sqs: Client, queue_url: String, mut rx: mpsc::UnboundedReceiver<String>) {
+    let mut pending: Vec<String> = Vec::new();
+    loop {
+        let closed = if pending.is_empty() {
+            match rx.recv().await {
+                Some(r) => {
+                    pending.push(r);
+                    false
+                }
+                None => true,
+            }
+        } else {
+            // Gather more for a short moment, then flush.
+            match tokio::time::timeout(Duration::from_millis(20), rx.recv()).await {
+                Ok(Some(r)) => {
+                    pending.push(r);
+                    if pending.len() < 10 {
+                        continue;
+                    }
+                    false
+                }
+                Ok(None) => true,
+                Err(_) => false,
+            }
+        };
+        while !pending.is_empty() {
+            let batch: Vec<String> = {
+                let mut seen = HashSet::new();
+                let take = pending.len().min(10);
+                pending
+                    .drain(..take)
+                    .filter(|r| seen.insert(r.clone()))
+                    .collect()
+            };
+            delete_batch(&sqs, &queue_url, batch).await;
+            if !closed && pending.len() < 10 {
+                break;
+            }
+        }
+        if closed && pending.is_empty() {
+            return;
+        }
+    }
+}
+
+async fn delete_batch(sqs: &Client, queue_url: &str, receipts: Vec<String>) {
+    let entries: Vec<DeleteMessageBatchRequestEntry> = receipts
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .receipt_handle(r)
+                .build()
+                .expect("complete entry")
+        })
+        .collect();
+    let failed: Vec<String> = match sqs
+        .delete_message_batch()
+        .queue_url(queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+    {
+        Ok(out) => out
+            .failed
+            .iter()
+            .filter_map(|f| {
+                warn!(id = f.id, code = f.code, message = ?f.message, "delete failed in batch");
+                f.id.strip_prefix('m')
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .and_then(|i| receipts.get(i).cloned())
+            })
+            .collect(),
+        Err(e) => {
+            warn!(error = %DisplayErrorContext(e), "DeleteMessageBatch failed; deleting one by one");
+            receipts.clone()
+        }
+    };
+    for r in failed {
+        if let Err(e) = sqs
+            .delete_message()
+            .queue_url(queue_url)
+            .receipt_handle(&r)
+            .send()
+            .await
+        {
+            error!(error = %DisplayErrorContext(e), "delete failed; the message will come back and be skipped as a duplicate");
+        }
+    }
+}
+
+/// Runs the poller until `shutdown` is cancelled (or it has been idle for
+/// `exit_when_idle`). Returns what it did.
+pub async fn run<S: DedupStore, H: Handler>(
+    sqs: Client,
+    processor: Processor<S, H>,
+    config: PollerConfig,
+    shutdown: CancellationToken,
+) -> RunStats {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let deleter = tokio::spawn(delete_loop(sqs.clone(), config.queue_url.clone(), rx));
+    let concurrency = config.concurrency.max(1);
+    let shared = Arc::new(Shared {
+        sqs: sqs.clone(),
+        processor,
+        config: config.clone(),
+        deletes: tx,
+        stop: CancellationToken::new(),
+        stats: Default::default(),
+    });
+    let permits = Arc::new(Semaphore::new(concurrency));
+    let tracker = TaskTracker::new();
+    let mut error_backoff = Duration::from_millis(200);
+    let mut idle_since = tokio::time::Instant::now();
+
+    'receive: loop {
+        // Wait until at least one message can start now.
+        let first = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore open"),
+            () = shutdown.cancelled() => break 'receive,
+        };
+        let mut held = vec![first];
+        while held.len() < 10 {
+            match permits.clone().try_acquire_owned() {
+                Ok(p) => held.push(p),
+                Err(_) => break,
+            }
+        }
+        let wait = match config.exit_when_idle {
+            Some(idle) => config.wait_time.min(idle).max(Duration::from_secs(1)),
+            None => config.wait_time,
+        };
+        let receive = sqs
+            .receive_message()
+            .queue_url(&config.queue_url)
+            .max_number_of_messages(i32::try_from(held.len()).unwrap_or(10))
+            .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send();
+        let out = tokio::select! {
+            r = receive => r,
+            () = shutdown.cancelled() => break 'receive,
+        };
+        let messages = match out {
+            Ok(o) => {
+                error_backoff = Duration::from_millis(200);
+                o.messages.unwrap_or_default()
+            }
+            Err(e) => {
+                warn!(error = %DisplayErrorContext(e), retry_in = ?error_backoff, "receive failed; backing off");
+                tokio::select! {
+                    () = tokio::time::sleep(error_backoff) => {}
+                    () = shutdown.cancelled() => break 'receive,
+                }
+                error_backoff = (error_backoff * 2).min(Duration::from_secs(20));
+                continue;
+            }
+        };
+        if messages.is_empty() {
+            if let Some(idle) = config.exit_when_idle {
+                if permits.available_permits() + held.len() == concurrency
+                    && idle_since.elapsed() >= idle
+                {
+                    info!("idle; exiting as configured");
+                    break 'receive;
+                }
+            }
+            continue;
+        }
+        let messages: Vec<Message> = messages.into_iter().filter_map(to_message).collect();
+        shared.count(|s| s.received += messages.len() as u64);
+        if config.is_fifo() {
+            // One task per group, in receive order within it.
+            let mut groups: Vec<(String, Vec<Message>)> = Vec::new();
+            let mut index: HashMap<String, usize> = HashMap::new();
+            for m in messages {
+                let g = m.group_id().unwrap_or_default().to_owned();
+                let i = *index.entry(g.clone()).or_insert_with(|| {
+                    groups.push((g, Vec::new()));
+                    groups.len() - 1
+                });
+                groups[i].1.push(m);
+            }
+            for (_, group) in groups {
+                let group_permits: Vec<_> = held.drain(..group.len().min(held.len())).collect();
+                let shared = shared.clone();
+                tracker.spawn(async move {
+                    let _permits = group_permits;
+                    let mut rest = group.into_iter();
+                    for m in rest.by_ref() {
+                        if shared.stop.is_cancelled() || !shared.handle(m).await {
+                            break;
+                        }
+                    }
+                    // After a failure (or at shutdown) the rest of the group is
+                    // released unprocessed, so order is kept.
+                    for m in rest {
+                        shared.count(|s| s.held_back += 1);
+                        shared
+                            .retry_later(m.receipt_handle().unwrap_or_default(), Duration::ZERO)
+                            .await;
+                    }
+                });
+            }
+        } else {
+            for m in messages {
+                let permit = held.pop().expect("one permit per received message");
+                let shared = shared.clone();
+                tracker.spawn(async move {
+                    let _permit = permit;
+                    if shared.stop.is_cancelled() {
+                        shared
+                            .retry_later(m.receipt_handle().unwrap_or_default(), Duration::ZERO)
+                            .await;
+                        return;
+                    }
+                    shared.handle(m).await;
+                });
+            }
+        }
+        idle_since = tokio::time::Instant::now();
+    }
+
+    // Drain: finish within the deadline, then interrupt and release the rest.
+    tracker.close();
+    if tokio::time::timeout(config.drain, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!(drain = ?config.drain, "drain deadline reached; interrupting and releasing unfinished work");
+        shared.stop.cancel();
+        tracker.wait().await;
+    }
+    let stats = shared.stats.lock().expect("stats lock").clone();
+    drop(shared);
+    if let Err(e) = deleter.await {
+        error!(error = %e, "delete task failed");
+    }
+    stats
+}
