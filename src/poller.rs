@@ -218,8 +218,9 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
         f(&mut self.stats.lock().expect("stats lock"));
     }
 
-    /// Processes one message and acts on the outcome; true when it is finished with.
-    async fn handle(&self, message: Message) -> bool {
+    /// Processes one message and acts on the outcome: `None` when it is finished
+    /// with, else the delay after which it comes back.
+    async fn handle(&self, message: Message) -> Option<Duration> {
         let visibility = SqsVisibility {
             sqs: self.sqs.clone(),
             queue_url: self.config.queue_url.clone(),
@@ -246,17 +247,17 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
         match outcome {
             Outcome::Completed { .. } | Outcome::Duplicate { .. } => {
                 let _ = self.deletes.send(receipt);
-                true
+                None
             }
             Outcome::Park { reason } => self.park(&message, &reason).await,
             Outcome::InFlight { retry_after } => {
                 self.retry_later(&receipt, retry_after).await;
-                false
+                Some(retry_after)
             }
             Outcome::Retry { after, reason } => {
                 info!(message_id = message.id(), %reason, ?after, "will retry");
                 self.retry_later(&receipt, after).await;
-                false
+                Some(after)
             }
         }
     }
@@ -268,15 +269,13 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     }
 
     /// Sends the message with its reason to the DLQ, then deletes it.
-    async fn park(&self, message: &Message, reason: &str) -> bool {
+    async fn park(&self, message: &Message, reason: &str) -> Option<Duration> {
         let Some(dlq) = &self.config.dlq_url else {
             error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: retried until the queue's redrive policy parks it");
-            self.retry_later(
-                message.receipt_handle().unwrap_or_default(),
-                self.processor.config().backoff_max,
-            )
-            .await;
-            return false;
+            let delay = self.processor.config().backoff_max;
+            self.retry_later(message.receipt_handle().unwrap_or_default(), delay)
+                .await;
+            return Some(delay);
         };
         let attr = |v: &str| {
             MessageAttributeValue::builder()
@@ -307,16 +306,14 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
                 let _ = self
                     .deletes
                     .send(message.receipt_handle().unwrap_or_default().to_owned());
-                true
+                None
             }
             Err(e) => {
                 error!(error = %DisplayErrorContext(e), "could not park the message; it comes back");
-                self.retry_later(
-                    message.receipt_handle().unwrap_or_default(),
-                    self.processor.config().backoff(message.receive_count()),
-                )
-                .await;
-                false
+                let delay = self.processor.config().backoff(message.receive_count());
+                self.retry_later(message.receipt_handle().unwrap_or_default(), delay)
+                    .await;
+                Some(delay)
             }
         }
     }
@@ -526,18 +523,22 @@ pub async fn run<S: DedupStore, H: Handler>(
                 let shared = shared.clone();
                 tracker.spawn(async move {
                     let _permits = group_permits;
-                    let mut rest = group.into_iter();
-                    for m in rest.by_ref() {
-                        if shared.stop.is_cancelled() || !shared.handle(m).await {
+                    let mut rest = group.into_iter().peekable();
+                    let mut hold = Duration::ZERO;
+                    while let Some(m) = rest.next_if(|_| !shared.stop.is_cancelled()) {
+                        if let Some(delay) = shared.handle(m).await {
+                            hold = delay;
                             break;
                         }
                     }
                     // After a failure (or at shutdown) the rest of the group is
-                    // released unprocessed, so order is kept.
+                    // released unprocessed. It comes back no sooner than the failed
+                    // message, so the group's order holds even on a queue that does
+                    // not block a group behind an invisible message.
                     for m in rest {
                         shared.count(|s| s.held_back += 1);
                         shared
-                            .retry_later(m.receipt_handle().unwrap_or_default(), Duration::ZERO)
+                            .retry_later(m.receipt_handle().unwrap_or_default(), hold)
                             .await;
                     }
                 });

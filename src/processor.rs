@@ -32,9 +32,9 @@ pub enum Outcome {
         payload_matches: bool,
     },
     /// Another consumer holds the claim: make the message visible again when that
-    /// lease ends.
+    /// lease ends, or after the backoff if that comes first.
     InFlight {
-        /// Time until the other lease ends.
+        /// Time until the other lease ends, capped by the backoff.
         retry_after: Duration,
     },
     /// Not done: make the message visible again after this delay.
@@ -241,9 +241,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 if !payload_matches {
                     warn!(pk = %req.pk, "same dedup key, different payload while in flight: a producer bug");
                 }
+                // Come back when the other lease ends, or sooner by the backoff: the
+                // other consumer usually finishes long before its lease runs out,
+                // and the backoff grows with every receive, so this never spins.
                 let wait = (lease_until_ms - self.clock.now_ms()).max(1000);
                 return Outcome::InFlight {
                     retry_after: Duration::from_millis(u64::try_from(wait).unwrap_or(1000))
+                        .min(self.config.backoff(message.receive_count()))
                         .min(SQS_MAX_VISIBILITY),
                 };
             }

@@ -4,3 +4,4 @@
 mod common;
 mod contract;
 mod dynamodb;
+mod poller;

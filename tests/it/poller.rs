@@ -1,0 +1,416 @@
+//! The long-polling runtime against LocalStack: the real `ledger` binary for the
+//! end-to-end cases, the library's `run` with counting handlers for timing cases.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use sqs_once::config::ProcessorConfig;
+use sqs_once::poller::{PollerConfig, run};
+use sqs_once::setup::{QueuePair, ensure_queue_with_dlq};
+use sqs_once::{DynamoStore, HandlerError, Message, Processor, handler_fn};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{ddb, dedup_table, sdk_config, unique};
+
+async fn sqs() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&sdk_config().await)
+}
+
+async fn queues(sqs: &aws_sdk_sqs::Client, fifo: bool, visibility: u64) -> QueuePair {
+    ensure_queue_with_dlq(sqs, &unique("q"), fifo, Duration::from_secs(visibility), 5)
+        .await
+        .unwrap()
+}
+
+async fn send_all(sqs: &aws_sdk_sqs::Client, url: &str, bodies: &[String]) {
+    for chunk in bodies.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(b)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let out = sqs
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap();
+        assert!(out.failed().is_empty(), "{:?}", out.failed());
+    }
+}
+
+/// Visible plus in-flight messages.
+async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    let a = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default();
+    a.values().map(|v| v.parse::<u64>().unwrap()).sum()
+}
+
+async fn ledger_rows(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> HashMap<String, (i64, i64)> {
+    let items = client
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .items
+        .unwrap_or_default();
+    items
+        .into_iter()
+        .map(|i| {
+            let n = |k: &str| {
+                i.get(k)
+                    .and_then(|v| v.as_n().ok())
+                    .map_or(0, |v| v.parse().unwrap())
+            };
+            (
+                i["pk"].as_s().unwrap().clone(),
+                (n("balance_cents"), n("applied_events")),
+            )
+        })
+        .collect()
+}
+
+struct Ledger {
+    queues: QueuePair,
+    dedup: String,
+    ledger: String,
+}
+
+impl Ledger {
+    async fn new(sqs: &aws_sdk_sqs::Client, ddb: &aws_sdk_dynamodb::Client) -> Self {
+        let ledger = unique("ledger");
+        sqs_once::setup::ensure_table(ddb, &ledger).await.unwrap();
+        Self {
+            queues: queues(sqs, false, 30).await,
+            dedup: dedup_table(ddb).await,
+            ledger,
+        }
+    }
+
+    fn command(&self, extra: &[(&str, &str)]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_ledger"));
+        c.env("SQS_ONCE_QUEUE_URL", &self.queues.queue_url)
+            .env("SQS_ONCE_DLQ_URL", &self.queues.dlq_url)
+            .env("SQS_ONCE_TABLE", &self.dedup)
+            .env("SQS_ONCE_CONSUMER", "ledger")
+            .env("SQS_ONCE_DEDUP_KEY", "json:/id")
+            .env("SQS_ONCE_WAIT", "1s")
+            .env("SQS_ONCE_CONCURRENCY", "5")
+            .env("LEDGER_TABLE", &self.ledger)
+            .env("AWS_ENDPOINT_URL", crate::common::endpoint())
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c
+    }
+}
+
+/// Events for 5 accounts; every third sent twice. Returns bodies and expected rows.
+fn events(n: usize) -> (Vec<String>, HashMap<String, (i64, i64)>) {
+    let mut bodies = Vec::new();
+    let mut expected: HashMap<String, (i64, i64)> = HashMap::new();
+    for i in 0..n {
+        let account = format!("acct-{}", i % 5);
+        let amount = 100 + i as i64;
+        let e = expected.entry(account.clone()).or_default();
+        e.0 += amount;
+        e.1 += 1;
+        let body = serde_json::json!({"id": format!("evt-{i}"), "account": account, "amount_cents": amount}).to_string();
+        if i % 3 == 0 {
+            bodies.push(body.clone());
+        }
+        bodies.push(body);
+    }
+    (bodies, expected)
+}
+
+async fn pollers_apply_each_event_once(k: usize) {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let (bodies, expected) = events(60);
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    let children: Vec<_> = (0..k)
+        .map(|_| {
+            l.command(&[("SQS_ONCE_EXIT_WHEN_IDLE", "6s")])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut received = 0;
+    for c in children {
+        let out = tokio::time::timeout(Duration::from_secs(120), c.wait_with_output())
+            .await
+            .expect("poller exits once idle")
+            .unwrap();
+        assert!(out.status.success(), "{:?}", out.status);
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        received += stats["received"].as_u64().unwrap();
+    }
+    assert!(
+        received >= bodies.len() as u64,
+        "received {received} of {}",
+        bodies.len()
+    );
+    assert_eq!(
+        ledger_rows(&ddb, &l.ledger).await,
+        expected,
+        "every event applied exactly once"
+    );
+    assert_eq!(
+        depth(&sqs, &l.queues.queue_url).await,
+        0,
+        "every message deleted"
+    );
+    assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0, "nothing parked");
+}
+
+#[tokio::test]
+async fn two_pollers_apply_every_event_exactly_once() {
+    pollers_apply_each_event_once(2).await;
+}
+
+#[tokio::test]
+async fn four_pollers_apply_every_event_exactly_once() {
+    pollers_apply_each_event_once(4).await;
+}
+
+#[tokio::test]
+async fn malformed_bodies_end_in_the_dlq_with_a_reason() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let bodies = vec![
+        "not json".to_owned(),
+        r#"{"id":"e-1","account":"a"}"#.to_owned(),
+        r#"{"id":"e-2","account":"a","amount_cents":5}"#.to_owned(),
+    ];
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    let out = l
+        .command(&[("SQS_ONCE_EXIT_WHEN_IDLE", "2s")])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let parked = sqs
+        .receive_message()
+        .queue_url(&l.queues.dlq_url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    let mut reasons: Vec<(String, String)> = parked
+        .iter()
+        .map(|m| {
+            let reason = m.message_attributes().unwrap()["sqs_once_reason"]
+                .string_value()
+                .unwrap()
+                .to_owned();
+            (m.body().unwrap().to_owned(), reason)
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons[0].0 == "not json" && reasons[0].1.contains("not valid JSON"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].1.contains("missing field `amount_cents`"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        ledger_rows(&ddb, &l.ledger).await,
+        HashMap::from([("a".to_owned(), (5, 1))])
+    );
+    assert_eq!(depth(&sqs, &l.queues.queue_url).await, 0);
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_zero() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let child = l.command(&[("SQS_ONCE_DRAIN", "5s")]).spawn().unwrap();
+    let (bodies, expected) = events(20);
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while ledger_rows(&ddb, &l.ledger).await != expected
+        || depth(&sqs, &l.queues.queue_url).await != 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events not applied and deleted in time"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = child.id().unwrap();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("exits within the drain deadline")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["completed"], 20);
+    assert_eq!(
+        depth(&sqs, &l.queues.queue_url).await,
+        0,
+        "deletes flushed before exit"
+    );
+}
+
+#[tokio::test]
+async fn start_up_rejects_a_bad_setting_naming_it() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let out = l
+        .command(&[("SQS_ONCE_HEARTBEAT", "90s")])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = l
+        .command(&[("SQS_ONCE_TABLE", &l.ledger)])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a table without TTL is rejected at start-up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_keeps_a_slow_handler_from_redelivery() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 2).await; // visibility 2 s, handler takes 6 s
+    send_all(&sqs, &q.queue_url, &["slow".to_owned()]).await;
+    let calls = Arc::new(Mutex::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            *c.lock().unwrap() += 1;
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("slow");
+    pc.lease = Duration::from_secs(2);
+    pc.heartbeat = Duration::from_millis(500);
+    let processor = Processor::new(
+        DynamoStore::new(ddb.clone(), dedup_table(&ddb).await),
+        handler,
+        pc,
+    )
+    .unwrap();
+    let mut qc = PollerConfig::new(&q.queue_url);
+    qc.wait_time = Duration::from_secs(1);
+    qc.exit_when_idle = Some(Duration::from_secs(4));
+    let stats = run(sqs.clone(), processor, qc, CancellationToken::new()).await;
+    assert_eq!(*calls.lock().unwrap(), 1, "not redelivered while running");
+    assert_eq!(
+        (stats.received, stats.completed, stats.in_flight),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(depth(&sqs, &q.queue_url).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_keeps_group_order_and_a_failure_holds_only_its_group() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, true, 30).await;
+    for i in 0..5 {
+        for g in ["A", "B"] {
+            sqs.send_message()
+                .queue_url(&q.queue_url)
+                .message_body(format!("{g}{i}"))
+                .message_group_id(g)
+                .message_deduplication_id(format!("{g}{i}"))
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    let calls: Arc<Mutex<Vec<String>>> = Arc::default();
+    let c = calls.clone();
+    let failed_once = Arc::new(Mutex::new(false));
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let (c, failed_once) = (c.clone(), failed_once.clone());
+        async move {
+            c.lock().unwrap().push(m.body().to_owned());
+            let mut f = failed_once.lock().unwrap();
+            if m.body() == "A2" && !*f {
+                *f = true;
+                return Err(HandlerError::retry_after(
+                    Duration::from_secs(1),
+                    "A2 fails once",
+                ));
+            }
+            Ok(None)
+        }
+    });
+    let processor = Processor::new(
+        DynamoStore::new(ddb.clone(), dedup_table(&ddb).await),
+        handler,
+        ProcessorConfig::new("fifo"),
+    )
+    .unwrap();
+    let mut qc = PollerConfig::new(&q.queue_url);
+    qc.wait_time = Duration::from_secs(1);
+    qc.exit_when_idle = Some(Duration::from_secs(3));
+    let stats = run(sqs.clone(), processor, qc, CancellationToken::new()).await;
+    let calls = calls.lock().unwrap().clone();
+    let of = |g: char| {
+        calls
+            .iter()
+            .filter(|b| b.starts_with(g))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of('A'),
+        ["A0", "A1", "A2", "A2", "A3", "A4"],
+        "A's order kept across its failure"
+    );
+    assert_eq!(of('B'), ["B0", "B1", "B2", "B3", "B4"], "B unaffected");
+    assert_eq!(stats.completed, 10, "{stats:?}");
+    assert_eq!(depth(&sqs, &q.queue_url).await, 0);
+}
