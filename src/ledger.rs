@@ -28,6 +28,7 @@ pub struct LedgerEvent {
 #[derive(Debug, Clone)]
 pub struct LedgerHandler {
     table: String,
+    work: std::time::Duration,
 }
 
 impl LedgerHandler {
@@ -35,7 +36,15 @@ impl LedgerHandler {
     pub fn new(table: impl Into<String>) -> Self {
         Self {
             table: table.into(),
+            work: std::time::Duration::ZERO,
         }
+    }
+
+    /// Simulated work per event before the effect is staged (a slow downstream
+    /// call), to watch heartbeats, crashes and shutdown mid-handler.
+    pub fn with_work(mut self, work: std::time::Duration) -> Self {
+        self.work = work;
+        self
     }
 }
 
@@ -46,6 +55,9 @@ impl Handler for LedgerHandler {
             .map_err(|e| HandlerError::permanent(format!("not a ledger event: {e}")))?;
         if event.account.is_empty() {
             return Err(HandlerError::permanent("not a ledger event: empty account"));
+        }
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
         }
         let update = Update::builder()
             .table_name(&self.table)

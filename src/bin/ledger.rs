@@ -20,6 +20,9 @@ struct Args {
     /// The ledger table (string partition key `pk`).
     #[arg(long, env = "LEDGER_TABLE")]
     ledger_table: String,
+    /// Simulated work per event (e.g. `2s`), to watch heartbeats and crashes.
+    #[arg(long, env = "LEDGER_WORK", default_value = "0s")]
+    work: String,
 }
 
 #[tokio::main]
@@ -30,5 +33,13 @@ async fn main() -> ExitCode {
         eprintln!("ledger: the Lambda runtime is not implemented yet; run as a poller");
         return ExitCode::FAILURE;
     }
-    sqs_once::cli::run_poller(args.poller, LedgerHandler::new(args.ledger_table)).await
+    let work = match sqs_once::config::parse_duration("LEDGER_WORK", &args.work) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let handler = LedgerHandler::new(args.ledger_table).with_work(work);
+    sqs_once::cli::run_poller(args.poller, handler).await
 }

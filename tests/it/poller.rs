@@ -101,10 +101,18 @@ struct Ledger {
 
 impl Ledger {
     async fn new(sqs: &aws_sdk_sqs::Client, ddb: &aws_sdk_dynamodb::Client) -> Self {
+        Self::with_visibility(sqs, ddb, 30).await
+    }
+
+    async fn with_visibility(
+        sqs: &aws_sdk_sqs::Client,
+        ddb: &aws_sdk_dynamodb::Client,
+        secs: u64,
+    ) -> Self {
         let ledger = unique("ledger");
         sqs_once::setup::ensure_table(ddb, &ledger).await.unwrap();
         Self {
-            queues: queues(sqs, false, 30).await,
+            queues: queues(sqs, false, secs).await,
             dedup: dedup_table(ddb).await,
             ledger,
         }
@@ -413,4 +421,62 @@ async fn fifo_keeps_group_order_and_a_failure_holds_only_its_group() {
     assert_eq!(of('B'), ["B0", "B1", "B2", "B3", "B4"], "B unaffected");
     assert_eq!(stats.completed, 10, "{stats:?}");
     assert_eq!(depth(&sqs, &q.queue_url).await, 0);
+}
+
+#[tokio::test]
+async fn sigkill_mid_handler_loses_nothing_and_applies_once_after_restart() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::with_visibility(&sqs, &ddb, 3).await;
+    let slow = [
+        ("LEDGER_WORK", "4s"),
+        ("SQS_ONCE_LEASE", "3s"),
+        ("SQS_ONCE_HEARTBEAT", "1s"),
+    ];
+    let mut first = l.command(&slow).spawn().unwrap();
+    let body = r#"{"id":"evt-kill","account":"k","amount_cents":42}"#.to_owned();
+    send_all(&sqs, &l.queues.queue_url, &[body]).await;
+
+    // Kill the poller while its handler runs (the claim is held, nothing applied).
+    let store = DynamoStore::new(ddb.clone(), l.dedup.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        use sqs_once::DedupStore;
+        let rec = store.get("ledger#evt-kill").await.unwrap();
+        if rec.is_some_and(|r| r.status == sqs_once::Status::InProgress) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the handler never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.kill().await.unwrap();
+    assert!(
+        ledger_rows(&ddb, &l.ledger).await.is_empty(),
+        "killed before the effect"
+    );
+
+    // A restarted poller takes over once the dead owner's lease and the message's
+    // visibility run out, and applies the event exactly once.
+    let mut fast = slow.to_vec();
+    fast[0] = ("LEDGER_WORK", "0s");
+    fast.push(("SQS_ONCE_EXIT_WHEN_IDLE", "6s"));
+    let out = tokio::time::timeout(Duration::from_secs(60), l.command(&fast).output())
+        .await
+        .expect("restarted poller exits once idle")
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        ledger_rows(&ddb, &l.ledger).await,
+        HashMap::from([("k".to_owned(), (42, 1))])
+    );
+    assert_eq!(
+        depth(&sqs, &l.queues.queue_url).await,
+        0,
+        "nothing left behind"
+    );
+    use sqs_once::DedupStore;
+    let rec = store.get("ledger#evt-kill").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.attempts), (sqs_once::Status::Completed, 2));
 }
