@@ -8,6 +8,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
     TimeToLiveStatus, TransactWriteItem, Update,
@@ -298,19 +299,21 @@ impl DynamoStore {
                 .condition_expression(OWNED_CONDITION)
                 .set_expression_attribute_names(Some(attr_names.clone()))
                 .set_expression_attribute_values(Some(values.clone()))
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .send()
                 .await;
             match res {
                 Ok(_) => Ok(()),
                 Err(e) => {
-                    if let Some(ccf) = e.as_service_error().and_then(|se| match se {
-                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
-                        _ => None,
-                    }) {
+                    if let Some(ccf) = conditional_failure(&e) {
                         let old = ccf.item().map(|i| record_from_item(i)).transpose();
                         let old = old.map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
-                        if old.as_ref().is_some_and(|r| r.owner.as_deref() == Some(owner) && accept(r)) {
+                        if old
+                            .as_ref()
+                            .is_some_and(|r| r.owner.as_deref() == Some(owner) && accept(r))
+                        {
                             return Ok(());
                         }
                         return Err(Attempt::Done(StoreError::LeaseLost {
@@ -391,16 +394,15 @@ impl DynamoStore {
                 .set_condition_expression(update.condition_expression().map(str::to_owned))
                 .set_expression_attribute_names(update.expression_attribute_names().cloned())
                 .set_expression_attribute_values(update.expression_attribute_values().cloned())
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .send()
                 .await;
             match res {
                 Ok(_) => Ok(()),
                 Err(e) => {
-                    if let Some(ccf) = e.as_service_error().and_then(|se| match se {
-                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
-                        _ => None,
-                    }) {
+                    if let Some(ccf) = conditional_failure(&e) {
                         return completion_conflict(&pk, &c.owner, ccf.item());
                     }
                     Err(classify(&e))
@@ -460,6 +462,17 @@ impl DynamoStore {
             }
         })
         .await
+    }
+}
+
+/// The `ConditionalCheckFailedException` of a failed `UpdateItem`, if that is
+/// what it was: a result of the protocol, not an error.
+fn conditional_failure<R>(
+    e: &SdkError<UpdateItemError, R>,
+) -> Option<&aws_sdk_dynamodb::types::error::ConditionalCheckFailedException> {
+    match e.as_service_error()? {
+        UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
+        _ => None,
     }
 }
 
@@ -547,10 +560,7 @@ impl DedupStore for DynamoStore {
                     Ok(Claim::Acquired { attempt })
                 }
                 Err(e) => {
-                    if let Some(ccf) = e.as_service_error().and_then(|se| match se {
-                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
-                        _ => None,
-                    }) {
+                    if let Some(ccf) = conditional_failure(&e) {
                         let Some(item) = ccf.item() else {
                             return Err(Attempt::Done(StoreError::Invalid(
                                 "conditional check failed without the old item (ALL_OLD not honoured)".into(),

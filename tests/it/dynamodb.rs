@@ -360,20 +360,24 @@ impl Handler for Ledger {
     }
 }
 
+/// A processor keyed on the body's `id` around [`Ledger`], and its ledger table.
+async fn ledger_processor(
+    client: &aws_sdk_dynamodb::Client,
+) -> (Processor<DynamoStore, Ledger>, String) {
+    let (dedup, ledger) = (dedup_table(client).await, business_table(client).await);
+    let mut config = ProcessorConfig::new("ledger");
+    config.key_source = "json:/id".parse().unwrap();
+    let handler = Ledger {
+        table: ledger.clone(),
+    };
+    let store = DynamoStore::new(client.clone(), dedup);
+    (Processor::new(store, handler, config).unwrap(), ledger)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn processor_applies_each_event_once_across_concurrent_duplicates() {
     let client = ddb().await;
-    let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
-    let mut config = ProcessorConfig::new("ledger");
-    config.key_source = "json:/id".parse().unwrap();
-    let processor = Processor::new(
-        DynamoStore::new(client.clone(), dedup),
-        Ledger {
-            table: ledger.clone(),
-        },
-        config,
-    )
-    .unwrap();
+    let (processor, ledger) = ledger_processor(&client).await;
 
     // 20 events for 4 accounts, each delivered 3 times (a redelivery and a
     // producer re-send with a new message id), all at once.
@@ -430,17 +434,7 @@ async fn processor_applies_each_event_once_across_concurrent_duplicates() {
 #[tokio::test]
 async fn a_business_condition_failure_parks_the_message_and_writes_nothing() {
     let client = ddb().await;
-    let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
-    let mut config = ProcessorConfig::new("ledger");
-    config.key_source = "json:/id".parse().unwrap();
-    let processor = Processor::new(
-        DynamoStore::new(client.clone(), dedup),
-        Ledger {
-            table: ledger.clone(),
-        },
-        config,
-    )
-    .unwrap();
+    let (processor, ledger) = ledger_processor(&client).await;
     let body = r#"{"id":"evt-frozen","account":"frozen","amount_cents":5}"#;
     let o = processor.process(Message::new("m", body)).await;
     assert!(
