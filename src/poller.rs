@@ -119,22 +119,22 @@ pub async fn check_queue(
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_secs)
     };
-    if let Some(vis) = secs(QueueAttributeName::VisibilityTimeout) {
-        if vis <= heartbeat {
-            warn!(
-                visibility_timeout = ?vis, ?heartbeat,
-                "the queue's visibility timeout is not above the heartbeat interval: messages may be redelivered while their handler runs (lower SQS_ONCE_HEARTBEAT or raise the queue's VisibilityTimeout)"
-            );
-        }
+    if let Some(vis) = secs(QueueAttributeName::VisibilityTimeout)
+        && vis <= heartbeat
+    {
+        warn!(
+            visibility_timeout = ?vis, ?heartbeat,
+            "the queue's visibility timeout is not above the heartbeat interval: messages may be redelivered while their handler runs (lower SQS_ONCE_HEARTBEAT or raise the queue's VisibilityTimeout)"
+        );
     }
-    if let Some(retention) = secs(QueueAttributeName::MessageRetentionPeriod) {
-        if retention >= ttl {
-            warn!(
-                ?retention,
-                ?ttl,
-                "SQS_ONCE_TTL is not longer than the queue's retention: a message redelivered late could be processed again"
-            );
-        }
+    if let Some(retention) = secs(QueueAttributeName::MessageRetentionPeriod)
+        && retention >= ttl
+    {
+        warn!(
+            ?retention,
+            ?ttl,
+            "SQS_ONCE_TTL is not longer than the queue's retention: a message redelivered late could be processed again"
+        );
     }
     Ok(())
 }
@@ -494,13 +494,12 @@ pub async fn run<S: DedupStore, H: Handler>(
             }
         };
         if messages.is_empty() {
-            if let Some(idle) = config.exit_when_idle {
-                if permits.available_permits() + held.len() == concurrency
-                    && idle_since.elapsed() >= idle
-                {
-                    info!("idle; exiting as configured");
-                    break 'receive;
-                }
+            if let Some(idle) = config.exit_when_idle
+                && permits.available_permits() + held.len() == concurrency
+                && idle_since.elapsed() >= idle
+            {
+                info!("idle; exiting as configured");
+                break 'receive;
             }
             continue;
         }

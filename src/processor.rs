@@ -425,10 +425,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 }
                 Err(e) => warn!(error = %e, "lease extension failed; will try again"),
             }
-            if let Some(v) = visibility {
-                if let Err(e) = v.extend(message, lease).await {
-                    warn!(error = %e, "visibility extension failed");
-                }
+            if let Some(v) = visibility
+                && let Err(e) = v.extend(message, lease).await
+            {
+                warn!(error = %e, "visibility extension failed");
             }
         }
     }

@@ -55,13 +55,12 @@ pub async fn ensure_table(
         )
         .send()
         .await;
-    if let Err(e) = created {
-        if !e
+    if let Err(e) = created
+        && !e
             .as_service_error()
             .is_some_and(|e| e.is_resource_in_use_exception())
-        {
-            return Err(err(format!("creating table {table}"), e));
-        }
+    {
+        return Err(err(format!("creating table {table}"), e));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {

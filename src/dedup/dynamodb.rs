@@ -308,7 +308,7 @@ impl DynamoStore {
                 Ok(_) => Ok(()),
                 Err(e) => {
                     if let Some(ccf) = conditional_failure(&e) {
-                        let old = ccf.item().map(|i| record_from_item(i)).transpose();
+                        let old = ccf.item().map(record_from_item).transpose();
                         let old = old.map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
                         if old
                             .as_ref()

@@ -122,10 +122,10 @@ impl DedupStore for MemoryStore {
         let now_ms = self.clock.now_ms();
         let mut state = self.lock();
         let old = state.records.get(&req.pk);
-        if let Some(old) = old {
-            if !old.claimable(now_ms) {
-                return Ok(decide_conflict(old, req, now_ms));
-            }
+        if let Some(old) = old
+            && !old.claimable(now_ms)
+        {
+            return Ok(decide_conflict(old, req, now_ms));
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         let error = old.and_then(|o| o.error.clone());
