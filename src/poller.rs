@@ -11,7 +11,7 @@
 //! within the drain deadline, interrupts and releases the rest (their messages
 //! become visible again at once), flushes pending deletes and returns.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -331,50 +331,26 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 /// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
-/// within a batch are sent once. Failed entries are tried once more alone, then
-/// logged (the message then comes back and is skipped as a duplicate).
+/// within a batch are sent once. A batch is sent when it is full or 20 ms after
+/// its first receipt; when the channel closes, what is pending is flushed.
+/// Failed entries are tried once more alone, then logged (the message then comes
+/// back and is skipped as a duplicate).
 async fn delete_loop(sqs: Client, queue_url: String, mut rx: mpsc::UnboundedReceiver<String>) {
-    let mut pending: Vec<String> = Vec::new();
-    loop {
-        let closed = if pending.is_empty() {
-            match rx.recv().await {
-                Some(r) => {
-                    pending.push(r);
-                    false
-                }
-                None => true,
-            }
-        } else {
-            // Gather more for a short moment, then flush.
-            match tokio::time::timeout(Duration::from_millis(20), rx.recv()).await {
-                Ok(Some(r)) => {
-                    pending.push(r);
-                    if pending.len() < 10 {
-                        continue;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
+        while batch.len() < 10 {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(receipt)) => {
+                    if !batch.contains(&receipt) {
+                        batch.push(receipt);
                     }
-                    false
                 }
-                Ok(None) => true,
-                Err(_) => false,
-            }
-        };
-        while !pending.is_empty() {
-            let batch: Vec<String> = {
-                let mut seen = HashSet::new();
-                let take = pending.len().min(10);
-                pending
-                    .drain(..take)
-                    .filter(|r| seen.insert(r.clone()))
-                    .collect()
-            };
-            delete_batch(&sqs, &queue_url, batch).await;
-            if !closed && pending.len() < 10 {
-                break;
+                // Closed or timed out: send what we have.
+                Ok(None) | Err(_) => break,
             }
         }
-        if closed && pending.is_empty() {
-            return;
-        }
+        delete_batch(&sqs, &queue_url, batch).await;
     }
 }
 

@@ -14,10 +14,9 @@ use aws_sdk_dynamodb::types::{
     TimeToLiveStatus, TransactWriteItem, Update,
 };
 
-use super::memory::describe;
 use super::{
     Claim, ClaimRequest, Completion, DedupStore, Record, Status, StoreError, StoredResult,
-    check_transaction_limits, decide_conflict,
+    check_transaction_limits, decide_conflict, describe,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use super::{
     Claim, ClaimRequest, Completion, DedupStore, Record, Status, StoreError,
-    check_transaction_limits, decide_conflict,
+    check_transaction_limits, decide_conflict, describe,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
@@ -94,17 +94,6 @@ impl MemoryStore {
                 found: describe(other.map(|r| &*r)),
             }),
         }
-    }
-}
-
-pub(crate) fn describe(r: Option<&Record>) -> String {
-    match r {
-        None => "absent".to_owned(),
-        Some(r) => format!(
-            "{} owned by {}",
-            r.status.as_str(),
-            r.owner.as_deref().unwrap_or("nobody")
-        ),
     }
 }
 

@@ -195,6 +195,18 @@ pub fn decide_conflict(old: &Record, req: &ClaimRequest, now_ms: i64) -> Claim {
     }
 }
 
+/// A record's state in words, for [`StoreError::LeaseLost`].
+pub(crate) fn describe(r: Option<&Record>) -> String {
+    match r {
+        None => "absent".to_owned(),
+        Some(r) => format!(
+            "{} owned by {}",
+            r.status.as_str(),
+            r.owner.as_deref().unwrap_or("nobody")
+        ),
+    }
+}
+
 /// A completion: status `COMPLETED`, the result, and the staged writes, all or nothing.
 #[derive(Debug, Clone)]
 pub struct Completion {

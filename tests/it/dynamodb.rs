@@ -88,6 +88,17 @@ async fn balance(client: &aws_sdk_dynamodb::Client, table: &str, account: &str) 
     (n("balance_cents"), n("applied_events"))
 }
 
+/// Completes `r` as its owner, with `writes` staged.
+fn completion(r: &ClaimRequest, writes: Vec<sqs_once::StagedWrite>) -> Completion {
+    Completion {
+        pk: r.pk.clone(),
+        owner: r.owner.clone(),
+        result: None,
+        ttl: TTL,
+        writes,
+    }
+}
+
 fn staged(item: TransactWriteItem, kind: FailureKind) -> sqs_once::StagedWrite {
     sqs_once::StagedWrite {
         item,
@@ -105,19 +116,16 @@ async fn staged_writes_commit_with_the_record_or_not_at_all() {
     let a = req("c#tx");
     store.claim(&a).await.unwrap();
     let err = store
-        .complete(Completion {
-            pk: a.pk.clone(),
-            owner: a.owner.clone(),
-            result: None,
-            ttl: TTL,
-            writes: vec![
+        .complete(completion(
+            &a,
+            vec![
                 staged(add_to(&ledger, "acct-1", 500), FailureKind::Retry),
                 staged(
                     require_exists(&ledger, "no-such-account"),
                     FailureKind::Permanent,
                 ),
             ],
-        })
+        ))
         .await
         .unwrap_err();
     assert!(
@@ -142,13 +150,10 @@ async fn staged_writes_commit_with_the_record_or_not_at_all() {
 
     // Without the failing check both land together.
     store
-        .complete(Completion {
-            pk: a.pk.clone(),
-            owner: a.owner.clone(),
-            result: None,
-            ttl: TTL,
-            writes: vec![staged(add_to(&ledger, "acct-1", 500), FailureKind::Retry)],
-        })
+        .complete(completion(
+            &a,
+            vec![staged(add_to(&ledger, "acct-1", 500), FailureKind::Retry)],
+        ))
         .await
         .unwrap();
     assert_eq!(balance(&client, &ledger, "acct-1").await, (500, 1));
@@ -162,11 +167,11 @@ async fn staged_writes_commit_with_the_record_or_not_at_all() {
     store.claim(&b).await.unwrap();
     let err = store
         .complete(Completion {
-            pk: b.pk.clone(),
             owner: "not-the-owner".into(),
-            result: None,
-            ttl: TTL,
-            writes: vec![staged(add_to(&ledger, "acct-2", 7), FailureKind::Retry)],
+            ..completion(
+                &b,
+                vec![staged(add_to(&ledger, "acct-2", 7), FailureKind::Retry)],
+            )
         })
         .await
         .unwrap_err();
@@ -184,16 +189,7 @@ async fn too_many_staged_writes_is_a_clear_error_and_nothing_is_written() {
     let writes = (0..100)
         .map(|i| staged(add_to(&ledger, &format!("acct-{i}"), 1), FailureKind::Retry))
         .collect();
-    let err = store
-        .complete(Completion {
-            pk: a.pk.clone(),
-            owner: a.owner.clone(),
-            result: None,
-            ttl: TTL,
-            writes,
-        })
-        .await
-        .unwrap_err();
+    let err = store.complete(completion(&a, writes)).await.unwrap_err();
     assert!(
         matches!(err, StoreError::TransactionTooLarge { items: 100, .. }),
         "{err:?}"
@@ -229,13 +225,10 @@ async fn lost_complete_response_applies_the_effect_once() {
     let a = req("c#lost-complete");
     store.claim(&a).await.unwrap();
     store
-        .complete(Completion {
-            pk: a.pk.clone(),
-            owner: a.owner.clone(),
-            result: None,
-            ttl: TTL,
-            writes: vec![staged(add_to(&ledger, "acct", 250), FailureKind::Retry)],
-        })
+        .complete(completion(
+            &a,
+            vec![staged(add_to(&ledger, "acct", 250), FailureKind::Retry)],
+        ))
         .await
         .unwrap();
     assert_eq!(lost.load(Ordering::SeqCst), 2);

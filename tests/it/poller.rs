@@ -265,58 +265,149 @@ async fn malformed_bodies_end_in_the_dlq_with_a_reason() {
     assert_eq!(depth(&sqs, &l.queues.queue_url).await, 0);
 }
 
-#[tokio::test]
-async fn sigterm_drains_and_exits_zero() {
-    let (sqs, ddb) = (sqs().await, ddb().await);
-    let l = Ledger::new(&sqs, &ddb).await;
-    let child = l.command(&[("SQS_ONCE_DRAIN", "5s")]).spawn().unwrap();
-    let (bodies, expected) = events(20);
-    send_all(&sqs, &l.queues.queue_url, &bodies).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while ledger_rows(&ddb, &l.ledger).await != expected
-        || depth(&sqs, &l.queues.queue_url).await != 0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "events not applied and deleted in time"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+/// Waits until some handler holds a claim (a record is `IN_PROGRESS`).
+async fn until_a_handler_runs(ddb: &aws_sdk_dynamodb::Client, dedup: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let items = ddb
+            .scan()
+            .table_name(dedup)
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .items
+            .unwrap_or_default();
+        if items.iter().any(|i| {
+            i.get("status")
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|s| s == "IN_PROGRESS")
+        }) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no handler started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// SIGTERM while handlers run; returns the stopped poller's counts after
+/// checking it exited 0 within `within`.
+async fn stop_mid_work(
+    l: &Ledger,
+    ddb: &aws_sdk_dynamodb::Client,
+    env: &[(&str, &str)],
+    within: Duration,
+) -> serde_json::Value {
+    let child = l.command(env).spawn().unwrap();
+    until_a_handler_runs(ddb, &l.dedup).await;
     let pid = child.id().unwrap();
     let sent = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
         .unwrap();
     assert!(sent.success());
-    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+    let out = tokio::time::timeout(within, child.wait_with_output())
         .await
         .expect("exits within the drain deadline")
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(stats["completed"], 20);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs a fresh poller until idle and checks every event applied exactly once
+/// and nothing left in either queue.
+async fn finish_and_check(
+    l: &Ledger,
+    sqs: &aws_sdk_sqs::Client,
+    ddb: &aws_sdk_dynamodb::Client,
+    expected: &HashMap<String, (i64, i64)>,
+) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        l.command(&[("SQS_ONCE_EXIT_WHEN_IDLE", "6s")]).output(),
+    )
+    .await
+    .expect("finishing poller exits once idle")
+    .unwrap();
+    assert!(out.status.success());
     assert_eq!(
-        depth(&sqs, &l.queues.queue_url).await,
-        0,
-        "deletes flushed before exit"
+        &ledger_rows(ddb, &l.ledger).await,
+        expected,
+        "nothing lost, nothing doubled"
     );
+    assert_eq!(depth(sqs, &l.queues.queue_url).await, 0);
+    assert_eq!(depth(sqs, &l.queues.dlq_url).await, 0);
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_work_and_exits_zero() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let (bodies, expected) = events(12);
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    // Handlers take 1 s; the drain deadline of 8 s lets the running ones finish.
+    let env = [("LEDGER_WORK", "1s"), ("SQS_ONCE_DRAIN", "8s")];
+    let stats = stop_mid_work(&l, &ddb, &env, Duration::from_secs(12)).await;
+    let finished = stats["completed"].as_u64().unwrap() + stats["duplicates"].as_u64().unwrap();
+    assert!(
+        finished >= 1,
+        "running handlers were drained, not dropped: {stats}"
+    );
+    assert_eq!(
+        stats["retried"], 0,
+        "nothing interrupted within the deadline: {stats}"
+    );
+    // Drained work was deleted before exit; the rest is still in the queue.
+    finish_and_check(&l, &sqs, &ddb, &expected).await;
+}
+
+#[tokio::test]
+async fn sigterm_past_the_drain_deadline_releases_unfinished_work() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let (bodies, expected) = events(6);
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    // Handlers take 30 s; the drain deadline is 1 s: they are interrupted and released.
+    let env = [("LEDGER_WORK", "30s"), ("SQS_ONCE_DRAIN", "1s")];
+    let stats = stop_mid_work(&l, &ddb, &env, Duration::from_secs(10)).await;
+    assert_eq!(stats["completed"], 0, "{stats}");
+    assert!(
+        stats["retried"].as_u64().unwrap() >= 1,
+        "interrupted work is given back: {stats}"
+    );
+    // Released claims and visibility 0: a new poller takes the events over at once
+    // (no waiting for the 60 s lease or the 30 s visibility timeout).
+    finish_and_check(&l, &sqs, &ddb, &expected).await;
 }
 
 #[tokio::test]
 async fn start_up_rejects_a_bad_setting_naming_it() {
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
-    let out = l
-        .command(&[("SQS_ONCE_HEARTBEAT", "90s")])
-        .output()
+    let run = |env: Vec<(&'static str, String)>| {
+        let mut c = l.command(&[]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        async move { c.stderr(Stdio::piped()).output().await }
+    };
+    let out = run(vec![("SQS_ONCE_HEARTBEAT", "90s".into())])
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let out = l
-        .command(&[("SQS_ONCE_TABLE", &l.ledger)])
-        .output()
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("SQS_ONCE_HEARTBEAT") && stderr.contains("below the lease"),
+        "{stderr}"
+    );
+    let out = run(vec![("SQS_ONCE_TABLE", l.ledger.clone())])
         .await
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("expires_at") && stderr.contains("SQS_ONCE_TABLE"),
+        "{stderr}"
+    );
     assert_eq!(
         out.status.code(),
         Some(2),
