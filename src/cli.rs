@@ -1,5 +1,7 @@
 //! What the binaries share: settings from environment variables and flags,
-//! logging, and running the poller until SIGTERM/SIGINT.
+//! logging, and [`run`], which starts the runtime the environment asks for: the
+//! Lambda runtime when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
+//! SIGTERM/SIGINT).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -7,15 +9,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
+use crate::lambda::{LambdaAdapter, LambdaConfig};
 use crate::poller::{PollerConfig, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
-/// The runtime's settings; each flag has an `SQS_ONCE_*` environment variable.
+/// The runtimes' settings; each flag has an `SQS_ONCE_*` environment variable.
 #[derive(Debug, Clone, clap::Args)]
-pub struct PollerArgs {
-    /// The source queue URL.
+pub struct RuntimeArgs {
+    /// The source queue URL (required for the poller; in Lambda it is looked up
+    /// from the event's queue ARN unless given).
     #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
-    pub queue_url: String,
+    pub queue_url: Option<String>,
     /// The dedup table.
     #[arg(long, env = "SQS_ONCE_TABLE")]
     pub table: String,
@@ -31,7 +35,7 @@ pub struct PollerArgs {
     /// The dead-letter queue URL for permanent failures.
     #[arg(long, env = "SQS_ONCE_DLQ_URL")]
     pub dlq_url: Option<String>,
-    /// Messages in flight at most.
+    /// Messages in flight at most (in Lambda: records, or FIFO groups, at once).
     #[arg(long, env = "SQS_ONCE_CONCURRENCY", default_value_t = 10)]
     pub concurrency: usize,
     /// Claim lease.
@@ -55,11 +59,13 @@ pub struct PollerArgs {
     /// Exit once idle this long with nothing in flight (batch runs, demos, tests).
     #[arg(long, env = "SQS_ONCE_EXIT_WHEN_IDLE")]
     pub exit_when_idle: Option<String>,
+    /// Lambda: no record is started with less time than this left in the invocation.
+    #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
+    pub lambda_margin: String,
 }
 
-impl PollerArgs {
-    /// Validated processor and poller settings.
-    pub fn configs(&self) -> Result<(ProcessorConfig, PollerConfig), ConfigError> {
+impl RuntimeArgs {
+    fn processor_config(&self) -> Result<ProcessorConfig, ConfigError> {
         let mut p = ProcessorConfig::new(&self.consumer);
         p.key_source = self
             .dedup_key
@@ -76,14 +82,30 @@ impl PollerArgs {
         p.heartbeat = parse_duration("SQS_ONCE_HEARTBEAT", &self.heartbeat)?;
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
         p.validate()?;
-        let mut q = PollerConfig::new(&self.queue_url);
-        q.dlq_url = self.dlq_url.clone().filter(|u| !u.is_empty());
         if self.concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
                 problem: "must be at least 1".into(),
             });
         }
+        Ok(p)
+    }
+
+    fn dlq_url(&self) -> Option<String> {
+        self.dlq_url.clone().filter(|u| !u.is_empty())
+    }
+
+    /// Validated processor and poller settings.
+    pub fn poller_configs(&self) -> Result<(ProcessorConfig, PollerConfig), ConfigError> {
+        let p = self.processor_config()?;
+        let Some(queue_url) = self.queue_url.as_deref().filter(|u| !u.is_empty()) else {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_QUEUE_URL",
+                problem: "the poller needs the source queue's URL".into(),
+            });
+        };
+        let mut q = PollerConfig::new(queue_url);
+        q.dlq_url = self.dlq_url();
         q.concurrency = self.concurrency;
         q.drain = parse_duration("SQS_ONCE_DRAIN", &self.drain)?;
         q.wait_time = parse_duration("SQS_ONCE_WAIT", &self.wait)?;
@@ -99,6 +121,18 @@ impl PollerArgs {
             .map(|v| parse_duration("SQS_ONCE_EXIT_WHEN_IDLE", v))
             .transpose()?;
         Ok((p, q))
+    }
+
+    /// Validated processor and Lambda settings.
+    pub fn lambda_configs(&self) -> Result<(ProcessorConfig, LambdaConfig), ConfigError> {
+        let p = self.processor_config()?;
+        let l = LambdaConfig {
+            dlq_url: self.dlq_url(),
+            concurrency: self.concurrency,
+            margin: parse_duration("SQS_ONCE_LAMBDA_MARGIN", &self.lambda_margin)?,
+            queue_url: self.queue_url.clone().filter(|u| !u.is_empty()),
+        };
+        Ok((p, l))
     }
 }
 
@@ -135,10 +169,53 @@ pub fn shutdown_on_signals() -> CancellationToken {
     token
 }
 
+/// Runs `handler` in the runtime the environment asks for: Lambda when
+/// `AWS_LAMBDA_RUNTIME_API` is set, else the poller.
+pub async fn run<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+        run_lambda(args, handler).await
+    } else {
+        run_poller(args, handler).await
+    }
+}
+
+/// Checks the table, then serves Lambda invocations. A start-up failure exits
+/// with code 2 (Lambda reports it as an init error with the message in the log).
+pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
+    let (pconf, lconf) = match args.lambda_configs() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sdk = aws_config::load_from_env().await;
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), args.table.clone());
+    if let Err(e) = store.check_table().await {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    let processor = match Processor::new(store, handler, pconf) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let adapter = LambdaAdapter::new(aws_sdk_sqs::Client::new(&sdk), processor, lconf);
+    match crate::lambda::run(adapter).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Lambda runtime failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Checks the table and queue, then runs the poller until a signal. The exit
 /// code is non-zero only for a start-up failure.
-pub async fn run_poller<H: Handler>(args: PollerArgs, handler: H) -> ExitCode {
-    let (pconf, qconf) = match args.configs() {
+pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
+    let (pconf, qconf) = match args.poller_configs() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");

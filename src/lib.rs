@@ -27,11 +27,14 @@ pub mod config;
 pub mod dedup;
 mod handler;
 pub mod key;
+pub mod lambda;
 pub mod ledger;
+pub mod local_lambda;
 mod message;
 pub mod poller;
 pub mod processor;
 pub mod setup;
+pub mod sqs;
 
 pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;

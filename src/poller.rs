@@ -17,19 +17,16 @@ use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName,
+    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
 use aws_smithy_types::error::display::DisplayErrorContext;
-use futures::future::BoxFuture;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
-use crate::config::SQS_MAX_VISIBILITY;
 use crate::dedup::DedupStore;
-use crate::processor::{ProcessOptions, VisibilityExtender};
+use crate::processor::ProcessOptions;
 use crate::{Handler, Message, Outcome, Processor};
 
 /// Settings of the long-polling runtime.
@@ -139,43 +136,6 @@ pub async fn check_queue(
     Ok(())
 }
 
-struct SqsVisibility {
-    sqs: Client,
-    queue_url: String,
-}
-
-impl VisibilityExtender for SqsVisibility {
-    fn extend<'a>(
-        &'a self,
-        message: &'a Message,
-        timeout: Duration,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let Some(receipt) = message.receipt_handle() else {
-                return Err("no receipt handle".into());
-            };
-            set_visibility(&self.sqs, &self.queue_url, receipt, timeout).await
-        })
-    }
-}
-
-async fn set_visibility(
-    sqs: &Client,
-    queue_url: &str,
-    receipt: &str,
-    timeout: Duration,
-) -> Result<(), String> {
-    let secs = timeout.min(SQS_MAX_VISIBILITY).as_secs();
-    sqs.change_message_visibility()
-        .queue_url(queue_url)
-        .receipt_handle(receipt)
-        .visibility_timeout(i32::try_from(secs).unwrap_or(43_200))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| DisplayErrorContext(e).to_string())
-}
-
 /// Converts a received SQS message; `None` (logged) for one without id or receipt.
 fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
@@ -221,18 +181,17 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     /// Processes one message and acts on the outcome: `None` when it is finished
     /// with, else the delay after which it comes back.
     async fn handle(&self, message: Message) -> Option<Duration> {
-        let visibility = SqsVisibility {
+        let visibility = crate::sqs::SqsVisibility {
             sqs: self.sqs.clone(),
             queue_url: self.config.queue_url.clone(),
         };
-        let receipt = message.receipt_handle().unwrap_or_default().to_owned();
         let outcome = self
             .processor
             .process_with(
                 message.clone(),
                 ProcessOptions {
                     visibility: Some(&visibility),
-                    lease_cap: None,
+                    deadline: None,
                     stop: Some(self.stop.clone()),
                 },
             )
@@ -246,26 +205,26 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
         }
         match outcome {
             Outcome::Completed { .. } | Outcome::Duplicate { .. } => {
-                let _ = self.deletes.send(receipt);
+                let _ = self
+                    .deletes
+                    .send(message.receipt_handle().unwrap_or_default().to_owned());
                 None
             }
             Outcome::Park { reason } => self.park(&message, &reason).await,
             Outcome::InFlight { retry_after } => {
-                self.retry_later(&receipt, retry_after).await;
+                self.retry_later(&message, retry_after).await;
                 Some(retry_after)
             }
             Outcome::Retry { after, reason } => {
                 info!(message_id = message.id(), %reason, ?after, "will retry");
-                self.retry_later(&receipt, after).await;
+                self.retry_later(&message, after).await;
                 Some(after)
             }
         }
     }
 
-    async fn retry_later(&self, receipt: &str, after: Duration) {
-        if let Err(e) = set_visibility(&self.sqs, &self.config.queue_url, receipt, after).await {
-            warn!(error = %e, "could not set the retry delay; the message returns after its visibility timeout");
-        }
+    async fn retry_later(&self, message: &Message, after: Duration) {
+        crate::sqs::retry_later(&self.sqs, &self.config.queue_url, message, after).await;
     }
 
     /// Sends the message with its reason to the DLQ, then deletes it.
@@ -273,34 +232,11 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
         let Some(dlq) = &self.config.dlq_url else {
             error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: retried until the queue's redrive policy parks it");
             let delay = self.processor.config().backoff_max;
-            self.retry_later(message.receipt_handle().unwrap_or_default(), delay)
-                .await;
+            self.retry_later(message, delay).await;
             return Some(delay);
         };
-        let attr = |v: &str| {
-            MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(v)
-                .build()
-                .expect("complete attribute")
-        };
-        let mut send = self
-            .sqs
-            .send_message()
-            .queue_url(dlq)
-            .message_body(message.body())
-            .message_attributes("sqs_once_reason", attr(&truncate(reason, 4096)))
-            .message_attributes("sqs_once_message_id", attr(message.id()));
-        for (k, v) in message.attributes().iter().take(8) {
-            send = send.message_attributes(k, attr(v));
-        }
-        if dlq.ends_with(".fifo") {
-            send = send
-                .message_group_id(message.group_id().unwrap_or("sqs-once-parked"))
-                .message_deduplication_id(message.id());
-        }
-        match send.send().await {
-            Ok(_) => {
+        match crate::sqs::send_to_dlq(&self.sqs, dlq, message, reason).await {
+            Ok(()) => {
                 warn!(message_id = message.id(), %reason, dlq, "parked in the DLQ");
                 self.count(|s| s.parked += 1);
                 let _ = self
@@ -309,25 +245,13 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
                 None
             }
             Err(e) => {
-                error!(error = %DisplayErrorContext(e), "could not park the message; it comes back");
+                error!(error = %e, "could not park the message; it comes back");
                 let delay = self.processor.config().backoff(message.receive_count());
-                self.retry_later(message.receipt_handle().unwrap_or_default(), delay)
-                    .await;
+                self.retry_later(message, delay).await;
                 Some(delay)
             }
         }
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }
 
 /// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
@@ -512,9 +436,7 @@ pub async fn run<S: DedupStore, H: Handler>(
                     // not block a group behind an invisible message.
                     for m in rest {
                         shared.count(|s| s.held_back += 1);
-                        shared
-                            .retry_later(m.receipt_handle().unwrap_or_default(), hold)
-                            .await;
+                        shared.retry_later(&m, hold).await;
                     }
                 });
             }
@@ -525,9 +447,7 @@ pub async fn run<S: DedupStore, H: Handler>(
                 tracker.spawn(async move {
                     let _permit = permit;
                     if shared.stop.is_cancelled() {
-                        shared
-                            .retry_later(m.receipt_handle().unwrap_or_default(), Duration::ZERO)
-                            .await;
+                        shared.retry_later(&m, Duration::ZERO).await;
                         return;
                     }
                     shared.handle(m).await;

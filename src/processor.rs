@@ -88,8 +88,9 @@ pub trait VisibilityExtender: Send + Sync {
 pub struct ProcessOptions<'a> {
     /// Extends the message's visibility alongside the lease.
     pub visibility: Option<&'a dyn VisibilityExtender>,
-    /// A shorter lease than configured (Lambda: never outlive the invocation).
-    pub lease_cap: Option<Duration>,
+    /// The lease never outlives this instant (Lambda: the invocation's deadline):
+    /// the claim's lease and every extension are cut to end by then.
+    pub deadline: Option<tokio::time::Instant>,
     /// Cancelled when the runtime must stop (shutdown deadline): a running handler
     /// is dropped, the claim released, and the outcome is a retry with no delay.
     pub stop: Option<tokio_util::sync::CancellationToken>,
@@ -205,9 +206,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     async fn run_claimed(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
-        let lease = opts
-            .lease_cap
-            .map_or(self.config.lease, |cap| cap.min(self.config.lease));
+        let lease = lease_within(self.config.lease, opts.deadline);
+        if lease < Duration::from_secs(1) {
+            return Outcome::Retry {
+                after: Duration::ZERO,
+                reason: "too little time left to start".into(),
+            };
+        }
         let req = ClaimRequest {
             pk: record_key(&self.config.consumer, key),
             owner: uuid::Uuid::new_v4().to_string(),
@@ -270,7 +275,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         let handled = tokio::select! {
             r = self.call_handler(message, &ctx) => Some(r),
-            () = self.heartbeat(message, &req, lease, opts.visibility) => None,
+            () = self.heartbeat(message, &req, lease, opts) => None,
             () = stopped => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted, claim released");
@@ -403,7 +408,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         message: &Message,
         req: &ClaimRequest,
         lease: Duration,
-        visibility: Option<&dyn VisibilityExtender>,
+        opts: &ProcessOptions<'_>,
     ) {
         let interval = self
             .config
@@ -417,6 +422,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 warn!("maximum extension reached; the lease and visibility are no longer extended");
                 std::future::pending::<()>().await;
             }
+            let lease = lease_within(lease, opts.deadline);
+            if lease.is_zero() {
+                // At the deadline: the runtime stops the handler, not the heartbeat.
+                std::future::pending::<()>().await;
+            }
             match self.store.extend_lease(&req.pk, &req.owner, lease).await {
                 Ok(()) => {}
                 Err(StoreError::LeaseLost { found, .. }) => {
@@ -425,13 +435,20 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 }
                 Err(e) => warn!(error = %e, "lease extension failed; will try again"),
             }
-            if let Some(v) = visibility
+            if let Some(v) = opts.visibility
                 && let Err(e) = v.extend(message, lease).await
             {
                 warn!(error = %e, "visibility extension failed");
             }
         }
     }
+}
+
+/// `lease`, cut so that it ends by `deadline`.
+fn lease_within(lease: Duration, deadline: Option<tokio::time::Instant>) -> Duration {
+    deadline.map_or(lease, |d| {
+        lease.min(d.saturating_duration_since(tokio::time::Instant::now()))
+    })
 }
 
 #[cfg(test)]

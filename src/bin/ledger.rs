@@ -1,4 +1,5 @@
-//! The ledger example as a long-polling consumer (ECS or any host).
+//! The ledger example: the same handler as a Lambda function (when
+//! `AWS_LAMBDA_RUNTIME_API` is set) or as a long-polling consumer (ECS or any host).
 //!
 //! Configuration: the `SQS_ONCE_*` environment variables (or the equivalent
 //! flags, see `--help`), `LEDGER_TABLE`, and the standard AWS SDK settings.
@@ -6,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sqs_once::cli::PollerArgs;
+use sqs_once::cli::RuntimeArgs;
 use sqs_once::ledger::LedgerHandler;
 
 #[derive(Parser)]
@@ -16,7 +17,7 @@ use sqs_once::ledger::LedgerHandler;
 )]
 struct Args {
     #[command(flatten)]
-    poller: PollerArgs,
+    runtime: RuntimeArgs,
     /// The ledger table (string partition key `pk`).
     #[arg(long, env = "LEDGER_TABLE")]
     ledger_table: String,
@@ -29,10 +30,6 @@ struct Args {
 async fn main() -> ExitCode {
     sqs_once::cli::init_logging();
     let args = Args::parse();
-    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-        eprintln!("ledger: the Lambda runtime is not implemented yet; run as a poller");
-        return ExitCode::FAILURE;
-    }
     let work = match sqs_once::config::parse_duration("LEDGER_WORK", &args.work) {
         Ok(w) => w,
         Err(e) => {
@@ -41,5 +38,5 @@ async fn main() -> ExitCode {
         }
     };
     let handler = LedgerHandler::new(args.ledger_table).with_work(work);
-    sqs_once::cli::run_poller(args.poller, handler).await
+    sqs_once::cli::run(args.runtime, handler).await
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use sqs_once::DynamoStore;
 use sqs_once::ledger::LedgerEvent;
+use sqs_once::local_lambda::{LocalLambda, run_event_source};
 
 #[derive(Parser)]
 #[command(
@@ -43,10 +44,44 @@ enum Command {
     },
     /// Walk through the protocol on LocalStack: sends ledger events with
     /// duplicates and a malformed body, processes them, checks the balances.
+    ///
+    /// Example: sqs-once demo --events 300 --runtime lambda
     Demo {
         /// How many distinct events to send.
         #[arg(long, default_value_t = 40)]
         events: usize,
+        /// Run the `ledger` binary as a long-polling consumer (`poller`) or as a
+        /// Lambda function behind a local Runtime API and SQS event source (`lambda`).
+        #[arg(long, value_enum, default_value_t = Runtime::Poller)]
+        runtime: Runtime,
+    },
+    /// Run a Lambda function binary locally: serve the Lambda Runtime API, start
+    /// the binary against it, and feed it a queue's messages in batches as Lambda's
+    /// event source mapping does (deleting what it does not list in
+    /// `batchItemFailures`), or invoke it once with an event file.
+    ///
+    /// The function gets this process's environment (SQS_ONCE_*, AWS_ENDPOINT_URL, ...).
+    ///
+    /// Example: sqs-once local-lambda --function target/debug/ledger --queue-url http://localhost:4566/000000000000/orders
+    LocalLambda {
+        /// The function binary (built for this machine).
+        #[arg(long)]
+        function: std::path::PathBuf,
+        /// Feed this queue to the function until it is idle.
+        #[arg(long, required_unless_present = "event", conflicts_with = "event")]
+        queue_url: Option<String>,
+        /// Invoke once with this event file and print the response.
+        #[arg(long)]
+        event: Option<std::path::PathBuf>,
+        /// The function timeout.
+        #[arg(long, default_value = "30s")]
+        timeout: String,
+        /// Records per invocation (1 to 10).
+        #[arg(long, default_value_t = 10)]
+        batch_size: i32,
+        /// Stop once the queue has been empty this long.
+        #[arg(long, default_value = "3s")]
+        exit_when_idle: String,
     },
 }
 
@@ -79,7 +114,26 @@ async fn main() -> ExitCode {
             )
             .await
         }
-        Command::Demo { events } => demo(&sdk, events).await,
+        Command::Demo { events, runtime } => demo(&sdk, events, runtime).await,
+        Command::LocalLambda {
+            function,
+            queue_url,
+            event,
+            timeout,
+            batch_size,
+            exit_when_idle,
+        } => {
+            local_lambda(
+                &sdk,
+                function,
+                queue_url,
+                event,
+                &timeout,
+                batch_size,
+                &exit_when_idle,
+            )
+            .await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,6 +145,55 @@ async fn main() -> ExitCode {
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Runtime {
+    Poller,
+    Lambda,
+}
+
+async fn local_lambda(
+    sdk: &aws_config::SdkConfig,
+    function: std::path::PathBuf,
+    queue_url: Option<String>,
+    event: Option<std::path::PathBuf>,
+    timeout: &str,
+    batch_size: i32,
+    exit_when_idle: &str,
+) -> Result<(), BoxError> {
+    let timeout = sqs_once::config::parse_duration("--timeout", timeout)?;
+    let idle = sqs_once::config::parse_duration("--exit-when-idle", exit_when_idle)?;
+    let name = function
+        .file_name()
+        .map_or("function".into(), |n| n.to_string_lossy().into_owned());
+    let lambda = LocalLambda::start(&function, &name, timeout, Vec::new())
+        .await
+        .map_err(|e| format!("cannot start {}: {e}", function.display()))?;
+    let result = match (queue_url, event) {
+        (Some(queue_url), _) => {
+            let sqs = aws_sdk_sqs::Client::new(sdk);
+            run_event_source(&sqs, &queue_url, &lambda, batch_size, idle)
+                .await
+                .map(|stats| println!("{}", serde_json::to_string(&stats).expect("stats JSON")))
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let event: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+            match lambda.invoke(&event).await {
+                Ok(response) => {
+                    println!("{response}");
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        (None, None) => Err("give --queue-url or --event".into()),
+    };
+    lambda.shutdown().await;
+    result
+}
 
 async fn init(
     sdk: &aws_config::SdkConfig,
@@ -118,7 +221,11 @@ async fn init(
     Ok(())
 }
 
-async fn demo(sdk: &aws_config::SdkConfig, events: usize) -> Result<(), BoxError> {
+async fn demo(
+    sdk: &aws_config::SdkConfig,
+    events: usize,
+    runtime: Runtime,
+) -> Result<(), BoxError> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
@@ -172,53 +279,63 @@ async fn demo(sdk: &aws_config::SdkConfig, events: usize) -> Result<(), BoxError
         bodies.len()
     );
 
-    // Run the real `ledger` poller (built next to this binary) until the queue is drained.
+    // Run the real `ledger` binary (built next to this binary) until the queue is drained.
     let ledger_bin = std::env::current_exe()?
         .parent()
         .ok_or("no directory for this executable")?
         .join("ledger");
+    let env: Vec<(String, String)> = [
+        ("SQS_ONCE_DLQ_URL", queues.dlq_url.as_str()),
+        ("SQS_ONCE_TABLE", &dedup_table),
+        ("SQS_ONCE_CONSUMER", "demo"),
+        ("SQS_ONCE_DEDUP_KEY", "json:/id"),
+        ("LEDGER_TABLE", &ledger_table),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .chain([(
+        "RUST_LOG".to_owned(),
+        std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
+    )])
+    .collect();
     let started = std::time::Instant::now();
-    let out = tokio::process::Command::new(&ledger_bin)
-        .env("SQS_ONCE_QUEUE_URL", &queues.queue_url)
-        .env("SQS_ONCE_DLQ_URL", &queues.dlq_url)
-        .env("SQS_ONCE_TABLE", &dedup_table)
-        .env("SQS_ONCE_CONSUMER", "demo")
-        .env("SQS_ONCE_DEDUP_KEY", "json:/id")
-        .env("SQS_ONCE_EXIT_WHEN_IDLE", "3s")
-        .env("SQS_ONCE_WAIT", "1s")
-        .env("LEDGER_TABLE", &ledger_table)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
-        )
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .await
-        .map_err(|e| {
-            format!(
-                "running {} (build it with `cargo build --bins`): {e}",
-                ledger_bin.display()
-            )
-        })?;
-    if !out.status.success() {
-        return Err(format!("the ledger poller failed: {}", out.status).into());
-    }
-    let stats: serde_json::Value = serde_json::from_slice(
-        out.stdout
-            .split(|b| *b == b'\n')
-            .find(|l| l.starts_with(b"{"))
-            .unwrap_or(b"{}"),
-    )?;
-    let elapsed = started.elapsed();
-    let n = |k: &str| stats[k].as_u64().unwrap_or(0);
+    let (applied, summary) = match runtime {
+        Runtime::Poller => {
+            let stats = run_ledger_poller(&ledger_bin, &queues.queue_url, &env).await?;
+            let n = |k: &str| stats[k].as_u64().unwrap_or(0);
+            let summary = format!(
+                "ledger poller: received {}, applied {}, duplicates skipped {}, parked {}, retried {}",
+                n("received"),
+                n("completed"),
+                n("duplicates"),
+                n("parked"),
+                n("retried"),
+            );
+            (Some(n("completed") as usize), summary)
+        }
+        Runtime::Lambda => {
+            let lambda = LocalLambda::start(&ledger_bin, "ledger", Duration::from_secs(30), env)
+                .await
+                .map_err(|e| format!("cannot start {}: {e}", ledger_bin.display()))?;
+            let stats =
+                run_event_source(&sqs, &queues.queue_url, &lambda, 10, Duration::from_secs(3))
+                    .await;
+            lambda.shutdown().await;
+            let stats = stats?;
+            let summary = format!(
+                "ledger Lambda: {} invocations, {} records, {} deleted, {} listed in batchItemFailures, {} failed invocations",
+                stats.invocations,
+                stats.records,
+                stats.deleted,
+                stats.reported_failed,
+                stats.failed_invocations
+            );
+            (None, summary)
+        }
+    };
     println!(
-        "ledger poller: received {}, applied {}, duplicates skipped {}, parked {}, retried {} ({:.0} messages/s incl. 3 s idle wait)",
-        n("received"),
-        n("completed"),
-        n("duplicates"),
-        n("parked"),
-        n("retried"),
-        n("received") as f64 / elapsed.as_secs_f64()
+        "{summary} ({:.1} s incl. 3 s idle wait)",
+        started.elapsed().as_secs_f64()
     );
     let parked = sqs
         .receive_message()
@@ -260,12 +377,71 @@ async fn demo(sdk: &aws_config::SdkConfig, events: usize) -> Result<(), BoxError
         ok &= got == *want;
         println!("  {account}: balance {got} cents, expected {want}: {mark}");
     }
-    let applied = n("completed") as usize;
-    if !ok || applied != events || parked.len() != 2 {
-        return Err(format!("ledger check failed: {applied} applied for {events} events").into());
+    let applied_events = count_applied(&ddb, &ledger_table).await?;
+    if !ok || applied_events != events || applied.is_some_and(|a| a != events) || parked.len() != 2
+    {
+        return Err(format!(
+            "ledger check failed: {applied_events} events recorded in the ledger for {events} sent"
+        )
+        .into());
     }
     println!(
         "every event applied exactly once; duplicates skipped; malformed bodies parked in the DLQ"
     );
     Ok(())
+}
+
+/// Runs the `ledger` binary as a poller until the queue is idle; returns its stats line.
+async fn run_ledger_poller(
+    ledger_bin: &std::path::Path,
+    queue_url: &str,
+    env: &[(String, String)],
+) -> Result<serde_json::Value, BoxError> {
+    let out = tokio::process::Command::new(ledger_bin)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("SQS_ONCE_QUEUE_URL", queue_url)
+        .env("SQS_ONCE_EXIT_WHEN_IDLE", "3s")
+        .env("SQS_ONCE_WAIT", "1s")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await
+        .map_err(|e| {
+            format!(
+                "running {} (build it with `cargo build --bins`): {e}",
+                ledger_bin.display()
+            )
+        })?;
+    if !out.status.success() {
+        return Err(format!("the ledger poller failed: {}", out.status).into());
+    }
+    Ok(serde_json::from_slice(
+        out.stdout
+            .split(|b| *b == b'\n')
+            .find(|l| l.starts_with(b"{"))
+            .unwrap_or(b"{}"),
+    )?)
+}
+
+/// The number of events applied to the ledger (the sum of the accounts' `applied_events`).
+async fn count_applied(
+    ddb: &aws_sdk_dynamodb::Client,
+    ledger_table: &str,
+) -> Result<usize, BoxError> {
+    let mut n = 0;
+    let mut pages = ddb
+        .scan()
+        .table_name(ledger_table)
+        .consistent_read(true)
+        .into_paginator()
+        .items()
+        .send();
+    while let Some(item) = pages.next().await {
+        let item = item?;
+        n += item
+            .get("applied_events")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    Ok(n)
 }

@@ -1,0 +1,418 @@
+//! The Lambda runtime: an SQS event in, the records that must come back out.
+//!
+//! The function's event source mapping must have `FunctionResponseTypes:
+//! [ReportBatchItemFailures]`. [`LambdaAdapter::handle`] runs each record through
+//! the [`Processor`] and answers with `batchItemFailures` listing exactly the
+//! records that must be delivered again:
+//!
+//! | record | listed? |
+//! |---|---|
+//! | completed now, or a duplicate of completed work | no (Lambda deletes it) |
+//! | permanent failure parked in the DLQ with its reason | no |
+//! | permanent failure that could not be parked (no DLQ URL, send failed) | yes |
+//! | retryable failure, panic, claim or store failure | yes, visible again after the backoff |
+//! | in flight in another consumer | yes, visible again when that lease ends (or the backoff) |
+//! | not started: too little time left, or after a failure in its FIFO group | yes |
+//! | malformed record (not an SQS message) | yes |
+//!
+//! Records are parsed one by one from the raw event, so one bad record fails
+//! only itself. Standard queues run records concurrently (bounded); FIFO queues
+//! run each message group in order and the groups in parallel, and after a
+//! failure the rest of that group is listed without running.
+//!
+//! # Deadline
+//! The claim lease never outlives the invocation: it and every heartbeat
+//! extension end by the deadline. A record is not started with less than the
+//! safety margin left; a handler still running at half the margin before the
+//! deadline is interrupted, its claim released and its record listed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use aws_smithy_types::error::display::DisplayErrorContext;
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::dedup::DedupStore;
+use crate::processor::{ProcessOptions, VisibilityExtender};
+use crate::sqs::{SqsVisibility, retry_later, send_to_dlq};
+use crate::{Handler, Message, Outcome, Processor};
+
+/// Settings of the Lambda runtime.
+#[derive(Debug, Clone)]
+pub struct LambdaConfig {
+    /// Where permanent failures are parked. Without it they are listed as
+    /// failures and come back until the queue's redrive policy moves them.
+    pub dlq_url: Option<String>,
+    /// Records of a standard queue (or FIFO groups) processed at once.
+    pub concurrency: usize,
+    /// A record is not started with less time than this left in the invocation.
+    pub margin: Duration,
+    /// The source queue's URL; by default it is looked up from each record's
+    /// `eventSourceARN` (one `GetQueueUrl` per queue, cached).
+    pub queue_url: Option<String>,
+}
+
+impl Default for LambdaConfig {
+    fn default() -> Self {
+        Self {
+            dlq_url: None,
+            concurrency: 10,
+            margin: Duration::from_secs(3),
+            queue_url: None,
+        }
+    }
+}
+
+/// An event that is not an SQS event: the invocation fails, so Lambda retries
+/// the whole batch (nothing is lost; completed records are then duplicates).
+#[derive(Debug, thiserror::Error)]
+#[error("not an SQS event: {0}")]
+pub struct EventError(String);
+
+/// Runs SQS events through a [`Processor`]. Cheap to clone.
+pub struct LambdaAdapter<S, H> {
+    inner: Arc<Inner<S, H>>,
+}
+
+impl<S, H> Clone for LambdaAdapter<S, H> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<S, H> {
+    sqs: aws_sdk_sqs::Client,
+    processor: Processor<S, H>,
+    config: LambdaConfig,
+    queue_urls: tokio::sync::Mutex<HashMap<String, String>>,
+}
+
+/// What happened to one record.
+enum Disposition {
+    /// Finished with: Lambda deletes it.
+    Done,
+    /// Listed as a failure; `after` is the delay already set on its visibility
+    /// (`None`: left as it was, e.g. not started).
+    Again { after: Option<Duration> },
+}
+
+/// One record of the event, parsed.
+struct Record {
+    index: usize,
+    id: String,
+    parsed: Result<(Message, Option<String>), String>,
+}
+
+impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
+    /// An adapter that parks with, and extends visibility through, `sqs`.
+    pub fn new(sqs: aws_sdk_sqs::Client, processor: Processor<S, H>, config: LambdaConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                sqs,
+                processor,
+                config,
+                queue_urls: Default::default(),
+            }),
+        }
+    }
+
+    /// Processes one SQS event (`{"Records": [...]}`) that must be answered by
+    /// `deadline`; returns the records that must come back.
+    pub async fn handle(
+        &self,
+        event: serde_json::Value,
+        deadline: SystemTime,
+    ) -> Result<SqsBatchResponse, EventError> {
+        let deadline = Instant::now()
+            + deadline
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+        let records = self.parse(event).await?;
+        let fifo = records
+            .iter()
+            .any(|r| r.parsed.as_ref().is_ok_and(|(m, _)| m.group_id().is_some()));
+        let stop = CancellationToken::new();
+        let stop_at = deadline
+            .checked_sub(self.inner.config.margin / 2)
+            .unwrap_or(deadline);
+        let total = records.len();
+        let work = self.run_records(records, fifo, deadline, &stop);
+        tokio::pin!(work);
+        let mut failed = tokio::select! {
+            f = &mut work => f,
+            () = tokio::time::sleep_until(stop_at) => {
+                warn!("invocation deadline near: interrupting running handlers");
+                stop.cancel();
+                work.await
+            }
+        };
+        failed.sort_unstable_by_key(|(index, _)| *index);
+        info!(records = total, failed = failed.len(), fifo, "batch done");
+        let mut response = SqsBatchResponse::default();
+        response.batch_item_failures = failed
+            .into_iter()
+            .map(|(_, id)| {
+                let mut f = BatchItemFailure::default();
+                f.item_identifier = id;
+                f
+            })
+            .collect();
+        Ok(response)
+    }
+
+    async fn parse(&self, event: serde_json::Value) -> Result<Vec<Record>, EventError> {
+        let serde_json::Value::Object(mut event) = event else {
+            return Err(EventError("the event is not a JSON object".into()));
+        };
+        let Some(serde_json::Value::Array(raw)) = event.remove("Records") else {
+            return Err(EventError("the event has no \"Records\" array".into()));
+        };
+        let mut records = Vec::with_capacity(raw.len());
+        for (index, raw) in raw.into_iter().enumerate() {
+            let Some(id) = raw
+                .get("messageId")
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+            else {
+                return Err(EventError(format!("record {index} has no messageId")));
+            };
+            let parsed = match serde_json::from_value::<SqsMessage>(raw) {
+                Ok(m) => {
+                    let queue = match (&self.inner.config.queue_url, &m.event_source_arn) {
+                        (Some(url), _) => Some(url.clone()),
+                        (None, Some(arn)) => self.queue_url(arn).await,
+                        (None, None) => None,
+                    };
+                    Ok((to_message(&id, m), queue))
+                }
+                Err(e) => Err(format!("malformed SQS record: {e}")),
+            };
+            records.push(Record { index, id, parsed });
+        }
+        Ok(records)
+    }
+
+    /// Runs the records; returns the failures as (index, message id).
+    async fn run_records(
+        &self,
+        records: Vec<Record>,
+        fifo: bool,
+        deadline: Instant,
+        stop: &CancellationToken,
+    ) -> Vec<(usize, String)> {
+        let concurrency = self.inner.config.concurrency.max(1);
+        if !fifo {
+            return futures::stream::iter(records)
+                .map(|r| async move {
+                    match self.run_one(&r, deadline, stop).await {
+                        Disposition::Done => None,
+                        Disposition::Again { .. } => Some((r.index, r.id)),
+                    }
+                })
+                .buffer_unordered(concurrency)
+                .filter_map(std::future::ready)
+                .collect()
+                .await;
+        }
+        // FIFO: one sequence per message group, in event order.
+        let mut groups: Vec<Vec<Record>> = Vec::new();
+        let mut by_group: HashMap<String, usize> = HashMap::new();
+        for r in records {
+            let group = match &r.parsed {
+                Ok((m, _)) => m.group_id().unwrap_or_default().to_owned(),
+                // A record we cannot read has no group we can trust: its own.
+                Err(_) => format!("\0malformed-{}", r.index),
+            };
+            let i = *by_group.entry(group).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[i].push(r);
+        }
+        futures::stream::iter(groups)
+            .map(|group| async move {
+                let mut failed = Vec::new();
+                let mut rest = group.into_iter();
+                let mut hold = None;
+                for r in rest.by_ref() {
+                    if let Disposition::Again { after } = self.run_one(&r, deadline, stop).await {
+                        failed.push((r.index, r.id));
+                        hold = Some(after);
+                        break;
+                    }
+                }
+                // After a failure the rest of the group is listed without running.
+                // When the failure set a delay, the rest gets the same one, so the
+                // group's order holds even where a queue does not block a group
+                // behind an invisible message.
+                for r in rest {
+                    info!(message_id = %r.id, "not started: an earlier message of its group failed");
+                    if let (Some(Some(after)), Ok((m, Some(queue)))) = (hold, &r.parsed) {
+                        retry_later(&self.inner.sqs, queue, m, after).await;
+                    }
+                    failed.push((r.index, r.id));
+                }
+                futures::stream::iter(failed)
+            })
+            .buffer_unordered(concurrency)
+            .flatten()
+            .collect()
+            .await
+    }
+
+    async fn run_one(
+        &self,
+        record: &Record,
+        deadline: Instant,
+        stop: &CancellationToken,
+    ) -> Disposition {
+        let (message, queue) = match &record.parsed {
+            Ok(p) => p,
+            Err(e) => {
+                error!(message_id = %record.id, error = %e, "record cannot be read; reported as failed");
+                return Disposition::Again { after: None };
+            }
+        };
+        let inner = &self.inner;
+        if stop.is_cancelled()
+            || deadline.saturating_duration_since(Instant::now()) <= inner.config.margin
+        {
+            info!(message_id = %record.id, "too little time left in the invocation; not started");
+            return Disposition::Again { after: None };
+        }
+        let visibility = queue.as_ref().map(|q| SqsVisibility {
+            sqs: inner.sqs.clone(),
+            queue_url: q.clone(),
+        });
+        let outcome = inner
+            .processor
+            .process_with(
+                message.clone(),
+                ProcessOptions {
+                    visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
+                    deadline: Some(deadline),
+                    stop: Some(stop.clone()),
+                },
+            )
+            .await;
+        let again = |after: Duration| async move {
+            if let Some(q) = queue {
+                retry_later(&inner.sqs, q, message, after).await;
+            }
+            Disposition::Again { after: Some(after) }
+        };
+        match outcome {
+            Outcome::Completed { .. } | Outcome::Duplicate { .. } => Disposition::Done,
+            Outcome::InFlight { retry_after } => again(retry_after).await,
+            Outcome::Retry { after, reason } => {
+                info!(message_id = message.id(), %reason, ?after, "will retry");
+                again(after).await
+            }
+            Outcome::Park { reason } => {
+                let Some(dlq) = &inner.config.dlq_url else {
+                    error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: reported as failed until the queue's redrive policy parks it");
+                    return again(inner.processor.config().backoff_max).await;
+                };
+                match send_to_dlq(&inner.sqs, dlq, message, &reason).await {
+                    Ok(()) => {
+                        warn!(message_id = message.id(), %reason, dlq, "parked in the DLQ");
+                        Disposition::Done
+                    }
+                    Err(e) => {
+                        error!(error = %e, "could not park the message; reported as failed");
+                        again(inner.processor.config().backoff(message.receive_count())).await
+                    }
+                }
+            }
+        }
+    }
+
+    /// The URL of the queue with this ARN (`arn:aws:sqs:region:account:name`).
+    async fn queue_url(&self, arn: &str) -> Option<String> {
+        let mut urls = self.inner.queue_urls.lock().await;
+        if let Some(url) = urls.get(arn) {
+            return Some(url.clone());
+        }
+        let mut parts = arn.rsplitn(3, ':');
+        let (Some(name), Some(account)) = (parts.next(), parts.next()) else {
+            warn!(
+                arn,
+                "eventSourceARN is not a queue ARN; visibility cannot be changed"
+            );
+            return None;
+        };
+        match self
+            .inner
+            .sqs
+            .get_queue_url()
+            .queue_name(name)
+            .queue_owner_aws_account_id(account)
+            .send()
+            .await
+        {
+            Ok(out) => {
+                let url = out.queue_url?;
+                urls.insert(arn.to_owned(), url.clone());
+                Some(url)
+            }
+            Err(e) => {
+                warn!(arn, error = %DisplayErrorContext(e), "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL); visibility will not be extended or delayed");
+                None
+            }
+        }
+    }
+}
+
+/// Converts an event record (its id already read).
+fn to_message(id: &str, m: SqsMessage) -> Message {
+    let mut msg = Message::new(id, m.body.unwrap_or_default());
+    if let Some(r) = m.receipt_handle {
+        msg = msg.with_receipt_handle(r);
+    }
+    if let Some(n) = m
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|v| v.parse().ok())
+    {
+        msg = msg.with_receive_count(n);
+    }
+    if let Some(g) = m.attributes.get("MessageGroupId") {
+        msg = msg.with_group_id(g);
+    }
+    if let Some(d) = m.attributes.get("MessageDeduplicationId") {
+        msg = msg.with_deduplication_id(d);
+    }
+    for (name, value) in m.message_attributes {
+        if let Some(v) = value.string_value {
+            msg = msg.with_attribute(name, v);
+        }
+    }
+    msg
+}
+
+/// Serves invocations from the Lambda Runtime API until the environment ends.
+pub async fn run<S: DedupStore, H: Handler>(
+    adapter: LambdaAdapter<S, H>,
+) -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::run(lambda_runtime::service_fn(
+        move |event: lambda_runtime::LambdaEvent<serde_json::Value>| {
+            let adapter = adapter.clone();
+            async move {
+                let deadline = event.context.deadline();
+                adapter
+                    .handle(event.payload, deadline)
+                    .await
+                    .map_err(lambda_runtime::Error::from)
+            }
+        },
+    ))
+    .await
+}
