@@ -16,9 +16,11 @@
 //! | malformed record (not an SQS message) | yes |
 //!
 //! Records are parsed one by one from the raw event, so one bad record fails
-//! only itself. Standard queues run records concurrently (bounded); FIFO queues
-//! run each message group in order and the groups in parallel, and after a
-//! failure the rest of that group is listed without running.
+//! only itself. Standard queues run records concurrently (bounded), except that
+//! records with the same dedup key run one after the other (the second is then
+//! a duplicate, not an in-flight conflict); FIFO queues run each message group
+//! in order and the groups in parallel, and after a failure the rest of that
+//! group is listed without running.
 //!
 //! # Deadline
 //! The claim lease never outlives the invocation: it and every heartbeat
@@ -201,6 +203,11 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
     }
 
     /// Runs the records; returns the failures as (index, message id).
+    ///
+    /// Records run in lanes, one record at a time per lane, lanes in parallel:
+    /// on a FIFO queue a lane is a message group and stops at its first failure;
+    /// on a standard queue a lane is a dedup key, so a duplicate within the batch
+    /// runs after the first copy and is skipped rather than found in flight.
     async fn run_records(
         &self,
         records: Vec<Record>,
@@ -208,51 +215,43 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         deadline: Instant,
         stop: &CancellationToken,
     ) -> Vec<(usize, String)> {
-        let concurrency = self.inner.config.concurrency.max(1);
-        if !fifo {
-            return futures::stream::iter(records)
-                .map(|r| async move {
-                    match self.run_one(&r, deadline, stop).await {
-                        Disposition::Done => None,
-                        Disposition::Again { .. } => Some((r.index, r.id)),
-                    }
-                })
-                .buffer_unordered(concurrency)
-                .filter_map(std::future::ready)
-                .collect()
-                .await;
-        }
-        // FIFO: one sequence per message group, in event order.
-        let mut groups: Vec<Vec<Record>> = Vec::new();
-        let mut by_group: HashMap<String, usize> = HashMap::new();
+        let key_source = &self.inner.processor.config().key_source;
+        let mut lanes: Vec<Vec<Record>> = Vec::new();
+        let mut by_lane: HashMap<String, usize> = HashMap::new();
         for r in records {
-            let group = match &r.parsed {
-                Ok((m, _)) => m.group_id().unwrap_or_default().to_owned(),
-                // A record we cannot read has no group we can trust: its own.
-                Err(_) => format!("\0malformed-{}", r.index),
+            let lane = match &r.parsed {
+                Ok((m, _)) if fifo => format!("group:{}", m.group_id().unwrap_or_default()),
+                Ok((m, _)) => match key_source.extract(m) {
+                    Ok(key) => format!("key:{key}"),
+                    Err(_) => format!("record:{}", r.index),
+                },
+                // A record we cannot read has no group or key we can trust.
+                Err(_) => format!("record:{}", r.index),
             };
-            let i = *by_group.entry(group).or_insert_with(|| {
-                groups.push(Vec::new());
-                groups.len() - 1
+            let i = *by_lane.entry(lane).or_insert_with(|| {
+                lanes.push(Vec::new());
+                lanes.len() - 1
             });
-            groups[i].push(r);
+            lanes[i].push(r);
         }
-        futures::stream::iter(groups)
-            .map(|group| async move {
+        futures::stream::iter(lanes)
+            .map(|lane| async move {
                 let mut failed = Vec::new();
-                let mut rest = group.into_iter();
+                let mut rest = lane.into_iter();
                 let mut hold = None;
                 for r in rest.by_ref() {
                     if let Disposition::Again { after } = self.run_one(&r, deadline, stop).await {
                         failed.push((r.index, r.id));
-                        hold = Some(after);
-                        break;
+                        if fifo {
+                            hold = Some(after);
+                            break;
+                        }
                     }
                 }
-                // After a failure the rest of the group is listed without running.
-                // When the failure set a delay, the rest gets the same one, so the
-                // group's order holds even where a queue does not block a group
-                // behind an invisible message.
+                // FIFO: after a failure the rest of the group is listed without
+                // running. When the failure set a delay, the rest gets the same
+                // one, so the group's order holds even where a queue does not
+                // block a group behind an invisible message.
                 for r in rest {
                     info!(message_id = %r.id, "not started: an earlier message of its group failed");
                     if let (Some(Some(after)), Ok((m, Some(queue)))) = (hold, &r.parsed) {
@@ -262,7 +261,7 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
                 }
                 futures::stream::iter(failed)
             })
-            .buffer_unordered(concurrency)
+            .buffer_unordered(self.inner.config.concurrency.max(1))
             .flatten()
             .collect()
             .await

@@ -171,11 +171,6 @@ impl LocalLambda {
 
     /// Invokes the function with `event` and waits for its response.
     pub async fn invoke(&self, event: &Value) -> Result<Value, InvokeError> {
-        if !self.alive.load(std::sync::atomic::Ordering::SeqCst) {
-            self.spawn()
-                .await
-                .map_err(|e| InvokeError::Exited(format!("cannot start: {e}")))?;
-        }
         let id = uuid::Uuid::new_v4().to_string();
         let (tx, rx) = oneshot::channel();
         self.state
@@ -183,6 +178,13 @@ impl LocalLambda {
             .lock()
             .expect("lock")
             .insert(id.clone(), tx);
+        // Checked after registering, so an exit from now on fails this invocation.
+        if !self.alive.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Err(e) = self.spawn().await {
+                self.state.waiting.lock().expect("lock").remove(&id);
+                return Err(InvokeError::Exited(format!("cannot start: {e}")));
+            }
+        }
         let deadline = SystemTime::now() + self.timeout;
         self.state
             .pending

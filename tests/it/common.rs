@@ -1,13 +1,18 @@
 //! Clients and unique resources for tests against LocalStack.
 
+use std::collections::HashMap;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use sqs_once::setup::{QueuePair, ensure_queue_with_dlq};
 
 /// The LocalStack endpoint: `AWS_ENDPOINT_URL`, else 127.0.0.1:4566.
 pub fn endpoint() -> String {
@@ -103,4 +108,134 @@ pub async fn ddb_losing(
         })
         .build();
     (aws_sdk_dynamodb::Client::from_conf(conf), lost)
+}
+
+pub async fn sqs() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&sdk_config().await)
+}
+
+pub async fn queues(sqs: &aws_sdk_sqs::Client, fifo: bool, visibility: u64) -> QueuePair {
+    ensure_queue_with_dlq(sqs, &unique("q"), fifo, Duration::from_secs(visibility), 5)
+        .await
+        .unwrap()
+}
+
+pub async fn send_all(sqs: &aws_sdk_sqs::Client, url: &str, bodies: &[String]) {
+    for chunk in bodies.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(b)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let out = sqs
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap();
+        assert!(out.failed().is_empty(), "{:?}", out.failed());
+    }
+}
+
+/// Visible plus in-flight messages.
+pub async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    let a = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default();
+    a.values().map(|v| v.parse::<u64>().unwrap()).sum()
+}
+
+pub async fn ledger_rows(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> HashMap<String, (i64, i64)> {
+    let items = client
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .items
+        .unwrap_or_default();
+    items
+        .into_iter()
+        .map(|i| {
+            let n = |k: &str| {
+                i.get(k)
+                    .and_then(|v| v.as_n().ok())
+                    .map_or(0, |v| v.parse().unwrap())
+            };
+            (
+                i["pk"].as_s().unwrap().clone(),
+                (n("balance_cents"), n("applied_events")),
+            )
+        })
+        .collect()
+}
+
+/// A queue pair, a dedup table and a ledger table for the `ledger` binary.
+pub struct Ledger {
+    pub queues: QueuePair,
+    pub dedup: String,
+    pub ledger: String,
+}
+
+impl Ledger {
+    pub async fn new(sqs: &aws_sdk_sqs::Client, ddb: &aws_sdk_dynamodb::Client) -> Self {
+        Self::with_visibility(sqs, ddb, 30).await
+    }
+
+    pub async fn with_visibility(
+        sqs: &aws_sdk_sqs::Client,
+        ddb: &aws_sdk_dynamodb::Client,
+        secs: u64,
+    ) -> Self {
+        let ledger = unique("ledger");
+        sqs_once::setup::ensure_table(ddb, &ledger).await.unwrap();
+        Self {
+            queues: queues(sqs, false, secs).await,
+            dedup: dedup_table(ddb).await,
+            ledger,
+        }
+    }
+
+    /// The `ledger` binary configured for these resources.
+    pub fn command(&self, extra: &[(&str, &str)]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_ledger"));
+        c.env("SQS_ONCE_QUEUE_URL", &self.queues.queue_url)
+            .env("SQS_ONCE_DLQ_URL", &self.queues.dlq_url)
+            .env("SQS_ONCE_TABLE", &self.dedup)
+            .env("SQS_ONCE_CONSUMER", "ledger")
+            .env("SQS_ONCE_DEDUP_KEY", "json:/id")
+            .env("SQS_ONCE_WAIT", "1s")
+            .env("SQS_ONCE_CONCURRENCY", "5")
+            .env("LEDGER_TABLE", &self.ledger)
+            .env("AWS_ENDPOINT_URL", crate::common::endpoint())
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c
+    }
 }

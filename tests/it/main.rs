@@ -4,4 +4,5 @@
 mod common;
 mod contract;
 mod dynamodb;
+mod lambda;
 mod poller;
