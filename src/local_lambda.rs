@@ -179,11 +179,11 @@ impl LocalLambda {
             .expect("lock")
             .insert(id.clone(), tx);
         // Checked after registering, so an exit from now on fails this invocation.
-        if !self.alive.load(std::sync::atomic::Ordering::SeqCst) {
-            if let Err(e) = self.spawn().await {
-                self.state.waiting.lock().expect("lock").remove(&id);
-                return Err(InvokeError::Exited(format!("cannot start: {e}")));
-            }
+        if !self.alive.load(std::sync::atomic::Ordering::SeqCst)
+            && let Err(e) = self.spawn().await
+        {
+            self.state.waiting.lock().expect("lock").remove(&id);
+            return Err(InvokeError::Exited(format!("cannot start: {e}")));
         }
         let deadline = SystemTime::now() + self.timeout;
         self.state
