@@ -93,7 +93,7 @@ struct Inner<S, H> {
     sqs: aws_sdk_sqs::Client,
     processor: Processor<S, H>,
     config: LambdaConfig,
-    queue_urls: tokio::sync::Mutex<HashMap<String, String>>,
+    queue_urls: tokio::sync::Mutex<HashMap<String, Option<String>>>,
 }
 
 /// What happened to one record.
@@ -334,39 +334,44 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         }
     }
 
-    /// The URL of the queue with this ARN (`arn:aws:sqs:region:account:name`).
+    /// The URL of the queue with this ARN (`arn:aws:sqs:region:account:name`);
+    /// looked up once per ARN (a failed lookup is not retried: one warning).
     async fn queue_url(&self, arn: &str) -> Option<String> {
         let mut urls = self.inner.queue_urls.lock().await;
         if let Some(url) = urls.get(arn) {
-            return Some(url.clone());
+            return url.clone();
         }
         let mut parts = arn.rsplitn(3, ':');
-        let (Some(name), Some(account)) = (parts.next(), parts.next()) else {
-            warn!(
-                arn,
-                "eventSourceARN is not a queue ARN; visibility cannot be changed"
-            );
-            return None;
-        };
-        match self
-            .inner
-            .sqs
-            .get_queue_url()
-            .queue_name(name)
-            .queue_owner_aws_account_id(account)
-            .send()
-            .await
-        {
-            Ok(out) => {
-                let url = out.queue_url?;
-                urls.insert(arn.to_owned(), url.clone());
-                Some(url)
-            }
-            Err(e) => {
-                warn!(arn, error = %DisplayErrorContext(e), "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL); visibility will not be extended or delayed");
+        let url = match (parts.next(), parts.next()) {
+            (Some(name), Some(account)) => match self
+                .inner
+                .sqs
+                .get_queue_url()
+                .queue_name(name)
+                .queue_owner_aws_account_id(account)
+                .send()
+                .await
+            {
+                Ok(out) => out.queue_url,
+                Err(e) => {
+                    let why = e
+                        .as_service_error()
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| DisplayErrorContext(&e).to_string());
+                    warn!(arn, error = %why, "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL): visibility will not be extended or delayed");
+                    None
+                }
+            },
+            _ => {
+                warn!(
+                    arn,
+                    "eventSourceARN is not a queue ARN: visibility will not be extended or delayed"
+                );
                 None
             }
-        }
+        };
+        urls.insert(arn.to_owned(), url.clone());
+        url
     }
 }
 

@@ -41,6 +41,9 @@ enum Command {
         /// The queue's visibility timeout in seconds.
         #[arg(long, default_value_t = 60)]
         visibility_timeout: u64,
+        /// Also create the ledger example's table (string key `pk`).
+        #[arg(long)]
+        ledger_table: Option<String>,
     },
     /// Walk through the protocol on LocalStack: sends ledger events with
     /// duplicates and a malformed body, processes them, checks the balances.
@@ -103,6 +106,7 @@ async fn main() -> ExitCode {
             fifo,
             max_receive_count,
             visibility_timeout,
+            ledger_table,
         } => {
             init(
                 &sdk,
@@ -111,6 +115,7 @@ async fn main() -> ExitCode {
                 fifo,
                 max_receive_count,
                 visibility_timeout,
+                ledger_table.as_deref(),
             )
             .await
         }
@@ -202,11 +207,16 @@ async fn init(
     fifo: bool,
     max_receive_count: u32,
     visibility_timeout: u64,
+    ledger_table: Option<&str>,
 ) -> Result<(), BoxError> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     sqs_once::setup::ensure_dedup_table(&ddb, table).await?;
-    DynamoStore::new(ddb, table).check_table().await?;
+    DynamoStore::new(ddb.clone(), table).check_table().await?;
     println!("dedup table {table}: ok (key pk, TTL on expires_at)");
+    if let Some(ledger) = ledger_table {
+        sqs_once::setup::ensure_table(&ddb, ledger).await?;
+        println!("ledger table {ledger}: ok");
+    }
     if let Some(q) = queue {
         let pair = sqs_once::setup::ensure_queue_with_dlq(
             &aws_sdk_sqs::Client::new(sdk),

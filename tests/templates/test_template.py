@@ -1,0 +1,166 @@
+"""Checks of template.yaml that `sam validate --lint` does not make.
+
+Run with the tools venv (it has cfn-lint, whose loader understands the short
+intrinsic forms): `scripts/check-templates`.
+"""
+
+import pathlib
+import re
+import unittest
+
+from cfnlint.decode import cfn_yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NO_VALUE = object()
+
+
+def resolve(node, conditions, params):
+    """The template with Fn::If decided by `conditions`, AWS::NoValue removed
+    and parameter Refs replaced by `params` (others kept)."""
+    if isinstance(node, dict):
+        if set(node) == {"Fn::If"}:
+            cond, yes, no = node["Fn::If"]
+            return resolve(yes if conditions[cond] else no, conditions, params)
+        if set(node) == {"Ref"}:
+            if node["Ref"] == "AWS::NoValue":
+                return NO_VALUE
+            if node["Ref"] in params:
+                return params[node["Ref"]]
+        out = {}
+        for k, v in node.items():
+            r = resolve(v, conditions, params)
+            if r is not NO_VALUE:
+                out[str(k)] = r
+        return out
+    if isinstance(node, list):
+        return [r for r in (resolve(v, conditions, params) for v in node) if r is not NO_VALUE]
+    return node
+
+
+class SamTemplate(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.raw = cfn_yaml.load(str(ROOT / "template.yaml"))
+        defaults = {k: v.get("Default") for k, v in cls.raw["Parameters"].items()}
+        cls.variants = {
+            fifo: resolve(cls.raw, {"IsFifo": fifo}, defaults) for fifo in (False, True)
+        }
+
+    def res(self, fifo, name):
+        return self.variants[fifo]["Resources"][name]
+
+    def function(self, fifo=False):
+        return self.res(fifo, "LedgerFunction")
+
+    def event(self, fifo):
+        (event,) = self.function(fifo)["Properties"]["Events"].values()
+        self.assertEqual(event["Type"], "SQS")
+        return event["Properties"]
+
+    def test_partial_batch_responses_are_on(self):
+        for fifo in (False, True):
+            self.assertEqual(self.event(fifo)["FunctionResponseTypes"], ["ReportBatchItemFailures"])
+            self.assertEqual(self.event(fifo)["Queue"], {"Fn::GetAtt": ["Queue", "Arn"]})
+
+    def test_batching_window_only_on_standard_queues(self):
+        self.assertIn("MaximumBatchingWindowInSeconds", self.event(False))
+        self.assertNotIn("MaximumBatchingWindowInSeconds", self.event(True))
+        self.assertLessEqual(self.raw["Parameters"]["BatchSize"]["MaxValue"], 10, "FIFO sources take at most 10")
+
+    def test_fifo_variant_is_fifo_end_to_end(self):
+        for name in ("Queue", "DeadLetterQueue"):
+            props = self.res(True, name)["Properties"]
+            self.assertIs(props["FifoQueue"], True)
+            self.assertTrue(props["QueueName"]["Fn::Sub"].endswith(".fifo"))
+            self.assertNotIn("FifoQueue", self.res(False, name)["Properties"])
+
+    def test_failures_end_in_the_dlq(self):
+        for fifo in (False, True):
+            redrive = self.res(fifo, "Queue")["Properties"]["RedrivePolicy"]
+            self.assertEqual(redrive["deadLetterTargetArn"], {"Fn::GetAtt": ["DeadLetterQueue", "Arn"]})
+            self.assertGreaterEqual(int(redrive["maxReceiveCount"]), 1)
+            env = self.function(fifo)["Properties"]["Environment"]["Variables"]
+            self.assertEqual(env["SQS_ONCE_DLQ_URL"], {"Ref": "DeadLetterQueue"})
+
+    def test_dedup_table_has_the_key_schema_and_ttl_the_code_checks(self):
+        props = self.res(False, "DedupTable")["Properties"]
+        self.assertEqual(props["KeySchema"], [{"AttributeName": "pk", "KeyType": "HASH"}])
+        self.assertEqual(props["AttributeDefinitions"], [{"AttributeName": "pk", "AttributeType": "S"}])
+        self.assertEqual(props["TimeToLiveSpecification"], {"AttributeName": "expires_at", "Enabled": True})
+        self.assertEqual(props["BillingMode"], "PAY_PER_REQUEST")
+        src = (ROOT / "src/dedup/dynamodb.rs").read_text()
+        self.assertIn('TTL_ATTRIBUTE: &str = "expires_at"', src)
+        self.assertIn('KEY_ATTRIBUTE: &str = "pk"', src)
+
+    def test_visibility_timeout_is_six_times_the_function_timeout(self):
+        timeout = int(self.function()["Properties"]["Timeout"])
+        visibility = int(self.res(False, "Queue")["Properties"]["VisibilityTimeout"])
+        self.assertGreaterEqual(visibility, timeout, "AWS rejects a visibility timeout below the function timeout")
+        self.assertGreaterEqual(visibility, 6 * timeout, "AWS recommends 6x the function timeout")
+
+    def test_record_retention_outlives_the_queue_retention(self):
+        params = self.raw["Parameters"]
+        days = int(params["RecordRetentionDays"]["Default"])
+        self.assertGreater(days * 86400, int(params["QueueRetentionSeconds"]["Default"]))
+        env = self.raw["Resources"]["LedgerFunction"]["Properties"]["Environment"]["Variables"]
+        self.assertEqual(env["SQS_ONCE_TTL"], {"Fn::Sub": "${RecordRetentionDays}d"})
+
+    def test_function_is_the_ledger_binary_on_al2023_arm64(self):
+        fn = self.function()
+        self.assertEqual(fn["Metadata"]["BuildMethod"], "rust-cargolambda")
+        binary = fn["Metadata"]["BuildProperties"]["Binary"]
+        self.assertTrue((ROOT / f"src/bin/{binary}.rs").exists(), binary)
+        props = fn["Properties"]
+        self.assertEqual(props["Runtime"], "provided.al2023")
+        self.assertEqual(props["Architectures"], ["arm64"])
+        self.assertEqual(props["Handler"], "bootstrap")
+
+    def test_every_environment_variable_is_one_the_binary_reads(self):
+        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/cli.rs").read_text()))
+        known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/bin/ledger.rs").read_text()))
+        env = self.function()["Properties"]["Environment"]["Variables"]
+        self.assertLessEqual(set(env), known, f"unknown: {set(env) - known}")
+        for required in ("SQS_ONCE_TABLE", "SQS_ONCE_CONSUMER", "SQS_ONCE_DEDUP_KEY", "LEDGER_TABLE"):
+            self.assertIn(required, env)
+
+    def test_role_is_least_privilege(self):
+        role = self.res(False, "LedgerRole")["Properties"]
+        self.assertNotIn("ManagedPolicyArns", role)
+        self.assertEqual(
+            self.function()["Properties"]["Role"], {"Fn::GetAtt": ["LedgerRole", "Arn"]},
+            "an explicit role, so SAM adds no managed policies with Resource *",
+        )
+        granted = {}
+        for policy in role["Policies"]:
+            for st in policy["PolicyDocument"]["Statement"]:
+                self.assertEqual(st["Effect"], "Allow")
+                self.assertNotEqual(st["Resource"], "*")
+                self.assertNotIn("*", str(st["Resource"]))
+                target = st["Resource"].get("Fn::GetAtt", [None])[0] or st["Resource"].get("Fn::Sub")
+                for action in st["Action"]:
+                    self.assertNotIn("*", action)
+                    granted.setdefault(str(target), set()).add(action)
+        self.assertEqual(
+            granted,
+            {
+                "${LedgerLogGroup.Arn}": {"logs:CreateLogStream", "logs:PutLogEvents"},
+                "Queue": {
+                    "sqs:ReceiveMessage",
+                    "sqs:DeleteMessage",
+                    "sqs:GetQueueAttributes",
+                    "sqs:ChangeMessageVisibility",
+                },
+                "DeadLetterQueue": {"sqs:SendMessage"},
+                "DedupTable": {"dynamodb:UpdateItem", "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive"},
+                "LedgerTable": {"dynamodb:UpdateItem"},
+            },
+        )
+
+    def test_log_group_is_the_functions(self):
+        name = self.function()["Properties"]["FunctionName"]["Fn::Sub"]
+        group = self.res(False, "LedgerLogGroup")["Properties"]["LogGroupName"]["Fn::Sub"]
+        self.assertEqual(group, f"/aws/lambda/{name}")
+
+
+if __name__ == "__main__":
+    unittest.main()
