@@ -83,7 +83,8 @@ pub struct RunStats {
     pub retried: u64,
     /// Messages parked in the DLQ.
     pub parked: u64,
-    /// FIFO messages released unprocessed after an earlier failure in their group.
+    /// Messages released unprocessed: after an earlier failure in their FIFO
+    /// group, or received but not started before shutdown.
     pub held_back: u64,
 }
 
@@ -405,54 +406,53 @@ pub async fn run<S: DedupStore, H: Handler>(
         }
         let messages: Vec<Message> = messages.into_iter().filter_map(to_message).collect();
         shared.count(|s| s.received += messages.len() as u64);
-        if config.is_fifo() {
-            // One task per group, in receive order within it.
-            let mut groups: Vec<(String, Vec<Message>)> = Vec::new();
-            let mut index: HashMap<String, usize> = HashMap::new();
-            for m in messages {
-                let g = m.group_id().unwrap_or_default().to_owned();
-                let i = *index.entry(g.clone()).or_insert_with(|| {
-                    groups.push((g, Vec::new()));
-                    groups.len() - 1
-                });
-                groups[i].1.push(m);
-            }
-            for (_, group) in groups {
-                let group_permits: Vec<_> = held.drain(..group.len().min(held.len())).collect();
-                let shared = shared.clone();
-                tracker.spawn(async move {
-                    let _permits = group_permits;
-                    let mut rest = group.into_iter().peekable();
-                    let mut hold = Duration::ZERO;
-                    while let Some(m) = rest.next_if(|_| !shared.stop.is_cancelled()) {
-                        if let Some(delay) = shared.handle(m).await {
-                            hold = delay;
-                            break;
-                        }
+        // One task per lane, messages in receive order within it: on a FIFO
+        // queue a lane is a message group (stopped by a failure); on a standard
+        // queue it is a dedup key, so a duplicate within one receive runs after
+        // the first copy and is skipped instead of found in flight.
+        let fifo = config.is_fifo();
+        let key_source = &shared.processor.config().key_source;
+        let mut lanes: Vec<Vec<Message>> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for m in messages {
+            let lane = if fifo {
+                m.group_id().unwrap_or_default().to_owned()
+            } else {
+                key_source
+                    .extract(&m)
+                    .unwrap_or_else(|_| format!("\0{}", m.id()))
+            };
+            let i = *index.entry(lane).or_insert_with(|| {
+                lanes.push(Vec::new());
+                lanes.len() - 1
+            });
+            lanes[i].push(m);
+        }
+        for lane in lanes {
+            let mut lane_permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
+            let shared = shared.clone();
+            tracker.spawn(async move {
+                let mut rest = lane.into_iter().peekable();
+                let mut hold = Duration::ZERO;
+                while let Some(m) = rest.next_if(|_| !shared.stop.is_cancelled()) {
+                    let failed = shared.handle(m).await;
+                    lane_permits.pop();
+                    if let Some(delay) = failed
+                        && fifo
+                    {
+                        hold = delay;
+                        break;
                     }
-                    // After a failure (or at shutdown) the rest of the group is
-                    // released unprocessed. It comes back no sooner than the failed
-                    // message, so the group's order holds even on a queue that does
-                    // not block a group behind an invisible message.
-                    for m in rest {
-                        shared.count(|s| s.held_back += 1);
-                        shared.retry_later(&m, hold).await;
-                    }
-                });
-            }
-        } else {
-            for m in messages {
-                let permit = held.pop().expect("one permit per received message");
-                let shared = shared.clone();
-                tracker.spawn(async move {
-                    let _permit = permit;
-                    if shared.stop.is_cancelled() {
-                        shared.retry_later(&m, Duration::ZERO).await;
-                        return;
-                    }
-                    shared.handle(m).await;
-                });
-            }
+                }
+                // After a FIFO failure (or at shutdown) the rest of the lane is
+                // released unprocessed. In a group it comes back no sooner than
+                // the failed message, so the order holds even on a queue that does
+                // not block a group behind an invisible message.
+                for m in rest {
+                    shared.count(|s| s.held_back += 1);
+                    shared.retry_later(&m, hold).await;
+                }
+            });
         }
         idle_since = tokio::time::Instant::now();
     }
