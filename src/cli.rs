@@ -179,28 +179,35 @@ pub async fn run<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     }
 }
 
+/// Prints a start-up failure; exit code 2.
+fn startup_failure(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{e}");
+    ExitCode::from(2)
+}
+
+/// Loads the SDK configuration, checks the dedup table and builds the processor.
+async fn prepare<H: Handler>(
+    args: &RuntimeArgs,
+    config: ProcessorConfig,
+    handler: H,
+) -> Result<(aws_config::SdkConfig, Processor<DynamoStore, H>), ExitCode> {
+    let sdk = aws_config::load_from_env().await;
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), args.table.clone());
+    store.check_table().await.map_err(startup_failure)?;
+    let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
+    Ok((sdk, processor))
+}
+
 /// Checks the table, then serves Lambda invocations. A start-up failure exits
 /// with code 2 (Lambda reports it as an init error with the message in the log).
 pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     let (pconf, lconf) = match args.lambda_configs() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return startup_failure(e),
     };
-    let sdk = aws_config::load_from_env().await;
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), args.table.clone());
-    if let Err(e) = store.check_table().await {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
-    let processor = match Processor::new(store, handler, pconf) {
+    let (sdk, processor) = match prepare(&args, pconf, handler).await {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let adapter = LambdaAdapter::new(aws_sdk_sqs::Client::new(&sdk), processor, lconf);
     match crate::lambda::run(adapter).await {
@@ -217,29 +224,17 @@ pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
 pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     let (pconf, qconf) = match args.poller_configs() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return startup_failure(e),
     };
-    let sdk = aws_config::load_from_env().await;
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), args.table.clone());
-    if let Err(e) = store.check_table().await {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
-    if let Err(e) = check_queue(&sqs, &qconf.queue_url, pconf.heartbeat, pconf.ttl).await {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
-    let processor = match Processor::new(store, handler, pconf) {
+    let (heartbeat, ttl) = (pconf.heartbeat, pconf.ttl);
+    let (sdk, processor) = match prepare(&args, pconf, handler).await {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    if let Err(e) = check_queue(&sqs, &qconf.queue_url, heartbeat, ttl).await {
+        return startup_failure(e);
+    }
     let shutdown = shutdown_on_signals();
     tracing::info!(queue = %qconf.queue_url, concurrency = qconf.concurrency, "polling");
     let stats = crate::poller::run(sqs, processor, qconf, shutdown).await;

@@ -239,3 +239,35 @@ impl Ledger {
         c
     }
 }
+
+/// The messages in a queue as (body, `sqs_once_reason`), sorted; received
+/// until the queue answers empty (they are left to time out).
+pub async fn bodies_with_reasons(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        let got = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if got.is_empty() {
+            break;
+        }
+        for m in got {
+            let reason = m.message_attributes().unwrap()["sqs_once_reason"]
+                .string_value()
+                .unwrap()
+                .to_owned();
+            out.push((m.body().unwrap().to_owned(), reason));
+        }
+    }
+    out.sort();
+    out
+}

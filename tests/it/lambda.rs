@@ -16,7 +16,9 @@ use sqs_once::ledger::LedgerHandler;
 use sqs_once::local_lambda::{LocalLambda, run_event_source, sqs_event};
 use sqs_once::{DedupStore, DynamoStore, Handler, HandlerError, Processor, handler_fn};
 
-use crate::common::{Ledger, ddb, dedup_table, depth, ledger_rows, send_all, sqs, unique};
+use crate::common::{
+    Ledger, bodies_with_reasons, ddb, dedup_table, depth, ledger_rows, send_all, sqs, unique,
+};
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -89,35 +91,19 @@ async fn adapter<H: Handler>(
     LambdaAdapter::new(sqs().await, processor, config)
 }
 
-/// Bodies of the messages in a queue (received and left to time out).
-async fn bodies_with_reasons(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        let got = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            break;
+/// A handler that records each body it sees, then answers with `f(body)`.
+fn recording(f: fn(&str) -> sqs_once::HandlerResult) -> (impl Handler, Arc<Mutex<Vec<String>>>) {
+    let calls: Arc<Mutex<Vec<String>>> = Default::default();
+    let c = calls.clone();
+    let handler = handler_fn(move |m, _ctx| {
+        let c = c.clone();
+        let body = m.body().to_owned();
+        async move {
+            c.lock().unwrap().push(body.clone());
+            f(&body)
         }
-        for m in got {
-            let reason = m.message_attributes().unwrap()["sqs_once_reason"]
-                .string_value()
-                .unwrap()
-                .to_owned();
-            out.push((m.body().unwrap().to_owned(), reason));
-        }
-    }
-    out.sort();
-    out
+    });
+    (handler, calls)
 }
 
 #[tokio::test]
@@ -179,20 +165,11 @@ async fn standard_event_applies_each_event_once_and_parks_bad_bodies() {
 async fn exactly_the_records_that_must_come_back_are_listed() {
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
-    let calls: Arc<Mutex<Vec<String>>> = Default::default();
-    let c = calls.clone();
-    let handler = handler_fn(move |m, _ctx| {
-        let c = c.clone();
-        let body = m.body().to_owned();
-        async move {
-            c.lock().unwrap().push(body.clone());
-            match body.split(':').next().unwrap() {
-                "ok" => Ok(None),
-                "retry" => Err(HandlerError::retry("downstream busy")),
-                "panic" => panic!("handler bug"),
-                _ => Err(HandlerError::permanent("cannot apply")),
-            }
-        }
+    let (handler, calls) = recording(|body| match body.split(':').next().unwrap() {
+        "ok" => Ok(None),
+        "retry" => Err(HandlerError::retry("downstream busy")),
+        "panic" => panic!("handler bug"),
+        _ => Err(HandlerError::permanent("cannot apply")),
     });
     let mut pconf = ProcessorConfig::new("c");
     pconf.backoff_base = Duration::from_secs(1);
@@ -330,18 +307,9 @@ async fn standard_records_run_concurrently_within_the_bound() {
 async fn fifo_failure_stops_its_group_only_and_keeps_order() {
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
-    let calls: Arc<Mutex<Vec<String>>> = Default::default();
-    let c = calls.clone();
-    let handler = handler_fn(move |m, _ctx| {
-        let c = c.clone();
-        let body = m.body().to_owned();
-        async move {
-            c.lock().unwrap().push(body.clone());
-            if body == "a2" {
-                return Err(HandlerError::retry("a2 fails"));
-            }
-            Ok(None)
-        }
+    let (handler, calls) = recording(|body| match body {
+        "a2" => Err(HandlerError::retry("a2 fails")),
+        _ => Ok(None),
     });
     let a = adapter(
         &dedup,

@@ -11,7 +11,9 @@ use sqs_once::poller::{PollerConfig, run};
 use sqs_once::{DynamoStore, HandlerError, Message, Processor, handler_fn};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{Ledger, ddb, dedup_table, depth, ledger_rows, queues, send_all, sqs};
+use crate::common::{
+    Ledger, bodies_with_reasons, ddb, dedup_table, depth, ledger_rows, queues, send_all, sqs,
+};
 
 /// Events for 5 accounts; every third sent twice. Returns bodies and expected rows.
 fn events(n: usize) -> (Vec<String>, HashMap<String, (i64, i64)>) {
@@ -86,27 +88,7 @@ async fn malformed_bodies_end_in_the_dlq_with_a_reason() {
         .await
         .unwrap();
     assert!(out.status.success());
-    let parked = sqs
-        .receive_message()
-        .queue_url(&l.queues.dlq_url)
-        .max_number_of_messages(10)
-        .message_attribute_names("All")
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
-    let mut reasons: Vec<(String, String)> = parked
-        .iter()
-        .map(|m| {
-            let reason = m.message_attributes().unwrap()["sqs_once_reason"]
-                .string_value()
-                .unwrap()
-                .to_owned();
-            (m.body().unwrap().to_owned(), reason)
-        })
-        .collect();
-    reasons.sort();
+    let reasons = bodies_with_reasons(&sqs, &l.queues.dlq_url).await;
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
         reasons[0].0 == "not json" && reasons[0].1.contains("not valid JSON"),
