@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::calls::CallCounter;
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
 use crate::lambda::{LambdaAdapter, LambdaConfig};
 use crate::poller::{PollerConfig, check_queue};
@@ -56,9 +57,16 @@ pub struct RuntimeArgs {
     /// First retry delay (doubled per receive).
     #[arg(long, env = "SQS_ONCE_BACKOFF", default_value = "2s")]
     pub backoff: String,
+    /// How long a receive waits for ten free slots, and a delete for ten receipts.
+    #[arg(long, env = "SQS_ONCE_BATCH_WAIT", default_value = "1s")]
+    pub batch_wait: String,
     /// Exit once idle this long with nothing in flight (batch runs, demos, tests).
     #[arg(long, env = "SQS_ONCE_EXIT_WHEN_IDLE")]
     pub exit_when_idle: Option<String>,
+    /// Use the one-transaction fast path for handlers that only stage DynamoDB
+    /// writes (`false`: claim first, as for every other handler).
+    #[arg(long, env = "SQS_ONCE_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fast_path: bool,
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
@@ -81,6 +89,7 @@ impl RuntimeArgs {
         p.ttl = parse_duration("SQS_ONCE_TTL", &self.ttl)?;
         p.heartbeat = parse_duration("SQS_ONCE_HEARTBEAT", &self.heartbeat)?;
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
+        p.fast_path = self.fast_path;
         p.validate()?;
         if self.concurrency == 0 {
             return Err(ConfigError {
@@ -115,6 +124,7 @@ impl RuntimeArgs {
                 problem: "SQS long polls wait at most 20s".into(),
             });
         }
+        q.batch_wait = parse_duration("SQS_ONCE_BATCH_WAIT", &self.batch_wait)?;
         q.exit_when_idle = self
             .exit_when_idle
             .as_deref()
@@ -185,17 +195,30 @@ fn startup_failure(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// The clients, counting their calls, and the processor for a runtime.
+struct Prepared<H> {
+    sqs: aws_sdk_sqs::Client,
+    processor: Processor<DynamoStore, H>,
+    calls: CallCounter,
+}
+
 /// Loads the SDK configuration, checks the dedup table and builds the processor.
 async fn prepare<H: Handler>(
     args: &RuntimeArgs,
     config: ProcessorConfig,
     handler: H,
-) -> Result<(aws_config::SdkConfig, Processor<DynamoStore, H>), ExitCode> {
+) -> Result<Prepared<H>, ExitCode> {
     let sdk = aws_config::load_from_env().await;
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), args.table.clone());
+    let calls = CallCounter::default();
+    let ddb = aws_sdk_dynamodb::Client::from_conf(calls.dynamodb_config(&sdk));
+    let store = DynamoStore::new(ddb, args.table.clone());
     store.check_table().await.map_err(startup_failure)?;
     let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
-    Ok((sdk, processor))
+    Ok(Prepared {
+        sqs: aws_sdk_sqs::Client::from_conf(calls.sqs_config(&sdk)),
+        processor,
+        calls,
+    })
 }
 
 /// Checks the table, then serves Lambda invocations. A start-up failure exits
@@ -205,11 +228,11 @@ pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         Ok(c) => c,
         Err(e) => return startup_failure(e),
     };
-    let (sdk, processor) = match prepare(&args, pconf, handler).await {
+    let Prepared { sqs, processor, .. } = match prepare(&args, pconf, handler).await {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let adapter = LambdaAdapter::new(aws_sdk_sqs::Client::new(&sdk), processor, lconf);
+    let adapter = LambdaAdapter::new(sqs, processor, lconf);
     match crate::lambda::run(adapter).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -227,11 +250,14 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         Err(e) => return startup_failure(e),
     };
     let (heartbeat, ttl) = (pconf.heartbeat, pconf.ttl);
-    let (sdk, processor) = match prepare(&args, pconf, handler).await {
+    let Prepared {
+        sqs,
+        processor,
+        calls,
+    } = match prepare(&args, pconf, handler).await {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
     if let Err(e) = check_queue(&sqs, &qconf.queue_url, heartbeat, ttl).await {
         return startup_failure(e);
     }
@@ -242,9 +268,9 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     println!(
         "{}",
         serde_json::json!({
-            "received": stats.received, "completed": stats.completed, "duplicates": stats.duplicates,
+            "received": stats.received, "empty_receives": stats.empty_receives, "completed": stats.completed, "duplicates": stats.duplicates,
             "in_flight": stats.in_flight, "retried": stats.retried, "parked": stats.parked,
-            "held_back": stats.held_back,
+            "held_back": stats.held_back, "calls": calls.snapshot(),
         })
     );
     ExitCode::SUCCESS

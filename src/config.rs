@@ -44,6 +44,10 @@ pub struct ProcessorConfig {
     pub backoff_max: Duration,
     /// Results whose JSON is larger are stored as a digest (default 32 KiB).
     pub max_result_bytes: usize,
+    /// Use the one-transaction fast path for handlers whose effects are
+    /// [`Effects::StagedOnly`](crate::Effects::StagedOnly) (`SQS_ONCE_FAST_PATH`,
+    /// default true). Off, every handler is claimed first.
+    pub fast_path: bool,
 }
 
 impl ProcessorConfig {
@@ -60,6 +64,7 @@ impl ProcessorConfig {
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(15 * 60),
             max_result_bytes: 32 * 1024,
+            fast_path: true,
         }
     }
 

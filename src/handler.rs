@@ -38,6 +38,59 @@ pub trait Handler: Send + Sync + 'static {
         message: &Message,
         ctx: &Context,
     ) -> impl Future<Output = HandlerResult> + Send;
+
+    /// What this handler's effects are, which decides the protocol. The default,
+    /// [`Effects::External`], is always safe.
+    fn effects(&self) -> Effects {
+        Effects::External
+    }
+}
+
+/// Which protocol a handler's effects need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Effects {
+    /// Anything, including calls outside DynamoDB (a payment API, e-mail): the
+    /// key is claimed before the handler runs, so at most one attempt runs at a
+    /// time, and completed after it (two DynamoDB calls per message).
+    #[default]
+    External,
+    /// Only DynamoDB writes staged on the [`Context`]: no claim; the handler runs
+    /// and one `TransactWriteItems` commits the `COMPLETED` record with its writes,
+    /// or finds the key done and writes nothing (one call per message). A
+    /// duplicate still runs the handler, whose staged writes are then dropped, so
+    /// the handler must have no other side effect.
+    StagedOnly,
+}
+
+/// Declares a handler [`Effects::StagedOnly`]: see [`staged_only`].
+#[derive(Debug, Clone)]
+pub struct StagedOnly<H>(pub H);
+
+/// Declares that `handler`'s only effects are the DynamoDB writes it stages, so
+/// the one-transaction fast path applies.
+///
+/// ```
+/// use sqs_once::{handler_fn, staged_only};
+///
+/// let handler = staged_only(handler_fn(|_message, _ctx| async move { Ok(None) }));
+/// # let _ = handler;
+/// ```
+pub fn staged_only<H: Handler>(handler: H) -> StagedOnly<H> {
+    StagedOnly(handler)
+}
+
+impl<H: Handler> Handler for StagedOnly<H> {
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send {
+        self.0.handle(message, ctx)
+    }
+
+    fn effects(&self) -> Effects {
+        Effects::StagedOnly
+    }
 }
 
 /// A handler made from a closure; see [`handler_fn`].
@@ -175,18 +228,25 @@ struct ContextInner {
     dedup_key: Option<String>,
     idempotency_key: Option<String>,
     attempt: u32,
+    max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
     cancelled: CancellationToken,
 }
 
 impl Context {
-    pub(crate) fn new(consumer: &str, dedup_key: Option<&str>, attempt: u32) -> Self {
+    pub(crate) fn new(
+        consumer: &str,
+        dedup_key: Option<&str>,
+        attempt: u32,
+        max_result_bytes: usize,
+    ) -> Self {
         Self {
             inner: Arc::new(ContextInner {
                 consumer: consumer.to_owned(),
                 dedup_key: dedup_key.map(str::to_owned),
                 idempotency_key: dedup_key.map(|k| crate::key::idempotency_key(consumer, k)),
                 attempt,
+                max_result_bytes,
                 staged: Mutex::new(Vec::new()),
                 cancelled: CancellationToken::new(),
             }),
@@ -212,8 +272,15 @@ impl Context {
     }
 
     /// How many claims this key has seen, this one included (1 on the first run).
+    /// On the fast path, which makes no claim: the message's receive count.
     pub fn attempt(&self) -> u32 {
         self.inner.attempt
+    }
+
+    /// The largest result (as JSON text) that is stored as is; a larger one is
+    /// stored as its SHA-256 and size, and duplicates get that digest back.
+    pub fn max_result_bytes(&self) -> usize {
+        self.inner.max_result_bytes
     }
 
     /// Stages a DynamoDB write that commits together with the dedup record, or not

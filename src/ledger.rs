@@ -6,11 +6,15 @@
 //! of the ledger table, staged into the transaction that completes the claim, so
 //! a crash at any instant applies it exactly once. A body of another shape is a
 //! permanent failure (parked with its reason).
+//!
+//! Its only effect is that staged write, so it declares
+//! [`Effects::StagedOnly`](crate::Effects::StagedOnly) and runs on the
+//! one-transaction fast path unless `SQS_ONCE_FAST_PATH=false`.
 
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use serde::Deserialize;
 
-use crate::{Context, Handler, HandlerError, HandlerResult, Message};
+use crate::{Context, Effects, Handler, HandlerError, HandlerResult, Message};
 
 /// One ledger event.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -72,5 +76,9 @@ impl Handler for LedgerHandler {
             .map_err(HandlerError::permanent)?;
         ctx.stage(TransactWriteItem::builder().update(update).build());
         Ok(None)
+    }
+
+    fn effects(&self) -> Effects {
+        Effects::StagedOnly
     }
 }

@@ -21,6 +21,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod calls;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -40,7 +41,8 @@ pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;
 pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
 pub use handler::{
-    Context, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedWrite, handler_fn,
+    Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,
+    StagedWrite, handler_fn, staged_only,
 };
 pub use key::KeySource;
 pub use message::Message;

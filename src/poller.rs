@@ -47,6 +47,11 @@ pub struct PollerConfig {
     /// Return once nothing was received for this long and nothing is in flight
     /// (`SQS_ONCE_EXIT_WHEN_IDLE`; for batch jobs, demos and tests).
     pub exit_when_idle: Option<Duration>,
+    /// How long to wait to fill a batch of 10 (`SQS_ONCE_BATCH_WAIT`, default
+    /// 1 s): a receive waits this long for ten free slots once one is free, and a
+    /// delete this long for ten receipts once one is pending. Batches of ten make
+    /// receive and delete cost 0.1 calls per message each.
+    pub batch_wait: Duration,
 }
 
 impl PollerConfig {
@@ -59,6 +64,7 @@ impl PollerConfig {
             wait_time: Duration::from_secs(20),
             drain: Duration::from_secs(25),
             exit_when_idle: None,
+            batch_wait: Duration::from_secs(1),
         }
     }
 
@@ -73,6 +79,8 @@ impl PollerConfig {
 pub struct RunStats {
     /// Messages received.
     pub received: u64,
+    /// Receives that returned no message (long polls that timed out).
+    pub empty_receives: u64,
     /// Handlers completed (effects recorded).
     pub completed: u64,
     /// Duplicates of completed work skipped.
@@ -256,14 +264,19 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
 }
 
 /// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
-/// within a batch are sent once. A batch is sent when it is full or 20 ms after
+/// within a batch are sent once. A batch is sent when it is full or `wait` after
 /// its first receipt; when the channel closes, what is pending is flushed.
 /// Failed entries are tried once more alone, then logged (the message then comes
 /// back and is skipped as a duplicate).
-async fn delete_loop(sqs: Client, queue_url: String, mut rx: mpsc::UnboundedReceiver<String>) {
+async fn delete_loop(
+    sqs: Client,
+    queue_url: String,
+    wait: Duration,
+    mut rx: mpsc::UnboundedReceiver<String>,
+) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
+        let deadline = tokio::time::Instant::now() + wait;
         while batch.len() < 10 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(receipt)) => {
@@ -335,7 +348,12 @@ pub async fn run<S: DedupStore, H: Handler>(
     shutdown: CancellationToken,
 ) -> RunStats {
     let (tx, rx) = mpsc::unbounded_channel();
-    let deleter = tokio::spawn(delete_loop(sqs.clone(), config.queue_url.clone(), rx));
+    let deleter = tokio::spawn(delete_loop(
+        sqs.clone(),
+        config.queue_url.clone(),
+        config.batch_wait,
+        rx,
+    ));
     let concurrency = config.concurrency.max(1);
     let shared = Arc::new(Shared {
         sqs: sqs.clone(),
@@ -356,10 +374,17 @@ pub async fn run<S: DedupStore, H: Handler>(
             p = permits.clone().acquire_owned() => p.expect("semaphore open"),
             () = shutdown.cancelled() => break 'receive,
         };
+        // Then up to a full batch, waiting at most `batch_wait` for the rest.
         let mut held = vec![first];
-        while held.len() < 10 {
-            match permits.clone().try_acquire_owned() {
-                Ok(p) => held.push(p),
+        let batch = concurrency.min(10);
+        let fill_by = tokio::time::Instant::now() + config.batch_wait;
+        while held.len() < batch {
+            let more = tokio::select! {
+                p = tokio::time::timeout_at(fill_by, permits.clone().acquire_owned()) => p,
+                () = shutdown.cancelled() => break 'receive,
+            };
+            match more {
+                Ok(p) => held.push(p.expect("semaphore open")),
                 Err(_) => break,
             }
         }
@@ -395,6 +420,7 @@ pub async fn run<S: DedupStore, H: Handler>(
             }
         };
         if messages.is_empty() {
+            shared.count(|s| s.empty_receives += 1);
             if let Some(idle) = config.exit_when_idle
                 && permits.available_permits() + held.len() == concurrency
                 && idle_since.elapsed() >= idle

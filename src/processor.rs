@@ -10,8 +10,11 @@ use futures::future::BoxFuture;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::{MissingKey, ProcessorConfig, SQS_MAX_VISIBILITY};
-use crate::dedup::{Claim, ClaimRequest, Completion, DedupStore, StoreError, StoredResult};
-use crate::handler::{Context, FailureKind, Handler, HandlerError};
+use crate::dedup::{
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, StoreError,
+    StoredResult,
+};
+use crate::handler::{Context, Effects, FailureKind, Handler, HandlerError};
 use crate::key::{record_key, sha256_hex};
 use crate::{Message, clock};
 
@@ -175,7 +178,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             };
             tracing::Span::current().record("dedup_key", key.as_str());
             message.set_dedup_key(key);
-            self.run_claimed(&message, &opts).await
+            if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
+                self.run_fast(&message, &opts).await
+            } else {
+                self.run_claimed(&message, &opts).await
+            }
         }
         .instrument(span.clone())
         .await;
@@ -184,23 +191,137 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     async fn run_unprotected(&self, message: &Message) -> Outcome {
-        let ctx = Context::new(&self.config.consumer, None, message.receive_count());
+        let ctx = Context::new(
+            &self.config.consumer,
+            None,
+            message.receive_count(),
+            self.config.max_result_bytes,
+        );
         match self.call_handler(message, &ctx).await {
             Ok(value) => match self.store.commit_unprotected(ctx.take_staged()).await {
                 Ok(()) => Outcome::Completed {
-                    result: value.map(|v| StoredResult::bounded(&v, self.config.max_result_bytes)),
+                    result: value.map(|v| self.bounded(&v)),
                 },
-                Err(e) => self.store_failure_outcome(message, e),
+                Err(e) => self.unrecorded_failure(message, e),
             },
-            Err(e) => match e.kind() {
-                FailureKind::Permanent => Outcome::Park {
-                    reason: format!("handler failed permanently: {e}"),
-                },
-                kind => Outcome::Retry {
-                    after: self.retry_delay(message, kind),
-                    reason: e.to_string(),
-                },
+            Err(e) => self.failure_without_record(message, &e),
+        }
+    }
+
+    /// The fast path: run the handler without a claim, then commit the
+    /// `COMPLETED` record and the staged writes in one transaction (or find the
+    /// key done and write nothing).
+    async fn run_fast(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
+        let key = message.dedup_key().expect("set by process_with");
+        let ctx = Context::new(
+            &self.config.consumer,
+            Some(key),
+            message.receive_count(),
+            self.config.max_result_bytes,
+        );
+        let handled = tokio::select! {
+            r = self.call_handler(message, &ctx) => r,
+            () = self.keep_visible(message, opts.visibility) => unreachable!("never returns"),
+            () = stopped(opts) => {
+                ctx.cancelled().cancel();
+                warn!("stopping: handler interrupted before its commit");
+                return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
+            }
+        };
+        let value = match handled {
+            Ok(value) => value,
+            Err(e) => return self.failure_without_record(message, &e),
+        };
+        let result = value.map(|v| self.bounded(&v));
+        let commit = FastCommit {
+            pk: record_key(&self.config.consumer, key),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: message.id().to_owned(),
+            payload_sha256: sha256_hex(message.body().as_bytes()),
+            result: result.clone(),
+            ttl: self.config.ttl,
+            writes: ctx.take_staged(),
+        };
+        match self.store.commit_fast(commit).await {
+            Ok(FastCommitted::Committed) => Outcome::Completed { result },
+            Ok(FastCommitted::Duplicate {
+                result,
+                payload_matches,
+            }) => duplicate(result, payload_matches),
+            Ok(FastCommitted::InFlight {
+                lease_until_ms,
+                payload_matches,
+            }) => self.in_flight(message, lease_until_ms, payload_matches),
+            Err(StoreError::WriteConditionFailed { index, kind }) => self.failure_without_record(
+                message,
+                &HandlerError::new(
+                    kind,
+                    format!("staged write #{index} failed its condition; nothing was written"),
+                ),
+            ),
+            Err(e @ StoreError::TransactionTooLarge { .. }) => Outcome::Park {
+                reason: format!("handler failed permanently: {e}"),
             },
+            Err(e) => self.unrecorded_failure(message, e),
+        }
+    }
+
+    /// A handler failure where no claim is held (fast path, unprotected).
+    fn failure_without_record(&self, message: &Message, e: &HandlerError) -> Outcome {
+        match e.kind() {
+            FailureKind::Permanent => Outcome::Park {
+                reason: format!("handler failed permanently: {e}"),
+            },
+            kind => Outcome::Retry {
+                after: self.retry_delay(message, kind),
+                reason: e.to_string(),
+            },
+        }
+    }
+
+    /// The result as recorded: as is, or its digest when over the bound.
+    fn bounded(&self, value: &serde_json::Value) -> StoredResult {
+        let result = StoredResult::bounded(value, self.config.max_result_bytes);
+        if let StoredResult::Digest { bytes, .. } = &result {
+            warn!(
+                bytes,
+                limit = self.config.max_result_bytes,
+                "result too large; stored as a digest"
+            );
+        }
+        result
+    }
+
+    /// Someone else holds the key: come back when their lease ends, or sooner by
+    /// the backoff. The other consumer usually finishes long before its lease runs
+    /// out, and the backoff grows with every receive, so this never spins.
+    fn in_flight(&self, message: &Message, lease_until_ms: i64, payload_matches: bool) -> Outcome {
+        if !payload_matches {
+            warn!("same dedup key, different payload while in flight: a producer bug");
+        }
+        let wait = (lease_until_ms - self.clock.now_ms()).max(1000);
+        Outcome::InFlight {
+            retry_after: Duration::from_millis(u64::try_from(wait).unwrap_or(1000))
+                .min(self.config.backoff(message.receive_count()))
+                .min(SQS_MAX_VISIBILITY),
+        }
+    }
+
+    /// Extends the message's visibility every heartbeat while a handler without a
+    /// claim runs (fast path). Never returns.
+    async fn keep_visible(&self, message: &Message, visibility: Option<&dyn VisibilityExtender>) {
+        let Some(v) = visibility else {
+            return std::future::pending().await;
+        };
+        let started = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(self.config.heartbeat).await;
+            if started.elapsed() + self.config.lease > self.config.max_extension {
+                return std::future::pending().await;
+            }
+            if let Err(e) = v.extend(message, self.config.lease).await {
+                warn!(error = %e, "visibility extension failed");
+            }
         }
     }
 
@@ -226,36 +347,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::Duplicate {
                 result,
                 payload_matches,
-            }) => {
-                if !payload_matches {
-                    warn!(
-                        pk = %req.pk,
-                        "same dedup key, different payload: a producer bug; treated as duplicate"
-                    );
-                }
-                info!("duplicate of completed work; skipped");
-                return Outcome::Duplicate {
-                    result,
-                    payload_matches,
-                };
-            }
+            }) => return duplicate(result, payload_matches),
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,
-            }) => {
-                if !payload_matches {
-                    warn!(pk = %req.pk, "same dedup key, different payload while in flight: a producer bug");
-                }
-                // Come back when the other lease ends, or sooner by the backoff: the
-                // other consumer usually finishes long before its lease runs out,
-                // and the backoff grows with every receive, so this never spins.
-                let wait = (lease_until_ms - self.clock.now_ms()).max(1000);
-                return Outcome::InFlight {
-                    retry_after: Duration::from_millis(u64::try_from(wait).unwrap_or(1000))
-                        .min(self.config.backoff(message.receive_count()))
-                        .min(SQS_MAX_VISIBILITY),
-                };
-            }
+            }) => return self.in_flight(message, lease_until_ms, payload_matches),
             Err(e) => {
                 warn!(error = %e, "claim failed; the handler does not run without a claim");
                 return Outcome::Retry {
@@ -266,17 +362,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         tracing::Span::current().record("attempt", attempt);
 
-        let ctx = Context::new(&self.config.consumer, Some(key), attempt);
-        let stopped = async {
-            match &opts.stop {
-                Some(t) => t.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
+        let ctx = Context::new(
+            &self.config.consumer,
+            Some(key),
+            attempt,
+            self.config.max_result_bytes,
+        );
         let handled = tokio::select! {
             r = self.call_handler(message, &ctx) => Some(r),
             () = self.heartbeat(message, &req, lease, opts) => None,
-            () = stopped => {
+            () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted, claim released");
                 self.release(&req, "interrupted by shutdown").await;
@@ -294,14 +389,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
         let failure = match handled {
             Ok(value) => {
-                let result = value.map(|v| StoredResult::bounded(&v, self.config.max_result_bytes));
-                if let Some(StoredResult::Digest { bytes, .. }) = &result {
-                    warn!(
-                        bytes,
-                        limit = self.config.max_result_bytes,
-                        "result too large; stored as a digest"
-                    );
-                }
+                let result = value.map(|v| self.bounded(&v));
                 let completion = Completion {
                     pk: req.pk.clone(),
                     owner: req.owner.clone(),
@@ -329,7 +417,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                         // Unknown after retries: release (best effort) and let the
                         // redelivery find out whether it committed.
                         self.release(&req, &format!("complete failed: {e}")).await;
-                        return self.store_failure_outcome(message, e);
+                        return self.unrecorded_failure(message, e);
                     }
                 }
             }
@@ -365,7 +453,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
-    fn store_failure_outcome(&self, message: &Message, e: StoreError) -> Outcome {
+    /// Recording the effect failed (unknown after retries): the message comes back.
+    fn unrecorded_failure(&self, message: &Message, e: StoreError) -> Outcome {
         Outcome::Retry {
             after: self.config.backoff(message.receive_count()),
             reason: format!("recording the result failed: {e}"),
@@ -441,6 +530,26 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 warn!(error = %e, "visibility extension failed");
             }
         }
+    }
+}
+
+/// Completes when the runtime asks running handlers to stop.
+async fn stopped(opts: &ProcessOptions<'_>) {
+    match &opts.stop {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A duplicate of completed work, with the recorded result.
+fn duplicate(result: Option<StoredResult>, payload_matches: bool) -> Outcome {
+    if !payload_matches {
+        warn!("same dedup key, different payload: a producer bug; treated as duplicate");
+    }
+    info!("duplicate of completed work; skipped");
+    Outcome::Duplicate {
+        result,
+        payload_matches,
     }
 }
 

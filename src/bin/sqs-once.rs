@@ -57,6 +57,10 @@ enum Command {
         /// Lambda function behind a local Runtime API and SQS event source (`lambda`).
         #[arg(long, value_enum, default_value_t = Runtime::Poller)]
         runtime: Runtime,
+        /// Claim before every event (two DynamoDB calls each) instead of the
+        /// one-transaction fast path the ledger handler qualifies for.
+        #[arg(long)]
+        general_path: bool,
     },
     /// Run a Lambda function binary locally: serve the Lambda Runtime API, start
     /// the binary against it, and feed it a queue's messages in batches as Lambda's
@@ -119,7 +123,11 @@ async fn main() -> ExitCode {
             )
             .await
         }
-        Command::Demo { events, runtime } => demo(&sdk, events, runtime).await,
+        Command::Demo {
+            events,
+            runtime,
+            general_path,
+        } => demo(&sdk, events, runtime, general_path).await,
         Command::LocalLambda {
             function,
             queue_url,
@@ -235,6 +243,7 @@ async fn demo(
     sdk: &aws_config::SdkConfig,
     events: usize,
     runtime: Runtime,
+    general_path: bool,
 ) -> Result<(), BoxError> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
@@ -300,6 +309,10 @@ async fn demo(
         ("SQS_ONCE_CONSUMER", "demo"),
         ("SQS_ONCE_DEDUP_KEY", "json:/id"),
         ("LEDGER_TABLE", &ledger_table),
+        (
+            "SQS_ONCE_FAST_PATH",
+            if general_path { "false" } else { "true" },
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -313,14 +326,20 @@ async fn demo(
         Runtime::Poller => {
             let stats = run_ledger_poller(&ledger_bin, &queues.queue_url, &env).await?;
             let n = |k: &str| stats[k].as_u64().unwrap_or(0);
-            let summary = format!(
-                "ledger poller: received {}, applied {}, duplicates skipped {}, parked {}, retried {}",
+            let mut summary = format!(
+                "ledger poller ({} path): received {}, applied {}, duplicates skipped {}, parked {}, retried {}",
+                if general_path { "general" } else { "fast" },
                 n("received"),
                 n("completed"),
                 n("duplicates"),
                 n("parked"),
                 n("retried"),
             );
+            summary.push_str(&calls_per_message(
+                &stats["calls"],
+                n("received"),
+                n("empty_receives"),
+            ));
             (Some(n("completed") as usize), summary)
         }
         Runtime::Lambda => {
@@ -454,4 +473,29 @@ async fn count_applied(
             .unwrap_or(0);
     }
     Ok(n)
+}
+
+/// AWS calls per received message by operation, without the start-up checks
+/// (Describe*, GetQueueAttributes) and the empty receives of the idle wait.
+fn calls_per_message(calls: &serde_json::Value, messages: u64, empty_receives: u64) -> String {
+    let Some(calls) = calls.as_object() else {
+        return String::new();
+    };
+    let per: Vec<(String, f64)> = calls
+        .iter()
+        .filter(|(op, _)| !op.contains(".Describe") && !op.ends_with(".GetQueueAttributes"))
+        .map(|(op, n)| {
+            let mut n = n.as_u64().unwrap_or(0);
+            if op == "SQS.ReceiveMessage" {
+                n = n.saturating_sub(empty_receives);
+            }
+            (op.clone(), n as f64 / messages.max(1) as f64)
+        })
+        .collect();
+    let total: f64 = per.iter().map(|(_, v)| v).sum();
+    let detail: Vec<String> = per.iter().map(|(op, v)| format!("{op} {v:.2}")).collect();
+    format!(
+        "\nAWS calls per message: {total:.2} ({}; plus {empty_receives} empty receives while idle)",
+        detail.join(", ")
+    )
 }

@@ -15,8 +15,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::{
-    Claim, ClaimRequest, Completion, DedupStore, Record, Status, StoreError, StoredResult,
-    check_transaction_limits, decide_conflict, describe,
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
+    StoreError, StoredResult, check_transaction_limits, decide_conflict, describe,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
@@ -343,23 +343,7 @@ impl DynamoStore {
             "SET #status = :completed, completed_at = :completed_at, expires_at = :expires_at"
                 .to_owned();
         let mut remove = vec!["lease_until"];
-        match &c.result {
-            None => remove.extend(["#result", "result_sha256", "result_bytes"]),
-            Some(StoredResult::Value(v)) => {
-                set.push_str(", #result = :result");
-                values.insert(":result".into(), s(v.to_string()));
-                remove.extend(["result_sha256", "result_bytes"]);
-            }
-            Some(StoredResult::Digest { sha256, bytes }) => {
-                set.push_str(", result_sha256 = :rsha, result_bytes = :rbytes");
-                values.insert(":rsha".into(), s(sha256));
-                values.insert(
-                    ":rbytes".into(),
-                    n(i64::try_from(*bytes).unwrap_or(i64::MAX)),
-                );
-                remove.push("#result");
-            }
-        }
+        set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
         let all = names(&[
             ("#owner", "owner"),
@@ -429,34 +413,9 @@ impl DynamoStore {
                 .await;
             match res {
                 Ok(_) => Ok(()),
-                Err(e) => match e.as_service_error() {
-                    Some(TransactWriteItemsError::TransactionCanceledException(tc)) => {
-                        let reasons = tc.cancellation_reasons();
-                        let code =
-                            |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-                        if code(0) == "ConditionalCheckFailed" {
-                            return completion_conflict(&c.pk, &c.owner, reasons[0].item());
-                        }
-                        if let Some(i) =
-                            (1..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed")
-                        {
-                            return Err(Attempt::Done(StoreError::WriteConditionFailed {
-                                index: i - 1,
-                                kind: c.writes[i - 1].on_condition_failed,
-                            }));
-                        }
-                        if let Some(i) = (0..reasons.len()).find(|&i| code(i) == "ValidationError")
-                        {
-                            return Err(Attempt::Done(StoreError::Invalid(format!(
-                                "transaction item #{i}: {}",
-                                reasons[i].message().unwrap_or("validation error")
-                            ))));
-                        }
-                        // TransactionConflict, ThrottlingError, ...: nothing was written.
-                        let all: Vec<&str> = (0..reasons.len()).map(code).collect();
-                        Err(Attempt::Again(format!("transaction cancelled: {all:?}")))
-                    }
-                    _ => Err(classify(&e)),
+                Err(e) => match transaction_failure(&e, &c.writes) {
+                    TransactionFailure::Record(item) => completion_conflict(&c.pk, &c.owner, item),
+                    TransactionFailure::Other(attempt) => Err(attempt),
                 },
             }
         })
@@ -473,6 +432,45 @@ fn conditional_failure<R>(
         UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
         _ => None,
     }
+}
+
+/// Why a transaction of the dedup record (item 0) and staged writes failed.
+enum TransactionFailure<'a> {
+    /// The record's own condition failed; the old item, when returned.
+    Record(Option<&'a HashMap<String, AttributeValue>>),
+    /// Anything else: a staged write's condition, a validation error (both
+    /// final), or a cancellation or error that wrote nothing (sent again).
+    Other(Attempt),
+}
+
+fn transaction_failure<'a, R: std::fmt::Debug>(
+    e: &'a SdkError<TransactWriteItemsError, R>,
+    writes: &[StagedWrite],
+) -> TransactionFailure<'a> {
+    let Some(TransactWriteItemsError::TransactionCanceledException(tc)) = e.as_service_error()
+    else {
+        return TransactionFailure::Other(classify(e));
+    };
+    let reasons = tc.cancellation_reasons();
+    let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+    if code(0) == "ConditionalCheckFailed" {
+        return TransactionFailure::Record(reasons[0].item());
+    }
+    if let Some(i) = (1..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
+        return TransactionFailure::Other(Attempt::Done(StoreError::WriteConditionFailed {
+            index: i - 1,
+            kind: writes[i - 1].on_condition_failed,
+        }));
+    }
+    if let Some(i) = (0..reasons.len()).find(|&i| code(i) == "ValidationError") {
+        return TransactionFailure::Other(Attempt::Done(StoreError::Invalid(format!(
+            "transaction item #{i}: {}",
+            reasons[i].message().unwrap_or("validation error")
+        ))));
+    }
+    // TransactionConflict, ThrottlingError, ...: nothing was written.
+    let all: Vec<&str> = (0..reasons.len()).map(code).collect();
+    TransactionFailure::Other(Attempt::Again(format!("transaction cancelled: {all:?}")))
 }
 
 /// The completion's fencing check failed: done already by an earlier attempt of
@@ -496,6 +494,33 @@ fn completion_conflict(
         pk: pk.to_owned(),
         found: describe(old.as_ref()),
     }))
+}
+
+/// Adds the result (value or digest) to an update's SET, and what it replaces to
+/// its REMOVE.
+fn set_result(
+    result: Option<&StoredResult>,
+    set: &mut String,
+    remove: &mut Vec<&'static str>,
+    values: &mut HashMap<String, AttributeValue>,
+) {
+    match result {
+        None => remove.extend(["#result", "result_sha256", "result_bytes"]),
+        Some(StoredResult::Value(v)) => {
+            set.push_str(", #result = :result");
+            values.insert(":result".into(), s(v.to_string()));
+            remove.extend(["result_sha256", "result_bytes"]);
+        }
+        Some(StoredResult::Digest { sha256, bytes }) => {
+            set.push_str(", result_sha256 = :rsha, result_bytes = :rbytes");
+            values.insert(":rsha".into(), s(sha256));
+            values.insert(
+                ":rbytes".into(),
+                n(i64::try_from(*bytes).unwrap_or(i64::MAX)),
+            );
+            remove.push("#result");
+        }
+    }
 }
 
 /// Only the `#names` an expression uses (DynamoDB rejects unused ones).
@@ -680,6 +705,85 @@ impl DedupStore for DynamoStore {
                 },
             },
         }
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        check_transaction_limits(&c.writes)?;
+        let now_ms = self.clock.now_ms();
+        let mut values = HashMap::from([
+            (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
+            (":now_ms".to_owned(), n(now_ms)),
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":completed".to_owned(), s(Status::Completed.as_str())),
+            (":owner".to_owned(), s(&c.owner)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(c.ttl)),
+            ),
+            (":payload".to_owned(), s(&c.payload_sha256)),
+            (":mid".to_owned(), s(&c.message_id)),
+            (":zero".to_owned(), n(0)),
+            (":one".to_owned(), n(1)),
+        ]);
+        let mut set = "SET #status = :completed, #owner = :owner, expires_at = :expires_at, \
+             payload_sha256 = :payload, message_id = :mid, claimed_at = :now_ms, \
+             completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one"
+            .to_owned();
+        let mut remove = vec!["lease_until", "#error"];
+        set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
+        let expr = format!("{set} REMOVE {}", remove.join(", "));
+        let all = names(&[
+            ("#owner", "owner"),
+            ("#status", "status"),
+            ("#result", "result"),
+            ("#error", "error"),
+        ]);
+        let record = Update::builder()
+            .table_name(&*self.table)
+            .key(KEY_ATTRIBUTE, s(&c.pk))
+            .set_expression_attribute_names(Some(used_names(
+                &all,
+                &format!("{expr} {CLAIM_CONDITION}"),
+            )))
+            .update_expression(expr)
+            .condition_expression(CLAIM_CONDITION)
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let mut items = Vec::with_capacity(c.writes.len() + 1);
+        items.push(TransactWriteItem::builder().update(record).build());
+        items.extend(c.writes.iter().map(|w| w.item.clone()));
+        let token = crate::key::sha256_hex(format!("fast#{}#{}", c.pk, c.owner).as_bytes());
+        let token = &token[..36];
+        self.retrying("commit (fast path)", || async {
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(token)
+                .send()
+                .await;
+            let Err(e) = res else {
+                return Ok(FastCommitted::Committed);
+            };
+            match transaction_failure(&e, &c.writes) {
+                TransactionFailure::Record(item) => {
+                    let Some(item) = item else {
+                        return Err(Attempt::Done(StoreError::Invalid(
+                            "conditional check failed without the old item (ALL_OLD not honoured)"
+                                .into(),
+                        )));
+                    };
+                    let old = record_from_item(item)
+                        .map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+                    Ok(c.conflict(&old, now_ms))
+                }
+                TransactionFailure::Other(attempt) => Err(attempt),
+            }
+        })
+        .await
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use super::{
-    Claim, ClaimRequest, Completion, DedupStore, Record, Status, StoreError,
-    check_transaction_limits, decide_conflict, describe,
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
+    StoreError, check_transaction_limits, decide_conflict, describe,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
@@ -209,6 +209,44 @@ impl DedupStore for MemoryStore {
                 .push(writes.into_iter().map(|w| w.item).collect());
         }
         Ok(())
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        check_transaction_limits(&c.writes)?;
+        self.check_available()?;
+        let now_ms = self.clock.now_ms();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let old = state.records.get(&c.pk);
+        if let Some(old) = old
+            && !old.claimable(now_ms)
+        {
+            return Ok(c.conflict(old, now_ms));
+        }
+        let attempts = old.map_or(0, |o| o.attempts) + 1;
+        state.records.insert(
+            c.pk.clone(),
+            Record {
+                pk: c.pk.clone(),
+                status: Status::Completed,
+                owner: Some(c.owner.clone()),
+                lease_until_ms: 0,
+                expires_at_s: expires_at(now_ms, c.ttl),
+                attempts,
+                payload_sha256: Some(c.payload_sha256.clone()),
+                result: c.result,
+                message_id: Some(c.message_id.clone()),
+                claimed_at_ms: Some(now_ms),
+                completed_at_ms: Some(now_ms),
+                error: None,
+            },
+        );
+        if !c.writes.is_empty() {
+            state
+                .committed
+                .push(c.writes.into_iter().map(|w| w.item).collect());
+        }
+        Ok(FastCommitted::Committed)
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {

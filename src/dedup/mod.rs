@@ -222,6 +222,77 @@ pub struct Completion {
     pub writes: Vec<StagedWrite>,
 }
 
+/// A fast-path commit: the `COMPLETED` record and the staged writes in one
+/// transaction, with no claim before it. The record is written only where a claim
+/// would have been taken (absent, expired, `FAILED`, or a lease that ran out).
+#[derive(Debug, Clone)]
+pub struct FastCommit {
+    /// The record key.
+    pub pk: String,
+    /// A fresh token for this attempt, stored as `owner`: an unknown outcome is
+    /// sent again with it, and a record carrying it is our own earlier commit.
+    pub owner: String,
+    /// The delivery's message id (for operators).
+    pub message_id: String,
+    /// SHA-256 of the body.
+    pub payload_sha256: String,
+    /// The result to record.
+    pub result: Option<StoredResult>,
+    /// Retention from now.
+    pub ttl: Duration,
+    /// DynamoDB writes that commit in the same transaction.
+    pub writes: Vec<StagedWrite>,
+}
+
+/// The answer to a [`FastCommit`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum FastCommitted {
+    /// The record and the writes committed.
+    Committed,
+    /// Already completed: nothing was written.
+    Duplicate {
+        /// The recorded result.
+        result: Option<StoredResult>,
+        /// False when the record was made by a different body: a producer bug.
+        payload_matches: bool,
+    },
+    /// Another consumer holds a live claim (general-path consumers of the same
+    /// records): nothing was written; try again when it ends.
+    InFlight {
+        /// The other lease's end, epoch ms.
+        lease_until_ms: i64,
+        /// False when the record was made by a different body.
+        payload_matches: bool,
+    },
+}
+
+impl FastCommit {
+    /// How a commit that lost the record's condition is answered, given the
+    /// record that was there. Shared by every store.
+    pub fn conflict(&self, old: &Record, now_ms: i64) -> FastCommitted {
+        let payload_matches = old
+            .payload_sha256
+            .as_deref()
+            .is_none_or(|p| p == self.payload_sha256);
+        match old.status {
+            // Our own earlier attempt committed; only its response was lost.
+            Status::Completed if old.owner.as_deref() == Some(self.owner.as_str()) => {
+                FastCommitted::Committed
+            }
+            Status::Completed => FastCommitted::Duplicate {
+                result: old.result.clone(),
+                payload_matches,
+            },
+            // A live lease of a general-path consumer (or, with clock skew, one
+            // that only looks claimable to us).
+            _ => FastCommitted::InFlight {
+                lease_until_ms: old.lease_until_ms.max(now_ms),
+                payload_matches,
+            },
+        }
+    }
+}
+
 /// DynamoDB's transaction limits, counting the dedup record.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's 4 MB aggregate transaction size.
@@ -308,6 +379,13 @@ pub trait DedupStore: Send + Sync + 'static {
         &self,
         writes: Vec<StagedWrite>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The fast path: writes the `COMPLETED` record together with the staged
+    /// writes in one transaction, where a claim would have been taken.
+    fn commit_fast(
+        &self,
+        c: FastCommit,
+    ) -> impl Future<Output = Result<FastCommitted, StoreError>> + Send;
 
     /// Reads a record.
     fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqs_once::clock::{Clock, ManualClock};
-use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::{Claim, DedupStore, Status, StoreError, StoredResult};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -286,6 +286,149 @@ pub async fn hashed_long_keys_work<S: DedupStore>(store: &S, _clock: &ManualCloc
     ));
 }
 
+fn fast(pk: &str, payload: &str, result: Option<serde_json::Value>) -> FastCommit {
+    FastCommit {
+        pk: pk.to_owned(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: uuid::Uuid::new_v4().to_string(),
+        payload_sha256: sqs_once::key::sha256_hex(payload.as_bytes()),
+        result: result.map(StoredResult::Value),
+        ttl: TTL,
+        writes: vec![],
+    }
+}
+
+pub async fn fast_commit_records_completed_once_and_then_is_a_duplicate<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let a = fast("c#fast", "body", Some(serde_json::json!({"ok": 1})));
+    assert_eq!(
+        store.commit_fast(a.clone()).await.unwrap(),
+        FastCommitted::Committed
+    );
+    let rec = store.get("c#fast").await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Completed);
+    assert_eq!(rec.owner.as_deref(), Some(a.owner.as_str()));
+    assert_eq!(rec.attempts, 1);
+    assert_eq!(rec.expires_at_s, clock.now_ms() / 1000 + 3600);
+    // The same commit sent again (its response was lost) is ours, not a duplicate.
+    assert_eq!(
+        store.commit_fast(a.clone()).await.unwrap(),
+        FastCommitted::Committed
+    );
+    // Another delivery of the key: a duplicate with the stored result, by both paths.
+    assert_eq!(
+        store
+            .commit_fast(fast("c#fast", "body", None))
+            .await
+            .unwrap(),
+        FastCommitted::Duplicate {
+            result: Some(StoredResult::Value(serde_json::json!({"ok": 1}))),
+            payload_matches: true
+        }
+    );
+    assert!(matches!(
+        store.claim(&req("c#fast", "other body")).await.unwrap(),
+        Claim::Duplicate {
+            payload_matches: false,
+            ..
+        }
+    ));
+    assert_eq!(
+        store.get("c#fast").await.unwrap().unwrap().owner.as_deref(),
+        Some(a.owner.as_str())
+    );
+}
+
+pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    // A general-path consumer holds a live claim: in flight, nothing written.
+    let held = req("c#fast-held", "body");
+    store.claim(&held).await.unwrap();
+    assert_eq!(
+        store
+            .commit_fast(fast("c#fast-held", "body", None))
+            .await
+            .unwrap(),
+        FastCommitted::InFlight {
+            lease_until_ms: clock.now_ms() + 30_000,
+            payload_matches: true
+        }
+    );
+    // A FAILED record (a parked message being redriven) does not block.
+    let failed = req("c#fast-failed", "body");
+    store.claim(&failed).await.unwrap();
+    store
+        .mark_failed(&failed.pk, &failed.owner, "bad", TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .commit_fast(fast("c#fast-failed", "body", None))
+            .await
+            .unwrap(),
+        FastCommitted::Committed
+    );
+    assert_eq!(
+        store.get("c#fast-failed").await.unwrap().unwrap().attempts,
+        2
+    );
+    // An expired record is decided by the clock, not by TTL deletion.
+    store
+        .commit_fast(fast("c#fast-exp", "body", None))
+        .await
+        .unwrap();
+    clock.advance(TTL + Duration::from_secs(2));
+    assert_eq!(
+        store
+            .commit_fast(fast("c#fast-exp", "body", None))
+            .await
+            .unwrap(),
+        FastCommitted::Committed
+    );
+    // The held lease ran out long ago: the key can be committed now.
+    assert_eq!(
+        store
+            .commit_fast(fast("c#fast-held", "body", None))
+            .await
+            .unwrap(),
+        FastCommitted::Committed
+    );
+    assert!(
+        matches!(
+            store.complete(completion(&held, None)).await,
+            Err(StoreError::LeaseLost { .. })
+        ),
+        "the old owner is fenced"
+    );
+}
+
+pub async fn fifty_concurrent_fast_commits_yield_one_committed<S: DedupStore>(
+    store: Arc<S>,
+    _clock: &ManualClock,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let store = store.clone();
+        tasks.spawn(async move { store.commit_fast(fast("c#fast-race", "body", None)).await });
+    }
+    let (mut committed, mut duplicates) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(FastCommitted::Committed) => committed += 1,
+            Ok(FastCommitted::Duplicate { .. }) => duplicates += 1,
+            // Concurrent transactions on one item may be cancelled as conflicting
+            // and not settle within the retries: nothing was written by those.
+            Err(StoreError::Unavailable(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(committed, 1, "{duplicates} duplicates");
+}
+
 macro_rules! contract_suite {
     ($make:path) => {
         contract_suite!(@one $make, first_claim_acquires);
@@ -299,6 +442,14 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, retry_with_same_token_after_commit_is_idempotent);
         contract_suite!(@one $make, failed_record_does_not_block_a_redrive);
         contract_suite!(@one $make, hashed_long_keys_work);
+        contract_suite!(@one $make, fast_commit_records_completed_once_and_then_is_a_duplicate);
+        contract_suite!(@one $make, fast_commit_respects_claims_failures_and_expiry);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn fifty_concurrent_fast_commits_yield_one_committed() {
+            let (store, clock) = $make().await;
+            super::fifty_concurrent_fast_commits_yield_one_committed(std::sync::Arc::new(store), &clock).await;
+        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn fifty_concurrent_claims_yield_one_acquired() {

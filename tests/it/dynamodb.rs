@@ -12,10 +12,10 @@ use aws_sdk_dynamodb::types::{
 };
 use sqs_once::config::ProcessorConfig;
 use sqs_once::dedup::dynamodb::TableCheckError;
-use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::{
     Claim, Context, DedupStore, DynamoStore, FailureKind, Handler, HandlerError, HandlerResult,
-    Message, Outcome, Processor, Status, StoreError,
+    Message, Outcome, Processor, Status, StoreError, StoredResult,
 };
 
 use crate::common::{ddb, ddb_losing, dedup_table, unique};
@@ -237,6 +237,99 @@ async fn lost_complete_response_applies_the_effect_once() {
         (250, 1),
         "applied exactly once"
     );
+}
+
+#[tokio::test]
+async fn lost_fast_commit_response_applies_the_effect_once() {
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let (client, lost) = ddb_losing("TransactWriteItems", 2).await;
+    let store = DynamoStore::new(client, dedup);
+    let commit = FastCommit {
+        pk: "c#lost-fast".into(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: "m".into(),
+        payload_sha256: "p".into(),
+        result: None,
+        ttl: TTL,
+        writes: vec![staged(add_to(&ledger, "acct", 250), FailureKind::Retry)],
+    };
+    assert_eq!(
+        store.commit_fast(commit.clone()).await.unwrap(),
+        FastCommitted::Committed,
+        "the retry with the same token finds its own commit"
+    );
+    assert_eq!(lost.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        balance(&plain, &ledger, "acct").await,
+        (250, 1),
+        "applied exactly once"
+    );
+    // Another delivery of the key writes nothing.
+    let again = FastCommit {
+        owner: uuid::Uuid::new_v4().to_string(),
+        ..commit
+    };
+    assert!(matches!(
+        store.commit_fast(again).await.unwrap(),
+        FastCommitted::Duplicate { .. }
+    ));
+    assert_eq!(balance(&plain, &ledger, "acct").await, (250, 1));
+}
+
+#[tokio::test]
+async fn fast_commit_with_a_failing_staged_condition_writes_nothing() {
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let store = DynamoStore::new(plain.clone(), dedup);
+    let commit = FastCommit {
+        pk: "c#fast-cond".into(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: "m".into(),
+        payload_sha256: "p".into(),
+        result: None,
+        ttl: TTL,
+        writes: vec![
+            staged(add_to(&ledger, "acct", 5), FailureKind::Retry),
+            staged(require_exists(&ledger, "nobody"), FailureKind::Permanent),
+        ],
+    };
+    assert!(matches!(
+        store.commit_fast(commit).await,
+        Err(StoreError::WriteConditionFailed {
+            index: 1,
+            kind: FailureKind::Permanent
+        })
+    ));
+    assert_eq!(store.get("c#fast-cond").await.unwrap(), None, "no record");
+    assert_eq!(balance(&plain, &ledger, "acct").await, (0, 0), "no effect");
+}
+
+#[tokio::test]
+async fn fast_path_transaction_over_the_limits_is_a_clear_error_and_writes_nothing() {
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let store = DynamoStore::new(plain.clone(), dedup);
+    let writes = (0..100)
+        .map(|i| staged(add_to(&ledger, &format!("acct-{i}"), 1), FailureKind::Retry))
+        .collect();
+    let commit = FastCommit {
+        pk: "c#fast-big".into(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: "m".into(),
+        payload_sha256: "p".into(),
+        result: None,
+        ttl: TTL,
+        writes,
+    };
+    let err = store.commit_fast(commit).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::TransactionTooLarge { items: 100, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("at most 99 items"), "{err}");
+    assert_eq!(store.get("c#fast-big").await.unwrap(), None);
+    assert_eq!(balance(&plain, &ledger, "acct-0").await, (0, 0));
 }
 
 #[tokio::test]
@@ -480,4 +573,78 @@ async fn dynamodb_unavailable_means_no_handler_runs() {
         "{o:?}"
     );
     assert!(!ran.load(Ordering::SeqCst));
+}
+
+/// A handler that stages one ledger write and returns a result of `size` bytes
+/// (as JSON text), on the fast path or the general one.
+async fn results_round_trip(fast: bool) {
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let table = ledger.clone();
+    let handler = sqs_once::handler_fn(move |m: Message, ctx: Context| {
+        let table = table.clone();
+        async move {
+            let size: usize = m.body().parse().unwrap();
+            assert_eq!(ctx.max_result_bytes(), 64, "the handler knows the bound");
+            ctx.stage(add_to(&table, "acct", 1));
+            // A JSON string of `size` bytes including its quotes.
+            Ok(Some(serde_json::Value::String("x".repeat(size - 2))))
+        }
+    });
+    let mut config = ProcessorConfig::new("results");
+    config.max_result_bytes = 64;
+    config.fast_path = fast;
+    let store = DynamoStore::new(plain.clone(), dedup);
+    let p = Processor::new(store, sqs_once::staged_only(handler), config).unwrap();
+
+    let small = serde_json::Value::String("x".repeat(38));
+    let first = p.process(Message::new("m-small", "40")).await;
+    assert_eq!(
+        first,
+        Outcome::Completed {
+            result: Some(StoredResult::Value(small.clone()))
+        }
+    );
+    let again = p.process(Message::new("m-small", "40")).await;
+    assert_eq!(
+        again,
+        Outcome::Duplicate {
+            result: Some(StoredResult::Value(small)),
+            payload_matches: true
+        },
+        "a redelivery gets the stored result"
+    );
+
+    let big = p.process(Message::new("m-big", "1000")).await;
+    let Outcome::Completed {
+        result: Some(StoredResult::Digest { sha256, bytes }),
+    } = big
+    else {
+        panic!("over the bound: stored as a digest, not failed: {big:?}");
+    };
+    assert_eq!(bytes, 1000);
+    let expected = sqs_once::key::sha256_hex(format!("\"{}\"", "x".repeat(998)).as_bytes());
+    assert_eq!(sha256, expected);
+    assert_eq!(
+        p.process(Message::new("m-big", "1000")).await,
+        Outcome::Duplicate {
+            result: Some(StoredResult::Digest { sha256, bytes }),
+            payload_matches: true
+        }
+    );
+    assert_eq!(
+        balance(&plain, &ledger, "acct").await,
+        (2, 2),
+        "each effect once"
+    );
+}
+
+#[tokio::test]
+async fn results_are_stored_and_returned_to_duplicates_on_the_fast_path() {
+    results_round_trip(true).await;
+}
+
+#[tokio::test]
+async fn results_are_stored_and_returned_to_duplicates_on_the_general_path() {
+    results_round_trip(false).await;
 }

@@ -34,12 +34,13 @@ fn events(n: usize) -> (Vec<String>, HashMap<String, (i64, i64)>) {
     (bodies, expected)
 }
 
-async fn pollers_apply_each_event_once(k: usize) {
+/// `k` pollers on 60 events of which every third is sent twice (33%).
+async fn pollers_apply_each_event_once(k: usize, env: &[(&str, &str)]) {
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let (bodies, expected) = events(60);
     send_all(&sqs, &l.queues.queue_url, &bodies).await;
-    let received: u64 = run_until_drained(&l, &sqs, k, &[])
+    let received: u64 = run_until_drained(&l, &sqs, k, env)
         .await
         .iter()
         .map(|s| s["received"].as_u64().unwrap())
@@ -64,12 +65,17 @@ async fn pollers_apply_each_event_once(k: usize) {
 
 #[tokio::test]
 async fn two_pollers_apply_every_event_exactly_once() {
-    pollers_apply_each_event_once(2).await;
+    pollers_apply_each_event_once(2, &[]).await;
 }
 
 #[tokio::test]
-async fn four_pollers_apply_every_event_exactly_once() {
-    pollers_apply_each_event_once(4).await;
+async fn four_pollers_on_the_fast_path_apply_every_event_exactly_once() {
+    pollers_apply_each_event_once(4, &[]).await;
+}
+
+#[tokio::test]
+async fn four_pollers_on_the_general_path_apply_every_event_exactly_once() {
+    pollers_apply_each_event_once(4, &[("SQS_ONCE_FAST_PATH", "false")]).await;
 }
 
 #[tokio::test]
@@ -214,7 +220,12 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
     let (bodies, expected) = events(12);
     send_all(&sqs, &l.queues.queue_url, &bodies).await;
     // Handlers take 1 s; the drain deadline of 8 s lets the running ones finish.
-    let env = [("LEDGER_WORK", "1s"), ("SQS_ONCE_DRAIN", "8s")];
+    // The general path: the test watches for a claim to know a handler runs.
+    let env = [
+        ("LEDGER_WORK", "1s"),
+        ("SQS_ONCE_DRAIN", "8s"),
+        ("SQS_ONCE_FAST_PATH", "false"),
+    ];
     let stats = stop_mid_work(&l, &ddb, &env, Duration::from_secs(12)).await;
     let finished = stats["completed"].as_u64().unwrap() + stats["duplicates"].as_u64().unwrap();
     assert!(
@@ -236,7 +247,11 @@ async fn sigterm_past_the_drain_deadline_releases_unfinished_work() {
     let (bodies, expected) = events(6);
     send_all(&sqs, &l.queues.queue_url, &bodies).await;
     // Handlers take 30 s; the drain deadline is 1 s: they are interrupted and released.
-    let env = [("LEDGER_WORK", "30s"), ("SQS_ONCE_DRAIN", "1s")];
+    let env = [
+        ("LEDGER_WORK", "30s"),
+        ("SQS_ONCE_DRAIN", "1s"),
+        ("SQS_ONCE_FAST_PATH", "false"),
+    ];
     let stats = stop_mid_work(&l, &ddb, &env, Duration::from_secs(10)).await;
     assert_eq!(stats["completed"], 0, "{stats}");
     assert!(
@@ -390,6 +405,7 @@ async fn sigkill_mid_handler_loses_nothing_and_applies_once_after_restart() {
         ("LEDGER_WORK", "4s"),
         ("SQS_ONCE_LEASE", "3s"),
         ("SQS_ONCE_HEARTBEAT", "1s"),
+        ("SQS_ONCE_FAST_PATH", "false"),
     ];
     let mut first = l.command(&slow).spawn().unwrap();
     let body = r#"{"id":"evt-kill","account":"k","amount_cents":42}"#.to_owned();
@@ -433,4 +449,57 @@ async fn sigkill_mid_handler_loses_nothing_and_applies_once_after_restart() {
     use sqs_once::DedupStore;
     let rec = store.get("ledger#evt-kill").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.attempts), (sqs_once::Status::Completed, 2));
+}
+
+#[tokio::test]
+async fn fast_path_sigkill_before_the_commit_loses_nothing_and_applies_once() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::with_visibility(&sqs, &ddb, 3).await;
+    // Visibility is extended by the lease each heartbeat: keep both short so the
+    // killed poller's message comes back soon.
+    let slow = [
+        ("LEDGER_WORK", "30s"),
+        ("SQS_ONCE_LEASE", "3s"),
+        ("SQS_ONCE_HEARTBEAT", "1s"),
+    ];
+    let mut first = l.command(&slow).spawn().unwrap();
+    let body = r#"{"id":"evt-kill","account":"k","amount_cents":42}"#.to_owned();
+    send_all(&sqs, &l.queues.queue_url, &[body]).await;
+    // Received (in flight) means its handler runs: nothing is recorded before the commit.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while in_flight(&sqs, &l.queues.queue_url).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never received");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.kill().await.unwrap();
+    let scan = ddb.scan().table_name(&l.dedup).send().await.unwrap();
+    assert_eq!(scan.count, 0, "no record before the commit");
+    assert!(ledger_rows(&ddb, &l.ledger).await.is_empty());
+
+    run_until_drained(&l, &sqs, 1, &[]).await;
+    assert_eq!(
+        ledger_rows(&ddb, &l.ledger).await,
+        HashMap::from([("k".to_owned(), (42, 1))])
+    );
+    let store = DynamoStore::new(ddb.clone(), l.dedup.clone());
+    use sqs_once::DedupStore;
+    let rec = store.get("ledger#evt-kill").await.unwrap().unwrap();
+    assert_eq!(rec.status, sqs_once::Status::Completed);
+}
+
+/// Messages received and not yet deleted or made visible.
+async fn in_flight(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(
+            aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        )
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default()
+        .values()
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum()
 }
