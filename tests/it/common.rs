@@ -216,7 +216,12 @@ impl Ledger {
 
     /// The `ledger` binary configured for these resources.
     pub fn command(&self, extra: &[(&str, &str)]) -> tokio::process::Command {
-        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_ledger"));
+        self.command_for(env!("CARGO_BIN_EXE_ledger"), extra)
+    }
+
+    /// A consumer binary configured for these resources.
+    pub fn command_for(&self, bin: &str, extra: &[(&str, &str)]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(bin);
         c.env("SQS_ONCE_QUEUE_URL", &self.queues.queue_url)
             .env("SQS_ONCE_DLQ_URL", &self.queues.dlq_url)
             .env("SQS_ONCE_TABLE", &self.dedup)
@@ -270,4 +275,53 @@ pub async fn bodies_with_reasons(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(S
     }
     out.sort();
     out
+}
+
+/// Runs `k` pollers until the source queue is empty (visible and in flight:
+/// retries and in-flight duplicates can be invisible for a backoff, so idleness
+/// is not enough), then stops them with SIGTERM; returns their stats lines.
+pub async fn run_until_drained(
+    l: &Ledger,
+    sqs: &aws_sdk_sqs::Client,
+    k: usize,
+    env: &[(&str, &str)],
+) -> Vec<serde_json::Value> {
+    run_until_drained_with(l, sqs, k, env!("CARGO_BIN_EXE_ledger"), env).await
+}
+
+/// [`run_until_drained`] with another consumer binary.
+pub async fn run_until_drained_with(
+    l: &Ledger,
+    sqs: &aws_sdk_sqs::Client,
+    k: usize,
+    bin: &str,
+    env: &[(&str, &str)],
+) -> Vec<serde_json::Value> {
+    let children: Vec<_> = (0..k)
+        .map(|_| l.command_for(bin, env).spawn().unwrap())
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while depth(sqs, &l.queues.queue_url).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue did not drain in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut stats = Vec::new();
+    for child in children {
+        let pid = child.id().unwrap().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .expect("a poller stops on SIGTERM")
+            .unwrap();
+        assert!(out.status.success(), "{:?}", out.status);
+        stats.push(serde_json::from_slice(&out.stdout).unwrap());
+    }
+    stats
 }

@@ -5,4 +5,5 @@ mod common;
 mod contract;
 mod dynamodb;
 mod lambda;
+mod payments;
 mod poller;

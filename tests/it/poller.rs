@@ -12,7 +12,8 @@ use sqs_once::{DynamoStore, HandlerError, Message, Processor, handler_fn};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
-    Ledger, bodies_with_reasons, ddb, dedup_table, depth, ledger_rows, queues, send_all, sqs,
+    Ledger, bodies_with_reasons, ddb, dedup_table, depth, ledger_rows, queues, run_until_drained,
+    send_all, sqs,
 };
 
 /// Events for 5 accounts; every third sent twice. Returns bodies and expected rows.
@@ -158,42 +159,6 @@ async fn stop_mid_work(
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Runs `k` pollers until the source queue is empty (visible and in flight:
-/// retries and in-flight duplicates can be invisible for a backoff, so idleness
-/// is not enough), then stops them with SIGTERM; returns their stats lines.
-async fn run_until_drained(
-    l: &Ledger,
-    sqs: &aws_sdk_sqs::Client,
-    k: usize,
-    env: &[(&str, &str)],
-) -> Vec<serde_json::Value> {
-    let children: Vec<_> = (0..k).map(|_| l.command(env).spawn().unwrap()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while depth(sqs, &l.queues.queue_url).await > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the queue did not drain in 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let mut stats = Vec::new();
-    for child in children {
-        let pid = child.id().unwrap().to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-            .await
-            .expect("a poller stops on SIGTERM")
-            .unwrap();
-        assert!(out.status.success(), "{:?}", out.status);
-        stats.push(serde_json::from_slice(&out.stdout).unwrap());
-    }
-    stats
 }
 
 /// Runs a fresh poller until the queue is drained and checks every event
