@@ -60,6 +60,10 @@ pub struct RuntimeArgs {
     /// How long a receive waits for ten free slots, and a delete for ten receipts.
     #[arg(long, env = "SQS_ONCE_BATCH_WAIT", default_value = "1s")]
     pub batch_wait: String,
+    /// How often the poller prints its counters as CloudWatch EMF lines on stdout
+    /// (`0s`: never; Lambda prints them after every invocation).
+    #[arg(long, env = "SQS_ONCE_METRICS_INTERVAL", default_value = "60s")]
+    pub metrics_interval: String,
     /// Exit once idle this long with nothing in flight (batch runs, demos, tests).
     #[arg(long, env = "SQS_ONCE_EXIT_WHEN_IDLE")]
     pub exit_when_idle: Option<String>,
@@ -125,6 +129,8 @@ impl RuntimeArgs {
             });
         }
         q.batch_wait = parse_duration("SQS_ONCE_BATCH_WAIT", &self.batch_wait)?;
+        let every = parse_duration("SQS_ONCE_METRICS_INTERVAL", &self.metrics_interval)?;
+        q.metrics_interval = (!every.is_zero()).then_some(every);
         q.exit_when_idle = self
             .exit_when_idle
             .as_deref()
@@ -141,6 +147,7 @@ impl RuntimeArgs {
             concurrency: self.concurrency,
             margin: parse_duration("SQS_ONCE_LAMBDA_MARGIN", &self.lambda_margin)?,
             queue_url: self.queue_url.clone().filter(|u| !u.is_empty()),
+            emf: true,
         };
         Ok((p, l))
     }

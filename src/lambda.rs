@@ -57,6 +57,9 @@ pub struct LambdaConfig {
     /// The source queue's URL; by default it is looked up from each record's
     /// `eventSourceARN` (one `GetQueueUrl` per queue, cached).
     pub queue_url: Option<String>,
+    /// Print the processor's counters as EMF lines on stdout after every
+    /// invocation (the binaries turn this on).
+    pub emf: bool,
 }
 
 impl Default for LambdaConfig {
@@ -66,6 +69,7 @@ impl Default for LambdaConfig {
             concurrency: 10,
             margin: Duration::from_secs(3),
             queue_url: None,
+            emf: false,
         }
     }
 }
@@ -157,6 +161,10 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         };
         failed.sort_unstable_by_key(|(index, _)| *index);
         info!(records = total, failed = failed.len(), fifo, "batch done");
+        if self.inner.config.emf {
+            let processor = &self.inner.processor;
+            crate::metrics::print_emf(&processor.metrics().take(), &processor.config().consumer);
+        }
         let mut response = SqsBatchResponse::default();
         response.batch_item_failures = failed
             .into_iter()

@@ -32,6 +32,7 @@ pub mod lambda;
 pub mod ledger;
 pub mod local_lambda;
 mod message;
+pub mod metrics;
 pub mod payments;
 pub mod poller;
 pub mod processor;

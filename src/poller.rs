@@ -52,6 +52,9 @@ pub struct PollerConfig {
     /// delete this long for ten receipts once one is pending. Batches of ten make
     /// receive and delete cost 0.1 calls per message each.
     pub batch_wait: Duration,
+    /// Print the processor's counters as EMF lines on stdout this often, and
+    /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
+    pub metrics_interval: Option<Duration>,
 }
 
 impl PollerConfig {
@@ -65,6 +68,7 @@ impl PollerConfig {
             drain: Duration::from_secs(25),
             exit_when_idle: None,
             batch_wait: Duration::from_secs(1),
+            metrics_interval: None,
         }
     }
 
@@ -365,6 +369,17 @@ pub async fn run<S: DedupStore, H: Handler>(
     });
     let permits = Arc::new(Semaphore::new(concurrency));
     let tracker = TaskTracker::new();
+    let metrics_task = config.metrics_interval.map(|every| {
+        let processor = shared.processor.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                let consumer = &processor.config().consumer;
+                crate::metrics::print_emf(&processor.metrics().take(), consumer);
+            }
+        })
+    });
     let mut error_backoff = Duration::from_millis(200);
     let mut idle_since = tokio::time::Instant::now();
 
@@ -492,6 +507,11 @@ pub async fn run<S: DedupStore, H: Handler>(
         warn!(drain = ?config.drain, "drain deadline reached; interrupting and releasing unfinished work");
         shared.stop.cancel();
         tracker.wait().await;
+    }
+    if let Some(task) = metrics_task {
+        task.abort();
+        let consumer = &shared.processor.config().consumer;
+        crate::metrics::print_emf(&shared.processor.metrics().take(), consumer);
     }
     let stats = shared.stats.lock().expect("stats lock").clone();
     drop(shared);

@@ -16,6 +16,7 @@ use crate::dedup::{
 };
 use crate::handler::{Context, Effects, FailureKind, Handler, HandlerError};
 use crate::key::{record_key, sha256_hex};
+use crate::metrics::Metrics;
 use crate::{Message, clock};
 
 /// What the runtime must do with a message after processing.
@@ -106,6 +107,7 @@ pub struct Processor<S, H> {
     handler: Arc<H>,
     config: Arc<ProcessorConfig>,
     clock: Arc<dyn clock::Clock>,
+    metrics: Arc<Metrics>,
 }
 
 impl<S, H> Clone for Processor<S, H> {
@@ -115,6 +117,7 @@ impl<S, H> Clone for Processor<S, H> {
             handler: self.handler.clone(),
             config: self.config.clone(),
             clock: self.clock.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -132,6 +135,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             handler: Arc::new(handler),
             config: Arc::new(config),
             clock: Arc::new(clock::SystemClock),
+            metrics: Arc::default(),
         })
     }
 
@@ -143,6 +147,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// What this processor (and its clones) did; see [`crate::metrics`].
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Processes one message with no visibility extension.
@@ -187,6 +196,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         .instrument(span.clone())
         .await;
         span.record("outcome", outcome.name());
+        self.metrics.outcome(&outcome);
         outcome
     }
 
@@ -319,8 +329,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             if started.elapsed() + self.config.lease > self.config.max_extension {
                 return std::future::pending().await;
             }
-            if let Err(e) = v.extend(message, self.config.lease).await {
-                warn!(error = %e, "visibility extension failed");
+            match v.extend(message, self.config.lease).await {
+                Ok(()) => self.metrics.heartbeat_extension(),
+                Err(e) => warn!(error = %e, "visibility extension failed"),
             }
         }
     }
@@ -380,6 +391,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         let Some(handled) = handled else {
             ctx.cancelled().cancel();
+            self.metrics.lease_lost();
             error!(pk = %req.pk, "lease lost while the handler ran; handler cancelled, its effect not recorded");
             return Outcome::Retry {
                 after: self.config.backoff(message.receive_count()),
@@ -407,6 +419,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                         HandlerError::permanent(e.to_string())
                     }
                     Err(e @ StoreError::LeaseLost { .. }) => {
+                        self.metrics.lease_lost();
                         error!(error = %e, "complete failed the fencing check: lease lost; the effect was not recorded");
                         return Outcome::Retry {
                             after: self.config.backoff(message.receive_count()),
@@ -473,10 +486,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         message: &Message,
         ctx: &Context,
     ) -> Result<Option<serde_json::Value>, HandlerError> {
-        match AssertUnwindSafe(self.handler.handle(message, ctx))
+        let started = tokio::time::Instant::now();
+        let handled = AssertUnwindSafe(self.handler.handle(message, ctx))
             .catch_unwind()
-            .await
-        {
+            .await;
+        self.metrics.handler_latency(started.elapsed());
+        match handled {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -517,7 +532,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 std::future::pending::<()>().await;
             }
             match self.store.extend_lease(&req.pk, &req.owner, lease).await {
-                Ok(()) => {}
+                Ok(()) => self.metrics.heartbeat_extension(),
                 Err(StoreError::LeaseLost { found, .. }) => {
                     warn!(%found, "lease lost");
                     return;

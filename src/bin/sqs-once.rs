@@ -446,6 +446,7 @@ async fn run_ledger_poller(
     Ok(serde_json::from_slice(
         out.stdout
             .split(|b| *b == b'\n')
+            .rev()
             .find(|l| l.starts_with(b"{"))
             .unwrap_or(b"{}"),
     )?)

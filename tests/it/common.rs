@@ -289,7 +289,8 @@ pub async fn run_until_drained(
     run_until_drained_with(l, sqs, k, env!("CARGO_BIN_EXE_ledger"), env).await
 }
 
-/// [`run_until_drained`] with another consumer binary.
+/// [`run_until_drained`] with another consumer binary. Each poller's stats line
+/// comes with its EMF lines under `"emf"`.
 pub async fn run_until_drained_with(
     l: &Ledger,
     sqs: &aws_sdk_sqs::Client,
@@ -321,7 +322,29 @@ pub async fn run_until_drained_with(
             .expect("a poller stops on SIGTERM")
             .unwrap();
         assert!(out.status.success(), "{:?}", out.status);
-        stats.push(serde_json::from_slice(&out.stdout).unwrap());
+        let mut line = stats_line(&out.stdout);
+        line["emf"] = serde_json::Value::Array(emf_lines(&out.stdout));
+        stats.push(line);
     }
     stats
+}
+
+/// The poller's stats: the last line of its stdout (EMF metric lines come before).
+pub fn stats_line(stdout: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(stdout);
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("{}");
+    serde_json::from_str(last).unwrap()
+}
+
+/// The EMF lines (objects with `_aws`) in a process's stdout.
+pub fn emf_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("_aws").is_some())
+        .collect()
 }

@@ -158,7 +158,7 @@ async fn stop_mid_work(
         .expect("exits within the drain deadline")
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::common::stats_line(&out.stdout)
 }
 
 /// Runs a fresh poller until the queue is drained and checks every event
@@ -467,4 +467,47 @@ async fn in_flight(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
         .values()
         .map(|v| v.parse::<u64>().unwrap())
         .sum()
+}
+
+#[tokio::test]
+async fn emf_lines_count_what_the_poller_did() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let (mut bodies, _) = events(30);
+    bodies.push("not json".into());
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    let runs = run_until_drained(&l, &sqs, 1, &[("SQS_ONCE_METRICS_INTERVAL", "1s")]).await;
+    let (stats, emf) = (&runs[0], runs[0]["emf"].as_array().unwrap());
+    assert!(!emf.is_empty(), "no EMF line printed");
+    let sum = |name: &str| -> u64 { emf.iter().map(|l| l[name].as_u64().unwrap_or(0)).sum() };
+    for line in emf {
+        let directive = &line["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(directive["Namespace"], "sqs-once");
+        assert_eq!(directive["Dimensions"], serde_json::json!([["Consumer"]]));
+        assert_eq!(line["Consumer"], "ledger");
+        assert!(line["_aws"]["Timestamp"].as_i64().unwrap() > 1_700_000_000_000);
+        for def in directive["Metrics"].as_array().unwrap() {
+            assert!(
+                !line[def["Name"].as_str().unwrap()].is_null(),
+                "{def} missing"
+            );
+        }
+    }
+    assert_eq!(sum("Processed"), 30, "{emf:?}");
+    assert_eq!(sum("DuplicatesSkipped"), 10);
+    assert_eq!(sum("PermanentFailures"), 1);
+    assert_eq!(sum("Processed"), stats["completed"].as_u64().unwrap());
+    assert_eq!(
+        sum("DuplicatesSkipped"),
+        stats["duplicates"].as_u64().unwrap()
+    );
+    let latencies: usize = emf
+        .iter()
+        .filter_map(|l| l["HandlerLatency"].as_array())
+        .map(Vec::len)
+        .sum();
+    assert_eq!(
+        latencies, 41,
+        "one handler run per received message on the fast path"
+    );
 }
