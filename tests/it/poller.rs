@@ -506,8 +506,7 @@ async fn emf_lines_count_what_the_poller_did() {
         .filter_map(|l| l["HandlerLatency"].as_array())
         .map(Vec::len)
         .sum();
-    assert_eq!(
-        latencies, 41,
-        "one handler run per received message on the fast path"
-    );
+    // The fast path runs the handler for duplicates too; the keyless body never
+    // reaches it.
+    assert_eq!(latencies, 40, "one handler run per keyed message");
 }
