@@ -33,6 +33,7 @@ pub mod ledger;
 pub mod local_lambda;
 mod message;
 pub mod metrics;
+pub mod ops;
 pub mod payments;
 pub mod poller;
 pub mod processor;

@@ -133,6 +133,83 @@ pub struct QueuePair {
     pub dlq_url: String,
 }
 
+/// The queue and DLQ names [`ensure_queue_with_dlq`] uses for `name`.
+fn queue_names(name: &str, fifo: bool) -> (String, String) {
+    let base = name.trim_end_matches(".fifo");
+    if fifo {
+        (format!("{base}.fifo"), format!("{base}-dlq.fifo"))
+    } else {
+        (base.to_owned(), format!("{base}-dlq"))
+    }
+}
+
+/// Checks, changing nothing, that the queue `name` and its `name-dlq` exist and
+/// that the queue's redrive policy sends to that DLQ.
+pub async fn check_queue_with_dlq(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    fifo: bool,
+) -> Result<QueuePair, SetupError> {
+    let (qname, dname) = queue_names(name, fifo);
+    let url_of = |n: String| async move {
+        client
+            .get_queue_url()
+            .queue_name(&n)
+            .send()
+            .await
+            .map_err(|e| SetupError {
+                what: format!("queue {n}"),
+                reason: e
+                    .as_service_error()
+                    .filter(|s| s.is_queue_does_not_exist())
+                    .map_or_else(
+                        || DisplayErrorContext(&e).to_string(),
+                        |_| "does not exist".into(),
+                    ),
+            })?
+            .queue_url
+            .ok_or_else(|| SetupError {
+                what: format!("queue {n}"),
+                reason: "no URL in the answer".into(),
+            })
+    };
+    let queue_url = url_of(qname.clone()).await?;
+    let dlq_url = url_of(dname.clone()).await?;
+    let attrs = |url: String| async move {
+        client
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| err(format!("reading queue {url}"), e))
+            .map(|o| o.attributes.unwrap_or_default())
+    };
+    let q = attrs(queue_url.clone()).await?;
+    let d = attrs(dlq_url.clone()).await?;
+    let dlq_arn = d
+        .get(&QueueAttributeName::QueueArn)
+        .cloned()
+        .unwrap_or_default();
+    let target = q
+        .get(&QueueAttributeName::RedrivePolicy)
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+    match target {
+        Some(t) if t == dlq_arn => Ok(QueuePair { queue_url, dlq_url }),
+        Some(t) => Err(SetupError {
+            what: format!("queue {qname}"),
+            reason: format!("its redrive policy sends to {t}, not to {dname}"),
+        }),
+        None => Err(SetupError {
+            what: format!("queue {qname}"),
+            reason: format!(
+                "has no redrive policy: a message that keeps failing is retried until its retention ends instead of moving to {dname}"
+            ),
+        }),
+    }
+}
+
 /// Creates `name` (with `.fifo` appended for FIFO queues when missing) and
 /// `name-dlq`, with a redrive policy after `max_receive_count` receives.
 pub async fn ensure_queue_with_dlq(
@@ -142,12 +219,7 @@ pub async fn ensure_queue_with_dlq(
     visibility_timeout: Duration,
     max_receive_count: u32,
 ) -> Result<QueuePair, SetupError> {
-    let base = name.trim_end_matches(".fifo");
-    let (qname, dname) = if fifo {
-        (format!("{base}.fifo"), format!("{base}-dlq.fifo"))
-    } else {
-        (base.to_owned(), format!("{base}-dlq"))
-    };
+    let (qname, dname) = queue_names(name, fifo);
     let mut common = HashMap::new();
     if fifo {
         common.insert(QueueAttributeName::FifoQueue, "true".to_owned());

@@ -1,4 +1,5 @@
-//! `sqs-once`: set up resources and walk through the protocol.
+//! `sqs-once`: set up and operate sqs-once consumers (init, inspect, forget,
+//! redrive, stats), run a Lambda function locally, and walk through the demo.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use clap::{Parser, Subcommand};
 use sqs_once::DynamoStore;
 use sqs_once::ledger::LedgerEvent;
 use sqs_once::local_lambda::{LocalLambda, run_event_source};
+use sqs_once::ops;
 
 #[derive(Parser)]
 #[command(
@@ -19,31 +21,112 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args)]
+struct InitArgs {
+    /// The dedup table.
+    #[arg(long, env = "SQS_ONCE_TABLE")]
+    table: String,
+    /// A queue to create with `<name>-dlq` as its dead-letter queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Make the queue (and DLQ) FIFO.
+    #[arg(long)]
+    fifo: bool,
+    /// Receives before SQS moves a message to the DLQ.
+    #[arg(long, default_value_t = 5)]
+    max_receive_count: u32,
+    /// The queue's visibility timeout in seconds.
+    #[arg(long, default_value_t = 60)]
+    visibility_timeout: u64,
+    /// Also create the ledger example's table (string key `pk`).
+    #[arg(long)]
+    ledger_table: Option<String>,
+    /// Only report what is missing or wrong; create nothing.
+    #[arg(long)]
+    check: bool,
+}
+
+#[derive(clap::Args)]
+struct KeyArgs {
+    /// The dedup key (e.g. the business id the consumer's SQS_ONCE_DEDUP_KEY reads).
+    key: String,
+    /// The dedup table.
+    #[arg(long, env = "SQS_ONCE_TABLE")]
+    table: String,
+    /// The consumer whose record it is.
+    #[arg(long, env = "SQS_ONCE_CONSUMER")]
+    consumer: String,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Create (or check) the dedup table, with TTL on `expires_at`, and
-    /// optionally a queue with its DLQ and redrive policy.
+    /// Create the dedup table (key `pk`, TTL on `expires_at`) and optionally a
+    /// queue with its DLQ and redrive policy, standard or FIFO. Idempotent: what
+    /// exists and is right is left alone. With --check, only report what is
+    /// missing or wrong (exit 1 if anything is).
     ///
     /// Example: sqs-once init --table dedup --queue orders --fifo
-    Init {
+    ///
+    /// Example: sqs-once init --table dedup --queue orders --check
+    Init(InitArgs),
+    /// Show the dedup record of one key: status, owner, lease, attempts, times,
+    /// result (or its digest) and last error.
+    ///
+    /// Example: sqs-once inspect evt-42 --table dedup --consumer ledger
+    Inspect(KeyArgs),
+    /// Delete the dedup record of one key so its event can be processed again
+    /// (e.g. after fixing the effect by hand). Refuses a record under a live
+    /// claim unless --force: its handler may still be running.
+    ///
+    /// Example: sqs-once forget evt-42 --table dedup --consumer ledger
+    Forget {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Delete even a record under a live claim.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Move parked messages from a DLQ back to their source queue: with SQS's
+    /// message move task where available (all messages), else (or with --max,
+    /// or FIFO) by receive, send, then delete, so a crash never loses a message.
+    ///
+    /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --max 100
+    ///
+    /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --dry-run
+    Redrive {
+        /// The dead-letter queue to empty.
+        #[arg(long, env = "SQS_ONCE_DLQ_URL")]
+        dlq_url: String,
+        /// The source queue to move them to.
+        #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
+        queue_url: String,
+        /// Move at most this many.
+        #[arg(long)]
+        max: Option<u64>,
+        /// Show what would move; move nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Count a consumer's records by status (a bounded scan, with progress) and
+    /// show the queue's and the DLQ's depth.
+    ///
+    /// Example: sqs-once stats --table dedup --consumer ledger --queue-url $QUEUE --dlq-url $DLQ
+    Stats {
         /// The dedup table.
         #[arg(long, env = "SQS_ONCE_TABLE")]
         table: String,
-        /// A queue to create with `<name>-dlq` as its dead-letter queue.
-        #[arg(long)]
-        queue: Option<String>,
-        /// Make the queue (and DLQ) FIFO.
-        #[arg(long)]
-        fifo: bool,
-        /// Receives before SQS moves a message to the DLQ.
-        #[arg(long, default_value_t = 5)]
-        max_receive_count: u32,
-        /// The queue's visibility timeout in seconds.
-        #[arg(long, default_value_t = 60)]
-        visibility_timeout: u64,
-        /// Also create the ledger example's table (string key `pk`).
-        #[arg(long)]
-        ledger_table: Option<String>,
+        /// The consumer whose records to count.
+        #[arg(long, env = "SQS_ONCE_CONSUMER")]
+        consumer: String,
+        /// The source queue.
+        #[arg(long, env = "SQS_ONCE_QUEUE_URL")]
+        queue_url: Option<String>,
+        /// Its DLQ.
+        #[arg(long, env = "SQS_ONCE_DLQ_URL")]
+        dlq_url: Option<String>,
+        /// Read at most this many items (the scan costs read capacity).
+        #[arg(long, default_value_t = 1_000_000)]
+        max_items: u64,
     },
     /// Walk through the protocol on LocalStack: sends ledger events with
     /// duplicates and a malformed body, processes them, checks the balances.
@@ -104,22 +187,30 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let sdk = aws_config::load_from_env().await;
     let result = match cli.command {
-        Command::Init {
+        Command::Init(args) if args.check => check(&sdk, &args).await,
+        Command::Init(args) => init(&sdk, &args).await,
+        Command::Inspect(k) => inspect(&sdk, &k).await,
+        Command::Forget { key, force } => forget(&sdk, &key, force).await,
+        Command::Redrive {
+            dlq_url,
+            queue_url,
+            max,
+            dry_run,
+        } => redrive(&sdk, &dlq_url, &queue_url, max, dry_run).await,
+        Command::Stats {
             table,
-            queue,
-            fifo,
-            max_receive_count,
-            visibility_timeout,
-            ledger_table,
+            consumer,
+            queue_url,
+            dlq_url,
+            max_items,
         } => {
-            init(
+            stats(
                 &sdk,
                 &table,
-                queue.as_deref(),
-                fifo,
-                max_receive_count,
-                visibility_timeout,
-                ledger_table.as_deref(),
+                &consumer,
+                queue_url.as_deref(),
+                dlq_url.as_deref(),
+                max_items,
             )
             .await
         }
@@ -208,35 +299,190 @@ async fn local_lambda(
     result
 }
 
-async fn init(
-    sdk: &aws_config::SdkConfig,
-    table: &str,
-    queue: Option<&str>,
-    fifo: bool,
-    max_receive_count: u32,
-    visibility_timeout: u64,
-    ledger_table: Option<&str>,
-) -> Result<(), BoxError> {
+async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxError> {
+    let table = &args.table;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     sqs_once::setup::ensure_dedup_table(&ddb, table).await?;
-    DynamoStore::new(ddb.clone(), table).check_table().await?;
+    DynamoStore::new(ddb.clone(), table.as_str())
+        .check_table()
+        .await?;
     println!("dedup table {table}: ok (key pk, TTL on expires_at)");
-    if let Some(ledger) = ledger_table {
+    if let Some(ledger) = &args.ledger_table {
         sqs_once::setup::ensure_table(&ddb, ledger).await?;
         println!("ledger table {ledger}: ok");
     }
-    if let Some(q) = queue {
+    if let Some(q) = &args.queue {
         let pair = sqs_once::setup::ensure_queue_with_dlq(
             &aws_sdk_sqs::Client::new(sdk),
             q,
-            fifo,
-            Duration::from_secs(visibility_timeout),
-            max_receive_count,
+            args.fifo,
+            Duration::from_secs(args.visibility_timeout),
+            args.max_receive_count,
         )
         .await?;
         println!("queue {}\ndlq   {}", pair.queue_url, pair.dlq_url);
     }
     Ok(())
+}
+
+/// `init --check`: reports every problem, changes nothing.
+async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxError> {
+    let mut problems = Vec::new();
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    match DynamoStore::new(ddb, args.table.as_str())
+        .check_table()
+        .await
+    {
+        Ok(()) => println!("dedup table {}: ok (key pk, TTL on expires_at)", args.table),
+        Err(e) => problems.push(e.to_string()),
+    }
+    if let Some(q) = &args.queue {
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        match sqs_once::setup::check_queue_with_dlq(&sqs, q, args.fifo).await {
+            Ok(pair) => println!("queue {}: ok, redrive to {}", pair.queue_url, pair.dlq_url),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    for p in &problems {
+        println!("problem: {p}");
+    }
+    Err(format!(
+        "{} problem(s); `sqs-once init` without --check fixes what it can",
+        problems.len()
+    )
+    .into())
+}
+
+async fn inspect(sdk: &aws_config::SdkConfig, k: &KeyArgs) -> Result<(), BoxError> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    match ops::inspect(&ddb, &k.table, &k.consumer, &k.key).await? {
+        Some(r) => {
+            println!("{}", ops::describe_record(&r, now_ms()));
+            Ok(())
+        }
+        None => Err(format!(
+            "no record for key {:?} of consumer {:?} in {} (never processed, forgotten, or removed by TTL)",
+            k.key, k.consumer, k.table
+        )
+        .into()),
+    }
+}
+
+async fn forget(sdk: &aws_config::SdkConfig, k: &KeyArgs, force: bool) -> Result<(), BoxError> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    match ops::forget(&ddb, &k.table, &k.consumer, &k.key, force).await? {
+        ops::Forgotten::Deleted(r) => {
+            println!(
+                "forgot {} (was {}, {} attempt(s)): the next delivery of this key is processed again",
+                r.pk,
+                r.status.as_str(),
+                r.attempts
+            );
+            Ok(())
+        }
+        ops::Forgotten::Absent => {
+            println!("no record for key {:?}: nothing to forget", k.key);
+            Ok(())
+        }
+        ops::Forgotten::InProgress(r) => Err(format!(
+            "not forgotten: {} is IN_PROGRESS under a live claim until {} (a handler may be running); use --force to delete it anyway",
+            r.pk,
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH
+                    + Duration::from_millis(u64::try_from(r.lease_until_ms).unwrap_or(0))
+            )
+        )
+        .into()),
+    }
+}
+
+async fn redrive(
+    sdk: &aws_config::SdkConfig,
+    dlq_url: &str,
+    queue_url: &str,
+    max: Option<u64>,
+    dry_run: bool,
+) -> Result<(), BoxError> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let report = ops::redrive(&sqs, dlq_url, queue_url, max, dry_run, |moved| {
+        eprintln!("moved {moved}...");
+    })
+    .await?;
+    if dry_run {
+        println!(
+            "dry run: about {} message(s) in {dlq_url} would move to {queue_url}; the first {}:",
+            report.waiting,
+            report.preview.len()
+        );
+        for (body, reason) in &report.preview {
+            let body: String = body.chars().take(120).collect();
+            println!("  {body:?}: {reason}");
+        }
+        return Ok(());
+    }
+    println!(
+        "moved {} message(s) from {dlq_url} to {queue_url}{}",
+        report.moved,
+        if report.by_move_task {
+            " (SQS message move task)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+async fn stats(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    consumer: &str,
+    queue_url: Option<&str>,
+    dlq_url: Option<&str>,
+    max_items: u64,
+) -> Result<(), BoxError> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let counts = ops::count_records(&ddb, table, consumer, max_items, |c| {
+        eprintln!("scanned {} items...", c.scanned);
+    })
+    .await?;
+    println!("records of consumer {consumer} in {table}:");
+    for (status, n) in &counts.by_status {
+        println!("  {status:<12} {n}");
+    }
+    if counts.by_status.is_empty() {
+        println!("  (none)");
+    }
+    println!("  expired, not yet removed by TTL: {}", counts.expired);
+    println!(
+        "  IN_PROGRESS with an ended lease: {}",
+        counts.stale_in_progress
+    );
+    if counts.truncated {
+        println!(
+            "  (stopped after {} items: --max-items; the counts are partial)",
+            counts.scanned
+        );
+    }
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    for (name, url) in [("queue", queue_url), ("dlq", dlq_url)] {
+        if let Some(url) = url {
+            let d = ops::queue_depth(&sqs, url).await?;
+            println!(
+                "{name:<5} {url}: {} visible, {} in flight, {} delayed",
+                d.visible, d.in_flight, d.delayed
+            );
+        }
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 async fn demo(

@@ -1,6 +1,7 @@
 //! Integration tests against LocalStack (SQS + DynamoDB) on this machine, with the
 //! real SDK clients. Start it with `localstack/up` (the test script does).
 
+mod cli;
 mod common;
 mod contract;
 mod dynamodb;
