@@ -1,0 +1,123 @@
+"""Checks of infra/ecs.yaml and infra/Dockerfile that cfn-lint does not make.
+
+Run with the tools venv: `scripts/check-templates`.
+"""
+
+import pathlib
+import re
+import unittest
+
+from cfnlint.decode import cfn_yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def seconds(value):
+    m = re.fullmatch(r"(\d+)s", value)
+    assert m, f"expected a duration in seconds, got {value!r}"
+    return int(m.group(1))
+
+
+class EcsTemplate(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.t = cfn_yaml.load(str(ROOT / "infra/ecs.yaml"))
+        cls.res = cls.t["Resources"]
+        (cls.container,) = cls.res["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+        cls.env = {e["Name"]: e["Value"] for e in cls.container["Environment"]}
+
+    def test_fargate_task_in_awsvpc(self):
+        props = self.res["TaskDefinition"]["Properties"]
+        self.assertEqual(props["RequiresCompatibilities"], ["FARGATE"])
+        self.assertEqual(props["NetworkMode"], "awsvpc")
+        self.assertEqual(props["TaskRoleArn"], {"Fn::GetAtt": ["TaskRole", "Arn"]})
+
+    def test_stop_timeout_leaves_time_for_the_drain(self):
+        drain = seconds(self.env["SQS_ONCE_DRAIN"])
+        stop = int(self.container["StopTimeout"])
+        self.assertLess(drain, stop, "the poller must exit before ECS sends SIGKILL")
+        self.assertLessEqual(stop, 120, "Fargate allows at most 120 s")
+
+    def test_every_environment_variable_is_one_the_binary_reads(self):
+        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/cli.rs").read_text()))
+        known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/bin/ledger.rs").read_text()))
+        known.add("SQS_ONCE_LOG_FORMAT")  # read by cli::init_logging
+        self.assertLessEqual(set(self.env), known, f"unknown: {set(self.env) - known}")
+        for required in ("SQS_ONCE_QUEUE_URL", "SQS_ONCE_TABLE", "SQS_ONCE_CONSUMER", "LEDGER_TABLE"):
+            self.assertIn(required, self.env)
+        self.assertEqual(self.env["SQS_ONCE_LOG_FORMAT"], "json")
+
+    def test_logs_go_to_the_stack_log_group(self):
+        logs = self.container["LogConfiguration"]
+        self.assertEqual(logs["LogDriver"], "awslogs")
+        self.assertEqual(logs["Options"]["awslogs-group"], {"Ref": "LogGroup"})
+
+    def test_task_role_is_least_privilege(self):
+        granted = {}
+        for policy in self.res["TaskRole"]["Properties"]["Policies"]:
+            for st in policy["PolicyDocument"]["Statement"]:
+                self.assertEqual(st["Effect"], "Allow")
+                resource = st["Resource"]["Fn::Sub"]
+                self.assertNotIn("*", resource)
+                for action in st["Action"]:
+                    self.assertNotIn("*", action)
+                    granted.setdefault(resource.rsplit(":", 1)[-1], set()).add(action)
+        self.assertEqual(
+            granted,
+            {
+                "${QueueName}": {
+                    "sqs:ReceiveMessage",
+                    "sqs:DeleteMessage",
+                    "sqs:ChangeMessageVisibility",
+                    "sqs:GetQueueAttributes",
+                },
+                "${DeadLetterQueueName}": {"sqs:SendMessage"},
+                "table/${DedupTableName}": {
+                    "dynamodb:UpdateItem",
+                    "dynamodb:DescribeTable",
+                    "dynamodb:DescribeTimeToLive",
+                },
+                "table/${LedgerTableName}": {"dynamodb:UpdateItem"},
+            },
+        )
+
+    def test_scaling_follows_the_queue_backlog(self):
+        target = self.res["ScalableTarget"]["Properties"]
+        self.assertEqual(target["ScalableDimension"], "ecs:service:DesiredCount")
+        for alarm, policy in (("BacklogHigh", "ScaleOut"), ("BacklogEmpty", "ScaleIn")):
+            props = self.res[alarm]["Properties"]
+            self.assertEqual(props["Namespace"], "AWS/SQS")
+            self.assertEqual(props["MetricName"], "ApproximateNumberOfMessagesVisible")
+            self.assertEqual(props["Dimensions"], [{"Name": "QueueName", "Value": {"Ref": "QueueName"}}])
+            self.assertEqual(props["AlarmActions"], [{"Ref": policy}])
+            self.assertEqual(self.res[policy]["Properties"]["ScalingTargetId"], {"Ref": "ScalableTarget"})
+        out = self.res["ScaleOut"]["Properties"]["StepScalingPolicyConfiguration"]["StepAdjustments"]
+        self.assertTrue(all(s["ScalingAdjustment"] > 0 for s in out))
+        back = self.res["ScaleIn"]["Properties"]["StepScalingPolicyConfiguration"]["StepAdjustments"]
+        self.assertTrue(all(s["ScalingAdjustment"] < 0 for s in back))
+
+
+class Dockerfile(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        text = (ROOT / "infra/Dockerfile").read_text()
+        stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+        cls.build, cls.final = stages[0], stages[-1]
+
+    def test_builds_the_ledger_binary_in_release(self):
+        self.assertIn("cargo build --release --locked --bin ledger", self.build)
+        self.assertTrue((ROOT / "src/bin/ledger.rs").exists())
+
+    def test_runtime_image_is_small_non_root_and_shell_free(self):
+        self.assertTrue(self.final.startswith("gcr.io/distroless/"), self.final.splitlines()[0])
+        self.assertIn(":nonroot", self.final.splitlines()[0])
+        self.assertRegex(self.final, r"(?m)^USER nonroot")
+        self.assertNotRegex(self.final, r"(?m)^RUN ", "a distroless stage has no shell to RUN in")
+
+    def test_stops_with_sigterm_and_runs_the_poller(self):
+        self.assertRegex(self.final, r"(?m)^STOPSIGNAL SIGTERM$")
+        self.assertRegex(self.final, r'(?m)^ENTRYPOINT \["/usr/local/bin/ledger"\]$')
+
+
+if __name__ == "__main__":
+    unittest.main()
