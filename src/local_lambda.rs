@@ -21,9 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
-};
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use aws_smithy_types::error::display::DisplayErrorContext;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -427,17 +425,9 @@ pub async fn run_event_source(
             .filter(|m| !listed.iter().any(|id| Some(id.as_str()) == m.message_id()))
             .collect();
         if !done.is_empty() {
-            let entries = done
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(format!("m{i}"))
-                        .receipt_handle(m.receipt_handle().unwrap_or_default())
-                        .build()
-                        .expect("complete entry")
-                })
-                .collect();
+            let entries = crate::sqs::delete_entries(
+                done.iter().map(|m| m.receipt_handle().unwrap_or_default()),
+            );
             let out = sqs
                 .delete_message_batch()
                 .queue_url(queue_url)

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName, SendMessageBatchRequestEntry,
+    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
+    SendMessageBatchRequestEntry,
 };
 use aws_smithy_types::error::display::DisplayErrorContext;
 
@@ -437,17 +437,8 @@ pub async fn redrive(
                 report.moved
             )));
         }
-        let deletes = got
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(format!("m{i}"))
-                    .receipt_handle(m.receipt_handle().unwrap_or_default())
-                    .build()
-                    .expect("complete entry")
-            })
-            .collect();
+        let deletes =
+            crate::sqs::delete_entries(got.iter().map(|m| m.receipt_handle().unwrap_or_default()));
         let deleted = sqs
             .delete_message_batch()
             .queue_url(dlq_url)

@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
-};
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use aws_smithy_types::error::display::DisplayErrorContext;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -297,17 +295,7 @@ async fn delete_loop(
 }
 
 async fn delete_batch(sqs: &Client, queue_url: &str, receipts: Vec<String>) {
-    let entries: Vec<DeleteMessageBatchRequestEntry> = receipts
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(format!("m{i}"))
-                .receipt_handle(r)
-                .build()
-                .expect("complete entry")
-        })
-        .collect();
+    let entries = crate::sqs::delete_entries(receipts.iter().map(String::as_str));
     let failed: Vec<String> = match sqs
         .delete_message_batch()
         .queue_url(queue_url)

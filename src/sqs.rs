@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::MessageAttributeValue;
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageAttributeValue};
 use aws_smithy_types::error::display::DisplayErrorContext;
 use futures::future::BoxFuture;
 use tracing::warn;
@@ -113,4 +113,22 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_owned()
+}
+
+/// `DeleteMessageBatch` entries for these receipt handles, with ids `m0`, `m1`, ...
+/// (unique within the batch; `m{i}` maps a failed entry back to its receipt).
+pub(crate) fn delete_entries<'a>(
+    receipts: impl IntoIterator<Item = &'a str>,
+) -> Vec<DeleteMessageBatchRequestEntry> {
+    receipts
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .receipt_handle(r)
+                .build()
+                .expect("complete entry")
+        })
+        .collect()
 }

@@ -396,13 +396,10 @@ impl DynamoStore {
     }
 
     async fn complete_transact(&self, c: &Completion, update: Update) -> Result<(), StoreError> {
-        let mut items = Vec::with_capacity(c.writes.len() + 1);
-        items.push(TransactWriteItem::builder().update(update).build());
-        items.extend(c.writes.iter().map(|w| w.item.clone()));
         // DynamoDB makes a TransactWriteItems with the same token idempotent for ten
         // minutes; the fencing check below covers a retry after that.
-        let token = crate::key::sha256_hex(format!("complete#{}#{}", c.pk, c.owner).as_bytes());
-        let token = &token[..36];
+        let (items, token) = transaction("complete", update, &c.writes, &c.pk, &c.owner);
+        let token = token.as_str();
         self.retrying("complete (transaction)", || async {
             let res = self
                 .client
@@ -432,6 +429,24 @@ fn conditional_failure<R>(
         UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
         _ => None,
     }
+}
+
+/// The record's update (item 0) and the staged writes as one transaction, with
+/// a `ClientRequestToken` derived from `kind`, key and owner: every resend of
+/// the same attempt carries the same token.
+fn transaction(
+    kind: &str,
+    record: Update,
+    writes: &[StagedWrite],
+    pk: &str,
+    owner: &str,
+) -> (Vec<TransactWriteItem>, String) {
+    let mut items = Vec::with_capacity(writes.len() + 1);
+    items.push(TransactWriteItem::builder().update(record).build());
+    items.extend(writes.iter().map(|w| w.item.clone()));
+    let mut token = crate::key::sha256_hex(format!("{kind}#{pk}#{owner}").as_bytes());
+    token.truncate(36);
+    (items, token)
 }
 
 /// Why a transaction of the dedup record (item 0) and staged writes failed.
@@ -752,11 +767,8 @@ impl DedupStore for DynamoStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| StoreError::Invalid(e.to_string()))?;
-        let mut items = Vec::with_capacity(c.writes.len() + 1);
-        items.push(TransactWriteItem::builder().update(record).build());
-        items.extend(c.writes.iter().map(|w| w.item.clone()));
-        let token = crate::key::sha256_hex(format!("fast#{}#{}", c.pk, c.owner).as_bytes());
-        let token = &token[..36];
+        let (items, token) = transaction("fast", record, &c.writes, &c.pk, &c.owner);
+        let token = token.as_str();
         self.retrying("commit (fast path)", || async {
             let res = self
                 .client
