@@ -57,6 +57,10 @@ pub struct RuntimeArgs {
     /// First retry delay (doubled per receive).
     #[arg(long, env = "SQS_ONCE_BACKOFF", default_value = "2s")]
     pub backoff: String,
+    /// How long one DynamoDB request may take before it is abandoned and sent
+    /// again (with the same token: an abandoned write that committed is found).
+    #[arg(long, env = "SQS_ONCE_DYNAMODB_TIMEOUT", default_value = "5s")]
+    pub dynamodb_timeout: String,
     /// How long a receive waits for ten free slots, and a delete for ten receipts.
     #[arg(long, env = "SQS_ONCE_BATCH_WAIT", default_value = "1s")]
     pub batch_wait: String,
@@ -210,19 +214,42 @@ struct Prepared<H> {
 }
 
 /// Loads the SDK configuration, checks the dedup table and builds the processor.
+/// `sqs_timeout` bounds one SQS request (above the long-poll wait).
 async fn prepare<H: Handler>(
     args: &RuntimeArgs,
     config: ProcessorConfig,
     handler: H,
+    sqs_timeout: Duration,
 ) -> Result<Prepared<H>, ExitCode> {
+    let ddb_timeout = parse_duration("SQS_ONCE_DYNAMODB_TIMEOUT", &args.dynamodb_timeout)
+        .map_err(startup_failure)?;
     let sdk = aws_config::load_from_env().await;
     let calls = CallCounter::default();
-    let ddb = aws_sdk_dynamodb::Client::from_conf(calls.dynamodb_config(&sdk));
+    let attempt_timeout = |d: Duration| {
+        aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .operation_attempt_timeout(d)
+            .build()
+    };
+    let ddb = aws_sdk_dynamodb::Client::from_conf(
+        calls
+            .dynamodb_config(&sdk)
+            .to_builder()
+            .timeout_config(attempt_timeout(ddb_timeout))
+            .build(),
+    );
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        calls
+            .sqs_config(&sdk)
+            .to_builder()
+            .timeout_config(attempt_timeout(sqs_timeout))
+            .build(),
+    );
     let store = DynamoStore::new(ddb, args.table.clone());
     store.check_table().await.map_err(startup_failure)?;
     let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
     Ok(Prepared {
-        sqs: aws_sdk_sqs::Client::from_conf(calls.sqs_config(&sdk)),
+        sqs,
         processor,
         calls,
     })
@@ -235,10 +262,11 @@ pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         Ok(c) => c,
         Err(e) => return startup_failure(e),
     };
-    let Prepared { sqs, processor, .. } = match prepare(&args, pconf, handler).await {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
+    let Prepared { sqs, processor, .. } =
+        match prepare(&args, pconf, handler, Duration::from_secs(10)).await {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
     let adapter = LambdaAdapter::new(sqs, processor, lconf);
     match crate::lambda::run(adapter).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -261,7 +289,14 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         sqs,
         processor,
         calls,
-    } = match prepare(&args, pconf, handler).await {
+    } = match prepare(
+        &args,
+        pconf,
+        handler,
+        qconf.wait_time + Duration::from_secs(10),
+    )
+    .await
+    {
         Ok(p) => p,
         Err(code) => return code,
     };

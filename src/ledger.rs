@@ -1,10 +1,13 @@
 //! The ledger example: a deliberately non-idempotent effect, so a duplicate
 //! would show.
 //!
-//! Body: `{"id": "<event id>", "account": "<account>", "amount_cents": <i64>}`.
+//! Body: `{"id": "<event id>", "account": "<account>", "amount_cents": <i64>}`,
+//! optionally with `"seq": <u64>`.
 //! Effect: `ADD balance_cents :amount, applied_events :1` on item `pk = <account>`
-//! of the ledger table, staged into the transaction that completes the claim, so
-//! a crash at any instant applies it exactly once. A body of another shape is a
+//! of the ledger table (and, with `seq`, appends it to the item's `applied_seq`
+//! list: the order in which events were applied, for order checks), staged into
+//! the transaction that records the event done, so a crash at any instant
+//! applies it exactly once. A body of another shape is a
 //! permanent failure (parked with its reason).
 //!
 //! Its only effect is that staged write, so it declares
@@ -26,6 +29,9 @@ pub struct LedgerEvent {
     pub account: String,
     /// The amount in cents.
     pub amount_cents: i64,
+    /// A sequence number to record in the account's `applied_seq` list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
 }
 
 /// The ledger handler.
@@ -33,6 +39,7 @@ pub struct LedgerEvent {
 pub struct LedgerHandler {
     table: String,
     work: std::time::Duration,
+    panic_percent: u8,
 }
 
 impl LedgerHandler {
@@ -41,7 +48,15 @@ impl LedgerHandler {
         Self {
             table: table.into(),
             work: std::time::Duration::ZERO,
+            panic_percent: 0,
         }
+    }
+
+    /// Panics on about `percent` % of attempts (chosen by event id and attempt,
+    /// so a retry usually succeeds): to watch panics become retries.
+    pub fn with_panics(mut self, percent: u8) -> Self {
+        self.panic_percent = percent.min(100);
+        self
     }
 
     /// Simulated work per event before the effect is staged (a slow downstream
@@ -60,10 +75,19 @@ impl Handler for LedgerHandler {
         if event.account.is_empty() {
             return Err(HandlerError::permanent("not a ledger event: empty account"));
         }
+        if self.panic_percent > 0 {
+            let roll = crate::key::sha256_hex(format!("{}#{}", event.id, ctx.attempt()).as_bytes());
+            if u8::from_str_radix(&roll[..2], 16).unwrap_or(255) % 100 < self.panic_percent {
+                panic!(
+                    "simulated handler bug (LEDGER_PANIC_PERCENT) on {}",
+                    event.id
+                );
+            }
+        }
         if !self.work.is_zero() {
             tokio::time::sleep(self.work).await;
         }
-        let update = Update::builder()
+        let mut update = Update::builder()
             .table_name(&self.table)
             .key("pk", AttributeValue::S(event.account.clone()))
             .update_expression("ADD balance_cents :amount, applied_events :one")
@@ -71,9 +95,20 @@ impl Handler for LedgerHandler {
                 ":amount",
                 AttributeValue::N(event.amount_cents.to_string()),
             )
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .build()
-            .map_err(HandlerError::permanent)?;
+            .expression_attribute_values(":one", AttributeValue::N("1".into()));
+        if let Some(seq) = event.seq {
+            update = update
+                .update_expression(
+                    "ADD balance_cents :amount, applied_events :one \
+                     SET applied_seq = list_append(if_not_exists(applied_seq, :empty), :seq)",
+                )
+                .expression_attribute_values(":empty", AttributeValue::L(vec![]))
+                .expression_attribute_values(
+                    ":seq",
+                    AttributeValue::L(vec![AttributeValue::N(seq.to_string())]),
+                );
+        }
+        let update = update.build().map_err(HandlerError::permanent)?;
         ctx.stage(TransactWriteItem::builder().update(update).build());
         Ok(None)
     }

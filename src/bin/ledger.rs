@@ -24,6 +24,9 @@ struct Args {
     /// Simulated work per event (e.g. `2s`), to watch heartbeats and crashes.
     #[arg(long, env = "LEDGER_WORK", default_value = "0s")]
     work: String,
+    /// Panic on about this percentage of attempts (fault injection).
+    #[arg(long, env = "LEDGER_PANIC_PERCENT", default_value_t = 0)]
+    panic_percent: u8,
 }
 
 #[tokio::main]
@@ -37,6 +40,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let handler = LedgerHandler::new(args.ledger_table).with_work(work);
+    let handler = LedgerHandler::new(args.ledger_table)
+        .with_work(work)
+        .with_panics(args.panic_percent);
     sqs_once::cli::run(args.runtime, handler).await
 }

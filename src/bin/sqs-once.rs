@@ -515,6 +515,7 @@ async fn demo(
             id: format!("evt-{i}"),
             account: format!("acct-{}", i % 5),
             amount_cents: 100 + i as i64,
+            seq: None,
         };
         *expected.entry(e.account.clone()).or_default() += e.amount_cents;
         bodies.push(serde_json::to_string(&e)?);
