@@ -556,12 +556,12 @@ async fn run() -> bool {
             while !stop.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 tick += 1;
-                if tick % 7 == 0 {
+                if tick.is_multiple_of(7) {
                     let i = rng.below(pollers_n);
                     pollers.lock().await.kill(i).await;
                     kills.fetch_add(1, Ordering::Relaxed);
                 }
-                if tick % 11 == 0 {
+                if tick.is_multiple_of(11) {
                     let i = rng.below(pollers_n);
                     if !pollers.lock().await.terminate(i).await {
                         unclean.fetch_add(1, Ordering::Relaxed);
