@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::calls::CallCounter;
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
 use crate::lambda::{LambdaAdapter, LambdaConfig};
-use crate::poller::{PollerConfig, check_queue};
+use crate::poller::{PollerConfig, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
 /// The runtimes' settings; each flag has an `SQS_ONCE_*` environment variable.
@@ -174,16 +174,19 @@ pub fn init_logging() {
     }
 }
 
-/// Cancelled on SIGTERM or SIGINT.
+/// Cancelled on SIGTERM or SIGINT. The handlers are in place when this
+/// returns: call it first, so a signal during start-up stops the process cleanly
+/// instead of killing it.
 pub fn shutdown_on_signals() -> CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
     let token = CancellationToken::new();
     let t = token.clone();
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
         }
         t.cancel();
     });
@@ -280,39 +283,53 @@ pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
 /// Checks the table and queue, then runs the poller until a signal. The exit
 /// code is non-zero only for a start-up failure.
 pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
+    let shutdown = shutdown_on_signals();
     let (pconf, qconf) = match args.poller_configs() {
         Ok(c) => c,
         Err(e) => return startup_failure(e),
     };
     let (heartbeat, ttl) = (pconf.heartbeat, pconf.ttl);
-    let Prepared {
-        sqs,
-        processor,
-        calls,
-    } = match prepare(
-        &args,
-        pconf,
-        handler,
-        qconf.wait_time + Duration::from_secs(10),
-    )
-    .await
-    {
-        Ok(p) => p,
-        Err(code) => return code,
+    let start = async {
+        let prepared = prepare(
+            &args,
+            pconf,
+            handler,
+            qconf.wait_time + Duration::from_secs(10),
+        )
+        .await?;
+        check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl)
+            .await
+            .map_err(startup_failure)?;
+        Ok(prepared)
     };
-    if let Err(e) = check_queue(&sqs, &qconf.queue_url, heartbeat, ttl).await {
-        return startup_failure(e);
-    }
-    let shutdown = shutdown_on_signals();
-    tracing::info!(queue = %qconf.queue_url, concurrency = qconf.concurrency, "polling");
-    let stats = crate::poller::run(sqs, processor, qconf, shutdown).await;
-    tracing::info!(?stats, "stopped");
+    // A signal during the start-up checks stops the process cleanly too.
+    let started = tokio::select! {
+        r = start => Some(r),
+        () = shutdown.cancelled() => None,
+    };
+    let (stats, calls) = match started {
+        Some(Ok(Prepared {
+            sqs,
+            processor,
+            calls,
+        })) => {
+            tracing::info!(queue = %qconf.queue_url, concurrency = qconf.concurrency, "polling");
+            let stats = crate::poller::run(sqs, processor, qconf, shutdown).await;
+            tracing::info!(?stats, "stopped");
+            (stats, calls.snapshot())
+        }
+        Some(Err(code)) => return code,
+        None => {
+            tracing::info!("stopped during start-up");
+            (RunStats::default(), Default::default())
+        }
+    };
     println!(
         "{}",
         serde_json::json!({
             "received": stats.received, "empty_receives": stats.empty_receives, "completed": stats.completed, "duplicates": stats.duplicates,
             "in_flight": stats.in_flight, "retried": stats.retried, "parked": stats.parked,
-            "held_back": stats.held_back, "calls": calls.snapshot(),
+            "held_back": stats.held_back, "calls": calls,
         })
     );
     ExitCode::SUCCESS

@@ -510,3 +510,39 @@ async fn emf_lines_count_what_the_poller_did() {
     // reaches it.
     assert_eq!(latencies, 40, "one handler run per keyed message");
 }
+
+/// Regression (found by the chaos harness): a poller sent SIGTERM while still
+/// starting up was killed by the signal (exit by signal 15) instead of stopping
+/// cleanly, because its handler was installed only once polling began.
+#[tokio::test]
+async fn sigterm_during_start_up_exits_zero() {
+    // An endpoint that accepts connections and never answers: the start-up
+    // checks hang there.
+    let blackhole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", blackhole.local_addr().unwrap());
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let child = l
+        .command(&[("AWS_ENDPOINT_URL", endpoint.as_str())])
+        .spawn()
+        .unwrap();
+    // It is in its start-up checks once it has connected.
+    let (_held, _) = tokio::time::timeout(Duration::from_secs(10), blackhole.accept())
+        .await
+        .expect("the poller never connected")
+        .unwrap();
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+        .await
+        .expect("stops at once")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+    assert_eq!(crate::common::stats_line(&out.stdout)["received"], 0);
+}
