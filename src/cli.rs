@@ -209,6 +209,29 @@ fn startup_failure(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Runs a start-up check again while it fails for a reason that may pass (no
+/// answer, throttling), for up to a minute; a definite failure, or one that
+/// lasts, is a start-up failure (exit code 2).
+async fn retry_transient<F, Fut>(mut check: F) -> Result<(), ExitCode>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), (String, bool)>>,
+{
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match check().await {
+            Ok(()) => return Ok(()),
+            Err((e, true)) if tokio::time::Instant::now() + delay < give_up => {
+                tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            Err((e, _)) => return Err(startup_failure(e)),
+        }
+    }
+}
+
 /// The clients, counting their calls, and the processor for a runtime.
 struct Prepared<H> {
     sqs: aws_sdk_sqs::Client,
@@ -249,7 +272,19 @@ async fn prepare<H: Handler>(
             .build(),
     );
     let store = DynamoStore::new(ddb, args.table.clone());
-    store.check_table().await.map_err(startup_failure)?;
+    retry_transient(|| async {
+        store.check_table().await.map_err(|e| {
+            let transient = matches!(
+                e,
+                crate::dedup::dynamodb::TableCheckError::Unreachable {
+                    transient: true,
+                    ..
+                }
+            );
+            (e.to_string(), transient)
+        })
+    })
+    .await?;
     let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
     Ok(Prepared {
         sqs,
@@ -297,9 +332,12 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
             qconf.wait_time + Duration::from_secs(10),
         )
         .await?;
-        check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl)
-            .await
-            .map_err(startup_failure)?;
+        retry_transient(|| async {
+            check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl)
+                .await
+                .map_err(|e| (e.message, e.transient))
+        })
+        .await?;
         Ok(prepared)
     };
     // A signal during the start-up checks stops the process cleanly too.

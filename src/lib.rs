@@ -51,5 +51,10 @@ pub use key::KeySource;
 pub use message::Message;
 pub use processor::{Outcome, Processor};
 
+/// The README's code, compiled as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// The DynamoDB types handlers use to stage writes.
 pub use aws_sdk_dynamodb::types as dynamodb_types;

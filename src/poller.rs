@@ -98,6 +98,16 @@ pub struct RunStats {
     pub held_back: u64,
 }
 
+/// The queue could not be read at start-up.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct QueueCheckError {
+    /// What went wrong, naming the setting.
+    pub message: String,
+    /// Whether it may pass when tried again (no answer, throttled, 5xx).
+    pub transient: bool,
+}
+
 /// Reads the queue's attributes and warns about settings that defeat the
 /// protocol: a visibility timeout below the heartbeat, a retention longer than
 /// the records are kept.
@@ -106,7 +116,7 @@ pub async fn check_queue(
     queue_url: &str,
     heartbeat: Duration,
     ttl: Duration,
-) -> Result<(), String> {
+) -> Result<(), QueueCheckError> {
     let out = sqs
         .get_queue_attributes()
         .queue_url(queue_url)
@@ -114,11 +124,12 @@ pub async fn check_queue(
         .attribute_names(QueueAttributeName::MessageRetentionPeriod)
         .send()
         .await
-        .map_err(|e| {
-            format!(
+        .map_err(|e| QueueCheckError {
+            transient: crate::dedup::dynamodb::is_transient(&e),
+            message: format!(
                 "cannot read queue {queue_url} (setting SQS_ONCE_QUEUE_URL): {}",
                 DisplayErrorContext(e)
-            )
+            ),
         })?;
     let attrs = out.attributes.unwrap_or_default();
     let secs = |n: QueueAttributeName| {

@@ -75,6 +75,9 @@ pub enum TableCheckError {
     Unreachable {
         /// The table.
         table: String,
+        /// Whether it may pass when tried again (no answer, throttled, 5xx)
+        /// rather than a refusal (access denied, bad request).
+        transient: bool,
         /// The SDK's message.
         reason: String,
     },
@@ -111,6 +114,23 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
         other => {
             Attempt::Again(aws_smithy_types::error::display::DisplayErrorContext(other).to_string())
         }
+    }
+}
+
+/// Whether an SDK error may pass when the call is made again: no answer (dispatch,
+/// timeout, cut-off response), throttling, or a server error.
+pub(crate) fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+    match err {
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("");
+            code.contains("Throttl")
+                || code == "ProvisionedThroughputExceededException"
+                || code == "RequestLimitExceeded"
+                || code == "InternalServerError"
+                || code == "ServiceUnavailable"
+        }
+        SdkError::ConstructionFailure(_) => false,
+        _ => true,
     }
 }
 
@@ -160,8 +180,9 @@ impl DynamoStore {
     /// Checks at start-up that the table has the expected key schema and TTL.
     pub async fn check_table(&self) -> Result<(), TableCheckError> {
         let table = self.table.to_string();
-        let unreachable = |e: String| TableCheckError::Unreachable {
+        let unreachable = |e: String, transient: bool| TableCheckError::Unreachable {
             table: table.clone(),
+            transient,
             reason: e,
         };
         let desc = match self
@@ -181,12 +202,13 @@ impl DynamoStore {
             Err(e) => {
                 return Err(unreachable(
                     aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
+                    is_transient(&e),
                 ));
             }
         };
         let t = desc
             .table()
-            .ok_or_else(|| unreachable("empty DescribeTable answer".into()))?;
+            .ok_or_else(|| unreachable("empty DescribeTable answer".into(), true))?;
         let keys: Vec<String> = t
             .key_schema()
             .iter()
@@ -217,7 +239,10 @@ impl DynamoStore {
             .send()
             .await
             .map_err(|e| {
-                unreachable(aws_smithy_types::error::display::DisplayErrorContext(&e).to_string())
+                unreachable(
+                    aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
+                    is_transient(&e),
+                )
             })?;
         let desc = ttl.time_to_live_description();
         let status = desc.and_then(|d| d.time_to_live_status());

@@ -546,3 +546,92 @@ async fn sigterm_during_start_up_exits_zero() {
     assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
     assert_eq!(crate::common::stats_line(&out.stdout)["received"], 0);
 }
+
+/// A poller that starts while AWS is unreachable keeps trying its start-up
+/// checks (a transient failure is not a misconfiguration) and starts once the
+/// endpoint answers. Found by the chaos harness: restarted pollers exited 2
+/// during its connection-refusal windows.
+#[tokio::test]
+async fn start_up_waits_out_an_unreachable_endpoint() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    send_all(
+        &sqs,
+        &l.queues.queue_url,
+        &[r#"{"id":"e-late","account":"late","amount_cents":9}"#.to_owned()],
+    )
+    .await;
+    // A port nothing listens on yet: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = l
+        .command(&[("AWS_ENDPOINT_URL", &format!("http://127.0.0.1:{port}"))])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line),
+        )
+        .await
+        .expect("no retry reported")
+        .unwrap();
+        assert!(n > 0, "the poller exited instead of retrying");
+        if line.contains("trying again") {
+            break;
+        }
+    }
+    // Now the endpoint answers: forward the port to LocalStack.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let upstream = crate::common::endpoint()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    tokio::spawn(async move {
+        loop {
+            let (mut inbound, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let mut outbound = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+        }
+    });
+    tokio::spawn(async move {
+        let mut sink = String::new();
+        while tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut sink)
+            .await
+            .is_ok_and(|n| n > 0)
+        {
+            sink.clear();
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while depth(&sqs, &l.queues.queue_url).await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never processed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        ledger_rows(&ddb, &l.ledger).await,
+        HashMap::from([("late".to_owned(), (9, 1))])
+    );
+}
