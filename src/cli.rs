@@ -48,8 +48,8 @@ pub struct RuntimeArgs {
     /// Heartbeat interval: lease and visibility extension while a handler runs.
     #[arg(long, env = "SQS_ONCE_HEARTBEAT", default_value = "20s")]
     pub heartbeat: String,
-    /// Drain deadline at shutdown.
-    #[arg(long, env = "SQS_ONCE_DRAIN", default_value = "25s")]
+    /// Drain deadline at shutdown (then up to 5 s for releases and the last deletes).
+    #[arg(long, env = "SQS_ONCE_DRAIN", default_value = "20s")]
     pub drain: String,
     /// Long-poll wait.
     #[arg(long, env = "SQS_ONCE_WAIT", default_value = "20s")]

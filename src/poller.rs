@@ -40,7 +40,8 @@ pub struct PollerConfig {
     /// Long-poll wait (default 20 s).
     pub wait_time: Duration,
     /// How long in-flight work may finish after shutdown (`SQS_ONCE_DRAIN`,
-    /// default 25 s, below ECS's 30 s stop timeout).
+    /// default 20 s); releases and the last deletes then get [`CLEANUP`] (5 s)
+    /// more at most, so a stop takes under 25 s, below ECS's 30 s stop timeout.
     pub drain: Duration,
     /// Return once nothing was received for this long and nothing is in flight
     /// (`SQS_ONCE_EXIT_WHEN_IDLE`; for batch jobs, demos and tests).
@@ -63,7 +64,7 @@ impl PollerConfig {
             dlq_url: None,
             concurrency: 10,
             wait_time: Duration::from_secs(20),
-            drain: Duration::from_secs(25),
+            drain: Duration::from_secs(20),
             exit_when_idle: None,
             batch_wait: Duration::from_secs(1),
             metrics_interval: None,
@@ -498,6 +499,9 @@ pub async fn run<S: DedupStore, H: Handler>(
     }
 
     // Drain: finish within the deadline, then interrupt and release the rest.
+    // Releases and the last deletes get CLEANUP more at most, so the whole stop
+    // takes no longer than drain + CLEANUP even when AWS does not answer; what
+    // is left then comes back when its lease and visibility run out.
     tracker.close();
     if tokio::time::timeout(config.drain, tracker.wait())
         .await
@@ -505,7 +509,16 @@ pub async fn run<S: DedupStore, H: Handler>(
     {
         warn!(drain = ?config.drain, "drain deadline reached; interrupting and releasing unfinished work");
         shared.stop.cancel();
-        tracker.wait().await;
+    }
+    let cleanup_by = tokio::time::Instant::now() + CLEANUP;
+    if tokio::time::timeout_at(cleanup_by, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            ?CLEANUP,
+            "releases did not finish in time; those claims end with their leases"
+        );
     }
     if let Some(task) = metrics_task {
         task.abort();
@@ -514,8 +527,15 @@ pub async fn run<S: DedupStore, H: Handler>(
     }
     let stats = shared.stats.lock().expect("stats lock").clone();
     drop(shared);
-    if let Err(e) = deleter.await {
-        error!(error = %e, "delete task failed");
+    match tokio::time::timeout_at(cleanup_by, deleter).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "delete task failed"),
+        Err(_) => warn!(
+            "the last deletes did not finish in time; those messages come back and are skipped as duplicates"
+        ),
     }
     stats
 }
+
+/// How long releases and the last deletes may take after the drain.
+pub const CLEANUP: Duration = Duration::from_secs(5);

@@ -348,3 +348,53 @@ pub fn emf_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
         .filter(|v| v.get("_aws").is_some())
         .collect()
 }
+
+/// A TCP forwarder to LocalStack that can stop answering: after [`Forwarder::hold`]
+/// open connections are cut and new ones are accepted and never answered.
+pub struct Forwarder {
+    pub url: String,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Forwarder {
+    /// Listens on 127.0.0.1:`port` (0: any free port).
+    pub async fn start(port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = endpoint()
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Default::default();
+        let (h, o) = (hold.clone(), open.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let (mut inbound, _) = listener.accept().await.unwrap();
+                if h.load(Ordering::SeqCst) {
+                    held.push(inbound);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    let mut outbound = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+                o.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Self { url, hold, open }
+    }
+
+    /// Stops answering.
+    pub fn hold(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+        for t in self.open.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}

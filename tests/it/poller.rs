@@ -589,23 +589,7 @@ async fn start_up_waits_out_an_unreachable_endpoint() {
         }
     }
     // Now the endpoint answers: forward the port to LocalStack.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let upstream = crate::common::endpoint()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    tokio::spawn(async move {
-        loop {
-            let (mut inbound, _) = listener.accept().await.unwrap();
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let mut outbound = tokio::net::TcpStream::connect(upstream).await.unwrap();
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-            });
-        }
-    });
+    let _forwarder = crate::common::Forwarder::start(port).await;
     tokio::spawn(async move {
         let mut sink = String::new();
         while tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut sink)
@@ -633,5 +617,51 @@ async fn start_up_waits_out_an_unreachable_endpoint() {
     assert_eq!(
         ledger_rows(&ddb, &l.ledger).await,
         HashMap::from([("late".to_owned(), (9, 1))])
+    );
+}
+
+#[tokio::test]
+async fn sigterm_stops_within_drain_and_cleanup_even_when_aws_stops_answering() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let aws = crate::common::Forwarder::start(0).await;
+    let child = l
+        .command(&[
+            ("AWS_ENDPOINT_URL", aws.url.as_str()),
+            ("LEDGER_WORK", "60s"),
+            ("SQS_ONCE_DRAIN", "1s"),
+            ("SQS_ONCE_FAST_PATH", "false"),
+        ])
+        .spawn()
+        .unwrap();
+    send_all(
+        &sqs,
+        &l.queues.queue_url,
+        &[r#"{"id":"e-stuck","account":"s","amount_cents":1}"#.to_owned()],
+    )
+    .await;
+    until_a_handler_runs(&ddb, &l.dedup).await;
+    // AWS goes quiet: the release after the drain cannot get an answer.
+    aws.hold();
+    let stopping = tokio::time::Instant::now();
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("stops even though AWS does not answer")
+        .unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(1) + sqs_once::poller::CLEANUP + Duration::from_secs(3),
+        "took {took:?}: drain (1 s) + cleanup ({:?}) is the bound",
+        sqs_once::poller::CLEANUP
+    );
+    assert!(
+        ledger_rows(&ddb, &l.ledger).await.is_empty(),
+        "nothing applied"
     );
 }
