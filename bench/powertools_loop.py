@@ -8,6 +8,7 @@ Prints the number of messages it deleted.
 import json
 import os
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import boto3
@@ -19,6 +20,9 @@ from aws_lambda_powertools.utilities.idempotency import (
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
 )
+
+# Outside Lambda there is no remaining-time context; Powertools warns on every call.
+warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
 
 QUEUE_URL = os.environ["QUEUE_URL"]
 LEDGER_TABLE = os.environ["LEDGER_TABLE"]
