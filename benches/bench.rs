@@ -5,16 +5,14 @@
 //! (AWS calls per message, bytes). Every throughput run checks the ledger
 //! sums, so a fast wrong run cannot count.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, QueueAttributeName, SendMessageBatchRequestEntry,
-};
+use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use serde_json::json;
 use sqs_once::calls::CallCounter;
 use sqs_once::config::ProcessorConfig;
@@ -25,14 +23,11 @@ use sqs_once::setup::{QueuePair, ensure_dedup_table, ensure_queue_with_dlq, ensu
 use sqs_once::{DynamoStore, Processor, handler_fn};
 use tokio_util::sync::CancellationToken;
 
-const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::{depth, env_or, ledger_rows, send_all, unique};
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
 
 fn endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
@@ -49,13 +44,6 @@ async fn sdk() -> SdkConfig {
         .await
 }
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -63,9 +51,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Ledger events: `n` distinct over 10 accounts, `dup_rate` of them sent twice.
 /// Returns the bodies (shuffled deterministically) and the expected sums.
-fn events(n: usize, dup_rate: f64) -> (Vec<String>, BTreeMap<String, (i64, i64)>) {
+fn events(n: usize, dup_rate: f64) -> (Vec<String>, HashMap<String, (i64, i64)>) {
     let mut bodies = Vec::new();
-    let mut expected: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    let mut expected: HashMap<String, (i64, i64)> = HashMap::new();
     let every = if dup_rate > 0.0 {
         (1.0 / dup_rate).round() as usize
     } else {
@@ -85,77 +73,6 @@ fn events(n: usize, dup_rate: f64) -> (Vec<String>, BTreeMap<String, (i64, i64)>
         bodies.push(body);
     }
     (bodies, expected)
-}
-
-async fn send_all(sqs: &aws_sdk_sqs::Client, url: &str, bodies: &[String]) {
-    let mut sends = tokio::task::JoinSet::new();
-    for chunk in bodies.chunks(10) {
-        let entries: Vec<_> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(b)
-                    .build()
-                    .unwrap()
-            })
-            .collect();
-        let (sqs, url) = (sqs.clone(), url.to_owned());
-        sends.spawn(async move {
-            sqs.send_message_batch()
-                .queue_url(url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .unwrap()
-        });
-        if sends.len() >= 8 {
-            sends.join_next().await;
-        }
-    }
-    while sends.join_next().await.is_some() {}
-}
-
-async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
-    sqs.get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap_or_default()
-        .values()
-        .map(|v| v.parse::<u64>().unwrap_or(0))
-        .sum()
-}
-
-async fn ledger_rows(ddb: &aws_sdk_dynamodb::Client, table: &str) -> BTreeMap<String, (i64, i64)> {
-    let items = ddb
-        .scan()
-        .table_name(table)
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .items
-        .unwrap_or_default();
-    items
-        .into_iter()
-        .map(|i| {
-            let n = |k: &str| {
-                i.get(k)
-                    .and_then(|v| v.as_n().ok())
-                    .map_or(0, |v| v.parse().unwrap())
-            };
-            (
-                i["pk"].as_s().unwrap().clone(),
-                (n("balance_cents"), n("applied_events")),
-            )
-        })
-        .collect()
 }
 
 struct Setup {

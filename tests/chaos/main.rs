@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_config::{BehaviorVersion, Region};
-use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
@@ -37,14 +37,11 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Mutex;
 
-const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
+#[path = "../support/mod.rs"]
+mod support;
+use support::{depth, env_or};
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
 
 /// A small deterministic generator (xorshift64*), so a run can be repeated.
 struct Rng(u64);
@@ -304,21 +301,6 @@ async fn send(sqs: &aws_sdk_sqs::Client, url: &str, fifo: bool, batch: &[&Event]
             .unwrap();
         assert!(out.failed().is_empty(), "send failed: {:?}", out.failed());
     }
-}
-
-async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
-    let attrs = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap_or_default();
-    attrs.values().map(|v| v.parse::<u64>().unwrap_or(0)).sum()
 }
 
 /// (account -> (balance, applied_events, applied_seq)) of a ledger table.

@@ -1,6 +1,9 @@
 //! Clients and unique resources for tests against LocalStack.
 
-use std::collections::HashMap;
+#[path = "../support/mod.rs"]
+mod support;
+pub use support::{depth, ledger_rows, send_all, unique};
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,7 +12,6 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use sqs_once::setup::{QueuePair, ensure_queue_with_dlq};
@@ -41,14 +43,6 @@ pub async fn sdk_config() -> SdkConfig {
 
 pub async fn ddb() -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::new(&sdk_config().await)
-}
-
-/// A name no other test (or earlier run against the same LocalStack) uses.
-pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
 }
 
 /// A fresh dedup table (key `pk`, TTL on `expires_at`).
@@ -118,74 +112,6 @@ pub async fn queues(sqs: &aws_sdk_sqs::Client, fifo: bool, visibility: u64) -> Q
     ensure_queue_with_dlq(sqs, &unique("q"), fifo, Duration::from_secs(visibility), 5)
         .await
         .unwrap()
-}
-
-pub async fn send_all(sqs: &aws_sdk_sqs::Client, url: &str, bodies: &[String]) {
-    for chunk in bodies.chunks(10) {
-        let entries = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(b)
-                    .build()
-                    .unwrap()
-            })
-            .collect();
-        let out = sqs
-            .send_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .unwrap();
-        assert!(out.failed().is_empty(), "{:?}", out.failed());
-    }
-}
-
-/// Visible plus in-flight messages.
-pub async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
-    let a = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap_or_default();
-    a.values().map(|v| v.parse::<u64>().unwrap()).sum()
-}
-
-pub async fn ledger_rows(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-) -> HashMap<String, (i64, i64)> {
-    let items = client
-        .scan()
-        .table_name(table)
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .items
-        .unwrap_or_default();
-    items
-        .into_iter()
-        .map(|i| {
-            let n = |k: &str| {
-                i.get(k)
-                    .and_then(|v| v.as_n().ok())
-                    .map_or(0, |v| v.parse().unwrap())
-            };
-            (
-                i["pk"].as_s().unwrap().clone(),
-                (n("balance_cents"), n("applied_events")),
-            )
-        })
-        .collect()
 }
 
 /// A queue pair, a dedup table and a ledger table for the `ledger` binary.
