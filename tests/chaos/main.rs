@@ -5,7 +5,8 @@
 //! 2,000; half to a standard queue, half to a FIFO queue) of which
 //! `CHAOS_DUPLICATES` (default 0.3) are sent again, some right away and some
 //! later (after every original is sent, plus `CHAOS_LATE_SECS`); runs
-//! `CHAOS_POLLERS` `ledger` processes (default 4, half per queue) whose AWS
+//! `CHAOS_POLLERS` `ledger` processes (default 4, half per queue; FIFO events in
+//! `CHAOS_FIFO_GROUPS` message groups, default 5) whose AWS
 //! traffic goes through a fault-injecting HTTP proxy; and on a schedule:
 //! SIGKILLs and restarts a poller, SIGTERMs and restarts one, loses responses
 //! after the request committed, delays responses past the SDK's 5 s attempt
@@ -404,6 +405,7 @@ async fn run() -> bool {
     let dup_rate: f64 = env_or("CHAOS_DUPLICATES", 0.3);
     let pollers_n: usize = env_or("CHAOS_POLLERS", 4).max(2);
     let late_secs: u64 = env_or("CHAOS_LATE_SECS", 10);
+    let fifo_groups: usize = env_or("CHAOS_FIFO_GROUPS", 5usize).max(1);
     // `message-id` here shows the checker catching doubles (re-sent events get
     // new message ids).
     let dedup_key: String = env_or("CHAOS_DEDUP_KEY", "json:/id".to_owned());
@@ -443,12 +445,12 @@ async fn run() -> bool {
     }
 
     // Events: the first half to the standard queue (7 accounts), the second to
-    // the FIFO queue (5 groups, one account each).
+    // the FIFO queue (CHAOS_FIFO_GROUPS groups, default 5, one account each).
     let events: Vec<Event> = (0..events_n)
         .map(|i| {
             let fifo = i >= events_n / 2;
             let account = if fifo {
-                format!("group-{}", i % 5)
+                format!("group-{}", i % fifo_groups)
             } else {
                 format!("acct-{}", i % 7)
             };
