@@ -190,6 +190,7 @@ async fn forward(
 
 struct Pollers {
     children: Vec<Option<tokio::process::Child>>,
+    started: Vec<Instant>,
     envs: Vec<Vec<(String, String)>>,
     panics: Arc<AtomicU64>,
 }
@@ -215,6 +216,7 @@ impl Pollers {
             }
         });
         self.children[i] = Some(child);
+        self.started[i] = Instant::now();
     }
 
     async fn kill(&mut self, i: usize) {
@@ -226,6 +228,10 @@ impl Pollers {
 
     /// SIGTERM, wait for the drain, restart. False when it did not exit 0 in 30 s.
     async fn terminate(&mut self, i: usize) -> bool {
+        // A signal that arrives before a process has installed any handler kills
+        // it whatever the program does: give a just-(re)started poller 2 s.
+        let settled = self.started[i] + Duration::from_secs(2);
+        tokio::time::sleep_until(settled.into()).await;
         let mut clean = true;
         if let Some(mut c) = self.children[i].take() {
             if let Some(pid) = c.id() {
@@ -486,6 +492,7 @@ async fn run() -> bool {
     let panics = Arc::new(AtomicU64::new(0));
     let mut pollers = Pollers {
         children: Vec::new(),
+        started: Vec::new(),
         envs: Vec::new(),
         panics: panics.clone(),
     };
@@ -521,6 +528,7 @@ async fn run() -> bool {
         .collect();
         pollers.envs.push(env);
         pollers.children.push(None);
+        pollers.started.push(Instant::now());
         pollers.spawn(i);
     }
     let pollers = Arc::new(Mutex::new(pollers));
