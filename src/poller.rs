@@ -277,6 +277,33 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     }
 }
 
+/// Every heartbeat, extends the visibility of the messages waiting in a FIFO
+/// lane to a heartbeat beyond what the running message's heartbeat gives it.
+async fn keep_waiting_invisible<S: DedupStore, H: Handler>(
+    shared: Arc<Shared<S, H>>,
+    waiting: Arc<std::sync::Mutex<std::collections::VecDeque<Message>>>,
+) {
+    let config = shared.processor.config();
+    let (every, horizon) = (config.heartbeat, config.lease + config.heartbeat);
+    loop {
+        tokio::time::sleep(every).await;
+        let now: Vec<Message> = waiting.lock().expect("lane").iter().cloned().collect();
+        for m in now {
+            if let Some(receipt) = m.receipt_handle()
+                && let Err(e) = crate::sqs::set_visibility(
+                    &shared.sqs,
+                    &shared.config.queue_url,
+                    receipt,
+                    horizon,
+                )
+                .await
+            {
+                warn!(error = %e, "could not extend a waiting message's visibility");
+            }
+        }
+    }
+}
+
 /// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
 /// within a batch are sent once. A batch is sent when it is full or `wait` after
 /// its first receipt; when the channel closes, what is pending is flushed.
@@ -473,9 +500,26 @@ pub async fn run<S: DedupStore, H: Handler>(
             let mut lane_permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let shared = shared.clone();
             tracker.spawn(async move {
-                let mut rest = lane.into_iter().peekable();
+                let waiting = Arc::new(std::sync::Mutex::new(
+                    lane.into_iter().collect::<std::collections::VecDeque<_>>(),
+                ));
+                // FIFO: the messages waiting behind the running one stay invisible
+                // a heartbeat longer than it, so after a crash the group comes
+                // back in order even where the queue does not block a group
+                // behind an invisible message.
+                let keeper = (fifo && waiting.lock().expect("lane").len() > 1)
+                    .then(|| tokio::spawn(keep_waiting_invisible(shared.clone(), waiting.clone())));
                 let mut hold = Duration::ZERO;
-                while let Some(m) = rest.next_if(|_| !shared.stop.is_cancelled()) {
+                loop {
+                    let next = {
+                        let mut w = waiting.lock().expect("lane");
+                        if shared.stop.is_cancelled() {
+                            None
+                        } else {
+                            w.pop_front()
+                        }
+                    };
+                    let Some(m) = next else { break };
                     let failed = shared.handle(m).await;
                     lane_permits.pop();
                     if let Some(delay) = failed
@@ -485,10 +529,14 @@ pub async fn run<S: DedupStore, H: Handler>(
                         break;
                     }
                 }
+                if let Some(k) = keeper {
+                    k.abort();
+                }
                 // After a FIFO failure (or at shutdown) the rest of the lane is
                 // released unprocessed. In a group it comes back no sooner than
                 // the failed message, so the order holds even on a queue that does
                 // not block a group behind an invisible message.
+                let rest: Vec<Message> = waiting.lock().expect("lane").drain(..).collect();
                 for m in rest {
                     shared.count(|s| s.held_back += 1);
                     shared.retry_later(&m, hold).await;
