@@ -370,20 +370,30 @@ impl DynamoStore {
         let mut remove = vec!["lease_until"];
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
+        self.record_update(&c.pk, expr, OWNED_CONDITION, values)
+    }
+
+    /// A conditional update of the record `pk` (the old item returned when the
+    /// condition fails), for use in a transaction or on its own.
+    fn record_update(
+        &self,
+        pk: &str,
+        expr: String,
+        condition: &str,
+        values: HashMap<String, AttributeValue>,
+    ) -> Result<Update, StoreError> {
         let all = names(&[
             ("#owner", "owner"),
             ("#status", "status"),
             ("#result", "result"),
+            ("#error", "error"),
         ]);
         Update::builder()
             .table_name(&*self.table)
-            .key(KEY_ATTRIBUTE, s(&c.pk))
-            .set_expression_attribute_names(Some(used_names(
-                &all,
-                &format!("{expr} {OWNED_CONDITION}"),
-            )))
+            .key(KEY_ATTRIBUTE, s(pk))
+            .set_expression_attribute_names(Some(used_names(&all, &format!("{expr} {condition}"))))
             .update_expression(expr)
-            .condition_expression(OWNED_CONDITION)
+            .condition_expression(condition)
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
@@ -773,25 +783,7 @@ impl DedupStore for DynamoStore {
         let mut remove = vec!["lease_until", "#error"];
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
-        let all = names(&[
-            ("#owner", "owner"),
-            ("#status", "status"),
-            ("#result", "result"),
-            ("#error", "error"),
-        ]);
-        let record = Update::builder()
-            .table_name(&*self.table)
-            .key(KEY_ATTRIBUTE, s(&c.pk))
-            .set_expression_attribute_names(Some(used_names(
-                &all,
-                &format!("{expr} {CLAIM_CONDITION}"),
-            )))
-            .update_expression(expr)
-            .condition_expression(CLAIM_CONDITION)
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let record = self.record_update(&c.pk, expr, CLAIM_CONDITION, values)?;
         let (items, token) = transaction("fast", record, &c.writes, &c.pk, &c.owner);
         let token = token.as_str();
         self.retrying("commit (fast path)", || async {
