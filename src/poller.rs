@@ -277,33 +277,6 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     }
 }
 
-/// Every heartbeat, extends the visibility of the messages waiting in a FIFO
-/// lane to a heartbeat beyond what the running message's heartbeat gives it.
-async fn keep_waiting_invisible<S: DedupStore, H: Handler>(
-    shared: Arc<Shared<S, H>>,
-    waiting: Arc<std::sync::Mutex<std::collections::VecDeque<Message>>>,
-) {
-    let config = shared.processor.config();
-    let (every, horizon) = (config.heartbeat, config.lease + config.heartbeat);
-    loop {
-        tokio::time::sleep(every).await;
-        let now: Vec<Message> = waiting.lock().expect("lane").iter().cloned().collect();
-        for m in now {
-            if let Some(receipt) = m.receipt_handle()
-                && let Err(e) = crate::sqs::set_visibility(
-                    &shared.sqs,
-                    &shared.config.queue_url,
-                    receipt,
-                    horizon,
-                )
-                .await
-            {
-                warn!(error = %e, "could not extend a waiting message's visibility");
-            }
-        }
-    }
-}
-
 /// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
 /// within a batch are sent once. A batch is sent when it is full or `wait` after
 /// its first receipt; when the channel closes, what is pending is flushed.
@@ -500,46 +473,33 @@ pub async fn run<S: DedupStore, H: Handler>(
             let mut lane_permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let shared = shared.clone();
             tracker.spawn(async move {
-                let waiting = Arc::new(std::sync::Mutex::new(
-                    lane.into_iter().collect::<std::collections::VecDeque<_>>(),
-                ));
-                // FIFO: the messages waiting behind the running one stay invisible
-                // a heartbeat longer than it, so after a crash the group comes
-                // back in order even where the queue does not block a group
-                // behind an invisible message.
-                let keeper = (fifo && waiting.lock().expect("lane").len() > 1)
-                    .then(|| tokio::spawn(keep_waiting_invisible(shared.clone(), waiting.clone())));
+                let mut rest = lane.into_iter().peekable();
                 let mut hold = Duration::ZERO;
-                loop {
-                    let next = {
-                        let mut w = waiting.lock().expect("lane");
-                        if shared.stop.is_cancelled() {
-                            None
-                        } else {
-                            w.pop_front()
-                        }
-                    };
-                    let Some(m) = next else { break };
+                while let Some(m) = rest.next_if(|_| !shared.stop.is_cancelled()) {
+                    let failed_message = fifo.then(|| m.clone());
                     let failed = shared.handle(m).await;
                     lane_permits.pop();
-                    if let Some(delay) = failed
-                        && fifo
-                    {
+                    if let (Some(delay), Some(first)) = (failed, failed_message) {
                         hold = delay;
+                        // The rest of the group must not come back before the
+                        // failed message: give them a shorter delay, so they stay
+                        // behind it (an emulator that re-opens a group when an
+                        // earlier-received message reappears would otherwise
+                        // hand one out while the failed message is in flight).
+                        if rest.peek().is_some() && hold < Duration::from_secs(2) {
+                            hold = Duration::from_secs(2);
+                            shared.retry_later(&first, hold).await;
+                        }
                         break;
                     }
                 }
-                if let Some(k) = keeper {
-                    k.abort();
-                }
                 // After a FIFO failure (or at shutdown) the rest of the lane is
-                // released unprocessed. In a group it comes back no sooner than
-                // the failed message, so the order holds even on a queue that does
-                // not block a group behind an invisible message.
-                let rest: Vec<Message> = waiting.lock().expect("lane").drain(..).collect();
+                // released unprocessed, one second sooner than the failed message
+                // (or at once at shutdown).
+                let rest_after = hold.saturating_sub(Duration::from_secs(1));
                 for m in rest {
                     shared.count(|s| s.held_back += 1);
-                    shared.retry_later(&m, hold).await;
+                    shared.retry_later(&m, rest_after).await;
                 }
             });
         }
