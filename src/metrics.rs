@@ -324,7 +324,10 @@ mod tests {
     fn histogram_buckets_are_within_a_quarter_of_the_sample() {
         for ms in [0.5, 1.0, 3.0, 20.0, 123.0, 2_000.0, 60_000.0] {
             let b = Histogram::value(Histogram::bucket(ms));
-            assert!(b >= ms && b <= ms.max(1.0) * BUCKET_RATIO + 1e-9, "{ms} -> {b}");
+            assert!(
+                b >= ms && b <= ms.max(1.0) * BUCKET_RATIO + 1e-9,
+                "{ms} -> {b}"
+            );
         }
         let m = Metrics::default();
         for i in 1..=100 {
