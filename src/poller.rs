@@ -161,8 +161,9 @@ pub async fn check_queue(
     Ok(())
 }
 
-/// Converts a received SQS message; `None` (logged) for one without id or receipt.
-fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
+/// Converts a received SQS message (received with all system and message
+/// attributes); `None` (logged) for one without id or receipt handle.
+pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
         error!("received a message without id or receipt handle; left to its visibility timeout");
         return None;

@@ -104,14 +104,17 @@ pub enum ParkError {
 }
 
 /// The DLQ where permanent failures are parked, with its size limit read once.
-pub(crate) struct Dlq {
+/// Both runtimes park through it.
+#[derive(Debug)]
+pub struct Dlq {
     sqs: Client,
     url: String,
     max_bytes: tokio::sync::OnceCell<usize>,
 }
 
 impl Dlq {
-    pub(crate) fn new(sqs: Client, url: impl Into<String>) -> Self {
+    /// The DLQ at `url`.
+    pub fn new(sqs: Client, url: impl Into<String>) -> Self {
         Self {
             sqs,
             url: url.into(),
@@ -119,7 +122,8 @@ impl Dlq {
         }
     }
 
-    pub(crate) fn url(&self) -> &str {
+    /// The DLQ's URL.
+    pub fn url(&self) -> &str {
         &self.url
     }
 
@@ -157,7 +161,7 @@ impl Dlq {
     /// delivery's id), as far as SQS's attribute count and the DLQ's size limit
     /// allow; the reason is shortened to fit, the body is never altered. The
     /// caller deletes the original after this succeeds.
-    pub(crate) async fn park(
+    pub async fn park(
         &self,
         message: &Message,
         reason: &str,

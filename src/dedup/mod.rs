@@ -399,7 +399,7 @@ pub enum StoreError {
     },
     /// A staged item is over DynamoDB's 400 KB item limit; nothing was written.
     #[error(
-        "staged write #{index} is ~{bytes} bytes; DynamoDB items hold at most {MAX_ITEM_BYTES}"
+        "staged write #{index} is ~{bytes} bytes; DynamoDB items hold at most 400 KB ({MAX_ITEM_BYTES} bytes)"
     )]
     ItemTooLarge {
         /// Index among the staged writes.

@@ -699,3 +699,50 @@ async fn ledger_function_with_a_bad_setting_fails_its_invocations_and_loses_noth
     );
     function.shutdown().await;
 }
+
+/// Regression (holes review): a failed `GetQueueUrl` was cached for the life
+/// of the environment, so every later invocation ran without visibility
+/// changes (no backoff, no heartbeat) for that queue.
+#[tokio::test]
+async fn a_failed_queue_url_lookup_is_tried_again_by_the_next_invocation() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let name = unique("late-queue");
+    let handler = handler_fn(|_m, _c| async { Err(HandlerError::retry("not yet")) });
+    let mut pconf = ProcessorConfig::new("c");
+    pconf.backoff_base = Duration::from_secs(1);
+    let dedup = dedup_table(&ddb).await;
+    let a = adapter(&dedup, handler, pconf, LambdaConfig::default()).await;
+    // The queue does not exist yet: the lookup fails.
+    let arn = format!("arn:aws:sqs:us-east-1:000000000000:{name}");
+    let early = json!({"Records": [{
+        "messageId": "early", "receiptHandle": "none", "body": "x",
+        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+        "eventSource": "aws:sqs", "eventSourceARN": arn, "awsRegion": "us-east-1"
+    }]});
+    a.handle(early, in_secs(60)).await.unwrap();
+    // Now it exists, with a long visibility timeout.
+    let url = sqs
+        .create_queue()
+        .queue_name(&name)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+            "300",
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    send_all(&sqs, &url, &["x".to_owned()]).await;
+    let event = receive_event(&sqs, &url, 1).await;
+    assert_eq!(event["Records"][0]["eventSourceARN"], json!(arn));
+    let response = a.handle(event, in_secs(60)).await.unwrap();
+    assert_eq!(failures(&response).len(), 1);
+    // The retry delay was set through the looked-up URL: back after 1 s,
+    // not after the queue's 300 s.
+    let again = receive_event(&sqs, &url, 1).await;
+    assert_eq!(
+        again["Records"][0]["attributes"]["ApproximateReceiveCount"],
+        json!("2")
+    );
+}

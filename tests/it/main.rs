@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod contract;
 mod dynamodb;
+mod holes;
 mod lambda;
 mod payments;
 mod poller;

@@ -1,0 +1,630 @@
+//! Regression tests of the holes an adversarial review found in the
+//! exactly-once promise, against LocalStack (SQS and DynamoDB semantics).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use sqs_once::config::ProcessorConfig;
+use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
+use sqs_once::poller::PollerConfig;
+use sqs_once::sqs::Dlq;
+use sqs_once::{
+    Context, DynamoStore, Handler, HandlerError, HandlerResult, Message, Outcome, Processor,
+    handler_fn,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{ddb, dedup_table, depth, sqs, unique};
+
+fn string_attr(v: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .unwrap()
+}
+
+/// A queue and its DLQ with the given visibility timeout and maxReceiveCount.
+async fn queue_pair(
+    sqs: &aws_sdk_sqs::Client,
+    fifo: bool,
+    visibility: u64,
+    max_receives: u32,
+) -> sqs_once::setup::QueuePair {
+    sqs_once::setup::ensure_queue_with_dlq(
+        sqs,
+        &unique("holes"),
+        fifo,
+        Duration::from_secs(visibility),
+        max_receives,
+    )
+    .await
+    .unwrap()
+}
+
+/// Receives every message of a queue (all attributes), until it answers empty.
+async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::types::Message> {
+    let mut out = Vec::new();
+    loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
+/// Item 2: a receive of one FIFO group runs its messages one after the other;
+/// the waiting ones must stay invisible for as long as the lane takes, or
+/// another poller receives them, their receive counts climb and applied
+/// messages end in the DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifo_messages_waiting_in_a_lane_longer_than_the_visibility_timeout_are_applied_once_in_order()
+ {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&sqs, true, 5, 3).await;
+    let table = dedup_table(&ddb).await;
+    // Two groups of 10: a lane of 10 messages at 1 s each takes 10 s, twice
+    // the 5 s visibility timeout. Deletes go out at once, so between two
+    // messages of a lane the group has nothing in flight but what waits.
+    let mut sent = Vec::new();
+    for g in ["a", "b"] {
+        let entries: Vec<_> = (0..10)
+            .map(|i| {
+                aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                    .id(format!("e{i}"))
+                    .message_body(format!(r#"{{"id":"{g}-{i}","group":"{g}","seq":{i}}}"#))
+                    .message_group_id(g)
+                    .message_deduplication_id(format!("{g}-{i}"))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        sqs.send_message_batch()
+            .queue_url(&q.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap();
+        sent.extend((0..10).map(|i| format!("{g}-{i}")));
+    }
+    let applied: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let handler = {
+        let applied = applied.clone();
+        handler_fn(move |m: Message, _ctx| {
+            let applied = applied.clone();
+            async move {
+                #[derive(serde::Deserialize)]
+                struct E {
+                    group: String,
+                    seq: u64,
+                }
+                let e: E = m.json().map_err(HandlerError::permanent)?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                applied.lock().unwrap().push((e.group, e.seq));
+                Ok(None)
+            }
+        })
+    };
+    let mut pc = ProcessorConfig::new("fifo-lanes");
+    pc.key_source = "json:/id".parse().unwrap();
+    pc.lease = Duration::from_secs(6);
+    pc.heartbeat = Duration::from_secs(2);
+    let shutdown = CancellationToken::new();
+    let mut pollers = Vec::new();
+    for _ in 0..2 {
+        let store = DynamoStore::new(ddb.clone(), table.clone());
+        let processor = Processor::new(store, handler.clone(), pc.clone()).unwrap();
+        let mut config = PollerConfig::new(&q.queue_url);
+        config.dlq_url = Some(q.dlq_url.clone());
+        config.wait_time = Duration::from_secs(1);
+        config.concurrency = 10;
+        config.batch_wait = Duration::from_millis(50);
+        pollers.push(tokio::spawn(sqs_once::poller::run(
+            sqs.clone(),
+            processor,
+            config,
+            shutdown.clone(),
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while applied.lock().unwrap().len() < 20 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Let the deletes land, then stop.
+    while depth(&sqs, &q.queue_url).await > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    let mut received = 0;
+    let mut bounced = 0;
+    for p in pollers {
+        let stats = p.await.unwrap();
+        received += stats.received;
+        bounced += stats.in_flight + stats.held_back + stats.retried;
+    }
+    let applied = applied.lock().unwrap().clone();
+    let mut count: HashMap<(String, u64), u32> = HashMap::new();
+    for a in &applied {
+        *count.entry(a.clone()).or_default() += 1;
+    }
+    let doubled: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(doubled.is_empty(), "applied more than once: {doubled:?}");
+    assert_eq!(count.len(), 20, "lost: applied {applied:?}");
+    for g in ["a", "b"] {
+        let order: Vec<u64> = applied
+            .iter()
+            .filter(|(group, _)| group == g)
+            .map(|(_, s)| *s)
+            .collect();
+        assert_eq!(order, (0..10).collect::<Vec<_>>(), "group {g} out of order");
+    }
+    assert_eq!(
+        depth(&sqs, &q.dlq_url).await,
+        0,
+        "applied messages in the DLQ"
+    );
+    // Nothing failed, so nothing should have been handed out twice: a waiting
+    // message that became visible is received again by the other poller.
+    assert_eq!(received, 20, "messages received again while they waited");
+    assert_eq!(bounced, 0, "messages sent back while they waited");
+}
+
+/// A handler that fails permanently with a fixed reason.
+fn always_permanent(reason: &'static str) -> impl Handler {
+    handler_fn(move |_m, _c| async move { Err(HandlerError::permanent(reason)) })
+}
+
+/// Runs one poller over `queue` with `handler` until the queue is empty.
+async fn poll_until_empty<H: Handler>(
+    sqs: &aws_sdk_sqs::Client,
+    ddb: &aws_sdk_dynamodb::Client,
+    q: &sqs_once::setup::QueuePair,
+    key: &str,
+    handler: H,
+) {
+    let mut pc = ProcessorConfig::new(unique("c"));
+    pc.key_source = key.parse().unwrap();
+    let store = DynamoStore::new(ddb.clone(), dedup_table(ddb).await);
+    let processor = Processor::new(store, handler, pc).unwrap();
+    let mut config = PollerConfig::new(&q.queue_url);
+    config.dlq_url = Some(q.dlq_url.clone());
+    config.wait_time = Duration::from_secs(1);
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(sqs_once::poller::run(
+        sqs.clone(),
+        processor,
+        config,
+        shutdown.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while depth(sqs, &q.queue_url).await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "not drained");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    poller.await.unwrap();
+}
+
+/// Item 5: the parked copy keeps every attribute exactly (Number, Binary and
+/// custom types included) and carries this park's reason, not an old one.
+#[tokio::test]
+async fn a_parked_copy_keeps_every_attribute_with_its_type_and_the_latest_reason() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&sqs, false, 30, 5).await;
+    let typed = |t: &str, v: &str| {
+        MessageAttributeValue::builder()
+            .data_type(t)
+            .string_value(v)
+            .build()
+            .unwrap()
+    };
+    let binary = MessageAttributeValue::builder()
+        .data_type("Binary")
+        .binary_value(Blob::new(vec![0u8, 159, 146, 150, 255]))
+        .build()
+        .unwrap();
+    let original: HashMap<String, MessageAttributeValue> = HashMap::from([
+        ("order".to_owned(), typed("String", "o-1")),
+        ("amount".to_owned(), typed("Number", "12.50")),
+        ("sku".to_owned(), typed("String.sku", "X-9")),
+        ("ratio".to_owned(), typed("Number.float", "0.25")),
+        ("blob".to_owned(), binary),
+        // Left by an earlier park and redrive.
+        ("sqs_once_reason".to_owned(), string_attr("an old reason")),
+    ]);
+    sqs.send_message()
+        .queue_url(&q.queue_url)
+        .message_body("the body")
+        .set_message_attributes(Some(original.clone()))
+        .send()
+        .await
+        .unwrap();
+    poll_until_empty(
+        &sqs,
+        &ddb,
+        &q,
+        "attribute:order",
+        always_permanent("card declined"),
+    )
+    .await;
+    let parked = drain(&sqs, &q.dlq_url).await;
+    assert_eq!(parked.len(), 1);
+    let attrs = parked[0].message_attributes().unwrap();
+    for (name, value) in &original {
+        if name == "sqs_once_reason" {
+            continue;
+        }
+        assert_eq!(attrs.get(name), Some(value), "attribute {name} changed");
+    }
+    let reason = attrs["sqs_once_reason"].string_value().unwrap();
+    assert!(reason.contains("card declined"), "{reason}");
+    assert_eq!(attrs["sqs_once_dedup_key"].string_value(), Some("o-1"));
+    assert_eq!(parked[0].body(), Some("the body"));
+}
+
+/// Item 5: a body near the queue's size limit can still be parked: the reason
+/// is shortened to fit the DLQ's MaximumMessageSize; the body is unchanged.
+#[tokio::test]
+async fn a_body_near_the_size_limit_is_parked_with_the_reason_shortened_to_fit() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&sqs, false, 30, 5).await;
+    let limit = 262_144;
+    for url in [&q.queue_url, &q.dlq_url] {
+        sqs.set_queue_attributes()
+            .queue_url(url)
+            .attributes(QueueAttributeName::MaximumMessageSize, limit.to_string())
+            .send()
+            .await
+            .unwrap();
+    }
+    let body = format!(r#"{{"id":"big","pad":"{}"}}"#, "x".repeat(262_080 - 21));
+    assert_eq!(body.len(), 262_080);
+    sqs.send_message()
+        .queue_url(&q.queue_url)
+        .message_body(&body)
+        .message_attributes("kind", string_attr("big"))
+        .send()
+        .await
+        .unwrap();
+    let long_reason: &'static str = Box::leak("insufficient funds; ".repeat(200).into_boxed_str());
+    poll_until_empty(&sqs, &ddb, &q, "json:/id", always_permanent(long_reason)).await;
+    let parked = drain(&sqs, &q.dlq_url).await;
+    assert_eq!(parked.len(), 1, "not parked");
+    assert_eq!(parked[0].body(), Some(body.as_str()), "body altered");
+    let attrs = parked[0].message_attributes().unwrap();
+    assert_eq!(attrs["kind"].string_value(), Some("big"));
+    let size: usize = body.len()
+        + attrs
+            .iter()
+            .map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len))
+            .sum::<usize>();
+    assert!(size <= limit, "{size} > {limit}");
+    if let Some(reason) = attrs.get("sqs_once_reason") {
+        let reason = reason.string_value().unwrap();
+        assert!(
+            reason.starts_with("handler failed permanently: insufficient funds"),
+            "{reason}"
+        );
+        assert!(reason.len() < long_reason.len(), "reason not shortened");
+    }
+}
+
+/// A handler that stages `writes(table)` and succeeds.
+fn staging(table: String, writes: fn(&str) -> Vec<TransactWriteItem>) -> impl Handler {
+    sqs_once::staged_only(handler_fn(move |_m, ctx: Context| {
+        let table = table.clone();
+        async move {
+            for w in writes(&table) {
+                ctx.stage(w);
+            }
+            HandlerResult::Ok(None)
+        }
+    }))
+}
+
+fn put(table: &str, pk: &str, pad: usize) -> TransactWriteItem {
+    TransactWriteItem::builder()
+        .put(
+            Put::builder()
+                .table_name(table)
+                .item("pk", AttributeValue::S(pk.to_owned()))
+                .item("pad", AttributeValue::S("x".repeat(pad)))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+/// Item 6: a request DynamoDB rejects as invalid can never succeed: the message
+/// is parked with the service's message, not retried until the redrive policy.
+#[tokio::test]
+async fn requests_dynamodb_rejects_as_invalid_are_parked_not_retried() {
+    let ddb = ddb().await;
+    let ledger = unique("ledger");
+    sqs_once::setup::ensure_table(&ddb, &ledger).await.unwrap();
+    let table = dedup_table(&ddb).await;
+    let cases: [(&str, fn(&str) -> Vec<TransactWriteItem>, &str); 2] = [
+        ("a 401 KB item", |t| vec![put(t, "big", 401 * 1024)], "400"),
+        (
+            "two operations on one item",
+            |t| vec![put(t, "same", 1), put(t, "same", 2)],
+            "one item",
+        ),
+    ];
+    for fast in [true, false] {
+        for (what, writes, says) in cases {
+            let mut pc = ProcessorConfig::new(unique("c"));
+            pc.key_source = "message-id".parse().unwrap();
+            pc.fast_path = fast;
+            let store = DynamoStore::new(ddb.clone(), table.clone());
+            let p = Processor::new(store, staging(ledger.clone(), writes), pc).unwrap();
+            let o = p.process(Message::new(unique("m"), "{}")).await;
+            match &o {
+                Outcome::Park { reason } => assert!(
+                    reason.contains(says),
+                    "{what} (fast path {fast}): reason {reason:?} should say {says:?}"
+                ),
+                other => panic!("{what} (fast path {fast}): {other:?}, expected parked"),
+            }
+        }
+    }
+}
+
+/// Sends a parked copy back to the source queue as SQS's move task does: the
+/// body and every attribute, as a new message (new id).
+async fn move_back(
+    sqs: &aws_sdk_sqs::Client,
+    parked: &aws_sdk_sqs::types::Message,
+    to: &str,
+    group: Option<&str>,
+) {
+    let mut send = sqs
+        .send_message()
+        .queue_url(to)
+        .message_body(parked.body().unwrap())
+        .set_message_attributes(parked.message_attributes().cloned());
+    if let Some(g) = group {
+        send = send
+            .message_group_id(g)
+            .message_deduplication_id(uuid::Uuid::new_v4().to_string());
+    }
+    send.send().await.unwrap();
+}
+
+/// Receives one message from `url` (with all attributes) as the runtimes see it.
+async fn receive_one(sqs: &aws_sdk_sqs::Client, url: &str) -> Message {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(1)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if let Some(m) = got.into_iter().next() {
+            return sqs_once::poller::to_message(m).unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "nothing to receive");
+    }
+}
+
+/// Item 7: a redelivery of a parked message (its delete failed) is not run
+/// again, even if it would now pass; a copy brought back from the DLQ is
+/// processed again under the same dedup and idempotency keys, with
+/// `message-id` and `dedup-id` keys too, and a second copy is a duplicate.
+#[tokio::test]
+async fn a_redelivered_parked_message_is_not_run_and_a_copy_brought_back_is_run_once() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    for (fifo, key) in [(false, "message-id"), (true, "dedup-id")] {
+        let q = queue_pair(&sqs, fifo, 30, 10).await;
+        let mut send = sqs
+            .send_message()
+            .queue_url(&q.queue_url)
+            .message_body(r#"{"amount":5}"#);
+        if fifo {
+            send = send.message_group_id("g").message_deduplication_id("d-1");
+        }
+        send.send().await.unwrap();
+        // Declined the first time, accepted whenever it runs again.
+        let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+        let handler = {
+            let runs = runs.clone();
+            handler_fn(move |_m, ctx: Context| {
+                let runs = runs.clone();
+                async move {
+                    let mut runs = runs.lock().unwrap();
+                    runs.push(ctx.idempotency_key().unwrap().to_owned());
+                    if runs.len() == 1 {
+                        return Err(HandlerError::permanent("insufficient funds"));
+                    }
+                    Ok(None)
+                }
+            })
+        };
+        let mut pc = ProcessorConfig::new(unique("c"));
+        pc.key_source = key.parse().unwrap();
+        let p = Processor::new(
+            DynamoStore::new(ddb.clone(), dedup_table(&ddb).await),
+            handler,
+            pc,
+        )
+        .unwrap();
+        let dlq = Dlq::new(sqs.clone(), &q.dlq_url);
+        let park = |m: Message, reason: String| {
+            let (dlq, p) = (&dlq, &p);
+            async move {
+                let key = p.config().key_source.extract(&m).unwrap();
+                dlq.park(&m, &reason, Some(&key)).await.unwrap();
+            }
+        };
+
+        // First delivery: parked, but the delete "fails": it comes back.
+        let first = receive_one(&sqs, &q.queue_url).await;
+        let Outcome::Park { reason } = p.process(first.clone()).await else {
+            panic!("not parked")
+        };
+        park(first.clone(), reason).await;
+        sqs.change_message_visibility()
+            .queue_url(&q.queue_url)
+            .receipt_handle(first.receipt_handle().unwrap())
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+        let again = receive_one(&sqs, &q.queue_url).await;
+        assert_eq!(again.id(), first.id());
+        let o = p.process(again.clone()).await;
+        let Outcome::Park { reason } = o else {
+            panic!("{key}: a redelivery of a parked message ran: {o:?}")
+        };
+        assert!(
+            reason.contains("redelivered after it was parked"),
+            "{reason}"
+        );
+        assert_eq!(runs.lock().unwrap().len(), 1, "{key}: the redelivery ran");
+        park(again.clone(), reason).await;
+        sqs.delete_message()
+            .queue_url(&q.queue_url)
+            .receipt_handle(again.receipt_handle().unwrap())
+            .send()
+            .await
+            .unwrap();
+
+        // Brought back from the DLQ (every copy there): runs once, same keys.
+        let parked = drain(&sqs, &q.dlq_url).await;
+        assert!(!parked.is_empty());
+        for copy in &parked {
+            move_back(&sqs, copy, &q.queue_url, fifo.then_some("g")).await;
+        }
+        let mut outcomes = Vec::new();
+        for _ in &parked {
+            let back = receive_one(&sqs, &q.queue_url).await;
+            assert_ne!(back.id(), first.id(), "a copy is a new message");
+            outcomes.push(p.process(back.clone()).await);
+            sqs.delete_message()
+                .queue_url(&q.queue_url)
+                .receipt_handle(back.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+        let completed = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Completed { .. }))
+            .count();
+        let duplicates = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Duplicate { .. }))
+            .count();
+        assert_eq!(
+            (completed, duplicates),
+            (1, parked.len() - 1),
+            "{key}: {outcomes:?}"
+        );
+        let runs = runs.lock().unwrap();
+        assert_eq!(runs.len(), 2, "{key}: runs {runs:?}");
+        assert_eq!(runs[0], runs[1], "{key}: the idempotency key changed");
+    }
+}
+
+/// Signals each time a `ReceiveMessage` request is about to be sent.
+#[derive(Debug)]
+struct ReceiveSent(Arc<tokio::sync::Notify>);
+
+impl aws_sdk_sqs::config::Intercept for ReceiveSent {
+    fn name(&self) -> &'static str {
+        "ReceiveSent"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _ctx: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _rc: &aws_sdk_sqs::config::RuntimeComponents,
+        cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let op = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>();
+        if op.is_some_and(|m| m.name() == "ReceiveMessage") {
+            self.0.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// Item 8: a SIGTERM while a long poll is open must not abandon what that
+/// receive takes: the messages come back visible at once, not after the
+/// visibility timeout (which on FIFO would also hold their groups).
+#[tokio::test]
+async fn messages_a_long_poll_takes_after_shutdown_are_given_back_at_once() {
+    let (plain, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&plain, false, 120, 5).await;
+    let sent = Arc::new(tokio::sync::Notify::new());
+    let conf = aws_sdk_sqs::config::Builder::from(&crate::common::sdk_config().await)
+        .interceptor(ReceiveSent(sent.clone()))
+        .build();
+    let watched = aws_sdk_sqs::Client::from_conf(conf);
+    let mut pc = ProcessorConfig::new(unique("c"));
+    pc.key_source = "message-id".parse().unwrap();
+    let store = DynamoStore::new(ddb.clone(), dedup_table(&ddb).await);
+    let processor = Processor::new(
+        store,
+        handler_fn(|_m, _c| async { panic!("must not run after shutdown") }),
+        pc,
+    )
+    .unwrap();
+    let mut config = PollerConfig::new(&q.queue_url);
+    config.wait_time = Duration::from_secs(10);
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(sqs_once::poller::run(
+        watched,
+        processor,
+        config,
+        shutdown.clone(),
+    ));
+    tokio::time::timeout(Duration::from_secs(10), sent.notified())
+        .await
+        .expect("the poller sends a receive");
+    // Stop while the long poll is open on the server, then give it a message
+    // to take. (The pause only lets the request arrive, so that the old
+    // behaviour, which dropped the receive, is caught; the fix passes
+    // whatever the timing.)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    plain
+        .send_message()
+        .queue_url(&q.queue_url)
+        .message_body("late")
+        .send()
+        .await
+        .unwrap();
+    let stats = tokio::time::timeout(Duration::from_secs(30), poller)
+        .await
+        .expect("the poller stops within the drain")
+        .unwrap();
+    assert_eq!(stats.completed + stats.retried, 0, "{stats:?}");
+    assert_eq!(stats.held_back, 1, "given back: {stats:?}");
+    // Visible again at once (the queue's visibility timeout is 120 s).
+    let got = drain(&plain, &q.queue_url).await;
+    assert_eq!(got.len(), 1, "the message was left invisible: {stats:?}");
+    assert_eq!(got[0].body(), Some("late"));
+}
