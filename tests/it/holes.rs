@@ -358,7 +358,8 @@ async fn requests_dynamodb_rejects_as_invalid_are_parked_not_retried() {
     let ledger = unique("ledger");
     sqs_once::setup::ensure_table(&ddb, &ledger).await.unwrap();
     let table = dedup_table(&ddb).await;
-    let cases: [(&str, fn(&str) -> Vec<TransactWriteItem>, &str); 2] = [
+    type Writes = fn(&str) -> Vec<TransactWriteItem>;
+    let cases: [(&str, Writes, &str); 2] = [
         ("a 401 KB item", |t| vec![put(t, "big", 401 * 1024)], "400"),
         (
             "two operations on one item",
