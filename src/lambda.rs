@@ -235,25 +235,14 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         deadline: Instant,
         stop: &CancellationToken,
     ) -> Vec<(usize, String)> {
-        let key_source = &self.inner.processor.config().key_source;
-        let mut lanes: Vec<Vec<Record>> = Vec::new();
-        let mut by_lane: HashMap<String, usize> = HashMap::new();
-        for r in records {
-            let lane = match &r.parsed {
-                Ok((m, _)) if fifo => format!("group:{}", m.group_id().unwrap_or_default()),
-                Ok((m, _)) => match key_source.extract(m) {
-                    Ok(key) => format!("key:{key}"),
-                    Err(_) => format!("record:{}", r.index),
-                },
-                // A record we cannot read has no group or key we can trust.
-                Err(_) => format!("record:{}", r.index),
-            };
-            let i = *by_lane.entry(lane).or_insert_with(|| {
-                lanes.push(Vec::new());
-                lanes.len() - 1
-            });
-            lanes[i].push(r);
-        }
+        let keys = &self.inner.processor.config().key_source;
+        // A record we cannot read has no group or key we can trust: its own lane.
+        let lanes = crate::lanes::split(records, |r| {
+            r.parsed
+                .as_ref()
+                .ok()
+                .and_then(|(m, _)| crate::lanes::lane_of(m, fifo, keys))
+        });
         futures::stream::iter(lanes)
             .map(|lane| async move {
                 let mut failed = Vec::new();

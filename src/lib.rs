@@ -29,6 +29,7 @@ pub mod dedup;
 mod handler;
 pub mod key;
 pub mod lambda;
+mod lanes;
 pub mod ledger;
 pub mod local_lambda;
 mod message;

@@ -13,7 +13,6 @@
 //! within the drain deadline, interrupts and releases the rest (their messages
 //! become visible again at once), flushes pending deletes and returns.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -364,8 +363,11 @@ async fn run_lane<S: DedupStore, H: Handler>(
     }
 }
 
-/// Gives back, visible at once, whatever a receive abandoned at shutdown
-/// returns.
+/// Gives back whatever a receive abandoned at shutdown returns: at once on a
+/// standard queue. On a FIFO queue the first message of each group comes back
+/// a second after the rest of its group: SQS blocks a group while any of its
+/// messages is in flight, and an emulator that re-opens a group whenever one
+/// of its messages reappears then still hands the group out in order.
 async fn give_back_when_received<S: DedupStore, H: Handler>(
     shared: Arc<Shared<S, H>>,
     receive: tokio::task::JoinHandle<
@@ -379,15 +381,26 @@ async fn give_back_when_received<S: DedupStore, H: Handler>(
     >,
 ) {
     let Ok(Ok(out)) = receive.await else { return };
+    let fifo = shared.config.is_fifo();
+    let mut groups = std::collections::HashSet::new();
     for m in out
         .messages
         .unwrap_or_default()
         .into_iter()
         .filter_map(to_message)
     {
-        info!(message_id = m.id(), "received while stopping; given back");
+        let after = match (fifo, m.group_id()) {
+            (false, _) => Duration::ZERO,
+            (true, g) if groups.insert(g.unwrap_or_default().to_owned()) => Duration::from_secs(2),
+            (true, _) => Duration::from_secs(1),
+        };
+        info!(
+            message_id = m.id(),
+            ?after,
+            "received while stopping; given back"
+        );
         shared.count(|s| s.held_back += 1);
-        shared.retry_later(&m, Duration::ZERO).await;
+        shared.retry_later(&m, after).await;
     }
 }
 
@@ -577,23 +590,8 @@ pub async fn run<S: DedupStore, H: Handler>(
         // queue it is a dedup key, so a duplicate within one receive runs after
         // the first copy and is skipped instead of found in flight.
         let fifo = config.is_fifo();
-        let key_source = &shared.processor.config().key_source;
-        let mut lanes: Vec<Vec<Message>> = Vec::new();
-        let mut index: HashMap<String, usize> = HashMap::new();
-        for m in messages {
-            let lane = if fifo {
-                m.group_id().unwrap_or_default().to_owned()
-            } else {
-                key_source
-                    .extract(&m)
-                    .unwrap_or_else(|_| format!("\0{}", m.id()))
-            };
-            let i = *index.entry(lane).or_insert_with(|| {
-                lanes.push(Vec::new());
-                lanes.len() - 1
-            });
-            lanes[i].push(m);
-        }
+        let keys = &shared.processor.config().key_source;
+        let lanes = crate::lanes::split(messages, |m| crate::lanes::lane_of(m, fifo, keys));
         for lane in lanes {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             tracker.spawn(run_lane(shared.clone(), lane, permits, fifo));

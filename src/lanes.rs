@@ -1,0 +1,69 @@
+//! Splitting a batch into lanes, shared by both runtimes.
+//!
+//! The messages of one receive (or one Lambda event) run in lanes: one message
+//! at a time within a lane, in the order received, and lanes in parallel. On a
+//! FIFO queue a lane is a message group, so order holds within it. On a
+//! standard queue a lane is a dedup key, so a second copy of one key in the same
+//! batch runs after the first and is skipped as a duplicate instead of being
+//! found in flight and sent back.
+
+use std::collections::HashMap;
+
+use crate::{KeySource, Message};
+
+/// The lane a message belongs to: its group on a FIFO queue, else its dedup
+/// key; `None` when it has none (it then runs in a lane of its own).
+pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &KeySource) -> Option<String> {
+    if fifo {
+        Some(format!("group:{}", message.group_id().unwrap_or_default()))
+    } else {
+        keys.extract(message).ok().map(|key| format!("key:{key}"))
+    }
+}
+
+/// Groups `items` into lanes by `lane` (items without one get a lane each),
+/// keeping the order of first appearance and the order within each lane.
+pub(crate) fn split<T>(items: Vec<T>, lane: impl Fn(&T) -> Option<String>) -> Vec<Vec<T>> {
+    let mut lanes: Vec<Vec<T>> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for item in items {
+        match lane(&item) {
+            Some(name) => {
+                let i = *index.entry(name).or_insert_with(|| {
+                    lanes.push(Vec::new());
+                    lanes.len() - 1
+                });
+                lanes[i].push(item);
+            }
+            None => lanes.push(vec![item]),
+        }
+    }
+    lanes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_lanes_are_groups_in_order_and_standard_lanes_are_keys() {
+        let keys: KeySource = "json:/id".parse().unwrap();
+        let m = |id: &str, body: &str, group: &str| Message::new(id, body).with_group_id(group);
+        let batch = vec![
+            m("1", r#"{"id":"a"}"#, "g1"),
+            m("2", r#"{"id":"b"}"#, "g2"),
+            m("3", r#"{"id":"a"}"#, "g2"),
+            m("4", "not json", "g1"),
+        ];
+        let ids = |lanes: Vec<Vec<Message>>| -> Vec<Vec<String>> {
+            lanes
+                .into_iter()
+                .map(|l| l.iter().map(|m| m.id().to_owned()).collect())
+                .collect()
+        };
+        let fifo = split(batch.clone(), |m| lane_of(m, true, &keys));
+        assert_eq!(ids(fifo), [vec!["1", "4"], vec!["2", "3"]]);
+        let standard = split(batch, |m| lane_of(m, false, &keys));
+        assert_eq!(ids(standard), [vec!["1", "3"], vec!["2"], vec!["4"]]);
+    }
+}
