@@ -10,13 +10,31 @@
 //! # Guarantees
 //! - Effects that live in DynamoDB and are staged on the context happen exactly
 //!   once: they commit together with the `COMPLETED` record or not at all.
-//! - External effects get at most one concurrent attempt per key, and a stable
-//!   [`Context::idempotency_key`] to pass downstream.
+//! - External effects get at most one concurrent attempt per key (a handler
+//!   never runs past its lease: it is interrupted when the lease cannot be
+//!   extended in time), and a stable [`Context::idempotency_key`] to pass
+//!   downstream.
 //! - Nothing is lost: a message is deleted only after its effect is recorded, or
 //!   after it is parked in a dead-letter queue with its reason.
 //!
 //! This is not exactly-once *delivery*: SQS still delivers duplicates; they are
 //! recognised by key and skipped. The key must be stable: see [`KeySource`].
+//!
+//! The protocol, and the reasons for it, are in the project's `docs/DESIGN.md`.
+//!
+//! # Layout
+//! - The protocol: [`handler`](Handler) and [`Message`], [`key`] (dedup keys),
+//!   [`dedup`] (the record, the store trait, DynamoDB and in-memory stores),
+//!   [`processor`] (claim, heartbeat and local lease, complete / release / park).
+//! - The runtimes: [`poller`] (long polling, ECS or any host) and [`lambda`]
+//!   (SQS events, partial batch responses), sharing [`sqs`] (visibility and
+//!   parking) and the lane split.
+//! - Settings: [`config`] ([`ProcessorConfig`]), [`cli`] (environment and
+//!   flags, choosing the runtime).
+//! - Operator tooling: [`setup`], [`ops`], [`local_lambda`], [`calls`],
+//!   [`metrics`].
+//! - The examples' handlers: [`ledger`] (staged writes, the fast path) and
+//!   [`payments`] (an external API with an idempotency key).
 
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
@@ -48,7 +66,10 @@ pub use handler::{
     Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,
     StagedWrite, handler_fn, staged_only,
 };
+pub use config::ProcessorConfig;
 pub use key::KeySource;
+pub use lambda::{LambdaAdapter, LambdaConfig};
+pub use poller::PollerConfig;
 pub use message::{Attribute, AttributeValue, Message};
 pub use processor::{Outcome, Processor};
 
