@@ -356,3 +356,261 @@ async fn stats_counts_a_consumers_records_by_status() {
         r.stderr
     );
 }
+
+async fn queue_attrs(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+) -> std::collections::HashMap<aws_sdk_sqs::types::QueueAttributeName, String> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default()
+}
+
+async fn queue_exists(sqs: &aws_sdk_sqs::Client, name: &str) -> bool {
+    sqs.get_queue_url().queue_name(name).send().await.is_ok()
+}
+
+/// A queue as a SAM stack makes it: 360 s visibility, redrive to its own DLQ
+/// (not `<name>-dlq`). Returns (queue URL, the DLQ's ARN).
+async fn stack_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> (String, String) {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let dlq = sqs
+        .create_queue()
+        .queue_name(format!("{name}-ops-dead-letters"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let dlq_arn = queue_attrs(sqs, &dlq).await[&A::QueueArn].clone();
+    let url = sqs
+        .create_queue()
+        .queue_name(name)
+        .attributes(A::VisibilityTimeout, "360")
+        .attributes(
+            A::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "3"}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    (url, dlq_arn)
+}
+
+fn redrive_target(
+    attrs: &std::collections::HashMap<aws_sdk_sqs::types::QueueAttributeName, String>,
+) -> String {
+    let p: serde_json::Value =
+        serde_json::from_str(&attrs[&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy])
+            .unwrap();
+    p["deadLetterTargetArn"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn init_reports_an_existing_queues_other_visibility_and_redrive_and_changes_nothing() {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let table = unique("init");
+    let name = unique("stackq");
+    let (url, ops_dlq) = stack_queue(&sqs, &name).await;
+
+    let r = cli(&[
+        "init",
+        "--table",
+        &table,
+        "--queue",
+        &name,
+        "--visibility-timeout",
+        "60",
+    ])
+    .await;
+    assert!(!r.ok, "differences fail the run: {}", r.stdout);
+    assert!(
+        r.stdout.contains("visibility timeout is 360 s, not 60 s")
+            && r.stdout.contains("--set-visibility-timeout"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains(&format!("sends to {ops_dlq}, not to {name}-dlq"))
+            && r.stdout.contains("--set-redrive-policy"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("2 difference(s)"), "{}", r.stderr);
+    let attrs = queue_attrs(&sqs, &url).await;
+    assert_eq!(attrs[&A::VisibilityTimeout], "360", "visibility unchanged");
+    assert_eq!(redrive_target(&attrs), ops_dlq, "redrive target unchanged");
+    assert!(
+        !queue_exists(&sqs, &format!("{name}-dlq")).await,
+        "no unused <name>-dlq is created"
+    );
+}
+
+#[tokio::test]
+async fn init_changes_an_existing_queue_only_with_the_flag_naming_the_change() {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let table = unique("init");
+    let name = unique("stackq");
+    let (url, ops_dlq) = stack_queue(&sqs, &name).await;
+
+    let base = ["init", "--table", &table, "--queue", &name];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    let r = cli(&with(&[
+        "--visibility-timeout",
+        "90",
+        "--set-visibility-timeout",
+    ]))
+    .await;
+    assert!(!r.ok, "the redrive difference is still there: {}", r.stdout);
+    assert!(r.stdout.contains("changed: queue"), "{}", r.stdout);
+    let attrs = queue_attrs(&sqs, &url).await;
+    assert_eq!(attrs[&A::VisibilityTimeout], "90");
+    assert_eq!(
+        redrive_target(&attrs),
+        ops_dlq,
+        "only the named change was made"
+    );
+
+    let r = cli(&with(&["--set-redrive-policy"])).await;
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    let attrs = queue_attrs(&sqs, &url).await;
+    let dlq_url = sqs
+        .get_queue_url()
+        .queue_name(format!("{name}-dlq"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    assert_eq!(
+        redrive_target(&attrs),
+        queue_attrs(&sqs, &dlq_url).await[&A::QueueArn]
+    );
+    assert_eq!(attrs[&A::VisibilityTimeout], "90", "visibility left as set");
+    let policy: serde_json::Value = serde_json::from_str(&attrs[&A::RedrivePolicy]).unwrap();
+    assert_eq!(
+        policy["maxReceiveCount"].to_string().trim_matches('"'),
+        "3",
+        "the queue's receive count is kept when none is given"
+    );
+}
+
+#[tokio::test]
+async fn init_refuses_a_table_with_other_keys_before_writing_anything_to_it() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+        ScalarAttributeType,
+    };
+    let client = ddb().await;
+    let table = unique("orders");
+    client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("order_id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("order_id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    client
+        .put_item()
+        .table_name(&table)
+        .item("order_id", AttributeValue::S("o-1".into()))
+        .item("expires_at", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap();
+
+    let r = cli(&["init", "--table", &table, "--enable-ttl"]).await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("order_id:HASH") && r.stderr.contains("nothing was written"),
+        "{}",
+        r.stderr
+    );
+    let ttl = client
+        .describe_time_to_live()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
+    let status = ttl
+        .time_to_live_description()
+        .and_then(|d| d.time_to_live_status())
+        .map(|s| s.as_str().to_owned());
+    assert!(
+        matches!(status.as_deref(), None | Some("DISABLED")),
+        "TTL left off: {status:?}"
+    );
+    let item = client
+        .get_item()
+        .table_name(&table)
+        .key("order_id", AttributeValue::S("o-1".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(item.item.is_some(), "the table's item is untouched");
+}
+
+#[tokio::test]
+async fn init_enables_ttl_on_an_existing_dedup_table_only_with_enable_ttl() {
+    let client = ddb().await;
+    let table = unique("nottl");
+    sqs_once::setup::ensure_table(&client, &table)
+        .await
+        .unwrap();
+    let ttl_status = || async {
+        client
+            .describe_time_to_live()
+            .table_name(&table)
+            .send()
+            .await
+            .unwrap()
+            .time_to_live_description()
+            .and_then(|d| d.time_to_live_status())
+            .map(|s| s.as_str().to_owned())
+    };
+
+    let r = cli(&["init", "--table", &table]).await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("TTL is") && r.stdout.contains("--enable-ttl"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        matches!(ttl_status().await.as_deref(), None | Some("DISABLED")),
+        "left off without the flag"
+    );
+
+    let r = cli(&["init", "--table", &table, "--enable-ttl"]).await;
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("changed: table"), "{}", r.stdout);
+    assert!(
+        matches!(ttl_status().await.as_deref(), Some("ENABLED" | "ENABLING")),
+        "enabled with the flag"
+    );
+}
