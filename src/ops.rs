@@ -247,16 +247,38 @@ pub struct RecordCounts {
     pub truncated: bool,
 }
 
+/// How long to wait after reading `spent` capacity units in `elapsed` so the
+/// average stays at most `rate` units per second.
+pub fn pace(spent: f64, rate: f64, elapsed: Duration) -> Duration {
+    if rate <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64((spent / rate - elapsed.as_secs_f64()).max(0.0))
+}
+
+/// Read capacity a Scan page consumed: as DynamoDB reports it, else estimated
+/// at 0.5 units per 4 KB with items taken as 1 KB.
+fn page_units(page: &aws_sdk_dynamodb::operation::scan::ScanOutput) -> f64 {
+    page.consumed_capacity()
+        .and_then(|c| c.capacity_units())
+        .unwrap_or_else(|| f64::from(page.scanned_count()) / 8.0)
+}
+
 /// Scans the table (at most `max_items` items, reporting each page to
-/// `progress`) and counts `consumer`'s records.
+/// `progress`) and counts `consumer`'s records, at most `read_units_per_second`
+/// read capacity units per second on average (pages of 100 items, a pause after
+/// each), so the scan does not take the capacity live claims need.
 pub async fn count_records(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
     consumer: &str,
     max_items: u64,
+    read_units_per_second: f64,
     mut progress: impl FnMut(&RecordCounts),
 ) -> Result<RecordCounts, OpsError> {
     let now = now_ms();
+    let started = tokio::time::Instant::now();
+    let mut spent = 0.0;
     let mut counts = RecordCounts::default();
     let mut start: Option<HashMap<String, AttributeValue>> = None;
     loop {
@@ -267,33 +289,16 @@ pub async fn count_records(
             .expression_attribute_values(":prefix", AttributeValue::S(format!("{consumer}#")))
             .projection_expression("pk, #status, lease_until, expires_at")
             .expression_attribute_names("#status", "status")
-            .limit(
-                i32::try_from(max_items.saturating_sub(counts.scanned).min(1000)).unwrap_or(1000),
-            )
+            .limit(i32::try_from(max_items.saturating_sub(counts.scanned).min(100)).unwrap_or(100))
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
             .set_exclusive_start_key(start.take())
             .send()
             .await
             .map_err(|e| fail(&format!("scanning {table}"), DisplayErrorContext(e)))?;
         counts.scanned += u64::try_from(page.scanned_count()).unwrap_or(0);
+        spent += page_units(&page);
         for item in page.items() {
-            let status = item
-                .get("status")
-                .and_then(|v| v.as_s().ok())
-                .cloned()
-                .unwrap_or_else(|| "UNKNOWN".into());
-            let num = |k: &str| {
-                item.get(k)
-                    .and_then(|v| v.as_n().ok())
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(0)
-            };
-            if num("expires_at") * 1000 < now {
-                counts.expired += 1;
-            }
-            if status == Status::InProgress.as_str() && num("lease_until") < now {
-                counts.stale_in_progress += 1;
-            }
-            *counts.by_status.entry(status).or_default() += 1;
+            count_item(&mut counts, item, now);
         }
         progress(&counts);
         match page.last_evaluated_key {
@@ -304,7 +309,29 @@ pub async fn count_records(
             }
             None => return Ok(counts),
         }
+        tokio::time::sleep(pace(spent, read_units_per_second, started.elapsed())).await;
     }
+}
+
+fn count_item(counts: &mut RecordCounts, item: &HashMap<String, AttributeValue>, now: i64) {
+    let status = item
+        .get("status")
+        .and_then(|v| v.as_s().ok())
+        .cloned()
+        .unwrap_or_else(|| "UNKNOWN".into());
+    let num = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    if num("expires_at").saturating_mul(1000) < now {
+        counts.expired += 1;
+    }
+    if status == Status::InProgress.as_str() && num("lease_until") < now {
+        counts.stale_in_progress += 1;
+    }
+    *counts.by_status.entry(status).or_default() += 1;
 }
 
 /// A queue's approximate counts.
@@ -748,6 +775,22 @@ mod tests {
         .collect();
         item.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
         record_from_item(&item).unwrap()
+    }
+
+    #[test]
+    fn pace_keeps_the_average_rate_at_most_the_limit() {
+        let rate = 50.0;
+        assert_eq!(pace(25.0, rate, Duration::ZERO), Duration::from_millis(500));
+        assert_eq!(
+            pace(25.0, rate, Duration::from_millis(200)),
+            Duration::from_millis(300)
+        );
+        assert_eq!(pace(25.0, rate, Duration::from_secs(1)), Duration::ZERO);
+        assert_eq!(
+            pace(25.0, 0.0, Duration::ZERO),
+            Duration::ZERO,
+            "0: no limit"
+        );
     }
 
     #[test]
