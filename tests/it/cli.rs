@@ -614,3 +614,163 @@ async fn init_enables_ttl_on_an_existing_dedup_table_only_with_enable_ttl() {
         "enabled with the flag"
     );
 }
+
+fn redrive_args(dlq: &str, queue: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = ["redrive", "--dlq-url", dlq, "--queue-url", queue]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    a.extend(extra.iter().map(|s| (*s).to_owned()));
+    a
+}
+
+async fn cli_owned(args: Vec<String>) -> Run {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    cli(&refs).await
+}
+
+#[tokio::test]
+async fn redrive_refuses_a_dlq_the_source_queue_does_not_redrive_to() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    crate::common::send_all(
+        &sqs,
+        &q.queue_url,
+        &["live-1".to_owned(), "live-2".to_owned()],
+    )
+    .await;
+
+    // Swapped: the live queue given as the DLQ.
+    let r = cli_owned(redrive_args(&q.queue_url, &q.dlq_url, &["--max", "10"])).await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("refusing to move") && r.stderr.contains("--skip-redrive-check"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(depth(&sqs, &q.queue_url).await, 2, "the live messages stay");
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
+    let r = cli_owned(redrive_args(&q.queue_url, &q.dlq_url, &["--dry-run"])).await;
+    assert!(
+        !r.ok && r.stderr.contains("refusing"),
+        "a dry run checks too: {}",
+        r.stderr
+    );
+
+    // The override moves them (an operator who means it).
+    let r = cli_owned(redrive_args(
+        &q.queue_url,
+        &q.dlq_url,
+        &["--max", "10", "--skip-redrive-check"],
+    ))
+    .await;
+    assert!(r.ok, "{}", r.stderr);
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 2);
+}
+
+fn attribute(
+    data_type: &str,
+    string: Option<&str>,
+    binary: Option<&[u8]>,
+) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type(data_type)
+        .set_string_value(string.map(str::to_owned))
+        .set_binary_value(binary.map(aws_smithy_types::Blob::new))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redrive_keeps_every_message_attribute_with_its_data_type() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    let attrs: std::collections::HashMap<String, MessageAttributeValue> = [
+        ("tenant", attribute("String", Some("acme"), None)),
+        ("amount", attribute("Number", Some("12.50"), None)),
+        (
+            "signature",
+            attribute("Binary", None, Some(&[0, 159, 255, 10])),
+        ),
+        ("kind", attribute("String.order-v2", Some("created"), None)),
+        (
+            "sqs_once_reason",
+            attribute("String", Some("handler failed permanently: x"), None),
+        ),
+        (
+            "sqs_once_message_id",
+            attribute("String", Some("orig-id-1"), None),
+        ),
+        (
+            "sqs_once_dedup_key",
+            attribute("String", Some("orig-id-1"), None),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    sqs.send_message()
+        .queue_url(&q.dlq_url)
+        .message_body("parked body")
+        .set_message_attributes(Some(attrs.clone()))
+        .send()
+        .await
+        .unwrap();
+
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &["--max", "10"])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+    let got = sqs
+        .receive_message()
+        .queue_url(&q.queue_url)
+        .wait_time_seconds(5)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body(), Some("parked body"));
+    let back = got[0].message_attributes().cloned().unwrap_or_default();
+    let view = |m: &std::collections::HashMap<String, MessageAttributeValue>| {
+        let mut v: Vec<(String, String, Option<String>, Option<Vec<u8>>)> = m
+            .iter()
+            .map(|(k, a)| {
+                (
+                    k.clone(),
+                    a.data_type().to_owned(),
+                    a.string_value().map(str::to_owned),
+                    a.binary_value().map(|b| b.as_ref().to_vec()),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(view(&back), view(&attrs), "every attribute as it was");
+}
+
+#[tokio::test]
+async fn redrive_moves_messages_whose_total_is_over_one_batchs_limit() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    // Five 300 KB messages: 1.5 MB, over a send batch's total (the queue's
+    // maximum message size, 1 MiB here).
+    let sent: BTreeSet<String> = (0..5)
+        .map(|i| format!("{i}{}", "x".repeat(300_000)))
+        .collect();
+    for body in &sent {
+        sqs.send_message()
+            .queue_url(&q.dlq_url)
+            .message_body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &["--max", "10"])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 5 message(s)"), "{}", r.stdout);
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
+    assert_eq!(bodies(&sqs, &q.queue_url).await, sent);
+}
