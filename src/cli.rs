@@ -48,6 +48,10 @@ pub struct RuntimeArgs {
     /// Heartbeat interval: lease and visibility extension while a handler runs.
     #[arg(long, env = "SQS_ONCE_HEARTBEAT", default_value = "20s")]
     pub heartbeat: String,
+    /// A handler whose lease could not be extended is interrupted this long
+    /// before the lease ends (room for clock skew; at most a tenth of the lease).
+    #[arg(long, env = "SQS_ONCE_LEASE_MARGIN", default_value = "5s")]
+    pub lease_margin: String,
     /// Drain deadline at shutdown (then up to 5 s for releases and the last deletes).
     #[arg(long, env = "SQS_ONCE_DRAIN", default_value = "20s")]
     pub drain: String,
@@ -96,6 +100,7 @@ impl RuntimeArgs {
         p.lease = parse_duration("SQS_ONCE_LEASE", &self.lease)?;
         p.ttl = parse_duration("SQS_ONCE_TTL", &self.ttl)?;
         p.heartbeat = parse_duration("SQS_ONCE_HEARTBEAT", &self.heartbeat)?;
+        p.lease_margin = parse_duration("SQS_ONCE_LEASE_MARGIN", &self.lease_margin)?;
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
         p.fast_path = self.fast_path;
         p.validate()?;

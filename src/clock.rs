@@ -54,3 +54,28 @@ pub(crate) fn to_ms(t: SystemTime) -> i64 {
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
+
+/// Wall-clock time that follows tokio's clock from a starting point: with
+/// tokio's time paused (tests, simulation) it moves only as virtual time does,
+/// so leases judged by the store and timers in the runtime agree.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    start: SystemTime,
+    at: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock reading `start` now.
+    pub fn starting_at(start: SystemTime) -> Self {
+        Self {
+            start,
+            at: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> SystemTime {
+        self.start + self.at.elapsed()
+    }
+}

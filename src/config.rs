@@ -35,6 +35,12 @@ pub struct ProcessorConfig {
     /// How often a running handler's lease (and visibility) is extended
     /// (`SQS_ONCE_HEARTBEAT`, default 20 s); must be below the lease.
     pub heartbeat: Duration,
+    /// How long before its lease ends, by this host's clock, a handler whose
+    /// lease could not be extended is interrupted (`SQS_ONCE_LEASE_MARGIN`,
+    /// default 5 s): room for clock skew between consumers, so that the handler
+    /// has stopped before another consumer can take the key over. Never more
+    /// than a tenth of the lease actually granted.
+    pub lease_margin: Duration,
     /// The longest a handler's lease and visibility are extended in total (default
     /// and cap: SQS's 12 hours).
     pub max_extension: Duration,
@@ -60,6 +66,7 @@ impl ProcessorConfig {
             lease: Duration::from_secs(60),
             ttl: Duration::from_secs(7 * 24 * 60 * 60),
             heartbeat: Duration::from_secs(20),
+            lease_margin: Duration::from_secs(5),
             max_extension: SQS_MAX_VISIBILITY,
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(15 * 60),
@@ -86,6 +93,17 @@ impl ProcessorConfig {
                 format!(
                     "{} must be above zero and below the lease ({}), or the lease runs out between beats",
                     humantime::format_duration(self.heartbeat),
+                    humantime::format_duration(self.lease)
+                ),
+            );
+        }
+        if self.heartbeat + self.margin_for(self.lease) >= self.lease {
+            return bad(
+                "SQS_ONCE_HEARTBEAT",
+                format!(
+                    "{} plus the lease margin ({}) must be below the lease ({}), or a handler is interrupted before its first extension",
+                    humantime::format_duration(self.heartbeat),
+                    humantime::format_duration(self.margin_for(self.lease)),
                     humantime::format_duration(self.lease)
                 ),
             );
@@ -122,6 +140,13 @@ impl ProcessorConfig {
             );
         }
         Ok(())
+    }
+
+    /// The safety margin for a granted lease: [`Self::lease_margin`], at most a
+    /// tenth of the lease (a lease cut short by a Lambda deadline keeps most of
+    /// its time).
+    pub fn margin_for(&self, lease: Duration) -> Duration {
+        self.lease_margin.min(lease / 10)
     }
 
     /// The retry delay for the given receive count: exponential, capped.

@@ -75,39 +75,81 @@ impl KeySource {
     /// Takes the dedup key from a message.
     pub fn extract(&self, message: &Message) -> Result<String, KeyError> {
         let key = match self {
-            KeySource::MessageId => message.id().to_owned(),
-            KeySource::DeduplicationId => message
-                .deduplication_id()
-                .ok_or(KeyError::NoDeduplicationId)?
-                .to_owned(),
+            // A copy brought back from the DLQ has a new message id (and maybe
+            // no deduplication id): it carries the original's key instead.
+            KeySource::MessageId => match message.attribute(DEDUP_KEY_ATTRIBUTE) {
+                Some(original) => original.to_owned(),
+                None => message.id().to_owned(),
+            },
+            KeySource::DeduplicationId => match message.attribute(DEDUP_KEY_ATTRIBUTE) {
+                Some(original) => original.to_owned(),
+                None => message
+                    .deduplication_id()
+                    .ok_or(KeyError::NoDeduplicationId)?
+                    .to_owned(),
+            },
             KeySource::Attribute(name) => message
                 .attribute(name)
                 .ok_or_else(|| KeyError::MissingAttribute(name.clone()))?
                 .to_owned(),
-            KeySource::JsonPointer(pointer) => {
-                let body: serde_json::Value =
-                    serde_json::from_str(message.body()).map_err(|e| KeyError::BodyNotJson {
-                        pointer: pointer.clone(),
-                        reason: e.to_string(),
-                    })?;
-                match body.pointer(pointer) {
-                    None => return Err(KeyError::MissingPointer(pointer.clone())),
-                    Some(serde_json::Value::String(s)) => s.clone(),
-                    Some(serde_json::Value::Number(n)) => n.to_string(),
-                    Some(other) => {
-                        return Err(KeyError::NotScalar {
-                            pointer: pointer.clone(),
-                            found: json_kind(other),
-                        });
-                    }
-                }
-            }
+            KeySource::JsonPointer(pointer) => json_key(message.body(), pointer)?,
             KeySource::BodySha256 => sha256_hex(message.body().as_bytes()),
         };
         if key.trim().is_empty() {
             return Err(KeyError::Empty(self.to_string()));
         }
         Ok(key)
+    }
+}
+
+/// The message attribute a parked copy carries with the dedup key its consumer
+/// used, so that a copy brought back from the DLQ (with a new message id) is
+/// processed under the same key. Read by the `message-id` and `dedup-id`
+/// sources only: the other sources find their key in the body or attributes,
+/// which parking keeps exactly.
+pub const DEDUP_KEY_ATTRIBUTE: &str = "sqs_once_dedup_key";
+
+/// The key at a JSON pointer, numbers as their exact text: the body is walked
+/// as raw JSON, so `12345678901234567890123` and `...124` stay apart (an `f64`
+/// would make them one key). Integers within `i64`/`u64` render as before.
+fn json_key(body: &str, pointer: &str) -> Result<String, KeyError> {
+    use serde_json::value::RawValue;
+    let not_json = |e: serde_json::Error| KeyError::BodyNotJson {
+        pointer: pointer.to_owned(),
+        reason: e.to_string(),
+    };
+    let missing = || KeyError::MissingPointer(pointer.to_owned());
+    let mut raw: &RawValue = serde_json::from_str(body).map_err(not_json)?;
+    for token in pointer.split('/').skip(1) {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        let text = raw.get().trim_start();
+        raw = if text.starts_with('{') {
+            let mut object: std::collections::HashMap<String, &RawValue> =
+                serde_json::from_str(raw.get()).map_err(not_json)?;
+            object.remove(&token).ok_or_else(missing)?
+        } else if text.starts_with('[') {
+            let array: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(not_json)?;
+            let valid_index = !token.is_empty()
+                && token.bytes().all(|b| b.is_ascii_digit())
+                && (token == "0" || !token.starts_with('0'));
+            let i: usize = valid_index
+                .then(|| token.parse().ok())
+                .flatten()
+                .ok_or_else(missing)?;
+            *array.get(i).ok_or_else(missing)?
+        } else {
+            return Err(missing());
+        };
+    }
+    let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(not_json)?;
+    match value {
+        serde_json::Value::String(s) => Ok(s),
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+        serde_json::Value::Number(_) => Ok(raw.get().trim().to_owned()),
+        other => Err(KeyError::NotScalar {
+            pointer: pointer.to_owned(),
+            found: json_kind(&other),
+        }),
     }
 }
 
@@ -173,14 +215,22 @@ impl FromStr for KeySource {
 /// key; longer keys are hashed well before that.
 pub const MAX_PLAIN_KEY_BYTES: usize = 1024;
 
+/// What starts the dedup-key part of a hashed record key.
+const HASHED_PREFIX: &str = "sha256:";
+
 /// The record's partition key: `{consumer}#{dedup_key}`, or
 /// `{consumer}#sha256:{hex}` when that would be longer than [`MAX_PLAIN_KEY_BYTES`].
+/// A dedup key that itself starts with `sha256:` is always hashed, so a short
+/// key can never name the record of a hashed long one.
 pub fn record_key(consumer: &str, dedup_key: &str) -> String {
     let plain = format!("{consumer}#{dedup_key}");
-    if plain.len() <= MAX_PLAIN_KEY_BYTES {
+    if plain.len() <= MAX_PLAIN_KEY_BYTES && !dedup_key.starts_with(HASHED_PREFIX) {
         plain
     } else {
-        format!("{consumer}#sha256:{}", sha256_hex(dedup_key.as_bytes()))
+        format!(
+            "{consumer}#{HASHED_PREFIX}{}",
+            sha256_hex(dedup_key.as_bytes())
+        )
     }
 }
 
@@ -286,5 +336,65 @@ mod tests {
         assert_eq!(k, record_key("c", &long), "hashing is stable");
         assert_ne!(idempotency_key("a", "k"), idempotency_key("b", "k"));
         assert_eq!(idempotency_key("a", "k"), idempotency_key("a", "k"));
+    }
+
+    #[test]
+    fn large_json_numbers_keep_their_exact_text_as_keys() {
+        let src = KeySource::JsonPointer("/id".into());
+        let a = src
+            .extract(&Message::new("m", r#"{"id":12345678901234567890123}"#))
+            .unwrap();
+        let b = src
+            .extract(&Message::new("m", r#"{"id":12345678901234567890124}"#))
+            .unwrap();
+        assert_eq!(a, "12345678901234567890123");
+        assert_eq!(b, "12345678901234567890124");
+        assert_ne!(a, b);
+        // Decimals keep their text too; integers in range render as before.
+        let d = src.extract(&Message::new("m", r#"{"id": 0.10000000000000000001 }"#));
+        assert_eq!(d.unwrap(), "0.10000000000000000001");
+        assert_eq!(
+            src.extract(&Message::new("m", r#"{"id":18446744073709551615}"#))
+                .unwrap(),
+            "18446744073709551615"
+        );
+        // Nested pointers, escapes and array indices.
+        let nested = KeySource::JsonPointer("/a~1b/1/c~0d".into());
+        assert_eq!(
+            nested
+                .extract(&Message::new("m", r#"{"a/b":[0,{"c~d":"x"}]}"#))
+                .unwrap(),
+            "x"
+        );
+        let idx = KeySource::JsonPointer("/l/01".into());
+        assert_eq!(
+            idx.extract(&Message::new("m", r#"{"l":[1,2]}"#)),
+            Err(KeyError::MissingPointer("/l/01".into()))
+        );
+    }
+
+    #[test]
+    fn a_short_key_that_looks_hashed_does_not_share_a_hashed_long_keys_record() {
+        let long = "x".repeat(5000);
+        let hashed = record_key("c", &long);
+        let lookalike = hashed.strip_prefix("c#").unwrap();
+        assert_ne!(record_key("c", lookalike), hashed);
+    }
+
+    #[test]
+    fn a_copy_back_from_the_dlq_keeps_the_original_message_id_and_dedup_id_keys() {
+        let copy = Message::new("new-id", "body")
+            .with_deduplication_id("new-dedup")
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, "original");
+        assert_eq!(KeySource::MessageId.extract(&copy).unwrap(), "original");
+        assert_eq!(
+            KeySource::DeduplicationId.extract(&copy).unwrap(),
+            "original"
+        );
+        // Sources that read the body or a producer's attribute ignore it.
+        assert_eq!(
+            KeySource::BodySha256.extract(&copy).unwrap(),
+            sha256_hex(b"body")
+        );
     }
 }

@@ -22,6 +22,13 @@
 //! in order and the groups in parallel, and after a failure the rest of that
 //! group is listed without running.
 //!
+//! # Waiting records
+//! Records that wait in a lane (behind an earlier record of their FIFO group or
+//! dedup key) are not extended: the invocation ends before the batch's
+//! visibility timeout (the event source mapping requires a queue visibility
+//! timeout of at least the function timeout; the SAM template uses six times),
+//! and every record still unfinished at the deadline is listed.
+//!
 //! # Deadline
 //! The claim lease never outlives the invocation: it and every heartbeat
 //! extension end by the deadline. A record is not started with less than the
@@ -41,7 +48,7 @@ use tracing::{error, info, warn};
 
 use crate::dedup::DedupStore;
 use crate::processor::{ProcessOptions, VisibilityExtender};
-use crate::sqs::{SqsVisibility, retry_later, send_to_dlq};
+use crate::sqs::{Dlq, SqsVisibility, retry_later};
 use crate::{Handler, Message, Outcome, Processor};
 
 /// Settings of the Lambda runtime.
@@ -96,6 +103,7 @@ impl<S, H> Clone for LambdaAdapter<S, H> {
 struct Inner<S, H> {
     sqs: aws_sdk_sqs::Client,
     processor: Processor<S, H>,
+    dlq: Option<Dlq>,
     config: LambdaConfig,
     queue_urls: tokio::sync::Mutex<HashMap<String, Option<String>>>,
 }
@@ -121,6 +129,10 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
     pub fn new(sqs: aws_sdk_sqs::Client, processor: Processor<S, H>, config: LambdaConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
+                dlq: config
+                    .dlq_url
+                    .as_ref()
+                    .map(|url| Dlq::new(sqs.clone(), url)),
                 sqs,
                 processor,
                 config,
@@ -324,13 +336,14 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
                 again(after).await
             }
             Outcome::Park { reason } => {
-                let Some(dlq) = &inner.config.dlq_url else {
+                let Some(dlq) = &inner.dlq else {
                     error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: reported as failed until the queue's redrive policy parks it");
                     return again(inner.processor.config().backoff_max).await;
                 };
-                match send_to_dlq(&inner.sqs, dlq, message, &reason).await {
+                let key = inner.processor.config().key_source.extract(message).ok();
+                match dlq.park(message, &reason, key.as_deref()).await {
                     Ok(()) => {
-                        warn!(message_id = message.id(), %reason, dlq, "parked in the DLQ");
+                        warn!(message_id = message.id(), %reason, dlq = dlq.url(), "parked in the DLQ");
                         Disposition::Done
                     }
                     Err(e) => {
@@ -343,7 +356,8 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
     }
 
     /// The URL of the queue with this ARN (`arn:aws:sqs:region:account:name`);
-    /// looked up once per ARN (a failed lookup is not retried: one warning).
+    /// looked up once per ARN. A failed lookup is not kept: the next
+    /// invocation tries again.
     async fn queue_url(&self, arn: &str) -> Option<String> {
         let mut urls = self.inner.queue_urls.lock().await;
         if let Some(url) = urls.get(arn) {
@@ -378,7 +392,9 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
                 None
             }
         };
-        urls.insert(arn.to_owned(), url.clone());
+        if url.is_some() {
+            urls.insert(arn.to_owned(), url.clone());
+        }
         url
     }
 }
@@ -403,8 +419,13 @@ fn to_message(id: &str, m: SqsMessage) -> Message {
         msg = msg.with_deduplication_id(d);
     }
     for (name, value) in m.message_attributes {
-        if let Some(v) = value.string_value {
-            msg = msg.with_attribute(name, v);
+        let data_type = value.data_type.unwrap_or_else(|| "String".to_owned());
+        let binary = value.binary_value.map(|b| b.0);
+        match crate::message::Attribute::typed(data_type, value.string_value, binary) {
+            Some(a) => msg = msg.with_typed_attribute(name, a),
+            None => {
+                warn!(message_id = id, attribute = %name, "message attribute without a value of its type; ignored")
+            }
         }
     }
     msg

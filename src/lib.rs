@@ -48,7 +48,7 @@ pub use handler::{
     StagedWrite, handler_fn, staged_only,
 };
 pub use key::KeySource;
-pub use message::Message;
+pub use message::{Attribute, AttributeValue, Message};
 pub use processor::{Outcome, Processor};
 
 /// The README's code, compiled as a doctest so it stays true.

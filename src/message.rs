@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 pub struct Message {
     id: String,
     body: String,
-    attributes: BTreeMap<String, String>,
+    attributes: BTreeMap<String, Attribute>,
     group_id: Option<String>,
     deduplication_id: Option<String>,
     receive_count: u32,
@@ -33,9 +33,14 @@ impl Message {
         }
     }
 
-    /// Adds a string message attribute (SQS `MessageAttributes`).
-    pub fn with_attribute(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.attributes.insert(name.into(), value.into());
+    /// Adds a string message attribute (SQS `MessageAttributes`, type `String`).
+    pub fn with_attribute(self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.with_typed_attribute(name, Attribute::string(value))
+    }
+
+    /// Adds a message attribute of any type (`Number`, `Binary`, `String.x`, ...).
+    pub fn with_typed_attribute(mut self, name: impl Into<String>, attribute: Attribute) -> Self {
+        self.attributes.insert(name.into(), attribute);
         self
     }
 
@@ -82,14 +87,18 @@ impl Message {
         serde_json::from_str(&self.body)
     }
 
-    /// String message attributes by name.
-    pub fn attributes(&self) -> &BTreeMap<String, String> {
+    /// Every message attribute by name, with its data type, exactly as received.
+    pub fn attributes(&self) -> &BTreeMap<String, Attribute> {
         &self.attributes
     }
 
-    /// One string message attribute.
+    /// The text of one attribute of a `String` or `Number` type (custom types
+    /// such as `String.id` included); `None` for an absent or binary one.
     pub fn attribute(&self, name: &str) -> Option<&str> {
-        self.attributes.get(name).map(String::as_str)
+        match &self.attributes.get(name)?.value {
+            AttributeValue::Text(t) => Some(t),
+            AttributeValue::Binary(_) => None,
+        }
     }
 
     /// The FIFO message group id, `None` on a standard queue.
@@ -115,5 +124,61 @@ impl Message {
     /// The dedup key extracted for this message, once the processor has done so.
     pub fn dedup_key(&self) -> Option<&str> {
         self.dedup_key.as_deref()
+    }
+}
+
+/// One SQS message attribute: its data type and value, kept exactly so that a
+/// parked copy carries it unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attribute {
+    /// `String`, `Number`, `Binary`, or one of those with a custom suffix
+    /// (`Number.float`, `String.id`, ...).
+    pub data_type: String,
+    /// The value.
+    pub value: AttributeValue,
+}
+
+/// An attribute's value: text for `String` and `Number` types, bytes for `Binary`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttributeValue {
+    /// `StringValue` (String and Number types).
+    Text(String),
+    /// `BinaryValue` (Binary types).
+    Binary(Vec<u8>),
+}
+
+impl Attribute {
+    /// A `String` attribute.
+    pub fn string(value: impl Into<String>) -> Self {
+        Self {
+            data_type: "String".to_owned(),
+            value: AttributeValue::Text(value.into()),
+        }
+    }
+
+    /// An attribute of the given data type; its value is binary when the type
+    /// is `Binary` or `Binary.*`, else text.
+    pub fn typed(
+        data_type: impl Into<String>,
+        text: Option<String>,
+        binary: Option<Vec<u8>>,
+    ) -> Option<Self> {
+        let data_type = data_type.into();
+        let value = if data_type.starts_with("Binary") {
+            AttributeValue::Binary(binary?)
+        } else {
+            AttributeValue::Text(text?)
+        };
+        Some(Self { data_type, value })
+    }
+
+    /// The bytes SQS counts toward the message size: name, data type and value.
+    pub fn size(&self, name: &str) -> usize {
+        name.len()
+            + self.data_type.len()
+            + match &self.value {
+                AttributeValue::Text(t) => t.len(),
+                AttributeValue::Binary(b) => b.len(),
+            }
     }
 }

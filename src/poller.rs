@@ -2,8 +2,10 @@
 //!
 //! # Backpressure
 //! At most `concurrency` messages are in flight. The poller receives only as many
-//! messages as it can start now, so nothing waits in a local queue while its
-//! visibility timeout runs out.
+//! messages as it has free slots. Messages of one receive that must wait for
+//! their turn (behind an earlier message of their FIFO group, or of their dedup
+//! key) are kept invisible every heartbeat while they wait, so none becomes
+//! visible again while this poller still holds it.
 //!
 //! # Shutdown
 //! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
@@ -180,8 +182,12 @@ fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
         msg = msg.with_deduplication_id(d);
     }
     for (name, value) in m.message_attributes.unwrap_or_default() {
-        if let Some(v) = value.string_value {
-            msg = msg.with_attribute(name, v);
+        let binary = value.binary_value.map(|b| b.into_inner());
+        match crate::message::Attribute::typed(value.data_type, value.string_value, binary) {
+            Some(a) => msg = msg.with_typed_attribute(name, a),
+            None => {
+                warn!(message_id = msg.id(), attribute = %name, "message attribute without a value of its type; ignored")
+            }
         }
     }
     Some(msg)
@@ -191,6 +197,7 @@ struct Shared<S, H> {
     sqs: Client,
     processor: Processor<S, H>,
     config: PollerConfig,
+    dlq: Option<crate::sqs::Dlq>,
     deletes: mpsc::UnboundedSender<String>,
     stop: CancellationToken,
     stats: std::sync::Mutex<RunStats>,
@@ -246,21 +253,43 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
         }
     }
 
+    /// Every heartbeat, extends the visibility of the lane's waiting messages
+    /// by the lease (as the running one's is). Never returns.
+    async fn keep_waiting_invisible(&self, waiting: &Waiting) {
+        let config = self.processor.config();
+        let interval = config
+            .heartbeat
+            .min(config.lease / 2)
+            .max(Duration::from_millis(100));
+        loop {
+            tokio::time::sleep(interval).await;
+            let w = waiting.lock().await;
+            if w.is_empty() {
+                continue;
+            }
+            let messages: Vec<Message> = w.iter().cloned().collect();
+            crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &messages, config.lease)
+                .await;
+            drop(w);
+        }
+    }
+
     async fn retry_later(&self, message: &Message, after: Duration) {
         crate::sqs::retry_later(&self.sqs, &self.config.queue_url, message, after).await;
     }
 
     /// Sends the message with its reason to the DLQ, then deletes it.
     async fn park(&self, message: &Message, reason: &str) -> Option<Duration> {
-        let Some(dlq) = &self.config.dlq_url else {
+        let Some(dlq) = &self.dlq else {
             error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: retried until the queue's redrive policy parks it");
             let delay = self.processor.config().backoff_max;
             self.retry_later(message, delay).await;
             return Some(delay);
         };
-        match crate::sqs::send_to_dlq(&self.sqs, dlq, message, reason).await {
+        let key = self.processor.config().key_source.extract(message).ok();
+        match dlq.park(message, reason, key.as_deref()).await {
             Ok(()) => {
-                warn!(message_id = message.id(), %reason, dlq, "parked in the DLQ");
+                warn!(message_id = message.id(), %reason, dlq = dlq.url(), "parked in the DLQ");
                 self.count(|s| s.parked += 1);
                 let _ = self
                     .deletes
@@ -274,6 +303,90 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
                 Some(delay)
             }
         }
+    }
+}
+
+/// Messages of one receive that run one after the other: a FIFO message
+/// group, or the copies of one dedup key.
+type Waiting = tokio::sync::Mutex<std::collections::VecDeque<Message>>;
+
+/// Runs a lane's messages in order while keeping the ones that wait invisible.
+/// On a FIFO queue a failure stops the lane: the rest come back unprocessed,
+/// a second before the failed message (or at once at shutdown).
+async fn run_lane<S: DedupStore, H: Handler>(
+    shared: Arc<Shared<S, H>>,
+    lane: Vec<Message>,
+    mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+    fifo: bool,
+) {
+    let waiting: Waiting = tokio::sync::Mutex::new(lane.into());
+    let work = async {
+        let mut hold = Duration::ZERO;
+        loop {
+            let next = {
+                let mut w = waiting.lock().await;
+                if shared.stop.is_cancelled() {
+                    None
+                } else {
+                    w.pop_front()
+                }
+            };
+            let Some(m) = next else { break };
+            let first = fifo.then(|| m.clone());
+            let failed = shared.handle(m).await;
+            permits.pop();
+            if let (Some(delay), Some(first)) = (failed, first) {
+                hold = delay;
+                // The rest of the group must not come back before the failed
+                // message: give them a shorter delay, so they stay behind it
+                // (an emulator that re-opens a group when an earlier-received
+                // message reappears would otherwise hand one out while the
+                // failed message is in flight).
+                if !waiting.lock().await.is_empty() && hold < Duration::from_secs(2) {
+                    hold = Duration::from_secs(2);
+                    shared.retry_later(&first, hold).await;
+                }
+                break;
+            }
+        }
+        // Taken under the lock, so no extension of the keeper lands after this.
+        let rest: Vec<Message> = waiting.lock().await.drain(..).collect();
+        let rest_after = hold.saturating_sub(Duration::from_secs(1));
+        for m in rest {
+            shared.count(|s| s.held_back += 1);
+            shared.retry_later(&m, rest_after).await;
+        }
+    };
+    tokio::select! {
+        () = work => {}
+        () = shared.keep_waiting_invisible(&waiting) => unreachable!("never returns"),
+    }
+}
+
+/// Gives back, visible at once, whatever a receive abandoned at shutdown
+/// returns.
+async fn give_back_when_received<S: DedupStore, H: Handler>(
+    shared: Arc<Shared<S, H>>,
+    receive: tokio::task::JoinHandle<
+        Result<
+            aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput,
+            aws_sdk_sqs::error::SdkError<
+                aws_sdk_sqs::operation::receive_message::ReceiveMessageError,
+                aws_smithy_runtime_api::client::orchestrator::HttpResponse,
+            >,
+        >,
+    >,
+) {
+    let Ok(Ok(out)) = receive.await else { return };
+    for m in out
+        .messages
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(to_message)
+    {
+        info!(message_id = m.id(), "received while stopping; given back");
+        shared.count(|s| s.held_back += 1);
+        shared.retry_later(&m, Duration::ZERO).await;
     }
 }
 
@@ -362,6 +475,10 @@ pub async fn run<S: DedupStore, H: Handler>(
     let shared = Arc::new(Shared {
         sqs: sqs.clone(),
         processor,
+        dlq: config
+            .dlq_url
+            .as_ref()
+            .map(|url| crate::sqs::Dlq::new(sqs.clone(), url)),
         config: config.clone(),
         deletes: tx,
         stop: CancellationToken::new(),
@@ -407,17 +524,24 @@ pub async fn run<S: DedupStore, H: Handler>(
             Some(idle) => config.wait_time.min(idle).max(Duration::from_secs(1)),
             None => config.wait_time,
         };
-        let receive = sqs
-            .receive_message()
-            .queue_url(&config.queue_url)
-            .max_number_of_messages(i32::try_from(held.len()).unwrap_or(10))
-            .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .send();
+        let mut receive = tokio::spawn(
+            sqs.receive_message()
+                .queue_url(&config.queue_url)
+                .max_number_of_messages(i32::try_from(held.len()).unwrap_or(10))
+                .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send(),
+        );
         let out = tokio::select! {
-            r = receive => r,
-            () = shutdown.cancelled() => break 'receive,
+            r = &mut receive => r.expect("the receive task does not panic"),
+            () = shutdown.cancelled() => {
+                // The receive may already have taken messages: give them back
+                // as soon as it answers (within the drain), rather than leave
+                // them (and their FIFO groups) invisible.
+                tracker.spawn(give_back_when_received(shared.clone(), receive));
+                break 'receive;
+            }
         };
         let messages = match out {
             Ok(o) => {
@@ -470,38 +594,8 @@ pub async fn run<S: DedupStore, H: Handler>(
             lanes[i].push(m);
         }
         for lane in lanes {
-            let mut lane_permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
-            let shared = shared.clone();
-            tracker.spawn(async move {
-                let mut rest = lane.into_iter().peekable();
-                let mut hold = Duration::ZERO;
-                while let Some(m) = rest.next_if(|_| !shared.stop.is_cancelled()) {
-                    let failed_message = fifo.then(|| m.clone());
-                    let failed = shared.handle(m).await;
-                    lane_permits.pop();
-                    if let (Some(delay), Some(first)) = (failed, failed_message) {
-                        hold = delay;
-                        // The rest of the group must not come back before the
-                        // failed message: give them a shorter delay, so they stay
-                        // behind it (an emulator that re-opens a group when an
-                        // earlier-received message reappears would otherwise
-                        // hand one out while the failed message is in flight).
-                        if rest.peek().is_some() && hold < Duration::from_secs(2) {
-                            hold = Duration::from_secs(2);
-                            shared.retry_later(&first, hold).await;
-                        }
-                        break;
-                    }
-                }
-                // After a FIFO failure (or at shutdown) the rest of the lane is
-                // released unprocessed, one second sooner than the failed message
-                // (or at once at shutdown).
-                let rest_after = hold.saturating_sub(Duration::from_secs(1));
-                for m in rest {
-                    shared.count(|s| s.held_back += 1);
-                    shared.retry_later(&m, rest_after).await;
-                }
-            });
+            let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
+            tracker.spawn(run_lane(shared.clone(), lane, permits, fifo));
         }
         idle_since = tokio::time::Instant::now();
     }

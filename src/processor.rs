@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::{MissingKey, ProcessorConfig, SQS_MAX_VISIBILITY};
@@ -139,6 +141,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         })
     }
 
+    /// Judges other consumers' leases by `clock` instead of the system clock
+    /// (tests and simulation; the store should share it).
+    pub fn with_clock(mut self, clock: Arc<dyn clock::Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ProcessorConfig {
         &self.config
@@ -240,7 +249,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         let value = match handled {
             Ok(value) => value,
-            Err(e) => return self.failure_without_record(message, &e),
+            Err(e) => return self.fast_failure(message, &e).await,
         };
         let result = value.map(|v| self.bounded(&v));
         let commit = FastCommit {
@@ -262,16 +271,44 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 lease_until_ms,
                 payload_matches,
             }) => self.in_flight(message, lease_until_ms, payload_matches),
-            Err(StoreError::WriteConditionFailed { index, kind }) => self.failure_without_record(
-                message,
-                &HandlerError::new(
+            Ok(FastCommitted::Parked { reason }) => already_parked(reason),
+            Err(StoreError::WriteConditionFailed { index, kind }) => {
+                let e = HandlerError::new(
                     kind,
                     format!("staged write #{index} failed its condition; nothing was written"),
-                ),
-            ),
-            Err(e @ StoreError::TransactionTooLarge { .. }) => Outcome::Park {
-                reason: format!("handler failed permanently: {e}"),
-            },
+                );
+                self.fast_failure(message, &e).await
+            }
+            Err(e) if e.is_permanent() => {
+                let e = HandlerError::permanent(e.to_string());
+                self.fast_failure(message, &e).await
+            }
+            Err(e) => self.unrecorded_failure(message, e),
+        }
+    }
+
+    /// A failure on the fast path. A permanent one is recorded as a `FAILED`
+    /// record (a claim, then mark-failed) before it is parked, so that a
+    /// redelivery of the parked message is recognised and never run; a
+    /// duplicate of completed work found on the way is just a duplicate.
+    async fn fast_failure(&self, message: &Message, e: &HandlerError) -> Outcome {
+        let outcome = self.failure_without_record(message, e);
+        let Outcome::Park { reason } = outcome else {
+            return outcome;
+        };
+        let key = message.dedup_key().expect("set by process_with");
+        let req = self.claim_request(message, key, self.config.lease);
+        match self.store.claim(&req).await {
+            Ok(Claim::Acquired { .. }) => self.mark_failed(message, &req, reason).await,
+            Ok(Claim::Duplicate {
+                result,
+                payload_matches,
+            }) => duplicate(result, payload_matches),
+            Ok(Claim::InFlight {
+                lease_until_ms,
+                payload_matches,
+            }) => self.in_flight(message, lease_until_ms, payload_matches),
+            Ok(Claim::Parked { reason }) => already_parked(reason),
             Err(e) => self.unrecorded_failure(message, e),
         }
     }
@@ -336,6 +373,19 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
+    fn claim_request(&self, message: &Message, key: &str, lease: Duration) -> ClaimRequest {
+        ClaimRequest {
+            pk: record_key(&self.config.consumer, key),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: message.id().to_owned(),
+            payload_sha256: sha256_hex(message.body().as_bytes()),
+            lease,
+            ttl: self.config.ttl,
+        }
+    }
+
+    /// The claim path: claim the key, run the handler only while the lease
+    /// holds (extended by the heartbeat), then complete, release or mark failed.
     async fn run_claimed(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
         let lease = lease_within(self.config.lease, opts.deadline);
@@ -345,14 +395,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 reason: "too little time left to start".into(),
             };
         }
-        let req = ClaimRequest {
-            pk: record_key(&self.config.consumer, key),
-            owner: uuid::Uuid::new_v4().to_string(),
-            message_id: message.id().to_owned(),
-            payload_sha256: sha256_hex(message.body().as_bytes()),
-            lease,
-            ttl: self.config.ttl,
-        };
+        let req = self.claim_request(message, key, lease);
+        // The lease is counted from before the claim was sent: the store sets
+        // `lease_until` from a clock read no earlier than this.
+        let sent = Instant::now();
         let attempt = match self.store.claim(&req).await {
             Ok(Claim::Acquired { attempt }) => attempt,
             Ok(Claim::Duplicate {
@@ -363,6 +409,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 lease_until_ms,
                 payload_matches,
             }) => return self.in_flight(message, lease_until_ms, payload_matches),
+            Ok(Claim::Parked { reason }) => return already_parked(reason),
+            Err(e) if e.is_permanent() => {
+                return Outcome::Park {
+                    reason: format!("the dedup record cannot be written: {e}"),
+                };
+            }
             Err(e) => {
                 warn!(error = %e, "claim failed; the handler does not run without a claim");
                 return Outcome::Retry {
@@ -372,7 +424,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
         };
         tracing::Span::current().record("attempt", attempt);
-
+        let local = LocalLease::new(sent, lease, self.config.margin_for(lease));
+        if local.remaining() < lease / 2 {
+            // The claim's own retries used most of the lease: running now would
+            // leave the handler too little time before it must be interrupted.
+            warn!(remaining = ?local.remaining(), ?lease, "claim committed too late to be useful; released");
+            self.release(&req, "claim committed too late to be useful")
+                .await;
+            return Outcome::Retry {
+                after: self.config.backoff(message.receive_count()),
+                reason: "claim committed with too little of its lease left".into(),
+            };
+        }
         let ctx = Context::new(
             &self.config.consumer,
             Some(key),
@@ -380,8 +443,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             self.config.max_result_bytes,
         );
         let handled = tokio::select! {
-            r = self.call_handler(message, &ctx) => Some(r),
-            () = self.heartbeat(message, &req, lease, opts) => None,
+            r = self.call_handler(message, &ctx) => r,
+            found = self.heartbeat(message, &req, lease, opts, &local) => {
+                return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
+            }
+            () = local.ended() => {
+                return self.lease_ended(message, &req, &ctx, LeaseEnd::NotExtended).await;
+            }
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted, claim released");
@@ -389,16 +457,50 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
-        let Some(handled) = handled else {
-            ctx.cancelled().cancel();
-            self.metrics.lease_lost();
-            error!(pk = %req.pk, "lease lost while the handler ran; handler cancelled, its effect not recorded");
-            return Outcome::Retry {
-                after: self.config.backoff(message.receive_count()),
-                reason: "lease lost to another consumer while the handler ran".into(),
-            };
-        };
+        self.finish_claimed(message, &req, &ctx, handled).await
+    }
 
+    /// The handler was interrupted because its lease ended: taken over by
+    /// another consumer, or not extended in time (this host is cut off from
+    /// DynamoDB, or the maximum extension was reached). Its effect is not
+    /// recorded; the message comes back.
+    async fn lease_ended(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        ctx: &Context,
+        why: LeaseEnd,
+    ) -> Outcome {
+        ctx.cancelled().cancel();
+        self.metrics.lease_lost();
+        let reason = match why {
+            LeaseEnd::TakenOver(found) => {
+                error!(pk = %req.pk, %found, "lease lost while the handler ran; handler interrupted, its effect not recorded");
+                "lease lost to another consumer while the handler ran".to_owned()
+            }
+            LeaseEnd::NotExtended => {
+                error!(pk = %req.pk, "the lease could not be extended in time; handler interrupted before it ran out, its effect not recorded");
+                // Best effort: if the record is still ours, the key is free at once.
+                self.release(req, "lease could not be extended; handler interrupted")
+                    .await;
+                "lease could not be extended in time; handler interrupted".to_owned()
+            }
+        };
+        Outcome::Retry {
+            after: self.config.backoff(message.receive_count()),
+            reason,
+        }
+    }
+
+    /// After the handler returned: complete (with the staged writes), or
+    /// release for a retry, or record `FAILED` and park.
+    async fn finish_claimed(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        ctx: &Context,
+        handled: Result<Option<serde_json::Value>, HandlerError>,
+    ) -> Outcome {
         let failure = match handled {
             Ok(value) => {
                 let result = value.map(|v| self.bounded(&v));
@@ -415,9 +517,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                         kind,
                         format!("staged write #{index} failed its condition; nothing was written"),
                     ),
-                    Err(e @ StoreError::TransactionTooLarge { .. }) => {
-                        HandlerError::permanent(e.to_string())
-                    }
+                    Err(e) if e.is_permanent() => HandlerError::permanent(e.to_string()),
                     Err(e @ StoreError::LeaseLost { .. }) => {
                         self.metrics.lease_lost();
                         error!(error = %e, "complete failed the fencing check: lease lost; the effect was not recorded");
@@ -429,31 +529,47 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     Err(e) => {
                         // Unknown after retries: release (best effort) and let the
                         // redelivery find out whether it committed.
-                        self.release(&req, &format!("complete failed: {e}")).await;
+                        self.release(req, &format!("complete failed: {e}")).await;
                         return self.unrecorded_failure(message, e);
                     }
                 }
             }
             Err(e) => e,
         };
-
         match failure.kind() {
             FailureKind::Permanent => {
                 let reason = format!("handler failed permanently: {failure}");
-                if let Err(e) = self
-                    .store
-                    .mark_failed(&req.pk, &req.owner, &reason, self.config.ttl)
-                    .await
-                {
-                    warn!(error = %e, "could not record FAILED; parking anyway");
-                }
-                Outcome::Park { reason }
+                self.mark_failed(message, req, reason).await
             }
             kind => {
-                self.release(&req, &failure.to_string()).await;
+                self.release(req, &failure.to_string()).await;
                 Outcome::Retry {
                     after: self.retry_delay(message, kind),
                     reason: failure.to_string(),
+                }
+            }
+        }
+    }
+
+    /// Records `FAILED` (with the reason) on our claim, then parks. A message
+    /// is parked only once its failure is recorded, so a redelivery of it is
+    /// recognised; when the record cannot be written the message comes back
+    /// instead.
+    async fn mark_failed(&self, message: &Message, req: &ClaimRequest, reason: String) -> Outcome {
+        match self
+            .store
+            .mark_failed(&req.pk, &req.owner, &reason, self.config.ttl)
+            .await
+        {
+            Ok(()) => Outcome::Park { reason },
+            Err(e) => {
+                warn!(error = %e, %reason, "could not record FAILED; the message comes back instead of being parked");
+                if !matches!(e, StoreError::LeaseLost { .. }) {
+                    self.release(req, &reason).await;
+                }
+                Outcome::Retry {
+                    after: self.config.backoff(message.receive_count()),
+                    reason: format!("permanent failure not recorded ({e}): {reason}"),
                 }
             }
         }
@@ -506,37 +622,48 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     /// Extends the lease (and the visibility) every heartbeat until the total
-    /// reaches the maximum. Returns only when the lease was lost.
+    /// reaches the maximum, moving the local lease end forward after each
+    /// extension. Returns only when another consumer holds the key (what the
+    /// record holds now); a failed extension is tried again at the next beat,
+    /// and if none succeeds in time the local lease end interrupts the handler.
     async fn heartbeat(
         &self,
         message: &Message,
         req: &ClaimRequest,
         lease: Duration,
         opts: &ProcessOptions<'_>,
-    ) {
+        local: &LocalLease,
+    ) -> String {
         let interval = self
             .config
             .heartbeat
             .min(lease / 2)
             .max(Duration::from_millis(100));
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         loop {
             tokio::time::sleep(interval).await;
             if started.elapsed() + lease > self.config.max_extension {
-                warn!("maximum extension reached; the lease and visibility are no longer extended");
-                std::future::pending::<()>().await;
+                warn!(
+                    "maximum extension reached: the lease is no longer extended and the handler is interrupted when it ends"
+                );
+                return std::future::pending().await;
             }
             let lease = lease_within(lease, opts.deadline);
             if lease.is_zero() {
                 // At the deadline: the runtime stops the handler, not the heartbeat.
-                std::future::pending::<()>().await;
+                return std::future::pending().await;
             }
-            match self.store.extend_lease(&req.pk, &req.owner, lease).await {
-                Ok(()) => self.metrics.heartbeat_extension(),
-                Err(StoreError::LeaseLost { found, .. }) => {
-                    warn!(%found, "lease lost");
-                    return;
+            let sent = Instant::now();
+            match self
+                .store
+                .extend_lease(&req.pk, &req.owner, lease, self.config.ttl)
+                .await
+            {
+                Ok(()) => {
+                    local.extended(sent, lease, self.config.margin_for(lease));
+                    self.metrics.heartbeat_extension();
                 }
+                Err(StoreError::LeaseLost { found, .. }) => return found,
                 Err(e) => warn!(error = %e, "lease extension failed; will try again"),
             }
             if let Some(v) = opts.visibility
@@ -545,6 +672,76 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 warn!(error = %e, "visibility extension failed");
             }
         }
+    }
+}
+
+/// Why a running handler's lease ended.
+enum LeaseEnd {
+    /// Another consumer took the key over (what the record holds now).
+    TakenOver(String),
+    /// No extension succeeded before the local lease end.
+    NotExtended,
+}
+
+/// Our claim's lease as this host sees it: it ends `margin` before the lease
+/// the store holds, counted from before the claim (or the last successful
+/// extension) was sent, so the handler has stopped before another consumer
+/// can take the key, even with some clock skew between them.
+struct LocalLease(watch::Sender<Instant>);
+
+impl LocalLease {
+    fn new(sent: Instant, lease: Duration, margin: Duration) -> Self {
+        Self(watch::Sender::new(sent + lease.saturating_sub(margin)))
+    }
+
+    /// Time left before the handler must be interrupted.
+    fn remaining(&self) -> Duration {
+        self.0.borrow().saturating_duration_since(Instant::now())
+    }
+
+    /// An extension sent at `sent` succeeded.
+    fn extended(&self, sent: Instant, lease: Duration, margin: Duration) {
+        let end = sent + lease.saturating_sub(margin);
+        self.0.send_if_modified(|current| {
+            let later = end > *current;
+            if later {
+                *current = end;
+            }
+            later
+        });
+    }
+
+    /// Completes when the local lease end passes without an extension.
+    async fn ended(&self) {
+        let mut rx = self.0.subscribe();
+        loop {
+            let end = *rx.borrow_and_update();
+            tokio::select! {
+                () = tokio::time::sleep_until(end) => {
+                    if *rx.borrow() <= Instant::now() {
+                        return;
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A redelivery of a message that was parked before (its delete after the park
+/// failed, or a Lambda invocation ended after the park): never run again,
+/// parked again with the recorded reason.
+fn already_parked(reason: Option<String>) -> Outcome {
+    warn!("redelivery of a message already parked; not run, parked again");
+    Outcome::Park {
+        reason: format!(
+            "redelivered after it was parked; not run again (first reason: {})",
+            reason.as_deref().unwrap_or("not recorded")
+        ),
     }
 }
 
@@ -569,9 +766,9 @@ fn duplicate(result: Option<StoredResult>, payload_matches: bool) -> Outcome {
 }
 
 /// `lease`, cut so that it ends by `deadline`.
-fn lease_within(lease: Duration, deadline: Option<tokio::time::Instant>) -> Duration {
+fn lease_within(lease: Duration, deadline: Option<Instant>) -> Duration {
     deadline.map_or(lease, |d| {
-        lease.min(d.saturating_duration_since(tokio::time::Instant::now()))
+        lease.min(d.saturating_duration_since(Instant::now()))
     })
 }
 
@@ -720,6 +917,332 @@ mod tests {
         assert!(
             matches!(o, Outcome::Completed { result: Some(StoredResult::Digest { bytes, .. }) } if bytes > 100),
             "{o:?}"
+        );
+    }
+
+    /// A store that delegates to a [`MemoryStore`] but can be cut off: extends
+    /// (and, when `releases` too, releases) fail as unavailable; a claim's
+    /// answer can be held back after it committed.
+    #[derive(Clone)]
+    struct Faulty {
+        inner: MemoryStore,
+        extends_fail: Arc<std::sync::atomic::AtomicBool>,
+        releases_fail: Arc<std::sync::atomic::AtomicBool>,
+        claim_answer_delay: Duration,
+    }
+
+    impl Faulty {
+        fn new(inner: MemoryStore) -> Self {
+            Self {
+                inner,
+                extends_fail: Arc::default(),
+                releases_fail: Arc::default(),
+                claim_answer_delay: Duration::ZERO,
+            }
+        }
+    }
+
+    impl DedupStore for Faulty {
+        async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+            let c = self.inner.claim(req).await;
+            tokio::time::sleep(self.claim_answer_delay).await;
+            c
+        }
+        async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+            self.inner.complete(c).await
+        }
+        async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+            if self.releases_fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("cut off".into()));
+            }
+            self.inner.release(pk, owner, error).await
+        }
+        async fn mark_failed(
+            &self,
+            pk: &str,
+            owner: &str,
+            error: &str,
+            ttl: Duration,
+        ) -> Result<(), StoreError> {
+            self.inner.mark_failed(pk, owner, error, ttl).await
+        }
+        async fn extend_lease(
+            &self,
+            pk: &str,
+            owner: &str,
+            lease: Duration,
+            ttl: Duration,
+        ) -> Result<(), StoreError> {
+            if self.extends_fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("cut off".into()));
+            }
+            self.inner.extend_lease(pk, owner, lease, ttl).await
+        }
+        async fn commit_unprotected(&self, w: Vec<crate::StagedWrite>) -> Result<(), StoreError> {
+            self.inner.commit_unprotected(w).await
+        }
+        async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+            self.inner.commit_fast(c).await
+        }
+        async fn get(&self, pk: &str) -> Result<Option<crate::Record>, StoreError> {
+            self.inner.get(pk).await
+        }
+    }
+
+    /// Counts live handler attempts of one key: each attempt holds a guard
+    /// that is dropped when the handler ends or is interrupted.
+    #[derive(Default)]
+    struct Live {
+        now: AtomicU32,
+        max: AtomicU32,
+        started: AtomicU32,
+    }
+
+    struct LiveGuard(Arc<Live>);
+
+    impl Live {
+        fn enter(self: &Arc<Self>) -> LiveGuard {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(n, Ordering::SeqCst);
+            self.started.fetch_add(1, Ordering::SeqCst);
+            LiveGuard(self.clone())
+        }
+    }
+
+    impl Drop for LiveGuard {
+        fn drop(&mut self) {
+            self.0.now.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn lease_config() -> ProcessorConfig {
+        let mut c = config();
+        c.lease = Duration::from_secs(10);
+        c.heartbeat = Duration::from_secs(3);
+        c.lease_margin = Duration::from_secs(1);
+        c
+    }
+
+    /// A handler with an external effect that takes `work` (virtual time).
+    fn slow_external(live: Arc<Live>, work: Duration) -> impl Handler {
+        handler_fn(move |_m, _c| {
+            let live = live.clone();
+            async move {
+                let _guard = live.enter();
+                tokio::time::sleep(work).await;
+                Ok(None)
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_cut_off_from_dynamodb_is_interrupted_before_another_consumer_can_take_the_key()
+     {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let shared = MemoryStore::new(clock.clone());
+        let cut_off = Faulty::new(shared.clone());
+        let live = Arc::new(Live::default());
+        let a = Processor::new(
+            cut_off.clone(),
+            slow_external(live.clone(), Duration::from_secs(60)),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock.clone());
+        let b = Processor::new(
+            shared.clone(),
+            slow_external(live.clone(), Duration::from_millis(10)),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock.clone());
+        // A claims, then loses DynamoDB entirely: no extension, no release.
+        cut_off.extends_fail.store(true, Ordering::SeqCst);
+        cut_off.releases_fail.store(true, Ordering::SeqCst);
+        let msg = Message::new("m", r#"{"id":"k"}"#);
+        let a_run = tokio::spawn({
+            let (a, msg) = (a.clone(), msg.clone());
+            async move {
+                let o = a.process(msg).await;
+                (o, tokio::time::Instant::now())
+            }
+        });
+        // B tries every 100 ms until it gets the key.
+        let started = tokio::time::Instant::now();
+        let b_outcome = loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            match b.process(msg.clone()).await {
+                Outcome::InFlight { .. } => continue,
+                o => break o,
+            }
+        };
+        let (a_outcome, a_stopped) = a_run.await.unwrap();
+        assert!(
+            matches!(b_outcome, Outcome::Completed { .. }),
+            "{b_outcome:?}"
+        );
+        assert!(
+            matches!(&a_outcome, Outcome::Retry { reason, .. } if reason.contains("could not be extended")),
+            "{a_outcome:?}"
+        );
+        assert_eq!(
+            live.max.load(Ordering::SeqCst),
+            1,
+            "two live attempts of one key"
+        );
+        // A stopped by its local lease end (lease minus margin), not later.
+        assert!(a_stopped - started <= Duration::from_secs(9) + Duration::from_millis(50));
+        assert_eq!(a.metrics().take().lease_lost, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_whose_extensions_fail_is_interrupted_and_its_claim_released() {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let shared = MemoryStore::new(clock.clone());
+        let flaky = Faulty::new(shared.clone());
+        flaky.extends_fail.store(true, Ordering::SeqCst);
+        let live = Arc::new(Live::default());
+        let a = Processor::new(
+            flaky,
+            slow_external(live.clone(), Duration::from_secs(60)),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock.clone());
+        let o = a.process(Message::new("m", r#"{"id":"k"}"#)).await;
+        assert!(matches!(&o, Outcome::Retry { .. }), "{o:?}");
+        assert_eq!(
+            live.now.load(Ordering::SeqCst),
+            0,
+            "the handler was dropped"
+        );
+        let rec = shared.get("test#k").await.unwrap().unwrap();
+        assert_eq!(rec.status, crate::Status::InProgress);
+        assert_eq!(
+            rec.lease_until_ms, 0,
+            "released: the next delivery need not wait"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_past_the_maximum_extension_is_interrupted_not_left_running() {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let store = MemoryStore::new(clock.clone());
+        let mut c = lease_config();
+        c.max_extension = Duration::from_secs(20);
+        let live = Arc::new(Live::default());
+        let p = Processor::new(
+            store.clone(),
+            slow_external(live.clone(), Duration::from_secs(600)),
+            c,
+        )
+        .unwrap()
+        .with_clock(clock.clone());
+        let started = tokio::time::Instant::now();
+        let o = p.process(Message::new("m", r#"{"id":"k"}"#)).await;
+        assert!(matches!(&o, Outcome::Retry { .. }), "{o:?}");
+        let ran = started.elapsed();
+        assert!(
+            ran < Duration::from_secs(20),
+            "ran {ran:?} past the maximum extension"
+        );
+        assert_eq!(live.now.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_commits_with_too_little_lease_left_is_released_not_run() {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let shared = MemoryStore::new(clock.clone());
+        let mut late = Faulty::new(shared.clone());
+        late.claim_answer_delay = Duration::from_secs(6);
+        let live = Arc::new(Live::default());
+        let p = Processor::new(
+            late,
+            slow_external(live.clone(), Duration::from_millis(10)),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock.clone());
+        let o = p.process(Message::new("m", r#"{"id":"k"}"#)).await;
+        assert!(
+            matches!(&o, Outcome::Retry { reason, .. } if reason.contains("too little")),
+            "{o:?}"
+        );
+        assert_eq!(
+            live.started.load(Ordering::SeqCst),
+            0,
+            "the handler must not run"
+        );
+        let rec = shared.get("test#k").await.unwrap().unwrap();
+        assert_eq!(rec.lease_until_ms, 0, "released");
+    }
+
+    #[tokio::test]
+    async fn a_redelivery_of_a_parked_message_is_parked_again_not_run() {
+        // "Insufficient funds" the first time, then it would pass: the
+        // redelivery after a park whose delete failed must not apply it.
+        let calls = Arc::new(AtomicU32::new(0));
+        for fast in [false, true] {
+            let c = calls.clone();
+            let handler = handler_fn(move |_m, _ctx| {
+                let c = c.clone();
+                async move {
+                    if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return Err(HandlerError::permanent("insufficient funds"));
+                    }
+                    Ok(None)
+                }
+            });
+            calls.store(0, Ordering::SeqCst);
+            let mut cfg = config();
+            cfg.fast_path = fast;
+            let p =
+                Processor::new(MemoryStore::default(), crate::staged_only(handler), cfg).unwrap();
+            let m = Message::new("m1", r#"{"id":"e"}"#);
+            let first = p.process(m.clone()).await;
+            assert!(
+                matches!(&first, Outcome::Park { reason } if reason.contains("insufficient")),
+                "{first:?}"
+            );
+            let again = p.process(m.clone().with_receive_count(2)).await;
+            assert!(
+                matches!(&again, Outcome::Park { reason } if reason.contains("redelivered after it was parked")),
+                "fast={fast}: {again:?}"
+            );
+            // A copy brought back from the DLQ (new message id) runs again.
+            let redriven = Message::new("m2", r#"{"id":"e"}"#);
+            let o = p.process(redriven).await;
+            assert!(matches!(o, Outcome::Completed { .. }), "fast={fast}: {o:?}");
+            let rec = p.store().get("test#e").await.unwrap().unwrap();
+            assert_eq!(rec.status, crate::Status::Completed);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_huge_handler_error_is_stored_bounded() {
+        let p = Processor::new(
+            MemoryStore::default(),
+            handler_fn(|_m, _c| async { Err(HandlerError::retry("x".repeat(1_000_000))) }),
+            config(),
+        )
+        .unwrap();
+        let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+        assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+        let rec = p.store().get("test#e").await.unwrap().unwrap();
+        let error = rec.error.unwrap();
+        assert!(
+            error.len() <= crate::dedup::MAX_ERROR_BYTES,
+            "{}",
+            error.len()
+        );
+        assert!(
+            error.ends_with("(1000000 bytes in all)"),
+            "{}",
+            &error[error.len() - 40..]
         );
     }
 }

@@ -1,20 +1,28 @@
 //! SQS calls both runtimes make: visibility changes and parking in the DLQ.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageAttributeValue};
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
+    MessageAttributeValue, QueueAttributeName,
+};
 use aws_smithy_types::error::display::DisplayErrorContext;
 use futures::future::BoxFuture;
 use tracing::warn;
 
 use crate::Message;
 use crate::config::SQS_MAX_VISIBILITY;
+use crate::key::DEDUP_KEY_ATTRIBUTE;
+use crate::message::{Attribute, AttributeValue};
 use crate::processor::VisibilityExtender;
 
 /// The message attribute that carries a parked message's reason.
 pub const REASON_ATTRIBUTE: &str = "sqs_once_reason";
-/// The message attribute that carries a parked message's original message id.
+/// The message attribute that carries the id of a parked message's first
+/// delivery (kept through later parks).
 pub const MESSAGE_ID_ATTRIBUTE: &str = "sqs_once_message_id";
 
 /// Extends visibility with the message's receipt handle on one queue.
@@ -67,43 +75,226 @@ pub(crate) async fn retry_later(sqs: &Client, queue_url: &str, message: &Message
     }
 }
 
-/// Sends a copy of the message to the DLQ with its reason (attribute
-/// `sqs_once_reason`) and original id. The caller deletes the original after this
-/// succeeds.
-pub(crate) async fn send_to_dlq(
-    sqs: &Client,
-    dlq_url: &str,
-    message: &Message,
-    reason: &str,
-) -> Result<(), String> {
-    let attr = |v: &str| {
-        MessageAttributeValue::builder()
-            .data_type("String")
-            .string_value(v)
-            .build()
-            .expect("complete attribute")
-    };
-    // SQS allows 10 attributes per message: ours, then up to 8 of the original's.
-    let mut send = sqs
-        .send_message()
-        .queue_url(dlq_url)
-        .message_body(message.body())
-        .message_attributes(REASON_ATTRIBUTE, attr(&truncate(reason, 4096)))
-        .message_attributes(MESSAGE_ID_ATTRIBUTE, attr(message.id()));
-    for (k, v) in message.attributes().iter().take(8) {
-        send = send.message_attributes(k, attr(v));
-    }
-    if dlq_url.ends_with(".fifo") {
-        send = send
-            .message_group_id(message.group_id().unwrap_or("sqs-once-parked"))
-            .message_deduplication_id(message.id());
-    }
-    send.send()
-        .await
-        .map(|_| ())
-        .map_err(|e| DisplayErrorContext(e).to_string())
+/// Entries in one SQS batch request.
+const BATCH: usize = 10;
+/// SQS allows this many message attributes per message.
+const MAX_ATTRIBUTES: usize = 10;
+/// SQS's default `MaximumMessageSize`, assumed when the DLQ's cannot be read.
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// A reason shorter than this is dropped rather than cut to nothing useful.
+const MIN_REASON_BYTES: usize = 64;
+
+/// Why a message could not be parked. It then comes back (and, failing
+/// again, ends in the DLQ by the queue's redrive policy, without a reason).
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    /// The body and the original attributes alone exceed the DLQ's limit.
+    #[error(
+        "the message ({bytes} bytes with its attributes) is larger than the DLQ's MaximumMessageSize ({limit} bytes); left to the queue's redrive policy"
+    )]
+    TooLarge {
+        /// Body and original attributes.
+        bytes: usize,
+        /// The DLQ's limit.
+        limit: usize,
+    },
+    /// `SendMessage` to the DLQ failed.
+    #[error("sending to the DLQ failed: {0}")]
+    Send(String),
 }
 
+/// The DLQ where permanent failures are parked, with its size limit read once.
+pub(crate) struct Dlq {
+    sqs: Client,
+    url: String,
+    max_bytes: tokio::sync::OnceCell<usize>,
+}
+
+impl Dlq {
+    pub(crate) fn new(sqs: Client, url: impl Into<String>) -> Self {
+        Self {
+            sqs,
+            url: url.into(),
+            max_bytes: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The DLQ's `MaximumMessageSize` (read once; SQS's default when it cannot
+    /// be read, and then read again next time).
+    async fn max_bytes(&self) -> usize {
+        let read = self
+            .max_bytes
+            .get_or_try_init(|| async {
+                let out = self
+                    .sqs
+                    .get_queue_attributes()
+                    .queue_url(&self.url)
+                    .attribute_names(QueueAttributeName::MaximumMessageSize)
+                    .send()
+                    .await
+                    .map_err(|e| DisplayErrorContext(e).to_string())?;
+                out.attributes()
+                    .and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .ok_or_else(|| "no MaximumMessageSize in the answer".to_owned())
+            })
+            .await;
+        read.copied().unwrap_or_else(|e| {
+            warn!(dlq = %self.url, error = %e, "cannot read the DLQ's MaximumMessageSize; assuming SQS's default");
+            DEFAULT_MAX_MESSAGE_BYTES
+        })
+    }
+
+    /// Sends a copy of the message to the DLQ: the body and every message
+    /// attribute exactly as received (data types included), plus
+    /// `sqs_once_dedup_key` (the key it was processed under, so a copy brought
+    /// back is processed under the same key), `sqs_once_reason` (this park's
+    /// reason, replacing an earlier one) and `sqs_once_message_id` (the first
+    /// delivery's id), as far as SQS's attribute count and the DLQ's size limit
+    /// allow; the reason is shortened to fit, the body is never altered. The
+    /// caller deletes the original after this succeeds.
+    pub(crate) async fn park(
+        &self,
+        message: &Message,
+        reason: &str,
+        dedup_key: Option<&str>,
+    ) -> Result<(), ParkError> {
+        let copy = ParkedCopy::new(message, reason, dedup_key, self.max_bytes().await)?;
+        let mut send = self
+            .sqs
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(message.body())
+            .set_message_attributes(Some(copy.attributes));
+        if self.url.ends_with(".fifo") {
+            // The same delivery parked twice within five minutes is sent once.
+            send = send
+                .message_group_id(message.group_id().unwrap_or("sqs-once-parked"))
+                .message_deduplication_id(message.id());
+        }
+        send.send()
+            .await
+            .map(|_| ())
+            .map_err(|e| ParkError::Send(DisplayErrorContext(e).to_string()))
+    }
+}
+
+/// The attributes of a parked copy, fitted to SQS's limits.
+struct ParkedCopy {
+    attributes: HashMap<String, MessageAttributeValue>,
+}
+
+impl ParkedCopy {
+    fn new(
+        message: &Message,
+        reason: &str,
+        dedup_key: Option<&str>,
+        limit: usize,
+    ) -> Result<Self, ParkError> {
+        let ours = |name: &str| name.starts_with("sqs_once_");
+        let original: Vec<(&String, &Attribute)> = message
+            .attributes()
+            .iter()
+            .filter(|(name, _)| !ours(name))
+            .collect();
+        let mut bytes =
+            message.body().len() + original.iter().map(|(name, a)| a.size(name)).sum::<usize>();
+        if bytes > limit {
+            return Err(ParkError::TooLarge { bytes, limit });
+        }
+        let mut attributes: HashMap<String, MessageAttributeValue> = original
+            .iter()
+            .map(|(name, a)| ((*name).clone(), sdk_attribute(a)))
+            .collect();
+        let first_id = message
+            .attribute(MESSAGE_ID_ATTRIBUTE)
+            .unwrap_or(message.id())
+            .to_owned();
+        let mut add = |name: &str, value: String, shorten: bool| {
+            if attributes.len() >= MAX_ATTRIBUTES {
+                return;
+            }
+            let overhead = name.len() + "String".len();
+            let room = limit.saturating_sub(bytes + overhead);
+            let value = match (value.len() <= room, shorten) {
+                (true, _) => value,
+                (false, true) if room >= MIN_REASON_BYTES => truncate(&value, room),
+                _ => return,
+            };
+            bytes += overhead + value.len();
+            attributes.insert(name.to_owned(), sdk_attribute(&Attribute::string(value)));
+        };
+        if let Some(key) = dedup_key {
+            add(DEDUP_KEY_ATTRIBUTE, key.to_owned(), false);
+        }
+        add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
+        add(MESSAGE_ID_ATTRIBUTE, first_id, false);
+        Ok(Self { attributes })
+    }
+}
+
+/// An attribute as the SDK sends it.
+fn sdk_attribute(a: &Attribute) -> MessageAttributeValue {
+    let b = MessageAttributeValue::builder().data_type(&a.data_type);
+    match &a.value {
+        AttributeValue::Text(t) => b.string_value(t),
+        AttributeValue::Binary(bytes) => b.binary_value(Blob::new(bytes.clone())),
+    }
+    .build()
+    .expect("data type is set")
+}
+
+/// Sets the visibility timeout of several messages of one queue at once
+/// (`ChangeMessageVisibilityBatch`, 10 per call): keeps received messages that
+/// wait for their turn invisible. Failures are logged; those messages return
+/// when their current visibility ends.
+pub(crate) async fn extend_many(
+    sqs: &Client,
+    queue_url: &str,
+    messages: &[Message],
+    timeout: Duration,
+) {
+    let secs = i32::try_from(timeout.min(SQS_MAX_VISIBILITY).as_secs()).unwrap_or(43_200);
+    for chunk in messages.chunks(BATCH) {
+        let entries: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(format!("m{i}"))
+                    .receipt_handle(m.receipt_handle()?)
+                    .visibility_timeout(secs)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if entries.is_empty() {
+            continue;
+        }
+        match sqs
+            .change_message_visibility_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            Ok(out) => {
+                for f in out.failed() {
+                    warn!(id = f.id(), code = f.code(), message = ?f.message(), "could not keep a waiting message invisible");
+                }
+            }
+            Err(e) => {
+                warn!(error = %DisplayErrorContext(e), "could not keep waiting messages invisible");
+            }
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
 fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();

@@ -16,7 +16,8 @@ use aws_sdk_dynamodb::types::{
 
 use super::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, StoredResult, check_transaction_limits, decide_conflict, describe,
+    StoreError, StoredResult, bounded_error, check_transaction_limits, decide_conflict, describe,
+    record_bytes,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
@@ -26,9 +27,17 @@ pub const TTL_ATTRIBUTE: &str = "expires_at";
 /// The partition key attribute (string).
 pub const KEY_ATTRIBUTE: &str = "pk";
 
-const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s OR #status = :failed \
+/// Who may take a record (see [`Record::claimable_by`]): nobody has it, it
+/// expired, it failed in another delivery (a redriven copy, a re-send), or its
+/// lease ran out.
+const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
+     OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid)) \
      OR (#status = :in_progress AND lease_until < :now_ms)";
 const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
+/// An extension also needs the lease to be live: one that lands after a
+/// release (or after the lease ran out) must not hold the key again.
+const LIVE_LEASE_CONDITION: &str =
+    "#owner = :owner AND #status = :in_progress AND lease_until > :now_ms";
 
 /// How many times an operation whose outcome is unknown is sent again (with the
 /// same token) before the message is given back to the queue.
@@ -98,11 +107,18 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
             let e = se.err();
             let code = e.code().unwrap_or("Unknown");
             let msg = format!("{code}: {}", e.message().unwrap_or_default());
+            // Told apart by the error code, not the HTTP status: a
+            // ValidationException (HTTP 400) can never succeed, so the message
+            // is a permanent failure. An HTTP 500 is retried even when it hides
+            // a malformed request (LocalStack answers some malformed expressions
+            // with 500): such a message ends in the DLQ by the redrive policy.
             match code {
                 "ValidationException" | "SerializationException" => {
                     Attempt::Done(StoreError::Invalid(msg))
                 }
-                "ResourceNotFoundException" => Attempt::Done(StoreError::Invalid(format!(
+                // A missing table is a deployment problem, not the message's:
+                // retried (the table is checked at start-up).
+                "ResourceNotFoundException" => Attempt::Done(StoreError::Unavailable(format!(
                     "{msg} (is SQS_ONCE_TABLE right, and the table created?)"
                 ))),
                 "AccessDeniedException" | "UnrecognizedClientException" => {
@@ -291,15 +307,17 @@ impl DynamoStore {
         Err(StoreError::Unavailable(format!("{what}: {last}")))
     }
 
-    /// An owner-guarded update of our record. When the condition fails, the old
-    /// record decides: `accept(old)` true means an earlier attempt of ours already
-    /// did it.
+    /// An owner-guarded update of our record (`condition`: [`OWNED_CONDITION`]
+    /// or a stricter one). When the condition fails, the old record decides:
+    /// `accept(old)` true means an earlier attempt of ours already did it.
+    #[allow(clippy::too_many_arguments)]
     async fn owned_update(
         &self,
         what: &str,
         pk: &str,
         owner: &str,
         set: &str,
+        condition: &str,
         mut values: HashMap<String, AttributeValue>,
         accept: impl Fn(&Record) -> bool,
     ) -> Result<(), StoreError> {
@@ -311,7 +329,7 @@ impl DynamoStore {
                 ("#status", "status"),
                 ("#error", "error"),
             ]),
-            &format!("{set} {OWNED_CONDITION}"),
+            &format!("{set} {condition}"),
         );
         self.retrying(what, || async {
             let res = self
@@ -320,7 +338,7 @@ impl DynamoStore {
                 .table_name(&*self.table)
                 .key(KEY_ATTRIBUTE, s(pk))
                 .update_expression(set)
-                .condition_expression(OWNED_CONDITION)
+                .condition_expression(condition)
                 .set_expression_attribute_names(Some(attr_names.clone()))
                 .set_expression_attribute_values(Some(values.clone()))
                 .return_values_on_condition_check_failure(
@@ -651,7 +669,7 @@ impl DedupStore for DynamoStore {
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
-        check_transaction_limits(&c.writes)?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
         let update = self.completed_update(&c)?;
         if c.writes.is_empty() {
             self.complete_plain(&c, update).await
@@ -661,12 +679,16 @@ impl DedupStore for DynamoStore {
     }
 
     async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
-        let values = HashMap::from([(":zero".to_owned(), n(0)), (":error".to_owned(), s(error))]);
+        let values = HashMap::from([
+            (":zero".to_owned(), n(0)),
+            (":error".to_owned(), s(bounded_error(error))),
+        ]);
         self.owned_update(
             "release",
             pk,
             owner,
             "SET lease_until = :zero, #error = :error",
+            OWNED_CONDITION,
             values,
             |r| r.status == Status::InProgress,
         )
@@ -683,7 +705,7 @@ impl DedupStore for DynamoStore {
         let now_ms = self.clock.now_ms();
         let values = HashMap::from([
             (":failed".to_owned(), s(Status::Failed.as_str())),
-            (":error".to_owned(), s(error)),
+            (":error".to_owned(), s(bounded_error(error))),
             (":zero".to_owned(), n(0)),
             (
                 ":expires_at".to_owned(),
@@ -695,30 +717,45 @@ impl DedupStore for DynamoStore {
             pk,
             owner,
             "SET #status = :failed, #error = :error, lease_until = :zero, expires_at = :expires_at",
+            OWNED_CONDITION,
             values,
             |r| r.status == Status::Failed,
         )
         .await
     }
 
-    async fn extend_lease(&self, pk: &str, owner: &str, lease: Duration) -> Result<(), StoreError> {
-        let values = HashMap::from([(
-            ":lease_until".to_owned(),
-            n(self.clock.now_ms() + ms(lease)),
-        )]);
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        let lease_until = now_ms + ms(lease);
+        let values = HashMap::from([
+            (":now_ms".to_owned(), n(now_ms)),
+            (":lease_until".to_owned(), n(lease_until)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(ttl)),
+            ),
+        ]);
         self.owned_update(
             "extend lease",
             pk,
             owner,
-            "SET lease_until = :lease_until",
+            "SET lease_until = :lease_until, expires_at = :expires_at",
+            LIVE_LEASE_CONDITION,
             values,
-            |r| r.status == Status::InProgress,
+            // An earlier send of this very extension landed.
+            |r| r.status == Status::InProgress && r.lease_until_ms == lease_until,
         )
         .await
     }
 
     async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
-        check_transaction_limits(&writes)?;
+        check_transaction_limits(&writes, 0)?;
         if writes.is_empty() {
             return Ok(());
         }
@@ -758,7 +795,7 @@ impl DedupStore for DynamoStore {
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
-        check_transaction_limits(&c.writes)?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
         let now_ms = self.clock.now_ms();
         let mut values = HashMap::from([
             (":now_s".to_owned(), n(now_ms.div_euclid(1000))),

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use super::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, check_transaction_limits, decide_conflict, describe,
+    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
@@ -112,7 +112,7 @@ impl DedupStore for MemoryStore {
         let mut state = self.lock();
         let old = state.records.get(&req.pk);
         if let Some(old) = old
-            && !old.claimable(now_ms)
+            && !old.claimable_by(now_ms, &req.message_id)
         {
             return Ok(decide_conflict(old, req, now_ms));
         }
@@ -139,7 +139,7 @@ impl DedupStore for MemoryStore {
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
-        check_transaction_limits(&c.writes)?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
         let now_ms = self.clock.now_ms();
         self.with_owned(
             &c.pk,
@@ -164,7 +164,7 @@ impl DedupStore for MemoryStore {
             |_| false,
             |r, _| {
                 r.lease_until_ms = 0;
-                r.error = Some(error.to_owned());
+                r.error = Some(bounded_error(error));
             },
         )
     }
@@ -184,24 +184,43 @@ impl DedupStore for MemoryStore {
             |r, _| {
                 r.status = Status::Failed;
                 r.lease_until_ms = 0;
-                r.error = Some(error.to_owned());
+                r.error = Some(bounded_error(error));
                 r.expires_at_s = expires_at(now_ms, ttl);
             },
         )
     }
 
-    async fn extend_lease(&self, pk: &str, owner: &str, lease: Duration) -> Result<(), StoreError> {
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.check_available()?;
         let now_ms = self.clock.now_ms();
-        self.with_owned(
-            pk,
-            owner,
-            |_| false,
-            |r, _| r.lease_until_ms = now_ms + ms(lease),
-        )
+        let lease_until = now_ms + ms(lease);
+        let mut state = self.lock();
+        match state.records.get_mut(pk) {
+            // Only a live lease of ours is extended (see the trait).
+            Some(r)
+                if r.owner.as_deref() == Some(owner)
+                    && r.status == Status::InProgress
+                    && r.lease_until_ms > now_ms =>
+            {
+                r.lease_until_ms = lease_until;
+                r.expires_at_s = expires_at(now_ms, ttl);
+                Ok(())
+            }
+            other => Err(StoreError::LeaseLost {
+                pk: pk.to_owned(),
+                found: describe(other.map(|r| &*r)),
+            }),
+        }
     }
 
     async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
-        check_transaction_limits(&writes)?;
+        check_transaction_limits(&writes, 0)?;
         self.check_available()?;
         if !writes.is_empty() {
             self.lock()
@@ -212,14 +231,14 @@ impl DedupStore for MemoryStore {
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
-        check_transaction_limits(&c.writes)?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
         self.check_available()?;
         let now_ms = self.clock.now_ms();
         let mut guard = self.lock();
         let state = &mut *guard;
         let old = state.records.get(&c.pk);
         if let Some(old) = old
-            && !old.claimable(now_ms)
+            && !old.claimable_by(now_ms, &c.message_id)
         {
             return Ok(c.conflict(old, now_ms));
         }

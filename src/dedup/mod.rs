@@ -1,4 +1,4 @@
-//! The dedup store: the claim protocol of DESIGN.md, behind one trait.
+//! The dedup store: the claim protocol (docs/DESIGN.md), behind one trait.
 //!
 //! One record per logical message, keyed `{consumer}#{dedup_key}`:
 //!
@@ -120,13 +120,46 @@ pub struct Record {
 }
 
 impl Record {
-    /// Whether a claim at `now_ms` may take this record: the same predicate as the
-    /// DynamoDB condition expression.
+    /// Whether a claim at `now_ms` by a delivery other than the one that
+    /// failed (a copy brought back from the DLQ, a producer's re-send) may take
+    /// this record.
     pub fn claimable(&self, now_ms: i64) -> bool {
+        self.claimable_by(now_ms, "")
+    }
+
+    /// Whether a claim at `now_ms` by the delivery with `message_id` may take
+    /// this record: the same predicate as the DynamoDB condition expression.
+    /// A `FAILED` record is not claimable by the message that failed: that is a
+    /// redelivery of a parked message (its delete after the park failed), and
+    /// running it again could apply it after later messages of its group.
+    pub fn claimable_by(&self, now_ms: i64, message_id: &str) -> bool {
         self.expires_at_s < now_ms.div_euclid(1000)
-            || self.status == Status::Failed
+            || (self.status == Status::Failed && !self.failed_by(message_id))
             || (self.status == Status::InProgress && self.lease_until_ms < now_ms)
     }
+
+    /// Whether this is a `FAILED` record of the delivery with `message_id`.
+    pub fn failed_by(&self, message_id: &str) -> bool {
+        self.status == Status::Failed && self.message_id.as_deref() == Some(message_id)
+    }
+}
+
+/// The longest error text a record keeps: a huge handler error must not push
+/// the record past DynamoDB's 400 KB item limit (release and mark-failed would
+/// then fail).
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary, saying how long
+/// it was.
+pub fn bounded_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error.to_owned();
+    }
+    let mut end = MAX_ERROR_BYTES - 64;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &error[..end], error.len())
 }
 
 /// A claim attempt.
@@ -168,6 +201,13 @@ pub enum Claim {
         /// False when the record was made by a different body.
         payload_matches: bool,
     },
+    /// This very delivery failed permanently before and was parked: a
+    /// redelivery (the delete after the park failed). Do not run it; park it
+    /// again.
+    Parked {
+        /// The recorded reason.
+        reason: Option<String>,
+    },
 }
 
 /// How a claim that lost its condition is answered, given the record that won.
@@ -185,6 +225,9 @@ pub fn decide_conflict(old: &Record, req: &ClaimRequest, now_ms: i64) -> Claim {
         Status::Completed => Claim::Duplicate {
             result: old.result.clone(),
             payload_matches,
+        },
+        Status::Failed if old.failed_by(&req.message_id) => Claim::Parked {
+            reason: old.error.clone(),
         },
         // A live lease, or (clock skew between us and the writer) one that looks
         // claimable now: either way someone else holds it; come back when it ends.
@@ -264,6 +307,12 @@ pub enum FastCommitted {
         /// False when the record was made by a different body.
         payload_matches: bool,
     },
+    /// This very delivery failed permanently before and was parked: nothing
+    /// was written; park it again (see [`Claim::Parked`]).
+    Parked {
+        /// The recorded reason.
+        reason: Option<String>,
+    },
 }
 
 impl FastCommit {
@@ -283,6 +332,9 @@ impl FastCommit {
                 result: old.result.clone(),
                 payload_matches,
             },
+            Status::Failed if old.failed_by(&self.message_id) => FastCommitted::Parked {
+                reason: old.error.clone(),
+            },
             // A live lease of a general-path consumer (or, with clock skew, one
             // that only looks claimable to us).
             _ => FastCommitted::InFlight {
@@ -297,6 +349,21 @@ impl FastCommit {
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's 4 MB aggregate transaction size.
 pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
+/// DynamoDB's item size limit (400 KB).
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+impl StoreError {
+    /// Whether the same request can never succeed, so the message is a
+    /// permanent failure (parked with this error) rather than retried.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            StoreError::TransactionTooLarge { .. }
+                | StoreError::ItemTooLarge { .. }
+                | StoreError::Invalid(_)
+        )
+    }
+}
 
 /// A store operation that did not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -320,17 +387,29 @@ pub enum StoreError {
     },
     /// The staged writes exceed DynamoDB's transaction limits; nothing was written.
     #[error(
-        "the handler staged {items} writes / ~{bytes} bytes; a transaction holds at most {} items (one is the dedup record) and {} bytes",
+        "the handler staged {items} writes / ~{bytes} bytes with the dedup record; a transaction holds at most {} items (one is the dedup record) and {} bytes",
         MAX_TRANSACTION_ITEMS - 1,
         MAX_TRANSACTION_BYTES
     )]
     TransactionTooLarge {
         /// Staged writes.
         items: usize,
+        /// Estimated size, the dedup record included.
+        bytes: usize,
+    },
+    /// A staged item is over DynamoDB's 400 KB item limit; nothing was written.
+    #[error(
+        "staged write #{index} is ~{bytes} bytes; DynamoDB items hold at most {MAX_ITEM_BYTES}"
+    )]
+    ItemTooLarge {
+        /// Index among the staged writes.
+        index: usize,
         /// Estimated size.
         bytes: usize,
     },
-    /// DynamoDB rejected the request as invalid (e.g. a malformed staged write).
+    /// DynamoDB rejected the request as invalid (`ValidationException`: an item
+    /// over 400 KB, two operations on one item, a malformed expression). The
+    /// same request can never succeed: a permanent failure of the message.
     #[error("DynamoDB rejected the request: {0}")]
     Invalid(String),
     /// Throttled, unavailable, or the outcome stayed unknown after retries with the
@@ -365,12 +444,16 @@ pub trait DedupStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Extends our lease to `now + lease`; [`StoreError::LeaseLost`] when it is not ours.
+    /// Extends our lease to `now + lease` and the record's retention to `now +
+    /// ttl`. Only a live lease is extended: [`StoreError::LeaseLost`] when the
+    /// record is not ours, or our lease has ended or was released (so an
+    /// extension that lands late cannot hold a released key).
     fn extend_lease(
         &self,
         pk: &str,
         owner: &str,
         lease: Duration,
+        ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Commits staged writes without a dedup record (keyless messages processed
@@ -391,9 +474,20 @@ pub trait DedupStore: Send + Sync + 'static {
     fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 }
 
-/// Checks staged writes against the transaction limits before anything is sent.
-pub(crate) fn check_transaction_limits(writes: &[StagedWrite]) -> Result<(), StoreError> {
-    let bytes: usize = writes.iter().map(|w| dynamodb::write_size(&w.item)).sum();
+/// Checks staged writes, with the dedup record (`record_bytes`), against
+/// DynamoDB's item and transaction limits before anything is sent.
+pub(crate) fn check_transaction_limits(
+    writes: &[StagedWrite],
+    record_bytes: usize,
+) -> Result<(), StoreError> {
+    let sizes: Vec<usize> = writes
+        .iter()
+        .map(|w| dynamodb::write_size(&w.item))
+        .collect();
+    if let Some((index, &bytes)) = sizes.iter().enumerate().find(|(_, b)| **b > MAX_ITEM_BYTES) {
+        return Err(StoreError::ItemTooLarge { index, bytes });
+    }
+    let bytes = record_bytes + sizes.iter().sum::<usize>();
     if writes.len() + 1 > MAX_TRANSACTION_ITEMS || bytes > MAX_TRANSACTION_BYTES {
         return Err(StoreError::TransactionTooLarge {
             items: writes.len(),
@@ -401,4 +495,16 @@ pub(crate) fn check_transaction_limits(writes: &[StagedWrite]) -> Result<(), Sto
         });
     }
     Ok(())
+}
+
+/// An estimate of the dedup record's size in a completion or fast commit:
+/// its fixed attributes plus the result.
+pub(crate) fn record_bytes(pk: &str, result: Option<&StoredResult>) -> usize {
+    const FIXED: usize = 512;
+    let result = match result {
+        None => 0,
+        Some(StoredResult::Value(v)) => v.to_string().len(),
+        Some(StoredResult::Digest { .. }) => 96,
+    };
+    FIXED + pk.len() + result
 }

@@ -107,7 +107,7 @@ pub async fn stale_lease_is_taken_over_and_old_owner_is_fenced<S: DedupStore>(
     let err = store.complete(completion(&old, None)).await.unwrap_err();
     assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
     let err = store
-        .extend_lease(&old.pk, &old.owner, LEASE)
+        .extend_lease(&old.pk, &old.owner, LEASE, TTL)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
@@ -151,7 +151,10 @@ pub async fn extended_lease_keeps_others_out<S: DedupStore>(store: &S, clock: &M
     let a = req("c#ext", "body");
     store.claim(&a).await.unwrap();
     clock.advance(Duration::from_secs(25));
-    store.extend_lease(&a.pk, &a.owner, LEASE).await.unwrap();
+    store
+        .extend_lease(&a.pk, &a.owner, LEASE, TTL)
+        .await
+        .unwrap();
     clock.advance(Duration::from_secs(25)); // past the first lease, inside the extension
     assert!(matches!(
         store.claim(&req("c#ext", "body")).await.unwrap(),
@@ -215,7 +218,10 @@ pub async fn retry_with_same_token_after_commit_is_idempotent<S: DedupStore>(
         store.claim(&a).await.unwrap(),
         Claim::Acquired { attempt: 1 }
     );
-    store.extend_lease(&a.pk, &a.owner, LEASE).await.unwrap();
+    store
+        .extend_lease(&a.pk, &a.owner, LEASE, TTL)
+        .await
+        .unwrap();
     store.complete(completion(&a, None)).await.unwrap();
     store.complete(completion(&a, None)).await.unwrap();
     let b = req("c#again-failed", "body");
@@ -429,6 +435,90 @@ pub async fn fifty_concurrent_fast_commits_yield_one_committed<S: DedupStore>(
     assert_eq!(committed, 1, "{duplicates} duplicates");
 }
 
+pub async fn an_extension_that_lands_after_a_release_does_not_hold_the_key<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    let a = req("c#late-ext", "body");
+    store.claim(&a).await.unwrap();
+    store.release(&a.pk, &a.owner, "retry").await.unwrap();
+    // A heartbeat's extension sent before the release, arriving after it.
+    let err = store
+        .extend_lease(&a.pk, &a.owner, LEASE, TTL)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    let b = req("c#late-ext", "body");
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        Claim::Acquired { attempt: 2 },
+        "the released key is free at once"
+    );
+}
+
+pub async fn an_extension_keeps_the_record_beyond_its_lease<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let mut a = req("c#ext-ttl", "body");
+    a.ttl = LEASE + Duration::from_secs(10);
+    store.claim(&a).await.unwrap();
+    for _ in 0..5 {
+        clock.advance(Duration::from_secs(20));
+        store
+            .extend_lease(&a.pk, &a.owner, LEASE, a.ttl)
+            .await
+            .unwrap();
+    }
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert!(
+        rec.expires_at_s * 1000 > rec.lease_until_ms,
+        "expires at {} s, lease until {} ms",
+        rec.expires_at_s,
+        rec.lease_until_ms
+    );
+    assert!(matches!(
+        store.claim(&req("c#ext-ttl", "body")).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+}
+
+pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_others<
+    S: DedupStore,
+>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    let a = req("c#parked", "body");
+    store.claim(&a).await.unwrap();
+    store
+        .mark_failed(&a.pk, &a.owner, "insufficient funds", TTL)
+        .await
+        .unwrap();
+    // The same delivery again (its delete after the park failed).
+    let mut again = req("c#parked", "body");
+    again.message_id = a.message_id.clone();
+    assert_eq!(
+        store.claim(&again).await.unwrap(),
+        Claim::Parked {
+            reason: Some("insufficient funds".into())
+        }
+    );
+    let mut fast_again = fast("c#parked", "body", None);
+    fast_again.message_id = a.message_id.clone();
+    assert_eq!(
+        store.commit_fast(fast_again).await.unwrap(),
+        FastCommitted::Parked {
+            reason: Some("insufficient funds".into())
+        }
+    );
+    // A copy brought back from the DLQ is a new message: it may run.
+    assert_eq!(
+        store.claim(&req("c#parked", "body")).await.unwrap(),
+        Claim::Acquired { attempt: 2 }
+    );
+}
+
 macro_rules! contract_suite {
     ($make:path) => {
         contract_suite!(@one $make, first_claim_acquires);
@@ -444,6 +534,9 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, hashed_long_keys_work);
         contract_suite!(@one $make, fast_commit_records_completed_once_and_then_is_a_duplicate);
         contract_suite!(@one $make, fast_commit_respects_claims_failures_and_expiry);
+        contract_suite!(@one $make, an_extension_that_lands_after_a_release_does_not_hold_the_key);
+        contract_suite!(@one $make, an_extension_keeps_the_record_beyond_its_lease);
+        contract_suite!(@one $make, a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_others);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn fifty_concurrent_fast_commits_yield_one_committed() {

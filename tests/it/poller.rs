@@ -501,10 +501,12 @@ async fn emf_lines_count_what_the_poller_did() {
         sum("DuplicatesSkipped"),
         stats["duplicates"].as_u64().unwrap()
     );
-    let latencies: usize = emf
+    // The latencies are a histogram: bucket values and their counts.
+    let latencies: u64 = emf
         .iter()
-        .filter_map(|l| l["HandlerLatency"].as_array())
-        .map(Vec::len)
+        .filter_map(|l| l["HandlerLatency"]["Counts"].as_array())
+        .flatten()
+        .map(|c| c.as_u64().unwrap())
         .sum();
     // The fast path runs the handler for duplicates too; the keyless body never
     // reaches it.
