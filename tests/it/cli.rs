@@ -774,3 +774,63 @@ async fn redrive_moves_messages_whose_total_is_over_one_batchs_limit() {
     assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
     assert_eq!(bodies(&sqs, &q.queue_url).await, sent);
 }
+
+/// A message as parking leaves it in the DLQ: its body, the reason, the first
+/// delivery's id and the dedup key it was processed under.
+async fn park(sqs: &aws_sdk_sqs::Client, dlq_url: &str, body: &str, original_id: &str) {
+    let s = |v: &str| attribute("String", Some(v), None);
+    sqs.send_message()
+        .queue_url(dlq_url)
+        .message_body(body)
+        .message_attributes(
+            "sqs_once_reason",
+            s("handler failed permanently: fixed since"),
+        )
+        .message_attributes("sqs_once_message_id", s(original_id))
+        .message_attributes("sqs_once_dedup_key", s(original_id))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_second_copy_after_a_crash_between_send_and_delete_is_a_duplicate_not_a_second_effect() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = crate::common::Ledger::new(&sqs, &ddb).await;
+    // Keyed by message id: every copy has a new SQS message id, so only the
+    // dedup key the parked copy carries ties the copies together.
+    let env = [("SQS_ONCE_DEDUP_KEY", "message-id")];
+    let event = r#"{"id":"evt-r","account":"acct-r","amount_cents":700}"#;
+    park(&sqs, &l.queues.dlq_url, event, "m-original").await;
+
+    let redrive = || {
+        cli_owned(redrive_args(
+            &l.queues.dlq_url,
+            &l.queues.queue_url,
+            &["--max", "1"],
+        ))
+    };
+    let r = redrive().await;
+    assert!(r.ok, "{}", r.stderr);
+    // A crash between the send and the delete leaves the DLQ's message in place:
+    // the same message is in both queues.
+    park(&sqs, &l.queues.dlq_url, event, "m-original").await;
+    let first = crate::common::run_until_drained(&l, &sqs, 1, &env).await;
+    assert_eq!(first[0]["completed"], 1, "{first:?}");
+
+    // The operator runs redrive again: the second copy goes back too.
+    let r = redrive().await;
+    assert!(
+        r.ok && r.stdout.contains("moved 1 message(s)"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+    let second = crate::common::run_until_drained(&l, &sqs, 1, &env).await;
+    assert_eq!(second[0]["duplicates"], 1, "{second:?}");
+    assert_eq!(second[0]["completed"], 0, "{second:?}");
+
+    let rows = crate::common::ledger_rows(&ddb, &l.ledger).await;
+    assert_eq!(rows["acct-r"], (700, 1), "applied once");
+    assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0);
+}
