@@ -464,13 +464,14 @@ pub async fn redrive(
     }
     let mut report = Redriven::default();
     let fifo = source_url.ends_with(".fifo");
-    if options.max.is_none() && !fifo {
-        if let Some(moved) = move_task(sqs, dlq_url, source_url, &mut progress).await? {
-            report.moved = moved;
-            report.by_move_task = true;
-            return Ok(report);
-        }
-        // Not supported here: move them ourselves.
+    // Where the endpoint does not offer the move task, we move them ourselves.
+    if options.max.is_none()
+        && !fifo
+        && let Some(moved) = move_task(sqs, dlq_url, source_url, &mut progress).await?
+    {
+        report.moved = moved;
+        report.by_move_task = true;
+        return Ok(report);
     }
     let limit = options.max.unwrap_or(u64::MAX);
     while report.moved < limit {

@@ -734,7 +734,8 @@ async fn redrive_keeps_every_message_attribute_with_its_data_type() {
     assert_eq!(got[0].body(), Some("parked body"));
     let back = got[0].message_attributes().cloned().unwrap_or_default();
     let view = |m: &std::collections::HashMap<String, MessageAttributeValue>| {
-        let mut v: Vec<(String, String, Option<String>, Option<Vec<u8>>)> = m
+        type Seen = (String, String, Option<String>, Option<Vec<u8>>);
+        let mut v: Vec<Seen> = m
             .iter()
             .map(|(k, a)| {
                 (
@@ -833,4 +834,55 @@ async fn a_second_copy_after_a_crash_between_send_and_delete_is_a_duplicate_not_
     let rows = crate::common::ledger_rows(&ddb, &l.ledger).await;
     assert_eq!(rows["acct-r"], (700, 1), "applied once");
     assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0);
+}
+
+#[tokio::test]
+async fn redrive_to_a_fifo_queue_keeps_each_messages_group() {
+    use aws_sdk_sqs::types::MessageSystemAttributeName as S;
+    let sqs = sqs().await;
+    let q = queues(&sqs, true, 30).await;
+    for (i, group) in ["g-a", "g-b", "g-a"].iter().enumerate() {
+        sqs.send_message()
+            .queue_url(&q.dlq_url)
+            .message_body(format!("{group}-{i}"))
+            .message_group_id(*group)
+            .message_deduplication_id(format!("d-{i}"))
+            .send()
+            .await
+            .unwrap();
+    }
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &[])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 3 message(s)"), "{}", r.stdout);
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < 3 && tokio::time::Instant::now() < deadline {
+        let got = sqs
+            .receive_message()
+            .queue_url(&q.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(S::MessageGroupId)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        for m in got {
+            let group = m.attributes().unwrap()[&S::MessageGroupId].clone();
+            seen.push((m.body().unwrap().to_owned(), group));
+            sqs.delete_message()
+                .queue_url(&q.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    seen.sort();
+    let expected: Vec<(String, String)> = [("g-a-0", "g-a"), ("g-a-2", "g-a"), ("g-b-1", "g-b")]
+        .iter()
+        .map(|(b, g)| ((*b).to_owned(), (*g).to_owned()))
+        .collect();
+    assert_eq!(seen, expected);
 }
