@@ -319,73 +319,6 @@ fn queue_names(name: &str, fifo: bool) -> (String, String) {
     }
 }
 
-/// Checks, changing nothing, that the queue `name` and its `name-dlq` exist and
-/// that the queue's redrive policy sends to that DLQ.
-pub async fn check_queue_with_dlq(
-    client: &aws_sdk_sqs::Client,
-    name: &str,
-    fifo: bool,
-) -> Result<QueuePair, SetupError> {
-    let (qname, dname) = queue_names(name, fifo);
-    let url_of = |n: String| async move {
-        client
-            .get_queue_url()
-            .queue_name(&n)
-            .send()
-            .await
-            .map_err(|e| SetupError {
-                what: format!("queue {n}"),
-                reason: e
-                    .as_service_error()
-                    .filter(|s| s.is_queue_does_not_exist())
-                    .map_or_else(
-                        || DisplayErrorContext(&e).to_string(),
-                        |_| "does not exist".into(),
-                    ),
-            })?
-            .queue_url
-            .ok_or_else(|| SetupError {
-                what: format!("queue {n}"),
-                reason: "no URL in the answer".into(),
-            })
-    };
-    let queue_url = url_of(qname.clone()).await?;
-    let dlq_url = url_of(dname.clone()).await?;
-    let attrs = |url: String| async move {
-        client
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(QueueAttributeName::All)
-            .send()
-            .await
-            .map_err(|e| err(format!("reading queue {url}"), e))
-            .map(|o| o.attributes.unwrap_or_default())
-    };
-    let q = attrs(queue_url.clone()).await?;
-    let d = attrs(dlq_url.clone()).await?;
-    let dlq_arn = d
-        .get(&QueueAttributeName::QueueArn)
-        .cloned()
-        .unwrap_or_default();
-    let target = q
-        .get(&QueueAttributeName::RedrivePolicy)
-        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
-    match target {
-        Some(t) if t == dlq_arn => Ok(QueuePair { queue_url, dlq_url }),
-        Some(t) => Err(SetupError {
-            what: format!("queue {qname}"),
-            reason: format!("its redrive policy sends to {t}, not to {dname}"),
-        }),
-        None => Err(SetupError {
-            what: format!("queue {qname}"),
-            reason: format!(
-                "has no redrive policy: a message that keeps failing is retried until its retention ends instead of moving to {dname}"
-            ),
-        }),
-    }
-}
-
 /// What [`init_queue_with_dlq`] is asked for. `None` settings are compared
 /// with an existing queue only when given; a new queue gets the defaults
 /// (60 s visibility, 5 receives).
@@ -533,6 +466,33 @@ pub async fn init_queue_with_dlq(
             outcome,
         });
     };
+    compare_queue(client, spec, url, allow, outcome).await
+}
+
+/// Checks, creating and changing nothing, that the queue exists and has the
+/// settings `spec` asks for (as [`init_queue_with_dlq`] compares them); a
+/// missing queue is an error.
+pub async fn check_queue(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+) -> Result<QueueInit, SetupError> {
+    let (qname, _) = queue_names(&spec.name, spec.fifo);
+    let url = queue_url(client, &qname).await?.ok_or_else(|| SetupError {
+        what: format!("queue {qname}"),
+        reason: "does not exist".into(),
+    })?;
+    compare_queue(client, spec, url, &[], Outcome::default()).await
+}
+
+/// Compares an existing queue with `spec`; changes only what `allow` allows.
+async fn compare_queue(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+    url: String,
+    allow: &[Change],
+    mut outcome: Outcome,
+) -> Result<QueueInit, SetupError> {
+    let (qname, dname) = queue_names(&spec.name, spec.fifo);
     let attrs = queue_attributes(client, &url).await?;
     let mut set = HashMap::new();
     if let Some(want) = spec.visibility_timeout {

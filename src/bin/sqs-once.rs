@@ -436,8 +436,17 @@ async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxEr
     }
     if let Some(q) = &args.queue {
         let sqs = aws_sdk_sqs::Client::new(sdk);
-        match sqs_once::setup::check_queue_with_dlq(&sqs, q, args.fifo).await {
-            Ok(pair) => println!("queue {}: ok, redrive to {}", pair.queue_url, pair.dlq_url),
+        let spec = sqs_once::setup::QueueSpec {
+            name: q.clone(),
+            fifo: args.fifo,
+            visibility_timeout: args.visibility_timeout.map(Duration::from_secs),
+            max_receive_count: args.max_receive_count,
+        };
+        match sqs_once::setup::check_queue(&sqs, &spec).await {
+            Ok(found) => match (&found.dlq_url, found.outcome.differences.is_empty()) {
+                (Some(dlq), true) => println!("queue {}: ok, redrive to {dlq}", found.queue_url),
+                _ => problems.extend(found.outcome.differences.iter().map(ToString::to_string)),
+            },
             Err(e) => problems.push(e.to_string()),
         }
     }

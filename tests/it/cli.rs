@@ -886,3 +886,38 @@ async fn redrive_to_a_fifo_queue_keeps_each_messages_group() {
         .collect();
     assert_eq!(seen, expected);
 }
+
+#[tokio::test]
+async fn init_check_reports_an_existing_queues_differences_as_init_does() {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let client = ddb().await;
+    let table = dedup_table(&client).await;
+    let name = unique("stackq");
+    let (url, ops_dlq) = stack_queue(&sqs, &name).await;
+    let r = cli(&[
+        "init",
+        "--table",
+        &table,
+        "--queue",
+        &name,
+        "--visibility-timeout",
+        "60",
+        "--check",
+    ])
+    .await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("problem: queue")
+            && r.stdout.contains("visibility timeout is 360 s, not 60 s"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!("sends to {ops_dlq}")),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("2 problem(s)"), "{}", r.stderr);
+    assert_eq!(queue_attrs(&sqs, &url).await[&A::VisibilityTimeout], "360");
+}
