@@ -226,8 +226,8 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Warnings to stderr, field values escaped.
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -236,6 +236,11 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .fmt_fields(sqs_once::cli::escaped_fields())
         .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let sdk = aws_config::load_from_env().await;
     let result = match cli.command {
