@@ -162,8 +162,25 @@ impl RuntimeArgs {
     }
 }
 
+/// The text format's fields, each value escaped with [`crate::ops::escape`]: a
+/// field carrying message content (a reason, a key read from a body) cannot
+/// start a forged log line or send escape sequences to a terminal.
+pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = crate::ops::escape(&format!("{value:?}"));
+        if field.name() == "message" {
+            write!(w, "{text}")
+        } else {
+            write!(w, "{field}={text}")
+        }
+    })
+    .delimited(" ")
+}
+
 /// Logs to stderr: JSON when `SQS_ONCE_LOG_FORMAT=json` or inside Lambda, text
-/// otherwise; filtered by `RUST_LOG` (default `info`).
+/// otherwise (field values escaped: [`escaped_fields`]); filtered by `RUST_LOG`
+/// (default `info`).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -175,7 +192,7 @@ pub fn init_logging() {
     if json {
         builder.json().init();
     } else {
-        builder.init();
+        builder.fmt_fields(escaped_fields()).init();
     }
 }
 
@@ -376,4 +393,44 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         })
     );
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_logs_escape_newlines_and_escape_sequences_in_fields() {
+        let out = Buffer::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .fmt_fields(super::escaped_fields())
+            .finish();
+        let reason = "bad key\n2026-01-01T00:00:00Z  INFO forged: all good\u{1b}[2J";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(reason = %reason, key = "k", "parked");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "one line: {text}");
+        assert!(!text.contains('\u{1b}'), "no escape character: {text}");
+        assert!(
+            text.contains("parked reason=bad key\\n2026-01-01T00:00:00Z  INFO forged: all good\\u{1b}[2J key=\"k\""),
+            "{text}"
+        );
+    }
 }

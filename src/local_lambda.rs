@@ -216,10 +216,20 @@ impl LocalLambda {
     }
 }
 
+/// The largest request body the Runtime API reads: Lambda's 6 MB limit on a
+/// synchronous invocation's response (and on an error report).
+pub const MAX_BODY: usize = 6 * 1024 * 1024;
+
 async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: pause instead of spinning.
+                warn!(error = %e, "runtime API: accept failed; pausing 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let state = state.clone();
         tokio::spawn(async move {
@@ -271,8 +281,21 @@ async fn route(
         return Ok(r);
     }
     if method == Method::POST {
-        let body = match req.into_body().collect().await {
+        let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
+            .collect()
+            .await
+        {
             Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                warn!(
+                    path = rest,
+                    "runtime API: request body over {MAX_BODY} bytes; refused"
+                );
+                return Ok(reply(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("body over {MAX_BODY} bytes"),
+                ));
+            }
             Err(_) => return Ok(reply(StatusCode::BAD_REQUEST, "unreadable body")),
         };
         let value = serde_json::from_slice::<Value>(&body)
@@ -456,9 +479,22 @@ pub async fn run_event_source(
 /// The ids listed in a `batchItemFailures` response; `None` when the response
 /// fails the whole batch (not that shape, or naming a record not in the batch).
 fn failures_in(response: &Value, batch: &[aws_sdk_sqs::types::Message]) -> Option<Vec<String>> {
-    let Some(list) = response.get("batchItemFailures").and_then(Value::as_array) else {
-        // An empty or null response means every record succeeded.
-        return response.is_null().then(Vec::new);
+    // As in AWS: a null response, `{}`, or a null or empty `batchItemFailures`
+    // means every record succeeded; a response of another shape fails the batch.
+    let list = match response {
+        Value::Null => return Some(Vec::new()),
+        Value::Object(o) => match o.get("batchItemFailures") {
+            None | Some(Value::Null) => return Some(Vec::new()),
+            Some(Value::Array(list)) => list,
+            Some(other) => {
+                warn!(%other, "batchItemFailures is not a list: the whole batch fails");
+                return None;
+            }
+        },
+        other => {
+            warn!(%other, "the response is not an object: the whole batch fails");
+            return None;
+        }
     };
     let mut ids = Vec::with_capacity(list.len());
     for f in list {
@@ -476,4 +512,71 @@ fn failures_in(response: &Value, batch: &[aws_sdk_sqs::types::Message]) -> Optio
         ids.push(id.to_owned());
     }
     Some(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> Vec<aws_sdk_sqs::types::Message> {
+        ["m-1", "m-2"]
+            .iter()
+            .map(|id| {
+                aws_sdk_sqs::types::Message::builder()
+                    .message_id(*id)
+                    .build()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn empty_and_null_responses_are_a_successful_batch() {
+        for response in [
+            json!(null),
+            json!({}),
+            json!({"batchItemFailures": null}),
+            json!({"batchItemFailures": []}),
+        ] {
+            assert_eq!(failures_in(&response, &batch()), Some(vec![]), "{response}");
+        }
+    }
+
+    #[test]
+    fn listed_records_fail_and_a_bad_response_fails_the_batch() {
+        let listed = json!({"batchItemFailures": [{"itemIdentifier": "m-2"}]});
+        assert_eq!(failures_in(&listed, &batch()), Some(vec!["m-2".to_owned()]));
+        for response in [
+            json!({"batchItemFailures": [{"itemIdentifier": "m-9"}]}),
+            json!({"batchItemFailures": [{"itemIdentifier": ""}]}),
+            json!({"batchItemFailures": "m-1"}),
+            json!("ok"),
+        ] {
+            assert_eq!(failures_in(&response, &batch()), None, "{response}");
+        }
+    }
+
+    #[tokio::test]
+    async fn runtime_api_refuses_a_body_over_the_limit() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Arc::new(State::default())));
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let post = |len: usize| {
+            Request::post(format!(
+                "http://{addr}/2018-06-01/runtime/invocation/unknown/response"
+            ))
+            .body(Full::new(Bytes::from(vec![b'x'; len])))
+            .unwrap()
+        };
+        let big = client.request(post(MAX_BODY + 1)).await.unwrap();
+        assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let small = client.request(post(10)).await.unwrap();
+        assert_eq!(
+            small.status(),
+            StatusCode::BAD_REQUEST,
+            "read, then refused as an unknown invocation"
+        );
+    }
 }

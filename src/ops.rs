@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use aws_sdk_sqs::types::{
-    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
+    Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
     SendMessageBatchRequestEntry,
 };
 use aws_smithy_types::error::display::DisplayErrorContext;
@@ -15,7 +15,7 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use crate::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use crate::dedup::{Record, Status, StoredResult};
 use crate::key::record_key;
-use crate::sqs::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
+use crate::sqs::REASON_ATTRIBUTE;
 
 /// An operation that failed, in words for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -32,13 +32,17 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// The latest time RFC 3339 can show (9999-12-31T23:59:59Z), in ms.
+const LATEST_MS: i64 = 253_402_300_799_000;
+
 fn when(ms: i64) -> String {
+    let ms = ms.clamp(0, LATEST_MS);
     let t = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
 fn relative(ms: i64, now: i64) -> String {
-    let d = Duration::from_secs(u64::try_from((ms - now).abs() / 1000).unwrap_or(0));
+    let d = Duration::from_secs(ms.abs_diff(now) / 1000);
     let d = humantime::format_duration(d);
     if ms >= now {
         format!("in {d}")
@@ -47,16 +51,33 @@ fn relative(ms: i64, now: i64) -> String {
     }
 }
 
+/// `s` safe to print to a terminal: control characters (newlines, escape
+/// sequences) and bidirectional overrides are escaped (`\n`, `\u{1b}`); all
+/// else is as it is.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A record for a person: status, owner, lease, attempts, times as UTC and
-/// relative to now, result or digest, last error.
+/// relative to now, result or digest, last error. Every field read from the
+/// table is [`escape`]d.
 pub fn describe_record(r: &Record, now: i64) -> String {
     let mut out = vec![
-        format!("key        {}", r.pk),
+        format!("key        {}", escape(&r.pk)),
         format!("status     {}", r.status.as_str()),
         format!("attempts   {}", r.attempts),
     ];
     if let Some(o) = &r.owner {
-        out.push(format!("owner      {o}"));
+        out.push(format!("owner      {}", escape(o)));
     }
     if r.status == Status::InProgress {
         let live = if r.lease_until_ms > now {
@@ -76,32 +97,43 @@ pub fn describe_record(r: &Record, now: i64) -> String {
     if let Some(t) = r.completed_at_ms {
         out.push(format!("completed  {} ({})", when(t), relative(t, now)));
     }
-    let expires = r.expires_at_s * 1000;
-    let expired = if expires < now {
-        "; expired: no longer blocks a delivery"
-    } else {
-        ""
-    };
-    out.push(format!(
-        "expires    {} ({}{expired})",
-        when(expires),
-        relative(expires, now)
-    ));
+    match r
+        .expires_at_s
+        .checked_mul(1000)
+        .filter(|_| r.expires_at_s != i64::MAX)
+    {
+        Some(expires) => {
+            let expired = if expires < now {
+                "; expired: no longer blocks a delivery"
+            } else {
+                ""
+            };
+            out.push(format!(
+                "expires    {} ({}{expired})",
+                when(expires),
+                relative(expires, now)
+            ));
+        }
+        None => {
+            out.push("expires    never (no expires_at: TTL does not remove this record)".to_owned())
+        }
+    }
     if let Some(m) = &r.message_id {
-        out.push(format!("message    {m}"));
+        out.push(format!("message    {}", escape(m)));
     }
     if let Some(p) = &r.payload_sha256 {
-        out.push(format!("payload    sha256 {p}"));
+        out.push(format!("payload    sha256 {}", escape(p)));
     }
     match &r.result {
-        Some(StoredResult::Value(v)) => out.push(format!("result     {v}")),
+        Some(StoredResult::Value(v)) => out.push(format!("result     {}", escape(&v.to_string()))),
         Some(StoredResult::Digest { sha256, bytes }) => out.push(format!(
-            "result     {bytes} bytes, stored as sha256 {sha256}"
+            "result     {bytes} bytes, stored as sha256 {}",
+            escape(sha256)
         )),
         None => {}
     }
     if let Some(e) = &r.error {
-        out.push(format!("error      {e}"));
+        out.push(format!("error      {}", escape(e)));
     }
     out.join("\n")
 }
@@ -215,16 +247,38 @@ pub struct RecordCounts {
     pub truncated: bool,
 }
 
+/// How long to wait after reading `spent` capacity units in `elapsed` so the
+/// average stays at most `rate` units per second.
+pub fn pace(spent: f64, rate: f64, elapsed: Duration) -> Duration {
+    if rate <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64((spent / rate - elapsed.as_secs_f64()).max(0.0))
+}
+
+/// Read capacity a Scan page consumed: as DynamoDB reports it, else estimated
+/// at 0.5 units per 4 KB with items taken as 1 KB.
+fn page_units(page: &aws_sdk_dynamodb::operation::scan::ScanOutput) -> f64 {
+    page.consumed_capacity()
+        .and_then(|c| c.capacity_units())
+        .unwrap_or_else(|| f64::from(page.scanned_count()) / 8.0)
+}
+
 /// Scans the table (at most `max_items` items, reporting each page to
-/// `progress`) and counts `consumer`'s records.
+/// `progress`) and counts `consumer`'s records, at most `read_units_per_second`
+/// read capacity units per second on average (pages of 100 items, a pause after
+/// each), so the scan does not take the capacity live claims need.
 pub async fn count_records(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
     consumer: &str,
     max_items: u64,
+    read_units_per_second: f64,
     mut progress: impl FnMut(&RecordCounts),
 ) -> Result<RecordCounts, OpsError> {
     let now = now_ms();
+    let started = tokio::time::Instant::now();
+    let mut spent = 0.0;
     let mut counts = RecordCounts::default();
     let mut start: Option<HashMap<String, AttributeValue>> = None;
     loop {
@@ -235,33 +289,16 @@ pub async fn count_records(
             .expression_attribute_values(":prefix", AttributeValue::S(format!("{consumer}#")))
             .projection_expression("pk, #status, lease_until, expires_at")
             .expression_attribute_names("#status", "status")
-            .limit(
-                i32::try_from(max_items.saturating_sub(counts.scanned).min(1000)).unwrap_or(1000),
-            )
+            .limit(i32::try_from(max_items.saturating_sub(counts.scanned).min(100)).unwrap_or(100))
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
             .set_exclusive_start_key(start.take())
             .send()
             .await
             .map_err(|e| fail(&format!("scanning {table}"), DisplayErrorContext(e)))?;
         counts.scanned += u64::try_from(page.scanned_count()).unwrap_or(0);
+        spent += page_units(&page);
         for item in page.items() {
-            let status = item
-                .get("status")
-                .and_then(|v| v.as_s().ok())
-                .cloned()
-                .unwrap_or_else(|| "UNKNOWN".into());
-            let num = |k: &str| {
-                item.get(k)
-                    .and_then(|v| v.as_n().ok())
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(0)
-            };
-            if num("expires_at") * 1000 < now {
-                counts.expired += 1;
-            }
-            if status == Status::InProgress.as_str() && num("lease_until") < now {
-                counts.stale_in_progress += 1;
-            }
-            *counts.by_status.entry(status).or_default() += 1;
+            count_item(&mut counts, item, now);
         }
         progress(&counts);
         match page.last_evaluated_key {
@@ -272,7 +309,29 @@ pub async fn count_records(
             }
             None => return Ok(counts),
         }
+        tokio::time::sleep(pace(spent, read_units_per_second, started.elapsed())).await;
     }
+}
+
+fn count_item(counts: &mut RecordCounts, item: &HashMap<String, AttributeValue>, now: i64) {
+    let status = item
+        .get("status")
+        .and_then(|v| v.as_s().ok())
+        .cloned()
+        .unwrap_or_else(|| "UNKNOWN".into());
+    let num = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    if num("expires_at").saturating_mul(1000) < now {
+        counts.expired += 1;
+    }
+    if status == Status::InProgress.as_str() && num("lease_until") < now {
+        counts.stale_in_progress += 1;
+    }
+    *counts.by_status.entry(status).or_default() += 1;
 }
 
 /// A queue's approximate counts.
@@ -318,61 +377,103 @@ pub struct Redriven {
     pub preview: Vec<(String, String)>,
     /// Dry run: the DLQ's approximate depth.
     pub waiting: u64,
+    /// Sent to the source but not deleted from the DLQ: a copy is in both
+    /// queues (the DLQ's comes back after 60 s; its dedup key makes a second
+    /// redrive of it a duplicate, not a second effect).
+    pub in_both: Vec<String>,
+    /// Not sent (left in the DLQ, visible again after 60 s), with the reason.
+    pub not_sent: Vec<(String, String)>,
 }
 
-/// Moves up to `max` messages from `dlq_url` back to `source_url`: each is sent
-/// to the source (without the `sqs_once_*` attributes parking added) and only
-/// then deleted from the DLQ, so a crash in between duplicates a message (the
-/// dedup record catches it) but never loses one. `dry_run` moves nothing and
-/// shows what would move.
+/// How [`redrive`] runs.
+#[derive(Debug, Clone, Default)]
+pub struct RedriveOptions {
+    /// Move at most this many (receive/send/delete; else the move task where available).
+    pub max: Option<u64>,
+    /// Move nothing; show what would move.
+    pub dry_run: bool,
+    /// Move even when the source queue's redrive policy does not name the DLQ.
+    pub skip_redrive_check: bool,
+}
+
+/// The source queue's settings redrive needs: its maximum message size (the
+/// cap of a send batch's total), after checking that its redrive policy names
+/// `dlq_url` (unless `skip`).
+async fn source_settings(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    source_url: &str,
+    skip: bool,
+) -> Result<usize, OpsError> {
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(source_url)
+        .attribute_names(QueueAttributeName::RedrivePolicy)
+        .attribute_names(QueueAttributeName::MaximumMessageSize)
+        .send()
+        .await
+        .map_err(|e| {
+            fail(
+                &format!("reading queue {source_url}"),
+                DisplayErrorContext(e),
+            )
+        })?
+        .attributes
+        .unwrap_or_default();
+    let max_size = attrs
+        .get(&QueueAttributeName::MaximumMessageSize)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(262_144);
+    if skip {
+        return Ok(max_size);
+    }
+    let dlq_arn = queue_arn(sqs, dlq_url).await?;
+    let target = attrs
+        .get(&QueueAttributeName::RedrivePolicy)
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+    match target {
+        Some(t) if t == dlq_arn => Ok(max_size),
+        found => Err(OpsError(format!(
+            "refusing to move: the redrive policy of {source_url} {}, not {dlq_arn} ({dlq_url}); \
+             with swapped URLs live messages would move into the DLQ unprocessed. Check \
+             --dlq-url and --queue-url, or pass --skip-redrive-check to move anyway",
+            found.map_or("is not set".to_owned(), |t| format!("sends to {t}"))
+        ))),
+    }
+}
+
+/// Moves up to `max` messages from `dlq_url` back to `source_url`, after
+/// checking that the source's redrive policy names the DLQ. Each message is sent
+/// to the source with its body and every message attribute as it is (data types
+/// included, and the `sqs_once_*` ones parking added: the dedup key among them
+/// keeps a copy a duplicate), in batches within the source's maximum message
+/// size, and only then deleted from the DLQ: a crash in between leaves a copy
+/// in both queues (reported in [`Redriven::in_both`]), never none. `dry_run`
+/// moves nothing and shows what would move.
 pub async fn redrive(
     sqs: &aws_sdk_sqs::Client,
     dlq_url: &str,
     source_url: &str,
-    max: Option<u64>,
-    dry_run: bool,
+    options: &RedriveOptions,
     mut progress: impl FnMut(u64),
 ) -> Result<Redriven, OpsError> {
+    let max_size = source_settings(sqs, dlq_url, source_url, options.skip_redrive_check).await?;
+    if options.dry_run {
+        return preview(sqs, dlq_url).await;
+    }
     let mut report = Redriven::default();
-    if dry_run {
-        report.waiting = queue_depth(sqs, dlq_url).await?.visible;
-        let peek = sqs
-            .receive_message()
-            .queue_url(dlq_url)
-            .max_number_of_messages(10)
-            .visibility_timeout(0)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| fail(&format!("reading {dlq_url}"), DisplayErrorContext(e)))?;
-        report.preview = peek
-            .messages()
-            .iter()
-            .map(|m| {
-                let reason = m
-                    .message_attributes()
-                    .and_then(|a| a.get(REASON_ATTRIBUTE))
-                    .and_then(|v| v.string_value())
-                    .unwrap_or("(no reason recorded)");
-                (m.body().unwrap_or_default().to_owned(), reason.to_owned())
-            })
-            .collect();
+    let fifo = source_url.ends_with(".fifo");
+    // Where the endpoint does not offer the move task, we move them ourselves.
+    if options.max.is_none()
+        && !fifo
+        && let Some(moved) = move_task(sqs, dlq_url, source_url, &mut progress).await?
+    {
+        report.moved = moved;
+        report.by_move_task = true;
         return Ok(report);
     }
-    let fifo = source_url.ends_with(".fifo");
-    if max.is_none() && !fifo {
-        match move_task(sqs, dlq_url, source_url, &mut progress).await {
-            Ok(Some(moved)) => {
-                report.moved = moved;
-                report.by_move_task = true;
-                return Ok(report);
-            }
-            // Not supported here: move them ourselves.
-            Ok(None) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let limit = max.unwrap_or(u64::MAX);
+    let limit = options.max.unwrap_or(u64::MAX);
     while report.moved < limit {
         let want = (limit - report.moved).min(10);
         let got = sqs
@@ -391,72 +492,191 @@ pub async fn redrive(
         if got.is_empty() {
             break;
         }
-        let entries = got
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let attrs: HashMap<String, MessageAttributeValue> = m
-                    .message_attributes()
-                    .into_iter()
-                    .flatten()
-                    .filter(|(k, _)| *k != REASON_ATTRIBUTE && *k != MESSAGE_ID_ATTRIBUTE)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                let mut e = SendMessageBatchRequestEntry::builder()
-                    .id(format!("m{i}"))
-                    .message_body(m.body().unwrap_or_default())
-                    .set_message_attributes((!attrs.is_empty()).then_some(attrs));
-                if fifo {
-                    let sys = m.attributes();
-                    let group = sys
-                        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
-                        .map_or("sqs-once-redrive", String::as_str);
-                    // The DLQ message id: a resend after a crash is deduplicated by SQS.
-                    e = e
-                        .message_group_id(group)
-                        .message_deduplication_id(m.message_id().unwrap_or_default());
-                }
-                e.build().expect("complete entry")
-            })
-            .collect();
-        let sent = sqs
-            .send_message_batch()
-            .queue_url(source_url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| fail(&format!("sending to {source_url}"), DisplayErrorContext(e)))?;
-        if let Some(f) = sent.failed().first() {
-            // Nothing of this batch is deleted: it stays in the DLQ (visible again
-            // in 60 s); what was sent is caught as a duplicate if sent again.
-            return Err(OpsError(format!(
-                "sending to {source_url} failed for {} message(s) ({}: {}); {} moved so far, the rest is still in the DLQ",
-                sent.failed().len(),
-                f.code(),
-                f.message().unwrap_or(""),
-                report.moved
-            )));
+        for batch in size_batches(&got, max_size) {
+            move_batch(sqs, dlq_url, source_url, fifo, batch, &mut report).await?;
+            progress(report.moved);
         }
-        let deletes =
-            crate::sqs::delete_entries(got.iter().map(|m| m.receipt_handle().unwrap_or_default()));
-        let deleted = sqs
-            .delete_message_batch()
-            .queue_url(dlq_url)
-            .set_entries(Some(deletes))
-            .send()
-            .await
-            .map_err(|e| {
-                fail(
-                    &format!(
-                        "deleting from {dlq_url} after sending (they are in both queues now; the dedup records catch the copies)"
-                    ),
-                    DisplayErrorContext(e),
-                )
-            })?;
-        report.moved += (got.len() - deleted.failed().len()) as u64;
-        progress(report.moved);
     }
     Ok(report)
+}
+
+/// The DLQ's depth and its first messages (peeked: visible again at once).
+async fn preview(sqs: &aws_sdk_sqs::Client, dlq_url: &str) -> Result<Redriven, OpsError> {
+    let mut report = Redriven {
+        waiting: queue_depth(sqs, dlq_url).await?.visible,
+        ..Redriven::default()
+    };
+    let peek = sqs
+        .receive_message()
+        .queue_url(dlq_url)
+        .max_number_of_messages(10)
+        .visibility_timeout(0)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .map_err(|e| fail(&format!("reading {dlq_url}"), DisplayErrorContext(e)))?;
+    report.preview = peek
+        .messages()
+        .iter()
+        .map(|m| {
+            let reason = m
+                .message_attributes()
+                .and_then(|a| a.get(REASON_ATTRIBUTE))
+                .and_then(|v| v.string_value())
+                .unwrap_or("(no reason recorded)");
+            (m.body().unwrap_or_default().to_owned(), reason.to_owned())
+        })
+        .collect();
+    Ok(report)
+}
+
+/// A message's size as SQS counts it against the limit: the body, and each
+/// attribute's name, data type and value.
+pub fn message_size(m: &Message) -> usize {
+    m.body().map_or(0, str::len)
+        + m.message_attributes()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| {
+                k.len()
+                    + v.data_type().len()
+                    + v.string_value().map_or(0, str::len)
+                    + v.binary_value().map_or(0, |b| b.as_ref().len())
+            })
+            .sum::<usize>()
+}
+
+/// The messages in order, in batches of at most ten whose total size is at most
+/// `max_size` (a message larger than that alone is a batch of one: its send
+/// fails and it stays in the DLQ).
+pub fn size_batches(messages: &[Message], max_size: usize) -> Vec<&[Message]> {
+    let mut out = Vec::new();
+    let (mut start, mut total) = (0, 0);
+    for (i, m) in messages.iter().enumerate() {
+        let size = message_size(m);
+        if i > start && (total + size > max_size || i - start == 10) {
+            out.push(&messages[start..i]);
+            (start, total) = (i, 0);
+        }
+        total += size;
+    }
+    if start < messages.len() {
+        out.push(&messages[start..]);
+    }
+    out
+}
+
+/// The attribute as it was received: data type and value (string or binary).
+fn same_attribute(v: &MessageAttributeValue) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type(v.data_type())
+        .set_string_value(v.string_value().map(str::to_owned))
+        .set_binary_value(v.binary_value().cloned())
+        .build()
+        .expect("complete attribute")
+}
+
+fn send_entry(i: usize, m: &Message, fifo: bool) -> SendMessageBatchRequestEntry {
+    let attrs: HashMap<String, MessageAttributeValue> = m
+        .message_attributes()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), same_attribute(v)))
+        .collect();
+    let mut e = SendMessageBatchRequestEntry::builder()
+        .id(format!("m{i}"))
+        .message_body(m.body().unwrap_or_default())
+        .set_message_attributes((!attrs.is_empty()).then_some(attrs));
+    if fifo {
+        let group = m
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+            .map_or("sqs-once-redrive", String::as_str);
+        // From the DLQ message id: a resend after a crash is deduplicated by SQS
+        // (within its 5-minute window; later, the dedup record catches it).
+        e = e
+            .message_group_id(group)
+            .message_deduplication_id(format!("redrive-{}", m.message_id().unwrap_or_default()));
+    }
+    e.build().expect("complete entry")
+}
+
+/// Sends one batch to the source, then deletes from the DLQ what was sent.
+async fn move_batch(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    source_url: &str,
+    fifo: bool,
+    batch: &[Message],
+    report: &mut Redriven,
+) -> Result<(), OpsError> {
+    let id = |m: &Message| m.message_id().unwrap_or_default().to_owned();
+    let entries = batch
+        .iter()
+        .enumerate()
+        .map(|(i, m)| send_entry(i, m, fifo))
+        .collect();
+    let sent = sqs
+        .send_message_batch()
+        .queue_url(source_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|e| {
+            fail(
+                &format!(
+                    "sending to {source_url} ({} moved so far; this batch stays in the DLQ)",
+                    report.moved
+                ),
+                DisplayErrorContext(e),
+            )
+        })?;
+    let index = |entry_id: &str| entry_id[1..].parse::<usize>().ok();
+    for f in sent.failed() {
+        if let Some(m) = index(f.id()).and_then(|i| batch.get(i)) {
+            let why = format!("{}: {}", f.code(), f.message().unwrap_or(""));
+            report.not_sent.push((id(m), why));
+        }
+    }
+    let done: Vec<&Message> = sent
+        .successful()
+        .iter()
+        .filter_map(|s| index(s.id()).and_then(|i| batch.get(i)))
+        .collect();
+    if done.is_empty() {
+        return Ok(());
+    }
+    let deletes =
+        crate::sqs::delete_entries(done.iter().map(|m| m.receipt_handle().unwrap_or_default()));
+    match sqs
+        .delete_message_batch()
+        .queue_url(dlq_url)
+        .set_entries(Some(deletes))
+        .send()
+        .await
+    {
+        Ok(out) => {
+            let failed: Vec<usize> = out.failed().iter().filter_map(|f| index(f.id())).collect();
+            for (i, m) in done.iter().enumerate() {
+                if failed.contains(&i) {
+                    report.in_both.push(id(m));
+                } else {
+                    report.moved += 1;
+                }
+            }
+        }
+        Err(e) => {
+            report.in_both.extend(done.iter().map(|m| id(m)));
+            return Err(fail(
+                &format!(
+                    "deleting from {dlq_url} after sending; {} message(s) are now in both queues (the DLQ's copies come back in 60 s; their dedup keys make a second copy a duplicate)",
+                    done.len()
+                ),
+                DisplayErrorContext(e),
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, OpsError> {
@@ -538,5 +758,106 @@ async fn move_task(
             )));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(extra: &[(&str, AttributeValue)]) -> Record {
+        let mut item: HashMap<String, AttributeValue> = [
+            ("pk", AttributeValue::S("ledger#evt-1".into())),
+            ("status", AttributeValue::S("FAILED".into())),
+            ("attempts", AttributeValue::N("1".into())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        item.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        record_from_item(&item).unwrap()
+    }
+
+    #[test]
+    fn pace_keeps_the_average_rate_at_most_the_limit() {
+        let rate = 50.0;
+        assert_eq!(pace(25.0, rate, Duration::ZERO), Duration::from_millis(500));
+        assert_eq!(
+            pace(25.0, rate, Duration::from_millis(200)),
+            Duration::from_millis(300)
+        );
+        assert_eq!(pace(25.0, rate, Duration::from_secs(1)), Duration::ZERO);
+        assert_eq!(
+            pace(25.0, 0.0, Duration::ZERO),
+            Duration::ZERO,
+            "0: no limit"
+        );
+    }
+
+    #[test]
+    fn escape_leaves_text_and_escapes_control_characters_and_bidi_overrides() {
+        assert_eq!(escape("plain ünïcode text"), "plain ünïcode text");
+        assert_eq!(
+            escape("a\nforged line\u{1b}[31mred\r\u{202e}"),
+            "a\\nforged line\\u{1b}[31mred\\r\\u{202e}"
+        );
+    }
+
+    #[test]
+    fn describe_record_escapes_the_fields_it_prints() {
+        let r = record(&[(
+            "error",
+            AttributeValue::S("bad\nstatus     COMPLETED\u{1b}[2J".into()),
+        )]);
+        let text = describe_record(&r, 0);
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("status")).count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(
+            text.contains("bad\\nstatus     COMPLETED\\u{1b}[2J"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn describe_record_without_expires_at_says_never() {
+        let text = describe_record(&record(&[]), 1_700_000_000_000);
+        assert!(text.contains("expires    never"), "{text}");
+    }
+
+    fn message(body_len: usize) -> Message {
+        Message::builder()
+            .body("x".repeat(body_len))
+            .message_attributes(
+                "sqs_once_reason",
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value("why")
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+    }
+
+    #[test]
+    fn message_size_counts_body_and_attribute_names_types_and_values() {
+        assert_eq!(message_size(&message(100)), 100 + 15 + 6 + 3);
+    }
+
+    #[test]
+    fn size_batches_keep_each_batch_within_the_size_and_ten_messages() {
+        let max = 262_144;
+        let big: Vec<Message> = (0..4).map(|_| message(100_000)).collect();
+        let sizes: Vec<usize> = size_batches(&big, max).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![2, 2]);
+        let small: Vec<Message> = (0..23).map(|_| message(10)).collect();
+        let sizes: Vec<usize> = size_batches(&small, max).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![10, 10, 3]);
+        let huge = vec![message(300_000), message(10)];
+        let sizes: Vec<usize> = size_batches(&huge, max).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![1, 1], "an oversized message goes alone");
     }
 }

@@ -1,6 +1,7 @@
 //! Creating the resources sqs-once needs: the dedup table (key `pk`, TTL on
 //! `expires_at`) and queues with a dead-letter queue and redrive policy.
-//! Idempotent: existing resources are checked, missing settings are added.
+//! What exists is never changed unless asked: an existing resource is checked and
+//! its differences reported; a change is made only when its [`Change`] is allowed.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,12 +30,117 @@ fn err(what: impl Into<String>, e: impl std::error::Error) -> SetupError {
     }
 }
 
-/// Creates a table with one string partition key `pk` (on-demand billing) unless
-/// it exists, and waits until it is active.
-pub async fn ensure_table(
+/// A change to an existing resource: `init` makes it only when its flag is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Enable TTL on `expires_at` of an existing dedup table.
+    EnableTtl,
+    /// Set an existing queue's visibility timeout to the one asked for.
+    SetVisibilityTimeout,
+    /// Point an existing queue's redrive policy at `<name>-dlq` (created if missing).
+    SetRedrivePolicy,
+}
+
+impl Change {
+    /// The `sqs-once init` flag that allows this change.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Change::EnableTtl => "--enable-ttl",
+            Change::SetVisibilityTimeout => "--set-visibility-timeout",
+            Change::SetRedrivePolicy => "--set-redrive-policy",
+        }
+    }
+}
+
+/// How an existing resource differs from what was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    /// The resource.
+    pub what: String,
+    /// What differs.
+    pub problem: String,
+    /// The change that would fix it, if `init` can make it.
+    pub fix: Option<Change>,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.problem)?;
+        match self.fix {
+            Some(c) => write!(
+                f,
+                " (left as it is; `sqs-once init {}` changes it)",
+                c.flag()
+            ),
+            None => write!(f, " (left as it is; init does not change this)"),
+        }
+    }
+}
+
+/// What an `init_*` call did and found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Resources created (they did not exist).
+    pub created: Vec<String>,
+    /// Changes made to existing resources (each allowed by its flag).
+    pub changed: Vec<String>,
+    /// Differences left as they are.
+    pub differences: Vec<Difference>,
+}
+
+impl Outcome {
+    fn into_result(self) -> Result<(), SetupError> {
+        if self.differences.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = self.differences.iter().map(ToString::to_string).collect();
+        Err(SetupError {
+            what: "existing resources differ".into(),
+            reason: list.join("; "),
+        })
+    }
+}
+
+/// The key problem of a table that is not keyed by one string partition key `pk`.
+fn key_problem(t: &aws_sdk_dynamodb::types::TableDescription) -> Option<String> {
+    let keys: Vec<String> = t
+        .key_schema()
+        .iter()
+        .map(|k| format!("{}:{}", k.attribute_name(), k.key_type().as_str()))
+        .collect();
+    let pk_is_string = t.attribute_definitions().iter().any(|d| {
+        d.attribute_name() == KEY_ATTRIBUTE && *d.attribute_type() == ScalarAttributeType::S
+    });
+    let ok = t.key_schema().len() == 1
+        && t.key_schema()[0].attribute_name() == KEY_ATTRIBUTE
+        && *t.key_schema()[0].key_type() == KeyType::Hash
+        && pk_is_string;
+    (!ok).then(|| {
+        format!(
+            "has key schema [{}], not one string partition key `{KEY_ATTRIBUTE}`: not a table sqs-once made (a wrong --table?); nothing was written to it",
+            keys.join(", ")
+        )
+    })
+}
+
+/// The table's description, `None` when it does not exist.
+async fn describe(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
-) -> Result<(), SetupError> {
+) -> Result<Option<aws_sdk_dynamodb::types::TableDescription>, SetupError> {
+    match client.describe_table().table_name(table).send().await {
+        Ok(d) => Ok(d.table),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|e| e.is_resource_not_found_exception()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(err(format!("describing table {table}"), e)),
+    }
+}
+
+async fn create_table(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<bool, SetupError> {
     let created = client
         .create_table()
         .table_name(table)
@@ -55,27 +161,46 @@ pub async fn ensure_table(
         )
         .send()
         .await;
-    if let Err(e) = created
-        && !e
-            .as_service_error()
-            .is_some_and(|e| e.is_resource_in_use_exception())
-    {
-        return Err(err(format!("creating table {table}"), e));
+    match created {
+        Ok(_) => Ok(true),
+        // Created at the same time by someone else: checked like an existing one.
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|e| e.is_resource_in_use_exception()) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(err(format!("creating table {table}"), e)),
+    }
+}
+
+/// Creates a table with one string partition key `pk` (on-demand billing) if it
+/// does not exist; an existing table is only checked: one with other keys is an
+/// error and nothing is written to it. Waits until the table is active; `true`
+/// when this call created it.
+pub async fn init_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<bool, SetupError> {
+    let mut created = false;
+    if describe(client, table).await?.is_none() {
+        created = create_table(client, table).await?;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let d = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| err(format!("describing table {table}"), e))?;
-        let status = d
-            .table()
-            .and_then(|t| t.table_status())
-            .map(|s| s.as_str().to_owned());
+        let t = describe(client, table).await?.ok_or_else(|| SetupError {
+            what: format!("table {table}"),
+            reason: "does not exist right after it was created".into(),
+        })?;
+        if let Some(problem) = key_problem(&t) {
+            return Err(SetupError {
+                what: format!("table {table}"),
+                reason: problem,
+            });
+        }
+        let status = t.table_status().map(|s| s.as_str().to_owned());
         if status.as_deref() == Some("ACTIVE") {
-            return Ok(());
+            return Ok(created);
         }
         if tokio::time::Instant::now() > deadline {
             return Err(SetupError {
@@ -87,41 +212,92 @@ pub async fn ensure_table(
     }
 }
 
-/// Creates the dedup table and enables TTL on `expires_at`.
-pub async fn ensure_dedup_table(
+/// [`init_table`] without the flag.
+pub async fn ensure_table(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<(), SetupError> {
-    ensure_table(client, table).await?;
+    init_table(client, table).await.map(|_| ())
+}
+
+/// Creates the dedup table with TTL on `expires_at` if it does not exist. An
+/// existing table's key schema is checked before anything is written to it;
+/// missing TTL on an existing table is a [`Difference`], enabled only when
+/// `allow` holds [`Change::EnableTtl`].
+pub async fn init_dedup_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    allow: &[Change],
+) -> Result<Outcome, SetupError> {
+    let mut outcome = Outcome::default();
+    let created = init_table(client, table).await?;
+    if created {
+        outcome.created.push(format!("table {table}"));
+    }
     let ttl = client
         .describe_time_to_live()
         .table_name(table)
         .send()
         .await
         .map_err(|e| err(format!("describing TTL of {table}"), e))?;
-    let on = ttl.time_to_live_description().is_some_and(|d| {
-        d.attribute_name() == Some(TTL_ATTRIBUTE)
-            && matches!(
-                d.time_to_live_status().map(|s| s.as_str()),
-                Some("ENABLED" | "ENABLING")
-            )
-    });
-    if !on {
-        client
-            .update_time_to_live()
-            .table_name(table)
-            .time_to_live_specification(
-                TimeToLiveSpecification::builder()
-                    .attribute_name(TTL_ATTRIBUTE)
-                    .enabled(true)
-                    .build()
-                    .expect("complete TTL specification"),
-            )
-            .send()
-            .await
-            .map_err(|e| err(format!("enabling TTL on {table}.{TTL_ATTRIBUTE}"), e))?;
+    let desc = ttl.time_to_live_description();
+    let attr = desc.and_then(|d| d.attribute_name());
+    let status = desc
+        .and_then(|d| d.time_to_live_status())
+        .map_or("DISABLED", |s| s.as_str());
+    let on = matches!(status, "ENABLED" | "ENABLING");
+    if on && attr == Some(TTL_ATTRIBUTE) {
+        return Ok(outcome);
     }
-    Ok(())
+    if on {
+        outcome.differences.push(Difference {
+            what: format!("table {table}"),
+            problem: format!(
+                "TTL is {status} on {}, not on {TTL_ATTRIBUTE}: records never expire (DynamoDB allows one TTL attribute; change it yourself if this is the dedup table)",
+                attr.unwrap_or("another attribute")
+            ),
+            fix: None,
+        });
+        return Ok(outcome);
+    }
+    if !created && !allow.contains(&Change::EnableTtl) {
+        outcome.differences.push(Difference {
+            what: format!("table {table}"),
+            problem: format!("TTL is {status}: records on {TTL_ATTRIBUTE} never expire"),
+            fix: Some(Change::EnableTtl),
+        });
+        return Ok(outcome);
+    }
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name(TTL_ATTRIBUTE)
+                .enabled(true)
+                .build()
+                .expect("complete TTL specification"),
+        )
+        .send()
+        .await
+        .map_err(|e| err(format!("enabling TTL on {table}.{TTL_ATTRIBUTE}"), e))?;
+    if !created {
+        outcome
+            .changed
+            .push(format!("table {table}: TTL enabled on {TTL_ATTRIBUTE}"));
+    }
+    Ok(outcome)
+}
+
+/// Creates the dedup table (key checked first if it exists) and enables TTL on
+/// `expires_at` if it is off; any other difference is an error.
+pub async fn ensure_dedup_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), SetupError> {
+    init_dedup_table(client, table, &[Change::EnableTtl])
+        .await?
+        .into_result()
 }
 
 /// The URLs of a queue and its dead-letter queue.
@@ -143,75 +319,301 @@ fn queue_names(name: &str, fifo: bool) -> (String, String) {
     }
 }
 
-/// Checks, changing nothing, that the queue `name` and its `name-dlq` exist and
-/// that the queue's redrive policy sends to that DLQ.
-pub async fn check_queue_with_dlq(
-    client: &aws_sdk_sqs::Client,
-    name: &str,
-    fifo: bool,
-) -> Result<QueuePair, SetupError> {
-    let (qname, dname) = queue_names(name, fifo);
-    let url_of = |n: String| async move {
-        client
-            .get_queue_url()
-            .queue_name(&n)
-            .send()
-            .await
-            .map_err(|e| SetupError {
-                what: format!("queue {n}"),
-                reason: e
-                    .as_service_error()
-                    .filter(|s| s.is_queue_does_not_exist())
-                    .map_or_else(
-                        || DisplayErrorContext(&e).to_string(),
-                        |_| "does not exist".into(),
-                    ),
-            })?
-            .queue_url
-            .ok_or_else(|| SetupError {
-                what: format!("queue {n}"),
-                reason: "no URL in the answer".into(),
-            })
-    };
-    let queue_url = url_of(qname.clone()).await?;
-    let dlq_url = url_of(dname.clone()).await?;
-    let attrs = |url: String| async move {
-        client
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(QueueAttributeName::All)
-            .send()
-            .await
-            .map_err(|e| err(format!("reading queue {url}"), e))
-            .map(|o| o.attributes.unwrap_or_default())
-    };
-    let q = attrs(queue_url.clone()).await?;
-    let d = attrs(dlq_url.clone()).await?;
-    let dlq_arn = d
-        .get(&QueueAttributeName::QueueArn)
-        .cloned()
-        .unwrap_or_default();
-    let target = q
-        .get(&QueueAttributeName::RedrivePolicy)
-        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
-    match target {
-        Some(t) if t == dlq_arn => Ok(QueuePair { queue_url, dlq_url }),
-        Some(t) => Err(SetupError {
-            what: format!("queue {qname}"),
-            reason: format!("its redrive policy sends to {t}, not to {dname}"),
-        }),
-        None => Err(SetupError {
-            what: format!("queue {qname}"),
-            reason: format!(
-                "has no redrive policy: a message that keeps failing is retried until its retention ends instead of moving to {dname}"
-            ),
-        }),
+/// What [`init_queue_with_dlq`] is asked for. `None` settings are compared
+/// with an existing queue only when given; a new queue gets the defaults
+/// (60 s visibility, 5 receives).
+#[derive(Debug, Clone)]
+pub struct QueueSpec {
+    /// The queue's name (`.fifo` is appended for FIFO queues when missing).
+    pub name: String,
+    /// FIFO queue and DLQ.
+    pub fifo: bool,
+    /// The visibility timeout.
+    pub visibility_timeout: Option<Duration>,
+    /// Receives before SQS moves a message to the DLQ.
+    pub max_receive_count: Option<u32>,
+}
+
+/// What [`init_queue_with_dlq`] found and did.
+#[derive(Debug, Clone)]
+pub struct QueueInit {
+    /// The queue.
+    pub queue_url: String,
+    /// `<name>-dlq` when the queue's redrive policy sends to it.
+    pub dlq_url: Option<String>,
+    /// Created, changed, different.
+    pub outcome: Outcome,
+}
+
+async fn queue_url(client: &aws_sdk_sqs::Client, name: &str) -> Result<Option<String>, SetupError> {
+    match client.get_queue_url().queue_name(name).send().await {
+        Ok(o) => Ok(o.queue_url),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_queue_does_not_exist()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(err(format!("finding queue {name}"), e)),
     }
 }
 
-/// Creates `name` (with `.fifo` appended for FIFO queues when missing) and
-/// `name-dlq`, with a redrive policy after `max_receive_count` receives.
+async fn queue_attributes(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+) -> Result<HashMap<QueueAttributeName, String>, SetupError> {
+    client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| err(format!("reading queue {url}"), e))
+        .map(|o| o.attributes.unwrap_or_default())
+}
+
+async fn create_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    attrs: HashMap<QueueAttributeName, String>,
+) -> Result<String, SetupError> {
+    client
+        .create_queue()
+        .queue_name(name)
+        .set_attributes(Some(attrs))
+        .send()
+        .await
+        .map_err(|e| err(format!("creating queue {name}"), e))?
+        .queue_url
+        .ok_or_else(|| SetupError {
+            what: format!("creating queue {name}"),
+            reason: "no queue URL in the answer".into(),
+        })
+}
+
+/// The DLQ `name` (created if missing) and its ARN.
+async fn dlq(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    fifo: bool,
+    outcome: &mut Outcome,
+) -> Result<(String, String), SetupError> {
+    let url = match queue_url(client, name).await? {
+        Some(url) => url,
+        None => {
+            let mut attrs = HashMap::from([(
+                QueueAttributeName::MessageRetentionPeriod,
+                "1209600".to_owned(),
+            )]);
+            if fifo {
+                attrs.insert(QueueAttributeName::FifoQueue, "true".to_owned());
+            }
+            let url = create_queue(client, name, attrs).await?;
+            outcome.created.push(format!("queue {name}"));
+            url
+        }
+    };
+    let arn = queue_attributes(client, &url)
+        .await?
+        .remove(&QueueAttributeName::QueueArn)
+        .ok_or_else(|| SetupError {
+            what: format!("reading ARN of {name}"),
+            reason: "no QueueArn attribute".into(),
+        })?;
+    Ok((url, arn))
+}
+
+fn redrive_policy(dlq_arn: &str, max_receive_count: u32) -> String {
+    serde_json::json!({
+        "deadLetterTargetArn": dlq_arn,
+        "maxReceiveCount": max_receive_count.to_string(),
+    })
+    .to_string()
+}
+
+/// Creates the queue `name` and `name-dlq` with a redrive policy if the queue
+/// does not exist. An existing queue is compared, never changed unless `allow`
+/// holds the change: its visibility timeout (when `spec` gives one) and its
+/// redrive policy (to `name-dlq`, after `max_receive_count` receives when given).
+pub async fn init_queue_with_dlq(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+    allow: &[Change],
+) -> Result<QueueInit, SetupError> {
+    let (qname, dname) = queue_names(&spec.name, spec.fifo);
+    let mut outcome = Outcome::default();
+    let Some(url) = queue_url(client, &qname).await? else {
+        let (dlq_url, dlq_arn) = dlq(client, &dname, spec.fifo, &mut outcome).await?;
+        let vt = spec.visibility_timeout.unwrap_or(Duration::from_secs(60));
+        let mut attrs = HashMap::from([
+            (
+                QueueAttributeName::VisibilityTimeout,
+                vt.as_secs().to_string(),
+            ),
+            (
+                QueueAttributeName::RedrivePolicy,
+                redrive_policy(&dlq_arn, spec.max_receive_count.unwrap_or(5)),
+            ),
+        ]);
+        if spec.fifo {
+            attrs.insert(QueueAttributeName::FifoQueue, "true".to_owned());
+        }
+        let queue_url = create_queue(client, &qname, attrs).await?;
+        outcome.created.push(format!("queue {qname}"));
+        return Ok(QueueInit {
+            queue_url,
+            dlq_url: Some(dlq_url),
+            outcome,
+        });
+    };
+    compare_queue(client, spec, url, allow, outcome).await
+}
+
+/// Checks, creating and changing nothing, that the queue exists and has the
+/// settings `spec` asks for (as [`init_queue_with_dlq`] compares them); a
+/// missing queue is an error.
+pub async fn check_queue(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+) -> Result<QueueInit, SetupError> {
+    let (qname, _) = queue_names(&spec.name, spec.fifo);
+    let url = queue_url(client, &qname).await?.ok_or_else(|| SetupError {
+        what: format!("queue {qname}"),
+        reason: "does not exist".into(),
+    })?;
+    compare_queue(client, spec, url, &[], Outcome::default()).await
+}
+
+/// Compares an existing queue with `spec`; changes only what `allow` allows.
+async fn compare_queue(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+    url: String,
+    allow: &[Change],
+    mut outcome: Outcome,
+) -> Result<QueueInit, SetupError> {
+    let (qname, dname) = queue_names(&spec.name, spec.fifo);
+    let attrs = queue_attributes(client, &url).await?;
+    let mut set = HashMap::new();
+    if let Some(want) = spec.visibility_timeout {
+        let have = attrs
+            .get(&QueueAttributeName::VisibilityTimeout)
+            .cloned()
+            .unwrap_or_default();
+        if have != want.as_secs().to_string() {
+            let problem = format!("visibility timeout is {have} s, not {} s", want.as_secs());
+            if allow.contains(&Change::SetVisibilityTimeout) {
+                outcome
+                    .changed
+                    .push(format!("queue {qname}: {problem}: set"));
+                set.insert(
+                    QueueAttributeName::VisibilityTimeout,
+                    want.as_secs().to_string(),
+                );
+            } else {
+                outcome.differences.push(Difference {
+                    what: format!("queue {qname}"),
+                    problem,
+                    fix: Some(Change::SetVisibilityTimeout),
+                });
+            }
+        }
+    }
+    let dlq_url = compare_redrive(
+        client,
+        spec,
+        &qname,
+        &dname,
+        &attrs,
+        allow,
+        &mut outcome,
+        &mut set,
+    )
+    .await?;
+    if !set.is_empty() {
+        client
+            .set_queue_attributes()
+            .queue_url(&url)
+            .set_attributes(Some(set))
+            .send()
+            .await
+            .map_err(|e| err(format!("updating queue {qname}"), e))?;
+    }
+    Ok(QueueInit {
+        queue_url: url,
+        dlq_url,
+        outcome,
+    })
+}
+
+/// Compares an existing queue's redrive policy with `dname` (and the receive
+/// count when given); adds the new policy to `set` when allowed. The DLQ's URL
+/// when the policy (as it will be) sends to `dname`.
+#[allow(clippy::too_many_arguments)]
+async fn compare_redrive(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+    qname: &str,
+    dname: &str,
+    attrs: &HashMap<QueueAttributeName, String>,
+    allow: &[Change],
+    outcome: &mut Outcome,
+    set: &mut HashMap<QueueAttributeName, String>,
+) -> Result<Option<String>, SetupError> {
+    let policy = attrs
+        .get(&QueueAttributeName::RedrivePolicy)
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok());
+    let target = policy
+        .as_ref()
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+    let count = policy.as_ref().and_then(|p| match &p["maxReceiveCount"] {
+        serde_json::Value::String(s) => s.parse::<u32>().ok(),
+        v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
+    });
+    let existing_dlq = queue_url(client, dname).await?;
+    let existing_arn = match &existing_dlq {
+        Some(u) => queue_attributes(client, u)
+            .await?
+            .remove(&QueueAttributeName::QueueArn),
+        None => None,
+    };
+    let problem = match (&target, &existing_arn) {
+        (Some(t), Some(a)) if t == a => match (spec.max_receive_count, count) {
+            (Some(want), Some(have)) if want != have => Some(format!(
+                "its redrive policy moves a message to {dname} after {have} receives, not {want}"
+            )),
+            _ => None,
+        },
+        (Some(t), _) => Some(format!("its redrive policy sends to {t}, not to {dname}")),
+        (None, _) => Some(format!(
+            "has no redrive policy: a message that keeps failing is retried until its retention ends instead of moving to {dname}"
+        )),
+    };
+    let Some(problem) = problem else {
+        return Ok(existing_dlq);
+    };
+    if !allow.contains(&Change::SetRedrivePolicy) {
+        outcome.differences.push(Difference {
+            what: format!("queue {qname}"),
+            problem,
+            fix: Some(Change::SetRedrivePolicy),
+        });
+        return Ok(None);
+    }
+    let (dlq_url, dlq_arn) = dlq(client, dname, spec.fifo, outcome).await?;
+    let receives = spec.max_receive_count.or(count).unwrap_or(5);
+    set.insert(
+        QueueAttributeName::RedrivePolicy,
+        redrive_policy(&dlq_arn, receives),
+    );
+    outcome.changed.push(format!(
+        "queue {qname}: {problem}: now sends to {dname} after {receives} receives"
+    ));
+    Ok(Some(dlq_url))
+}
+
+/// Creates `name` and `name-dlq` as [`init_queue_with_dlq`] does; an existing
+/// queue that differs is an error (nothing is changed).
 pub async fn ensure_queue_with_dlq(
     client: &aws_sdk_sqs::Client,
     name: &str,
@@ -219,88 +621,18 @@ pub async fn ensure_queue_with_dlq(
     visibility_timeout: Duration,
     max_receive_count: u32,
 ) -> Result<QueuePair, SetupError> {
-    let (qname, dname) = queue_names(name, fifo);
-    let mut common = HashMap::new();
-    if fifo {
-        common.insert(QueueAttributeName::FifoQueue, "true".to_owned());
-    }
-    let dlq_url = client
-        .create_queue()
-        .queue_name(&dname)
-        .set_attributes(Some(
-            common
-                .clone()
-                .into_iter()
-                .chain([(
-                    QueueAttributeName::MessageRetentionPeriod,
-                    "1209600".to_owned(),
-                )])
-                .collect(),
-        ))
-        .send()
-        .await
-        .map_err(|e| err(format!("creating queue {dname}"), e))?
-        .queue_url
-        .ok_or_else(|| SetupError {
-            what: format!("creating queue {dname}"),
-            reason: "no queue URL in the answer".into(),
-        })?;
-    let dlq_arn = client
-        .get_queue_attributes()
-        .queue_url(&dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| err(format!("reading ARN of {dname}"), e))?
-        .attributes
-        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-        .ok_or_else(|| SetupError {
-            what: format!("reading ARN of {dname}"),
-            reason: "no QueueArn attribute".into(),
-        })?;
-    let redrive = serde_json::json!({
-        "deadLetterTargetArn": dlq_arn,
-        "maxReceiveCount": max_receive_count.to_string(),
-    })
-    .to_string();
-    let mut attrs = common;
-    attrs.insert(
-        QueueAttributeName::VisibilityTimeout,
-        visibility_timeout.as_secs().to_string(),
-    );
-    attrs.insert(QueueAttributeName::RedrivePolicy, redrive);
-    let created = client
-        .create_queue()
-        .queue_name(&qname)
-        .set_attributes(Some(attrs.clone()))
-        .send()
-        .await;
-    let queue_url = match created {
-        Ok(out) => out.queue_url.unwrap_or_default(),
-        // Exists with other attributes: set ours.
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|e| e.is_queue_name_exists()) =>
-        {
-            let url = client
-                .get_queue_url()
-                .queue_name(&qname)
-                .send()
-                .await
-                .map_err(|e| err(format!("finding queue {qname}"), e))?
-                .queue_url
-                .unwrap_or_default();
-            attrs.remove(&QueueAttributeName::FifoQueue);
-            client
-                .set_queue_attributes()
-                .queue_url(&url)
-                .set_attributes(Some(attrs))
-                .send()
-                .await
-                .map_err(|e| err(format!("updating queue {qname}"), e))?;
-            url
-        }
-        Err(e) => return Err(err(format!("creating queue {qname}"), e)),
+    let spec = QueueSpec {
+        name: name.to_owned(),
+        fifo,
+        visibility_timeout: Some(visibility_timeout),
+        max_receive_count: Some(max_receive_count),
     };
-    Ok(QueuePair { queue_url, dlq_url })
+    let init = init_queue_with_dlq(client, &spec, &[]).await?;
+    let queue_url = init.queue_url.clone();
+    let dlq_url = init.dlq_url.clone();
+    init.outcome.into_result()?;
+    Ok(QueuePair {
+        queue_url,
+        dlq_url: dlq_url.unwrap_or_default(),
+    })
 }

@@ -32,18 +32,45 @@ struct InitArgs {
     /// Make the queue (and DLQ) FIFO.
     #[arg(long)]
     fifo: bool,
-    /// Receives before SQS moves a message to the DLQ.
-    #[arg(long, default_value_t = 5)]
-    max_receive_count: u32,
-    /// The queue's visibility timeout in seconds.
-    #[arg(long, default_value_t = 60)]
-    visibility_timeout: u64,
+    /// Receives before SQS moves a message to the DLQ (new queue: 5; an existing
+    /// queue is compared only when given).
+    #[arg(long)]
+    max_receive_count: Option<u32>,
+    /// The queue's visibility timeout in seconds (new queue: 60; an existing
+    /// queue is compared only when given).
+    #[arg(long)]
+    visibility_timeout: Option<u64>,
     /// Also create the ledger example's table (string key `pk`).
     #[arg(long)]
     ledger_table: Option<String>,
     /// Only report what is missing or wrong; create nothing.
     #[arg(long)]
     check: bool,
+    /// Change an existing dedup table: enable TTL on `expires_at` (its keys are
+    /// checked first; TTL deletes expired items).
+    #[arg(long)]
+    enable_ttl: bool,
+    /// Change an existing queue: set its visibility timeout to --visibility-timeout.
+    #[arg(long, requires = "visibility_timeout")]
+    set_visibility_timeout: bool,
+    /// Change an existing queue: point its redrive policy at `<name>-dlq` (created
+    /// if missing), after --max-receive-count receives (else its current count, else 5).
+    #[arg(long)]
+    set_redrive_policy: bool,
+}
+
+impl InitArgs {
+    fn allowed(&self) -> Vec<sqs_once::setup::Change> {
+        use sqs_once::setup::Change;
+        [
+            (self.enable_ttl, Change::EnableTtl),
+            (self.set_visibility_timeout, Change::SetVisibilityTimeout),
+            (self.set_redrive_policy, Change::SetRedrivePolicy),
+        ]
+        .into_iter()
+        .filter_map(|(on, c)| on.then_some(c))
+        .collect()
+    }
 }
 
 #[derive(clap::Args)]
@@ -61,13 +88,19 @@ struct KeyArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Create the dedup table (key `pk`, TTL on `expires_at`) and optionally a
-    /// queue with its DLQ and redrive policy, standard or FIFO. Idempotent: what
-    /// exists and is right is left alone. With --check, only report what is
-    /// missing or wrong (exit 1 if anything is).
+    /// queue with its DLQ and redrive policy, standard or FIFO. Creates what is
+    /// missing and never changes what exists: an existing table's keys are
+    /// checked before anything is written to it, and a difference (TTL off,
+    /// another visibility timeout or redrive target) is reported (exit 1) and
+    /// changed only with the flag that names the change (--enable-ttl,
+    /// --set-visibility-timeout, --set-redrive-policy). With --check, only
+    /// report what is missing or wrong (exit 1 if anything is).
     ///
     /// Example: sqs-once init --table dedup --queue orders --fifo
     ///
     /// Example: sqs-once init --table dedup --queue orders --check
+    ///
+    /// Example: sqs-once init --table dedup --queue orders --visibility-timeout 360 --set-visibility-timeout
     Init(InitArgs),
     /// Show the dedup record of one key: status, owner, lease, attempts, times,
     /// result (or its digest) and last error.
@@ -89,6 +122,10 @@ enum Command {
     /// Move parked messages from a DLQ back to their source queue: with SQS's
     /// message move task where available (all messages), else (or with --max,
     /// or FIFO) by receive, send, then delete, so a crash never loses a message.
+    /// Refuses unless the source queue's redrive policy names the DLQ. Every
+    /// message attribute is kept as it is (the dedup key parking recorded among
+    /// them): a message left in both queues by a crash or a failed delete is
+    /// reported, and its second copy is a duplicate, not a second effect.
     ///
     /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --max 100
     ///
@@ -106,9 +143,20 @@ enum Command {
         /// Show what would move; move nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Move even when the source queue's redrive policy does not name
+        /// --dlq-url (by default that is refused: swapped URLs would move live
+        /// messages into the DLQ unprocessed).
+        #[arg(long)]
+        skip_redrive_check: bool,
     },
     /// Count a consumer's records by status (a bounded scan, with progress) and
     /// show the queue's and the DLQ's depth.
+    ///
+    /// Cost: a Scan reads the whole table (every consumer's records, at most
+    /// --max-items): about 0.5 read capacity units per 4 KB, e.g. ~125 units per
+    /// million small (~1 KB) records. It is paced to --read-units-per-second;
+    /// on a provisioned table keep that well below the table's read capacity,
+    /// which the live claims share.
     ///
     /// Example: sqs-once stats --table dedup --consumer ledger --queue-url $QUEUE --dlq-url $DLQ
     Stats {
@@ -127,6 +175,9 @@ enum Command {
         /// Read at most this many items (the scan costs read capacity).
         #[arg(long, default_value_t = 1_000_000)]
         max_items: u64,
+        /// Read capacity units per second the scan may use on average (0: no limit).
+        #[arg(long, default_value_t = 50.0)]
+        read_units_per_second: f64,
     },
     /// Walk through the protocol on LocalStack: sends ledger events with
     /// duplicates and a malformed body, processes them, checks the balances.
@@ -175,15 +226,21 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Warnings to stderr, field values escaped.
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,sqs_once=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .fmt_fields(sqs_once::cli::escaped_fields())
         .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let sdk = aws_config::load_from_env().await;
     let result = match cli.command {
@@ -196,21 +253,34 @@ async fn main() -> ExitCode {
             queue_url,
             max,
             dry_run,
-        } => redrive(&sdk, &dlq_url, &queue_url, max, dry_run).await,
+            skip_redrive_check,
+        } => {
+            let options = ops::RedriveOptions {
+                max,
+                dry_run,
+                skip_redrive_check,
+            };
+            redrive(&sdk, &dlq_url, &queue_url, &options).await
+        }
         Command::Stats {
             table,
             consumer,
             queue_url,
             dlq_url,
             max_items,
+            read_units_per_second,
         } => {
+            let scan = ScanLimits {
+                max_items,
+                read_units_per_second,
+            };
             stats(
                 &sdk,
                 &table,
                 &consumer,
                 queue_url.as_deref(),
                 dlq_url.as_deref(),
-                max_items,
+                scan,
             )
             .await
         }
@@ -300,29 +370,62 @@ async fn local_lambda(
 }
 
 async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxError> {
+    use sqs_once::setup::{Outcome, QueueSpec};
     let table = &args.table;
+    let allow = args.allowed();
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    sqs_once::setup::ensure_dedup_table(&ddb, table).await?;
-    DynamoStore::new(ddb.clone(), table.as_str())
-        .check_table()
-        .await?;
-    println!("dedup table {table}: ok (key pk, TTL on expires_at)");
+    let mut outcome = Outcome::default();
+    let merge = |into: &mut Outcome, o: Outcome| {
+        into.created.extend(o.created);
+        into.changed.extend(o.changed);
+        into.differences.extend(o.differences);
+    };
+    let o = sqs_once::setup::init_dedup_table(&ddb, table, &allow).await?;
+    if o.differences.is_empty() {
+        DynamoStore::new(ddb.clone(), table.as_str())
+            .check_table()
+            .await?;
+        println!("dedup table {table}: ok (key pk, TTL on expires_at)");
+    }
+    merge(&mut outcome, o);
     if let Some(ledger) = &args.ledger_table {
-        sqs_once::setup::ensure_table(&ddb, ledger).await?;
+        if sqs_once::setup::init_table(&ddb, ledger).await? {
+            outcome.created.push(format!("table {ledger}"));
+        }
         println!("ledger table {ledger}: ok");
     }
     if let Some(q) = &args.queue {
-        let pair = sqs_once::setup::ensure_queue_with_dlq(
-            &aws_sdk_sqs::Client::new(sdk),
-            q,
-            args.fifo,
-            Duration::from_secs(args.visibility_timeout),
-            args.max_receive_count,
-        )
-        .await?;
-        println!("queue {}\ndlq   {}", pair.queue_url, pair.dlq_url);
+        let spec = QueueSpec {
+            name: q.clone(),
+            fifo: args.fifo,
+            visibility_timeout: args.visibility_timeout.map(Duration::from_secs),
+            max_receive_count: args.max_receive_count,
+        };
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let q = sqs_once::setup::init_queue_with_dlq(&sqs, &spec, &allow).await?;
+        println!("queue {}", q.queue_url);
+        if let Some(dlq) = &q.dlq_url {
+            println!("dlq   {dlq}");
+        }
+        merge(&mut outcome, q.outcome);
     }
-    Ok(())
+    for c in &outcome.created {
+        println!("created: {c}");
+    }
+    for c in &outcome.changed {
+        println!("changed: {c}");
+    }
+    for d in &outcome.differences {
+        println!("difference: {d}");
+    }
+    if outcome.differences.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} difference(s) left as they are: init changes an existing resource only with the flag named above",
+        outcome.differences.len()
+    )
+    .into())
 }
 
 /// `init --check`: reports every problem, changes nothing.
@@ -338,8 +441,17 @@ async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxEr
     }
     if let Some(q) = &args.queue {
         let sqs = aws_sdk_sqs::Client::new(sdk);
-        match sqs_once::setup::check_queue_with_dlq(&sqs, q, args.fifo).await {
-            Ok(pair) => println!("queue {}: ok, redrive to {}", pair.queue_url, pair.dlq_url),
+        let spec = sqs_once::setup::QueueSpec {
+            name: q.clone(),
+            fifo: args.fifo,
+            visibility_timeout: args.visibility_timeout.map(Duration::from_secs),
+            max_receive_count: args.max_receive_count,
+        };
+        match sqs_once::setup::check_queue(&sqs, &spec).await {
+            Ok(found) => match (&found.dlq_url, found.outcome.differences.is_empty()) {
+                (Some(dlq), true) => println!("queue {}: ok, redrive to {dlq}", found.queue_url),
+                _ => problems.extend(found.outcome.differences.iter().map(ToString::to_string)),
+            },
             Err(e) => problems.push(e.to_string()),
         }
     }
@@ -350,7 +462,7 @@ async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxEr
         println!("problem: {p}");
     }
     Err(format!(
-        "{} problem(s); `sqs-once init` without --check fixes what it can",
+        "{} problem(s); `sqs-once init` without --check creates what is missing (a change to an existing resource needs its flag)",
         problems.len()
     )
     .into())
@@ -403,15 +515,14 @@ async fn redrive(
     sdk: &aws_config::SdkConfig,
     dlq_url: &str,
     queue_url: &str,
-    max: Option<u64>,
-    dry_run: bool,
+    options: &ops::RedriveOptions,
 ) -> Result<(), BoxError> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
-    let report = ops::redrive(&sqs, dlq_url, queue_url, max, dry_run, |moved| {
+    let report = ops::redrive(&sqs, dlq_url, queue_url, options, |moved| {
         eprintln!("moved {moved}...");
     })
     .await?;
-    if dry_run {
+    if options.dry_run {
         println!(
             "dry run: about {} message(s) in {dlq_url} would move to {queue_url}; the first {}:",
             report.waiting,
@@ -419,7 +530,7 @@ async fn redrive(
         );
         for (body, reason) in &report.preview {
             let body: String = body.chars().take(120).collect();
-            println!("  {body:?}: {reason}");
+            println!("  {}: {}", ops::escape(&body), ops::escape(reason));
         }
         return Ok(());
     }
@@ -432,7 +543,34 @@ async fn redrive(
             ""
         }
     );
-    Ok(())
+    for id in &report.in_both {
+        eprintln!(
+            "warning: message {} was sent to {queue_url} but not deleted from {dlq_url}: it is in both queues (the DLQ's copy is visible again in 60 s; its dedup key makes a second copy a duplicate, not a second effect)",
+            ops::escape(id)
+        );
+    }
+    for (id, why) in &report.not_sent {
+        eprintln!(
+            "warning: message {} was not sent ({}); it stays in {dlq_url}, visible again in 60 s",
+            ops::escape(id),
+            ops::escape(why)
+        );
+    }
+    if report.in_both.is_empty() && report.not_sent.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} message(s) in both queues, {} not sent: see the warnings above",
+        report.in_both.len(),
+        report.not_sent.len()
+    )
+    .into())
+}
+
+/// How much of the table `stats` may read, and how fast.
+struct ScanLimits {
+    max_items: u64,
+    read_units_per_second: f64,
 }
 
 async fn stats(
@@ -441,16 +579,21 @@ async fn stats(
     consumer: &str,
     queue_url: Option<&str>,
     dlq_url: Option<&str>,
-    max_items: u64,
+    scan: ScanLimits,
 ) -> Result<(), BoxError> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    let counts = ops::count_records(&ddb, table, consumer, max_items, |c| {
-        eprintln!("scanned {} items...", c.scanned);
-    })
+    let counts = ops::count_records(
+        &ddb,
+        table,
+        consumer,
+        scan.max_items,
+        scan.read_units_per_second,
+        |c| eprintln!("scanned {} items...", c.scanned),
+    )
     .await?;
     println!("records of consumer {consumer} in {table}:");
     for (status, n) in &counts.by_status {
-        println!("  {status:<12} {n}");
+        println!("  {:<12} {n}", ops::escape(status));
     }
     if counts.by_status.is_empty() {
         println!("  (none)");

@@ -356,3 +356,568 @@ async fn stats_counts_a_consumers_records_by_status() {
         r.stderr
     );
 }
+
+async fn queue_attrs(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+) -> std::collections::HashMap<aws_sdk_sqs::types::QueueAttributeName, String> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default()
+}
+
+async fn queue_exists(sqs: &aws_sdk_sqs::Client, name: &str) -> bool {
+    sqs.get_queue_url().queue_name(name).send().await.is_ok()
+}
+
+/// A queue as a SAM stack makes it: 360 s visibility, redrive to its own DLQ
+/// (not `<name>-dlq`). Returns (queue URL, the DLQ's ARN).
+async fn stack_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> (String, String) {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let dlq = sqs
+        .create_queue()
+        .queue_name(format!("{name}-ops-dead-letters"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let dlq_arn = queue_attrs(sqs, &dlq).await[&A::QueueArn].clone();
+    let url = sqs
+        .create_queue()
+        .queue_name(name)
+        .attributes(A::VisibilityTimeout, "360")
+        .attributes(
+            A::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "3"}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    (url, dlq_arn)
+}
+
+fn redrive_target(
+    attrs: &std::collections::HashMap<aws_sdk_sqs::types::QueueAttributeName, String>,
+) -> String {
+    let p: serde_json::Value =
+        serde_json::from_str(&attrs[&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy])
+            .unwrap();
+    p["deadLetterTargetArn"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn init_reports_an_existing_queues_other_visibility_and_redrive_and_changes_nothing() {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let table = unique("init");
+    let name = unique("stackq");
+    let (url, ops_dlq) = stack_queue(&sqs, &name).await;
+
+    let r = cli(&[
+        "init",
+        "--table",
+        &table,
+        "--queue",
+        &name,
+        "--visibility-timeout",
+        "60",
+    ])
+    .await;
+    assert!(!r.ok, "differences fail the run: {}", r.stdout);
+    assert!(
+        r.stdout.contains("visibility timeout is 360 s, not 60 s")
+            && r.stdout.contains("--set-visibility-timeout"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains(&format!("sends to {ops_dlq}, not to {name}-dlq"))
+            && r.stdout.contains("--set-redrive-policy"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("2 difference(s)"), "{}", r.stderr);
+    let attrs = queue_attrs(&sqs, &url).await;
+    assert_eq!(attrs[&A::VisibilityTimeout], "360", "visibility unchanged");
+    assert_eq!(redrive_target(&attrs), ops_dlq, "redrive target unchanged");
+    assert!(
+        !queue_exists(&sqs, &format!("{name}-dlq")).await,
+        "no unused <name>-dlq is created"
+    );
+}
+
+#[tokio::test]
+async fn init_changes_an_existing_queue_only_with_the_flag_naming_the_change() {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let table = unique("init");
+    let name = unique("stackq");
+    let (url, ops_dlq) = stack_queue(&sqs, &name).await;
+
+    let base = ["init", "--table", &table, "--queue", &name];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    let r = cli(&with(&[
+        "--visibility-timeout",
+        "90",
+        "--set-visibility-timeout",
+    ]))
+    .await;
+    assert!(!r.ok, "the redrive difference is still there: {}", r.stdout);
+    assert!(r.stdout.contains("changed: queue"), "{}", r.stdout);
+    let attrs = queue_attrs(&sqs, &url).await;
+    assert_eq!(attrs[&A::VisibilityTimeout], "90");
+    assert_eq!(
+        redrive_target(&attrs),
+        ops_dlq,
+        "only the named change was made"
+    );
+
+    let r = cli(&with(&["--set-redrive-policy"])).await;
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    let attrs = queue_attrs(&sqs, &url).await;
+    let dlq_url = sqs
+        .get_queue_url()
+        .queue_name(format!("{name}-dlq"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    assert_eq!(
+        redrive_target(&attrs),
+        queue_attrs(&sqs, &dlq_url).await[&A::QueueArn]
+    );
+    assert_eq!(attrs[&A::VisibilityTimeout], "90", "visibility left as set");
+    let policy: serde_json::Value = serde_json::from_str(&attrs[&A::RedrivePolicy]).unwrap();
+    assert_eq!(
+        policy["maxReceiveCount"].to_string().trim_matches('"'),
+        "3",
+        "the queue's receive count is kept when none is given"
+    );
+}
+
+#[tokio::test]
+async fn init_refuses_a_table_with_other_keys_before_writing_anything_to_it() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+        ScalarAttributeType,
+    };
+    let client = ddb().await;
+    let table = unique("orders");
+    client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("order_id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("order_id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    client
+        .put_item()
+        .table_name(&table)
+        .item("order_id", AttributeValue::S("o-1".into()))
+        .item("expires_at", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap();
+
+    let r = cli(&["init", "--table", &table, "--enable-ttl"]).await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("order_id:HASH") && r.stderr.contains("nothing was written"),
+        "{}",
+        r.stderr
+    );
+    let ttl = client
+        .describe_time_to_live()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
+    let status = ttl
+        .time_to_live_description()
+        .and_then(|d| d.time_to_live_status())
+        .map(|s| s.as_str().to_owned());
+    assert!(
+        matches!(status.as_deref(), None | Some("DISABLED")),
+        "TTL left off: {status:?}"
+    );
+    let item = client
+        .get_item()
+        .table_name(&table)
+        .key("order_id", AttributeValue::S("o-1".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(item.item.is_some(), "the table's item is untouched");
+}
+
+#[tokio::test]
+async fn init_enables_ttl_on_an_existing_dedup_table_only_with_enable_ttl() {
+    let client = ddb().await;
+    let table = unique("nottl");
+    sqs_once::setup::ensure_table(&client, &table)
+        .await
+        .unwrap();
+    let ttl_status = || async {
+        client
+            .describe_time_to_live()
+            .table_name(&table)
+            .send()
+            .await
+            .unwrap()
+            .time_to_live_description()
+            .and_then(|d| d.time_to_live_status())
+            .map(|s| s.as_str().to_owned())
+    };
+
+    let r = cli(&["init", "--table", &table]).await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("TTL is") && r.stdout.contains("--enable-ttl"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        matches!(ttl_status().await.as_deref(), None | Some("DISABLED")),
+        "left off without the flag"
+    );
+
+    let r = cli(&["init", "--table", &table, "--enable-ttl"]).await;
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("changed: table"), "{}", r.stdout);
+    assert!(
+        matches!(ttl_status().await.as_deref(), Some("ENABLED" | "ENABLING")),
+        "enabled with the flag"
+    );
+}
+
+fn redrive_args(dlq: &str, queue: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = ["redrive", "--dlq-url", dlq, "--queue-url", queue]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    a.extend(extra.iter().map(|s| (*s).to_owned()));
+    a
+}
+
+async fn cli_owned(args: Vec<String>) -> Run {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    cli(&refs).await
+}
+
+#[tokio::test]
+async fn redrive_refuses_a_dlq_the_source_queue_does_not_redrive_to() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    crate::common::send_all(
+        &sqs,
+        &q.queue_url,
+        &["live-1".to_owned(), "live-2".to_owned()],
+    )
+    .await;
+
+    // Swapped: the live queue given as the DLQ.
+    let r = cli_owned(redrive_args(&q.queue_url, &q.dlq_url, &["--max", "10"])).await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("refusing to move") && r.stderr.contains("--skip-redrive-check"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(depth(&sqs, &q.queue_url).await, 2, "the live messages stay");
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
+    let r = cli_owned(redrive_args(&q.queue_url, &q.dlq_url, &["--dry-run"])).await;
+    assert!(
+        !r.ok && r.stderr.contains("refusing"),
+        "a dry run checks too: {}",
+        r.stderr
+    );
+
+    // The override moves them (an operator who means it).
+    let r = cli_owned(redrive_args(
+        &q.queue_url,
+        &q.dlq_url,
+        &["--max", "10", "--skip-redrive-check"],
+    ))
+    .await;
+    assert!(r.ok, "{}", r.stderr);
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 2);
+}
+
+fn attribute(
+    data_type: &str,
+    string: Option<&str>,
+    binary: Option<&[u8]>,
+) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type(data_type)
+        .set_string_value(string.map(str::to_owned))
+        .set_binary_value(binary.map(aws_smithy_types::Blob::new))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redrive_keeps_every_message_attribute_with_its_data_type() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    let attrs: std::collections::HashMap<String, MessageAttributeValue> = [
+        ("tenant", attribute("String", Some("acme"), None)),
+        ("amount", attribute("Number", Some("12.50"), None)),
+        (
+            "signature",
+            attribute("Binary", None, Some(&[0, 159, 255, 10])),
+        ),
+        ("kind", attribute("String.order-v2", Some("created"), None)),
+        (
+            "sqs_once_reason",
+            attribute("String", Some("handler failed permanently: x"), None),
+        ),
+        (
+            "sqs_once_message_id",
+            attribute("String", Some("orig-id-1"), None),
+        ),
+        (
+            "sqs_once_dedup_key",
+            attribute("String", Some("orig-id-1"), None),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    sqs.send_message()
+        .queue_url(&q.dlq_url)
+        .message_body("parked body")
+        .set_message_attributes(Some(attrs.clone()))
+        .send()
+        .await
+        .unwrap();
+
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &["--max", "10"])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+    let got = sqs
+        .receive_message()
+        .queue_url(&q.queue_url)
+        .wait_time_seconds(5)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body(), Some("parked body"));
+    let back = got[0].message_attributes().cloned().unwrap_or_default();
+    let view = |m: &std::collections::HashMap<String, MessageAttributeValue>| {
+        type Seen = (String, String, Option<String>, Option<Vec<u8>>);
+        let mut v: Vec<Seen> = m
+            .iter()
+            .map(|(k, a)| {
+                (
+                    k.clone(),
+                    a.data_type().to_owned(),
+                    a.string_value().map(str::to_owned),
+                    a.binary_value().map(|b| b.as_ref().to_vec()),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(view(&back), view(&attrs), "every attribute as it was");
+}
+
+#[tokio::test]
+async fn redrive_moves_messages_whose_total_is_over_one_batchs_limit() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    // Five 300 KB messages: 1.5 MB, over a send batch's total (the queue's
+    // maximum message size, 1 MiB here).
+    let sent: BTreeSet<String> = (0..5)
+        .map(|i| format!("{i}{}", "x".repeat(300_000)))
+        .collect();
+    for body in &sent {
+        sqs.send_message()
+            .queue_url(&q.dlq_url)
+            .message_body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &["--max", "10"])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 5 message(s)"), "{}", r.stdout);
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
+    assert_eq!(bodies(&sqs, &q.queue_url).await, sent);
+}
+
+/// A message as parking leaves it in the DLQ: its body, the reason, the first
+/// delivery's id and the dedup key it was processed under.
+async fn park(sqs: &aws_sdk_sqs::Client, dlq_url: &str, body: &str, original_id: &str) {
+    let s = |v: &str| attribute("String", Some(v), None);
+    sqs.send_message()
+        .queue_url(dlq_url)
+        .message_body(body)
+        .message_attributes(
+            "sqs_once_reason",
+            s("handler failed permanently: fixed since"),
+        )
+        .message_attributes("sqs_once_message_id", s(original_id))
+        .message_attributes("sqs_once_dedup_key", s(original_id))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_second_copy_after_a_crash_between_send_and_delete_is_a_duplicate_not_a_second_effect() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = crate::common::Ledger::new(&sqs, &ddb).await;
+    // Keyed by message id: every copy has a new SQS message id, so only the
+    // dedup key the parked copy carries ties the copies together.
+    let env = [("SQS_ONCE_DEDUP_KEY", "message-id")];
+    let event = r#"{"id":"evt-r","account":"acct-r","amount_cents":700}"#;
+    park(&sqs, &l.queues.dlq_url, event, "m-original").await;
+
+    let redrive = || {
+        cli_owned(redrive_args(
+            &l.queues.dlq_url,
+            &l.queues.queue_url,
+            &["--max", "1"],
+        ))
+    };
+    let r = redrive().await;
+    assert!(r.ok, "{}", r.stderr);
+    // A crash between the send and the delete leaves the DLQ's message in place:
+    // the same message is in both queues.
+    park(&sqs, &l.queues.dlq_url, event, "m-original").await;
+    let first = crate::common::run_until_drained(&l, &sqs, 1, &env).await;
+    assert_eq!(first[0]["completed"], 1, "{first:?}");
+
+    // The operator runs redrive again: the second copy goes back too.
+    let r = redrive().await;
+    assert!(
+        r.ok && r.stdout.contains("moved 1 message(s)"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+    let second = crate::common::run_until_drained(&l, &sqs, 1, &env).await;
+    assert_eq!(second[0]["duplicates"], 1, "{second:?}");
+    assert_eq!(second[0]["completed"], 0, "{second:?}");
+
+    let rows = crate::common::ledger_rows(&ddb, &l.ledger).await;
+    assert_eq!(rows["acct-r"], (700, 1), "applied once");
+    assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0);
+}
+
+#[tokio::test]
+async fn redrive_to_a_fifo_queue_keeps_each_messages_group() {
+    use aws_sdk_sqs::types::MessageSystemAttributeName as S;
+    let sqs = sqs().await;
+    let q = queues(&sqs, true, 30).await;
+    for (i, group) in ["g-a", "g-b", "g-a"].iter().enumerate() {
+        sqs.send_message()
+            .queue_url(&q.dlq_url)
+            .message_body(format!("{group}-{i}"))
+            .message_group_id(*group)
+            .message_deduplication_id(format!("d-{i}"))
+            .send()
+            .await
+            .unwrap();
+    }
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &[])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 3 message(s)"), "{}", r.stdout);
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < 3 && tokio::time::Instant::now() < deadline {
+        let got = sqs
+            .receive_message()
+            .queue_url(&q.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(S::MessageGroupId)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        for m in got {
+            let group = m.attributes().unwrap()[&S::MessageGroupId].clone();
+            seen.push((m.body().unwrap().to_owned(), group));
+            sqs.delete_message()
+                .queue_url(&q.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    seen.sort();
+    let expected: Vec<(String, String)> = [("g-a-0", "g-a"), ("g-a-2", "g-a"), ("g-b-1", "g-b")]
+        .iter()
+        .map(|(b, g)| ((*b).to_owned(), (*g).to_owned()))
+        .collect();
+    assert_eq!(seen, expected);
+}
+
+#[tokio::test]
+async fn init_check_reports_an_existing_queues_differences_as_init_does() {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let client = ddb().await;
+    let table = dedup_table(&client).await;
+    let name = unique("stackq");
+    let (url, ops_dlq) = stack_queue(&sqs, &name).await;
+    let r = cli(&[
+        "init",
+        "--table",
+        &table,
+        "--queue",
+        &name,
+        "--visibility-timeout",
+        "60",
+        "--check",
+    ])
+    .await;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("problem: queue")
+            && r.stdout.contains("visibility timeout is 360 s, not 60 s"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!("sends to {ops_dlq}")),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("2 problem(s)"), "{}", r.stderr);
+    assert_eq!(queue_attrs(&sqs, &url).await[&A::VisibilityTimeout], "360");
+}

@@ -28,7 +28,8 @@ struct Api {
 
 /// A payment API on 127.0.0.1: `POST /charges` charges once per idempotency
 /// key; a repeated key with the same body gets the first response, with another
-/// body a 422; customer `cus_declined` gets a 402.
+/// body a 422; customer `cus_declined` gets a 402, `cus_verbose` a 400 with a
+/// 1 MB body.
 struct StubApi {
     url: String,
     state: Arc<Mutex<Api>>,
@@ -90,6 +91,14 @@ async fn charge(
     api.requests.push((key.clone(), body.clone()));
     if body["customer"] == "cus_declined" {
         return reply(402, json!({"error": "card_declined"}));
+    }
+    if body["customer"] == "cus_verbose" {
+        // A 1 MB error answer with a forged log line in it.
+        let noise = format!(
+            "\n2026-01-01T00:00:00Z  INFO all good{}",
+            "x".repeat(1 << 20)
+        );
+        return reply(400, json!({"error": noise}));
     }
     if let Some((first_body, response)) = api.by_key.get(&key) {
         if *first_body != body {
@@ -257,4 +266,38 @@ async fn declined_and_invalid_payments_are_parked_with_the_reason() {
         .unwrap()
         .unwrap();
     assert_eq!(declined.status, Status::Failed, "kept for inspection");
+}
+
+#[tokio::test]
+async fn a_huge_api_answer_is_parked_with_a_bounded_reason() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let api = StubApi::start().await;
+    let l = Ledger::new(&sqs, &ddb).await;
+    let env = [("PAYMENTS_URL", api.url.as_str())];
+    send_all(
+        &sqs,
+        &l.queues.queue_url,
+        &[payment_by("pay-v", "cus_verbose", 100)],
+    )
+    .await;
+    run_until_drained_with(&l, &sqs, 1, PAYMENTS, &env).await;
+
+    let parked = crate::common::bodies_with_reasons(&sqs, &l.queues.dlq_url).await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let reason = &parked[0].1;
+    assert!(
+        reason.contains("400") && reason.contains("(cut; over 65536 bytes)"),
+        "{reason}"
+    );
+    assert!(reason.len() < 1024, "bounded: {} bytes", reason.len());
+    let record = DynamoStore::new(ddb.clone(), l.dedup.clone())
+        .get(&sqs_once::key::record_key("ledger", "pay-v"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        record.error.as_deref().is_some_and(|e| e.len() < 1024),
+        "the record's error is bounded: {:?}",
+        record.error.map(|e| e.len())
+    );
 }
