@@ -35,6 +35,11 @@ impl ManualClock {
         Self(Arc::new(Mutex::new(SystemTime::now())))
     }
 
+    /// Sets the clock, backwards too (a request built earlier arriving late).
+    pub fn set(&self, to: SystemTime) {
+        *self.0.lock().expect("clock lock") = to;
+    }
+
     /// Moves the clock forward.
     pub fn advance(&self, by: Duration) {
         let mut t = self.0.lock().expect("clock lock");

@@ -149,6 +149,14 @@ impl ProcessorConfig {
         self.lease_margin.min(lease / 10)
     }
 
+    /// How often a lease of this length (and the visibility of what is held
+    /// with it) is extended: the heartbeat, at most half the lease.
+    pub fn beat_for(&self, lease: Duration) -> Duration {
+        self.heartbeat
+            .min(lease / 2)
+            .max(Duration::from_millis(100))
+    }
+
     /// The retry delay for the given receive count: exponential, capped.
     pub fn backoff(&self, receive_count: u32) -> Duration {
         let exp = receive_count.saturating_sub(1).min(20);

@@ -77,11 +77,11 @@ impl KeySource {
         let key = match self {
             // A copy brought back from the DLQ has a new message id (and maybe
             // no deduplication id): it carries the original's key instead.
-            KeySource::MessageId => match message.attribute(DEDUP_KEY_ATTRIBUTE) {
+            KeySource::MessageId => match carried_key(message) {
                 Some(original) => original.to_owned(),
                 None => message.id().to_owned(),
             },
-            KeySource::DeduplicationId => match message.attribute(DEDUP_KEY_ATTRIBUTE) {
+            KeySource::DeduplicationId => match carried_key(message) {
                 Some(original) => original.to_owned(),
                 None => message
                     .deduplication_id()
@@ -106,8 +106,23 @@ impl KeySource {
 /// used, so that a copy brought back from the DLQ (with a new message id) is
 /// processed under the same key. Read by the `message-id` and `dedup-id`
 /// sources only: the other sources find their key in the body or attributes,
-/// which parking keeps exactly.
+/// which parking keeps exactly. Its value is bound to the body (see
+/// [`carry_key`]): copied onto another message it is ignored.
 pub const DEDUP_KEY_ATTRIBUTE: &str = "sqs_once_dedup_key";
+
+/// The value of [`DEDUP_KEY_ATTRIBUTE`] for `key` on a message with `body`:
+/// the first 16 hex digits of the body's SHA-256, a colon, then the key.
+pub fn carry_key(body: &str, key: &str) -> String {
+    format!("{}:{key}", &sha256_hex(body.as_bytes())[..16])
+}
+
+/// The key a parked copy carries, if it carries one made for its own body (a
+/// handler or bridge that forwards received attributes onto other messages
+/// must not give them all one key).
+fn carried_key(message: &Message) -> Option<&str> {
+    let (tag, key) = message.attribute(DEDUP_KEY_ATTRIBUTE)?.split_once(':')?;
+    (tag == &sha256_hex(message.body().as_bytes())[..16] && !key.is_empty()).then_some(key)
+}
 
 /// The key at a JSON pointer, numbers as their exact text: the body is walked
 /// as raw JSON, so `12345678901234567890123` and `...124` stay apart (an `f64`
@@ -385,12 +400,17 @@ mod tests {
     fn a_copy_back_from_the_dlq_keeps_the_original_message_id_and_dedup_id_keys() {
         let copy = Message::new("new-id", "body")
             .with_deduplication_id("new-dedup")
-            .with_attribute(DEDUP_KEY_ATTRIBUTE, "original");
-        assert_eq!(KeySource::MessageId.extract(&copy).unwrap(), "original");
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key("body", "orig:inal"));
+        assert_eq!(KeySource::MessageId.extract(&copy).unwrap(), "orig:inal");
         assert_eq!(
             KeySource::DeduplicationId.extract(&copy).unwrap(),
-            "original"
+            "orig:inal"
         );
+        // Forwarded onto another body, or bare, it is ignored.
+        for forged in [carry_key("other body", "orig:inal"), "original".to_owned()] {
+            let m = Message::new("id-2", "body").with_attribute(DEDUP_KEY_ATTRIBUTE, forged);
+            assert_eq!(KeySource::MessageId.extract(&m).unwrap(), "id-2");
+        }
         // Sources that read the body or a producer's attribute ignore it.
         assert_eq!(
             KeySource::BodySha256.extract(&copy).unwrap(),

@@ -59,6 +59,7 @@ pub mod processor;
 pub mod setup;
 pub mod sqs;
 
+pub use config::ProcessorConfig;
 pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;
 pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
@@ -66,11 +67,10 @@ pub use handler::{
     Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,
     StagedWrite, handler_fn, staged_only,
 };
-pub use config::ProcessorConfig;
 pub use key::KeySource;
 pub use lambda::{LambdaAdapter, LambdaConfig};
-pub use poller::PollerConfig;
 pub use message::{Attribute, AttributeValue, Message};
+pub use poller::PollerConfig;
 pub use processor::{Outcome, Processor};
 
 /// The README's code, compiled as a doctest so it stays true.

@@ -2,10 +2,12 @@
 //!
 //! # Backpressure
 //! At most `concurrency` messages are in flight. The poller receives only as many
-//! messages as it has free slots. Messages of one receive that must wait for
-//! their turn (behind an earlier message of their FIFO group, or of their dedup
-//! key) are kept invisible every heartbeat while they wait, so none becomes
-//! visible again while this poller still holds it.
+//! messages as it has free slots. What it receives is made invisible for a
+//! lease (whatever the queue's visibility timeout), and messages of one receive
+//! that must wait for their turn (behind an earlier message of their FIFO
+//! group, or of their dedup key) are extended every heartbeat while they wait,
+//! and before they start if need be, so none becomes visible again while this
+//! poller still holds it.
 //!
 //! # Shutdown
 //! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
@@ -24,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
+use crate::config::SQS_MAX_VISIBILITY;
 use crate::dedup::DedupStore;
 use crate::processor::ProcessOptions;
 use crate::{Handler, Message, Outcome, Processor};
@@ -254,23 +257,46 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     }
 
     /// Every heartbeat, extends the visibility of the lane's waiting messages
-    /// by the lease (as the running one's is). Never returns.
+    /// by the lease (as the running one's is), and notes until when they are
+    /// invisible. Never returns.
     async fn keep_waiting_invisible(&self, waiting: &Waiting) {
         let config = self.processor.config();
-        let interval = config
-            .heartbeat
-            .min(config.lease / 2)
-            .max(Duration::from_millis(100));
+        let interval = config.beat_for(config.lease);
         loop {
             tokio::time::sleep(interval).await;
-            let w = waiting.lock().await;
-            if w.is_empty() {
+            let mut w = waiting.lock().await;
+            if w.messages.is_empty() {
                 continue;
             }
-            let messages: Vec<Message> = w.iter().cloned().collect();
-            crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &messages, config.lease)
-                .await;
-            drop(w);
+            let messages: Vec<Message> = w.messages.iter().cloned().collect();
+            let sent = tokio::time::Instant::now();
+            if crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &messages, config.lease)
+                .await
+            {
+                w.invisible_until = sent + config.lease;
+            }
+        }
+    }
+
+    /// Before a waiting message starts: extends its visibility now unless the
+    /// keeper's last extension still covers it until the processor's first
+    /// heartbeat (with room to spare), so it never becomes visible while held.
+    async fn cover_until_first_beat(
+        &self,
+        message: &Message,
+        invisible_until: tokio::time::Instant,
+    ) {
+        let config = self.processor.config();
+        let interval = config.beat_for(config.lease);
+        if invisible_until > tokio::time::Instant::now() + interval + interval / 2 {
+            return;
+        }
+        if let Some(receipt) = message.receipt_handle()
+            && let Err(e) =
+                crate::sqs::set_visibility(&self.sqs, &self.config.queue_url, receipt, config.lease)
+                    .await
+        {
+            warn!(message_id = message.id(), error = %e, "could not extend a waiting message before it starts");
         }
     }
 
@@ -306,9 +332,15 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     }
 }
 
-/// Messages of one receive that run one after the other: a FIFO message
-/// group, or the copies of one dedup key.
-type Waiting = tokio::sync::Mutex<std::collections::VecDeque<Message>>;
+/// The messages of a lane not yet started (a FIFO message group, or the
+/// copies of one dedup key, from one receive), and until when, by this host's
+/// clock, all of them are known to stay invisible.
+struct Pending {
+    messages: std::collections::VecDeque<Message>,
+    invisible_until: tokio::time::Instant,
+}
+
+type Waiting = tokio::sync::Mutex<Pending>;
 
 /// Runs a lane's messages in order while keeping the ones that wait invisible.
 /// On a FIFO queue a failure stops the lane: the rest come back unprocessed,
@@ -318,8 +350,13 @@ async fn run_lane<S: DedupStore, H: Handler>(
     lane: Vec<Message>,
     mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
     fifo: bool,
+    received_at: tokio::time::Instant,
 ) {
-    let waiting: Waiting = tokio::sync::Mutex::new(lane.into());
+    let waiting: Waiting = tokio::sync::Mutex::new(Pending {
+        messages: lane.into(),
+        // Received with the lease as their visibility timeout.
+        invisible_until: received_at + shared.processor.config().lease,
+    });
     let work = async {
         let mut hold = Duration::ZERO;
         loop {
@@ -328,10 +365,13 @@ async fn run_lane<S: DedupStore, H: Handler>(
                 if shared.stop.is_cancelled() {
                     None
                 } else {
-                    w.pop_front()
+                    w.messages.pop_front().map(|m| (m, w.invisible_until))
                 }
             };
-            let Some(m) = next else { break };
+            let Some((m, invisible_until)) = next else {
+                break;
+            };
+            shared.cover_until_first_beat(&m, invisible_until).await;
             let first = fifo.then(|| m.clone());
             let failed = shared.handle(m).await;
             permits.pop();
@@ -342,7 +382,7 @@ async fn run_lane<S: DedupStore, H: Handler>(
                 // (an emulator that re-opens a group when an earlier-received
                 // message reappears would otherwise hand one out while the
                 // failed message is in flight).
-                if !waiting.lock().await.is_empty() && hold < Duration::from_secs(2) {
+                if !waiting.lock().await.messages.is_empty() && hold < Duration::from_secs(2) {
                     hold = Duration::from_secs(2);
                     shared.retry_later(&first, hold).await;
                 }
@@ -350,7 +390,7 @@ async fn run_lane<S: DedupStore, H: Handler>(
             }
         }
         // Taken under the lock, so no extension of the keeper lands after this.
-        let rest: Vec<Message> = waiting.lock().await.drain(..).collect();
+        let rest: Vec<Message> = waiting.lock().await.messages.drain(..).collect();
         let rest_after = hold.saturating_sub(Duration::from_secs(1));
         for m in rest {
             shared.count(|s| s.held_back += 1);
@@ -538,9 +578,15 @@ pub async fn run<S: DedupStore, H: Handler>(
             Some(idle) => config.wait_time.min(idle).max(Duration::from_secs(1)),
             None => config.wait_time,
         };
+        // What is received stays invisible for a lease (whatever the queue's
+        // own visibility timeout), so the heartbeat, at most half a lease,
+        // always extends it in time.
+        let received_at = tokio::time::Instant::now();
+        let lease = shared.processor.config().lease.min(SQS_MAX_VISIBILITY);
         let mut receive = tokio::spawn(
             sqs.receive_message()
                 .queue_url(&config.queue_url)
+                .visibility_timeout(i32::try_from(lease.as_secs().max(1)).unwrap_or(43_200))
                 .max_number_of_messages(i32::try_from(held.len()).unwrap_or(10))
                 .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
                 .message_system_attribute_names(MessageSystemAttributeName::All)
@@ -594,7 +640,7 @@ pub async fn run<S: DedupStore, H: Handler>(
         let lanes = crate::lanes::split(messages, |m| crate::lanes::lane_of(m, fifo, keys));
         for lane in lanes {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
-            tracker.spawn(run_lane(shared.clone(), lane, permits, fifo));
+            tracker.spawn(run_lane(shared.clone(), lane, permits, fifo, received_at));
         }
         idle_since = tokio::time::Instant::now();
     }

@@ -634,11 +634,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         opts: &ProcessOptions<'_>,
         local: &LocalLease,
     ) -> String {
-        let interval = self
-            .config
-            .heartbeat
-            .min(lease / 2)
-            .max(Duration::from_millis(100));
+        let interval = self.config.beat_for(lease);
         let started = Instant::now();
         loop {
             tokio::time::sleep(interval).await;
@@ -653,23 +649,26 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 // At the deadline: the runtime stops the handler, not the heartbeat.
                 return std::future::pending().await;
             }
+            // Visibility and lease together: a slow DynamoDB must not delay
+            // the message's extension past its visibility timeout.
             let sent = Instant::now();
-            match self
+            let visibility = async {
+                if let Some(v) = opts.visibility
+                    && let Err(e) = v.extend(message, lease).await
+                {
+                    warn!(error = %e, "visibility extension failed");
+                }
+            };
+            let extended = self
                 .store
-                .extend_lease(&req.pk, &req.owner, lease, self.config.ttl)
-                .await
-            {
+                .extend_lease(&req.pk, &req.owner, lease, self.config.ttl);
+            match futures::join!(extended, visibility).0 {
                 Ok(()) => {
                     local.extended(sent, lease, self.config.margin_for(lease));
                     self.metrics.heartbeat_extension();
                 }
                 Err(StoreError::LeaseLost { found, .. }) => return found,
                 Err(e) => warn!(error = %e, "lease extension failed; will try again"),
-            }
-            if let Some(v) = opts.visibility
-                && let Err(e) = v.extend(message, lease).await
-            {
-                warn!(error = %e, "visibility extension failed");
             }
         }
     }

@@ -11,11 +11,11 @@ use aws_sdk_sqs::types::{
 };
 use aws_smithy_types::error::display::DisplayErrorContext;
 use futures::future::BoxFuture;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::Message;
 use crate::config::SQS_MAX_VISIBILITY;
-use crate::key::DEDUP_KEY_ATTRIBUTE;
+use crate::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
 use crate::message::{Attribute, AttributeValue};
 use crate::processor::VisibilityExtender;
 
@@ -233,10 +233,16 @@ impl ParkedCopy {
             attributes.insert(name.to_owned(), sdk_attribute(&Attribute::string(value)));
         };
         if let Some(key) = dedup_key {
-            add(DEDUP_KEY_ATTRIBUTE, key.to_owned(), false);
+            add(DEDUP_KEY_ATTRIBUTE, carry_key(message.body(), key), false);
         }
         add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
         add(MESSAGE_ID_ATTRIBUTE, first_id, false);
+        if dedup_key.is_some() && !attributes.contains_key(DEDUP_KEY_ATTRIBUTE) {
+            error!(
+                message_id = message.id(),
+                "parked without its dedup key (no attribute slot or size left): with `message-id` or `dedup-id` keys a copy brought back is processed under a new key"
+            );
+        }
         Ok(Self { attributes })
     }
 }
@@ -255,13 +261,14 @@ fn sdk_attribute(a: &Attribute) -> MessageAttributeValue {
 /// Sets the visibility timeout of several messages of one queue at once
 /// (`ChangeMessageVisibilityBatch`, 10 per call): keeps received messages that
 /// wait for their turn invisible. Failures are logged; those messages return
-/// when their current visibility ends.
+/// when their current visibility ends. True when every one was extended.
 pub(crate) async fn extend_many(
     sqs: &Client,
     queue_url: &str,
     messages: &[Message],
     timeout: Duration,
-) {
+) -> bool {
+    let mut all = true;
     let secs = i32::try_from(timeout.min(SQS_MAX_VISIBILITY).as_secs()).unwrap_or(43_200);
     for chunk in messages.chunks(BATCH) {
         let entries: Vec<_> = chunk
@@ -288,14 +295,17 @@ pub(crate) async fn extend_many(
         {
             Ok(out) => {
                 for f in out.failed() {
+                    all = false;
                     warn!(id = f.id(), code = f.code(), message = ?f.message(), "could not keep a waiting message invisible");
                 }
             }
             Err(e) => {
+                all = false;
                 warn!(error = %DisplayErrorContext(e), "could not keep waiting messages invisible");
             }
         }
     }
+    all
 }
 
 /// `s` cut to at most `max` bytes at a character boundary.

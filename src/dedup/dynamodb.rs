@@ -34,10 +34,12 @@ const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
      OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid)) \
      OR (#status = :in_progress AND lease_until < :now_ms)";
 const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
-/// An extension also needs the lease to be live: one that lands after a
-/// release (or after the lease ran out) must not hold the key again.
-const LIVE_LEASE_CONDITION: &str =
-    "#owner = :owner AND #status = :in_progress AND lease_until > :now_ms";
+/// An extension also needs the lease to be live (one that lands after a release,
+/// or after the lease ran out, must not hold the key again) and only moves it
+/// forward (an earlier extension that lands after a later one must not shorten
+/// it below what the holder counts on).
+const LIVE_LEASE_CONDITION: &str = "#owner = :owner AND #status = :in_progress \
+     AND lease_until > :now_ms AND lease_until < :lease_until";
 
 /// How many times an operation whose outcome is unknown is sent again (with the
 /// same token) before the message is given back to the queue.
@@ -748,8 +750,9 @@ impl DedupStore for DynamoStore {
             "SET lease_until = :lease_until, expires_at = :expires_at",
             LIVE_LEASE_CONDITION,
             values,
-            // An earlier send of this very extension landed.
-            |r| r.status == Status::InProgress && r.lease_until_ms == lease_until,
+            // An earlier send of this very extension, or a later extension of
+            // ours, landed first: the lease already reaches at least as far.
+            |r| r.status == Status::InProgress && r.lease_until_ms >= lease_until,
         )
         .await
     }

@@ -202,14 +202,17 @@ impl DedupStore for MemoryStore {
         let lease_until = now_ms + ms(lease);
         let mut state = self.lock();
         match state.records.get_mut(pk) {
-            // Only a live lease of ours is extended (see the trait).
+            // Only a live lease of ours is extended, and only forward (see
+            // the trait).
             Some(r)
                 if r.owner.as_deref() == Some(owner)
                     && r.status == Status::InProgress
                     && r.lease_until_ms > now_ms =>
             {
-                r.lease_until_ms = lease_until;
-                r.expires_at_s = expires_at(now_ms, ttl);
+                if r.lease_until_ms < lease_until {
+                    r.lease_until_ms = lease_until;
+                    r.expires_at_s = expires_at(now_ms, ttl);
+                }
                 Ok(())
             }
             other => Err(StoreError::LeaseLost {

@@ -447,7 +447,9 @@ pub trait DedupStore: Send + Sync + 'static {
     /// Extends our lease to `now + lease` and the record's retention to `now +
     /// ttl`. Only a live lease is extended: [`StoreError::LeaseLost`] when the
     /// record is not ours, or our lease has ended or was released (so an
-    /// extension that lands late cannot hold a released key).
+    /// extension that lands late cannot hold a released key). A lease is only
+    /// moved forward: an extension that reaches less far than the stored lease
+    /// (an earlier one that landed late) changes nothing and succeeds.
     fn extend_lease(
         &self,
         pk: &str,

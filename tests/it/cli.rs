@@ -788,7 +788,10 @@ async fn park(sqs: &aws_sdk_sqs::Client, dlq_url: &str, body: &str, original_id:
             s("handler failed permanently: fixed since"),
         )
         .message_attributes("sqs_once_message_id", s(original_id))
-        .message_attributes("sqs_once_dedup_key", s(original_id))
+        .message_attributes(
+            "sqs_once_dedup_key",
+            s(&sqs_once::key::carry_key(body, original_id)),
+        )
         .send()
         .await
         .unwrap();

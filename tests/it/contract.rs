@@ -456,6 +456,30 @@ pub async fn an_extension_that_lands_after_a_release_does_not_hold_the_key<S: De
     );
 }
 
+pub async fn an_earlier_extension_landing_late_does_not_shorten_the_lease<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let a = req("c#ext-order", "body");
+    store.claim(&a).await.unwrap();
+    let t1 = clock.now();
+    clock.advance(Duration::from_secs(4));
+    // The later extension lands first...
+    store
+        .extend_lease(&a.pk, &a.owner, LEASE, TTL)
+        .await
+        .unwrap();
+    let extended = store.get(&a.pk).await.unwrap().unwrap().lease_until_ms;
+    // ...then one built at t1 arrives.
+    clock.set(t1 + Duration::from_secs(1));
+    store
+        .extend_lease(&a.pk, &a.owner, LEASE, TTL)
+        .await
+        .unwrap();
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!(rec.lease_until_ms, extended, "the lease was shortened");
+}
+
 pub async fn an_extension_keeps_the_record_beyond_its_lease<S: DedupStore>(
     store: &S,
     clock: &ManualClock,
@@ -536,6 +560,7 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, fast_commit_respects_claims_failures_and_expiry);
         contract_suite!(@one $make, an_extension_that_lands_after_a_release_does_not_hold_the_key);
         contract_suite!(@one $make, an_extension_keeps_the_record_beyond_its_lease);
+        contract_suite!(@one $make, an_earlier_extension_landing_late_does_not_shorten_the_lease);
         contract_suite!(@one $make, a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_others);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -273,7 +273,10 @@ async fn a_parked_copy_keeps_every_attribute_with_its_type_and_the_latest_reason
     }
     let reason = attrs["sqs_once_reason"].string_value().unwrap();
     assert!(reason.contains("card declined"), "{reason}");
-    assert_eq!(attrs["sqs_once_dedup_key"].string_value(), Some("o-1"));
+    assert_eq!(
+        attrs["sqs_once_dedup_key"].string_value(),
+        Some(sqs_once::key::carry_key("the body", "o-1").as_str())
+    );
     assert_eq!(parked[0].body(), Some("the body"));
 }
 
@@ -282,45 +285,54 @@ async fn a_parked_copy_keeps_every_attribute_with_its_type_and_the_latest_reason
 #[tokio::test]
 async fn a_body_near_the_size_limit_is_parked_with_the_reason_shortened_to_fit() {
     let (sqs, ddb) = (sqs().await, ddb().await);
-    let q = queue_pair(&sqs, false, 30, 5).await;
     let limit = 262_144;
-    for url in [&q.queue_url, &q.dlq_url] {
-        sqs.set_queue_attributes()
-            .queue_url(url)
-            .attributes(QueueAttributeName::MaximumMessageSize, limit.to_string())
+    let long_reason: &'static str = Box::leak("insufficient funds; ".repeat(200).into_boxed_str());
+    // Room for part of the reason; then room for none of it.
+    for (len, reason_fits) in [(260_000, true), (262_080, false)] {
+        let q = queue_pair(&sqs, false, 30, 5).await;
+        for url in [&q.queue_url, &q.dlq_url] {
+            sqs.set_queue_attributes()
+                .queue_url(url)
+                .attributes(QueueAttributeName::MaximumMessageSize, limit.to_string())
+                .send()
+                .await
+                .unwrap();
+        }
+        let body = format!(r#"{{"id":"big","pad":"{}"}}"#, "x".repeat(len - 21));
+        assert_eq!(body.len(), len);
+        sqs.send_message()
+            .queue_url(&q.queue_url)
+            .message_body(&body)
+            .message_attributes("kind", string_attr("big"))
             .send()
             .await
             .unwrap();
-    }
-    let body = format!(r#"{{"id":"big","pad":"{}"}}"#, "x".repeat(262_080 - 21));
-    assert_eq!(body.len(), 262_080);
-    sqs.send_message()
-        .queue_url(&q.queue_url)
-        .message_body(&body)
-        .message_attributes("kind", string_attr("big"))
-        .send()
-        .await
-        .unwrap();
-    let long_reason: &'static str = Box::leak("insufficient funds; ".repeat(200).into_boxed_str());
-    poll_until_empty(&sqs, &ddb, &q, "json:/id", always_permanent(long_reason)).await;
-    let parked = drain(&sqs, &q.dlq_url).await;
-    assert_eq!(parked.len(), 1, "not parked");
-    assert_eq!(parked[0].body(), Some(body.as_str()), "body altered");
-    let attrs = parked[0].message_attributes().unwrap();
-    assert_eq!(attrs["kind"].string_value(), Some("big"));
-    let size: usize = body.len()
-        + attrs
-            .iter()
-            .map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len))
-            .sum::<usize>();
-    assert!(size <= limit, "{size} > {limit}");
-    if let Some(reason) = attrs.get("sqs_once_reason") {
-        let reason = reason.string_value().unwrap();
-        assert!(
-            reason.starts_with("handler failed permanently: insufficient funds"),
-            "{reason}"
-        );
-        assert!(reason.len() < long_reason.len(), "reason not shortened");
+        poll_until_empty(&sqs, &ddb, &q, "json:/id", always_permanent(long_reason)).await;
+        let parked = drain(&sqs, &q.dlq_url).await;
+        assert_eq!(parked.len(), 1, "{len}: not parked");
+        assert_eq!(parked[0].body(), Some(body.as_str()), "{len}: body altered");
+        let attrs = parked[0].message_attributes().unwrap();
+        assert_eq!(attrs["kind"].string_value(), Some("big"));
+        let size: usize = body.len()
+            + attrs
+                .iter()
+                .map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len))
+                .sum::<usize>();
+        assert!(size <= limit, "{len}: {size} > {limit}");
+        let reason = attrs
+            .get("sqs_once_reason")
+            .map(|r| r.string_value().unwrap());
+        match (reason, reason_fits) {
+            (Some(reason), true) => {
+                assert!(
+                    reason.starts_with("handler failed permanently: insufficient funds"),
+                    "{reason}"
+                );
+                assert!(reason.len() < long_reason.len(), "reason not shortened");
+            }
+            (None, false) => {}
+            (reason, _) => panic!("{len}: reason {reason:?}"),
+        }
     }
 }
 
@@ -628,4 +640,85 @@ async fn messages_a_long_poll_takes_after_shutdown_are_given_back_at_once() {
     let got = drain(&plain, &q.queue_url).await;
     assert_eq!(got.len(), 1, "the message was left invisible: {stats:?}");
     assert_eq!(got[0].body(), Some("late"));
+}
+
+/// Review finding: the next message of a lane was taken out of the keeper's
+/// set when it started, before anything had extended it, and the heartbeat's
+/// first beat came after the queue's visibility timeout: it was handed to the
+/// other poller while this one applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_heartbeat() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    // Visibility 5 s; a 3 s message, then an 8 s one whose first heartbeat
+    // comes 4 s after it starts (7 s after the receive).
+    let q = queue_pair(&sqs, true, 5, 3).await;
+    let table = dedup_table(&ddb).await;
+    let entries: Vec<_> = [("a", 3u64), ("b", 8)]
+        .iter()
+        .map(|(id, secs)| {
+            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(*id)
+                .message_body(format!(r#"{{"id":"{id}","secs":{secs}}}"#))
+                .message_group_id("g")
+                .message_deduplication_id(*id)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    sqs.send_message_batch()
+        .queue_url(&q.queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .unwrap();
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handler = {
+        let runs = runs.clone();
+        handler_fn(move |m: Message, _ctx| {
+            let runs = runs.clone();
+            async move {
+                #[derive(serde::Deserialize)]
+                struct E {
+                    id: String,
+                    secs: u64,
+                }
+                let e: E = m.json().map_err(HandlerError::permanent)?;
+                runs.lock().unwrap().push(e.id);
+                tokio::time::sleep(Duration::from_secs(e.secs)).await;
+                Ok(None)
+            }
+        })
+    };
+    let mut pc = ProcessorConfig::new("late-start");
+    pc.key_source = "json:/id".parse().unwrap();
+    pc.lease = Duration::from_secs(10);
+    pc.heartbeat = Duration::from_secs(4);
+    let shutdown = CancellationToken::new();
+    let mut pollers = Vec::new();
+    for _ in 0..2 {
+        let store = DynamoStore::new(ddb.clone(), table.clone());
+        let processor = Processor::new(store, handler.clone(), pc.clone()).unwrap();
+        let mut config = PollerConfig::new(&q.queue_url);
+        config.dlq_url = Some(q.dlq_url.clone());
+        config.wait_time = Duration::from_secs(1);
+        config.batch_wait = Duration::from_millis(50);
+        pollers.push(tokio::spawn(sqs_once::poller::run(
+            sqs.clone(),
+            processor,
+            config,
+            shutdown.clone(),
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while depth(&sqs, &q.queue_url).await > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    let mut received = 0;
+    for p in pollers {
+        received += p.await.unwrap().received;
+    }
+    assert_eq!(*runs.lock().unwrap(), ["a", "b"], "each ran once, in order");
+    assert_eq!(received, 2, "a message was handed out again while held");
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
 }
