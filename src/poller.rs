@@ -256,8 +256,8 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
         }
     }
 
-    /// Every heartbeat, extends the visibility of the lane's waiting messages
-    /// by the lease (as the running one's is), and notes until when they are
+    /// Every heartbeat, extends the visibility of the lane's waiting messages,
+    /// with the running one's, by the lease, and notes until when they are
     /// invisible. Never returns.
     async fn keep_waiting_invisible(&self, waiting: &Waiting) {
         let config = self.processor.config();
@@ -268,7 +268,11 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
             if w.messages.is_empty() {
                 continue;
             }
-            let messages: Vec<Message> = w.messages.iter().cloned().collect();
+            // The running message too, and in one call: the waiting ones must
+            // never stay invisible longer than the one before them (a queue
+            // that re-opens a group whenever one of its messages reappears
+            // would otherwise hand out a later message first after a crash).
+            let messages: Vec<Message> = w.running.iter().chain(&w.messages).cloned().collect();
             let sent = tokio::time::Instant::now();
             if crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &messages, config.lease)
                 .await
@@ -337,6 +341,8 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
 /// clock, all of them are known to stay invisible.
 struct Pending {
     messages: std::collections::VecDeque<Message>,
+    /// The lane's running message, extended with the waiting ones.
+    running: Option<Message>,
     invisible_until: tokio::time::Instant,
 }
 
@@ -354,6 +360,7 @@ async fn run_lane<S: DedupStore, H: Handler>(
 ) {
     let waiting: Waiting = tokio::sync::Mutex::new(Pending {
         messages: lane.into(),
+        running: None,
         // Received with the lease as their visibility timeout.
         invisible_until: received_at + shared.processor.config().lease,
     });
@@ -365,7 +372,9 @@ async fn run_lane<S: DedupStore, H: Handler>(
                 if shared.stop.is_cancelled() {
                     None
                 } else {
-                    w.messages.pop_front().map(|m| (m, w.invisible_until))
+                    let next = w.messages.pop_front();
+                    w.running.clone_from(&next);
+                    next.map(|m| (m, w.invisible_until))
                 }
             };
             let Some((m, invisible_until)) = next else {
@@ -374,6 +383,7 @@ async fn run_lane<S: DedupStore, H: Handler>(
             shared.cover_until_first_beat(&m, invisible_until).await;
             let first = fifo.then(|| m.clone());
             let failed = shared.handle(m).await;
+            waiting.lock().await.running = None;
             permits.pop();
             if let (Some(delay), Some(first)) = (failed, first) {
                 hold = delay;
