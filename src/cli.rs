@@ -137,6 +137,12 @@ impl RuntimeArgs {
                 problem: "SQS long polls wait at most 20s".into(),
             });
         }
+        if q.drain + crate::poller::CLEANUP < q.wait_time {
+            tracing::warn!(
+                drain = ?q.drain, wait = ?q.wait_time,
+                "SQS_ONCE_DRAIN (plus 5 s) is shorter than SQS_ONCE_WAIT: what a long poll open at shutdown takes may be left invisible for the lease (and hold its FIFO groups)"
+            );
+        }
         q.batch_wait = parse_duration("SQS_ONCE_BATCH_WAIT", &self.batch_wait)?;
         let every = parse_duration("SQS_ONCE_METRICS_INTERVAL", &self.metrics_interval)?;
         q.metrics_interval = (!every.is_zero()).then_some(every);
