@@ -456,7 +456,7 @@ pub async fn run<S: DedupStore, H: Handler>(
         let mut lanes: Vec<Vec<Message>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         for m in messages {
-            let lane = if fifo {
+            let lane = if fifo && !crate::mutants::active("fifo-parallel") {
                 m.group_id().unwrap_or_default().to_owned()
             } else {
                 key_source
