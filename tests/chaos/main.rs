@@ -118,8 +118,8 @@ fn modes() -> Vec<Mode> {
     };
     let claim: Vec<_> = CLAIM_ENV.iter().copied().chain(slow).collect();
     vec![
-        mode("fast", Consumer::Ledger, false, 600, vec![], None),
-        mode("claim", Consumer::Ledger, false, 400, claim.clone(), None),
+        mode("fast", Consumer::Ledger, false, 400, vec![], None),
+        mode("claim", Consumer::Ledger, false, 300, claim.clone(), None),
         mode(
             "payments",
             Consumer::Payments,
@@ -128,12 +128,12 @@ fn modes() -> Vec<Mode> {
             CLAIM_ENV[1..].to_vec(),
             None,
         ),
-        mode("lambda", Consumer::Ledger, true, 300, claim, None),
+        mode("lambda", Consumer::Ledger, true, 200, claim, None),
         mode(
             "mutant-lost",
             Consumer::Ledger,
             false,
-            300,
+            200,
             vec![("LEDGER_MUTANT", "delete-first")],
             Some(Expect::Lost),
         ),
@@ -141,7 +141,7 @@ fn modes() -> Vec<Mode> {
             "mutant-doubled",
             Consumer::Ledger,
             false,
-            300,
+            200,
             vec![("SQS_ONCE_DEDUP_KEY", "message-id")],
             Some(Expect::Doubled),
         ),
@@ -149,7 +149,7 @@ fn modes() -> Vec<Mode> {
             "mutant-reordered",
             Consumer::Ledger,
             false,
-            300,
+            200,
             vec![
                 ("SQS_ONCE_MUTANT", "fifo-parallel"),
                 ("LEDGER_WORK", "300ms"),
@@ -388,7 +388,7 @@ fn plan(mode: &Mode) -> workers::Schedule {
             refuse: (15, 30),
             refuse_for: Duration::from_secs(3),
             function_kill: Some((3, 8)),
-            freeze: Some(((8, 16), Duration::from_secs(8))),
+            freeze: Some(((4, 10), Duration::from_secs(8))),
         }
     } else {
         workers::Schedule {
@@ -478,8 +478,16 @@ async fn applications(aws: &Aws, s: &Setup) -> (HashMap<u64, u64>, Vec<String>) 
         for s in seqs {
             *applied.entry(*s).or_default() += 1;
         }
-        if account.starts_with("group-") && seqs.windows(2).any(|w| w[0] >= w[1]) {
-            problems.push(format!("FIFO group {account} applied out of order"));
+        let inversions: Vec<String> = seqs
+            .windows(2)
+            .filter(|w| w[0] > w[1]) // (equal: a double, counted as such)
+            .map(|w| format!("{} before {}", w[0], w[1]))
+            .collect();
+        if account.starts_with("group-") && !inversions.is_empty() {
+            problems.push(format!(
+                "FIFO group {account} applied out of order ({})",
+                inversions.join(", ")
+            ));
         }
     }
     (applied, problems)
