@@ -84,9 +84,10 @@ pub async fn parked(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(Option<u64>, S
     }
 }
 
-/// Dedup records neither `COMPLETED` nor `FAILED`: claims never finished.
-pub async fn unfinished(ddb: &aws_sdk_dynamodb::Client, table: &str) -> u64 {
-    let mut n = 0;
+/// Dedup records neither `COMPLETED` nor `FAILED` (claims never finished), and
+/// records claimed more than once (a claim released, run out or taken over).
+pub async fn records(ddb: &aws_sdk_dynamodb::Client, table: &str) -> (u64, u64) {
+    let (mut unfinished, mut reclaimed) = (0, 0);
     let mut pages = ddb
         .scan()
         .table_name(table)
@@ -98,10 +99,16 @@ pub async fn unfinished(ddb: &aws_sdk_dynamodb::Client, table: &str) -> u64 {
         let item = item.unwrap();
         let status = item.get("status").and_then(|v| v.as_s().ok());
         if !matches!(status.map(String::as_str), Some("COMPLETED" | "FAILED")) {
-            n += 1;
+            unfinished += 1;
         }
+        let attempts: u64 = item
+            .get("attempts")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        reclaimed += u64::from(attempts > 1);
     }
-    n
+    (unfinished, reclaimed)
 }
 
 /// What went wrong, by kind.

@@ -92,7 +92,8 @@ struct Mode {
     name: &'static str,
     consumer: Consumer,
     lambda: bool,
-    quick_events: usize,
+    /// Events at the quick size and at the nightly size (`CHAOS_SIZE=nightly`).
+    events: (usize, usize),
     env: Vec<(&'static str, &'static str)>,
     /// A mutant: the check that must fail.
     expect: Option<Expect>,
@@ -108,32 +109,39 @@ const CLAIM_ENV: &[(&str, &str)] = &[
 
 fn modes() -> Vec<Mode> {
     let slow = [("LEDGER_WORK", "1500ms"), ("LEDGER_SLOW_PERCENT", "30")];
-    let mode = |name, consumer, lambda, quick_events, env: Vec<_>, expect| Mode {
+    let mode = |name, consumer, lambda, events, env: Vec<_>, expect| Mode {
         name,
         consumer,
         lambda,
-        quick_events,
+        events,
         env,
         expect,
     };
     let claim: Vec<_> = CLAIM_ENV.iter().copied().chain(slow).collect();
     vec![
-        mode("fast", Consumer::Ledger, false, 400, vec![], None),
-        mode("claim", Consumer::Ledger, false, 300, claim.clone(), None),
+        mode("fast", Consumer::Ledger, false, (400, 20_000), vec![], None),
+        mode(
+            "claim",
+            Consumer::Ledger,
+            false,
+            (300, 5_000),
+            claim.clone(),
+            None,
+        ),
         mode(
             "payments",
             Consumer::Payments,
             false,
-            300,
+            (200, 5_000),
             CLAIM_ENV[1..].to_vec(),
             None,
         ),
-        mode("lambda", Consumer::Ledger, true, 200, claim, None),
+        mode("lambda", Consumer::Ledger, true, (200, 5_000), claim, None),
         mode(
             "mutant-lost",
             Consumer::Ledger,
             false,
-            200,
+            (200, 200),
             vec![("LEDGER_MUTANT", "delete-first")],
             Some(Expect::Lost),
         ),
@@ -141,7 +149,7 @@ fn modes() -> Vec<Mode> {
             "mutant-doubled",
             Consumer::Ledger,
             false,
-            200,
+            (200, 200),
             vec![("SQS_ONCE_DEDUP_KEY", "message-id")],
             Some(Expect::Doubled),
         ),
@@ -149,7 +157,7 @@ fn modes() -> Vec<Mode> {
             "mutant-reordered",
             Consumer::Ledger,
             false,
-            200,
+            (200, 200),
             vec![
                 ("SQS_ONCE_MUTANT", "fifo-parallel"),
                 ("LEDGER_WORK", "300ms"),
@@ -504,7 +512,15 @@ struct Report {
 
 async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
     let started = Instant::now();
-    let n: usize = env_or("CHAOS_EVENTS", mode.quick_events);
+    let nightly = std::env::var("CHAOS_SIZE").is_ok_and(|v| v == "nightly");
+    let n: usize = env_or(
+        "CHAOS_EVENTS",
+        if nightly {
+            mode.events.1
+        } else {
+            mode.events.0
+        },
+    );
     let pollers: usize = env_or("CHAOS_POLLERS", 4).max(2);
     let groups: usize = env_or("CHAOS_FIFO_GROUPS", 5usize).max(1);
     let mut rng = Rng(env_or("CHAOS_SEED", 0x5EED_u64) | 1);
@@ -547,7 +563,7 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
     violations.extend(problems);
     let verdict = check::judge(&events, &applied, &parked);
     violations.extend(verdict.violations.iter().cloned());
-    let unfinished = check::unfinished(&aws.ddb, &s.dedup).await;
+    let (unfinished, reclaimed) = check::records(&aws.ddb, &s.dedup).await;
     if unfinished > 0 {
         violations.push(format!("{unfinished} dedup record(s) left unfinished"));
     }
@@ -577,6 +593,7 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
         late,
         pollers,
         unfinished,
+        reclaimed,
         overlapping,
         api_lost,
         reordered,
@@ -601,6 +618,7 @@ struct Figures {
     late: u64,
     pollers: usize,
     unfinished: u64,
+    reclaimed: u64,
     overlapping: u64,
     api_lost: u64,
     reordered: u64,
@@ -646,8 +664,8 @@ fn summary(
     format!(
         "chaos {}: {} events ({} standard, {} FIFO in {} groups; {} malformed), {} duplicates ({} immediate, {} late), \
          {processes}, {lost_total} lost responses ({lost_ops}), {} slow responses, {} late requests, \
-         {} refusal windows ({} refused, {} cut connections), {} handler panics{api}; \
-         applied {}, parked {} (malformed {}, valid {}), lost {}, doubled {}, applied and parked {}, \
+         {} refusal windows ({} refused, {} cut connections), {} handler panics{api}, \
+         {} records claimed more than once; applied {}, parked {} (malformed {}, valid {}), lost {}, doubled {}, applied and parked {}, \
          FIFO order violations {}, unfinished records {}, unexpected exits {}; {:.0} s",
         mode.name,
         f.n,
@@ -664,6 +682,7 @@ fn summary(
         get(&faults.refused),
         get(&faults.cut_connections),
         get(&c.panics),
+        f.reclaimed,
         v.applied_once,
         v.parked_malformed + v.parked_valid,
         v.parked_malformed,
@@ -733,6 +752,13 @@ async fn run() -> bool {
         ddb: aws_sdk_dynamodb::Client::new(&sdk),
         endpoint,
     };
+    if !cfg!(feature = "mutants") && wanted.is_none() {
+        println!(
+            "chaos: not run here: every mode and mutant runs with `cargo test --features mutants --test chaos` \
+             (scripts/test, scripts/chaos); CHAOS_MODES=... runs some without the feature"
+        );
+        return true;
+    }
     let mut ok = true;
     for mode in modes() {
         if wanted
@@ -742,8 +768,8 @@ async fn run() -> bool {
             continue;
         }
         if mode.name == "mutant-reordered" && !cfg!(feature = "mutants") {
-            println!("chaos {}: NOT RUN (needs --features mutants)", mode.name);
-            ok &= wanted.is_none();
+            println!("chaos {}: NOT RUN: it needs --features mutants", mode.name);
+            ok = false;
             continue;
         }
         let r = run_mode(&aws, &mode).await;

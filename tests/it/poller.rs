@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sqs_once::config::ProcessorConfig;
 use sqs_once::poller::{PollerConfig, run};
-use sqs_once::{DynamoStore, HandlerError, Message, Processor, handler_fn};
+use sqs_once::{DedupStore, DynamoStore, HandlerError, Message, Processor, handler_fn};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
