@@ -6,6 +6,9 @@
 //! - `fifo-parallel`: the poller runs each FIFO message in its own lane, so a
 //!   group's messages run at once instead of in order.
 
+/// Whether this build has the mutants in it (the `mutants` feature).
+pub const COMPILED: bool = cfg!(feature = "mutants");
+
 /// Whether the mutant `name` is switched on by `SQS_ONCE_MUTANT`.
 #[cfg(feature = "mutants")]
 pub fn active(name: &str) -> bool {

@@ -70,6 +70,12 @@ impl Handler for DeleteFirst {
 async fn main() -> ExitCode {
     sqs_once::cli::init_logging();
     let args = Args::parse();
+    if std::env::var_os("SQS_ONCE_MUTANT").is_some() && !sqs_once::mutants::COMPILED {
+        eprintln!(
+            "SQS_ONCE_MUTANT is set but this build has no mutants (build with --features mutants); not started"
+        );
+        return ExitCode::from(2);
+    }
     let work = match sqs_once::config::parse_duration("LEDGER_WORK", &args.work) {
         Ok(w) => w,
         Err(e) => {

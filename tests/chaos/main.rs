@@ -456,6 +456,22 @@ async fn drained(aws: &Aws, s: &Setup, deadline: Instant) -> bool {
     false
 }
 
+/// What the dedup record of FIFO event `seq` says (attempts, last error): a
+/// clue to why it was applied late.
+async fn record_of(aws: &Aws, s: &Setup, seq: u64) -> String {
+    use sqs_once::DedupStore;
+    let store = sqs_once::DynamoStore::new(aws.ddb.clone(), s.dedup.clone());
+    let pk = sqs_once::key::record_key(consumer_name(true), &format!("evt-{seq}"));
+    match store.get(&pk).await {
+        Ok(Some(r)) => format!(
+            " [{} attempts, last error {:?}]",
+            r.attempts,
+            r.error.unwrap_or_default()
+        ),
+        _ => String::new(),
+    }
+}
+
 /// How many times each seq was applied, and FIFO order or bookkeeping
 /// violations, from the ledger tables (or the payment API's charges: the
 /// amount is the seq + 1).
@@ -486,11 +502,20 @@ async fn applications(aws: &Aws, s: &Setup) -> (HashMap<u64, u64>, Vec<String>) 
         for s in seqs {
             *applied.entry(*s).or_default() += 1;
         }
-        let inversions: Vec<String> = seqs
-            .windows(2)
-            .filter(|w| w[0] > w[1]) // (equal: a double, counted as such)
-            .map(|w| format!("{} before {}", w[0], w[1]))
-            .collect();
+        // A seq applied again is a double (counted as such), not a reorder.
+        let mut seen = std::collections::HashSet::new();
+        let mut inversions = Vec::new();
+        for w in seqs.windows(2) {
+            seen.insert(w[0]);
+            if w[0] > w[1] && !seen.contains(&w[1]) {
+                inversions.push(format!(
+                    "{} before {}{}",
+                    w[0],
+                    w[1],
+                    record_of(aws, s, w[1]).await
+                ));
+            }
+        }
         if account.starts_with("group-") && !inversions.is_empty() {
             problems.push(format!(
                 "FIFO group {account} applied out of order ({})",
