@@ -57,7 +57,7 @@ const SQS_ONCE: &str = env!("CARGO_BIN_EXE_sqs-once");
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -65,11 +65,11 @@ impl Rng {
     }
 
     fn chance(&mut self, p: f64) -> bool {
-        (self.next() % 1_000_000) as f64 / 1_000_000.0 < p
+        (self.next_u64() % 1_000_000) as f64 / 1_000_000.0 < p
     }
 
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 }
 
@@ -560,7 +560,7 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
     let workers = workers::Workers::new(slots(mode, &s, &proxy_url, pollers), mode.lambda);
     workers.start_all().await;
     let stop = Arc::new(AtomicBool::new(false));
-    let tasks = workers::schedule(&workers, &faults, plan(mode), rng.next(), &stop);
+    let tasks = workers::schedule(&workers, &faults, plan(mode), rng.next_u64(), &stop);
 
     let (immediate, late) = send_waves(aws, &s, &events, &mut rng).await;
     let deadline = Instant::now() + Duration::from_secs(300 + n as u64 / 5);

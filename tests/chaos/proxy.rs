@@ -51,7 +51,7 @@ impl Faults {
                 .lock()
                 .unwrap()
                 .get_or_insert(Rng(0x9E37_79B9_7F4A_7C15))
-                .next()
+                .next_u64()
                 % 1000
                 < u64::from(p)
     }
