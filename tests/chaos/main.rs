@@ -576,17 +576,64 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
     if !drained {
         violations.push("the queues did not drain before the deadline".to_owned());
     }
+    let k = check_run(aws, &s, &events, &workers, &mut violations).await;
+    let (verdict, reordered) = (&k.verdict, k.reordered);
+    let c = &workers.counts;
+    let figures = Figures {
+        n,
+        groups,
+        malformed: events.iter().filter(|e| !e.valid).count(),
+        immediate,
+        late,
+        pollers,
+        unfinished: k.unfinished,
+        reclaimed: k.reclaimed,
+        overlapping: k.overlapping,
+        api_lost: k.api_lost,
+        reordered,
+        unexpected: k.unexpected,
+        secs: started.elapsed().as_secs_f64(),
+    };
+    let line = summary(mode, &figures, &faults, c, verdict);
+    Report {
+        line,
+        violations,
+        lost: verdict.lost,
+        doubled: verdict.doubled,
+        reordered,
+    }
+}
+
+/// What the checks found beyond the verdict, for the summary.
+struct Checked {
+    verdict: check::Verdict,
+    reordered: u64,
+    unfinished: u64,
+    reclaimed: u64,
+    overlapping: u64,
+    api_lost: u64,
+    unexpected: usize,
+}
+
+/// Runs every check of a finished run, adding what is wrong to `violations`.
+async fn check_run(
+    aws: &Aws,
+    s: &Setup,
+    events: &[Event],
+    workers: &workers::Workers,
+    violations: &mut Vec<String>,
+) -> Checked {
     let mut parked = Vec::new();
     for fifo in [false, true] {
         parked.extend(check::parked(&aws.sqs, &s.queues[&fifo].dlq_url).await);
     }
-    let (applied, problems) = applications(aws, &s).await;
+    let (applied, problems) = applications(aws, s).await;
     let reordered = problems
         .iter()
         .filter(|p| p.contains("out of order"))
         .count() as u64;
     violations.extend(problems);
-    let verdict = check::judge(&events, &applied, &parked);
+    let verdict = check::judge(events, &applied, &parked);
     violations.extend(verdict.violations.iter().cloned());
     let (unfinished, reclaimed) = check::records(&aws.ddb, &s.dedup).await;
     if unfinished > 0 {
@@ -610,28 +657,14 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
             "{overlapping} payment API call(s) started while another with the same key was open"
         ));
     }
-    let figures = Figures {
-        n,
-        groups,
-        malformed: events.iter().filter(|e| !e.valid).count(),
-        immediate,
-        late,
-        pollers,
+    Checked {
+        verdict,
+        reordered,
         unfinished,
         reclaimed,
         overlapping,
         api_lost,
-        reordered,
         unexpected: unexpected.len(),
-        secs: started.elapsed().as_secs_f64(),
-    };
-    let line = summary(mode, &figures, &faults, c, &verdict);
-    Report {
-        line,
-        violations,
-        lost: verdict.lost,
-        doubled: verdict.doubled,
-        reordered,
     }
 }
 
