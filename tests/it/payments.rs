@@ -166,3 +166,37 @@ async fn declined_and_invalid_payments_are_parked_with_the_reason() {
         .unwrap();
     assert_eq!(declined.status, Status::Failed, "kept for inspection");
 }
+
+#[tokio::test]
+async fn the_stub_api_counts_calls_open_at_once_for_one_key() {
+    // The chaos harness relies on it to catch two attempts of one payment at once.
+    let api = StubApi::start_with(crate::common::ApiFaults {
+        hold_max: Duration::from_millis(500),
+        lose_permille: 0,
+    })
+    .await;
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let call = |key: &'static str| {
+        let request = hyper::Request::post(format!("{}/charges", api.url))
+            .header("idempotency-key", key)
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                json!({"customer": "cus_1", "amount_cents": 5}).to_string(),
+            )))
+            .unwrap();
+        client.request(request)
+    };
+    // Every call is held a while (up to 500 ms), so calls made at once overlap.
+    call("k-0").await.unwrap();
+    let (a, b) = tokio::join!(call("k-1"), call("k-1"));
+    assert_eq!(
+        (a.unwrap().status().as_u16(), b.unwrap().status().as_u16()),
+        (200, 200)
+    );
+    let (c, d) = (call("k-2").await.unwrap(), call("k-2").await.unwrap());
+    assert_eq!((c.status().as_u16(), d.status().as_u16()), (200, 200));
+    let state = api.state.lock().unwrap();
+    assert_eq!(state.overlapping, ["k-1"], "only the concurrent pair");
+    assert_eq!(state.charged.len(), 3, "one charge per key");
+}
