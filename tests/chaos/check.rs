@@ -53,7 +53,8 @@ pub async fn ledger(
     out
 }
 
-/// Parked messages as (seq, reason).
+/// Parked messages as (seq, reason). Each is deleted once read: a FIFO DLQ
+/// hands out no more of a group while one of it is in flight.
 pub async fn parked(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(Option<u64>, String)> {
     let mut out = Vec::new();
     loop {
@@ -72,6 +73,29 @@ pub async fn parked(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(Option<u64>, S
         if got.is_empty() {
             return out;
         }
+        let entries = got
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let deleted = sqs
+            .delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            deleted.failed.is_empty(),
+            "DLQ delete failed: {:?}",
+            deleted.failed
+        );
         for m in got {
             let reason = m
                 .message_attributes()
