@@ -39,6 +39,7 @@ pub struct LedgerEvent {
 pub struct LedgerHandler {
     table: String,
     work: std::time::Duration,
+    slow_percent: u8,
     panic_percent: u8,
 }
 
@@ -48,6 +49,7 @@ impl LedgerHandler {
         Self {
             table: table.into(),
             work: std::time::Duration::ZERO,
+            slow_percent: 100,
             panic_percent: 0,
         }
     }
@@ -65,6 +67,19 @@ impl LedgerHandler {
         self.work = work;
         self
     }
+
+    /// Spends the [`with_work`](Self::with_work) time on about `percent` % of
+    /// events only (chosen by event id, the same on every attempt), so events of
+    /// one batch finish in another order than they started.
+    pub fn with_slow_percent(mut self, percent: u8) -> Self {
+        self.slow_percent = percent.min(100);
+        self
+    }
+
+    /// Whether `roll` (a hex digest) falls within `percent` %.
+    fn within(roll: &str, percent: u8) -> bool {
+        u8::from_str_radix(&roll[..2], 16).unwrap_or(255) % 100 < percent
+    }
 }
 
 impl Handler for LedgerHandler {
@@ -77,14 +92,19 @@ impl Handler for LedgerHandler {
         }
         if self.panic_percent > 0 {
             let roll = crate::key::sha256_hex(format!("{}#{}", event.id, ctx.attempt()).as_bytes());
-            if u8::from_str_radix(&roll[..2], 16).unwrap_or(255) % 100 < self.panic_percent {
+            if Self::within(&roll, self.panic_percent) {
                 panic!(
                     "simulated handler bug (LEDGER_PANIC_PERCENT) on {}",
                     event.id
                 );
             }
         }
-        if !self.work.is_zero() {
+        if !self.work.is_zero()
+            && Self::within(
+                &crate::key::sha256_hex(event.id.as_bytes()),
+                self.slow_percent,
+            )
+        {
             tokio::time::sleep(self.work).await;
         }
         let mut update = Update::builder()

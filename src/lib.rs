@@ -52,6 +52,8 @@ pub mod ledger;
 pub mod local_lambda;
 mod message;
 pub mod metrics;
+#[doc(hidden)]
+pub mod mutants;
 pub mod ops;
 pub mod payments;
 pub mod poller;

@@ -409,7 +409,7 @@ pub async fn run_event_source(
     let mut idle_since = tokio::time::Instant::now();
     loop {
         let wait = exit_when_idle.clamp(Duration::from_secs(1), Duration::from_secs(20));
-        let messages = sqs
+        let received = sqs
             .receive_message()
             .queue_url(queue_url)
             .max_number_of_messages(batch_size.clamp(1, 10))
@@ -417,10 +417,17 @@ pub async fn run_event_source(
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
-            .await
-            .map_err(|e| format!("receive failed: {}", DisplayErrorContext(e)))?
-            .messages
-            .unwrap_or_default();
+            .await;
+        // Like Lambda's event source mapping, it does not give up on a failed
+        // call: it tries again (a lost delete brings the records back).
+        let messages = match received {
+            Ok(out) => out.messages.unwrap_or_default(),
+            Err(e) => {
+                warn!(error = %DisplayErrorContext(e), "receive failed; trying again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         if messages.is_empty() {
             if idle_since.elapsed() >= exit_when_idle {
                 return Ok(stats);
@@ -451,13 +458,19 @@ pub async fn run_event_source(
             let entries = crate::sqs::delete_entries(
                 done.iter().map(|m| m.receipt_handle().unwrap_or_default()),
             );
-            let out = sqs
+            let deleted = sqs
                 .delete_message_batch()
                 .queue_url(queue_url)
                 .set_entries(Some(entries))
                 .send()
-                .await
-                .map_err(|e| format!("delete failed: {}", DisplayErrorContext(e)))?;
+                .await;
+            let out = match deleted {
+                Ok(out) => out,
+                Err(e) => {
+                    warn!(error = %DisplayErrorContext(e), "delete failed; the records come back");
+                    continue;
+                }
+            };
             stats.deleted += (done.len() - out.failed.len()) as u64;
             for f in out.failed {
                 warn!(

@@ -647,7 +647,11 @@ pub async fn run<S: DedupStore, H: Handler>(
         // the first copy and is skipped instead of found in flight.
         let fifo = config.is_fifo();
         let keys = &shared.processor.config().key_source;
-        let lanes = crate::lanes::split(messages, |m| crate::lanes::lane_of(m, fifo, keys));
+        // (The `fifo-parallel` mutant, for the chaos harness only, runs a
+        // FIFO group's messages in parallel.)
+        let laned_by_group = fifo && !crate::mutants::active("fifo-parallel");
+        let lanes =
+            crate::lanes::split(messages, |m| crate::lanes::lane_of(m, laned_by_group, keys));
         for lane in lanes {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             tracker.spawn(run_lane(shared.clone(), lane, permits, fifo, received_at));

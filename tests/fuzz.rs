@@ -1,6 +1,8 @@
 //! Property tests of the input side: arbitrary bodies, attributes, keys and SQS
-//! event records never panic, and every message ends processed, retried or
-//! parked with a reason. In memory (no LocalStack): these are about parsing.
+//! event records never panic; every message ends completed, duplicate or
+//! parked exactly as its key and body decide (an oracle written apart from the
+//! processor), and a Lambda batch lists exactly its failing records. In memory
+//! (no LocalStack): these are about parsing.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -8,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 use sqs_once::config::ProcessorConfig;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
-use sqs_once::ledger::LedgerHandler;
+use sqs_once::ledger::{LedgerEvent, LedgerHandler};
 use sqs_once::{KeySource, MemoryStore, Message, Outcome, Processor};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -77,6 +79,35 @@ fn message() -> impl Strategy<Value = Message> {
         })
 }
 
+/// What the processor must answer for a message, decided independently of it:
+/// no key is a permanent failure naming the key problem; a completed key is a
+/// duplicate; otherwise a ledger event with an account completes and anything
+/// else is a permanent failure saying it is not a ledger event.
+#[derive(Debug, PartialEq, Eq)]
+enum Expected {
+    Completed,
+    Duplicate,
+    Park(String),
+}
+
+fn expected(
+    source: &KeySource,
+    m: &Message,
+    completed: &std::collections::HashSet<String>,
+) -> Expected {
+    let key = match source.extract(m) {
+        Ok(key) => key,
+        Err(e) => return Expected::Park(e.to_string()),
+    };
+    if completed.contains(&key) {
+        return Expected::Duplicate;
+    }
+    match serde_json::from_str::<LedgerEvent>(m.body()) {
+        Ok(e) if !e.account.is_empty() => Expected::Completed,
+        _ => Expected::Park("not a ledger event".into()),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -101,21 +132,28 @@ proptest! {
     }
 
     #[test]
-    fn every_message_is_processed_retried_or_parked_with_a_reason(
+    fn every_message_ends_as_its_key_and_body_decide(
         source in key_source(),
         messages in prop::collection::vec(message(), 1..6),
     ) {
         let mut config = ProcessorConfig::new("fuzz");
-        config.key_source = source;
+        config.key_source = source.clone();
         let p = Processor::new(MemoryStore::default(), LedgerHandler::new("ledger"), config).unwrap();
+        let mut completed = std::collections::HashSet::new();
         runtime().block_on(async {
             for m in messages {
-                match p.process(m).await {
-                    Outcome::Completed { .. } | Outcome::Duplicate { .. } => {}
-                    Outcome::Park { reason } | Outcome::Retry { reason, .. } => {
-                        prop_assert!(!reason.is_empty())
+                let want = expected(&source, &m, &completed);
+                let got = p.process(m.clone()).await;
+                match (&want, &got) {
+                    (Expected::Completed, Outcome::Completed { .. })
+                    | (Expected::Duplicate, Outcome::Duplicate { .. }) => {}
+                    (Expected::Park(why), Outcome::Park { reason }) => {
+                        prop_assert!(reason.contains(why.as_str()), "{reason:?} does not say {why:?}");
                     }
-                    Outcome::InFlight { retry_after } => prop_assert!(retry_after > Duration::ZERO),
+                    _ => prop_assert!(false, "{m:?}: expected {want:?}, got {got:?}"),
+                }
+                if want == Expected::Completed {
+                    completed.insert(source.extract(&m).unwrap());
                 }
             }
             Ok(())
@@ -166,8 +204,45 @@ proptest! {
         match answer {
             Ok(response) => {
                 prop_assert!(all_identified, "a record without messageId must fail the invocation");
-                for f in &response.batch_item_failures {
-                    prop_assert!(ids.contains_key(&f.item_identifier), "listed a record not in the batch");
+                let listed: std::collections::BTreeSet<&str> = response
+                    .batch_item_failures
+                    .iter()
+                    .map(|f| f.item_identifier.as_str())
+                    .collect();
+                for id in &listed {
+                    prop_assert!(ids.contains_key(*id), "listed a record not in the batch");
+                }
+                // Records whose outcome their own body decides (a unique id and
+                // key, a text body, text attributes): listed exactly when they
+                // fail (no DLQ here, so a permanent failure is listed too).
+                let source: KeySource = "json:/id".parse().unwrap();
+                let keys: Vec<Option<String>> = records
+                    .iter()
+                    .map(|(id, body, _)| {
+                        let text = body.as_str()?;
+                        source.extract(&Message::new(id.clone().unwrap_or_default(), text)).ok()
+                    })
+                    .collect();
+                for (i, (id, body, attrs)) in records.iter().enumerate() {
+                    let (Some(id), Some(text)) = (id, body.as_str()) else { continue };
+                    if !attrs.values().all(serde_json::Value::is_string) {
+                        continue; // malformed attributes: may fail, on its own
+                    }
+                    let shared_key = keys[i].is_some()
+                        && keys.iter().filter(|k| **k == keys[i]).count() > 1;
+                    if ids[id] > 1 || shared_key {
+                        continue;
+                    }
+                    let fails = matches!(
+                        expected(&source, &Message::new(id.clone(), text), &Default::default()),
+                        Expected::Park(_)
+                    );
+                    prop_assert_eq!(
+                        listed.contains(id.as_str()),
+                        fails,
+                        "record {} with body {:?}: failed {}, listed {}",
+                        id, text, fails, listed.contains(id.as_str())
+                    );
                 }
             }
             Err(e) => {

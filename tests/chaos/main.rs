@@ -1,54 +1,63 @@
-//! The chaos harness: ledger events with duplicates through real `ledger`
-//! pollers while faults are injected, then a check of the whole history.
+//! The chaos harness: events with duplicates (and some malformed ones) through
+//! the real binaries while faults are injected, then a check of the whole
+//! history. It runs several modes, one after the other (`CHAOS_MODES`, a comma
+//! list; default all of them):
 //!
-//! Against LocalStack on this machine it sends `CHAOS_EVENTS` events (default
-//! 2,000; half to a standard queue, half to a FIFO queue) of which
-//! `CHAOS_DUPLICATES` (default 0.3) are sent again, some right away and some
-//! later (after every original is sent, plus `CHAOS_LATE_SECS`); runs
-//! `CHAOS_POLLERS` `ledger` processes (default 4, half per queue; FIFO events in
-//! `CHAOS_FIFO_GROUPS` message groups, default 5) whose AWS
-//! traffic goes through a fault-injecting HTTP proxy; and on a schedule:
-//! SIGKILLs and restarts a poller, SIGTERMs and restarts one, loses responses
-//! after the request committed, delays responses past the SDK's 5 s attempt
-//! timeout, refuses connections for 3 s, and lets handlers panic on 1% of
-//! attempts. When both queues are drained it checks: every event applied exactly
-//! once (its `seq` appears once in its account's `applied_seq`, balances equal the
-//! sums), none lost (applied, or parked in the DLQ with a reason), FIFO order
-//! kept within each group, and no record left short of `COMPLETED`. It prints one
-//! line of figures and fails on any violation.
+//! - `fast`: `ledger` pollers on the one-transaction fast path.
+//! - `claim`: `ledger` pollers on the claim path (`SQS_ONCE_FAST_PATH=false`)
+//!   with handler work above the heartbeat on 30% of events, so leases are
+//!   extended, lost (a DynamoDB response held past the lease) and taken over.
+//! - `payments`: `payments` pollers against a stub payment API that honours
+//!   idempotency keys, holds calls and loses responses after charging; checked
+//!   for one charge per payment and never two open calls for one key.
+//! - `lambda`: the `ledger` function behind `sqs-once local-lambda` (the local
+//!   Runtime API as the event source), the function SIGKILLed mid-batch and
+//!   frozen past its timeout so invocations time out.
+//! - `mutant-lost`, `mutant-doubled`, `mutant-reordered`: the fast mode with a
+//!   deliberate bug (a delete before the effect, a dedup key re-sent events do
+//!   not share, FIFO messages run in parallel); each must FAIL with the right
+//!   check, or the harness fails. `mutant-reordered` needs `--features mutants`.
 //!
-//! `cargo test` runs the quick size; `scripts/chaos` runs the nightly size.
-//! `CHAOS_DEDUP_KEY=message-id` (a key re-sent events do not share) must make
-//! it fail with doubled events: the check of the checker.
+//! Each mode sends `CHAOS_EVENTS` events (default: a quick size per mode; half
+//! to a standard queue, half to a FIFO queue in `CHAOS_FIFO_GROUPS` groups,
+//! default 5; every 50th malformed), of which `CHAOS_DUPLICATES` (0.3) are sent
+//! again, half at once and half `CHAOS_LATE_SECS` later. AWS traffic goes through
+//! a fault-injecting proxy (lost responses after writes, slow responses, late
+//! requests, refused and cut connections); processes are SIGKILLed and
+//! SIGTERMed on their own clocks; handlers panic on 1% of attempts. When both
+//! queues are drained it checks: every valid event applied exactly once and
+//! never parked, every malformed one parked with a reason and never applied,
+//! FIFO order kept within each group, no dedup record left unfinished, no
+//! process exited on its own or uncleanly after SIGTERM. One line of figures per
+//! mode; the binary fails on any violation (or on a mutant not caught).
 
-use std::collections::{BTreeMap, HashMap};
-use std::process::Stdio;
+mod check;
+mod proxy;
+mod workers;
+
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::Mutex;
 
 #[path = "../support/mod.rs"]
 mod support;
+use support::payments_api::{ApiFaults, StubApi};
 use support::{depth, env_or};
 
 const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
+const PAYMENTS: &str = env!("CARGO_BIN_EXE_payments");
+const SQS_ONCE: &str = env!("CARGO_BIN_EXE_sqs-once");
 
 /// A small deterministic generator (xorshift64*), so a run can be repeated.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -56,228 +65,171 @@ impl Rng {
     }
 
     fn chance(&mut self, p: f64) -> bool {
-        (self.next() % 1_000_000) as f64 / 1_000_000.0 < p
+        (self.next_u64() % 1_000_000) as f64 / 1_000_000.0 < p
     }
 
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-// ---------------------------------------------------------------- the proxy
-
-/// Faults the proxy injects, and how many it did.
-#[derive(Default)]
-struct Faults {
-    /// Per mille of write responses lost after the write was applied.
-    lose_permille: AtomicU32,
-    /// Per mille of DynamoDB responses held past the client's timeout.
-    slow_permille: AtomicU32,
-    /// Refuse every new connection while set.
-    refusing: AtomicBool,
-    lost: AtomicU64,
-    slowed: AtomicU64,
-    refused: AtomicU64,
-    rng: std::sync::Mutex<Option<Rng>>,
-}
-
-impl Faults {
-    fn roll(&self, permille: &AtomicU32) -> bool {
-        let p = permille.load(Ordering::Relaxed);
-        p > 0
-            && self
-                .rng
-                .lock()
-                .unwrap()
-                .get_or_insert(Rng(0x9E37_79B9_7F4A_7C15))
-                .next()
-                % 1000
-                < u64::from(p)
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 }
 
-/// Writes whose response may be lost after they were applied.
-const LOSABLE: &[&str] = &[
-    "DynamoDB_20120810.UpdateItem",
-    "DynamoDB_20120810.TransactWriteItems",
-    "AmazonSQS.DeleteMessageBatch",
-    "AmazonSQS.ChangeMessageVisibility",
-    "AmazonSQS.SendMessage",
+// ------------------------------------------------------------------ modes
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Consumer {
+    Ledger,
+    Payments,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Lost,
+    Doubled,
+    Reordered,
+}
+
+struct Mode {
+    name: &'static str,
+    consumer: Consumer,
+    lambda: bool,
+    /// Events at the quick size and at the nightly size (`CHAOS_SIZE=nightly`).
+    events: (usize, usize),
+    env: Vec<(&'static str, &'static str)>,
+    /// A mutant: the check that must fail.
+    expect: Option<Expect>,
+}
+
+/// Lease and heartbeat for the claim path: handler work (1.5 s) outlasts the
+/// heartbeat, and a held DynamoDB response (6 s) outlasts the lease.
+const CLAIM_ENV: &[(&str, &str)] = &[
+    ("SQS_ONCE_FAST_PATH", "false"),
+    ("SQS_ONCE_LEASE", "4s"),
+    ("SQS_ONCE_HEARTBEAT", "1s"),
 ];
 
-/// An HTTP proxy in front of LocalStack that injects [`Faults`].
-async fn proxy(upstream: String, faults: Arc<Faults>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let client: HttpClient<HttpConnector, Full<Bytes>> =
-        HttpClient::builder(TokioExecutor::new()).build_http();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            if faults.refusing.load(Ordering::Relaxed) {
-                faults.refused.fetch_add(1, Ordering::Relaxed);
-                drop(stream);
-                continue;
-            }
-            let (client, upstream, faults) = (client.clone(), upstream.clone(), faults.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    forward(req, client.clone(), upstream.clone(), faults.clone())
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
+fn modes() -> Vec<Mode> {
+    let slow = [("LEDGER_WORK", "1500ms"), ("LEDGER_SLOW_PERCENT", "30")];
+    let mode = |name, consumer, lambda, events, env: Vec<_>, expect| Mode {
+        name,
+        consumer,
+        lambda,
+        events,
+        env,
+        expect,
+    };
+    let claim: Vec<_> = CLAIM_ENV.iter().copied().chain(slow).collect();
+    vec![
+        mode("fast", Consumer::Ledger, false, (400, 20_000), vec![], None),
+        mode(
+            "claim",
+            Consumer::Ledger,
+            false,
+            (300, 5_000),
+            claim.clone(),
+            None,
+        ),
+        mode(
+            "payments",
+            Consumer::Payments,
+            false,
+            (200, 5_000),
+            CLAIM_ENV[1..].to_vec(),
+            None,
+        ),
+        mode("lambda", Consumer::Ledger, true, (200, 5_000), claim, None),
+        mode(
+            "mutant-lost",
+            Consumer::Ledger,
+            false,
+            (200, 200),
+            vec![("LEDGER_MUTANT", "delete-first")],
+            Some(Expect::Lost),
+        ),
+        mode(
+            "mutant-doubled",
+            Consumer::Ledger,
+            false,
+            (200, 200),
+            vec![("SQS_ONCE_DEDUP_KEY", "message-id")],
+            Some(Expect::Doubled),
+        ),
+        mode(
+            "mutant-reordered",
+            Consumer::Ledger,
+            false,
+            (200, 200),
+            vec![
+                ("SQS_ONCE_MUTANT", "fifo-parallel"),
+                ("LEDGER_WORK", "300ms"),
+                ("LEDGER_SLOW_PERCENT", "30"),
+            ],
+            Some(Expect::Reordered),
+        ),
+    ]
 }
 
-#[derive(Debug)]
-struct Dropped;
-
-impl std::fmt::Display for Dropped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("response dropped by the chaos proxy")
-    }
-}
-
-impl std::error::Error for Dropped {}
-
-async fn forward(
-    req: hyper::Request<hyper::body::Incoming>,
-    client: HttpClient<HttpConnector, Full<Bytes>>,
-    upstream: String,
-    faults: Arc<Faults>,
-) -> Result<hyper::Response<Full<Bytes>>, Dropped> {
-    let target = req
-        .headers()
-        .get("x-amz-target")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
-    let uri = format!(
-        "{upstream}{}",
-        parts.uri.path_and_query().map_or("/", |p| p.as_str())
-    );
-    let mut out = hyper::Request::builder().method(parts.method).uri(uri);
-    for (k, v) in &parts.headers {
-        if k != hyper::header::HOST {
-            out = out.header(k, v);
-        }
-    }
-    let out = out.body(Full::new(body)).map_err(|_| Dropped)?;
-    let response = client.request(out).await.map_err(|_| Dropped)?;
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
-    if LOSABLE.contains(&target.as_str()) && faults.roll(&faults.lose_permille) {
-        // Applied upstream; the client sees the connection close instead.
-        faults.lost.fetch_add(1, Ordering::Relaxed);
-        return Err(Dropped);
-    }
-    if target.starts_with("DynamoDB_") && faults.roll(&faults.slow_permille) {
-        faults.slowed.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_secs(6)).await;
-    }
-    Ok(hyper::Response::from_parts(parts, Full::new(body)))
-}
-
-// -------------------------------------------------------------- the pollers
-
-struct Pollers {
-    children: Vec<Option<tokio::process::Child>>,
-    started: Vec<Instant>,
-    envs: Vec<Vec<(String, String)>>,
-    panics: Arc<AtomicU64>,
-}
-
-impl Pollers {
-    fn spawn(&mut self, i: usize) {
-        let mut c = tokio::process::Command::new(LEDGER);
-        c.envs(self.envs[i].iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = c.spawn().expect("start ledger");
-        let stderr = child.stderr.take().unwrap();
-        let panics = self.panics.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("handler panicked") {
-                    panics.fetch_add(1, Ordering::Relaxed);
-                } else if line.contains("ERROR") && std::env::var_os("CHAOS_VERBOSE").is_some() {
-                    eprintln!("{line}");
-                }
-            }
-        });
-        self.children[i] = Some(child);
-        self.started[i] = Instant::now();
-    }
-
-    async fn kill(&mut self, i: usize) {
-        if let Some(mut c) = self.children[i].take() {
-            let _ = c.kill().await;
-        }
-        self.spawn(i);
-    }
-
-    /// SIGTERM, wait for the drain, restart. False when it did not exit 0 in 30 s.
-    async fn terminate(&mut self, i: usize) -> bool {
-        // A signal that arrives before a process has installed any handler kills
-        // it whatever the program does: give a just-(re)started poller 2 s.
-        let settled = self.started[i] + Duration::from_secs(2);
-        tokio::time::sleep_until(settled.into()).await;
-        let mut clean = true;
-        if let Some(mut c) = self.children[i].take() {
-            if let Some(pid) = c.id() {
-                let _ = std::process::Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status();
-            }
-            let exited = tokio::time::timeout(Duration::from_secs(30), c.wait()).await;
-            clean = matches!(exited, Ok(Ok(s)) if s.success());
-            if !clean {
-                eprintln!("chaos: a poller did not exit 0 within 30 s of SIGTERM: {exited:?}");
-                let _ = c.kill().await;
-            }
-        }
-        self.spawn(i);
-        clean
-    }
-
-    async fn stop_all(&mut self) {
-        for c in self.children.iter_mut() {
-            if let Some(c) = c.as_mut()
-                && let Some(pid) = c.id()
-            {
-                let _ = std::process::Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status();
-            }
-        }
-        for c in self.children.iter_mut() {
-            if let Some(mut c) = c.take() {
-                let _ = tokio::time::timeout(Duration::from_secs(30), c.wait()).await;
-                let _ = c.kill().await;
-            }
-        }
-    }
-}
-
-// ------------------------------------------------------------------ the run
+// ----------------------------------------------------------------- events
 
 #[derive(Clone)]
-struct Event {
-    seq: u64,
-    account: String,
-    amount: i64,
-    fifo: bool,
-    body: String,
+pub struct Event {
+    pub seq: u64,
+    pub account: String,
+    pub amount: i64,
+    pub fifo: bool,
+    pub valid: bool,
+    pub body: String,
+}
+
+/// Events: the first half for the standard queue (7 accounts), the second for
+/// the FIFO queue (`groups` groups, one account each); every 50th malformed
+/// (one of three ways); every amount distinct.
+fn events(n: usize, groups: usize, consumer: Consumer) -> Vec<Event> {
+    (0..n)
+        .map(|i| {
+            let fifo = i >= n / 2;
+            let account = if fifo {
+                format!("group-{}", i % groups)
+            } else {
+                format!("acct-{}", i % 7)
+            };
+            let amount = i as i64 + 1;
+            let id = format!("evt-{i}");
+            let malformed = (i % 50 == 17).then_some((i / 50) % 3);
+            let body = match (consumer, malformed) {
+                (_, Some(2)) => json!(format!("not JSON: {id}")),
+                (Consumer::Ledger, None) => {
+                    json!({"id": id, "account": account, "amount_cents": amount, "seq": i})
+                }
+                (Consumer::Ledger, Some(0)) => {
+                    json!({"id": id, "account": "", "amount_cents": amount, "seq": i})
+                }
+                (Consumer::Ledger, Some(_)) => {
+                    json!({"id": id, "account": account, "amount_cents": amount, "currency": "EUR"})
+                }
+                (Consumer::Payments, None) => {
+                    json!({"id": id, "customer": account, "amount_cents": amount})
+                }
+                (Consumer::Payments, Some(0)) => {
+                    json!({"id": id, "customer": account, "amount_cents": -amount})
+                }
+                (Consumer::Payments, Some(_)) => {
+                    json!({"id": id, "customer": account, "amount_cents": amount, "seq": i})
+                }
+            };
+            let body = match body {
+                serde_json::Value::String(text) => text,
+                object => object.to_string(),
+            };
+            Event {
+                seq: i as u64,
+                account,
+                amount,
+                fifo,
+                valid: malformed.is_none(),
+                body,
+            }
+        })
+        .collect()
 }
 
 async fn send(sqs: &aws_sdk_sqs::Client, url: &str, fifo: bool, batch: &[&Event]) {
@@ -310,75 +262,500 @@ async fn send(sqs: &aws_sdk_sqs::Client, url: &str, fifo: bool, batch: &[&Event]
     }
 }
 
-/// (account -> (balance, applied_events, applied_seq)) of a ledger table.
-async fn ledger(
-    ddb: &aws_sdk_dynamodb::Client,
-    table: &str,
-) -> BTreeMap<String, (i64, i64, Vec<u64>)> {
-    let mut out = BTreeMap::new();
-    let mut pages = ddb
-        .scan()
-        .table_name(table)
-        .consistent_read(true)
-        .into_paginator()
-        .items()
-        .send();
-    while let Some(item) = pages.next().await {
-        let item = item.unwrap();
-        let n = |k: &str| {
-            item.get(k)
-                .and_then(|v| v.as_n().ok())
-                .map_or(0, |v| v.parse().unwrap())
-        };
-        let seqs = item
-            .get("applied_seq")
-            .and_then(|v| v.as_l().ok())
-            .map(|l| {
-                l.iter()
-                    .map(|v| v.as_n().unwrap().parse().unwrap())
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.insert(
-            item["pk"].as_s().unwrap().clone(),
-            (n("balance_cents"), n("applied_events"), seqs),
-        );
-    }
-    out
+// ------------------------------------------------------------------ a run
+
+struct Aws {
+    sqs: aws_sdk_sqs::Client,
+    ddb: aws_sdk_dynamodb::Client,
+    endpoint: String,
 }
 
-/// Parked messages as (seq, reason).
-async fn parked(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(u64, String)> {
-    let mut out = Vec::new();
-    loop {
-        let got = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .visibility_timeout(300)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            return out;
+/// Queues, tables and the stub API of one mode's run.
+struct Setup {
+    dedup: String,
+    queues: HashMap<bool, sqs_once::setup::QueuePair>,
+    ledgers: HashMap<bool, String>,
+    api: Option<StubApi>,
+}
+
+async fn setup(aws: &Aws, mode: &Mode) -> Setup {
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let dedup = format!("chaos-dedup-{run_id}");
+    sqs_once::setup::ensure_dedup_table(&aws.ddb, &dedup)
+        .await
+        .unwrap();
+    let (mut queues, mut ledgers) = (HashMap::new(), HashMap::new());
+    for fifo in [false, true] {
+        let name = format!("chaos-{run_id}-{}", if fifo { "fifo" } else { "std" });
+        let pair = sqs_once::setup::ensure_queue_with_dlq(
+            &aws.sqs,
+            &name,
+            fifo,
+            Duration::from_secs(10),
+            50,
+        )
+        .await
+        .unwrap();
+        queues.insert(fifo, pair);
+        if mode.consumer == Consumer::Ledger {
+            let table = format!("{name}-ledger");
+            sqs_once::setup::ensure_table(&aws.ddb, &table)
+                .await
+                .unwrap();
+            ledgers.insert(fifo, table);
         }
-        for m in got {
-            let body: serde_json::Value =
-                serde_json::from_str(m.body().unwrap_or("{}")).unwrap_or_default();
-            let reason = m
-                .message_attributes()
-                .and_then(|a| a.get("sqs_once_reason"))
-                .and_then(|v| v.string_value())
-                .unwrap_or("")
-                .to_owned();
-            out.push((body["seq"].as_u64().unwrap_or(u64::MAX), reason));
+    }
+    let api = match mode.consumer {
+        Consumer::Payments => Some(
+            StubApi::start_with(ApiFaults {
+                hold_max: Duration::from_millis(1500),
+                lose_permille: 20,
+            })
+            .await,
+        ),
+        Consumer::Ledger => None,
+    };
+    Setup {
+        dedup,
+        queues,
+        ledgers,
+        api,
+    }
+}
+
+fn consumer_name(fifo: bool) -> &'static str {
+    if fifo { "chaos-fifo" } else { "chaos-std" }
+}
+
+/// The processes of a mode: `pollers` per run, half per queue.
+fn slots(mode: &Mode, s: &Setup, proxy_url: &str, pollers: usize) -> Vec<workers::Slot> {
+    (0..pollers)
+        .map(|i| {
+            let fifo = i % 2 == 1;
+            let q = &s.queues[&fifo];
+            let mut env: Vec<(String, String)> = [
+                ("AWS_ENDPOINT_URL", proxy_url),
+                ("AWS_REGION", "us-east-1"),
+                ("AWS_ACCESS_KEY_ID", "test"),
+                ("AWS_SECRET_ACCESS_KEY", "test"),
+                ("SQS_ONCE_QUEUE_URL", &q.queue_url),
+                ("SQS_ONCE_DLQ_URL", &q.dlq_url),
+                ("SQS_ONCE_TABLE", &s.dedup),
+                ("SQS_ONCE_CONSUMER", consumer_name(fifo)),
+                ("SQS_ONCE_DEDUP_KEY", "json:/id"),
+                ("SQS_ONCE_LEASE", "10s"),
+                ("SQS_ONCE_HEARTBEAT", "3s"),
+                ("SQS_ONCE_BACKOFF", "1s"),
+                ("SQS_ONCE_WAIT", "2s"),
+                ("SQS_ONCE_DRAIN", "5s"),
+                ("SQS_ONCE_BATCH_WAIT", "200ms"),
+                ("SQS_ONCE_METRICS_INTERVAL", "0s"),
+                ("SQS_ONCE_LAMBDA_MARGIN", "2s"),
+                ("LEDGER_PANIC_PERCENT", "1"),
+                ("RUST_LOG", "error,sqs_once::local_lambda=warn"),
+            ]
+            .into_iter()
+            .chain(mode.env.iter().copied())
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+            match (&s.api, s.ledgers.get(&fifo)) {
+                (Some(api), _) => env.push(("PAYMENTS_URL".into(), api.url.clone())),
+                (None, Some(table)) => env.push(("LEDGER_TABLE".into(), table.clone())),
+                (None, None) => unreachable!("a ledger mode has ledger tables"),
+            }
+            let program = if mode.consumer == Consumer::Payments {
+                PAYMENTS
+            } else {
+                LEDGER
+            };
+            if mode.lambda {
+                let args = [
+                    "local-lambda",
+                    "--function",
+                    program,
+                    "--queue-url",
+                    &q.queue_url,
+                ]
+                .into_iter()
+                .chain(["--timeout", "6s", "--exit-when-idle", "3600s"])
+                .map(str::to_owned)
+                .collect();
+                workers::Slot::new(SQS_ONCE, args, env)
+            } else {
+                workers::Slot::new(program, Vec::new(), env)
+            }
+        })
+        .collect()
+}
+
+fn plan(mode: &Mode) -> workers::Schedule {
+    if mode.lambda {
+        workers::Schedule {
+            kill: None,
+            term: None,
+            refuse: (15, 30),
+            refuse_for: Duration::from_secs(3),
+            function_kill: Some((3, 8)),
+            freeze: Some(((4, 10), Duration::from_secs(8))),
+        }
+    } else {
+        workers::Schedule {
+            kill: Some((4, 10)),
+            term: Some((8, 14)),
+            refuse: (15, 30),
+            refuse_for: Duration::from_secs(3),
+            function_kill: None,
+            freeze: None,
         }
     }
 }
+
+/// Sends the first wave (every event, some twice), waits, sends the late copies.
+async fn send_waves(aws: &Aws, s: &Setup, events: &[Event], rng: &mut Rng) -> (u64, u64) {
+    let dup_rate: f64 = env_or("CHAOS_DUPLICATES", 0.3);
+    let late_secs: u64 = env_or("CHAOS_LATE_SECS", 10);
+    let mut first: HashMap<bool, Vec<&Event>> = HashMap::new();
+    let mut late: HashMap<bool, Vec<&Event>> = HashMap::new();
+    let (mut immediate, mut later) = (0, 0);
+    for e in events {
+        first.entry(e.fifo).or_default().push(e);
+        if rng.chance(dup_rate) {
+            if rng.chance(0.5) {
+                first.entry(e.fifo).or_default().push(e);
+                immediate += 1;
+            } else {
+                late.entry(e.fifo).or_default().push(e);
+                later += 1;
+            }
+        }
+    }
+    for fifo in [false, true] {
+        send(&aws.sqs, &s.queues[&fifo].queue_url, fifo, &first[&fifo]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(late_secs)).await;
+    for fifo in [false, true] {
+        if let Some(batch) = late.get(&fifo) {
+            send(&aws.sqs, &s.queues[&fifo].queue_url, fifo, batch).await;
+        }
+    }
+    (immediate, later)
+}
+
+/// Both queues empty on three reads in a row, within the deadline.
+async fn drained(aws: &Aws, s: &Setup, deadline: Instant) -> bool {
+    let mut empty_reads = 0;
+    while Instant::now() < deadline {
+        let total = depth(&aws.sqs, &s.queues[&false].queue_url).await
+            + depth(&aws.sqs, &s.queues[&true].queue_url).await;
+        empty_reads = if total == 0 { empty_reads + 1 } else { 0 };
+        if empty_reads >= 3 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    false
+}
+
+/// What the dedup record of FIFO event `seq` says (attempts, last error): a
+/// clue to why it was applied late.
+async fn record_of(aws: &Aws, s: &Setup, seq: u64) -> String {
+    use sqs_once::DedupStore;
+    let store = sqs_once::DynamoStore::new(aws.ddb.clone(), s.dedup.clone());
+    let pk = sqs_once::key::record_key(consumer_name(true), &format!("evt-{seq}"));
+    match store.get(&pk).await {
+        Ok(Some(r)) => format!(
+            " [{} attempts, last error {:?}]",
+            r.attempts,
+            r.error.unwrap_or_default()
+        ),
+        _ => String::new(),
+    }
+}
+
+/// How many times each seq was applied, and FIFO order or bookkeeping
+/// violations, from the ledger tables (or the payment API's charges: the
+/// amount is the seq + 1).
+async fn applications(aws: &Aws, s: &Setup) -> (HashMap<u64, u64>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut per_account: HashMap<String, Vec<u64>> = HashMap::new();
+    if let Some(api) = &s.api {
+        for (_, body) in api.state.lock().unwrap().charged.iter() {
+            let seq = body["amount_cents"].as_u64().unwrap_or(0).wrapping_sub(1);
+            let customer = body["customer"].as_str().unwrap_or_default().to_owned();
+            per_account.entry(customer).or_default().push(seq);
+        }
+    }
+    for table in s.ledgers.values() {
+        for (account, (balance, count, seqs)) in check::ledger(&aws.ddb, table).await {
+            let sum: i64 = seqs.iter().map(|s| *s as i64 + 1).sum();
+            if count as usize != seqs.len() || balance != sum {
+                problems.push(format!(
+                    "{account}: balance {balance} and applied_events {count} disagree with its {} applied seqs (sum {sum})",
+                    seqs.len()
+                ));
+            }
+            per_account.insert(account, seqs);
+        }
+    }
+    let mut applied: HashMap<u64, u64> = HashMap::new();
+    for (account, seqs) in &per_account {
+        for s in seqs {
+            *applied.entry(*s).or_default() += 1;
+        }
+        // A seq applied again is a double (counted as such), not a reorder.
+        let mut seen = std::collections::HashSet::new();
+        let mut inversions = Vec::new();
+        for w in seqs.windows(2) {
+            seen.insert(w[0]);
+            if w[0] > w[1] && !seen.contains(&w[1]) {
+                inversions.push(format!(
+                    "{} before {}{}",
+                    w[0],
+                    w[1],
+                    record_of(aws, s, w[1]).await
+                ));
+            }
+        }
+        if account.starts_with("group-") && !inversions.is_empty() {
+            problems.push(format!(
+                "FIFO group {account} applied out of order ({})",
+                inversions.join(", ")
+            ));
+        }
+    }
+    (applied, problems)
+}
+
+/// One mode's outcome.
+struct Report {
+    line: String,
+    violations: Vec<String>,
+    lost: u64,
+    doubled: u64,
+    reordered: u64,
+}
+
+async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
+    let started = Instant::now();
+    let nightly = std::env::var("CHAOS_SIZE").is_ok_and(|v| v == "nightly");
+    let n: usize = env_or(
+        "CHAOS_EVENTS",
+        if nightly {
+            mode.events.1
+        } else {
+            mode.events.0
+        },
+    );
+    let pollers: usize = env_or("CHAOS_POLLERS", 4).max(2);
+    let groups: usize = env_or("CHAOS_FIFO_GROUPS", 5usize).max(1);
+    let mut rng = Rng(env_or("CHAOS_SEED", 0x5EED_u64) | 1);
+    let s = setup(aws, mode).await;
+    let events = events(n, groups, mode.consumer);
+
+    let faults = Arc::new(proxy::Faults::default());
+    faults.lose_permille.store(20, Ordering::Relaxed);
+    faults.slow_permille.store(3, Ordering::Relaxed);
+    faults.late_permille.store(3, Ordering::Relaxed);
+    let proxy_url = proxy::start(aws.endpoint.clone(), faults.clone()).await;
+    let workers = workers::Workers::new(slots(mode, &s, &proxy_url, pollers), mode.lambda);
+    workers.start_all().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = workers::schedule(&workers, &faults, plan(mode), rng.next_u64(), &stop);
+
+    let (immediate, late) = send_waves(aws, &s, &events, &mut rng).await;
+    let deadline = Instant::now() + Duration::from_secs(300 + n as u64 / 5);
+    let drained = drained(aws, &s, deadline).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    faults.accept();
+    workers.stop_all().await;
+
+    let mut violations = Vec::new();
+    if !drained {
+        violations.push("the queues did not drain before the deadline".to_owned());
+    }
+    let k = check_run(aws, &s, &events, &workers, &mut violations).await;
+    let (verdict, reordered) = (&k.verdict, k.reordered);
+    let c = &workers.counts;
+    let figures = Figures {
+        n,
+        groups,
+        malformed: events.iter().filter(|e| !e.valid).count(),
+        immediate,
+        late,
+        pollers,
+        unfinished: k.unfinished,
+        reclaimed: k.reclaimed,
+        overlapping: k.overlapping,
+        api_lost: k.api_lost,
+        reordered,
+        unexpected: k.unexpected,
+        secs: started.elapsed().as_secs_f64(),
+    };
+    let line = summary(mode, &figures, &faults, c, verdict);
+    Report {
+        line,
+        violations,
+        lost: verdict.lost,
+        doubled: verdict.doubled,
+        reordered,
+    }
+}
+
+/// What the checks found beyond the verdict, for the summary.
+struct Checked {
+    verdict: check::Verdict,
+    reordered: u64,
+    unfinished: u64,
+    reclaimed: u64,
+    overlapping: u64,
+    api_lost: u64,
+    unexpected: usize,
+}
+
+/// Runs every check of a finished run, adding what is wrong to `violations`.
+async fn check_run(
+    aws: &Aws,
+    s: &Setup,
+    events: &[Event],
+    workers: &workers::Workers,
+    violations: &mut Vec<String>,
+) -> Checked {
+    let mut parked = Vec::new();
+    for fifo in [false, true] {
+        parked.extend(check::parked(&aws.sqs, &s.queues[&fifo].dlq_url).await);
+    }
+    let (applied, problems) = applications(aws, s).await;
+    let reordered = problems
+        .iter()
+        .filter(|p| p.contains("out of order"))
+        .count() as u64;
+    violations.extend(problems);
+    let verdict = check::judge(events, &applied, &parked);
+    violations.extend(verdict.violations.iter().cloned());
+    let (unfinished, reclaimed) = check::records(&aws.ddb, &s.dedup).await;
+    if unfinished > 0 {
+        violations.push(format!("{unfinished} dedup record(s) left unfinished"));
+    }
+    let c = &workers.counts;
+    let unclean = c.unclean_terms.load(Ordering::Relaxed);
+    if unclean > 0 {
+        violations.push(format!(
+            "{unclean} process(es) did not exit 0 after SIGTERM"
+        ));
+    }
+    let unexpected = c.unexpected_exits.lock().unwrap().clone();
+    violations.extend(unexpected.iter().cloned());
+    let (overlapping, api_lost) = s.api.as_ref().map_or((0, 0), |api| {
+        let a = api.state.lock().unwrap();
+        (a.overlapping.len() as u64, a.lost_responses)
+    });
+    if overlapping > 0 {
+        violations.push(format!(
+            "{overlapping} payment API call(s) started while another with the same key was open"
+        ));
+    }
+    Checked {
+        verdict,
+        reordered,
+        unfinished,
+        reclaimed,
+        overlapping,
+        api_lost,
+        unexpected: unexpected.len(),
+    }
+}
+
+struct Figures {
+    n: usize,
+    groups: usize,
+    malformed: usize,
+    immediate: u64,
+    late: u64,
+    pollers: usize,
+    unfinished: u64,
+    reclaimed: u64,
+    overlapping: u64,
+    api_lost: u64,
+    reordered: u64,
+    unexpected: usize,
+    secs: f64,
+}
+
+fn summary(
+    mode: &Mode,
+    f: &Figures,
+    faults: &proxy::Faults,
+    c: &workers::Counts,
+    v: &check::Verdict,
+) -> String {
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (lost_total, lost_ops) = faults.lost_summary();
+    let processes = if mode.lambda {
+        format!(
+            "{} event sources; faults: {} function SIGKILLs, {} function freezes ({} invocations timed out)",
+            f.pollers,
+            get(&c.function_kills),
+            get(&c.freezes),
+            get(&c.timeouts)
+        )
+    } else {
+        format!(
+            "{} pollers; faults: {} SIGKILL ({} during another's drain, {} during a refusal), {} SIGTERM",
+            f.pollers,
+            get(&c.kills),
+            get(&c.kills_during_drain),
+            get(&c.kills_during_refusal),
+            get(&c.terms)
+        )
+    };
+    let api = if mode.consumer == Consumer::Payments {
+        format!(
+            ", {} API responses lost after charging, {} overlapping calls for one key",
+            f.api_lost, f.overlapping
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "chaos {}: {} events ({} standard, {} FIFO in {} groups; {} malformed), {} duplicates ({} immediate, {} late), \
+         {processes}, {lost_total} lost responses ({lost_ops}), {} slow responses, {} late requests, \
+         {} refusal windows ({} refused, {} cut connections), {} handler panics{api}, \
+         {} records claimed more than once; applied {}, parked {} (malformed {}, valid {}), lost {}, doubled {}, applied and parked {}, \
+         FIFO order violations {}, unfinished records {}, unexpected exits {}; {:.0} s",
+        mode.name,
+        f.n,
+        f.n / 2,
+        f.n - f.n / 2,
+        f.groups,
+        f.malformed,
+        f.immediate + f.late,
+        f.immediate,
+        f.late,
+        get(&faults.slowed),
+        get(&faults.late),
+        get(&c.refusals),
+        get(&faults.refused),
+        get(&faults.cut_connections),
+        get(&c.panics),
+        f.reclaimed,
+        v.applied_once,
+        v.parked_malformed + v.parked_valid,
+        v.parked_malformed,
+        v.parked_valid,
+        v.lost,
+        v.doubled,
+        v.applied_and_parked,
+        f.reordered,
+        f.unfinished,
+        f.unexpected,
+        f.secs,
+    )
+}
+
+// ------------------------------------------------------------------- main
 
 fn skip_for_filter() -> bool {
     // `cargo test <filter>` passes the filter to every test binary: run only
@@ -399,24 +776,25 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let ok = runtime.block_on(run());
-    if !ok {
+    if !runtime.block_on(run()) {
         std::process::exit(1);
     }
 }
 
-async fn run() -> bool {
-    let started = Instant::now();
-    let events_n: usize = env_or("CHAOS_EVENTS", 2000);
-    let dup_rate: f64 = env_or("CHAOS_DUPLICATES", 0.3);
-    let pollers_n: usize = env_or("CHAOS_POLLERS", 4).max(2);
-    let late_secs: u64 = env_or("CHAOS_LATE_SECS", 10);
-    let fifo_groups: usize = env_or("CHAOS_FIFO_GROUPS", 5usize).max(1);
-    // `message-id` here shows the checker catching doubles (re-sent events get
-    // new message ids).
-    let dedup_key: String = env_or("CHAOS_DEDUP_KEY", "json:/id".to_owned());
-    let mut rng = Rng(env_or("CHAOS_SEED", 0x5EED_u64) | 1);
+/// Whether a mutant's run failed with the check it must fail.
+fn caught(expect: Expect, r: &Report) -> bool {
+    !r.violations.is_empty()
+        && match expect {
+            Expect::Lost => r.lost > 0,
+            Expect::Doubled => r.doubled > 0,
+            Expect::Reordered => r.reordered > 0,
+        }
+}
 
+async fn run() -> bool {
+    let wanted: Option<Vec<String>> = std::env::var("CHAOS_MODES")
+        .ok()
+        .map(|m| m.split(',').map(|s| s.trim().to_owned()).collect());
     let endpoint =
         std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into());
     let sdk = aws_config::defaults(BehaviorVersion::latest())
@@ -427,293 +805,46 @@ async fn run() -> bool {
         ))
         .load()
         .await;
-    let (sqs, ddb) = (
-        aws_sdk_sqs::Client::new(&sdk),
-        aws_sdk_dynamodb::Client::new(&sdk),
-    );
-    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let dedup = format!("chaos-dedup-{run_id}");
-    sqs_once::setup::ensure_dedup_table(&ddb, &dedup)
-        .await
-        .unwrap();
-    let mut queues = HashMap::new();
-    let mut ledgers = HashMap::new();
-    for fifo in [false, true] {
-        let name = format!("chaos-{run_id}-{}", if fifo { "fifo" } else { "std" });
-        let pair =
-            sqs_once::setup::ensure_queue_with_dlq(&sqs, &name, fifo, Duration::from_secs(10), 50)
-                .await
-                .unwrap();
-        queues.insert(fifo, pair);
-        let table = format!("{name}-ledger");
-        sqs_once::setup::ensure_table(&ddb, &table).await.unwrap();
-        ledgers.insert(fifo, table);
-    }
-
-    // Events: the first half to the standard queue (7 accounts), the second to
-    // the FIFO queue (CHAOS_FIFO_GROUPS groups, default 5, one account each).
-    let events: Vec<Event> = (0..events_n)
-        .map(|i| {
-            let fifo = i >= events_n / 2;
-            let account = if fifo {
-                format!("group-{}", i % fifo_groups)
-            } else {
-                format!("acct-{}", i % 7)
-            };
-            let amount = (i as i64 * 7919) % 1000 + 1;
-            let body = json!({"id": format!("evt-{i}"), "account": account, "amount_cents": amount, "seq": i}).to_string();
-            Event {
-                seq: i as u64,
-                account,
-                amount,
-                fifo,
-                body,
-            }
-        })
-        .collect();
-    let mut first_wave: HashMap<bool, Vec<&Event>> = HashMap::new();
-    let mut late_wave: HashMap<bool, Vec<&Event>> = HashMap::new();
-    let (mut immediate, mut late) = (0, 0);
-    for e in &events {
-        first_wave.entry(e.fifo).or_default().push(e);
-        if rng.chance(dup_rate) {
-            if rng.chance(0.5) {
-                first_wave.entry(e.fifo).or_default().push(e);
-                immediate += 1;
-            } else {
-                late_wave.entry(e.fifo).or_default().push(e);
-                late += 1;
-            }
-        }
-    }
-
-    let faults = Arc::new(Faults::default());
-    let proxy_url = proxy(endpoint.clone(), faults.clone()).await;
-    let panics = Arc::new(AtomicU64::new(0));
-    let mut pollers = Pollers {
-        children: Vec::new(),
-        started: Vec::new(),
-        envs: Vec::new(),
-        panics: panics.clone(),
+    let aws = Aws {
+        sqs: aws_sdk_sqs::Client::new(&sdk),
+        ddb: aws_sdk_dynamodb::Client::new(&sdk),
+        endpoint,
     };
-    for i in 0..pollers_n {
-        let fifo = i % 2 == 1;
-        let q = &queues[&fifo];
-        let env: Vec<(String, String)> = [
-            ("AWS_ENDPOINT_URL", proxy_url.as_str()),
-            ("AWS_REGION", "us-east-1"),
-            ("AWS_ACCESS_KEY_ID", "test"),
-            ("AWS_SECRET_ACCESS_KEY", "test"),
-            ("SQS_ONCE_QUEUE_URL", &q.queue_url),
-            ("SQS_ONCE_DLQ_URL", &q.dlq_url),
-            ("SQS_ONCE_TABLE", &dedup),
-            (
-                "SQS_ONCE_CONSUMER",
-                if fifo { "chaos-fifo" } else { "chaos-std" },
-            ),
-            ("SQS_ONCE_DEDUP_KEY", dedup_key.as_str()),
-            ("SQS_ONCE_LEASE", "10s"),
-            ("SQS_ONCE_HEARTBEAT", "3s"),
-            ("SQS_ONCE_BACKOFF", "1s"),
-            ("SQS_ONCE_WAIT", "2s"),
-            ("SQS_ONCE_DRAIN", "5s"),
-            ("SQS_ONCE_BATCH_WAIT", "200ms"),
-            ("SQS_ONCE_METRICS_INTERVAL", "0s"),
-            ("LEDGER_TABLE", &ledgers[&fifo]),
-            ("LEDGER_PANIC_PERCENT", "1"),
-            ("RUST_LOG", "error"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        pollers.envs.push(env);
-        pollers.children.push(None);
-        pollers.started.push(Instant::now());
-        pollers.spawn(i);
+    if !cfg!(feature = "mutants") && wanted.is_none() {
+        println!(
+            "chaos: not run here: every mode and mutant runs with `cargo test --features mutants --test chaos` \
+             (scripts/test, scripts/chaos); CHAOS_MODES=... runs some without the feature"
+        );
+        return true;
     }
-    let pollers = Arc::new(Mutex::new(pollers));
-
-    // Faults on a schedule until the queues drain.
-    faults.lose_permille.store(20, Ordering::Relaxed);
-    faults.slow_permille.store(3, Ordering::Relaxed);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (kills, terms) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let unclean_stops = Arc::new(AtomicU64::new(0));
-    let scheduler = {
-        let (pollers, faults, stop) = (pollers.clone(), faults.clone(), stop.clone());
-        let (kills, terms, unclean) = (kills.clone(), terms.clone(), unclean_stops.clone());
-        let mut rng = Rng(rng.next() | 1);
-        tokio::spawn(async move {
-            let mut tick = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                tick += 1;
-                if tick.is_multiple_of(7) {
-                    let i = rng.below(pollers_n);
-                    pollers.lock().await.kill(i).await;
-                    kills.fetch_add(1, Ordering::Relaxed);
-                }
-                if tick.is_multiple_of(11) {
-                    let i = rng.below(pollers_n);
-                    if !pollers.lock().await.terminate(i).await {
-                        unclean.fetch_add(1, Ordering::Relaxed);
-                    }
-                    terms.fetch_add(1, Ordering::Relaxed);
-                }
-                if tick % 30 == 15 {
-                    faults.refusing.store(true, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                    faults.refusing.store(false, Ordering::Relaxed);
-                }
-            }
-        })
-    };
-
-    for fifo in [false, true] {
-        send(&sqs, &queues[&fifo].queue_url, fifo, &first_wave[&fifo]).await;
-    }
-    tokio::time::sleep(Duration::from_secs(late_secs)).await;
-    for fifo in [false, true] {
-        if let Some(batch) = late_wave.get(&fifo) {
-            send(&sqs, &queues[&fifo].queue_url, fifo, batch).await;
-        }
-    }
-
-    // Drained: both queues empty on three reads in a row, within the deadline.
-    let deadline = Instant::now() + Duration::from_secs(300 + events_n as u64 / 5);
-    let mut empty_reads = 0;
-    let mut drained = false;
-    while Instant::now() < deadline {
-        let total = depth(&sqs, &queues[&false].queue_url).await
-            + depth(&sqs, &queues[&true].queue_url).await;
-        empty_reads = if total == 0 { empty_reads + 1 } else { 0 };
-        if empty_reads >= 3 {
-            drained = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    let _ = scheduler.await;
-    faults.refusing.store(false, Ordering::Relaxed);
-    pollers.lock().await.stop_all().await;
-
-    // The checker.
-    let mut violations = Vec::new();
-    let unclean = unclean_stops.load(Ordering::Relaxed);
-    if unclean > 0 {
-        violations.push(format!("{unclean} poller(s) did not exit 0 after SIGTERM"));
-    }
-    if !drained {
-        violations.push("the queues did not drain before the deadline".to_owned());
-    }
-    let mut parked_seqs = HashMap::new();
-    for fifo in [false, true] {
-        for (seq, reason) in parked(&sqs, &queues[&fifo].dlq_url).await {
-            if reason.is_empty() {
-                violations.push(format!("event {seq} parked without a reason"));
-            }
-            parked_seqs.insert(seq, reason);
-        }
-    }
-    let mut applied_count: HashMap<u64, u64> = HashMap::new();
-    let mut order_violations = 0;
-    let mut books: BTreeMap<String, (i64, i64, Vec<u64>)> = BTreeMap::new();
-    for fifo in [false, true] {
-        for (account, (balance, applied, seqs)) in ledger(&ddb, &ledgers[&fifo]).await {
-            if fifo && seqs.windows(2).any(|w| w[0] >= w[1]) {
-                order_violations += 1;
-                violations.push(format!("group {account} applied out of order"));
-            }
-            if applied as usize != seqs.len() {
-                violations.push(format!(
-                    "{account}: applied_events {applied} but {} seqs",
-                    seqs.len()
-                ));
-            }
-            for s in &seqs {
-                *applied_count.entry(*s).or_default() += 1;
-            }
-            books.insert(account, (balance, applied, seqs));
-        }
-    }
-    let mut expected: BTreeMap<&str, i64> = BTreeMap::new();
-    let (mut lost, mut doubled, mut applied_once) = (0u64, 0u64, 0u64);
-    for e in &events {
-        match applied_count.get(&e.seq).copied().unwrap_or(0) {
-            0 if parked_seqs.contains_key(&e.seq) => {}
-            0 => lost += 1,
-            1 => {
-                applied_once += 1;
-                *expected.entry(&e.account).or_default() += e.amount;
-            }
-            n => {
-                doubled += n - 1;
-                *expected.entry(&e.account).or_default() += e.amount;
-            }
-        }
-    }
-    for (account, want) in &expected {
-        let got = books.get(*account).map_or(0, |b| b.0);
-        if got != *want && doubled == 0 {
-            violations.push(format!("{account}: balance {got}, expected {want}"));
-        }
-    }
-    if lost > 0 {
-        violations.push(format!("{lost} event(s) lost"));
-    }
-    if doubled > 0 {
-        violations.push(format!("{doubled} event(s) applied more than once"));
-    }
-    let mut not_completed = 0;
-    let mut pages = ddb
-        .scan()
-        .table_name(&dedup)
-        .consistent_read(true)
-        .into_paginator()
-        .items()
-        .send();
-    while let Some(item) = pages.next().await {
-        let item = item.unwrap();
-        if item
-            .get("status")
-            .and_then(|v| v.as_s().ok())
-            .map(String::as_str)
-            != Some("COMPLETED")
+    let mut ok = true;
+    for mode in modes() {
+        if wanted
+            .as_ref()
+            .is_some_and(|w| !w.iter().any(|m| m == mode.name))
         {
-            not_completed += 1;
+            continue;
+        }
+        if mode.name == "mutant-reordered" && !cfg!(feature = "mutants") {
+            println!("chaos {}: NOT RUN: it needs --features mutants", mode.name);
+            ok = false;
+            continue;
+        }
+        let r = run_mode(&aws, &mode).await;
+        println!("{}", r.line);
+        for v in &r.violations {
+            println!("  VIOLATION: {v}");
+        }
+        match mode.expect {
+            None => ok &= r.violations.is_empty(),
+            Some(expect) if caught(expect, &r) => {
+                println!("chaos {}: caught (the run failed as it must)", mode.name)
+            }
+            Some(_) => {
+                println!("chaos {}: NOT CAUGHT by the check it must fail", mode.name);
+                ok = false;
+            }
         }
     }
-    // A parked event may leave a FAILED record; anything else short of
-    // COMPLETED is a claim that was never finished.
-    if not_completed > parked_seqs.len() {
-        violations.push(format!(
-            "{not_completed} dedup record(s) left short of COMPLETED"
-        ));
-    }
-
-    println!(
-        "chaos: {} events ({} standard, {} FIFO), {} duplicates ({immediate} immediate, {late} late), {} pollers; \
-         faults: {} SIGKILL, {} SIGTERM, {} lost responses, {} slow responses, {} refused connections, {} handler panics; \
-         applied {applied_once}, parked {}, lost {lost}, doubled {doubled}, FIFO order violations {order_violations}, \
-         unfinished records {}; {:.0} s",
-        events_n,
-        events_n / 2,
-        events_n - events_n / 2,
-        immediate + late,
-        pollers_n,
-        kills.load(Ordering::Relaxed),
-        terms.load(Ordering::Relaxed),
-        faults.lost.load(Ordering::Relaxed),
-        faults.slowed.load(Ordering::Relaxed),
-        faults.refused.load(Ordering::Relaxed),
-        panics.load(Ordering::Relaxed),
-        parked_seqs.len(),
-        not_completed.saturating_sub(parked_seqs.len()),
-        started.elapsed().as_secs_f64(),
-    );
-    for v in &violations {
-        println!("VIOLATION: {v}");
-    }
-    violations.is_empty()
+    ok
 }

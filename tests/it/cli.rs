@@ -218,8 +218,10 @@ async fn forget_refuses_a_live_claim_unless_forced() {
     assert_eq!(store.get(&pk).await.unwrap(), None);
 }
 
-async fn bodies(sqs: &aws_sdk_sqs::Client, url: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+/// Every message body in the queue, sorted, copies kept (a set would hide a
+/// message moved twice).
+async fn bodies(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<String> {
+    let mut out = Vec::new();
     loop {
         let got = sqs
             .receive_message()
@@ -233,6 +235,7 @@ async fn bodies(sqs: &aws_sdk_sqs::Client, url: &str) -> BTreeSet<String> {
             .messages
             .unwrap_or_default();
         if got.is_empty() {
+            out.sort();
             return out;
         }
         out.extend(got.into_iter().map(|m| m.body.unwrap_or_default()));
@@ -314,8 +317,8 @@ async fn redrive_moves_messages_back_and_loses_none() {
     assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
     assert_eq!(
         bodies(&sqs, &q.queue_url).await,
-        sent,
-        "every message, once"
+        sent.iter().cloned().collect::<Vec<_>>(),
+        "every message, exactly once"
     );
 }
 
@@ -773,6 +776,8 @@ async fn redrive_moves_messages_whose_total_is_over_one_batchs_limit() {
     assert!(r.ok, "{}", r.stderr);
     assert!(r.stdout.contains("moved 5 message(s)"), "{}", r.stdout);
     assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
+    // Each once: a sorted list, not a set, so a duplicate shows.
+    let sent: Vec<String> = sent.into_iter().collect();
     assert_eq!(bodies(&sqs, &q.queue_url).await, sent);
 }
 

@@ -2,6 +2,7 @@
 
 #[path = "../support/mod.rs"]
 mod support;
+pub use support::payments_api::{ApiFaults, StubApi};
 pub use support::{depth, ledger_rows, send_all, unique};
 
 use std::process::Stdio;

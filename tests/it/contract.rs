@@ -206,34 +206,72 @@ pub async fn same_key_different_payload_is_reported<S: DedupStore>(
 
 pub async fn retry_with_same_token_after_commit_is_idempotent<S: DedupStore>(
     store: &S,
-    _clock: &ManualClock,
+    clock: &ManualClock,
 ) {
     // What a caller whose response was lost does: send the same request again.
+    // Each repeat answers as the first did and leaves the record as it was.
     let a = req("c#again", "body");
     assert_eq!(
         store.claim(&a).await.unwrap(),
         Claim::Acquired { attempt: 1 }
     );
+    let claimed = store.get(&a.pk).await.unwrap().unwrap();
+    // Time passes between a request and its repeat: a repeat that acted anew
+    // would show in the timestamps.
+    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store.claim(&a).await.unwrap(),
         Claim::Acquired { attempt: 1 }
+    );
+    let again = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!(again.status, Status::InProgress);
+    assert_eq!(again.attempts, 1, "a repeated claim is not a new attempt");
+    assert_eq!(again.owner.as_deref(), Some(a.owner.as_str()));
+    assert_eq!(
+        again.claimed_at_ms, claimed.claimed_at_ms,
+        "not claimed anew"
     );
     store
         .extend_lease(&a.pk, &a.owner, LEASE, TTL)
         .await
         .unwrap();
-    store.complete(completion(&a, None)).await.unwrap();
-    store.complete(completion(&a, None)).await.unwrap();
+    let result = serde_json::json!({"charge": "ch_1"});
+    store
+        .complete(completion(&a, Some(result.clone())))
+        .await
+        .unwrap();
+    let completed = store.get(&a.pk).await.unwrap().unwrap();
+    clock.advance(Duration::from_secs(1));
+    store
+        .complete(completion(&a, Some(result.clone())))
+        .await
+        .unwrap();
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Completed);
+    assert_eq!(rec.attempts, 1);
+    assert_eq!(rec.result, Some(StoredResult::Value(result)));
+    assert_eq!(
+        rec.completed_at_ms, completed.completed_at_ms,
+        "the repeat did not complete it a second time"
+    );
+
     let b = req("c#again-failed", "body");
     store.claim(&b).await.unwrap();
     store
         .mark_failed(&b.pk, &b.owner, "bad", TTL)
         .await
         .unwrap();
+    let failed = store.get(&b.pk).await.unwrap().unwrap();
+    clock.advance(Duration::from_secs(1));
     store
         .mark_failed(&b.pk, &b.owner, "bad", TTL)
         .await
         .unwrap();
+    let rec = store.get(&b.pk).await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Failed);
+    assert_eq!(rec.attempts, 1);
+    assert_eq!(rec.error.as_deref(), Some("bad"));
+    assert_eq!(rec.expires_at_s, failed.expires_at_s);
 }
 
 pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(

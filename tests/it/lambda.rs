@@ -428,10 +428,15 @@ async fn lease_ends_by_the_deadline_and_a_late_handler_is_interrupted_and_releas
         .await
         .unwrap()
         .unwrap();
+    // Released, not merely run out: a lease that ran out would still end at
+    // the time the handler saw; a release moves it back and records why.
     assert!(
-        record.claimable(now_ms()),
-        "the claim was released: {record:?}"
+        record.lease_until_ms < lease,
+        "the claim was released before its lease ran out (lease {lease}): {record:?}"
     );
+    assert_eq!(record.status, sqs_once::Status::InProgress, "{record:?}");
+    assert!(record.error.is_some(), "the release says why: {record:?}");
+    assert!(record.claimable(now_ms()), "{record:?}");
 }
 
 fn now_ms() -> i64 {

@@ -1,117 +1,16 @@
-//! The external-effect example: the real `payments` binary against a stub
-//! payment API that honours `Idempotency-Key` (as Stripe does) and counts
-//! requests and charges.
+//! The external-effect example: the real `payments` binary against the stub
+//! payment API of `tests/support/payments_api.rs`, which honours
+//! `Idempotency-Key` (as Stripe does) and counts requests and charges.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use serde_json::{Value, json};
+use serde_json::json;
 use sqs_once::{DedupStore, DynamoStore, Status, StoredResult};
 
-use crate::common::{Ledger, ddb, depth, run_until_drained_with, send_all, sqs};
+use crate::common::{Ledger, StubApi, ddb, depth, run_until_drained_with, send_all, sqs};
 
 const PAYMENTS: &str = env!("CARGO_BIN_EXE_payments");
-
-#[derive(Default)]
-struct Api {
-    /// Every request: (idempotency key, body).
-    requests: Vec<(String, Value)>,
-    /// Responses by idempotency key, with the body that made them.
-    by_key: HashMap<String, (Value, Value)>,
-    /// Charges made.
-    charges: u64,
-}
-
-/// A payment API on 127.0.0.1: `POST /charges` charges once per idempotency
-/// key; a repeated key with the same body gets the first response, with another
-/// body a 422; customer `cus_declined` gets a 402, `cus_verbose` a 400 with a
-/// 1 MB body.
-struct StubApi {
-    url: String,
-    state: Arc<Mutex<Api>>,
-}
-
-impl StubApi {
-    async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let state: Arc<Mutex<Api>> = Default::default();
-        let s = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let s = s.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| charge(req, s.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Self { url, state }
-    }
-
-    fn requests(&self) -> Vec<(String, Value)> {
-        self.state.lock().unwrap().requests.clone()
-    }
-
-    fn charges(&self) -> u64 {
-        self.state.lock().unwrap().charges
-    }
-}
-
-async fn charge(
-    req: hyper::Request<hyper::body::Incoming>,
-    state: Arc<Mutex<Api>>,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
-    let reply = |status: u16, body: Value| {
-        let mut r = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
-        *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-        Ok(r)
-    };
-    if req.uri().path() != "/charges" || req.method() != hyper::Method::POST {
-        return reply(404, json!({"error": "not found"}));
-    }
-    let key = req
-        .headers()
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let body: Value =
-        serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    let Some(key) = key else {
-        return reply(400, json!({"error": "Idempotency-Key required"}));
-    };
-    let mut api = state.lock().unwrap();
-    api.requests.push((key.clone(), body.clone()));
-    if body["customer"] == "cus_declined" {
-        return reply(402, json!({"error": "card_declined"}));
-    }
-    if body["customer"] == "cus_verbose" {
-        // A 1 MB error answer with a forged log line in it.
-        let noise = format!(
-            "\n2026-01-01T00:00:00Z  INFO all good{}",
-            "x".repeat(1 << 20)
-        );
-        return reply(400, json!({"error": noise}));
-    }
-    if let Some((first_body, response)) = api.by_key.get(&key) {
-        if *first_body != body {
-            return reply(422, json!({"error": "key reused with other parameters"}));
-        }
-        return reply(200, response.clone());
-    }
-    api.charges += 1;
-    let response =
-        json!({"charge_id": format!("ch_{}", api.charges), "amount_cents": body["amount_cents"]});
-    api.by_key.insert(key, (body, response.clone()));
-    reply(200, response)
-}
 
 fn payment(id: &str, amount: i64) -> String {
     payment_by(id, "cus_1", amount)
@@ -269,35 +168,35 @@ async fn declined_and_invalid_payments_are_parked_with_the_reason() {
 }
 
 #[tokio::test]
-async fn a_huge_api_answer_is_parked_with_a_bounded_reason() {
-    let (sqs, ddb) = (sqs().await, ddb().await);
-    let api = StubApi::start().await;
-    let l = Ledger::new(&sqs, &ddb).await;
-    let env = [("PAYMENTS_URL", api.url.as_str())];
-    send_all(
-        &sqs,
-        &l.queues.queue_url,
-        &[payment_by("pay-v", "cus_verbose", 100)],
-    )
+async fn the_stub_api_counts_calls_open_at_once_for_one_key() {
+    // The chaos harness relies on it to catch two attempts of one payment at once.
+    let api = StubApi::start_with(crate::common::ApiFaults {
+        hold_max: Duration::from_millis(500),
+        lose_permille: 0,
+    })
     .await;
-    run_until_drained_with(&l, &sqs, 1, PAYMENTS, &env).await;
-
-    let parked = crate::common::bodies_with_reasons(&sqs, &l.queues.dlq_url).await;
-    assert_eq!(parked.len(), 1, "{parked:?}");
-    let reason = &parked[0].1;
-    assert!(
-        reason.contains("400") && reason.contains("(cut; over 65536 bytes)"),
-        "{reason}"
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let call = |key: &'static str| {
+        let request = hyper::Request::post(format!("{}/charges", api.url))
+            .header("idempotency-key", key)
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                json!({"customer": "cus_1", "amount_cents": 5}).to_string(),
+            )))
+            .unwrap();
+        client.request(request)
+    };
+    // Every call is held a while (up to 500 ms), so calls made at once overlap.
+    call("k-0").await.unwrap();
+    let (a, b) = tokio::join!(call("k-1"), call("k-1"));
+    assert_eq!(
+        (a.unwrap().status().as_u16(), b.unwrap().status().as_u16()),
+        (200, 200)
     );
-    assert!(reason.len() < 1024, "bounded: {} bytes", reason.len());
-    let record = DynamoStore::new(ddb.clone(), l.dedup.clone())
-        .get(&sqs_once::key::record_key("ledger", "pay-v"))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        record.error.as_deref().is_some_and(|e| e.len() < 1024),
-        "the record's error is bounded: {:?}",
-        record.error.map(|e| e.len())
-    );
+    let (c, d) = (call("k-2").await.unwrap(), call("k-2").await.unwrap());
+    assert_eq!((c.status().as_u16(), d.status().as_u16()), (200, 200));
+    let state = api.state.lock().unwrap();
+    assert_eq!(state.overlapping, ["k-1"], "only the concurrent pair");
+    assert_eq!(state.charged.len(), 3, "one charge per key");
 }

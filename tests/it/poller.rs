@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sqs_once::config::ProcessorConfig;
 use sqs_once::poller::{PollerConfig, run};
-use sqs_once::{DynamoStore, HandlerError, Message, Processor, handler_fn};
+use sqs_once::{DedupStore, DynamoStore, HandlerError, Message, Processor, handler_fn};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
@@ -219,13 +219,55 @@ async fn sigterm_past_the_drain_deadline_releases_unfinished_work() {
     ];
     let stats = stop_mid_work(&l, &ddb, &env, Duration::from_secs(10)).await;
     assert_eq!(stats["completed"], 0, "{stats}");
-    assert!(
-        stats["retried"].as_u64().unwrap() >= 1,
-        "interrupted work is given back: {stats}"
+    let retried = stats["retried"].as_u64().unwrap();
+    assert!(retried >= 1, "interrupted work is given back: {stats}");
+    // Released, not left to expire: every claim the poller held has its lease
+    // end moved to the past (the lease is 60 s) with the reason recorded, and
+    // every event is visible again at once (the visibility timeout is 30 s).
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let store = DynamoStore::new(ddb.clone(), l.dedup.clone());
+    let mut released = 0;
+    for i in 0..6 {
+        let pk = sqs_once::key::record_key("ledger", &format!("evt-{i}"));
+        if let Some(r) = store.get(&pk).await.unwrap() {
+            assert_eq!(r.status, sqs_once::Status::InProgress, "{r:?}");
+            assert!(
+                r.lease_until_ms <= now_ms && r.error.is_some(),
+                "claim released with its reason: {r:?}"
+            );
+            released += 1;
+        }
+    }
+    assert!(released >= 1, "the running handlers' claims exist");
+    let visible = sqs
+        .get_queue_attributes()
+        .queue_url(&l.queues.queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default()
+        .values()
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum::<u64>();
+    assert_eq!(
+        visible,
+        bodies.len() as u64,
+        "every message (copies included) visible again at once"
     );
-    // Released claims and visibility 0: a new poller takes the events over at once
-    // (no waiting for the 60 s lease or the 30 s visibility timeout).
+    // So a new poller applies them without waiting for a lease or a visibility
+    // timeout to run out.
+    let started = std::time::Instant::now();
     finish_and_check(&l, &sqs, &ddb, &expected).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "taken over at once, not after the 30 s visibility: {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -358,6 +400,14 @@ async fn fifo_keeps_group_order_and_a_failure_holds_only_its_group() {
         "A's order kept across its failure"
     );
     assert_eq!(of('B'), ["B0", "B1", "B2", "B3", "B4"], "B unaffected");
+    // A is held for 1 s after its failure; B moved on meanwhile: all of B ran
+    // before A2's retry.
+    let a2_retry = calls.iter().rposition(|b| b == "A2").unwrap();
+    let b4 = calls.iter().position(|b| b == "B4").unwrap();
+    assert!(
+        b4 < a2_retry,
+        "B went on while A was held, not after it: {calls:?}"
+    );
     assert_eq!(stats.completed, 10, "{stats:?}");
     assert_eq!(depth(&sqs, &q.queue_url).await, 0);
 }

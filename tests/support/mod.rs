@@ -2,6 +2,8 @@
 //! benchmarks (each includes this file with `#[path]`).
 #![allow(dead_code)]
 
+pub mod payments_api;
+
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};

@@ -1,0 +1,23 @@
+//! Deliberate bugs for the chaos harness to catch (the check of the checker).
+//! Compiled in only with the non-default `mutants` feature; without it
+//! [`active`] is always false and costs nothing.
+//!
+//! `SQS_ONCE_MUTANT=<name>` switches one on:
+//! - `fifo-parallel`: the poller runs each FIFO message in its own lane, so a
+//!   group's messages run at once instead of in order.
+
+/// Whether this build has the mutants in it (the `mutants` feature).
+pub const COMPILED: bool = cfg!(feature = "mutants");
+
+/// Whether the mutant `name` is switched on by `SQS_ONCE_MUTANT`.
+#[cfg(feature = "mutants")]
+pub fn active(name: &str) -> bool {
+    std::env::var("SQS_ONCE_MUTANT").is_ok_and(|v| v == name)
+}
+
+/// Whether the mutant `name` is switched on (never: built without `mutants`).
+#[cfg(not(feature = "mutants"))]
+#[inline(always)]
+pub fn active(_name: &str) -> bool {
+    false
+}
