@@ -20,7 +20,8 @@
 //! records with the same dedup key run one after the other (the second is then
 //! a duplicate, not an in-flight conflict); FIFO queues run each message group
 //! in order and the groups in parallel, and after a failure the rest of that
-//! group is listed without running.
+//! group is listed without running, set to come back a second before the
+//! failed record (which waits at least 2 s), as in the poller.
 //!
 //! # Waiting records
 //! Records that wait in a lane (behind an earlier record of their FIFO group or
@@ -246,24 +247,24 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         futures::stream::iter(lanes)
             .map(|lane| async move {
                 let mut failed = Vec::new();
-                let mut rest = lane.into_iter();
+                let mut rest = lane.into_iter().peekable();
                 let mut hold = None;
-                for r in rest.by_ref() {
+                while let Some(r) = rest.next() {
                     if let Disposition::Again { after } = self.run_one(&r, deadline, stop).await {
-                        failed.push((r.index, r.id));
                         if fifo {
-                            hold = Some(after);
+                            hold = self.hold_group(&r, after, rest.peek().is_some()).await;
+                            failed.push((r.index, r.id));
                             break;
                         }
+                        failed.push((r.index, r.id));
                     }
                 }
                 // FIFO: after a failure the rest of the group is listed without
-                // running. When the failure set a delay, the rest gets the same
-                // one, so the group's order holds even where a queue does not
-                // block a group behind an invisible message.
+                // running, coming back a second before the failed record (see
+                // `hold_group`).
                 for r in rest {
                     info!(message_id = %r.id, "not started: an earlier message of its group failed");
-                    if let (Some(Some(after)), Ok((m, Some(queue)))) = (hold, &r.parsed) {
+                    if let (Some(after), Ok((m, Some(queue)))) = (hold, &r.parsed) {
                         retry_later(&self.inner.sqs, queue, m, after).await;
                     }
                     failed.push((r.index, r.id));
@@ -274,6 +275,30 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
             .flatten()
             .collect()
             .await
+    }
+
+    /// After a FIFO record failed with a delay (`after`) and more of its group
+    /// follow in the batch: the failed record comes back no sooner than 2 s,
+    /// and the delay for the rest, a second before it, is returned. SQS blocks
+    /// the group while any of it is in flight; a queue that re-opens a group
+    /// whenever one of its messages reappears then still hands it out in order.
+    /// `None` (the rest left as received) when the failure set no delay.
+    async fn hold_group(
+        &self,
+        failed: &Record,
+        after: Option<Duration>,
+        more: bool,
+    ) -> Option<Duration> {
+        let after = after?;
+        let min = Duration::from_secs(2);
+        if more
+            && after < min
+            && let Ok((m, Some(queue))) = &failed.parsed
+        {
+            retry_later(&self.inner.sqs, queue, m, min).await;
+            return Some(min - Duration::from_secs(1));
+        }
+        Some(after.saturating_sub(Duration::from_secs(1)))
     }
 
     async fn run_one(
