@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod contract;
 mod dynamodb;
+mod emulator;
 mod holes;
 mod lambda;
 mod payments;
