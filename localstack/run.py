@@ -26,6 +26,11 @@ def _put_message(self, message):
         previously_empty = group.empty()
         group.push(message)
         if group in self.inflight_groups:
+            # A new message never re-opens a group that a receive holds (as in
+            # stock LocalStack: between taking a group's messages and marking
+            # them in flight, a receive holds the group with none in flight).
+            if message.receive_count < 1:
+                return
             if any(m.message_group_id == group.message_group_id for m in self.inflight):
                 return
             self.inflight_groups.remove(group)

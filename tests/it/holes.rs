@@ -68,6 +68,45 @@ async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::types::
     }
 }
 
+/// Runs `n` pollers (processor settings `pc`, dedup table `table`) over `q`
+/// until it is empty (at most `secs`), then stops them; their stats.
+async fn pollers_until_empty<H: Handler + Clone>(
+    sqs: &aws_sdk_sqs::Client,
+    ddb: &aws_sdk_dynamodb::Client,
+    q: &sqs_once::setup::QueuePair,
+    table: &str,
+    handler: H,
+    pc: &ProcessorConfig,
+    n: usize,
+) -> Vec<sqs_once::poller::RunStats> {
+    let shutdown = CancellationToken::new();
+    let mut pollers = Vec::new();
+    for _ in 0..n {
+        let store = DynamoStore::new(ddb.clone(), table);
+        let processor = Processor::new(store, handler.clone(), pc.clone()).unwrap();
+        let mut config = PollerConfig::new(&q.queue_url);
+        config.dlq_url = Some(q.dlq_url.clone());
+        config.wait_time = Duration::from_secs(1);
+        config.batch_wait = Duration::from_millis(50);
+        pollers.push(tokio::spawn(sqs_once::poller::run(
+            sqs.clone(),
+            processor,
+            config,
+            shutdown.clone(),
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while depth(sqs, &q.queue_url).await > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    let mut stats = Vec::new();
+    for p in pollers {
+        stats.push(p.await.unwrap());
+    }
+    stats
+}
+
 /// Item 2: a receive of one FIFO group runs its messages one after the other;
 /// the waiting ones must stay invisible for as long as the lane takes, or
 /// another poller receives them, their receive counts climb and applied
@@ -124,39 +163,12 @@ async fn fifo_messages_waiting_in_a_lane_longer_than_the_visibility_timeout_are_
     pc.key_source = "json:/id".parse().unwrap();
     pc.lease = Duration::from_secs(6);
     pc.heartbeat = Duration::from_secs(2);
-    let shutdown = CancellationToken::new();
-    let mut pollers = Vec::new();
-    for _ in 0..2 {
-        let store = DynamoStore::new(ddb.clone(), table.clone());
-        let processor = Processor::new(store, handler.clone(), pc.clone()).unwrap();
-        let mut config = PollerConfig::new(&q.queue_url);
-        config.dlq_url = Some(q.dlq_url.clone());
-        config.wait_time = Duration::from_secs(1);
-        config.concurrency = 10;
-        config.batch_wait = Duration::from_millis(50);
-        pollers.push(tokio::spawn(sqs_once::poller::run(
-            sqs.clone(),
-            processor,
-            config,
-            shutdown.clone(),
-        )));
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    while applied.lock().unwrap().len() < 20 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Let the deletes land, then stop.
-    while depth(&sqs, &q.queue_url).await > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    shutdown.cancel();
-    let mut received = 0;
-    let mut bounced = 0;
-    for p in pollers {
-        let stats = p.await.unwrap();
-        received += stats.received;
-        bounced += stats.in_flight + stats.held_back + stats.retried;
-    }
+    let stats = pollers_until_empty(&sqs, &ddb, &q, &table, handler, &pc, 2).await;
+    let received: u64 = stats.iter().map(|s| s.received).sum();
+    let bounced: u64 = stats
+        .iter()
+        .map(|s| s.in_flight + s.held_back + s.retried)
+        .sum();
     let applied = applied.lock().unwrap().clone();
     let mut count: HashMap<(String, u64), u32> = HashMap::new();
     for a in &applied {
@@ -693,31 +705,8 @@ async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_hear
     pc.key_source = "json:/id".parse().unwrap();
     pc.lease = Duration::from_secs(10);
     pc.heartbeat = Duration::from_secs(4);
-    let shutdown = CancellationToken::new();
-    let mut pollers = Vec::new();
-    for _ in 0..2 {
-        let store = DynamoStore::new(ddb.clone(), table.clone());
-        let processor = Processor::new(store, handler.clone(), pc.clone()).unwrap();
-        let mut config = PollerConfig::new(&q.queue_url);
-        config.dlq_url = Some(q.dlq_url.clone());
-        config.wait_time = Duration::from_secs(1);
-        config.batch_wait = Duration::from_millis(50);
-        pollers.push(tokio::spawn(sqs_once::poller::run(
-            sqs.clone(),
-            processor,
-            config,
-            shutdown.clone(),
-        )));
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while depth(&sqs, &q.queue_url).await > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    shutdown.cancel();
-    let mut received = 0;
-    for p in pollers {
-        received += p.await.unwrap().received;
-    }
+    let stats = pollers_until_empty(&sqs, &ddb, &q, &table, handler, &pc, 2).await;
+    let received: u64 = stats.iter().map(|s| s.received).sum();
     assert_eq!(*runs.lock().unwrap(), ["a", "b"], "each ran once, in order");
     assert_eq!(received, 2, "a message was handed out again while held");
     assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
