@@ -57,7 +57,10 @@ async fn a_fifo_group_stays_blocked_while_any_of_its_messages_is_in_flight() {
     assert!(
         blocked.is_empty(),
         "handed out while A0 was in flight: {:?}",
-        blocked.iter().map(|m| m.body().unwrap()).collect::<Vec<_>>()
+        blocked
+            .iter()
+            .map(|m| m.body().unwrap())
+            .collect::<Vec<_>>()
     );
     // Deleting A0 opens the group again, in order.
     sqs.delete_message()
