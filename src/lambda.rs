@@ -277,28 +277,21 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
             .await
     }
 
-    /// After a FIFO record failed with a delay (`after`) and more of its group
-    /// follow in the batch: the failed record comes back no sooner than 2 s,
-    /// and the delay for the rest, a second before it, is returned. SQS blocks
-    /// the group while any of it is in flight; a queue that re-opens a group
-    /// whenever one of its messages reappears then still hands it out in order.
-    /// `None` (the rest left as received) when the failure set no delay.
+    /// After a FIFO record failed with a delay (`after`): the delay for the
+    /// rest of its group ([`crate::lanes::hold_behind`]), setting the failed
+    /// record's again where it must wait longer. `None` (the rest left as
+    /// received) when the failure set no delay.
     async fn hold_group(
         &self,
         failed: &Record,
         after: Option<Duration>,
         more: bool,
     ) -> Option<Duration> {
-        let after = after?;
-        let min = Duration::from_secs(2);
-        if more
-            && after < min
-            && let Ok((m, Some(queue))) = &failed.parsed
-        {
-            retry_later(&self.inner.sqs, queue, m, min).await;
-            return Some(min - Duration::from_secs(1));
+        let (again, rest) = crate::lanes::hold_behind(after?, more);
+        if let (Some(again), Ok((m, Some(queue)))) = (again, &failed.parsed) {
+            retry_later(&self.inner.sqs, queue, m, again).await;
         }
-        Some(after.saturating_sub(Duration::from_secs(1)))
+        Some(rest)
     }
 
     async fn run_one(
@@ -435,12 +428,7 @@ fn to_message(id: &str, m: SqsMessage) -> Message {
     for (name, value) in m.message_attributes {
         let data_type = value.data_type.unwrap_or_else(|| "String".to_owned());
         let binary = value.binary_value.map(|b| b.0);
-        match crate::message::Attribute::typed(data_type, value.string_value, binary) {
-            Some(a) => msg = msg.with_typed_attribute(name, a),
-            None => {
-                warn!(message_id = id, attribute = %name, "message attribute without a value of its type; ignored")
-            }
-        }
+        msg = msg.with_received_attribute(name, data_type, value.string_value, binary);
     }
     msg
 }

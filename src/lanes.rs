@@ -8,6 +8,7 @@
 //! found in flight and sent back.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use crate::{KeySource, Message};
 
@@ -19,6 +20,21 @@ pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &KeySource) -> Option
     } else {
         keys.extract(message).ok().map(|key| format!("key:{key}"))
     }
+}
+
+/// After a FIFO message failed with a retry delay `after` while more of its
+/// group wait behind it: the delay to set again on the failed message (`Some`
+/// when its own is too short: it waits at least 2 s), and the delay for the
+/// rest, a second less. SQS blocks the group while any of it is in flight;
+/// an emulator that re-opens a group whenever one of its messages reappears
+/// then still hands the group out in order. Both runtimes, and a receive given
+/// back at shutdown (as if its first message had failed with no delay), keep
+/// this rule: a held-back message never reappears after an earlier one.
+pub(crate) fn hold_behind(after: Duration, more: bool) -> (Option<Duration>, Duration) {
+    const AT_LEAST: Duration = Duration::from_secs(2);
+    let again = (more && after < AT_LEAST).then_some(AT_LEAST);
+    let held = again.unwrap_or(after);
+    (again, held.saturating_sub(Duration::from_secs(1)))
 }
 
 /// Groups `items` into lanes by `lane` (items without one get a lane each),
@@ -65,5 +81,13 @@ mod tests {
         assert_eq!(ids(fifo), [vec!["1", "4"], vec!["2", "3"]]);
         let standard = split(batch, |m| lane_of(m, false, &keys));
         assert_eq!(ids(standard), [vec!["1", "3"], vec!["2"], vec!["4"]]);
+    }
+
+    #[test]
+    fn the_rest_of_a_held_group_comes_back_a_second_before_the_failed_message() {
+        let s = Duration::from_secs;
+        assert_eq!(hold_behind(Duration::ZERO, true), (Some(s(2)), s(1)));
+        assert_eq!(hold_behind(s(8), true), (None, s(7)));
+        assert_eq!(hold_behind(Duration::ZERO, false), (None, Duration::ZERO));
     }
 }

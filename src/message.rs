@@ -38,6 +38,24 @@ impl Message {
         self.with_typed_attribute(name, Attribute::string(value))
     }
 
+    /// Adds an attribute as a runtime received it (data type and raw values);
+    /// one without a value of its type is logged and left out.
+    pub(crate) fn with_received_attribute(
+        self,
+        name: String,
+        data_type: String,
+        text: Option<String>,
+        binary: Option<Vec<u8>>,
+    ) -> Self {
+        match Attribute::typed(data_type, text, binary) {
+            Some(a) => self.with_typed_attribute(name, a),
+            None => {
+                tracing::warn!(message_id = self.id(), attribute = %name, "message attribute without a value of its type; ignored");
+                self
+            }
+        }
+    }
+
     /// Adds a message attribute of any type (`Number`, `Binary`, `String.x`, ...).
     pub fn with_typed_attribute(mut self, name: impl Into<String>, attribute: Attribute) -> Self {
         self.attributes.insert(name.into(), attribute);

@@ -26,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
-use crate::config::SQS_MAX_VISIBILITY;
 use crate::dedup::DedupStore;
 use crate::processor::ProcessOptions;
 use crate::{Handler, Message, Outcome, Processor};
@@ -186,12 +185,7 @@ pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     }
     for (name, value) in m.message_attributes.unwrap_or_default() {
         let binary = value.binary_value.map(|b| b.into_inner());
-        match crate::message::Attribute::typed(value.data_type, value.string_value, binary) {
-            Some(a) => msg = msg.with_typed_attribute(name, a),
-            None => {
-                warn!(message_id = msg.id(), attribute = %name, "message attribute without a value of its type; ignored")
-            }
-        }
+        msg = msg.with_received_attribute(name, value.data_type, value.string_value, binary);
     }
     Some(msg)
 }
@@ -272,9 +266,18 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
             // never stay invisible longer than the one before them (a queue
             // that re-opens a group whenever one of its messages reappears
             // would otherwise hand out a later message first after a crash).
-            let messages: Vec<Message> = w.running.iter().chain(&w.messages).cloned().collect();
+            let receipts: Vec<String> = w
+                .running
+                .iter()
+                .cloned()
+                .chain(
+                    w.messages
+                        .iter()
+                        .filter_map(|m| m.receipt_handle().map(str::to_owned)),
+                )
+                .collect();
             let sent = tokio::time::Instant::now();
-            if crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &messages, config.lease)
+            if crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &receipts, config.lease)
                 .await
             {
                 w.invisible_until = sent + config.lease;
@@ -341,8 +344,8 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
 /// clock, all of them are known to stay invisible.
 struct Pending {
     messages: std::collections::VecDeque<Message>,
-    /// The lane's running message, extended with the waiting ones.
-    running: Option<Message>,
+    /// The running message's receipt handle, extended with the waiting ones.
+    running: Option<String>,
     invisible_until: tokio::time::Instant,
 }
 
@@ -365,7 +368,8 @@ async fn run_lane<S: DedupStore, H: Handler>(
         invisible_until: received_at + shared.processor.config().lease,
     });
     let work = async {
-        let mut hold = Duration::ZERO;
+        // At shutdown the rest of the lane comes back at once.
+        let mut rest_after = Duration::ZERO;
         loop {
             let next = {
                 let mut w = waiting.lock().await;
@@ -373,7 +377,9 @@ async fn run_lane<S: DedupStore, H: Handler>(
                     None
                 } else {
                     let next = w.messages.pop_front();
-                    w.running.clone_from(&next);
+                    w.running = next
+                        .as_ref()
+                        .and_then(|m| m.receipt_handle().map(str::to_owned));
                     next.map(|m| (m, w.invisible_until))
                 }
             };
@@ -386,22 +392,17 @@ async fn run_lane<S: DedupStore, H: Handler>(
             waiting.lock().await.running = None;
             permits.pop();
             if let (Some(delay), Some(first)) = (failed, first) {
-                hold = delay;
-                // The rest of the group must not come back before the failed
-                // message: give them a shorter delay, so they stay behind it
-                // (an emulator that re-opens a group when an earlier-received
-                // message reappears would otherwise hand one out while the
-                // failed message is in flight).
-                if !waiting.lock().await.messages.is_empty() && hold < Duration::from_secs(2) {
-                    hold = Duration::from_secs(2);
-                    shared.retry_later(&first, hold).await;
+                let more = !waiting.lock().await.messages.is_empty();
+                let (again, rest) = crate::lanes::hold_behind(delay, more);
+                if let Some(again) = again {
+                    shared.retry_later(&first, again).await;
                 }
+                rest_after = rest;
                 break;
             }
         }
         // Taken under the lock, so no extension of the keeper lands after this.
         let rest: Vec<Message> = waiting.lock().await.messages.drain(..).collect();
-        let rest_after = hold.saturating_sub(Duration::from_secs(1));
         for m in rest {
             shared.count(|s| s.held_back += 1);
             shared.retry_later(&m, rest_after).await;
@@ -432,6 +433,8 @@ async fn give_back_when_received<S: DedupStore, H: Handler>(
 ) {
     let Ok(Ok(out)) = receive.await else { return };
     let fifo = shared.config.is_fifo();
+    // Each group as if its first message had failed with no delay.
+    let (first_after, rest_after) = crate::lanes::hold_behind(Duration::ZERO, true);
     let mut groups = std::collections::HashSet::new();
     for m in out
         .messages
@@ -441,8 +444,10 @@ async fn give_back_when_received<S: DedupStore, H: Handler>(
     {
         let after = match (fifo, m.group_id()) {
             (false, _) => Duration::ZERO,
-            (true, g) if groups.insert(g.unwrap_or_default().to_owned()) => Duration::from_secs(2),
-            (true, _) => Duration::from_secs(1),
+            (true, g) if groups.insert(g.unwrap_or_default().to_owned()) => {
+                first_after.unwrap_or_default()
+            }
+            (true, _) => rest_after,
         };
         info!(
             message_id = m.id(),
@@ -592,11 +597,11 @@ pub async fn run<S: DedupStore, H: Handler>(
         // own visibility timeout), so the heartbeat, at most half a lease,
         // always extends it in time.
         let received_at = tokio::time::Instant::now();
-        let lease = shared.processor.config().lease.min(SQS_MAX_VISIBILITY);
+        let lease = shared.processor.config().lease;
         let mut receive = tokio::spawn(
             sqs.receive_message()
                 .queue_url(&config.queue_url)
-                .visibility_timeout(i32::try_from(lease.as_secs().max(1)).unwrap_or(43_200))
+                .visibility_timeout(crate::sqs::visibility_secs(lease))
                 .max_number_of_messages(i32::try_from(held.len()).unwrap_or(10))
                 .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
                 .message_system_attribute_names(MessageSystemAttributeName::All)

@@ -46,6 +46,11 @@ impl VisibilityExtender for SqsVisibility {
     }
 }
 
+/// A visibility timeout as SQS takes it: whole seconds, capped at 12 hours.
+pub(crate) fn visibility_secs(timeout: Duration) -> i32 {
+    i32::try_from(timeout.min(SQS_MAX_VISIBILITY).as_secs()).unwrap_or(43_200)
+}
+
 /// Sets a message's visibility timeout (capped at SQS's 12 hours).
 pub(crate) async fn set_visibility(
     sqs: &Client,
@@ -53,11 +58,10 @@ pub(crate) async fn set_visibility(
     receipt: &str,
     timeout: Duration,
 ) -> Result<(), String> {
-    let secs = timeout.min(SQS_MAX_VISIBILITY).as_secs();
     sqs.change_message_visibility()
         .queue_url(queue_url)
         .receipt_handle(receipt)
-        .visibility_timeout(i32::try_from(secs).unwrap_or(43_200))
+        .visibility_timeout(visibility_secs(timeout))
         .send()
         .await
         .map(|_| ())
@@ -259,25 +263,26 @@ fn sdk_attribute(a: &Attribute) -> MessageAttributeValue {
 }
 
 /// Sets the visibility timeout of several messages of one queue at once
-/// (`ChangeMessageVisibilityBatch`, 10 per call): keeps received messages that
-/// wait for their turn invisible. Failures are logged; those messages return
-/// when their current visibility ends. True when every one was extended.
+/// (`ChangeMessageVisibilityBatch`, 10 per call, by receipt handle): keeps
+/// received messages that wait for their turn invisible. Failures are logged;
+/// those messages return when their current visibility ends. True when every
+/// one was extended.
 pub(crate) async fn extend_many(
     sqs: &Client,
     queue_url: &str,
-    messages: &[Message],
+    receipts: &[String],
     timeout: Duration,
 ) -> bool {
     let mut all = true;
-    let secs = i32::try_from(timeout.min(SQS_MAX_VISIBILITY).as_secs()).unwrap_or(43_200);
-    for chunk in messages.chunks(BATCH) {
+    let secs = visibility_secs(timeout);
+    for chunk in receipts.chunks(BATCH) {
         let entries: Vec<_> = chunk
             .iter()
             .enumerate()
-            .filter_map(|(i, m)| {
+            .filter_map(|(i, receipt)| {
                 ChangeMessageVisibilityBatchRequestEntry::builder()
                     .id(format!("m{i}"))
-                    .receipt_handle(m.receipt_handle()?)
+                    .receipt_handle(receipt)
                     .visibility_timeout(secs)
                     .build()
                     .ok()
