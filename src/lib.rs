@@ -39,6 +39,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod aws;
 pub mod calls;
 pub mod cli;
 pub mod clock;

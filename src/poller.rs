@@ -112,6 +112,13 @@ pub struct QueueCheckError {
     pub transient: bool,
 }
 
+impl QueueCheckError {
+    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+}
+
 /// Reads the queue's attributes and warns about settings that defeat the
 /// protocol: a visibility timeout below the heartbeat, a retention longer than
 /// the records are kept.
@@ -129,7 +136,7 @@ pub async fn check_queue(
         .send()
         .await
         .map_err(|e| QueueCheckError {
-            transient: crate::dedup::dynamodb::is_transient(&e),
+            transient: crate::aws::is_transient(&e),
             message: format!(
                 "cannot read queue {queue_url} (setting SQS_ONCE_QUEUE_URL): {}",
                 DisplayErrorContext(e)

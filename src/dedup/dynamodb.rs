@@ -94,6 +94,13 @@ pub enum TableCheckError {
     },
 }
 
+impl TableCheckError {
+    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unreachable { transient: true, .. })
+    }
+}
+
 enum Attempt {
     /// The outcome is unknown or the failure transient: send again, same token.
     Again(String),
@@ -137,21 +144,6 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
 
 /// Whether an SDK error may pass when the call is made again: no answer (dispatch,
 /// timeout, cut-off response), throttling, or a server error.
-pub(crate) fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
-    match err {
-        SdkError::ServiceError(se) => {
-            let code = se.err().code().unwrap_or("");
-            code.contains("Throttl")
-                || code == "ProvisionedThroughputExceededException"
-                || code == "RequestLimitExceeded"
-                || code == "InternalServerError"
-                || code == "ServiceUnavailable"
-        }
-        SdkError::ConstructionFailure(_) => false,
-        _ => true,
-    }
-}
-
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }
@@ -220,7 +212,7 @@ impl DynamoStore {
             Err(e) => {
                 return Err(unreachable(
                     aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
-                    is_transient(&e),
+                    crate::aws::is_transient(&e),
                 ));
             }
         };
@@ -259,7 +251,7 @@ impl DynamoStore {
             .map_err(|e| {
                 unreachable(
                     aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
-                    is_transient(&e),
+                    crate::aws::is_transient(&e),
                 )
             })?;
         let desc = ttl.time_to_live_description();

@@ -1,0 +1,25 @@
+//! What both AWS services' errors have in common.
+
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_smithy_runtime_api::client::result::SdkError;
+
+/// Whether a failed SQS or DynamoDB call may pass when tried again: no answer
+/// (timeout, connection refused or reset), throttling, or a 5xx. A refusal
+/// (access denied, no such queue or table, a malformed request) is not.
+pub fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+    match err {
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("");
+            code.contains("Throttl")
+                || code == "ProvisionedThroughputExceededException"
+                || code == "RequestLimitExceeded"
+                || code == "RequestThrottled"
+                || code == "InternalServerError"
+                || code == "InternalError"
+                || code == "ServiceUnavailable"
+                || code == "KMS.ThrottlingException"
+        }
+        SdkError::ConstructionFailure(_) => false,
+        _ => true,
+    }
+}
