@@ -363,7 +363,7 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         retry_transient(|| async {
             check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl)
                 .await
-                .map_err(|e| (e.message, e.transient))
+                .map_err(|e| (e.to_string(), e.is_transient()))
         })
         .await?;
         Ok(prepared)

@@ -41,7 +41,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
-use aws_smithy_types::error::display::DisplayErrorContext;
 use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -49,8 +48,9 @@ use tracing::{error, info, warn};
 
 use crate::dedup::DedupStore;
 use crate::processor::{ProcessOptions, VisibilityExtender};
-use crate::sqs::{Dlq, SqsVisibility, retry_later};
-use crate::{Handler, Message, Outcome, Processor};
+use crate::queue::QueueClient;
+use crate::runtime::{QueueVisibility, Settled, Settler, lanes, retry_later};
+use crate::{Handler, Message, Processor};
 
 /// Settings of the Lambda runtime.
 #[derive(Debug, Clone)]
@@ -89,11 +89,14 @@ impl Default for LambdaConfig {
 pub struct EventError(String);
 
 /// Runs SQS events through a [`Processor`]. Cheap to clone.
-pub struct LambdaAdapter<S, H> {
-    inner: Arc<Inner<S, H>>,
+///
+/// `Q` is the [`QueueClient`] that extends visibility, delays retries and
+/// parks: an [`aws_sdk_sqs::Client`] in production.
+pub struct LambdaAdapter<S, H, Q = aws_sdk_sqs::Client> {
+    inner: Arc<Inner<S, H, Q>>,
 }
 
-impl<S, H> Clone for LambdaAdapter<S, H> {
+impl<S, H, Q> Clone for LambdaAdapter<S, H, Q> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -101,10 +104,10 @@ impl<S, H> Clone for LambdaAdapter<S, H> {
     }
 }
 
-struct Inner<S, H> {
-    sqs: aws_sdk_sqs::Client,
+struct Inner<S, H, Q> {
+    queue: Q,
     processor: Processor<S, H>,
-    dlq: Option<Dlq>,
+    settler: Settler<Q>,
     config: LambdaConfig,
     queue_urls: tokio::sync::Mutex<HashMap<String, Option<String>>>,
 }
@@ -125,16 +128,13 @@ struct Record {
     parsed: Result<(Message, Option<String>), String>,
 }
 
-impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
-    /// An adapter that parks with, and extends visibility through, `sqs`.
-    pub fn new(sqs: aws_sdk_sqs::Client, processor: Processor<S, H>, config: LambdaConfig) -> Self {
+impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
+    /// An adapter that parks with, and extends visibility through, `queue`.
+    pub fn new(queue: Q, processor: Processor<S, H>, config: LambdaConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                dlq: config
-                    .dlq_url
-                    .as_ref()
-                    .map(|url| Dlq::new(sqs.clone(), url)),
-                sqs,
+                settler: Settler::new(queue.clone(), config.dlq_url.as_deref()),
+                queue,
                 processor,
                 config,
                 queue_urls: Default::default(),
@@ -238,11 +238,11 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
     ) -> Vec<(usize, String)> {
         let keys = &self.inner.processor.config().key_source;
         // A record we cannot read has no group or key we can trust: its own lane.
-        let lanes = crate::lanes::split(records, |r| {
+        let lanes = lanes::split(records, |r| {
             r.parsed
                 .as_ref()
                 .ok()
-                .and_then(|(m, _)| crate::lanes::lane_of(m, fifo, keys))
+                .and_then(|(m, _)| lanes::lane_of(m, fifo, keys))
         });
         futures::stream::iter(lanes)
             .map(|lane| async move {
@@ -265,7 +265,7 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
                 for r in rest {
                     info!(message_id = %r.id, "not started: an earlier message of its group failed");
                     if let (Some(after), Ok((m, Some(queue)))) = (hold, &r.parsed) {
-                        retry_later(&self.inner.sqs, queue, m, after).await;
+                        retry_later(&self.inner.queue, queue, m, after).await;
                     }
                     failed.push((r.index, r.id));
                 }
@@ -278,7 +278,7 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
     }
 
     /// After a FIFO record failed with a delay (`after`): the delay for the
-    /// rest of its group ([`crate::lanes::hold_behind`]), setting the failed
+    /// rest of its group ([`lanes::hold_behind`]), setting the failed
     /// record's again where it must wait longer. `None` (the rest left as
     /// received) when the failure set no delay.
     async fn hold_group(
@@ -287,9 +287,9 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         after: Option<Duration>,
         more: bool,
     ) -> Option<Duration> {
-        let (again, rest) = crate::lanes::hold_behind(after?, more);
+        let (again, rest) = lanes::hold_behind(after?, more);
         if let (Some(again), Ok((m, Some(queue)))) = (again, &failed.parsed) {
-            retry_later(&self.inner.sqs, queue, m, again).await;
+            retry_later(&self.inner.queue, queue, m, again).await;
         }
         Some(rest)
     }
@@ -314,9 +314,9 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
             info!(message_id = %record.id, "too little time left in the invocation; not started");
             return Disposition::Again { after: None };
         }
-        let visibility = queue.as_ref().map(|q| SqsVisibility {
-            sqs: inner.sqs.clone(),
-            queue_url: q.clone(),
+        let visibility = queue.as_deref().map(|url| QueueVisibility {
+            queue: &inner.queue,
+            url,
         });
         let outcome = inner
             .processor
@@ -329,36 +329,14 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
                 },
             )
             .await;
-        let again = |after: Duration| async move {
-            if let Some(q) = queue {
-                retry_later(&inner.sqs, q, message, after).await;
-            }
-            Disposition::Again { after: Some(after) }
-        };
-        match outcome {
-            Outcome::Completed { .. } | Outcome::Duplicate { .. } => Disposition::Done,
-            Outcome::InFlight { retry_after } => again(retry_after).await,
-            Outcome::Retry { after, reason } => {
-                info!(message_id = message.id(), %reason, ?after, "will retry");
-                again(after).await
-            }
-            Outcome::Park { reason } => {
-                let Some(dlq) = &inner.dlq else {
-                    error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: reported as failed until the queue's redrive policy parks it");
-                    return again(inner.processor.config().backoff_max).await;
-                };
-                let key = inner.processor.config().key_source.extract(message).ok();
-                match dlq.park(message, &reason, key.as_deref()).await {
-                    Ok(()) => {
-                        warn!(message_id = message.id(), %reason, dlq = dlq.url(), "parked in the DLQ");
-                        Disposition::Done
-                    }
-                    Err(e) => {
-                        error!(error = %e, "could not park the message; reported as failed");
-                        again(inner.processor.config().backoff(message.receive_count())).await
-                    }
-                }
-            }
+        let config = inner.processor.config();
+        match inner
+            .settler
+            .settle(config, queue.as_deref(), message, outcome)
+            .await
+        {
+            Settled::Done | Settled::Parked => Disposition::Done,
+            Settled::Again(after) => Disposition::Again { after: Some(after) },
         }
     }
 
@@ -372,22 +350,10 @@ impl<S: DedupStore, H: Handler> LambdaAdapter<S, H> {
         }
         let mut parts = arn.rsplitn(3, ':');
         let url = match (parts.next(), parts.next()) {
-            (Some(name), Some(account)) => match self
-                .inner
-                .sqs
-                .get_queue_url()
-                .queue_name(name)
-                .queue_owner_aws_account_id(account)
-                .send()
-                .await
-            {
-                Ok(out) => out.queue_url,
+            (Some(name), Some(account)) => match self.inner.queue.queue_url(name, account).await {
+                Ok(url) => Some(url),
                 Err(e) => {
-                    let why = e
-                        .as_service_error()
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| DisplayErrorContext(&e).to_string());
-                    warn!(arn, error = %why, "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL): visibility will not be extended or delayed");
+                    warn!(arn, error = %e, "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL): visibility will not be extended or delayed");
                     None
                 }
             },
@@ -434,8 +400,8 @@ fn to_message(id: &str, m: SqsMessage) -> Message {
 }
 
 /// Serves invocations from the Lambda Runtime API until the environment ends.
-pub async fn run<S: DedupStore, H: Handler>(
-    adapter: LambdaAdapter<S, H>,
+pub async fn run<S: DedupStore, H: Handler, Q: QueueClient>(
+    adapter: LambdaAdapter<S, H, Q>,
 ) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(
         move |event: lambda_runtime::LambdaEvent<serde_json::Value>| {

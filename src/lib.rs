@@ -48,7 +48,6 @@ pub mod dedup;
 mod handler;
 pub mod key;
 pub mod lambda;
-mod lanes;
 pub mod ledger;
 pub mod local_lambda;
 mod message;
@@ -59,8 +58,9 @@ pub mod ops;
 pub mod payments;
 pub mod poller;
 pub mod processor;
+pub mod queue;
+mod runtime;
 pub mod setup;
-pub mod sqs;
 
 pub use config::ProcessorConfig;
 pub use dedup::dynamodb::DynamoStore;

@@ -15,7 +15,7 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use crate::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use crate::dedup::{Record, Status, StoredResult};
 use crate::key::record_key;
-use crate::sqs::REASON_ATTRIBUTE;
+use crate::queue::REASON_ATTRIBUTE;
 
 /// An operation that failed, in words for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -646,8 +646,9 @@ async fn move_batch(
     if done.is_empty() {
         return Ok(());
     }
-    let deletes =
-        crate::sqs::delete_entries(done.iter().map(|m| m.receipt_handle().unwrap_or_default()));
+    let deletes = crate::queue::sqs::delete_entries(
+        done.iter().map(|m| m.receipt_handle().unwrap_or_default()),
+    );
     match sqs
         .delete_message_batch()
         .queue_url(dlq_url)

@@ -18,16 +18,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
-use aws_smithy_types::error::display::DisplayErrorContext;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::dedup::DedupStore;
 use crate::processor::ProcessOptions;
+use crate::queue::{BATCH, QueueClient, QueueError, ReceiveRequest};
+use crate::runtime::{QueueVisibility, Settled, Settler, lanes};
 use crate::{Handler, Message, Outcome, Processor};
 
 /// Settings of the long-polling runtime.
@@ -76,7 +76,7 @@ impl PollerConfig {
 
     /// Whether the queue is FIFO (its name ends in `.fifo`).
     pub fn is_fifo(&self) -> bool {
-        self.queue_url.ends_with(".fifo")
+        crate::queue::is_fifo(&self.queue_url)
     }
 }
 
@@ -104,52 +104,45 @@ pub struct RunStats {
 
 /// The queue could not be read at start-up.
 #[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct QueueCheckError {
-    /// What went wrong, naming the setting.
-    pub message: String,
-    /// Whether it may pass when tried again (no answer, throttled, 5xx).
-    pub transient: bool,
+pub enum QueueCheckError {
+    /// `GetQueueAttributes` failed.
+    #[error("cannot read queue {queue} (setting SQS_ONCE_QUEUE_URL): {source}")]
+    Unreachable {
+        /// The queue's URL.
+        queue: String,
+        /// The failed call.
+        #[source]
+        source: QueueError,
+    },
 }
 
 impl QueueCheckError {
     /// Whether the check may pass when tried again (no answer, throttled, 5xx).
     pub fn is_transient(&self) -> bool {
-        self.transient
+        match self {
+            Self::Unreachable { source, .. } => source.is_transient(),
+        }
     }
 }
 
 /// Reads the queue's attributes and warns about settings that defeat the
 /// protocol: a visibility timeout below the heartbeat, a retention longer than
 /// the records are kept.
-pub async fn check_queue(
-    sqs: &Client,
+pub async fn check_queue<Q: QueueClient>(
+    queue: &Q,
     queue_url: &str,
     heartbeat: Duration,
     ttl: Duration,
 ) -> Result<(), QueueCheckError> {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .attribute_names(QueueAttributeName::VisibilityTimeout)
-        .attribute_names(QueueAttributeName::MessageRetentionPeriod)
-        .send()
-        .await
-        .map_err(|e| QueueCheckError {
-            transient: crate::aws::is_transient(&e),
-            message: format!(
-                "cannot read queue {queue_url} (setting SQS_ONCE_QUEUE_URL): {}",
-                DisplayErrorContext(e)
-            ),
-        })?;
-    let attrs = out.attributes.unwrap_or_default();
-    let secs = |n: QueueAttributeName| {
-        attrs
-            .get(&n)
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_secs)
-    };
-    if let Some(vis) = secs(QueueAttributeName::VisibilityTimeout)
+    let attributes =
+        queue
+            .attributes(queue_url)
+            .await
+            .map_err(|source| QueueCheckError::Unreachable {
+                queue: queue_url.to_owned(),
+                source,
+            })?;
+    if let Some(vis) = attributes.visibility_timeout
         && vis <= heartbeat
     {
         warn!(
@@ -157,7 +150,7 @@ pub async fn check_queue(
             "the queue's visibility timeout is not above the heartbeat interval: messages may be redelivered while their handler runs (lower SQS_ONCE_HEARTBEAT or raise the queue's VisibilityTimeout)"
         );
     }
-    if let Some(retention) = secs(QueueAttributeName::MessageRetentionPeriod)
+    if let Some(retention) = attributes.retention
         && retention >= ttl
     {
         warn!(
@@ -169,45 +162,21 @@ pub async fn check_queue(
     Ok(())
 }
 
-/// Converts a received SQS message (received with all system and message
-/// attributes); `None` (logged) for one without id or receipt handle.
-pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
-    let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
-        error!("received a message without id or receipt handle; left to its visibility timeout");
-        return None;
-    };
-    let sys = m.attributes.unwrap_or_default();
-    let mut msg = Message::new(id, m.body.unwrap_or_default()).with_receipt_handle(receipt);
-    if let Some(n) = sys
-        .get(&MessageSystemAttributeName::ApproximateReceiveCount)
-        .and_then(|v| v.parse().ok())
-    {
-        msg = msg.with_receive_count(n);
-    }
-    if let Some(g) = sys.get(&MessageSystemAttributeName::MessageGroupId) {
-        msg = msg.with_group_id(g);
-    }
-    if let Some(d) = sys.get(&MessageSystemAttributeName::MessageDeduplicationId) {
-        msg = msg.with_deduplication_id(d);
-    }
-    for (name, value) in m.message_attributes.unwrap_or_default() {
-        let binary = value.binary_value.map(|b| b.into_inner());
-        msg = msg.with_received_attribute(name, value.data_type, value.string_value, binary);
-    }
-    Some(msg)
-}
-
-struct Shared<S, H> {
-    sqs: Client,
+/// What the poller's tasks share: the queue, the processor, where finished
+/// messages go to be deleted, and the counters.
+struct Shared<Q, S, H> {
+    queue: Q,
     processor: Processor<S, H>,
     config: PollerConfig,
-    dlq: Option<crate::sqs::Dlq>,
+    settler: Settler<Q>,
+    /// Receipt handles of finished messages, for the [`DeleteBatcher`].
     deletes: mpsc::UnboundedSender<String>,
+    /// Cancelled at the drain deadline: running handlers are interrupted.
     stop: CancellationToken,
     stats: std::sync::Mutex<RunStats>,
 }
 
-impl<S: DedupStore, H: Handler> Shared<S, H> {
+impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     fn count(&self, f: impl FnOnce(&mut RunStats)) {
         f(&mut self.stats.lock().expect("stats lock"));
     }
@@ -215,9 +184,10 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     /// Processes one message and acts on the outcome: `None` when it is finished
     /// with, else the delay after which it comes back.
     async fn handle(&self, message: Message) -> Option<Duration> {
-        let visibility = crate::sqs::SqsVisibility {
-            sqs: self.sqs.clone(),
-            queue_url: self.config.queue_url.clone(),
+        let url = self.config.queue_url.as_str();
+        let visibility = QueueVisibility {
+            queue: &self.queue,
+            url,
         };
         let outcome = self
             .processor
@@ -237,24 +207,24 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
             Outcome::Retry { .. } => self.count(|s| s.retried += 1),
             Outcome::Park { .. } => {}
         }
-        match outcome {
-            Outcome::Completed { .. } | Outcome::Duplicate { .. } => {
-                let _ = self
-                    .deletes
-                    .send(message.receipt_handle().unwrap_or_default().to_owned());
-                None
-            }
-            Outcome::Park { reason } => self.park(&message, &reason).await,
-            Outcome::InFlight { retry_after } => {
-                self.retry_later(&message, retry_after).await;
-                Some(retry_after)
-            }
-            Outcome::Retry { after, reason } => {
-                info!(message_id = message.id(), %reason, ?after, "will retry");
-                self.retry_later(&message, after).await;
-                Some(after)
-            }
+        let config = self.processor.config();
+        match self
+            .settler
+            .settle(config, Some(url), &message, outcome)
+            .await
+        {
+            Settled::Done => {}
+            Settled::Parked => self.count(|s| s.parked += 1),
+            Settled::Again(after) => return Some(after),
         }
+        let _ = self
+            .deletes
+            .send(message.receipt_handle().unwrap_or_default().to_owned());
+        None
+    }
+
+    async fn retry_later(&self, message: &Message, after: Duration) {
+        crate::runtime::retry_later(&self.queue, &self.config.queue_url, message, after).await;
     }
 
     /// Every heartbeat, extends the visibility of the lane's waiting messages,
@@ -283,10 +253,9 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
                         .filter_map(|m| m.receipt_handle().map(str::to_owned)),
                 )
                 .collect();
-            let sent = tokio::time::Instant::now();
-            if crate::sqs::extend_many(&self.sqs, &self.config.queue_url, &receipts, config.lease)
-                .await
-            {
+            let sent = Instant::now();
+            let url = &self.config.queue_url;
+            if crate::runtime::extend_many(&self.queue, url, &receipts, config.lease).await {
                 w.invisible_until = sent + config.lease;
             }
         }
@@ -295,53 +264,19 @@ impl<S: DedupStore, H: Handler> Shared<S, H> {
     /// Before a waiting message starts: extends its visibility now unless the
     /// keeper's last extension still covers it until the processor's first
     /// heartbeat (with room to spare), so it never becomes visible while held.
-    async fn cover_until_first_beat(
-        &self,
-        message: &Message,
-        invisible_until: tokio::time::Instant,
-    ) {
+    async fn cover_until_first_beat(&self, message: &Message, invisible_until: Instant) {
         let config = self.processor.config();
         let interval = config.beat_for(config.lease);
-        if invisible_until > tokio::time::Instant::now() + interval + interval / 2 {
+        if invisible_until > Instant::now() + interval + interval / 2 {
             return;
         }
         if let Some(receipt) = message.receipt_handle()
-            && let Err(e) =
-                crate::sqs::set_visibility(&self.sqs, &self.config.queue_url, receipt, config.lease)
-                    .await
+            && let Err(e) = self
+                .queue
+                .change_visibility(&self.config.queue_url, receipt, config.lease)
+                .await
         {
             warn!(message_id = message.id(), error = %e, "could not extend a waiting message before it starts");
-        }
-    }
-
-    async fn retry_later(&self, message: &Message, after: Duration) {
-        crate::sqs::retry_later(&self.sqs, &self.config.queue_url, message, after).await;
-    }
-
-    /// Sends the message with its reason to the DLQ, then deletes it.
-    async fn park(&self, message: &Message, reason: &str) -> Option<Duration> {
-        let Some(dlq) = &self.dlq else {
-            error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: retried until the queue's redrive policy parks it");
-            let delay = self.processor.config().backoff_max;
-            self.retry_later(message, delay).await;
-            return Some(delay);
-        };
-        let key = self.processor.config().key_source.extract(message).ok();
-        match dlq.park(message, reason, key.as_deref()).await {
-            Ok(()) => {
-                warn!(message_id = message.id(), %reason, dlq = dlq.url(), "parked in the DLQ");
-                self.count(|s| s.parked += 1);
-                let _ = self
-                    .deletes
-                    .send(message.receipt_handle().unwrap_or_default().to_owned());
-                None
-            }
-            Err(e) => {
-                error!(error = %e, "could not park the message; it comes back");
-                let delay = self.processor.config().backoff(message.receive_count());
-                self.retry_later(message, delay).await;
-                Some(delay)
-            }
         }
     }
 }
@@ -353,71 +288,92 @@ struct Pending {
     messages: std::collections::VecDeque<Message>,
     /// The running message's receipt handle, extended with the waiting ones.
     running: Option<String>,
-    invisible_until: tokio::time::Instant,
+    invisible_until: Instant,
 }
 
 type Waiting = tokio::sync::Mutex<Pending>;
 
-/// Runs a lane's messages in order while keeping the ones that wait invisible.
-/// On a FIFO queue a failure stops the lane: the rest come back unprocessed,
-/// a second before the failed message (or at once at shutdown).
-async fn run_lane<S: DedupStore, H: Handler>(
-    shared: Arc<Shared<S, H>>,
-    lane: Vec<Message>,
-    mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+/// One lane of a receive, run by its own task: its messages one at a time in
+/// order, each holding one of the slots taken for the receive.
+struct Lane<Q, S, H> {
+    shared: Arc<Shared<Q, S, H>>,
+    waiting: Waiting,
+    permits: Vec<OwnedSemaphorePermit>,
     fifo: bool,
-    received_at: tokio::time::Instant,
-) {
-    let waiting: Waiting = tokio::sync::Mutex::new(Pending {
-        messages: lane.into(),
-        running: None,
+}
+
+impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
+    fn new(
+        shared: Arc<Shared<Q, S, H>>,
+        messages: Vec<Message>,
+        permits: Vec<OwnedSemaphorePermit>,
+        received_at: Instant,
+    ) -> Self {
+        let fifo = shared.config.is_fifo();
         // Received with the lease as their visibility timeout.
-        invisible_until: received_at + shared.processor.config().lease,
-    });
-    let work = async {
+        let invisible_until = received_at + shared.processor.config().lease;
+        Self {
+            shared,
+            waiting: tokio::sync::Mutex::new(Pending {
+                messages: messages.into(),
+                running: None,
+                invisible_until,
+            }),
+            permits,
+            fifo,
+        }
+    }
+
+    /// Runs the lane's messages in order while keeping the ones that wait
+    /// invisible. On a FIFO queue a failure stops the lane: the rest come back
+    /// unprocessed, a second before the failed message (or at once at shutdown).
+    async fn run(mut self) {
+        let permits = std::mem::take(&mut self.permits);
+        tokio::select! {
+            () = self.work(permits) => {}
+            () = self.shared.keep_waiting_invisible(&self.waiting) => unreachable!("never returns"),
+        }
+    }
+
+    async fn work(&self, mut permits: Vec<OwnedSemaphorePermit>) {
         // At shutdown the rest of the lane comes back at once.
         let mut rest_after = Duration::ZERO;
-        loop {
-            let next = {
-                let mut w = waiting.lock().await;
-                if shared.stop.is_cancelled() {
-                    None
-                } else {
-                    let next = w.messages.pop_front();
-                    w.running = next
-                        .as_ref()
-                        .and_then(|m| m.receipt_handle().map(str::to_owned));
-                    next.map(|m| (m, w.invisible_until))
-                }
-            };
-            let Some((m, invisible_until)) = next else {
-                break;
-            };
-            shared.cover_until_first_beat(&m, invisible_until).await;
-            let first = fifo.then(|| m.clone());
-            let failed = shared.handle(m).await;
-            waiting.lock().await.running = None;
+        while let Some((m, invisible_until)) = self.next().await {
+            self.shared
+                .cover_until_first_beat(&m, invisible_until)
+                .await;
+            let first = self.fifo.then(|| m.clone());
+            let failed = self.shared.handle(m).await;
+            self.waiting.lock().await.running = None;
             permits.pop();
             if let (Some(delay), Some(first)) = (failed, first) {
-                let more = !waiting.lock().await.messages.is_empty();
-                let (again, rest) = crate::lanes::hold_behind(delay, more);
+                let more = !self.waiting.lock().await.messages.is_empty();
+                let (again, rest) = lanes::hold_behind(delay, more);
                 if let Some(again) = again {
-                    shared.retry_later(&first, again).await;
+                    self.shared.retry_later(&first, again).await;
                 }
                 rest_after = rest;
                 break;
             }
         }
         // Taken under the lock, so no extension of the keeper lands after this.
-        let rest: Vec<Message> = waiting.lock().await.messages.drain(..).collect();
+        let rest: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
         for m in rest {
-            shared.count(|s| s.held_back += 1);
-            shared.retry_later(&m, rest_after).await;
+            self.shared.count(|s| s.held_back += 1);
+            self.shared.retry_later(&m, rest_after).await;
         }
-    };
-    tokio::select! {
-        () = work => {}
-        () = shared.keep_waiting_invisible(&waiting) => unreachable!("never returns"),
+    }
+
+    /// The next message to start, marked running, and until when it is known
+    /// to be invisible; `None` when the lane is done or the poller stops.
+    async fn next(&self) -> Option<(Message, Instant)> {
+        let mut w = self.waiting.lock().await;
+        if self.shared.stop.is_cancelled() {
+            return None;
+        }
+        let next = w.messages.pop_front()?;
+        w.running = next.receipt_handle().map(str::to_owned);
+        Some((next, w.invisible_until))
     }
 }
 
@@ -426,29 +382,18 @@ async fn run_lane<S: DedupStore, H: Handler>(
 /// a second after the rest of its group: SQS blocks a group while any of its
 /// messages is in flight, and an emulator that re-opens a group whenever one
 /// of its messages reappears then still hands the group out in order.
-async fn give_back_when_received<S: DedupStore, H: Handler>(
-    shared: Arc<Shared<S, H>>,
-    receive: tokio::task::JoinHandle<
-        Result<
-            aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput,
-            aws_sdk_sqs::error::SdkError<
-                aws_sdk_sqs::operation::receive_message::ReceiveMessageError,
-                aws_smithy_runtime_api::client::orchestrator::HttpResponse,
-            >,
-        >,
-    >,
+async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
+    shared: Arc<Shared<Q, S, H>>,
+    receive: tokio::task::JoinHandle<Result<Vec<Message>, QueueError>>,
 ) {
-    let Ok(Ok(out)) = receive.await else { return };
+    let Ok(Ok(messages)) = receive.await else {
+        return;
+    };
     let fifo = shared.config.is_fifo();
     // Each group as if its first message had failed with no delay.
-    let (first_after, rest_after) = crate::lanes::hold_behind(Duration::ZERO, true);
+    let (first_after, rest_after) = lanes::hold_behind(Duration::ZERO, true);
     let mut groups = std::collections::HashSet::new();
-    for m in out
-        .messages
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(to_message)
-    {
+    for m in messages {
         let after = match (fifo, m.group_id()) {
             (false, _) => Duration::ZERO,
             (true, g) if groups.insert(g.unwrap_or_default().to_owned()) => {
@@ -466,225 +411,243 @@ async fn give_back_when_received<S: DedupStore, H: Handler>(
     }
 }
 
-/// Deletes in batches of up to 10, each entry with a unique id; receipts repeated
-/// within a batch are sent once. A batch is sent when it is full or `wait` after
-/// its first receipt; when the channel closes, what is pending is flushed.
-/// Failed entries are tried once more alone, then logged (the message then comes
-/// back and is skipped as a duplicate).
-async fn delete_loop(
-    sqs: Client,
-    queue_url: String,
+/// Deletes finished messages in batches of up to 10, each entry with a unique
+/// id; receipts repeated within a batch are sent once. A batch is sent when it
+/// is full or `wait` after its first receipt; when the channel closes, what is
+/// pending is flushed. Failed entries are tried once more alone, then logged
+/// (the message then comes back and is skipped as a duplicate).
+struct DeleteBatcher<Q> {
+    queue: Q,
+    url: String,
     wait: Duration,
-    mut rx: mpsc::UnboundedReceiver<String>,
-) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + wait;
-        while batch.len() < 10 {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(receipt)) => {
-                    if !batch.contains(&receipt) {
-                        batch.push(receipt);
+    receipts: mpsc::UnboundedReceiver<String>,
+}
+
+impl<Q: QueueClient> DeleteBatcher<Q> {
+    async fn run(mut self) {
+        while let Some(first) = self.receipts.recv().await {
+            let mut batch = vec![first];
+            let deadline = Instant::now() + self.wait;
+            while batch.len() < BATCH {
+                match tokio::time::timeout_at(deadline, self.receipts.recv()).await {
+                    Ok(Some(receipt)) => {
+                        if !batch.contains(&receipt) {
+                            batch.push(receipt);
+                        }
                     }
+                    // Closed or timed out: send what we have.
+                    Ok(None) | Err(_) => break,
                 }
-                // Closed or timed out: send what we have.
-                Ok(None) | Err(_) => break,
             }
-        }
-        delete_batch(&sqs, &queue_url, batch).await;
-    }
-}
-
-async fn delete_batch(sqs: &Client, queue_url: &str, receipts: Vec<String>) {
-    let entries = crate::sqs::delete_entries(receipts.iter().map(String::as_str));
-    let failed: Vec<String> = match sqs
-        .delete_message_batch()
-        .queue_url(queue_url)
-        .set_entries(Some(entries))
-        .send()
-        .await
-    {
-        Ok(out) => out
-            .failed
-            .iter()
-            .filter_map(|f| {
-                warn!(id = f.id, code = f.code, message = ?f.message, "delete failed in batch");
-                f.id.strip_prefix('m')
-                    .and_then(|i| i.parse::<usize>().ok())
-                    .and_then(|i| receipts.get(i).cloned())
-            })
-            .collect(),
-        Err(e) => {
-            warn!(error = %DisplayErrorContext(e), "DeleteMessageBatch failed; deleting one by one");
-            receipts.clone()
-        }
-    };
-    for r in failed {
-        if let Err(e) = sqs
-            .delete_message()
-            .queue_url(queue_url)
-            .receipt_handle(&r)
-            .send()
-            .await
-        {
-            error!(error = %DisplayErrorContext(e), "delete failed; the message will come back and be skipped as a duplicate");
+            self.send(batch).await;
         }
     }
-}
 
-/// Runs the poller until `shutdown` is cancelled (or it has been idle for
-/// `exit_when_idle`). Returns what it did.
-pub async fn run<S: DedupStore, H: Handler>(
-    sqs: Client,
-    processor: Processor<S, H>,
-    config: PollerConfig,
-    shutdown: CancellationToken,
-) -> RunStats {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let deleter = tokio::spawn(delete_loop(
-        sqs.clone(),
-        config.queue_url.clone(),
-        config.batch_wait,
-        rx,
-    ));
-    let concurrency = config.concurrency.max(1);
-    let shared = Arc::new(Shared {
-        sqs: sqs.clone(),
-        processor,
-        dlq: config
-            .dlq_url
-            .as_ref()
-            .map(|url| crate::sqs::Dlq::new(sqs.clone(), url)),
-        config: config.clone(),
-        deletes: tx,
-        stop: CancellationToken::new(),
-        stats: Default::default(),
-    });
-    let permits = Arc::new(Semaphore::new(concurrency));
-    let tracker = TaskTracker::new();
-    let metrics_task = config.metrics_interval.map(|every| {
-        let processor = shared.processor.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            loop {
-                tick.tick().await;
-                let consumer = &processor.config().consumer;
-                crate::metrics::print_emf(&processor.metrics().take(), consumer);
+    async fn send(&self, receipts: Vec<String>) {
+        let failed: Vec<&String> = match self.queue.delete_batch(&self.url, &receipts).await {
+            Ok(failed) => failed
+                .iter()
+                .filter_map(|f| {
+                    warn!(code = f.code, message = ?f.message, "delete failed in batch");
+                    receipts.get(f.index)
+                })
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
+                receipts.iter().collect()
             }
-        })
-    });
-    let mut error_backoff = Duration::from_millis(200);
-    let mut idle_since = tokio::time::Instant::now();
-
-    'receive: loop {
-        // Wait until at least one message can start now.
-        let first = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("semaphore open"),
-            () = shutdown.cancelled() => break 'receive,
         };
-        // Then up to a full batch, waiting at most `batch_wait` for the rest.
+        for r in failed {
+            if let Err(e) = self.queue.delete(&self.url, r).await {
+                error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
+            }
+        }
+    }
+}
+
+/// What one turn of the receive loop got.
+enum Received {
+    /// Messages, with the slots held for them and when the receive was sent.
+    Messages(Vec<Message>, Vec<OwnedSemaphorePermit>, Instant),
+    /// Nothing: a long poll that timed out, or a failure already waited out.
+    Nothing,
+    /// Stop receiving: shutdown, or idle as configured.
+    Stop,
+}
+
+/// The receive loop: takes free slots, receives as many messages, and starts
+/// one task per lane.
+struct ReceiveLoop<Q, S, H> {
+    shared: Arc<Shared<Q, S, H>>,
+    /// One permit per message in flight.
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    error_backoff: Duration,
+    idle_since: Instant,
+}
+
+impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
+    async fn run(mut self) -> TaskTracker {
+        loop {
+            match self.turn().await {
+                Received::Messages(messages, held, received_at) => {
+                    self.start_lanes(messages, held, received_at);
+                    self.idle_since = Instant::now();
+                }
+                Received::Nothing => {}
+                Received::Stop => return self.tasks,
+            }
+        }
+    }
+
+    async fn turn(&mut self) -> Received {
+        let Some(held) = self.free_slots().await else {
+            return Received::Stop;
+        };
+        self.receive(held).await
+    }
+
+    /// Waits until at least one message can start now, then up to a full
+    /// batch, waiting at most `batch_wait` for the rest. `None` at shutdown.
+    async fn free_slots(&self) -> Option<Vec<OwnedSemaphorePermit>> {
+        let first = tokio::select! {
+            p = self.slots.clone().acquire_owned() => p.expect("semaphore open"),
+            () = self.shutdown.cancelled() => return None,
+        };
         let mut held = vec![first];
-        let batch = concurrency.min(10);
-        let fill_by = tokio::time::Instant::now() + config.batch_wait;
+        let batch = self.concurrency.min(BATCH);
+        let fill_by = Instant::now() + self.shared.config.batch_wait;
         while held.len() < batch {
             let more = tokio::select! {
-                p = tokio::time::timeout_at(fill_by, permits.clone().acquire_owned()) => p,
-                () = shutdown.cancelled() => break 'receive,
+                p = tokio::time::timeout_at(fill_by, self.slots.clone().acquire_owned()) => p,
+                () = self.shutdown.cancelled() => return None,
             };
             match more {
                 Ok(p) => held.push(p.expect("semaphore open")),
                 Err(_) => break,
             }
         }
+        Some(held)
+    }
+
+    /// One receive for the slots held. What is received stays invisible for
+    /// a lease (whatever the queue's own visibility timeout), so the heartbeat,
+    /// at most half a lease, always extends it in time.
+    async fn receive(&mut self, held: Vec<OwnedSemaphorePermit>) -> Received {
+        let config = &self.shared.config;
         let wait = match config.exit_when_idle {
             Some(idle) => config.wait_time.min(idle).max(Duration::from_secs(1)),
             None => config.wait_time,
         };
-        // What is received stays invisible for a lease (whatever the queue's
-        // own visibility timeout), so the heartbeat, at most half a lease,
-        // always extends it in time.
-        let received_at = tokio::time::Instant::now();
-        let lease = shared.processor.config().lease;
-        let mut receive = tokio::spawn(
-            sqs.receive_message()
-                .queue_url(&config.queue_url)
-                .visibility_timeout(crate::sqs::visibility_secs(lease))
-                .max_number_of_messages(i32::try_from(held.len()).unwrap_or(10))
-                .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send(),
-        );
+        let request = ReceiveRequest {
+            max: held.len(),
+            wait,
+            visibility: self.shared.processor.config().lease,
+        };
+        let received_at = Instant::now();
+        let (queue, url) = (self.shared.queue.clone(), config.queue_url.clone());
+        let mut receive = tokio::spawn(async move { queue.receive(&url, request).await });
         let out = tokio::select! {
             r = &mut receive => r.expect("the receive task does not panic"),
-            () = shutdown.cancelled() => {
+            () = self.shutdown.cancelled() => {
                 // The receive may already have taken messages: give them back
                 // as soon as it answers (within the drain), rather than leave
                 // them (and their FIFO groups) invisible.
-                tracker.spawn(give_back_when_received(shared.clone(), receive));
-                break 'receive;
+                self.tasks.spawn(give_back_when_received(self.shared.clone(), receive));
+                return Received::Stop;
             }
         };
-        let messages = match out {
-            Ok(o) => {
-                error_backoff = Duration::from_millis(200);
-                o.messages.unwrap_or_default()
+        match out {
+            Ok(messages) if messages.is_empty() => self.nothing_received(held.len()),
+            Ok(messages) => {
+                self.error_backoff = Duration::from_millis(200);
+                Received::Messages(messages, held, received_at)
             }
-            Err(e) => {
-                warn!(error = %DisplayErrorContext(e), retry_in = ?error_backoff, "receive failed; backing off");
-                tokio::select! {
-                    () = tokio::time::sleep(error_backoff) => {}
-                    () = shutdown.cancelled() => break 'receive,
-                }
-                error_backoff = (error_backoff * 2).min(Duration::from_secs(20));
-                continue;
-            }
-        };
-        if messages.is_empty() {
-            shared.count(|s| s.empty_receives += 1);
-            if let Some(idle) = config.exit_when_idle
-                && permits.available_permits() + held.len() == concurrency
-                && idle_since.elapsed() >= idle
-            {
-                info!("idle; exiting as configured");
-                break 'receive;
-            }
-            continue;
+            Err(e) => self.back_off(e).await,
         }
-        let messages: Vec<Message> = messages.into_iter().filter_map(to_message).collect();
-        shared.count(|s| s.received += messages.len() as u64);
-        // One task per lane, messages in receive order within it: on a FIFO
-        // queue a lane is a message group (stopped by a failure); on a standard
-        // queue it is a dedup key, so a duplicate within one receive runs after
-        // the first copy and is skipped instead of found in flight.
-        let fifo = config.is_fifo();
-        let keys = &shared.processor.config().key_source;
-        // (The `fifo-parallel` mutant, for the chaos harness only, runs a
-        // FIFO group's messages in parallel.)
-        let laned_by_group = fifo && !crate::mutants::active("fifo-parallel");
-        let lanes =
-            crate::lanes::split(messages, |m| crate::lanes::lane_of(m, laned_by_group, keys));
-        for lane in lanes {
-            let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
-            tracker.spawn(run_lane(shared.clone(), lane, permits, fifo, received_at));
-        }
-        idle_since = tokio::time::Instant::now();
     }
 
-    // Drain: finish within the deadline, then interrupt and release the rest.
-    // Releases and the last deletes get CLEANUP more at most, so the whole stop
-    // takes no longer than drain + CLEANUP even when AWS does not answer; what
-    // is left then comes back when its lease and visibility run out.
-    tracker.close();
-    if tokio::time::timeout(config.drain, tracker.wait())
-        .await
-        .is_err()
-    {
-        warn!(drain = ?config.drain, "drain deadline reached; interrupting and releasing unfinished work");
-        shared.stop.cancel();
+    /// An empty receive: stop if idle as configured, else go on.
+    fn nothing_received(&mut self, held: usize) -> Received {
+        self.error_backoff = Duration::from_millis(200);
+        self.shared.count(|s| s.empty_receives += 1);
+        if let Some(idle) = self.shared.config.exit_when_idle
+            && self.slots.available_permits() + held == self.concurrency
+            && self.idle_since.elapsed() >= idle
+        {
+            info!("idle; exiting as configured");
+            return Received::Stop;
+        }
+        Received::Nothing
     }
-    let cleanup_by = tokio::time::Instant::now() + CLEANUP;
-    if tokio::time::timeout_at(cleanup_by, tracker.wait())
+
+    /// A failed receive: wait, doubling the wait up to 20 s.
+    async fn back_off(&mut self, e: QueueError) -> Received {
+        warn!(error = %e, retry_in = ?self.error_backoff, "receive failed; backing off");
+        tokio::select! {
+            () = tokio::time::sleep(self.error_backoff) => {}
+            () = self.shutdown.cancelled() => return Received::Stop,
+        }
+        self.error_backoff = (self.error_backoff * 2).min(Duration::from_secs(20));
+        Received::Nothing
+    }
+
+    /// One task per lane, messages in receive order within it: on a FIFO
+    /// queue a lane is a message group (stopped by a failure); on a standard
+    /// queue it is a dedup key, so a duplicate within one receive runs after
+    /// the first copy and is skipped instead of found in flight.
+    fn start_lanes(
+        &self,
+        messages: Vec<Message>,
+        mut held: Vec<OwnedSemaphorePermit>,
+        received_at: Instant,
+    ) {
+        self.shared.count(|s| s.received += messages.len() as u64);
+        let keys = &self.shared.processor.config().key_source;
+        // (The `fifo-parallel` mutant, for the chaos harness only, runs a
+        // FIFO group's messages in parallel.)
+        let by_group = self.shared.config.is_fifo() && !crate::mutants::active("fifo-parallel");
+        for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
+            let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
+            let lane = Lane::new(self.shared.clone(), lane, permits, received_at);
+            self.tasks.spawn(lane.run());
+        }
+    }
+}
+
+/// Prints the processor's counters as EMF every `every`, until aborted.
+fn spawn_metrics<S: DedupStore, H: Handler>(
+    processor: Processor<S, H>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            let consumer = &processor.config().consumer;
+            crate::metrics::print_emf(&processor.metrics().take(), consumer);
+        }
+    })
+}
+
+/// Lets running lanes finish within `drain`, then interrupts them (their
+/// claims are released). Returns the instant by which releases and the last
+/// deletes must be done: [`CLEANUP`] later at most, so the whole stop takes
+/// no longer than drain + CLEANUP even when AWS does not answer; what is left
+/// then comes back when its lease and visibility run out.
+async fn drain(tasks: &TaskTracker, stop: &CancellationToken, drain: Duration) -> Instant {
+    tasks.close();
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+        warn!(
+            ?drain,
+            "drain deadline reached; interrupting and releasing unfinished work"
+        );
+        stop.cancel();
+    }
+    let cleanup_by = Instant::now() + CLEANUP;
+    if tokio::time::timeout_at(cleanup_by, tasks.wait())
         .await
         .is_err()
     {
@@ -693,12 +656,61 @@ pub async fn run<S: DedupStore, H: Handler>(
             "releases did not finish in time; those claims end with their leases"
         );
     }
-    if let Some(task) = metrics_task {
+    cleanup_by
+}
+
+/// Runs the poller until `shutdown` is cancelled (or it has been idle for
+/// `exit_when_idle`). Returns what it did.
+///
+/// `queue` is any [`QueueClient`]; pass an [`aws_sdk_sqs::Client`] in production.
+pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
+    queue: Q,
+    processor: Processor<S, H>,
+    config: PollerConfig,
+    shutdown: CancellationToken,
+) -> RunStats {
+    let (deletes, receipts) = mpsc::unbounded_channel();
+    let deleter = tokio::spawn(
+        DeleteBatcher {
+            queue: queue.clone(),
+            url: config.queue_url.clone(),
+            wait: config.batch_wait,
+            receipts,
+        }
+        .run(),
+    );
+    let concurrency = config.concurrency.max(1);
+    let metrics = config
+        .metrics_interval
+        .map(|every| spawn_metrics(processor.clone(), every));
+    let shared = Arc::new(Shared {
+        settler: Settler::new(queue.clone(), config.dlq_url.as_deref()),
+        queue,
+        processor,
+        config,
+        deletes,
+        stop: CancellationToken::new(),
+        stats: Default::default(),
+    });
+    let tasks = ReceiveLoop {
+        shared: shared.clone(),
+        slots: Arc::new(Semaphore::new(concurrency)),
+        concurrency,
+        tasks: TaskTracker::new(),
+        shutdown,
+        error_backoff: Duration::from_millis(200),
+        idle_since: Instant::now(),
+    }
+    .run()
+    .await;
+    let cleanup_by = drain(&tasks, &shared.stop, shared.config.drain).await;
+    if let Some(task) = metrics {
         task.abort();
         let consumer = &shared.processor.config().consumer;
         crate::metrics::print_emf(&shared.processor.metrics().take(), consumer);
     }
     let stats = shared.stats.lock().expect("stats lock").clone();
+    // The last sender of finished receipts: the batcher flushes and ends.
     drop(shared);
     match tokio::time::timeout_at(cleanup_by, deleter).await {
         Ok(Ok(())) => {}

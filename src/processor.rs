@@ -86,7 +86,7 @@ pub trait VisibilityExtender: Send + Sync {
         &'a self,
         message: &'a Message,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<(), String>>;
+    ) -> BoxFuture<'a, Result<(), crate::queue::QueueError>>;
 }
 
 /// Per-call options from the runtime.

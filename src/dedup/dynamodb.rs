@@ -97,7 +97,13 @@ pub enum TableCheckError {
 impl TableCheckError {
     /// Whether the check may pass when tried again (no answer, throttled, 5xx).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unreachable { transient: true, .. })
+        matches!(
+            self,
+            Self::Unreachable {
+                transient: true,
+                ..
+            }
+        )
     }
 }
 

@@ -10,7 +10,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, Queu
 use sqs_once::config::ProcessorConfig;
 use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
 use sqs_once::poller::PollerConfig;
-use sqs_once::sqs::Dlq;
+use sqs_once::queue::Dlq;
 use sqs_once::{
     Context, DynamoStore, Handler, HandlerError, HandlerResult, Message, Outcome, Processor,
     handler_fn,
@@ -448,7 +448,7 @@ async fn receive_one(sqs: &aws_sdk_sqs::Client, url: &str) -> Message {
             .messages
             .unwrap_or_default();
         if let Some(m) = got.into_iter().next() {
-            return sqs_once::poller::to_message(m).unwrap();
+            return sqs_once::queue::sqs::to_message(m).unwrap();
         }
         assert!(tokio::time::Instant::now() < deadline, "nothing to receive");
     }
