@@ -165,6 +165,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let work = self.run_records(records, fifo, deadline, &stop);
         tokio::pin!(work);
         let mut failed = tokio::select! {
+            biased;
             f = &mut work => f,
             () = tokio::time::sleep_until(stop_at) => {
                 warn!("invocation deadline near: interrupting running handlers");

@@ -330,6 +330,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
     async fn run(mut self) {
         let permits = std::mem::take(&mut self.permits);
         tokio::select! {
+            biased;
             () = self.work(permits) => {}
             () = self.shared.keep_waiting_invisible(&self.waiting) => unreachable!("never returns"),
         }
@@ -513,16 +514,18 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     /// batch, waiting at most `batch_wait` for the rest. `None` at shutdown.
     async fn free_slots(&self) -> Option<Vec<OwnedSemaphorePermit>> {
         let first = tokio::select! {
-            p = self.slots.clone().acquire_owned() => p.expect("semaphore open"),
+            biased;
             () = self.shutdown.cancelled() => return None,
+            p = self.slots.clone().acquire_owned() => p.expect("semaphore open"),
         };
         let mut held = vec![first];
         let batch = self.concurrency.min(BATCH);
         let fill_by = Instant::now() + self.shared.config.batch_wait;
         while held.len() < batch {
             let more = tokio::select! {
-                p = tokio::time::timeout_at(fill_by, self.slots.clone().acquire_owned()) => p,
+                biased;
                 () = self.shutdown.cancelled() => return None,
+                p = tokio::time::timeout_at(fill_by, self.slots.clone().acquire_owned()) => p,
             };
             match more {
                 Ok(p) => held.push(p.expect("semaphore open")),
@@ -550,6 +553,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         let (queue, url) = (self.shared.queue.clone(), config.queue_url.clone());
         let mut receive = tokio::spawn(async move { queue.receive(&url, request).await });
         let out = tokio::select! {
+            biased;
             r = &mut receive => r.expect("the receive task does not panic"),
             () = self.shutdown.cancelled() => {
                 // The receive may already have taken messages: give them back
@@ -587,8 +591,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     async fn back_off(&mut self, e: QueueError) -> Received {
         warn!(error = %e, retry_in = ?self.error_backoff, "receive failed; backing off");
         tokio::select! {
-            () = tokio::time::sleep(self.error_backoff) => {}
+            biased;
             () = self.shutdown.cancelled() => return Received::Stop,
+            () = tokio::time::sleep(self.error_backoff) => {}
         }
         self.error_backoff = (self.error_backoff * 2).min(Duration::from_secs(20));
         Received::Nothing

@@ -239,6 +239,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             self.config.max_result_bytes,
         );
         let handled = tokio::select! {
+            biased;
             r = self.call_handler(message, &ctx) => r,
             () = self.keep_visible(message, opts.visibility) => unreachable!("never returns"),
             () = stopped(opts) => {
@@ -443,6 +444,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             self.config.max_result_bytes,
         );
         let handled = tokio::select! {
+            biased;
             r = self.call_handler(message, &ctx) => r,
             found = self.heartbeat(message, &req, lease, opts, &local) => {
                 return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
@@ -716,6 +718,7 @@ impl LocalLease {
         loop {
             let end = *rx.borrow_and_update();
             tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(end) => {
                     if *rx.borrow() <= Instant::now() {
                         return;
