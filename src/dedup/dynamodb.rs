@@ -195,12 +195,6 @@ impl DynamoStore {
 
     /// Checks at start-up that the table has the expected key schema and TTL.
     pub async fn check_table(&self) -> Result<(), TableCheckError> {
-        let table = self.table.to_string();
-        let unreachable = |e: String, transient: bool| TableCheckError::Unreachable {
-            table: table.clone(),
-            transient,
-            reason: e,
-        };
         let desc = match self
             .client
             .describe_table()
@@ -213,23 +207,37 @@ impl DynamoStore {
                 if e.as_service_error()
                     .is_some_and(|e| e.is_resource_not_found_exception()) =>
             {
-                return Err(TableCheckError::Missing(table));
+                return Err(TableCheckError::Missing(self.table.to_string()));
             }
-            Err(e) => {
-                return Err(unreachable(
-                    aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
-                    crate::aws::is_transient(&e),
-                ));
-            }
+            Err(e) => return Err(self.unreachable(&e)),
         };
-        let t = desc
-            .table()
-            .ok_or_else(|| unreachable("empty DescribeTable answer".into(), true))?;
-        let keys: Vec<String> = t
-            .key_schema()
-            .iter()
-            .map(|k| format!("{}:{}", k.attribute_name(), k.key_type().as_str()))
-            .collect();
+        let t = desc.table().ok_or_else(|| TableCheckError::Unreachable {
+            table: self.table.to_string(),
+            transient: true,
+            reason: "empty DescribeTable answer".into(),
+        })?;
+        self.check_key_schema(t)?;
+        self.check_ttl().await
+    }
+
+    /// The table check could not be made.
+    fn unreachable<E, R>(&self, e: &SdkError<E, R>) -> TableCheckError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
+    {
+        TableCheckError::Unreachable {
+            table: self.table.to_string(),
+            transient: crate::aws::is_transient(e),
+            reason: aws_smithy_types::error::display::DisplayErrorContext(e).to_string(),
+        }
+    }
+
+    /// Exactly one string partition key, `pk`.
+    fn check_key_schema(
+        &self,
+        t: &aws_sdk_dynamodb::types::TableDescription,
+    ) -> Result<(), TableCheckError> {
         let pk_is_string = t.attribute_definitions().iter().any(|d| {
             d.attribute_name() == KEY_ATTRIBUTE && *d.attribute_type() == ScalarAttributeType::S
         });
@@ -237,29 +245,34 @@ impl DynamoStore {
             && t.key_schema()[0].attribute_name() == KEY_ATTRIBUTE
             && *t.key_schema()[0].key_type() == KeyType::Hash
             && pk_is_string;
-        if !schema_ok {
-            let types: Vec<String> = t
-                .attribute_definitions()
-                .iter()
-                .map(|d| format!("{}({})", d.attribute_name(), d.attribute_type().as_str()))
-                .collect();
-            return Err(TableCheckError::KeySchema {
-                table,
-                found: format!("[{}] with types [{}]", keys.join(", "), types.join(", ")),
-            });
+        if schema_ok {
+            return Ok(());
         }
+        let keys: Vec<String> = t
+            .key_schema()
+            .iter()
+            .map(|k| format!("{}:{}", k.attribute_name(), k.key_type().as_str()))
+            .collect();
+        let types: Vec<String> = t
+            .attribute_definitions()
+            .iter()
+            .map(|d| format!("{}({})", d.attribute_name(), d.attribute_type().as_str()))
+            .collect();
+        Err(TableCheckError::KeySchema {
+            table: self.table.to_string(),
+            found: format!("[{}] with types [{}]", keys.join(", "), types.join(", ")),
+        })
+    }
+
+    /// TTL enabled (or being enabled) on `expires_at`.
+    async fn check_ttl(&self) -> Result<(), TableCheckError> {
         let ttl = self
             .client
             .describe_time_to_live()
             .table_name(&*self.table)
             .send()
             .await
-            .map_err(|e| {
-                unreachable(
-                    aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
-                    crate::aws::is_transient(&e),
-                )
-            })?;
+            .map_err(|e| self.unreachable(&e))?;
         let desc = ttl.time_to_live_description();
         let status = desc.and_then(|d| d.time_to_live_status());
         let attr = desc.and_then(|d| d.attribute_name());
@@ -267,17 +280,17 @@ impl DynamoStore {
             status,
             Some(TimeToLiveStatus::Enabled) | Some(TimeToLiveStatus::Enabling)
         );
-        if !enabled || attr != Some(TTL_ATTRIBUTE) {
-            return Err(TableCheckError::Ttl {
-                table,
-                found: format!(
-                    "{} on {}",
-                    status.map_or("DISABLED", |s| s.as_str()),
-                    attr.unwrap_or("no attribute")
-                ),
-            });
+        if enabled && attr == Some(TTL_ATTRIBUTE) {
+            return Ok(());
         }
-        Ok(())
+        Err(TableCheckError::Ttl {
+            table: self.table.to_string(),
+            found: format!(
+                "{} on {}",
+                status.map_or("DISABLED", |s| s.as_str()),
+                attr.unwrap_or("no attribute")
+            ),
+        })
     }
 
     /// Runs `op` until it gives a definite answer, at most
@@ -351,7 +364,8 @@ impl DynamoStore {
                 Err(e) => {
                     if let Some(ccf) = conditional_failure(&e) {
                         let old = ccf.item().map(record_from_item).transpose();
-                        let old = old.map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+                        let old =
+                            old.map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
                         if old
                             .as_ref()
                             .is_some_and(|r| r.owner.as_deref() == Some(owner) && accept(r))
@@ -551,7 +565,7 @@ fn completion_conflict(
     let old = item
         .map(record_from_item)
         .transpose()
-        .map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
     if old
         .as_ref()
         .is_some_and(|r| r.status == Status::Completed && r.owner.as_deref() == Some(owner))
@@ -658,7 +672,7 @@ impl DedupStore for DynamoStore {
                                 "conditional check failed without the old item (ALL_OLD not honoured)".into(),
                             )));
                         };
-                        let old = record_from_item(item).map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+                        let old = record_from_item(item).map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
                         return Ok(decide_conflict(&old, req, now_ms));
                     }
                     Err(classify(&e))
@@ -844,7 +858,7 @@ impl DedupStore for DynamoStore {
                         )));
                     };
                     let old = record_from_item(item)
-                        .map_err(|e| Attempt::Done(StoreError::Invalid(e)))?;
+                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
                     Ok(c.conflict(&old, now_ms))
                 }
                 TransactionFailure::Other(attempt) => Err(attempt),
@@ -869,26 +883,64 @@ impl DedupStore for DynamoStore {
         out.item()
             .map(record_from_item)
             .transpose()
-            .map_err(StoreError::Invalid)
+            .map_err(|e| StoreError::Invalid(e.to_string()))
     }
 }
 
+/// A DynamoDB item that is not a dedup record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// No partition key.
+    #[error("dedup record without `pk`")]
+    NoKey,
+    /// No status.
+    #[error("dedup record {pk} without `status`")]
+    NoStatus {
+        /// The record's key.
+        pk: String,
+    },
+    /// A status this version does not know.
+    #[error("dedup record {pk} has unknown status {status:?}")]
+    UnknownStatus {
+        /// The record's key.
+        pk: String,
+        /// What it has.
+        status: String,
+    },
+    /// A stored result that is not JSON.
+    #[error("dedup record {pk}: result is not JSON: {source}")]
+    ResultNotJson {
+        /// The record's key.
+        pk: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Reads a dedup record from a DynamoDB item.
-pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, String> {
+pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, RecordError> {
     let str_of = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
     let num_of = |k: &str| -> Option<i64> {
         item.get(k)
             .and_then(|v| v.as_n().ok())
             .and_then(|v| v.parse().ok())
     };
-    let pk = str_of(KEY_ATTRIBUTE).ok_or("dedup record without `pk`")?;
-    let status_s = str_of("status").ok_or_else(|| format!("dedup record {pk} without `status`"))?;
-    let status = Status::parse(&status_s)
-        .ok_or_else(|| format!("dedup record {pk} has unknown status {status_s:?}"))?;
+    let pk = str_of(KEY_ATTRIBUTE).ok_or(RecordError::NoKey)?;
+    let Some(status_s) = str_of("status") else {
+        return Err(RecordError::NoStatus { pk });
+    };
+    let Some(status) = Status::parse(&status_s) else {
+        return Err(RecordError::UnknownStatus {
+            pk,
+            status: status_s,
+        });
+    };
     let result = if let Some(text) = str_of("result") {
-        Some(StoredResult::Value(serde_json::from_str(&text).map_err(
-            |e| format!("dedup record {pk}: result is not JSON: {e}"),
-        )?))
+        match serde_json::from_str(&text) {
+            Ok(value) => Some(StoredResult::Value(value)),
+            Err(source) => return Err(RecordError::ResultNotJson { pk, source }),
+        }
     } else {
         str_of("result_sha256").map(|sha256| StoredResult::Digest {
             sha256,
