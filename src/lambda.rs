@@ -35,6 +35,9 @@
 //! extension end by the deadline. A record is not started with less than the
 //! safety margin left; a handler still running at half the margin before the
 //! deadline is interrupted, its claim released and its record listed.
+//!
+//! The protocol this runtime follows is in the project's `docs/DESIGN.md`
+//! ("The runtimes").
 
 use std::collections::HashMap;
 use std::sync::Arc;

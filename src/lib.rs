@@ -27,8 +27,10 @@
 //!   [`dedup`] (the record, the store trait, DynamoDB and in-memory stores),
 //!   [`processor`] (claim, heartbeat and local lease, complete / release / park).
 //! - The runtimes: [`poller`] (long polling, ECS or any host) and [`lambda`]
-//!   (SQS events, partial batch responses), sharing [`sqs`] (visibility and
-//!   parking) and the lane split.
+//!   (SQS events, partial batch responses), sharing one core (the lane split,
+//!   and settling an [`Outcome`]: delete, retry later or park) over the
+//!   [`queue`] seam: a [`QueueClient`] trait that [`aws_sdk_sqs::Client`]
+//!   implements and an in-memory queue can stand behind.
 //! - Settings: [`config`] ([`ProcessorConfig`]), [`cli`] (environment and
 //!   flags, choosing the runtime).
 //! - Operator tooling: [`setup`], [`ops`], [`local_lambda`], [`calls`],
@@ -75,6 +77,7 @@ pub use lambda::{LambdaAdapter, LambdaConfig};
 pub use message::{Attribute, AttributeValue, Message};
 pub use poller::PollerConfig;
 pub use processor::{Outcome, Processor};
+pub use queue::{QueueClient, QueueError};
 
 /// The README's code, compiled as a doctest so it stays true.
 #[cfg(doctest)]

@@ -14,6 +14,9 @@
 //! it is cancelled the poller stops receiving, lets running handlers finish
 //! within the drain deadline, interrupts and releases the rest (their messages
 //! become visible again at once), flushes pending deletes and returns.
+//!
+//! The protocol this runtime follows is in the project's `docs/DESIGN.md`
+//! ("The runtimes").
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! One message through claim, handler, complete or release: the outcome the
 //! runtimes act on.
+//!
+//! The protocol (record, conditions, fencing, the local lease, unknown
+//! outcomes, the fast path) is in the project's `docs/DESIGN.md`.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

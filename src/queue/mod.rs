@@ -10,6 +10,8 @@
 //! Queues are named by URL in every call, as in SQS: one client serves the
 //! source queue and its DLQ. Batch calls take at most [`BATCH`] entries and
 //! answer with the entries that failed.
+//!
+//! See the project's `docs/DESIGN.md` ("The runtimes", "Parking").
 
 mod dlq;
 pub mod sqs;

@@ -5,6 +5,8 @@
 //! The poller deletes what is finished and parked itself; the Lambda adapter
 //! leaves it out of the batch's failures and Lambda deletes it. Either way a
 //! message is let go only after its effect is recorded or its copy parked.
+//!
+//! See the project's `docs/DESIGN.md` ("The runtimes").
 
 pub(crate) mod lanes;
 
