@@ -17,6 +17,19 @@ pub enum MissingKey {
     ProcessUnprotected,
 }
 
+/// What to do with a message whose dedup key was recorded for a different
+/// body: a producer reusing a key for other content. Either way it is counted
+/// (`PayloadMismatches`) and logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PayloadMismatch {
+    /// Treat it as the duplicate its key says it is (the default).
+    #[default]
+    Warn,
+    /// Park it in the DLQ with the reason, for someone to look at. The record
+    /// of the first body is left as it is.
+    Park,
+}
+
 /// How the processor claims, retries and records. Every runtime builds one.
 #[derive(Debug, Clone)]
 pub struct ProcessorConfig {
@@ -54,6 +67,10 @@ pub struct ProcessorConfig {
     /// [`Effects::StagedOnly`](crate::Effects::StagedOnly) (`SQS_ONCE_FAST_PATH`,
     /// default true). Off, every handler is claimed first.
     pub fast_path: bool,
+    /// A duplicate (or a message in flight elsewhere) whose body differs from
+    /// the recorded one (`SQS_ONCE_PAYLOAD_MISMATCH`: `warn`, the default, or
+    /// `park`).
+    pub payload_mismatch: PayloadMismatch,
 }
 
 impl ProcessorConfig {
@@ -72,6 +89,7 @@ impl ProcessorConfig {
             backoff_max: Duration::from_secs(15 * 60),
             max_result_bytes: 32 * 1024,
             fast_path: true,
+            payload_mismatch: PayloadMismatch::Warn,
         }
     }
 

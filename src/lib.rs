@@ -64,7 +64,7 @@ pub mod queue;
 mod runtime;
 pub mod setup;
 
-pub use config::ProcessorConfig;
+pub use config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;
 pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};

@@ -30,6 +30,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "PermanentFailures",
     "LeaseLost",
     "HeartbeatExtensions",
+    "Takeovers",
+    "UnknownOutcomesResolved",
+    "PayloadMismatches",
     "HandlerLatency",
 ];
 
@@ -45,6 +48,9 @@ pub struct Metrics {
     permanent_failures: AtomicU64,
     lease_lost: AtomicU64,
     heartbeat_extensions: AtomicU64,
+    takeovers: AtomicU64,
+    unknown_resolved: AtomicU64,
+    payload_mismatches: AtomicU64,
     latency: Histogram,
 }
 
@@ -141,6 +147,15 @@ pub struct Snapshot {
     pub lease_lost: u64,
     /// Successful lease or visibility extensions.
     pub heartbeat_extensions: u64,
+    /// Claims taken over from another consumer whose lease had expired
+    /// unreleased (it crashed, was cut off, or its handler outran the lease).
+    pub takeovers: u64,
+    /// DynamoDB writes whose answer was lost, sent again with the same token
+    /// and found applied once (by the first send or the retry).
+    pub unknown_resolved: u64,
+    /// Messages whose dedup key was recorded for a different body: a producer
+    /// bug (`SQS_ONCE_PAYLOAD_MISMATCH` says whether they are parked).
+    pub payload_mismatches: u64,
     /// Handler run times.
     pub handler_latency: Latencies,
 }
@@ -161,6 +176,21 @@ impl Metrics {
     /// Counts a lease lost to another consumer.
     pub fn lease_lost(&self) {
         self.lease_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a claim taken over from an expired, unreleased one.
+    pub fn takeover(&self) {
+        self.takeovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a write whose lost answer was resolved by sending it again.
+    pub fn unknown_outcome_resolved(&self) {
+        self.unknown_resolved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a duplicate whose body differs from the recorded one.
+    pub fn payload_mismatch(&self) {
+        self.payload_mismatches.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a successful heartbeat extension.
@@ -184,6 +214,9 @@ impl Metrics {
             permanent_failures: t(&self.permanent_failures),
             lease_lost: t(&self.lease_lost),
             heartbeat_extensions: t(&self.heartbeat_extensions),
+            takeovers: t(&self.takeovers),
+            unknown_resolved: t(&self.unknown_resolved),
+            payload_mismatches: t(&self.payload_mismatches),
             handler_latency: self.latency.take(),
         }
     }
@@ -202,6 +235,9 @@ impl Snapshot {
             ("PermanentFailures", self.permanent_failures),
             ("LeaseLost", self.lease_lost),
             ("HeartbeatExtensions", self.heartbeat_extensions),
+            ("Takeovers", self.takeovers),
+            ("UnknownOutcomesResolved", self.unknown_resolved),
+            ("PayloadMismatches", self.payload_mismatches),
         ];
         let latency = &self.handler_latency.0;
         let histogram = (!latency.is_empty()).then(|| {

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::config::{MissingKey, ProcessorConfig, SQS_MAX_VISIBILITY};
+use crate::config::{MissingKey, PayloadMismatch, ProcessorConfig, SQS_MAX_VISIBILITY};
 use crate::dedup::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, StoreError,
     StoredResult,
@@ -135,12 +135,14 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         config: ProcessorConfig,
     ) -> Result<Self, crate::config::ConfigError> {
         config.validate()?;
+        let metrics = Arc::new(Metrics::default());
+        store.report_to(metrics.clone());
         Ok(Self {
             store: Arc::new(store),
             handler: Arc::new(handler),
             config: Arc::new(config),
             clock: Arc::new(clock::SystemClock),
-            metrics: Arc::default(),
+            metrics,
         })
     }
 
@@ -177,6 +179,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             "message",
             message_id = message.id(),
             dedup_key = tracing::field::Empty,
+            record_key = tracing::field::Empty,
             group = message.group_id(),
             receive_count = message.receive_count(),
             attempt = tracing::field::Empty,
@@ -197,7 +200,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     }
                 },
             };
-            tracing::Span::current().record("dedup_key", key.as_str());
+            let span = tracing::Span::current();
+            span.record("dedup_key", key.as_str());
+            span.record(
+                "record_key",
+                record_key(&self.config.consumer, &key).as_str(),
+            );
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 self.run_fast(&message, &opts).await
@@ -270,7 +278,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(FastCommitted::Duplicate {
                 result,
                 payload_matches,
-            }) => duplicate(result, payload_matches),
+            }) => self.duplicate(message, result, payload_matches),
             Ok(FastCommitted::InFlight {
                 lease_until_ms,
                 payload_matches,
@@ -307,7 +315,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::Duplicate {
                 result,
                 payload_matches,
-            }) => duplicate(result, payload_matches),
+            }) => self.duplicate(message, result, payload_matches),
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,
@@ -346,9 +354,57 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// Someone else holds the key: come back when their lease ends, or sooner by
     /// the backoff. The other consumer usually finishes long before its lease runs
     /// out, and the backoff grows with every receive, so this never spins.
+    /// A duplicate of completed work: skipped, unless its body differs and
+    /// such messages are parked.
+    fn duplicate(
+        &self,
+        message: &Message,
+        result: Option<StoredResult>,
+        payload_matches: bool,
+    ) -> Outcome {
+        if let Some(parked) = self.payload_mismatch(message, payload_matches, "completed") {
+            return parked;
+        }
+        info!("duplicate of completed work; skipped");
+        Outcome::Duplicate {
+            result,
+            payload_matches,
+        }
+    }
+
+    /// A body that differs from the one recorded under its key (`state`:
+    /// what the record is): counted and logged; `Some(Park)` when such
+    /// messages are parked.
+    fn payload_mismatch(
+        &self,
+        message: &Message,
+        payload_matches: bool,
+        state: &str,
+    ) -> Option<Outcome> {
+        if payload_matches {
+            return None;
+        }
+        self.metrics.payload_mismatch();
+        let key = message.dedup_key().unwrap_or_default();
+        match self.config.payload_mismatch {
+            PayloadMismatch::Warn => {
+                warn!(
+                    state,
+                    "same dedup key, different payload: a producer bug; treated as its key says (SQS_ONCE_PAYLOAD_MISMATCH=warn)"
+                );
+                None
+            }
+            PayloadMismatch::Park => Some(Outcome::Park {
+                reason: format!(
+                    "payload mismatch: dedup key {key:?} is {state} for a message with a different body (a producer reused the key); parked as SQS_ONCE_PAYLOAD_MISMATCH=park says, the recorded effect is unchanged"
+                ),
+            }),
+        }
+    }
+
     fn in_flight(&self, message: &Message, lease_until_ms: i64, payload_matches: bool) -> Outcome {
-        if !payload_matches {
-            warn!("same dedup key, different payload while in flight: a producer bug");
+        if let Some(parked) = self.payload_mismatch(message, payload_matches, "in flight") {
+            return parked;
         }
         let wait = (lease_until_ms - self.clock.now_ms()).max(1000);
         Outcome::InFlight {
@@ -408,7 +464,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::Duplicate {
                 result,
                 payload_matches,
-            }) => return duplicate(result, payload_matches),
+            }) => return self.duplicate(message, result, payload_matches),
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,
@@ -758,18 +814,6 @@ async fn stopped(opts: &ProcessOptions<'_>) {
     }
 }
 
-/// A duplicate of completed work, with the recorded result.
-fn duplicate(result: Option<StoredResult>, payload_matches: bool) -> Outcome {
-    if !payload_matches {
-        warn!("same dedup key, different payload: a producer bug; treated as duplicate");
-    }
-    info!("duplicate of completed work; skipped");
-    Outcome::Duplicate {
-        result,
-        payload_matches,
-    }
-}
-
 /// `lease`, cut so that it ends by `deadline`.
 fn lease_within(lease: Duration, deadline: Option<Instant>) -> Duration {
     deadline.map_or(lease, |d| {
@@ -819,6 +863,104 @@ mod tests {
             );
         }
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_with_another_body_is_counted_and_skipped_or_parked_as_configured() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        let handler = handler_fn(move |_m, _ctx| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            }
+        });
+        let store = MemoryStore::default();
+        let warn = Processor::new(store.clone(), handler.clone(), config()).unwrap();
+        let mut parking = config();
+        parking.payload_mismatch = PayloadMismatch::Park;
+        let park = Processor::new(store, handler, parking).unwrap();
+        let first = warn
+            .process(Message::new("m1", r#"{"id":"e1","amount":5}"#))
+            .await;
+        assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+        let other_body = || Message::new("m2", r#"{"id":"e1","amount":7}"#);
+        let skipped = warn.process(other_body()).await;
+        assert!(
+            matches!(
+                skipped,
+                Outcome::Duplicate {
+                    payload_matches: false,
+                    ..
+                }
+            ),
+            "{skipped:?}"
+        );
+        match park.process(other_body()).await {
+            Outcome::Park { reason } => {
+                assert!(
+                    reason.contains("payload mismatch") && reason.contains("e1"),
+                    "{reason}"
+                )
+            }
+            o => panic!("expected a park, got {o:?}"),
+        }
+        // The same body again is an ordinary duplicate, for either setting.
+        let same = park
+            .process(Message::new("m3", r#"{"id":"e1","amount":5}"#))
+            .await;
+        assert!(
+            matches!(
+                same,
+                Outcome::Duplicate {
+                    payload_matches: true,
+                    ..
+                }
+            ),
+            "{same:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+        assert_eq!(warn.metrics().take().payload_mismatches, 1);
+        assert_eq!(park.metrics().take().payload_mismatches, 1);
+    }
+
+    #[tokio::test]
+    async fn a_claim_taken_over_from_an_expired_one_is_counted_and_one_after_a_release_is_not() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let p = Processor::new(
+            store.clone(),
+            handler_fn(|_m, _c| async { Ok(None) }),
+            config(),
+        )
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+        let stale = |pk: &str, owner: &str| ClaimRequest {
+            pk: pk.to_owned(),
+            owner: owner.to_owned(),
+            message_id: "elsewhere".into(),
+            payload_sha256: sha256_hex(br#"{"id":"e1"}"#),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+        };
+        // Another consumer claimed e1 and vanished; it released e2.
+        let (pk1, pk2) = (record_key("test", "e1"), record_key("test", "e2"));
+        assert!(matches!(
+            store.claim(&stale(&pk1, "gone")).await,
+            Ok(Claim::Acquired { .. })
+        ));
+        assert!(matches!(
+            store.claim(&stale(&pk2, "polite")).await,
+            Ok(Claim::Acquired { .. })
+        ));
+        store.release(&pk2, "polite", "gave up").await.unwrap();
+        clock.advance(Duration::from_secs(31));
+        for body in [r#"{"id":"e1"}"#, r#"{"id":"e2"}"#] {
+            let o = p.process(Message::new("m", body)).await;
+            assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+        }
+        assert_eq!(p.metrics().take().takeovers, 1);
     }
 
     #[tokio::test]

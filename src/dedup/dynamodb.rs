@@ -21,6 +21,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
+use crate::metrics::Metrics;
 
 /// The name of the TTL attribute the dedup table must have enabled.
 pub const TTL_ATTRIBUTE: &str = "expires_at";
@@ -51,6 +52,7 @@ pub struct DynamoStore {
     client: Client,
     table: Arc<str>,
     clock: Arc<dyn Clock>,
+    metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
 }
 
 /// Why a table cannot serve as the dedup table. Reported at start-up.
@@ -108,8 +110,12 @@ impl TableCheckError {
 }
 
 enum Attempt {
-    /// The outcome is unknown or the failure transient: send again, same token.
+    /// A transient failure that wrote nothing (throttled, a transaction
+    /// conflict): send again, same token.
     Again(String),
+    /// No answer, or a server error: the write may have applied. Sent again
+    /// with the same token, it applies at most once.
+    Unknown(String),
     /// A definite answer.
     Done(StoreError),
 }
@@ -139,17 +145,18 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
                 "AccessDeniedException" | "UnrecognizedClientException" => {
                     Attempt::Done(StoreError::Unavailable(msg))
                 }
+                "InternalServerError" | "InternalFailure" | "ServiceUnavailable" => {
+                    Attempt::Unknown(msg)
+                }
                 _ => Attempt::Again(msg),
             }
         }
-        other => {
-            Attempt::Again(aws_smithy_types::error::display::DisplayErrorContext(other).to_string())
-        }
+        other => Attempt::Unknown(
+            aws_smithy_types::error::display::DisplayErrorContext(other).to_string(),
+        ),
     }
 }
 
-/// Whether an SDK error may pass when the call is made again: no answer (dispatch,
-/// timeout, cut-off response), throttling, or a server error.
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }
@@ -185,6 +192,14 @@ impl DynamoStore {
             client,
             table: table.into(),
             clock,
+            metrics: Arc::default(),
+        }
+    }
+
+    /// Counts on the processor's metrics, once attached.
+    fn count(&self, f: impl FnOnce(&Metrics)) {
+        if let Some(m) = self.metrics.get() {
+            f(m);
         }
     }
 
@@ -303,12 +318,29 @@ impl DynamoStore {
     {
         let mut delay = Duration::from_millis(50);
         let mut last = String::new();
+        let mut unknown = false;
         for attempt in 1..=UNKNOWN_OUTCOME_ATTEMPTS {
             match op().await {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    if unknown {
+                        // The answer to an earlier send was lost; this one
+                        // (or that one, found by the same token) applied once.
+                        self.count(Metrics::unknown_outcome_resolved);
+                    }
+                    return Ok(v);
+                }
                 Err(Attempt::Done(e)) => return Err(e),
-                Err(Attempt::Again(reason)) => {
+                Err(Attempt::Unknown(reason)) => {
                     tracing::warn!(operation = what, attempt, %reason, "DynamoDB outcome unknown; sending again with the same token");
+                    unknown = true;
+                    last = reason;
+                    if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+                Err(Attempt::Again(reason)) => {
+                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB call failed transiently; sending again with the same token");
                     last = reason;
                     if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
                         tokio::time::sleep(delay).await;
@@ -614,6 +646,10 @@ fn used_names(all: &HashMap<String, String>, expr: &str) -> HashMap<String, Stri
 }
 
 impl DedupStore for DynamoStore {
+    fn report_to(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let now_ms = self.clock.now_ms();
         let values = HashMap::from([
@@ -651,18 +687,23 @@ impl DedupStore for DynamoStore {
                 .condition_expression(CLAIM_CONDITION)
                 .set_expression_attribute_names(Some(attr_names.clone()))
                 .set_expression_attribute_values(Some(values.clone()))
-                .return_values(ReturnValue::AllNew)
+                .return_values(ReturnValue::AllOld)
                 .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                 .send()
                 .await;
             match res {
                 Ok(out) => {
-                    let attempt = out
+                    // The record this claim replaced, if any.
+                    let old = out
                         .attributes()
-                        .and_then(|a| a.get("attempts"))
-                        .and_then(|v| v.as_n().ok())
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(1);
+                        .filter(|a| !a.is_empty())
+                        .map(record_from_item)
+                        .transpose()
+                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+                    if old.as_ref().is_some_and(|o| o.taken_over_by(&req.owner)) {
+                        self.count(Metrics::takeover);
+                    }
+                    let attempt = old.map_or(0, |o| o.attempts) + 1;
                     Ok(Claim::Acquired { attempt })
                 }
                 Err(e) => {
@@ -803,7 +844,9 @@ impl DedupStore for DynamoStore {
                 // outcome committed; the message comes back and may apply twice.
                 _ => match classify(&e) {
                     Attempt::Done(err) => Err(err),
-                    Attempt::Again(reason) => Err(StoreError::Unavailable(reason)),
+                    Attempt::Again(reason) | Attempt::Unknown(reason) => {
+                        Err(StoreError::Unavailable(reason))
+                    }
                 },
             },
         }
@@ -878,7 +921,9 @@ impl DedupStore for DynamoStore {
             .await
             .map_err(|e| match classify(&e) {
                 Attempt::Done(err) => err,
-                Attempt::Again(reason) => StoreError::Unavailable(reason),
+                Attempt::Again(reason) | Attempt::Unknown(reason) => {
+                    StoreError::Unavailable(reason)
+                }
             })?;
         out.item()
             .map(record_from_item)

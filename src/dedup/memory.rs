@@ -17,6 +17,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::handler::StagedWrite;
+use crate::metrics::Metrics;
 
 /// The in-memory store. Clones share state.
 #[derive(Debug, Clone)]
@@ -24,6 +25,7 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     state: Arc<Mutex<State>>,
     unavailable: Arc<AtomicBool>,
+    metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +47,7 @@ impl MemoryStore {
             clock,
             state: Arc::default(),
             unavailable: Arc::default(),
+            metrics: Arc::default(),
         }
     }
 
@@ -106,6 +109,10 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl DedupStore for MemoryStore {
+    fn report_to(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.check_available()?;
         let now_ms = self.clock.now_ms();
@@ -115,6 +122,11 @@ impl DedupStore for MemoryStore {
             && !old.claimable_by(now_ms, &req.message_id)
         {
             return Ok(decide_conflict(old, req, now_ms));
+        }
+        if old.is_some_and(|o| o.taken_over_by(&req.owner))
+            && let Some(m) = self.metrics.get()
+        {
+            m.takeover();
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         let error = old.and_then(|o| o.error.clone());

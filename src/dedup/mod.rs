@@ -120,6 +120,14 @@ pub struct Record {
 }
 
 impl Record {
+    /// Whether a claim by `owner` that replaces this record takes over a
+    /// claim that expired unreleased (a release sets the lease to 0).
+    pub fn taken_over_by(&self, owner: &str) -> bool {
+        self.status == Status::InProgress
+            && self.lease_until_ms > 0
+            && self.owner.as_deref() != Some(owner)
+    }
+
     /// Whether a claim at `now_ms` by a delivery other than the one that
     /// failed (a copy brought back from the DLQ, a producer's re-send) may take
     /// this record.
@@ -474,6 +482,13 @@ pub trait DedupStore: Send + Sync + 'static {
 
     /// Reads a record.
     fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Where the store counts what only it sees (takeovers of expired claims,
+    /// lost answers resolved by sending again). The [`Processor`](crate::Processor)
+    /// calls it once with its metrics; stores that see nothing ignore it.
+    fn report_to(&self, metrics: std::sync::Arc<crate::metrics::Metrics>) {
+        let _ = metrics;
+    }
 }
 
 /// Checks staged writes, with the dedup record (`record_bytes`), against

@@ -202,6 +202,8 @@ async fn too_many_staged_writes_is_a_clear_error_and_nothing_is_written() {
 async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
     let (client, lost) = ddb_losing("UpdateItem", 1).await;
     let store = DynamoStore::new(client, dedup_table(&ddb().await).await);
+    let metrics = Arc::new(sqs_once::metrics::Metrics::default());
+    store.report_to(metrics.clone());
     let a = req("c#lost");
     assert_eq!(
         store.claim(&a).await.unwrap(),
@@ -214,6 +216,49 @@ async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
     );
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!((rec.attempts, rec.owner), (1, Some(a.owner.clone())));
+    let seen = metrics.take();
+    assert_eq!(seen.unknown_resolved, 1, "the lost answer is counted once");
+    assert_eq!(seen.takeovers, 0, "finding our own claim is no takeover");
+}
+
+#[tokio::test]
+async fn a_claim_over_an_expired_one_is_counted_as_a_takeover_and_numbered_after_it() {
+    let clock = sqs_once::clock::ManualClock::starting_now();
+    let store = DynamoStore::with_clock(
+        ddb().await,
+        dedup_table(&ddb().await).await,
+        Arc::new(clock.clone()),
+    );
+    let metrics = Arc::new(sqs_once::metrics::Metrics::default());
+    store.report_to(metrics.clone());
+    let (gone, released) = (req("c#gone"), req("c#released"));
+    for r in [&gone, &released] {
+        assert_eq!(
+            store.claim(r).await.unwrap(),
+            Claim::Acquired { attempt: 1 }
+        );
+    }
+    store
+        .release(&released.pk, &released.owner, "gave up")
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(3600));
+    for r in [&gone, &released] {
+        let next = ClaimRequest {
+            owner: uuid::Uuid::new_v4().to_string(),
+            ..r.clone()
+        };
+        assert_eq!(
+            store.claim(&next).await.unwrap(),
+            Claim::Acquired { attempt: 2 }
+        );
+    }
+    let seen = metrics.take();
+    assert_eq!(
+        seen.takeovers, 1,
+        "only the expired, unreleased claim is a takeover"
+    );
+    assert_eq!(seen.unknown_resolved, 0);
 }
 
 #[tokio::test]
@@ -245,6 +290,8 @@ async fn lost_fast_commit_response_applies_the_effect_once() {
     let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
     let (client, lost) = ddb_losing("TransactWriteItems", 2).await;
     let store = DynamoStore::new(client, dedup);
+    let metrics = Arc::new(sqs_once::metrics::Metrics::default());
+    store.report_to(metrics.clone());
     let commit = FastCommit {
         pk: "c#lost-fast".into(),
         owner: uuid::Uuid::new_v4().to_string(),
@@ -264,6 +311,11 @@ async fn lost_fast_commit_response_applies_the_effect_once() {
         balance(&plain, &ledger, "acct").await,
         (250, 1),
         "applied exactly once"
+    );
+    assert_eq!(
+        metrics.take().unknown_resolved,
+        1,
+        "one write, resolved once"
     );
     // Another delivery of the key writes nothing.
     let again = FastCommit {
