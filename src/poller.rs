@@ -52,10 +52,12 @@ pub struct PollerConfig {
     /// Return once nothing was received for this long and nothing is in flight
     /// (`SQS_ONCE_EXIT_WHEN_IDLE`; for batch jobs, demos and tests).
     pub exit_when_idle: Option<Duration>,
-    /// How long to wait to fill a batch of 10 (`SQS_ONCE_BATCH_WAIT`, default
-    /// 1 s): a receive waits this long for ten free slots once one is free, and a
-    /// delete this long for ten receipts once one is pending. Batches of ten make
-    /// receive and delete cost 0.1 calls per message each.
+    /// The longest wait to fill a batch of 10 (`SQS_ONCE_BATCH_WAIT`, default
+    /// 1 s). A receive waits for more free slots once one is free only while
+    /// they come free fast enough to fill the batch within one receive's
+    /// round trip, and never longer than this; a delete waits this long for
+    /// ten receipts once one is pending. Batches of ten make receive and
+    /// delete cost 0.1 calls per message each.
     pub batch_wait: Duration,
     /// Print the processor's counters as EMF lines on stdout this often, and
     /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
@@ -490,6 +492,9 @@ struct ReceiveLoop<Q, S, H> {
     shutdown: CancellationToken,
     error_backoff: Duration,
     idle_since: Instant,
+    /// Mean round trip of receives that returned messages: how long waiting
+    /// for more free slots may take before one more receive is cheaper.
+    receive_time: Duration,
 }
 
 impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
@@ -513,8 +518,13 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         self.receive(held).await
     }
 
-    /// Waits until at least one message can start now, then up to a full
-    /// batch, waiting at most `batch_wait` for the rest. `None` at shutdown.
+    /// Waits until at least one message can start now, then for more, up to
+    /// a full batch, as long as waiting pays: the next slot is waited for only
+    /// while slots come free fast enough for the rest of the batch to be
+    /// there within one receive's round trip (so fast handlers fill batches
+    /// of ten, for 0.1 receives per message, and slow uneven ones do not
+    /// leave freed slots idle), and never beyond `batch_wait`. `None` at
+    /// shutdown.
     async fn free_slots(&self) -> Option<Vec<OwnedSemaphorePermit>> {
         let first = tokio::select! {
             biased;
@@ -525,10 +535,14 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         let batch = self.concurrency.min(BATCH);
         let fill_by = Instant::now() + self.shared.config.batch_wait;
         while held.len() < batch {
+            // The rest arrive within a receive's time if each of them comes
+            // within its share of it.
+            let missing = u32::try_from(batch - held.len()).unwrap_or(1);
+            let until = fill_by.min(Instant::now() + self.receive_time / missing);
             let more = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return None,
-                p = tokio::time::timeout_at(fill_by, self.slots.clone().acquire_owned()) => p,
+                p = tokio::time::timeout_at(until, self.slots.clone().acquire_owned()) => p,
             };
             match more {
                 Ok(p) => held.push(p.expect("semaphore open")),
@@ -570,10 +584,18 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
             Ok(messages) if messages.is_empty() => self.nothing_received(held.len()),
             Ok(messages) => {
                 self.error_backoff = Duration::from_millis(200);
+                self.note_receive_time(received_at.elapsed());
                 Received::Messages(messages, held, received_at)
             }
             Err(e) => self.back_off(e).await,
         }
+    }
+
+    /// Folds the round trip of a receive that returned messages (a long poll
+    /// that waited says nothing about it) into the running mean.
+    fn note_receive_time(&mut self, took: Duration) {
+        let cap = self.shared.config.batch_wait.max(Duration::from_millis(1));
+        self.receive_time = (self.receive_time * 4 + took.min(cap)) / 5;
     }
 
     /// An empty receive: stop if idle as configured, else go on.
@@ -708,6 +730,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         shutdown,
         error_backoff: Duration::from_millis(200),
         idle_since: Instant::now(),
+        receive_time: FIRST_RECEIVE_TIME,
     }
     .run()
     .await;
@@ -729,6 +752,10 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     }
     stats
 }
+
+/// A receive's round trip assumed until one is measured (SQS within a region
+/// answers in tens of milliseconds).
+const FIRST_RECEIVE_TIME: Duration = Duration::from_millis(30);
 
 /// How long releases and the last deletes may take after the drain.
 pub const CLEANUP: Duration = Duration::from_secs(5);
