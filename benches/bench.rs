@@ -17,17 +17,20 @@ use serde_json::json;
 use sqs_once::calls::CallCounter;
 use sqs_once::config::ProcessorConfig;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
-use sqs_once::ledger::LedgerHandler;
 use sqs_once::poller::PollerConfig;
-use sqs_once::setup::{QueuePair, ensure_dedup_table, ensure_queue_with_dlq, ensure_table};
 use sqs_once::{DynamoStore, Processor, handler_fn};
+use sqs_once_cli::setup::{QueuePair, ensure_dedup_table, ensure_queue_with_dlq, ensure_table};
+use sqs_once_example_ledger::LedgerHandler;
 use tokio_util::sync::CancellationToken;
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 use support::{depth, env_or, ledger_rows, send_all, unique};
 
-const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
+/// The `ledger` binary (built once: [`support::binary`]).
+fn ledger() -> std::path::PathBuf {
+    support::binary("ledger")
+}
 
 fn endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
@@ -311,7 +314,7 @@ fn localstack_cpu() -> f64 {
 /// The release `ledger` binary for `s`; its stderr is piped when `watch`
 /// (read it, or the process blocks once the pipe is full), else discarded.
 fn ledger_command(s: &Setup, extra: &[(&str, &str)], watch: bool) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(LEDGER);
+    let mut c = tokio::process::Command::new(ledger());
     c.env("SQS_ONCE_QUEUE_URL", &s.queues.queue_url)
         .env("SQS_ONCE_DLQ_URL", &s.queues.dlq_url)
         .env("SQS_ONCE_TABLE", &s.dedup)
@@ -511,7 +514,7 @@ async fn main() {
     if run('4') {
         say(String::new());
         say("## 4. Footprint (release `ledger` binary)".into());
-        let size = std::fs::metadata(LEDGER).map(|m| m.len()).unwrap_or(0);
+        let size = std::fs::metadata(ledger()).map(|m| m.len()).unwrap_or(0);
         say(format!("binary size: {:.1} MB", size as f64 / 1e6));
         let s = fresh(&sqs, &ddb).await;
         let mut starts = Vec::new();

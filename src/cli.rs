@@ -168,13 +168,29 @@ impl RuntimeArgs {
     }
 }
 
-/// The text format's fields, each value escaped with [`crate::ops::escape`]: a
+/// `s` safe to print to a terminal: control characters (newlines, escape
+/// sequences) and bidirectional overrides are escaped (`\n`, `\u{1b}`); all
+/// else is as it is.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The text format's fields, each value escaped with [`escape`]: a
 /// field carrying message content (a reason, a key read from a body) cannot
 /// start a forged log line or send escape sequences to a terminal.
 pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
-        let text = crate::ops::escape(&format!("{value:?}"));
+        let text = escape(&format!("{value:?}"));
         if field.name() == "message" {
             write!(w, "{text}")
         } else {
@@ -405,6 +421,8 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use super::escape;
+
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
 
@@ -416,6 +434,15 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn escape_leaves_text_and_escapes_control_characters_and_bidi_overrides() {
+        assert_eq!(escape("plain ünïcode text"), "plain ünïcode text");
+        assert_eq!(
+            escape("a\nforged line\u{1b}[31mred\r\u{202e}"),
+            "a\\nforged line\\u{1b}[31mred\\r\\u{202e}"
+        );
     }
 
     #[test]

@@ -40,7 +40,9 @@
 #![forbid(unsafe_code)]
 
 pub mod aws;
+#[cfg(feature = "cli")]
 pub mod calls;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -49,17 +51,12 @@ mod handler;
 pub mod key;
 pub mod lambda;
 mod lanes;
-pub mod ledger;
-pub mod local_lambda;
 mod message;
 pub mod metrics;
 #[doc(hidden)]
 pub mod mutants;
-pub mod ops;
-pub mod payments;
 pub mod poller;
 pub mod processor;
-pub mod setup;
 pub mod sqs;
 
 pub use config::ProcessorConfig;

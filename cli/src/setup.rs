@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use crate::dedup::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
+use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
 
 /// A setup step that failed.
 #[derive(Debug, thiserror::Error)]

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use sqs_once::DynamoStore;
-use sqs_once::ledger::LedgerEvent;
-use sqs_once::local_lambda::{LocalLambda, run_event_source};
-use sqs_once::ops;
+use sqs_once_cli::local_lambda::{LocalLambda, run_event_source};
+use sqs_once_cli::ops;
+use sqs_once_example_ledger::LedgerEvent;
 
 #[derive(Parser)]
 #[command(
@@ -60,8 +60,8 @@ struct InitArgs {
 }
 
 impl InitArgs {
-    fn allowed(&self) -> Vec<sqs_once::setup::Change> {
-        use sqs_once::setup::Change;
+    fn allowed(&self) -> Vec<sqs_once_cli::setup::Change> {
+        use sqs_once_cli::setup::Change;
         [
             (self.enable_ttl, Change::EnableTtl),
             (self.set_visibility_timeout, Change::SetVisibilityTimeout),
@@ -370,7 +370,7 @@ async fn local_lambda(
 }
 
 async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxError> {
-    use sqs_once::setup::{Outcome, QueueSpec};
+    use sqs_once_cli::setup::{Outcome, QueueSpec};
     let table = &args.table;
     let allow = args.allowed();
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
@@ -380,7 +380,7 @@ async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxErr
         into.changed.extend(o.changed);
         into.differences.extend(o.differences);
     };
-    let o = sqs_once::setup::init_dedup_table(&ddb, table, &allow).await?;
+    let o = sqs_once_cli::setup::init_dedup_table(&ddb, table, &allow).await?;
     if o.differences.is_empty() {
         DynamoStore::new(ddb.clone(), table.as_str())
             .check_table()
@@ -389,7 +389,7 @@ async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxErr
     }
     merge(&mut outcome, o);
     if let Some(ledger) = &args.ledger_table {
-        if sqs_once::setup::init_table(&ddb, ledger).await? {
+        if sqs_once_cli::setup::init_table(&ddb, ledger).await? {
             outcome.created.push(format!("table {ledger}"));
         }
         println!("ledger table {ledger}: ok");
@@ -402,7 +402,7 @@ async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxErr
             max_receive_count: args.max_receive_count,
         };
         let sqs = aws_sdk_sqs::Client::new(sdk);
-        let q = sqs_once::setup::init_queue_with_dlq(&sqs, &spec, &allow).await?;
+        let q = sqs_once_cli::setup::init_queue_with_dlq(&sqs, &spec, &allow).await?;
         println!("queue {}", q.queue_url);
         if let Some(dlq) = &q.dlq_url {
             println!("dlq   {dlq}");
@@ -441,13 +441,13 @@ async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxEr
     }
     if let Some(q) = &args.queue {
         let sqs = aws_sdk_sqs::Client::new(sdk);
-        let spec = sqs_once::setup::QueueSpec {
+        let spec = sqs_once_cli::setup::QueueSpec {
             name: q.clone(),
             fifo: args.fifo,
             visibility_timeout: args.visibility_timeout.map(Duration::from_secs),
             max_receive_count: args.max_receive_count,
         };
-        match sqs_once::setup::check_queue(&sqs, &spec).await {
+        match sqs_once_cli::setup::check_queue(&sqs, &spec).await {
             Ok(found) => match (&found.dlq_url, found.outcome.differences.is_empty()) {
                 (Some(dlq), true) => println!("queue {}: ok, redrive to {dlq}", found.queue_url),
                 _ => problems.extend(found.outcome.differences.iter().map(ToString::to_string)),
@@ -530,7 +530,11 @@ async fn redrive(
         );
         for (body, reason) in &report.preview {
             let body: String = body.chars().take(120).collect();
-            println!("  {}: {}", ops::escape(&body), ops::escape(reason));
+            println!(
+                "  {}: {}",
+                sqs_once::cli::escape(&body),
+                sqs_once::cli::escape(reason)
+            );
         }
         return Ok(());
     }
@@ -546,14 +550,14 @@ async fn redrive(
     for id in &report.in_both {
         eprintln!(
             "warning: message {} was sent to {queue_url} but not deleted from {dlq_url}: it is in both queues (the DLQ's copy is visible again in 60 s; its dedup key makes a second copy a duplicate, not a second effect)",
-            ops::escape(id)
+            sqs_once::cli::escape(id)
         );
     }
     for (id, why) in &report.not_sent {
         eprintln!(
             "warning: message {} was not sent ({}); it stays in {dlq_url}, visible again in 60 s",
-            ops::escape(id),
-            ops::escape(why)
+            sqs_once::cli::escape(id),
+            sqs_once::cli::escape(why)
         );
     }
     if report.in_both.is_empty() && report.not_sent.is_empty() {
@@ -593,7 +597,7 @@ async fn stats(
     .await?;
     println!("records of consumer {consumer} in {table}:");
     for (status, n) in &counts.by_status {
-        println!("  {:<12} {n}", ops::escape(status));
+        println!("  {:<12} {n}", sqs_once::cli::escape(status));
     }
     if counts.by_status.is_empty() {
         println!("  (none)");
@@ -638,9 +642,9 @@ async fn demo(
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let (dedup_table, ledger_table) = (format!("demo-dedup-{run}"), format!("demo-ledger-{run}"));
-    sqs_once::setup::ensure_dedup_table(&ddb, &dedup_table).await?;
-    sqs_once::setup::ensure_table(&ddb, &ledger_table).await?;
-    let queues = sqs_once::setup::ensure_queue_with_dlq(
+    sqs_once_cli::setup::ensure_dedup_table(&ddb, &dedup_table).await?;
+    sqs_once_cli::setup::ensure_table(&ddb, &ledger_table).await?;
+    let queues = sqs_once_cli::setup::ensure_queue_with_dlq(
         &sqs,
         &format!("demo-{run}"),
         false,

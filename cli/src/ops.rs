@@ -12,10 +12,11 @@ use aws_sdk_sqs::types::{
 };
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use crate::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
-use crate::dedup::{Record, Status, StoredResult};
-use crate::key::record_key;
-use crate::sqs::REASON_ATTRIBUTE;
+use sqs_once::cli::escape;
+use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
+use sqs_once::dedup::{Record, Status, StoredResult};
+use sqs_once::key::record_key;
+use sqs_once::sqs::REASON_ATTRIBUTE;
 
 /// An operation that failed, in words for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -49,22 +50,6 @@ fn relative(ms: i64, now: i64) -> String {
     } else {
         format!("{d} ago")
     }
-}
-
-/// `s` safe to print to a terminal: control characters (newlines, escape
-/// sequences) and bidirectional overrides are escaped (`\n`, `\u{1b}`); all
-/// else is as it is.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// A record for a person: status, owner, lease, attempts, times as UTC and
@@ -566,6 +551,24 @@ pub fn size_batches(messages: &[Message], max_size: usize) -> Vec<&[Message]> {
     out
 }
 
+/// `DeleteMessageBatch` entries for these receipt handles, with ids `m0`, `m1`, ...
+/// (unique within the batch; `m{i}` maps a failed entry back to its receipt).
+pub(crate) fn delete_entries<'a>(
+    receipts: impl IntoIterator<Item = &'a str>,
+) -> Vec<aws_sdk_sqs::types::DeleteMessageBatchRequestEntry> {
+    receipts
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .receipt_handle(r)
+                .build()
+                .expect("complete entry")
+        })
+        .collect()
+}
+
 /// The attribute as it was received: data type and value (string or binary).
 fn same_attribute(v: &MessageAttributeValue) -> MessageAttributeValue {
     MessageAttributeValue::builder()
@@ -646,8 +649,7 @@ async fn move_batch(
     if done.is_empty() {
         return Ok(());
     }
-    let deletes =
-        crate::sqs::delete_entries(done.iter().map(|m| m.receipt_handle().unwrap_or_default()));
+    let deletes = delete_entries(done.iter().map(|m| m.receipt_handle().unwrap_or_default()));
     match sqs
         .delete_message_batch()
         .queue_url(dlq_url)
@@ -791,15 +793,6 @@ mod tests {
             pace(25.0, 0.0, Duration::ZERO),
             Duration::ZERO,
             "0: no limit"
-        );
-    }
-
-    #[test]
-    fn escape_leaves_text_and_escapes_control_characters_and_bidi_overrides() {
-        assert_eq!(escape("plain ünïcode text"), "plain ünïcode text");
-        assert_eq!(
-            escape("a\nforged line\u{1b}[31mred\r\u{202e}"),
-            "a\\nforged line\\u{1b}[31mred\\r\\u{202e}"
         );
     }
 

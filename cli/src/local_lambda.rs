@@ -455,7 +455,7 @@ pub async fn run_event_source(
             .filter(|m| !listed.iter().any(|id| Some(id.as_str()) == m.message_id()))
             .collect();
         if !done.is_empty() {
-            let entries = crate::sqs::delete_entries(
+            let entries = crate::ops::delete_entries(
                 done.iter().map(|m| m.receipt_handle().unwrap_or_default()),
             );
             let deleted = sqs
