@@ -1,7 +1,7 @@
-//! What the binaries share: settings from environment variables and flags,
-//! logging, and [`run`], which starts the runtime the environment asks for: the
-//! Lambda runtime when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
-//! SIGTERM/SIGINT).
+//! What the binaries share (the default feature `cli`): settings from
+//! environment variables and flags, logging, and [`run`], which starts the
+//! runtime the environment asks for: the Lambda runtime when
+//! `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until SIGTERM/SIGINT).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::calls::CallCounter;
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
+use crate::dedup::dynamodb::TableCheckError;
 use crate::lambda::{LambdaAdapter, LambdaConfig};
-use crate::poller::{PollerConfig, RunStats, check_queue};
+use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
 /// The runtimes' settings; each flag has an `SQS_ONCE_*` environment variable.
@@ -253,25 +254,46 @@ fn startup_failure(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// A start-up check that failed.
+#[derive(Debug, thiserror::Error)]
+enum StartupCheckError {
+    /// The dedup table cannot serve, or could not be described.
+    #[error(transparent)]
+    Table(#[from] TableCheckError),
+    /// The source queue could not be read.
+    #[error(transparent)]
+    Queue(#[from] QueueCheckError),
+}
+
+impl StartupCheckError {
+    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Table(e) => e.is_transient(),
+            Self::Queue(e) => e.is_transient(),
+        }
+    }
+}
+
 /// Runs a start-up check again while it fails for a reason that may pass (no
 /// answer, throttling), for up to a minute; a definite failure, or one that
 /// lasts, is a start-up failure (exit code 2).
 async fn retry_transient<F, Fut>(mut check: F) -> Result<(), ExitCode>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), (String, bool)>>,
+    Fut: std::future::Future<Output = Result<(), StartupCheckError>>,
 {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut delay = Duration::from_millis(500);
     loop {
         match check().await {
             Ok(()) => return Ok(()),
-            Err((e, true)) if tokio::time::Instant::now() + delay < give_up => {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < give_up => {
                 tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(8));
             }
-            Err((e, _)) => return Err(startup_failure(e)),
+            Err(e) => return Err(startup_failure(e)),
         }
     }
 }
@@ -316,19 +338,7 @@ async fn prepare<H: Handler>(
             .build(),
     );
     let store = DynamoStore::new(ddb, args.table.clone());
-    retry_transient(|| async {
-        store.check_table().await.map_err(|e| {
-            let transient = matches!(
-                e,
-                crate::dedup::dynamodb::TableCheckError::Unreachable {
-                    transient: true,
-                    ..
-                }
-            );
-            (e.to_string(), transient)
-        })
-    })
-    .await?;
+    retry_transient(|| async { Ok(store.check_table().await?) }).await?;
     let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
     Ok(Prepared {
         sqs,
@@ -377,9 +387,7 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         )
         .await?;
         retry_transient(|| async {
-            check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl)
-                .await
-                .map_err(|e| (e.message, e.transient))
+            Ok(check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl).await?)
         })
         .await?;
         Ok(prepared)
