@@ -29,12 +29,18 @@
 //! - The runtimes: [`poller`] (long polling, ECS or any host) and [`lambda`]
 //!   (SQS events, partial batch responses), sharing [`sqs`] (visibility and
 //!   parking) and the lane split.
-//! - Settings: [`config`] ([`ProcessorConfig`]), [`cli`] (environment and
-//!   flags, choosing the runtime).
-//! - Operator tooling: [`setup`], [`ops`], [`local_lambda`], [`calls`],
-//!   [`metrics`].
-//! - The examples' handlers: [`ledger`] (staged writes, the fast path) and
-//!   [`payments`] (an external API with an idempotency key).
+//! - Settings: [`config`] ([`ProcessorConfig`]); counters and their EMF
+//!   lines: [`metrics`].
+//! - Process glue, behind the default feature `cli` (clap,
+//!   tracing-subscriber): `cli` (settings from the environment and flags,
+//!   logging, signals, and `cli::run`, which chooses the runtime) and `calls`
+//!   (AWS calls counted by operation). A crate that builds its own process
+//!   turns it off with `default-features = false`.
+//!
+//! The project's other crates: the operator tool `sqs-once` (`cli/`: resource
+//! setup, inspect / forget / redrive / stats, a local Lambda runtime) and the
+//! example consumers `ledger` (staged writes, the fast path) and `payments` (an
+//! external API with an idempotency key) in `examples/`.
 
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
