@@ -2,9 +2,11 @@
 //! `--help` text) and, where it names a resource, read from the same
 //! `SQS_ONCE_*` variable as the consumers.
 
+use std::time::Duration;
+
 use clap::{Parser, Subcommand};
 use sqs_once_cli::ops::RedriveOptions;
-use sqs_once_cli::setup::Change;
+use sqs_once_cli::setup::{Change, QueueSpec};
 
 #[derive(Parser)]
 #[command(
@@ -122,6 +124,16 @@ pub(crate) struct InitArgs {
 }
 
 impl InitArgs {
+    /// The queue asked for (`--queue`), if any.
+    pub(crate) fn queue_spec(&self) -> Option<QueueSpec> {
+        self.queue.as_ref().map(|name| QueueSpec {
+            name: name.clone(),
+            fifo: self.fifo,
+            visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
+            max_receive_count: self.max_receive_count,
+        })
+    }
+
     /// The changes to existing resources the flags allow.
     pub(crate) fn allowed(&self) -> Vec<Change> {
         [

@@ -8,7 +8,7 @@ use sqs_once::cli::escape;
 use sqs_once::config::parse_duration;
 use sqs_once_cli::local_lambda::{LocalLambda, run_event_source};
 use sqs_once_cli::ops;
-use sqs_once_cli::setup::{self, Outcome, QueueSpec};
+use sqs_once_cli::setup::{self, Outcome};
 
 use crate::BoxError;
 use crate::args::{ForgetArgs, InitArgs, KeyArgs, LocalLambdaArgs, RedriveArgs, StatsArgs};
@@ -19,11 +19,6 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
     let allow = args.allowed();
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let mut outcome = Outcome::default();
-    let merge = |into: &mut Outcome, o: Outcome| {
-        into.created.extend(o.created);
-        into.changed.extend(o.changed);
-        into.differences.extend(o.differences);
-    };
     let o = setup::init_dedup_table(&ddb, table, &allow).await?;
     if o.differences.is_empty() {
         DynamoStore::new(ddb.clone(), table.as_str())
@@ -31,27 +26,21 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
             .await?;
         println!("dedup table {table}: ok (key pk, TTL on expires_at)");
     }
-    merge(&mut outcome, o);
+    outcome.merge(o);
     if let Some(ledger) = &args.ledger_table {
         if setup::init_table(&ddb, ledger).await? {
             outcome.created.push(format!("table {ledger}"));
         }
         println!("ledger table {ledger}: ok");
     }
-    if let Some(q) = &args.queue {
-        let spec = QueueSpec {
-            name: q.clone(),
-            fifo: args.fifo,
-            visibility_timeout: args.visibility_timeout.map(Duration::from_secs),
-            max_receive_count: args.max_receive_count,
-        };
+    if let Some(spec) = args.queue_spec() {
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let q = setup::init_queue_with_dlq(&sqs, &spec, &allow).await?;
         println!("queue {}", q.queue_url);
         if let Some(dlq) = &q.dlq_url {
             println!("dlq   {dlq}");
         }
-        merge(&mut outcome, q.outcome);
+        outcome.merge(q.outcome);
     }
     for c in &outcome.created {
         println!("created: {c}");
@@ -83,14 +72,8 @@ pub(crate) async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Resul
         Ok(()) => println!("dedup table {}: ok (key pk, TTL on expires_at)", args.table),
         Err(e) => problems.push(e.to_string()),
     }
-    if let Some(q) = &args.queue {
+    if let Some(spec) = args.queue_spec() {
         let sqs = aws_sdk_sqs::Client::new(sdk);
-        let spec = setup::QueueSpec {
-            name: q.clone(),
-            fifo: args.fifo,
-            visibility_timeout: args.visibility_timeout.map(Duration::from_secs),
-            max_receive_count: args.max_receive_count,
-        };
         match setup::check_queue(&sqs, &spec).await {
             Ok(found) => match (&found.dlq_url, found.outcome.differences.is_empty()) {
                 (Some(dlq), true) => println!("queue {}: ok, redrive to {dlq}", found.queue_url),

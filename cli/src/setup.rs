@@ -216,6 +216,13 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Adds what another call did and found.
+    pub fn merge(&mut self, other: Outcome) {
+        self.created.extend(other.created);
+        self.changed.extend(other.changed);
+        self.differences.extend(other.differences);
+    }
+
     fn into_result(self) -> Result<(), SetupError> {
         if self.differences.is_empty() {
             return Ok(());
