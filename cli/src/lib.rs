@@ -8,7 +8,9 @@
 //! - [`local_lambda`]: a local Lambda Runtime API and SQS event source
 //!   (`local-lambda`, `demo --runtime lambda`, the tests).
 //!
-//! The binary (`src/main.rs`) parses the command line and runs one command.
+//! The binary's own modules (`src/main.rs`, with `args.rs`, `commands.rs` and
+//! `demo.rs`) parse the command line, run one command on these, and print
+//! what it did.
 
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
