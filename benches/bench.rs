@@ -17,17 +17,20 @@ use serde_json::json;
 use sqs_once::calls::CallCounter;
 use sqs_once::config::ProcessorConfig;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
-use sqs_once::ledger::LedgerHandler;
 use sqs_once::poller::PollerConfig;
-use sqs_once::setup::{QueuePair, ensure_dedup_table, ensure_queue_with_dlq, ensure_table};
 use sqs_once::{DynamoStore, Processor, handler_fn};
+use sqs_once_cli::setup::{QueuePair, ensure_dedup_table, ensure_queue_with_dlq, ensure_table};
+use sqs_once_example_ledger::LedgerHandler;
 use tokio_util::sync::CancellationToken;
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 use support::{depth, env_or, ledger_rows, send_all, unique};
 
-const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
+/// The `ledger` binary (built once: [`support::binary`]).
+fn ledger() -> std::path::PathBuf {
+    support::binary("ledger")
+}
 
 fn endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
@@ -311,7 +314,7 @@ fn localstack_cpu() -> f64 {
 /// The release `ledger` binary for `s`; its stderr is piped when `watch`
 /// (read it, or the process blocks once the pipe is full), else discarded.
 fn ledger_command(s: &Setup, extra: &[(&str, &str)], watch: bool) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(LEDGER);
+    let mut c = tokio::process::Command::new(ledger());
     c.env("SQS_ONCE_QUEUE_URL", &s.queues.queue_url)
         .env("SQS_ONCE_DLQ_URL", &s.queues.dlq_url)
         .env("SQS_ONCE_TABLE", &s.dedup)
@@ -342,259 +345,308 @@ fn terminate(child: &tokio::process::Child) {
     }
 }
 
+/// The benchmark report: every line is printed as it comes and kept for
+/// `BENCH_REPORT`.
+#[derive(Default)]
+struct Report(Vec<String>);
+
+impl Report {
+    fn say(&mut self, line: String) {
+        println!("{line}");
+        self.0.push(line);
+    }
+}
+
+/// What the sections share: the clients and the sizes (`BENCH_*`).
+struct Bench {
+    sdk: SdkConfig,
+    sqs: aws_sdk_sqs::Client,
+    ddb: aws_sdk_dynamodb::Client,
+    calls_events: usize,
+    tp_events: usize,
+    rounds: usize,
+    python: Option<String>,
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
     let sdk = sdk().await;
-    let (sqs, ddb) = (
-        aws_sdk_sqs::Client::new(&sdk),
-        aws_sdk_dynamodb::Client::new(&sdk),
-    );
-    let calls_events: usize = env_or("BENCH_CALLS_EVENTS", 2000);
-    let tp_events: usize = env_or("BENCH_THROUGHPUT_EVENTS", 400);
-    let rounds: usize = env_or("BENCH_ROUNDS", 3);
-    let python = std::env::var("BENCH_PYTHON").ok();
+    let bench = Bench {
+        sqs: aws_sdk_sqs::Client::new(&sdk),
+        ddb: aws_sdk_dynamodb::Client::new(&sdk),
+        sdk,
+        calls_events: env_or("BENCH_CALLS_EVENTS", 2000),
+        tp_events: env_or("BENCH_THROUGHPUT_EVENTS", 400),
+        rounds: env_or("BENCH_ROUNDS", 3),
+        python: std::env::var("BENCH_PYTHON").ok(),
+    };
     let sections: String = env_or("BENCH_SECTIONS", "12345".to_owned());
     let run = |n: char| sections.contains(n);
-    let mut report = Vec::<String>::new();
-    let mut say = |line: String| {
-        println!("{line}");
-        report.push(line);
-    };
-    say(format!(
+    let mut r = Report::default();
+    r.say(format!(
         "# sqs-once benchmarks, {}",
         humantime::format_rfc3339_seconds(SystemTime::now())
     ));
-
-    // 1. AWS calls per message.
     if run('1') {
-        say(String::new());
-        say(format!(
-            "## 1. AWS calls per message ({calls_events} events, 30% sent twice, concurrency 10)"
-        ));
-        say("| path | per message | by operation |".into());
-        say("|---|---|---|".into());
-        for fast in [true, false] {
-            let s = fresh(&sqs, &ddb).await;
-            let (bodies, expected) = events(calls_events, 0.3);
-            send_all(&sqs, &s.queues.queue_url, &bodies).await;
-            let (_, per_op) = run_sqs_once(&sdk, &s, fast, 10, bodies.len()).await;
-            assert_eq!(ledger_rows(&ddb, &s.ledger).await, expected, "ledger sums");
-            let total: u64 = per_op.values().sum();
-            let detail: Vec<String> = per_op
-                .iter()
-                .map(|(op, n)| format!("{op} {:.3}", *n as f64 / bodies.len() as f64))
-                .collect();
-            say(format!(
-                "| {} | {:.3} | {} |",
-                if fast {
-                    "fast (one transaction)"
-                } else {
-                    "general (claim, then complete)"
-                },
-                total as f64 / bodies.len() as f64,
-                detail.join(", ")
-            ));
-        }
+        calls_per_message(&bench, &mut r).await;
     }
-
-    // 2. Throughput, alternated runs on fresh resources, median of `rounds`.
     if run('2') {
-        say(String::new());
-        say(format!(
-            "## 2. Poller throughput ({tp_events} events + 30% duplicates per run, concurrency 10, median of {rounds} alternated runs)"
-        ));
-        let mut results: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-        for _ in 0..rounds {
-            for kind in ["sqs-once", "plain", "powertools"] {
-                if kind == "powertools" && python.is_none() {
-                    continue;
-                }
-                let s = fresh(&sqs, &ddb).await;
-                let (bodies, expected) = events(tp_events, 0.3);
-                send_all(&sqs, &s.queues.queue_url, &bodies).await;
-                let rate = match kind {
-                    "sqs-once" => run_sqs_once(&sdk, &s, true, 10, bodies.len()).await.0,
-                    "plain" => run_plain(&sdk, &s, 10, bodies.len()).await,
-                    _ => run_powertools(python.as_deref().unwrap(), &s, 10, bodies.len()),
-                };
-                let rows = ledger_rows(&ddb, &s.ledger).await;
-                if kind == "plain" {
-                    // No dedup: the duplicates are applied again; it must still
-                    // have applied every message exactly once.
-                    let applied: i64 = rows.values().map(|r| r.1).sum();
-                    assert_eq!(
-                        applied as usize,
-                        bodies.len(),
-                        "plain loop: one effect per message"
-                    );
-                } else {
-                    assert_eq!(rows, expected, "{kind}: ledger sums");
-                }
-                results.entry(kind).or_default().push(rate);
-            }
-        }
-        let med: BTreeMap<&str, f64> = results
-            .iter()
-            .map(|(k, v)| (*k, median(v.clone())))
-            .collect();
-        say("| consumer | messages/s (median) | ratio to sqs-once |".into());
-        say("|---|---|---|".into());
-        for (k, v) in &med {
-            say(format!("| {k} | {v:.1} | {:.2} |", v / med["sqs-once"]));
-        }
-        say(format!(
-            "sqs-once / plain loop: {:.2}x; sqs-once / Powertools: {}",
-            med["sqs-once"] / med["plain"],
-            med.get("powertools")
-                .map_or("not run (set BENCH_PYTHON)".into(), |p| format!(
-                    "{:.2}x",
-                    med["sqs-once"] / p
-                ))
-        ));
+        throughput(&bench, &mut r).await;
     }
-
-    // 3. Lambda batch latency: 10 records whose handler sleeps 100 ms.
     if run('3') {
-        say(String::new());
-        say("## 3. Lambda batch latency (10 records, handler sleeps 100 ms, claims on LocalStack DynamoDB, median of 5)".into());
-        let mut lat: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
-        for _ in 0..5 {
-            for concurrency in [10usize, 1] {
-                let dedup = unique("bench-lambda");
-                ensure_dedup_table(&ddb, &dedup).await.unwrap();
-                let handler = handler_fn(|_m, _c| async {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    Ok(None)
-                });
-                let p = Processor::new(
-                    DynamoStore::new(ddb.clone(), dedup.as_str()),
-                    handler,
-                    ProcessorConfig::new("bench"),
-                )
-                .unwrap();
-                let adapter = LambdaAdapter::new(
-                    sqs.clone(),
-                    p,
-                    LambdaConfig {
-                        concurrency,
-                        ..Default::default()
-                    },
-                );
-                let records: Vec<_> = (0..10)
-                .map(|i| json!({"messageId": format!("m{i}"), "body": "x", "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}}))
-                .collect();
-                let started = Instant::now();
-                let r = adapter
-                    .handle(
-                        json!({"Records": records}),
-                        SystemTime::now() + Duration::from_secs(60),
-                    )
-                    .await
-                    .unwrap();
-                assert!(r.batch_item_failures.is_empty());
-                lat.entry(concurrency)
-                    .or_default()
-                    .push(started.elapsed().as_secs_f64() * 1000.0);
-            }
-        }
-        let (conc, seq) = (median(lat[&10].clone()), median(lat[&1].clone()));
-        say(format!(
-            "concurrent (10): {conc:.0} ms; sequential baseline (1): {seq:.0} ms; {:.1}x faster",
-            seq / conc
-        ));
+        lambda_latency(&bench, &mut r).await;
     }
-
-    // 4. Footprint.
     if run('4') {
-        say(String::new());
-        say("## 4. Footprint (release `ledger` binary)".into());
-        let size = std::fs::metadata(LEDGER).map(|m| m.len()).unwrap_or(0);
-        say(format!("binary size: {:.1} MB", size as f64 / 1e6));
-        let s = fresh(&sqs, &ddb).await;
-        let mut starts = Vec::new();
-        let mut idle_rss = 0;
-        for _ in 0..5 {
-            let spawned = Instant::now();
-            let mut child = ledger_command(&s, &[], true).spawn().unwrap();
-            let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
-                child.stderr.take().unwrap(),
-            ));
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("polling") {
-                    break;
-                }
-            }
-            starts.push(spawned.elapsed().as_secs_f64() * 1000.0);
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            idle_rss = idle_rss.max(rss_kb(child.id().unwrap(), "VmRSS:"));
-            terminate(&child);
-            let _ = child.wait().await;
-        }
-        say(format!(
-            "start to polling (config, table and queue checks: 3 round trips): median {:.0} ms",
-            median(starts)
-        ));
-        say(format!("idle RSS: {:.1} MB", idle_rss as f64 / 1024.0));
-        let (bodies, expected) = events(tp_events * 2, 0.3);
-        send_all(&sqs, &s.queues.queue_url, &bodies).await;
-        let child = ledger_command(&s, &[("SQS_ONCE_CONCURRENCY", "20")], false)
-            .spawn()
-            .unwrap();
-        drained(&sqs, &s.queues.queue_url, Duration::from_secs(1800)).await;
-        let peak = rss_kb(child.id().unwrap(), "VmHWM:");
-        terminate(&child);
-        assert_eq!(ledger_rows(&ddb, &s.ledger).await, expected);
-        say(format!(
-            "peak RSS under load ({} messages, concurrency 20): {:.1} MB",
-            bodies.len(),
-            peak as f64 / 1024.0
-        ));
+        footprint(&bench, &mut r).await;
     }
-
-    // 5. Scaling: 1, 2, 4 pollers; CPU seconds per process.
     if run('5') {
-        say(String::new());
-        say(format!(
-            "## 5. Scaling ({} events + 30% duplicates per run)",
-            tp_events * 2
+        scaling(&bench, &mut r).await;
+    }
+    if let Ok(path) = std::env::var("BENCH_REPORT") {
+        std::fs::write(path, r.0.join("\n") + "\n").unwrap();
+    }
+}
+
+/// 1. AWS calls per message.
+async fn calls_per_message(bench: &Bench, r: &mut Report) {
+    let Bench { sdk, sqs, ddb, .. } = bench;
+    let calls_events = bench.calls_events;
+    r.say(String::new());
+    r.say(format!(
+        "## 1. AWS calls per message ({calls_events} events, 30% sent twice, concurrency 10)"
+    ));
+    r.say("| path | per message | by operation |".into());
+    r.say("|---|---|---|".into());
+    for fast in [true, false] {
+        let s = fresh(sqs, ddb).await;
+        let (bodies, expected) = events(calls_events, 0.3);
+        send_all(sqs, &s.queues.queue_url, &bodies).await;
+        let (_, per_op) = run_sqs_once(sdk, &s, fast, 10, bodies.len()).await;
+        assert_eq!(ledger_rows(ddb, &s.ledger).await, expected, "ledger sums");
+        let total: u64 = per_op.values().sum();
+        let detail: Vec<String> = per_op
+            .iter()
+            .map(|(op, n)| format!("{op} {:.3}", *n as f64 / bodies.len() as f64))
+            .collect();
+        r.say(format!(
+            "| {} | {:.3} | {} |",
+            if fast {
+                "fast (one transaction)"
+            } else {
+                "general (claim, then complete)"
+            },
+            total as f64 / bodies.len() as f64,
+            detail.join(", ")
         ));
-        say("| pollers | messages/s | ratio to 1 | poller CPU s (sum) | LocalStack CPU s |".into());
-        say("|---|---|---|---|---|".into());
-        let mut base = 0.0;
-        for k in [1usize, 2, 4] {
-            let s = fresh(&sqs, &ddb).await;
-            let (bodies, expected) = events(tp_events * 2, 0.3);
-            send_all(&sqs, &s.queues.queue_url, &bodies).await;
-            let ls_before = localstack_cpu();
-            let started = Instant::now();
-            let children: Vec<_> = (0..k)
-                .map(|_| ledger_command(&s, &[], false).spawn().unwrap())
-                .collect();
-            drained(&sqs, &s.queues.queue_url, Duration::from_secs(1800)).await;
-            let rate = bodies.len() as f64 / started.elapsed().as_secs_f64();
-            let poller_cpu: f64 = children.iter().map(|c| cpu_secs(c.id().unwrap())).sum();
-            let ls_cpu = localstack_cpu() - ls_before;
-            for c in &children {
-                terminate(c);
+    }
+}
+
+/// 2. Throughput, alternated runs on fresh resources, median of `rounds`.
+async fn throughput(bench: &Bench, r: &mut Report) {
+    let Bench {
+        sdk,
+        sqs,
+        ddb,
+        python,
+        ..
+    } = bench;
+    let (tp_events, rounds) = (bench.tp_events, bench.rounds);
+    r.say(String::new());
+    r.say(format!(
+        "## 2. Poller throughput ({tp_events} events + 30% duplicates per run, concurrency 10, median of {rounds} alternated runs)"
+    ));
+    let mut results: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..rounds {
+        for kind in ["sqs-once", "plain", "powertools"] {
+            if kind == "powertools" && python.is_none() {
+                continue;
             }
-            for mut c in children {
-                let _ = c.wait().await;
+            let s = fresh(sqs, ddb).await;
+            let (bodies, expected) = events(tp_events, 0.3);
+            send_all(sqs, &s.queues.queue_url, &bodies).await;
+            let rate = match kind {
+                "sqs-once" => run_sqs_once(sdk, &s, true, 10, bodies.len()).await.0,
+                "plain" => run_plain(sdk, &s, 10, bodies.len()).await,
+                _ => run_powertools(python.as_deref().unwrap(), &s, 10, bodies.len()),
+            };
+            let rows = ledger_rows(ddb, &s.ledger).await;
+            if kind == "plain" {
+                // No dedup: the duplicates are applied again; it must still
+                // have applied every message exactly once.
+                let applied: i64 = rows.values().map(|r| r.1).sum();
+                assert_eq!(
+                    applied as usize,
+                    bodies.len(),
+                    "plain loop: one effect per message"
+                );
+            } else {
+                assert_eq!(rows, expected, "{kind}: ledger sums");
             }
-            assert_eq!(ledger_rows(&ddb, &s.ledger).await, expected);
-            if k == 1 {
-                base = rate;
-            }
-            say(format!(
-                "| {k} | {rate:.1} | {:.2} | {poller_cpu:.1} | {ls_cpu:.1} |",
-                rate / base
-            ));
+            results.entry(kind).or_default().push(rate);
         }
     }
+    let med: BTreeMap<&str, f64> = results
+        .iter()
+        .map(|(k, v)| (*k, median(v.clone())))
+        .collect();
+    r.say("| consumer | messages/s (median) | ratio to sqs-once |".into());
+    r.say("|---|---|---|".into());
+    for (k, v) in &med {
+        r.say(format!("| {k} | {v:.1} | {:.2} |", v / med["sqs-once"]));
+    }
+    r.say(format!(
+        "sqs-once / plain loop: {:.2}x; sqs-once / Powertools: {}",
+        med["sqs-once"] / med["plain"],
+        med.get("powertools")
+            .map_or("not run (set BENCH_PYTHON)".into(), |p| format!(
+                "{:.2}x",
+                med["sqs-once"] / p
+            ))
+    ));
+}
 
-    if let Ok(path) = std::env::var("BENCH_REPORT") {
-        std::fs::write(path, report.join("\n") + "\n").unwrap();
+/// 3. Lambda batch latency: 10 records whose handler sleeps 100 ms.
+async fn lambda_latency(bench: &Bench, r: &mut Report) {
+    let Bench { sqs, ddb, .. } = bench;
+    r.say(String::new());
+    r.say("## 3. Lambda batch latency (10 records, handler sleeps 100 ms, claims on LocalStack DynamoDB, median of 5)".into());
+    let mut lat: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for _ in 0..5 {
+        for concurrency in [10usize, 1] {
+            let dedup = unique("bench-lambda");
+            ensure_dedup_table(ddb, &dedup).await.unwrap();
+            let handler = handler_fn(|_m, _c| async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(None)
+            });
+            let p = Processor::new(
+                DynamoStore::new(ddb.clone(), dedup.as_str()),
+                handler,
+                ProcessorConfig::new("bench"),
+            )
+            .unwrap();
+            let adapter = LambdaAdapter::new(
+                sqs.clone(),
+                p,
+                LambdaConfig {
+                    concurrency,
+                    ..Default::default()
+                },
+            );
+            let records: Vec<_> = (0..10)
+            .map(|i| json!({"messageId": format!("m{i}"), "body": "x", "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}}))
+            .collect();
+            let started = Instant::now();
+            let r = adapter
+                .handle(
+                    json!({"Records": records}),
+                    SystemTime::now() + Duration::from_secs(60),
+                )
+                .await
+                .unwrap();
+            assert!(r.batch_item_failures.is_empty());
+            lat.entry(concurrency)
+                .or_default()
+                .push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let (conc, seq) = (median(lat[&10].clone()), median(lat[&1].clone()));
+    r.say(format!(
+        "concurrent (10): {conc:.0} ms; sequential baseline (1): {seq:.0} ms; {:.1}x faster",
+        seq / conc
+    ));
+}
+
+/// 4. Footprint: binary size, start-up time, idle and peak memory.
+async fn footprint(bench: &Bench, r: &mut Report) {
+    let Bench { sqs, ddb, .. } = bench;
+    let tp_events = bench.tp_events;
+    r.say(String::new());
+    r.say("## 4. Footprint (release `ledger` binary)".into());
+    let size = std::fs::metadata(ledger()).map(|m| m.len()).unwrap_or(0);
+    r.say(format!("binary size: {:.1} MB", size as f64 / 1e6));
+    let s = fresh(sqs, ddb).await;
+    let mut starts = Vec::new();
+    let mut idle_rss = 0;
+    for _ in 0..5 {
+        let spawned = Instant::now();
+        let mut child = ledger_command(&s, &[], true).spawn().unwrap();
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+            child.stderr.take().unwrap(),
+        ));
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("polling") {
+                break;
+            }
+        }
+        starts.push(spawned.elapsed().as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        idle_rss = idle_rss.max(rss_kb(child.id().unwrap(), "VmRSS:"));
+        terminate(&child);
+        let _ = child.wait().await;
+    }
+    r.say(format!(
+        "start to polling (config, table and queue checks: 3 round trips): median {:.0} ms",
+        median(starts)
+    ));
+    r.say(format!("idle RSS: {:.1} MB", idle_rss as f64 / 1024.0));
+    let (bodies, expected) = events(tp_events * 2, 0.3);
+    send_all(sqs, &s.queues.queue_url, &bodies).await;
+    let child = ledger_command(&s, &[("SQS_ONCE_CONCURRENCY", "20")], false)
+        .spawn()
+        .unwrap();
+    drained(sqs, &s.queues.queue_url, Duration::from_secs(1800)).await;
+    let peak = rss_kb(child.id().unwrap(), "VmHWM:");
+    terminate(&child);
+    assert_eq!(ledger_rows(ddb, &s.ledger).await, expected);
+    r.say(format!(
+        "peak RSS under load ({} messages, concurrency 20): {:.1} MB",
+        bodies.len(),
+        peak as f64 / 1024.0
+    ));
+}
+
+/// 5. Scaling: 1, 2, 4 pollers; CPU seconds per process.
+async fn scaling(bench: &Bench, r: &mut Report) {
+    let Bench { sqs, ddb, .. } = bench;
+    let tp_events = bench.tp_events;
+    r.say(String::new());
+    r.say(format!(
+        "## 5. Scaling ({} events + 30% duplicates per run)",
+        tp_events * 2
+    ));
+    r.say("| pollers | messages/s | ratio to 1 | poller CPU s (sum) | LocalStack CPU s |".into());
+    r.say("|---|---|---|---|---|".into());
+    let mut base = 0.0;
+    for k in [1usize, 2, 4] {
+        let s = fresh(sqs, ddb).await;
+        let (bodies, expected) = events(tp_events * 2, 0.3);
+        send_all(sqs, &s.queues.queue_url, &bodies).await;
+        let ls_before = localstack_cpu();
+        let started = Instant::now();
+        let children: Vec<_> = (0..k)
+            .map(|_| ledger_command(&s, &[], false).spawn().unwrap())
+            .collect();
+        drained(sqs, &s.queues.queue_url, Duration::from_secs(1800)).await;
+        let rate = bodies.len() as f64 / started.elapsed().as_secs_f64();
+        let poller_cpu: f64 = children.iter().map(|c| cpu_secs(c.id().unwrap())).sum();
+        let ls_cpu = localstack_cpu() - ls_before;
+        for c in &children {
+            terminate(c);
+        }
+        for mut c in children {
+            let _ = c.wait().await;
+        }
+        assert_eq!(ledger_rows(ddb, &s.ledger).await, expected);
+        if k == 1 {
+            base = rate;
+        }
+        r.say(format!(
+            "| {k} | {rate:.1} | {:.2} | {poller_cpu:.1} | {ls_cpu:.1} |",
+            rate / base
+        ));
     }
 }

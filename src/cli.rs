@@ -1,7 +1,7 @@
-//! What the binaries share: settings from environment variables and flags,
-//! logging, and [`run`], which starts the runtime the environment asks for: the
-//! Lambda runtime when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
-//! SIGTERM/SIGINT).
+//! What the binaries share (the default feature `cli`): settings from
+//! environment variables and flags, logging, and [`run`], which starts the
+//! runtime the environment asks for: the Lambda runtime when
+//! `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until SIGTERM/SIGINT).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::calls::CallCounter;
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
+use crate::dedup::dynamodb::TableCheckError;
 use crate::lambda::{LambdaAdapter, LambdaConfig};
-use crate::poller::{PollerConfig, RunStats, check_queue};
+use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
 /// The runtimes' settings; each flag has an `SQS_ONCE_*` environment variable.
@@ -168,13 +169,29 @@ impl RuntimeArgs {
     }
 }
 
-/// The text format's fields, each value escaped with [`crate::ops::escape`]: a
+/// `s` safe to print to a terminal: control characters (newlines, escape
+/// sequences) and bidirectional overrides are escaped (`\n`, `\u{1b}`); all
+/// else is as it is.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The text format's fields, each value escaped with [`escape`]: a
 /// field carrying message content (a reason, a key read from a body) cannot
 /// start a forged log line or send escape sequences to a terminal.
 pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
-        let text = crate::ops::escape(&format!("{value:?}"));
+        let text = escape(&format!("{value:?}"));
         if field.name() == "message" {
             write!(w, "{text}")
         } else {
@@ -237,25 +254,46 @@ fn startup_failure(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// A start-up check that failed.
+#[derive(Debug, thiserror::Error)]
+enum StartupCheckError {
+    /// The dedup table cannot serve, or could not be described.
+    #[error(transparent)]
+    Table(#[from] TableCheckError),
+    /// The source queue could not be read.
+    #[error(transparent)]
+    Queue(#[from] QueueCheckError),
+}
+
+impl StartupCheckError {
+    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Table(e) => e.is_transient(),
+            Self::Queue(e) => e.is_transient(),
+        }
+    }
+}
+
 /// Runs a start-up check again while it fails for a reason that may pass (no
 /// answer, throttling), for up to a minute; a definite failure, or one that
 /// lasts, is a start-up failure (exit code 2).
 async fn retry_transient<F, Fut>(mut check: F) -> Result<(), ExitCode>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), (String, bool)>>,
+    Fut: std::future::Future<Output = Result<(), StartupCheckError>>,
 {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut delay = Duration::from_millis(500);
     loop {
         match check().await {
             Ok(()) => return Ok(()),
-            Err((e, true)) if tokio::time::Instant::now() + delay < give_up => {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < give_up => {
                 tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(8));
             }
-            Err((e, _)) => return Err(startup_failure(e)),
+            Err(e) => return Err(startup_failure(e)),
         }
     }
 }
@@ -300,19 +338,7 @@ async fn prepare<H: Handler>(
             .build(),
     );
     let store = DynamoStore::new(ddb, args.table.clone());
-    retry_transient(|| async {
-        store.check_table().await.map_err(|e| {
-            let transient = matches!(
-                e,
-                crate::dedup::dynamodb::TableCheckError::Unreachable {
-                    transient: true,
-                    ..
-                }
-            );
-            (e.to_string(), transient)
-        })
-    })
-    .await?;
+    retry_transient(|| async { Ok(store.check_table().await?) }).await?;
     let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
     Ok(Prepared {
         sqs,
@@ -361,9 +387,7 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         )
         .await?;
         retry_transient(|| async {
-            check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl)
-                .await
-                .map_err(|e| (e.to_string(), e.is_transient()))
+            Ok(check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl).await?)
         })
         .await?;
         Ok(prepared)
@@ -405,6 +429,8 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use super::escape;
+
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
 
@@ -416,6 +442,15 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn escape_leaves_text_and_escapes_control_characters_and_bidi_overrides() {
+        assert_eq!(escape("plain ünïcode text"), "plain ünïcode text");
+        assert_eq!(
+            escape("a\nforged line\u{1b}[31mred\r\u{202e}"),
+            "a\\nforged line\\u{1b}[31mred\\r\\u{202e}"
+        );
     }
 
     #[test]

@@ -31,18 +31,26 @@
 //!   and settling an [`Outcome`]: delete, retry later or park) over the
 //!   [`queue`] seam: a [`QueueClient`] trait that [`aws_sdk_sqs::Client`]
 //!   implements and an in-memory queue can stand behind.
-//! - Settings: [`config`] ([`ProcessorConfig`]), [`cli`] (environment and
-//!   flags, choosing the runtime).
-//! - Operator tooling: [`setup`], [`ops`], [`local_lambda`], [`calls`],
-//!   [`metrics`].
-//! - The examples' handlers: [`ledger`] (staged writes, the fast path) and
-//!   [`payments`] (an external API with an idempotency key).
+//! - Settings: [`config`] ([`ProcessorConfig`]); counters and their EMF
+//!   lines: [`metrics`].
+//! - Process glue, behind the default feature `cli` (clap,
+//!   tracing-subscriber): `cli` (settings from the environment and flags,
+//!   logging, signals, and `cli::run`, which chooses the runtime) and `calls`
+//!   (AWS calls counted by operation). A crate that builds its own process
+//!   turns it off with `default-features = false`.
+//!
+//! The project's other crates: the operator tool `sqs-once` (`cli/`: resource
+//! setup, inspect / forget / redrive / stats, a local Lambda runtime) and the
+//! example consumers `ledger` (staged writes, the fast path) and `payments` (an
+//! external API with an idempotency key) in `examples/`.
 
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod aws;
+#[cfg(feature = "cli")]
 pub mod calls;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -50,19 +58,14 @@ pub mod dedup;
 mod handler;
 pub mod key;
 pub mod lambda;
-pub mod ledger;
-pub mod local_lambda;
 mod message;
 pub mod metrics;
 #[doc(hidden)]
 pub mod mutants;
-pub mod ops;
-pub mod payments;
 pub mod poller;
 pub mod processor;
 pub mod queue;
 mod runtime;
-pub mod setup;
 
 pub use config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use dedup::dynamodb::DynamoStore;

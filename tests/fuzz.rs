@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 use sqs_once::config::ProcessorConfig;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
-use sqs_once::ledger::{LedgerEvent, LedgerHandler};
 use sqs_once::{KeySource, MemoryStore, Message, Outcome, Processor};
+use sqs_once_example_ledger::{LedgerEvent, LedgerHandler};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

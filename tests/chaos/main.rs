@@ -49,9 +49,10 @@ mod support;
 use support::payments_api::{ApiFaults, StubApi};
 use support::{depth, env_or};
 
-const LEDGER: &str = env!("CARGO_BIN_EXE_ledger");
-const PAYMENTS: &str = env!("CARGO_BIN_EXE_payments");
-const SQS_ONCE: &str = env!("CARGO_BIN_EXE_sqs-once");
+/// A binary of the workspace (built once: [`support::binary`]).
+fn binary(name: &str) -> String {
+    support::binary(name).to_string_lossy().into_owned()
+}
 
 /// A small deterministic generator (xorshift64*), so a run can be repeated.
 pub struct Rng(pub u64);
@@ -273,7 +274,7 @@ struct Aws {
 /// Queues, tables and the stub API of one mode's run.
 struct Setup {
     dedup: String,
-    queues: HashMap<bool, sqs_once::setup::QueuePair>,
+    queues: HashMap<bool, sqs_once_cli::setup::QueuePair>,
     ledgers: HashMap<bool, String>,
     api: Option<StubApi>,
 }
@@ -281,13 +282,13 @@ struct Setup {
 async fn setup(aws: &Aws, mode: &Mode) -> Setup {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let dedup = format!("chaos-dedup-{run_id}");
-    sqs_once::setup::ensure_dedup_table(&aws.ddb, &dedup)
+    sqs_once_cli::setup::ensure_dedup_table(&aws.ddb, &dedup)
         .await
         .unwrap();
     let (mut queues, mut ledgers) = (HashMap::new(), HashMap::new());
     for fifo in [false, true] {
         let name = format!("chaos-{run_id}-{}", if fifo { "fifo" } else { "std" });
-        let pair = sqs_once::setup::ensure_queue_with_dlq(
+        let pair = sqs_once_cli::setup::ensure_queue_with_dlq(
             &aws.sqs,
             &name,
             fifo,
@@ -299,7 +300,7 @@ async fn setup(aws: &Aws, mode: &Mode) -> Setup {
         queues.insert(fifo, pair);
         if mode.consumer == Consumer::Ledger {
             let table = format!("{name}-ledger");
-            sqs_once::setup::ensure_table(&aws.ddb, &table)
+            sqs_once_cli::setup::ensure_table(&aws.ddb, &table)
                 .await
                 .unwrap();
             ledgers.insert(fifo, table);
@@ -352,7 +353,7 @@ fn slots(mode: &Mode, s: &Setup, proxy_url: &str, pollers: usize) -> Vec<workers
                 ("SQS_ONCE_METRICS_INTERVAL", "0s"),
                 ("SQS_ONCE_LAMBDA_MARGIN", "2s"),
                 ("LEDGER_PANIC_PERCENT", "1"),
-                ("RUST_LOG", "error,sqs_once::local_lambda=warn"),
+                ("RUST_LOG", "error,sqs_once_cli::local_lambda=warn"),
             ]
             .into_iter()
             .chain(mode.env.iter().copied())
@@ -363,16 +364,16 @@ fn slots(mode: &Mode, s: &Setup, proxy_url: &str, pollers: usize) -> Vec<workers
                 (None, Some(table)) => env.push(("LEDGER_TABLE".into(), table.clone())),
                 (None, None) => unreachable!("a ledger mode has ledger tables"),
             }
-            let program = if mode.consumer == Consumer::Payments {
-                PAYMENTS
+            let program = binary(if mode.consumer == Consumer::Payments {
+                "payments"
             } else {
-                LEDGER
-            };
+                "ledger"
+            });
             if mode.lambda {
                 let args = [
                     "local-lambda",
                     "--function",
-                    program,
+                    &program,
                     "--queue-url",
                     &q.queue_url,
                 ]
@@ -380,9 +381,9 @@ fn slots(mode: &Mode, s: &Setup, proxy_url: &str, pollers: usize) -> Vec<workers
                 .chain(["--timeout", "6s", "--exit-when-idle", "3600s"])
                 .map(str::to_owned)
                 .collect();
-                workers::Slot::new(SQS_ONCE, args, env)
+                workers::Slot::new(&binary("sqs-once"), args, env)
             } else {
-                workers::Slot::new(program, Vec::new(), env)
+                workers::Slot::new(&program, Vec::new(), env)
             }
         })
         .collect()

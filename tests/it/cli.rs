@@ -16,7 +16,7 @@ struct Run {
 }
 
 async fn cli(args: &[&str]) -> Run {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sqs-once"))
+    let out = tokio::process::Command::new(crate::common::binary("sqs-once"))
         .args(args)
         .env("AWS_ENDPOINT_URL", crate::common::endpoint())
         .env("AWS_REGION", "us-east-1")
@@ -78,7 +78,7 @@ async fn init_twice_is_a_no_op_and_check_then_passes() {
 async fn init_check_flags_what_is_missing_and_changes_nothing() {
     let client = ddb().await;
     let table = unique("nottl");
-    sqs_once::setup::ensure_table(&client, &table)
+    sqs_once_cli::setup::ensure_table(&client, &table)
         .await
         .unwrap();
     let r = cli(&[
@@ -582,7 +582,7 @@ async fn init_refuses_a_table_with_other_keys_before_writing_anything_to_it() {
 async fn init_enables_ttl_on_an_existing_dedup_table_only_with_enable_ttl() {
     let client = ddb().await;
     let table = unique("nottl");
-    sqs_once::setup::ensure_table(&client, &table)
+    sqs_once_cli::setup::ensure_table(&client, &table)
         .await
         .unwrap();
     let ttl_status = || async {

@@ -3,8 +3,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 pub use support::payments_api::{ApiFaults, StubApi};
-pub use support::{depth, ledger_rows, send_all, unique};
+pub use support::{binary, depth, ledger_rows, send_all, unique};
 
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,7 +16,7 @@ use aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorConte
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
-use sqs_once::setup::{QueuePair, ensure_queue_with_dlq};
+use sqs_once_cli::setup::{QueuePair, ensure_queue_with_dlq};
 
 /// The LocalStack endpoint: `AWS_ENDPOINT_URL`, else 127.0.0.1:4566.
 pub fn endpoint() -> String {
@@ -49,7 +50,7 @@ pub async fn ddb() -> aws_sdk_dynamodb::Client {
 /// A fresh dedup table (key `pk`, TTL on `expires_at`).
 pub async fn dedup_table(client: &aws_sdk_dynamodb::Client) -> String {
     let name = unique("dedup");
-    sqs_once::setup::ensure_dedup_table(client, &name)
+    sqs_once_cli::setup::ensure_dedup_table(client, &name)
         .await
         .expect("create dedup table");
     name
@@ -133,7 +134,9 @@ impl Ledger {
         secs: u64,
     ) -> Self {
         let ledger = unique("ledger");
-        sqs_once::setup::ensure_table(ddb, &ledger).await.unwrap();
+        sqs_once_cli::setup::ensure_table(ddb, &ledger)
+            .await
+            .unwrap();
         Self {
             queues: queues(sqs, false, secs).await,
             dedup: dedup_table(ddb).await,
@@ -143,11 +146,11 @@ impl Ledger {
 
     /// The `ledger` binary configured for these resources.
     pub fn command(&self, extra: &[(&str, &str)]) -> tokio::process::Command {
-        self.command_for(env!("CARGO_BIN_EXE_ledger"), extra)
+        self.command_for(&binary("ledger"), extra)
     }
 
     /// A consumer binary configured for these resources.
-    pub fn command_for(&self, bin: &str, extra: &[(&str, &str)]) -> tokio::process::Command {
+    pub fn command_for(&self, bin: &Path, extra: &[(&str, &str)]) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(bin);
         c.env("SQS_ONCE_QUEUE_URL", &self.queues.queue_url)
             .env("SQS_ONCE_DLQ_URL", &self.queues.dlq_url)
@@ -213,7 +216,7 @@ pub async fn run_until_drained(
     k: usize,
     env: &[(&str, &str)],
 ) -> Vec<serde_json::Value> {
-    run_until_drained_with(l, sqs, k, env!("CARGO_BIN_EXE_ledger"), env).await
+    run_until_drained_with(l, sqs, k, &binary("ledger"), env).await
 }
 
 /// [`run_until_drained`] with another consumer binary. Each poller's stats line
@@ -222,7 +225,7 @@ pub async fn run_until_drained_with(
     l: &Ledger,
     sqs: &aws_sdk_sqs::Client,
     k: usize,
-    bin: &str,
+    bin: &Path,
     env: &[(&str, &str)],
 ) -> Vec<serde_json::Value> {
     let children: Vec<_> = (0..k)

@@ -65,7 +65,9 @@ fn require_exists(table: &str, account: &str) -> TransactWriteItem {
 
 async fn business_table(client: &aws_sdk_dynamodb::Client) -> String {
     let name = unique("ledger");
-    sqs_once::setup::ensure_table(client, &name).await.unwrap();
+    sqs_once_cli::setup::ensure_table(client, &name)
+        .await
+        .unwrap();
     name
 }
 

@@ -33,8 +33,8 @@ async fn queue_pair(
     fifo: bool,
     visibility: u64,
     max_receives: u32,
-) -> sqs_once::setup::QueuePair {
-    sqs_once::setup::ensure_queue_with_dlq(
+) -> sqs_once_cli::setup::QueuePair {
+    sqs_once_cli::setup::ensure_queue_with_dlq(
         sqs,
         &unique("holes"),
         fifo,
@@ -73,7 +73,7 @@ async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::types::
 async fn pollers_until_empty<H: Handler + Clone>(
     sqs: &aws_sdk_sqs::Client,
     ddb: &aws_sdk_dynamodb::Client,
-    q: &sqs_once::setup::QueuePair,
+    q: &sqs_once_cli::setup::QueuePair,
     table: &str,
     handler: H,
     pc: &ProcessorConfig,
@@ -205,7 +205,7 @@ fn always_permanent(reason: &'static str) -> impl Handler {
 async fn poll_until_empty<H: Handler>(
     sqs: &aws_sdk_sqs::Client,
     ddb: &aws_sdk_dynamodb::Client,
-    q: &sqs_once::setup::QueuePair,
+    q: &sqs_once_cli::setup::QueuePair,
     key: &str,
     handler: H,
 ) {
@@ -380,7 +380,9 @@ fn put(table: &str, pk: &str, pad: usize) -> TransactWriteItem {
 async fn requests_dynamodb_rejects_as_invalid_are_parked_not_retried() {
     let ddb = ddb().await;
     let ledger = unique("ledger");
-    sqs_once::setup::ensure_table(&ddb, &ledger).await.unwrap();
+    sqs_once_cli::setup::ensure_table(&ddb, &ledger)
+        .await
+        .unwrap();
     let table = dedup_table(&ddb).await;
     type Writes = fn(&str) -> Vec<TransactWriteItem>;
     let cases: [(&str, Writes, &str); 2] = [

@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use sqs_once::config::ProcessorConfig;
 use sqs_once::dedup::ClaimRequest;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
-use sqs_once::ledger::LedgerHandler;
-use sqs_once::local_lambda::{LocalLambda, run_event_source, sqs_event};
 use sqs_once::{DedupStore, DynamoStore, Handler, HandlerError, Processor, handler_fn};
+use sqs_once_cli::local_lambda::{LocalLambda, run_event_source, sqs_event};
+use sqs_once_example_ledger::LedgerHandler;
 
 use crate::common::{
     Ledger, bodies_with_reasons, ddb, dedup_table, depth, ledger_rows, send_all, sqs, unique,
@@ -578,7 +578,7 @@ async fn ledger_function(l: &Ledger, extra: &[(&str, &str)]) -> LocalLambda {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
     );
     LocalLambda::start(
-        env!("CARGO_BIN_EXE_ledger"),
+        crate::common::binary("ledger"),
         "ledger",
         Duration::from_secs(30),
         env,
@@ -699,7 +699,7 @@ async fn ledger_function_with_a_bad_setting_fails_its_invocations_and_loses_noth
         .await
         .unwrap_err();
     assert!(
-        matches!(err, sqs_once::local_lambda::InvokeError::Exited(ref why) if why.contains("exit status: 2")),
+        matches!(err, sqs_once_cli::local_lambda::InvokeError::Exited(ref why) if why.contains("exit status: 2")),
         "{err}"
     );
     function.shutdown().await;

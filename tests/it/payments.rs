@@ -10,7 +10,9 @@ use sqs_once::{DedupStore, DynamoStore, Status, StoredResult};
 
 use crate::common::{Ledger, StubApi, ddb, depth, run_until_drained_with, send_all, sqs};
 
-const PAYMENTS: &str = env!("CARGO_BIN_EXE_payments");
+fn payments() -> std::path::PathBuf {
+    crate::common::binary("payments")
+}
 
 fn payment(id: &str, amount: i64) -> String {
     payment_by(id, "cus_1", amount)
@@ -33,7 +35,7 @@ async fn kill_between_the_charge_and_its_completion_charges_once() {
     ];
     let mut slow = env.to_vec();
     slow.push(("PAYMENTS_PAUSE_AFTER_CALL", "60s"));
-    let mut first = l.command_for(PAYMENTS, &slow).spawn().unwrap();
+    let mut first = l.command_for(&payments(), &slow).spawn().unwrap();
 
     // The API has charged; the consumer is still before its completion.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -57,7 +59,7 @@ async fn kill_between_the_charge_and_its_completion_charges_once() {
 
     // The redelivery runs again once the dead claim's lease ends, and calls the
     // API with the same key: the API answers with the first charge.
-    run_until_drained_with(&l, &sqs, 1, PAYMENTS, &env).await;
+    run_until_drained_with(&l, &sqs, 1, &payments(), &env).await;
     let requests = api.requests();
     assert_eq!(
         requests.len(),
@@ -99,7 +101,7 @@ async fn concurrent_duplicates_call_the_api_once_per_payment() {
     }
     send_all(&sqs, &l.queues.queue_url, &bodies).await;
     let env = [("PAYMENTS_URL", api.url.as_str())];
-    run_until_drained_with(&l, &sqs, 2, PAYMENTS, &env).await;
+    run_until_drained_with(&l, &sqs, 2, &payments(), &env).await;
     let requests = api.requests();
     let mut per_key: HashMap<String, usize> = HashMap::new();
     for (key, _) in &requests {
@@ -129,11 +131,11 @@ async fn declined_and_invalid_payments_are_parked_with_the_reason() {
         ],
     )
     .await;
-    run_until_drained_with(&l, &sqs, 1, PAYMENTS, &env).await;
+    run_until_drained_with(&l, &sqs, 1, &payments(), &env).await;
     // The same payment id again with another amount: a producer bug. The key is
     // completed, so it is a duplicate (and reported); the API is not called.
     send_all(&sqs, &l.queues.queue_url, &[payment("pay-x", 999)]).await;
-    run_until_drained_with(&l, &sqs, 1, PAYMENTS, &env).await;
+    run_until_drained_with(&l, &sqs, 1, &payments(), &env).await;
 
     let parked = crate::common::bodies_with_reasons(&sqs, &l.queues.dlq_url).await;
     assert_eq!(parked.len(), 2, "{parked:?}");

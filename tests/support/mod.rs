@@ -5,8 +5,80 @@
 pub mod payments_api;
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+
+/// The path of the workspace's binary `name` (`ledger` and `payments` of the
+/// example crates, `sqs-once` of `sqs-once-cli`), built for this test's profile
+/// into the test executable's target directory.
+///
+/// The root package's tests cannot name another package's binary with
+/// `CARGO_BIN_EXE_*`, so the first call in a process runs `$CARGO build
+/// --workspace --bins` (with `--features sqs-once/mutants` when this test is
+/// built with the `mutants` feature, so the chaos harness's `ledger` has the
+/// mutants); later calls reuse it. Every binary comes from that one build so
+/// that they share one feature resolution: `cargo build -p
+/// sqs-once-example-ledger` alone resolves `hyper` without the CLI's `server`
+/// feature, and so builds the whole AWS SDK a second time. Panics with the
+/// build's output when it fails.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let path = built.get_or_insert_with(build_binaries).join(name);
+    assert!(
+        path.is_file(),
+        "`cargo build --workspace --bins` made no {}: not a binary of this workspace",
+        path.display()
+    );
+    path
+}
+
+/// Builds every binary of the workspace; the directory they are in.
+fn build_binaries() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    // The test runs from <target>/<profile>/deps/; the binaries go to <target>/<profile>/.
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in <target>/<profile>/deps")
+        .to_owned();
+    let target_dir = profile_dir.parent().expect("a target directory");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = std::process::Command::new(cargo);
+    build
+        .args([
+            "build",
+            "--quiet",
+            "--workspace",
+            "--bins",
+            "--manifest-path",
+        ])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target_dir);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            build.arg("--release");
+        }
+        other => panic!("a test in {other:?}: not a debug or release build"),
+    }
+    if cfg!(feature = "mutants") {
+        build.args(["--features", "sqs-once/mutants"]);
+    }
+    let out = build
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {build:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "cannot build the workspace's binaries ({build:?}: {}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    profile_dir
+}
 
 /// An environment variable parsed, or the default.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -41,7 +41,7 @@ class EcsTemplate(unittest.TestCase):
 
     def test_every_environment_variable_is_one_the_binary_reads(self):
         known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/cli.rs").read_text()))
-        known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/bin/ledger.rs").read_text()))
+        known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "examples/ledger/src/main.rs").read_text()))
         known.add("SQS_ONCE_LOG_FORMAT")  # read by cli::init_logging
         self.assertLessEqual(set(self.env), known, f"unknown: {set(self.env) - known}")
         for required in ("SQS_ONCE_QUEUE_URL", "SQS_ONCE_TABLE", "SQS_ONCE_CONSUMER", "LEDGER_TABLE"):
@@ -106,8 +106,8 @@ class Dockerfile(unittest.TestCase):
         cls.build, cls.final = stages[0], stages[-1]
 
     def test_builds_the_ledger_binary_in_release(self):
-        self.assertIn("cargo build --release --locked --bin ledger", self.build)
-        self.assertTrue((ROOT / "src/bin/ledger.rs").exists())
+        self.assertIn("cargo build --release --locked -p sqs-once-example-ledger --bin ledger", self.build)
+        self.assertTrue((ROOT / "examples/ledger/src/main.rs").exists())
 
     def test_runtime_image_is_small_non_root_and_shell_free(self):
         self.assertTrue(self.final.startswith("gcr.io/distroless/"), self.final.splitlines()[0])

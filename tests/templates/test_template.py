@@ -5,6 +5,7 @@ intrinsic forms): `scripts/check-templates`.
 """
 
 import re
+import tomllib
 import unittest
 
 from cfn import ROOT, load, resolve
@@ -83,7 +84,14 @@ class SamTemplate(unittest.TestCase):
         fn = self.function()
         self.assertEqual(fn["Metadata"]["BuildMethod"], "rust-cargolambda")
         binary = fn["Metadata"]["BuildProperties"]["Binary"]
-        self.assertTrue((ROOT / f"src/bin/{binary}.rs").exists(), binary)
+        # cargo lambda builds in CodeUri: a crate of the workspace naming that binary.
+        code_uri = fn["Properties"]["CodeUri"]
+        members = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["members"]
+        self.assertIn(code_uri, members, "CodeUri is not a member of the Cargo workspace")
+        manifest = tomllib.loads((ROOT / code_uri / "Cargo.toml").read_text())
+        bins = {b["name"]: ROOT / code_uri / b["path"] for b in manifest.get("bin", [])}
+        self.assertIn(binary, bins, f"{code_uri}/Cargo.toml has no binary {binary}")
+        self.assertTrue(bins[binary].exists(), bins[binary])
         props = fn["Properties"]
         self.assertEqual(props["Runtime"], "provided.al2023")
         self.assertEqual(props["Architectures"], ["arm64"])
@@ -91,7 +99,7 @@ class SamTemplate(unittest.TestCase):
 
     def test_every_environment_variable_is_one_the_binary_reads(self):
         known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/cli.rs").read_text()))
-        known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/bin/ledger.rs").read_text()))
+        known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "examples/ledger/src/main.rs").read_text()))
         env = self.function()["Properties"]["Environment"]["Variables"]
         self.assertLessEqual(set(env), known, f"unknown: {set(env) - known}")
         for required in ("SQS_ONCE_TABLE", "SQS_ONCE_CONSUMER", "SQS_ONCE_DEDUP_KEY", "LEDGER_TABLE"):

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sqs_once::cli::RuntimeArgs;
-use sqs_once::ledger::LedgerHandler;
 use sqs_once::{Context, Effects, Handler, HandlerResult, Message};
+use sqs_once_example_ledger::LedgerHandler;
 
 #[derive(Parser)]
 #[command(

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_sdk_sqs::error::SdkError;
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use aws_smithy_types::error::display::DisplayErrorContext;
 use bytes::Bytes;
@@ -30,7 +31,8 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 use tracing::{info, warn};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type GetQueueAttributesError =
+    aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError;
 
 /// Why an invocation produced no response.
 #[derive(Debug, thiserror::Error)]
@@ -386,6 +388,26 @@ pub struct EventSourceStats {
     pub failed_invocations: u64,
 }
 
+/// Why [`run_event_source`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EventSourceError {
+    /// `GetQueueAttributes` (for the queue's ARN) failed.
+    #[error("cannot read queue {queue}: {}", DisplayErrorContext(.source))]
+    ReadQueue {
+        /// The queue's URL.
+        queue: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<GetQueueAttributesError>>,
+    },
+    /// The queue's attributes came back without its ARN.
+    #[error("queue {queue} has no QueueArn attribute")]
+    NoQueueArn {
+        /// The queue's URL.
+        queue: String,
+    },
+}
+
 /// Feeds `queue_url` to the function in batches of up to `batch_size` until the
 /// queue has been empty for `exit_when_idle`.
 pub async fn run_event_source(
@@ -394,98 +416,160 @@ pub async fn run_event_source(
     lambda: &LocalLambda,
     batch_size: i32,
     exit_when_idle: Duration,
-) -> Result<EventSourceStats, BoxError> {
-    let arn = sqs
-        .get_queue_attributes()
+) -> Result<EventSourceStats, EventSourceError> {
+    let mut source = EventSource {
+        sqs,
+        queue_arn: queue_arn(sqs, queue_url).await?,
+        queue_url,
+        lambda,
+        batch_size: batch_size.clamp(1, 10),
+        wait: exit_when_idle.clamp(Duration::from_secs(1), Duration::from_secs(20)),
+        stats: EventSourceStats::default(),
+    };
+    let mut idle_since = tokio::time::Instant::now();
+    loop {
+        let Some(messages) = source.receive().await else {
+            continue;
+        };
+        if messages.is_empty() {
+            if idle_since.elapsed() >= exit_when_idle {
+                return Ok(source.stats);
+            }
+            continue;
+        }
+        if source.deliver(&messages).await {
+            idle_since = tokio::time::Instant::now();
+        }
+    }
+}
+
+/// The queue's ARN (the event's `eventSourceARN`).
+async fn queue_arn(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<String, EventSourceError> {
+    sqs.get_queue_attributes()
         .queue_url(queue_url)
         .attribute_names(QueueAttributeName::QueueArn)
         .send()
         .await
-        .map_err(|e| format!("cannot read queue {queue_url}: {}", DisplayErrorContext(e)))?
+        .map_err(|e| EventSourceError::ReadQueue {
+            queue: queue_url.to_owned(),
+            source: e.into(),
+        })?
         .attributes
         .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-        .ok_or("the queue has no QueueArn attribute")?;
-    let mut stats = EventSourceStats::default();
-    let mut idle_since = tokio::time::Instant::now();
-    loop {
-        let wait = exit_when_idle.clamp(Duration::from_secs(1), Duration::from_secs(20));
-        let received = sqs
+        .ok_or_else(|| EventSourceError::NoQueueArn {
+            queue: queue_url.to_owned(),
+        })
+}
+
+/// One queue feeding one function, as Lambda's event source mapping does: it
+/// never gives up on a failed call, it tries again (a lost delete brings the
+/// records back).
+struct EventSource<'a> {
+    sqs: &'a aws_sdk_sqs::Client,
+    queue_url: &'a str,
+    queue_arn: String,
+    lambda: &'a LocalLambda,
+    /// Records per invocation, 1 to 10.
+    batch_size: i32,
+    /// The long-poll wait, 1 to 20 s.
+    wait: Duration,
+    stats: EventSourceStats,
+}
+
+impl EventSource<'_> {
+    /// The next batch (empty when the queue is); `None` when the receive failed
+    /// (logged, and tried again after 1 s).
+    async fn receive(&self) -> Option<Vec<aws_sdk_sqs::types::Message>> {
+        let received = self
+            .sqs
             .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(batch_size.clamp(1, 10))
-            .wait_time_seconds(wait.as_secs() as i32)
+            .queue_url(self.queue_url)
+            .max_number_of_messages(self.batch_size)
+            .wait_time_seconds(self.wait.as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
             .await;
-        // Like Lambda's event source mapping, it does not give up on a failed
-        // call: it tries again (a lost delete brings the records back).
-        let messages = match received {
-            Ok(out) => out.messages.unwrap_or_default(),
+        match received {
+            Ok(out) => Some(out.messages.unwrap_or_default()),
             Err(e) => {
                 warn!(error = %DisplayErrorContext(e), "receive failed; trying again in 1 s");
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+                None
             }
-        };
-        if messages.is_empty() {
-            if idle_since.elapsed() >= exit_when_idle {
-                return Ok(stats);
-            }
-            continue;
         }
-        stats.invocations += 1;
-        stats.records += messages.len() as u64;
-        let event = sqs_event(&arn, &messages);
-        let listed = match lambda.invoke(&event).await {
-            Ok(response) => failures_in(&response, &messages),
+    }
+
+    /// Invokes the function with the batch and deletes the records it did not
+    /// list. Whether the idle clock starts again: the batch was delivered, or
+    /// the invocation failed as a whole (every record comes back); not when the
+    /// delete failed (the records come back).
+    async fn deliver(&mut self, messages: &[aws_sdk_sqs::types::Message]) -> bool {
+        self.stats.invocations += 1;
+        self.stats.records += messages.len() as u64;
+        let event = sqs_event(&self.queue_arn, messages);
+        let listed = match self.lambda.invoke(&event).await {
+            Ok(response) => failures_in(&response, messages),
             Err(e) => {
                 warn!(error = %e, "invocation failed; the whole batch comes back");
                 None
             }
         };
         let Some(listed) = listed else {
-            stats.failed_invocations += 1;
-            idle_since = tokio::time::Instant::now();
-            continue;
+            self.stats.failed_invocations += 1;
+            return true;
         };
-        stats.reported_failed += listed.len() as u64;
-        let done: Vec<&aws_sdk_sqs::types::Message> = messages
-            .iter()
-            .filter(|m| !listed.iter().any(|id| Some(id.as_str()) == m.message_id()))
-            .collect();
-        if !done.is_empty() {
-            let entries = crate::queue::sqs::delete_entries(
-                done.iter().map(|m| m.receipt_handle().unwrap_or_default()),
-            );
-            let deleted = sqs
-                .delete_message_batch()
-                .queue_url(queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await;
-            let out = match deleted {
-                Ok(out) => out,
-                Err(e) => {
-                    warn!(error = %DisplayErrorContext(e), "delete failed; the records come back");
-                    continue;
-                }
-            };
-            stats.deleted += (done.len() - out.failed.len()) as u64;
-            for f in out.failed {
-                warn!(
-                    id = f.id,
-                    code = f.code,
-                    "delete failed; the record comes back"
-                );
-            }
+        self.stats.reported_failed += listed.len() as u64;
+        if !self.delete_done(messages, &listed).await {
+            return false;
         }
         info!(
             records = messages.len(),
             failed = listed.len(),
             "batch delivered"
         );
-        idle_since = tokio::time::Instant::now();
+        true
+    }
+
+    /// Deletes the records of the batch not `listed`; false when the delete
+    /// call failed (logged: the records come back).
+    async fn delete_done(
+        &mut self,
+        messages: &[aws_sdk_sqs::types::Message],
+        listed: &[String],
+    ) -> bool {
+        let done: Vec<&aws_sdk_sqs::types::Message> = messages
+            .iter()
+            .filter(|m| !listed.iter().any(|id| Some(id.as_str()) == m.message_id()))
+            .collect();
+        if done.is_empty() {
+            return true;
+        }
+        let entries =
+            crate::ops::delete_entries(done.iter().map(|m| m.receipt_handle().unwrap_or_default()));
+        let deleted = self
+            .sqs
+            .delete_message_batch()
+            .queue_url(self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await;
+        let out = match deleted {
+            Ok(out) => out,
+            Err(e) => {
+                warn!(error = %DisplayErrorContext(e), "delete failed; the records come back");
+                return false;
+            }
+        };
+        self.stats.deleted += (done.len() - out.failed.len()) as u64;
+        for f in out.failed {
+            warn!(
+                id = f.id,
+                code = f.code,
+                "delete failed; the record comes back"
+            );
+        }
+        true
     }
 }
 

@@ -1,5 +1,6 @@
 //! The ledger example: a deliberately non-idempotent effect, so a duplicate
-//! would show.
+//! would show. The `ledger` binary (`src/main.rs`) runs [`LedgerHandler`] as a
+//! long-polling consumer or as a Lambda function.
 //!
 //! Body: `{"id": "<event id>", "account": "<account>", "amount_cents": <i64>}`,
 //! optionally with `"seq": <u64>`.
@@ -11,13 +12,19 @@
 //! permanent failure (parked with its reason).
 //!
 //! Its only effect is that staged write, so it declares
-//! [`Effects::StagedOnly`](crate::Effects::StagedOnly) and runs on the
+//! [`Effects::StagedOnly`] and runs on the
 //! one-transaction fast path unless `SQS_ONCE_FAST_PATH=false`.
+//!
+//! Its fault-injection knobs ([`LedgerHandler::with_panics`], simulated work)
+//! are for the tests and the chaos harness.
+
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
 
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use serde::Deserialize;
 
-use crate::{Context, Effects, Handler, HandlerError, HandlerResult, Message};
+use sqs_once::{Context, Effects, Handler, HandlerError, HandlerResult, Message};
 
 /// One ledger event.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -91,7 +98,8 @@ impl Handler for LedgerHandler {
             return Err(HandlerError::permanent("not a ledger event: empty account"));
         }
         if self.panic_percent > 0 {
-            let roll = crate::key::sha256_hex(format!("{}#{}", event.id, ctx.attempt()).as_bytes());
+            let roll =
+                sqs_once::key::sha256_hex(format!("{}#{}", event.id, ctx.attempt()).as_bytes());
             if Self::within(&roll, self.panic_percent) {
                 panic!(
                     "simulated handler bug (LEDGER_PANIC_PERCENT) on {}",
@@ -101,7 +109,7 @@ impl Handler for LedgerHandler {
         }
         if !self.work.is_zero()
             && Self::within(
-                &crate::key::sha256_hex(event.id.as_bytes()),
+                &sqs_once::key::sha256_hex(event.id.as_bytes()),
                 self.slow_percent,
             )
         {

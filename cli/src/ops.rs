@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use aws_sdk_sqs::types::{
     Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
@@ -12,18 +13,179 @@ use aws_sdk_sqs::types::{
 };
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use crate::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
-use crate::dedup::{Record, Status, StoredResult};
-use crate::key::record_key;
-use crate::queue::REASON_ATTRIBUTE;
+use sqs_once::cli::escape;
+use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
+use sqs_once::dedup::{Record, Status, StoredResult};
+use sqs_once::key::record_key;
+use sqs_once::queue::REASON_ATTRIBUTE;
 
-/// An operation that failed, in words for the operator.
+type GetItemError = aws_sdk_dynamodb::operation::get_item::GetItemError;
+type DeleteItemError = aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+type ScanError = aws_sdk_dynamodb::operation::scan::ScanError;
+type GetQueueAttributesError =
+    aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError;
+type ReceiveMessageError = aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
+type SendMessageBatchError = aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError;
+type DeleteMessageBatchError =
+    aws_sdk_sqs::operation::delete_message_batch::DeleteMessageBatchError;
+type StartMoveTaskError =
+    aws_sdk_sqs::operation::start_message_move_task::StartMessageMoveTaskError;
+type ListMoveTasksError =
+    aws_sdk_sqs::operation::list_message_move_tasks::ListMessageMoveTasksError;
+
+/// An operation that failed: what was being done, to what, and the AWS error
+/// (its source) where a call failed. The message is for the operator.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct OpsError(pub String);
+pub enum OpsError {
+    /// `GetItem` of a record failed.
+    #[error("reading {pk} from {table}: {}", DisplayErrorContext(.source))]
+    ReadRecord {
+        /// The record's key.
+        pk: String,
+        /// The dedup table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<GetItemError>>,
+    },
+    /// `DeleteItem` of a record failed.
+    #[error("deleting {pk} from {table}: {}", DisplayErrorContext(.source))]
+    DeleteRecord {
+        /// The record's key.
+        pk: String,
+        /// The dedup table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<DeleteItemError>>,
+    },
+    /// A record read from the table is not one sqs-once wrote.
+    #[error("record {pk} is malformed: {reason}")]
+    MalformedRecord {
+        /// The record's key.
+        pk: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `Scan` page failed.
+    #[error("scanning {table}: {}", DisplayErrorContext(.source))]
+    Scan {
+        /// The dedup table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<ScanError>>,
+    },
+    /// `GetQueueAttributes` failed.
+    #[error("reading queue {queue}: {}", DisplayErrorContext(.source))]
+    ReadQueue {
+        /// The queue's URL.
+        queue: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<GetQueueAttributesError>>,
+    },
+    /// A queue's attributes came back without its ARN.
+    #[error("queue {queue} has no QueueArn")]
+    NoQueueArn {
+        /// The queue's URL.
+        queue: String,
+    },
+    /// The source queue's redrive policy does not name the DLQ: nothing moved.
+    #[error(
+        "refusing to move: the redrive policy of {source_url} {}, not {dlq_arn} ({dlq_url}); \
+         with swapped URLs live messages would move into the DLQ unprocessed. Check \
+         --dlq-url and --queue-url, or pass --skip-redrive-check to move anyway",
+        .found.as_ref().map_or("is not set".to_owned(), |t| format!("sends to {t}"))
+    )]
+    NotItsDlq {
+        /// The source queue's URL.
+        source_url: String,
+        /// Where its redrive policy sends messages, if it has one.
+        found: Option<String>,
+        /// The DLQ's URL.
+        dlq_url: String,
+        /// The DLQ's ARN.
+        dlq_arn: String,
+    },
+    /// `ReceiveMessage` from the DLQ failed.
+    #[error("receiving from {queue}: {}", DisplayErrorContext(.source))]
+    Receive {
+        /// The DLQ's URL.
+        queue: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<ReceiveMessageError>>,
+    },
+    /// `SendMessageBatch` to the source queue failed; the batch stays in the DLQ.
+    #[error(
+        "sending to {queue} ({moved} moved so far; this batch stays in the DLQ): {}",
+        DisplayErrorContext(.source)
+    )]
+    Send {
+        /// The source queue's URL.
+        queue: String,
+        /// Messages moved before this batch.
+        moved: u64,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<SendMessageBatchError>>,
+    },
+    /// `DeleteMessageBatch` from the DLQ failed after the batch was sent: its
+    /// messages are in both queues.
+    #[error(
+        "deleting from {queue} after sending; {in_both} message(s) are now in both queues (the DLQ's copies come back in 60 s; their dedup keys make a second copy a duplicate): {}",
+        DisplayErrorContext(.source)
+    )]
+    DeleteAfterSend {
+        /// The DLQ's URL.
+        queue: String,
+        /// Messages now in both queues.
+        in_both: usize,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<DeleteMessageBatchError>>,
+    },
+    /// `StartMessageMoveTask` failed (other than for an endpoint without it).
+    #[error("starting the message move task: {}", DisplayErrorContext(.source))]
+    StartMoveTask {
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<StartMoveTaskError>>,
+    },
+    /// `ListMessageMoveTasks` failed while waiting for the task.
+    #[error("reading the message move task: {}", DisplayErrorContext(.source))]
+    ReadMoveTask {
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<ListMoveTasksError>>,
+    },
+    /// The message move task ended `FAILED` or `CANCELLED`.
+    #[error("the message move task ended {status} after {moved} message(s): {reason}")]
+    MoveTaskEnded {
+        /// `FAILED` or `CANCELLED`.
+        status: String,
+        /// Messages it moved.
+        moved: u64,
+        /// Its failure reason.
+        reason: String,
+    },
+    /// The message move task was still running after 15 minutes.
+    #[error(
+        "the message move task {handle} is still running after 15 minutes; check it with `aws sqs list-message-move-tasks`"
+    )]
+    MoveTaskStillRunning {
+        /// The task's handle.
+        handle: String,
+    },
+}
 
-fn fail(what: &str, e: impl std::fmt::Display) -> OpsError {
-    OpsError(format!("{what}: {e}"))
+/// [`OpsError::MalformedRecord`] for `pk`.
+fn malformed(pk: &str, reason: impl ToString) -> OpsError {
+    OpsError::MalformedRecord {
+        pk: pk.to_owned(),
+        reason: reason.to_string(),
+    }
 }
 
 fn now_ms() -> i64 {
@@ -49,22 +211,6 @@ fn relative(ms: i64, now: i64) -> String {
     } else {
         format!("{d} ago")
     }
-}
-
-/// `s` safe to print to a terminal: control characters (newlines, escape
-/// sequences) and bidirectional overrides are escaped (`\n`, `\u{1b}`); all
-/// else is as it is.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// A record for a person: status, owner, lease, attempts, times as UTC and
@@ -153,16 +299,15 @@ pub async fn inspect(
         .consistent_read(true)
         .send()
         .await
-        .map_err(|e| {
-            fail(
-                &format!("reading {pk} from {table}"),
-                DisplayErrorContext(e),
-            )
+        .map_err(|e| OpsError::ReadRecord {
+            pk: pk.clone(),
+            table: table.to_owned(),
+            source: e.into(),
         })?;
     out.item()
         .map(record_from_item)
         .transpose()
-        .map_err(|e| fail(&format!("record {pk} is malformed"), e))
+        .map_err(|e| malformed(&pk, e))
 }
 
 /// What [`forget`] did.
@@ -210,7 +355,7 @@ pub async fn forget(
     match delete.send().await {
         Ok(out) => match out.attributes() {
             Some(item) if !item.is_empty() => Ok(Forgotten::Deleted(
-                record_from_item(item).map_err(|e| fail("the deleted record", e))?,
+                record_from_item(item).map_err(|e| malformed(&pk, e))?,
             )),
             _ => Ok(Forgotten::Absent),
         },
@@ -220,13 +365,14 @@ pub async fn forget(
                 && let Some(item) = c.item()
             {
                 return Ok(Forgotten::InProgress(
-                    record_from_item(item).map_err(|e| fail("the record", e))?,
+                    record_from_item(item).map_err(|e| malformed(&pk, e))?,
                 ));
             }
-            Err(fail(
-                &format!("deleting {pk} from {table}"),
-                DisplayErrorContext(e),
-            ))
+            Err(OpsError::DeleteRecord {
+                pk,
+                table: table.to_owned(),
+                source: e.into(),
+            })
         }
     }
 }
@@ -294,7 +440,10 @@ pub async fn count_records(
             .set_exclusive_start_key(start.take())
             .send()
             .await
-            .map_err(|e| fail(&format!("scanning {table}"), DisplayErrorContext(e)))?;
+            .map_err(|e| OpsError::Scan {
+                table: table.to_owned(),
+                source: e.into(),
+            })?;
         counts.scanned += u64::try_from(page.scanned_count()).unwrap_or(0);
         spent += page_units(&page);
         for item in page.items() {
@@ -355,7 +504,10 @@ pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<QueueDe
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
         .send()
         .await
-        .map_err(|e| fail(&format!("reading queue {url}"), DisplayErrorContext(e)))?
+        .map_err(|e| OpsError::ReadQueue {
+            queue: url.to_owned(),
+            source: e.into(),
+        })?
         .attributes
         .unwrap_or_default();
     let n = |a: QueueAttributeName| attrs.get(&a).and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -412,11 +564,9 @@ async fn source_settings(
         .attribute_names(QueueAttributeName::MaximumMessageSize)
         .send()
         .await
-        .map_err(|e| {
-            fail(
-                &format!("reading queue {source_url}"),
-                DisplayErrorContext(e),
-            )
+        .map_err(|e| OpsError::ReadQueue {
+            queue: source_url.to_owned(),
+            source: e.into(),
         })?
         .attributes
         .unwrap_or_default();
@@ -434,12 +584,12 @@ async fn source_settings(
         .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
     match target {
         Some(t) if t == dlq_arn => Ok(max_size),
-        found => Err(OpsError(format!(
-            "refusing to move: the redrive policy of {source_url} {}, not {dlq_arn} ({dlq_url}); \
-             with swapped URLs live messages would move into the DLQ unprocessed. Check \
-             --dlq-url and --queue-url, or pass --skip-redrive-check to move anyway",
-            found.map_or("is not set".to_owned(), |t| format!("sends to {t}"))
-        ))),
+        found => Err(OpsError::NotItsDlq {
+            source_url: source_url.to_owned(),
+            found,
+            dlq_url: dlq_url.to_owned(),
+            dlq_arn,
+        }),
     }
 }
 
@@ -486,7 +636,10 @@ pub async fn redrive(
             .message_attribute_names("All")
             .send()
             .await
-            .map_err(|e| fail(&format!("receiving from {dlq_url}"), DisplayErrorContext(e)))?
+            .map_err(|e| OpsError::Receive {
+                queue: dlq_url.to_owned(),
+                source: e.into(),
+            })?
             .messages
             .unwrap_or_default();
         if got.is_empty() {
@@ -514,7 +667,10 @@ async fn preview(sqs: &aws_sdk_sqs::Client, dlq_url: &str) -> Result<Redriven, O
         .message_attribute_names("All")
         .send()
         .await
-        .map_err(|e| fail(&format!("reading {dlq_url}"), DisplayErrorContext(e)))?;
+        .map_err(|e| OpsError::Receive {
+            queue: dlq_url.to_owned(),
+            source: e.into(),
+        })?;
     report.preview = peek
         .messages()
         .iter()
@@ -564,6 +720,24 @@ pub fn size_batches(messages: &[Message], max_size: usize) -> Vec<&[Message]> {
         out.push(&messages[start..]);
     }
     out
+}
+
+/// `DeleteMessageBatch` entries for these receipt handles, with ids `m0`, `m1`, ...
+/// (unique within the batch; `m{i}` maps a failed entry back to its receipt).
+pub(crate) fn delete_entries<'a>(
+    receipts: impl IntoIterator<Item = &'a str>,
+) -> Vec<aws_sdk_sqs::types::DeleteMessageBatchRequestEntry> {
+    receipts
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .receipt_handle(r)
+                .build()
+                .expect("complete entry")
+        })
+        .collect()
 }
 
 /// The attribute as it was received: data type and value (string or binary).
@@ -622,14 +796,10 @@ async fn move_batch(
         .set_entries(Some(entries))
         .send()
         .await
-        .map_err(|e| {
-            fail(
-                &format!(
-                    "sending to {source_url} ({} moved so far; this batch stays in the DLQ)",
-                    report.moved
-                ),
-                DisplayErrorContext(e),
-            )
+        .map_err(|e| OpsError::Send {
+            queue: source_url.to_owned(),
+            moved: report.moved,
+            source: e.into(),
         })?;
     let index = |entry_id: &str| entry_id[1..].parse::<usize>().ok();
     for f in sent.failed() {
@@ -646,9 +816,7 @@ async fn move_batch(
     if done.is_empty() {
         return Ok(());
     }
-    let deletes = crate::queue::sqs::delete_entries(
-        done.iter().map(|m| m.receipt_handle().unwrap_or_default()),
-    );
+    let deletes = delete_entries(done.iter().map(|m| m.receipt_handle().unwrap_or_default()));
     match sqs
         .delete_message_batch()
         .queue_url(dlq_url)
@@ -668,13 +836,11 @@ async fn move_batch(
         }
         Err(e) => {
             report.in_both.extend(done.iter().map(|m| id(m)));
-            return Err(fail(
-                &format!(
-                    "deleting from {dlq_url} after sending; {} message(s) are now in both queues (the DLQ's copies come back in 60 s; their dedup keys make a second copy a duplicate)",
-                    done.len()
-                ),
-                DisplayErrorContext(e),
-            ));
+            return Err(OpsError::DeleteAfterSend {
+                queue: dlq_url.to_owned(),
+                in_both: done.len(),
+                source: e.into(),
+            });
         }
     }
     Ok(())
@@ -686,10 +852,15 @@ async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, OpsEr
         .attribute_names(QueueAttributeName::QueueArn)
         .send()
         .await
-        .map_err(|e| fail(&format!("reading queue {url}"), DisplayErrorContext(e)))?
+        .map_err(|e| OpsError::ReadQueue {
+            queue: url.to_owned(),
+            source: e.into(),
+        })?
         .attributes
         .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-        .ok_or_else(|| OpsError(format!("queue {url} has no QueueArn")))
+        .ok_or_else(|| OpsError::NoQueueArn {
+            queue: url.to_owned(),
+        })
 }
 
 /// Moves every message with SQS's `StartMessageMoveTask` and waits for it;
@@ -720,10 +891,7 @@ async fn move_task(
             if unsupported {
                 return Ok(None);
             }
-            return Err(fail(
-                "starting the message move task",
-                DisplayErrorContext(e),
-            ));
+            return Err(OpsError::StartMoveTask { source: e.into() });
         }
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15 * 60);
@@ -733,7 +901,7 @@ async fn move_task(
             .source_arn(&dlq_arn)
             .send()
             .await
-            .map_err(|e| fail("reading the message move task", DisplayErrorContext(e)))?;
+            .map_err(|e| OpsError::ReadMoveTask { source: e.into() })?;
         let task = tasks
             .results()
             .iter()
@@ -744,19 +912,17 @@ async fn move_task(
             match t.status() {
                 Some("COMPLETED") => return Ok(Some(moved)),
                 Some("FAILED") | Some("CANCELLED") => {
-                    return Err(OpsError(format!(
-                        "the message move task ended {} after {moved} message(s): {}",
-                        t.status().unwrap_or_default(),
-                        t.failure_reason().unwrap_or("no reason given")
-                    )));
+                    return Err(OpsError::MoveTaskEnded {
+                        status: t.status().unwrap_or_default().to_owned(),
+                        moved,
+                        reason: t.failure_reason().unwrap_or("no reason given").to_owned(),
+                    });
                 }
                 _ => {}
             }
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(OpsError(format!(
-                "the message move task {handle} is still running after 15 minutes; check it with `aws sqs list-message-move-tasks`"
-            )));
+            return Err(OpsError::MoveTaskStillRunning { handle });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -792,15 +958,6 @@ mod tests {
             pace(25.0, 0.0, Duration::ZERO),
             Duration::ZERO,
             "0: no limit"
-        );
-    }
-
-    #[test]
-    fn escape_leaves_text_and_escapes_control_characters_and_bidi_overrides() {
-        assert_eq!(escape("plain ünïcode text"), "plain ünïcode text");
-        assert_eq!(
-            escape("a\nforged line\u{1b}[31mred\r\u{202e}"),
-            "a\\nforged line\\u{1b}[31mred\\r\\u{202e}"
         );
     }
 

@@ -1,10 +1,12 @@
 //! The external-effect example: charging a card through an HTTP payment API.
+//! The `payments` binary (`src/main.rs`) runs [`PaymentHandler`] as a
+//! long-polling consumer or as a Lambda function.
 //!
 //! Body: `{"id": "<payment id>", "customer": "<customer>", "amount_cents": <i64>}`.
 //! Effect: `POST {base}/charges` with `{"customer", "amount_cents"}` and the
 //! header `Idempotency-Key: <ctx.idempotency_key()>`. The call is outside
 //! DynamoDB, so the handler keeps the default
-//! [`Effects::External`](crate::Effects::External): the key is claimed before the
+//! [`Effects::External`](sqs_once::Effects::External): the key is claimed before the
 //! call, so at most one attempt runs at a time, and completed after it with the
 //! charge id as the result.
 //!
@@ -14,6 +16,11 @@
 //! first charge instead of making a second one. Errors map to the protocol:
 //! 2xx is done, 409 (the same key is being processed) / 429 / 5xx / no answer
 //! are retried, any other 4xx (card declined, invalid request) is permanent.
+//!
+//! [`PaymentHandler::with_pause_after_call`] is fault injection for the tests.
+
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 
@@ -24,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 
-use crate::{Context, Handler, HandlerError, HandlerResult, Message};
+use sqs_once::{Context, Handler, HandlerError, HandlerResult, Message};
 
 /// One payment request.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sqs_once::cli::RuntimeArgs;
-use sqs_once::payments::PaymentHandler;
+use sqs_once_example_payments::PaymentHandler;
 
 #[derive(Parser)]
 #[command(

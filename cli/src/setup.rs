@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     TimeToLiveSpecification,
@@ -13,21 +14,147 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use crate::dedup::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
+use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
 
-/// A setup step that failed.
+type DescribeTableError = aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
+type CreateTableError = aws_sdk_dynamodb::operation::create_table::CreateTableError;
+type DescribeTtlError = aws_sdk_dynamodb::operation::describe_time_to_live::DescribeTimeToLiveError;
+type UpdateTtlError = aws_sdk_dynamodb::operation::update_time_to_live::UpdateTimeToLiveError;
+type GetQueueUrlError = aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
+type GetQueueAttributesError =
+    aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError;
+type CreateQueueError = aws_sdk_sqs::operation::create_queue::CreateQueueError;
+type SetQueueAttributesError =
+    aws_sdk_sqs::operation::set_queue_attributes::SetQueueAttributesError;
+
+/// A setup step that failed: what was being done to which resource, with the
+/// AWS error (its source) where a call failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{what}: {reason}")]
-pub struct SetupError {
-    what: String,
-    reason: String,
+pub enum SetupError {
+    /// `DescribeTable` failed.
+    #[error("describing table {table}: {}", DisplayErrorContext(.source))]
+    DescribeTable {
+        /// The table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<DescribeTableError>>,
+    },
+    /// `CreateTable` failed.
+    #[error("creating table {table}: {}", DisplayErrorContext(.source))]
+    CreateTable {
+        /// The table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<CreateTableError>>,
+    },
+    /// The table was not there right after it was created.
+    #[error("table {table}: does not exist right after it was created")]
+    TableVanished {
+        /// The table.
+        table: String,
+    },
+    /// The table is not keyed by one string partition key `pk`: not a table
+    /// sqs-once made. Nothing was written to it.
+    #[error(
+        "table {table}: has key schema [{keys}], not one string partition key `{key}`: not a table sqs-once made (a wrong --table?); nothing was written to it",
+        key = KEY_ATTRIBUTE
+    )]
+    KeySchema {
+        /// The table.
+        table: String,
+        /// Its keys, as `name:KEY_TYPE`.
+        keys: String,
+    },
+    /// The table did not become `ACTIVE` within 120 s.
+    #[error("table {table}: not ACTIVE after 120 s (status {status:?})")]
+    TableNotActive {
+        /// The table.
+        table: String,
+        /// Its last status.
+        status: Option<String>,
+    },
+    /// `DescribeTimeToLive` failed.
+    #[error("describing TTL of {table}: {}", DisplayErrorContext(.source))]
+    DescribeTtl {
+        /// The table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<DescribeTtlError>>,
+    },
+    /// `UpdateTimeToLive` failed.
+    #[error("enabling TTL on {table}.{attribute}: {}", DisplayErrorContext(.source), attribute = TTL_ATTRIBUTE)]
+    EnableTtl {
+        /// The table.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<UpdateTtlError>>,
+    },
+    /// `GetQueueUrl` failed (other than for a queue that does not exist).
+    #[error("finding queue {name}: {}", DisplayErrorContext(.source))]
+    FindQueue {
+        /// The queue's name.
+        name: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<GetQueueUrlError>>,
+    },
+    /// `GetQueueAttributes` failed.
+    #[error("reading queue {url}: {}", DisplayErrorContext(.source))]
+    ReadQueue {
+        /// The queue's URL.
+        url: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<GetQueueAttributesError>>,
+    },
+    /// `CreateQueue` failed.
+    #[error("creating queue {name}: {}", DisplayErrorContext(.source))]
+    CreateQueue {
+        /// The queue's name.
+        name: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<CreateQueueError>>,
+    },
+    /// `CreateQueue` answered without the queue's URL.
+    #[error("creating queue {name}: no queue URL in the answer")]
+    NoQueueUrl {
+        /// The queue's name.
+        name: String,
+    },
+    /// A queue's attributes came back without its ARN.
+    #[error("reading ARN of {name}: no QueueArn attribute")]
+    NoQueueArn {
+        /// The queue's name.
+        name: String,
+    },
+    /// The queue to check does not exist.
+    #[error("queue {name}: does not exist")]
+    QueueMissing {
+        /// The queue's name.
+        name: String,
+    },
+    /// `SetQueueAttributes` failed.
+    #[error("updating queue {name}: {}", DisplayErrorContext(.source))]
+    UpdateQueue {
+        /// The queue's name.
+        name: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<SdkError<SetQueueAttributesError>>,
+    },
+    /// Existing resources differ from what was asked for; nothing was changed.
+    #[error("existing resources differ: {}", differences(.0))]
+    Differences(Vec<Difference>),
 }
 
-fn err(what: impl Into<String>, e: impl std::error::Error) -> SetupError {
-    SetupError {
-        what: what.into(),
-        reason: DisplayErrorContext(e).to_string(),
-    }
+fn differences(list: &[Difference]) -> String {
+    let list: Vec<String> = list.iter().map(ToString::to_string).collect();
+    list.join("; ")
 }
 
 /// A change to an existing resource: `init` makes it only when its flag is given.
@@ -89,20 +216,24 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Adds what another call did and found.
+    pub fn merge(&mut self, other: Outcome) {
+        self.created.extend(other.created);
+        self.changed.extend(other.changed);
+        self.differences.extend(other.differences);
+    }
+
     fn into_result(self) -> Result<(), SetupError> {
         if self.differences.is_empty() {
             return Ok(());
         }
-        let list: Vec<String> = self.differences.iter().map(ToString::to_string).collect();
-        Err(SetupError {
-            what: "existing resources differ".into(),
-            reason: list.join("; "),
-        })
+        Err(SetupError::Differences(self.differences))
     }
 }
 
-/// The key problem of a table that is not keyed by one string partition key `pk`.
-fn key_problem(t: &aws_sdk_dynamodb::types::TableDescription) -> Option<String> {
+/// The keys (`name:KEY_TYPE`) of a table that is not keyed by one string
+/// partition key `pk`; `None` for one that is.
+fn wrong_keys(t: &aws_sdk_dynamodb::types::TableDescription) -> Option<String> {
     let keys: Vec<String> = t
         .key_schema()
         .iter()
@@ -115,12 +246,7 @@ fn key_problem(t: &aws_sdk_dynamodb::types::TableDescription) -> Option<String> 
         && t.key_schema()[0].attribute_name() == KEY_ATTRIBUTE
         && *t.key_schema()[0].key_type() == KeyType::Hash
         && pk_is_string;
-    (!ok).then(|| {
-        format!(
-            "has key schema [{}], not one string partition key `{KEY_ATTRIBUTE}`: not a table sqs-once made (a wrong --table?); nothing was written to it",
-            keys.join(", ")
-        )
-    })
+    (!ok).then(|| keys.join(", "))
 }
 
 /// The table's description, `None` when it does not exist.
@@ -136,7 +262,10 @@ async fn describe(
         {
             Ok(None)
         }
-        Err(e) => Err(err(format!("describing table {table}"), e)),
+        Err(e) => Err(SetupError::DescribeTable {
+            table: table.to_owned(),
+            source: e.into(),
+        }),
     }
 }
 
@@ -170,7 +299,10 @@ async fn create_table(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<
         {
             Ok(false)
         }
-        Err(e) => Err(err(format!("creating table {table}"), e)),
+        Err(e) => Err(SetupError::CreateTable {
+            table: table.to_owned(),
+            source: e.into(),
+        }),
     }
 }
 
@@ -188,14 +320,15 @@ pub async fn init_table(
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let t = describe(client, table).await?.ok_or_else(|| SetupError {
-            what: format!("table {table}"),
-            reason: "does not exist right after it was created".into(),
-        })?;
-        if let Some(problem) = key_problem(&t) {
-            return Err(SetupError {
-                what: format!("table {table}"),
-                reason: problem,
+        let t = describe(client, table)
+            .await?
+            .ok_or_else(|| SetupError::TableVanished {
+                table: table.to_owned(),
+            })?;
+        if let Some(keys) = wrong_keys(&t) {
+            return Err(SetupError::KeySchema {
+                table: table.to_owned(),
+                keys,
             });
         }
         let status = t.table_status().map(|s| s.as_str().to_owned());
@@ -203,9 +336,9 @@ pub async fn init_table(
             return Ok(created);
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(SetupError {
-                what: format!("table {table}"),
-                reason: format!("not ACTIVE after 120 s (status {status:?})"),
+            return Err(SetupError::TableNotActive {
+                table: table.to_owned(),
+                status,
             });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -239,7 +372,10 @@ pub async fn init_dedup_table(
         .table_name(table)
         .send()
         .await
-        .map_err(|e| err(format!("describing TTL of {table}"), e))?;
+        .map_err(|e| SetupError::DescribeTtl {
+            table: table.to_owned(),
+            source: e.into(),
+        })?;
     let desc = ttl.time_to_live_description();
     let attr = desc.and_then(|d| d.attribute_name());
     let status = desc
@@ -280,7 +416,10 @@ pub async fn init_dedup_table(
         )
         .send()
         .await
-        .map_err(|e| err(format!("enabling TTL on {table}.{TTL_ATTRIBUTE}"), e))?;
+        .map_err(|e| SetupError::EnableTtl {
+            table: table.to_owned(),
+            source: e.into(),
+        })?;
     if !created {
         outcome
             .changed
@@ -354,7 +493,10 @@ async fn queue_url(client: &aws_sdk_sqs::Client, name: &str) -> Result<Option<St
         {
             Ok(None)
         }
-        Err(e) => Err(err(format!("finding queue {name}"), e)),
+        Err(e) => Err(SetupError::FindQueue {
+            name: name.to_owned(),
+            source: e.into(),
+        }),
     }
 }
 
@@ -368,7 +510,10 @@ async fn queue_attributes(
         .attribute_names(QueueAttributeName::All)
         .send()
         .await
-        .map_err(|e| err(format!("reading queue {url}"), e))
+        .map_err(|e| SetupError::ReadQueue {
+            url: url.to_owned(),
+            source: e.into(),
+        })
         .map(|o| o.attributes.unwrap_or_default())
 }
 
@@ -383,11 +528,13 @@ async fn create_queue(
         .set_attributes(Some(attrs))
         .send()
         .await
-        .map_err(|e| err(format!("creating queue {name}"), e))?
+        .map_err(|e| SetupError::CreateQueue {
+            name: name.to_owned(),
+            source: e.into(),
+        })?
         .queue_url
-        .ok_or_else(|| SetupError {
-            what: format!("creating queue {name}"),
-            reason: "no queue URL in the answer".into(),
+        .ok_or_else(|| SetupError::NoQueueUrl {
+            name: name.to_owned(),
         })
 }
 
@@ -416,9 +563,8 @@ async fn dlq(
     let arn = queue_attributes(client, &url)
         .await?
         .remove(&QueueAttributeName::QueueArn)
-        .ok_or_else(|| SetupError {
-            what: format!("reading ARN of {name}"),
-            reason: "no QueueArn attribute".into(),
+        .ok_or_else(|| SetupError::NoQueueArn {
+            name: name.to_owned(),
         })?;
     Ok((url, arn))
 }
@@ -477,10 +623,9 @@ pub async fn check_queue(
     spec: &QueueSpec,
 ) -> Result<QueueInit, SetupError> {
     let (qname, _) = queue_names(&spec.name, spec.fifo);
-    let url = queue_url(client, &qname).await?.ok_or_else(|| SetupError {
-        what: format!("queue {qname}"),
-        reason: "does not exist".into(),
-    })?;
+    let url = queue_url(client, &qname)
+        .await?
+        .ok_or(SetupError::QueueMissing { name: qname })?;
     compare_queue(client, spec, url, &[], Outcome::default()).await
 }
 
@@ -537,7 +682,10 @@ async fn compare_queue(
             .set_attributes(Some(set))
             .send()
             .await
-            .map_err(|e| err(format!("updating queue {qname}"), e))?;
+            .map_err(|e| SetupError::UpdateQueue {
+                name: qname.clone(),
+                source: e.into(),
+            })?;
     }
     Ok(QueueInit {
         queue_url: url,
