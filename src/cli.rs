@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::calls::CallCounter;
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
 use crate::lambda::{LambdaAdapter, LambdaConfig};
+use crate::payloads::LargePayloads;
 use crate::poller::{PollerConfig, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
@@ -82,6 +83,15 @@ pub struct RuntimeArgs {
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
+    /// Large payloads (`on`/`off`): a body that is an SQS Extended Client
+    /// Library's S3 pointer is replaced by the object's content before the
+    /// dedup key is read and the handler runs.
+    #[arg(long, env = "SQS_ONCE_LARGE_PAYLOADS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub large_payloads: bool,
+    /// Delete a large payload's object after its message is deleted
+    /// (`on`/`off`; parked messages keep theirs). Needs large payloads on.
+    #[arg(long, env = "SQS_ONCE_DELETE_PAYLOADS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub delete_payloads: bool,
 }
 
 impl RuntimeArgs {
@@ -104,6 +114,12 @@ impl RuntimeArgs {
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
         p.fast_path = self.fast_path;
         p.validate()?;
+        if self.delete_payloads && !self.large_payloads {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_DELETE_PAYLOADS",
+                problem: "needs SQS_ONCE_LARGE_PAYLOADS=on".into(),
+            });
+        }
         if self.concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
@@ -313,7 +329,20 @@ async fn prepare<H: Handler>(
         })
     })
     .await?;
-    let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
+    let mut processor = Processor::new(store, handler, config).map_err(startup_failure)?;
+    if args.large_payloads {
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&sdk)
+                .timeout_config(attempt_timeout(Duration::from_secs(30)))
+                .build(),
+        );
+        let payloads = LargePayloads::new(s3).deleting(args.delete_payloads);
+        tracing::info!(
+            delete = args.delete_payloads,
+            "large payloads through S3: on"
+        );
+        processor = processor.with_large_payloads(payloads);
+    }
     Ok(Prepared {
         sqs,
         processor,

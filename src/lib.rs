@@ -57,6 +57,7 @@ pub mod metrics;
 #[doc(hidden)]
 pub mod mutants;
 pub mod ops;
+pub mod payloads;
 pub mod payments;
 pub mod poller;
 pub mod processor;

@@ -8,5 +8,6 @@ mod dynamodb;
 mod emulator;
 mod holes;
 mod lambda;
+mod large_payloads;
 mod payments;
 mod poller;
