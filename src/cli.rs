@@ -447,6 +447,32 @@ mod tests {
         }
     }
 
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::RuntimeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<super::RuntimeArgs, clap::Error> {
+        use clap::Parser;
+        let base = ["x", "--table", "t", "--consumer", "c", "--queue-url", "q"];
+        Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.args)
+    }
+
+    #[test]
+    fn large_payloads_are_off_unless_on_and_deletion_needs_them() {
+        let off = parse(&[]).unwrap();
+        assert!(!off.large_payloads && !off.delete_payloads);
+        let on = parse(&["--large-payloads", "on", "--delete-payloads", "on"]).unwrap();
+        assert!(on.large_payloads && on.delete_payloads);
+        assert!(on.poller_configs().is_ok() && on.lambda_configs().is_ok());
+        let alone = parse(&["--delete-payloads", "on"]).unwrap();
+        let e = alone.poller_configs().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_DELETE_PAYLOADS");
+        assert!(alone.lambda_configs().is_err());
+        assert!(parse(&["--large-payloads", "maybe"]).is_err());
+    }
+
     #[test]
     fn text_logs_escape_newlines_and_escape_sequences_in_fields() {
         let out = Buffer::default();

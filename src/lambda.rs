@@ -36,6 +36,12 @@
 //! safety margin left; a handler still running at half the margin before the
 //! deadline is interrupted, its claim released and its record listed.
 //!
+//! # Large payloads
+//! With `SQS_ONCE_DELETE_PAYLOADS=on`, the records that are done and have an
+//! S3 object are deleted by the adapter itself (`DeleteMessageBatch`) before
+//! their objects, since Lambda deletes the batch only after the invocation
+//! answers: see [`crate::payloads`].
+//!
 //! The protocol this runtime follows is in the project's `docs/DESIGN.md`
 //! ("The runtimes").
 

@@ -382,3 +382,6 @@ fn with_body(received: &Message, payload: String) -> Message {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod runtime_tests;

@@ -233,20 +233,17 @@ async fn consume(runtime: Runtime, l: &Ledger, sqs: &aws_sdk_sqs::Client, env: &
     }
 }
 
-/// Five messages through the extended client: one whose object is deleted
-/// before it is received, e1 and e2 (e2 with the 1.x attribute and pointer
-/// class), e1 re-sent (a new object, the same dedup key), and a payload that
-/// is not a ledger event.
-async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
-    let (sqs, ddb, s3) = (sqs().await, ddb().await, s3().await);
-    let l = Ledger::new(&sqs, &ddb).await;
-    let bucket = bucket(&s3).await;
-    let url = &l.queues.queue_url;
-    send_extended(url, &bucket, &[(large_event("e0", "acct-z", 1), false)]).await;
-    let gone = objects(&s3, &bucket).await;
+/// Sends five messages through the extended client: one whose object is
+/// deleted before it is received, e1 and e2 (e2 with the 1.x attribute and
+/// pointer class), e1 re-sent (a new object, the same dedup key), and a
+/// payload that is not a ledger event. Returns the missing object's key and
+/// the keys stored.
+async fn send_scenario(s3: &aws_sdk_s3::Client, url: &str, bucket: &str) -> (String, Vec<String>) {
+    send_extended(url, bucket, &[(large_event("e0", "acct-z", 1), false)]).await;
+    let gone = objects(s3, bucket).await;
     assert_eq!(gone.len(), 1, "{gone:?}");
     s3.delete_object()
-        .bucket(&bucket)
+        .bucket(bucket)
         .key(&gone[0])
         .send()
         .await
@@ -254,7 +251,7 @@ async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
     let not_an_event = format!("not a ledger event{}", " ".repeat(300 * 1024));
     send_extended(
         url,
-        &bucket,
+        bucket,
         &[
             (large_event("e1", "acct-a", 100), false),
             (large_event("e2", "acct-b", 200), true),
@@ -263,8 +260,38 @@ async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
         ],
     )
     .await;
-    let stored = objects(&s3, &bucket).await;
+    let stored = objects(s3, bucket).await;
     assert_eq!(stored.len(), 4, "{stored:?}");
+    (gone[0].clone(), stored)
+}
+
+/// The DLQ holds exactly the two pointers, with their size attribute: the
+/// missing object's, then (sorted by reason) the payload that is not an event,
+/// whose dedup key (`json:/id`) was read from the payload. Returns the latter's
+/// object key.
+async fn assert_parked(sqs: &aws_sdk_sqs::Client, dlq: &str, bucket: &str, gone: &str) -> String {
+    let parked = parked(sqs, dlq).await;
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    let pointers: Vec<S3Pointer> = parked
+        .iter()
+        .map(|p| S3Pointer::parse(&p.body).expect("a parked copy keeps its pointer"))
+        .collect();
+    assert!(parked.iter().all(|p| p.size_attribute), "{parked:?}");
+    assert!(pointers.iter().all(|p| p.bucket == bucket));
+    assert_eq!(pointers[0].key, gone);
+    let missing = format!("large payload s3://{bucket}/{gone} is missing (NoSuchKey");
+    assert!(parked[0].reason.starts_with(&missing), "{parked:?}");
+    let not_json = "no dedup key: the body is not valid JSON";
+    assert!(parked[1].reason.starts_with(not_json), "{parked:?}");
+    pointers[1].key.clone()
+}
+
+async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
+    let (sqs, ddb, s3) = (sqs().await, ddb().await, s3().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let bucket = bucket(&s3).await;
+    let url = &l.queues.queue_url;
+    let (gone, stored) = send_scenario(&s3, url, &bucket).await;
 
     let on_off = if delete { "on" } else { "off" };
     let env = [
@@ -282,39 +309,11 @@ async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
         ]),
         "each event applied once, read from its payload"
     );
-    let parked = parked(&sqs, &l.queues.dlq_url).await;
-    assert_eq!(parked.len(), 2, "{parked:?}");
-    let pointers: Vec<S3Pointer> = parked
-        .iter()
-        .map(|p| S3Pointer::parse(&p.body).expect("a parked copy keeps its pointer"))
-        .collect();
-    assert!(parked.iter().all(|p| p.size_attribute), "{parked:?}");
-    assert!(pointers.iter().all(|p| p.bucket == bucket));
-    // Sorted by reason: the missing object, then the payload that is not an
-    // event (its dedup key, `json:/id`, is read from the payload).
-    assert_eq!(pointers[0].key, gone[0]);
-    assert!(
-        parked[0].reason.starts_with(&format!(
-            "large payload s3://{bucket}/{} is missing (NoSuchKey",
-            gone[0]
-        )),
-        "{parked:?}"
-    );
-    assert!(
-        parked[1]
-            .reason
-            .starts_with("no dedup key: the body is not valid JSON"),
-        "{parked:?}"
-    );
-    let bad = &pointers[1];
-    assert!(stored.contains(&bad.key));
+    let bad = assert_parked(&sqs, &l.queues.dlq_url, &bucket, &gone).await;
+    assert!(stored.contains(&bad));
     let left = objects(&s3, &bucket).await;
     if delete {
-        assert_eq!(
-            left,
-            vec![bad.key.clone()],
-            "only the parked message's object is kept"
-        );
+        assert_eq!(left, vec![bad], "only the parked message's object is kept");
     } else {
         assert_eq!(left, stored, "no object is deleted");
     }
