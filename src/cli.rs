@@ -12,6 +12,7 @@ use crate::calls::CallCounter;
 use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
 use crate::dedup::dynamodb::TableCheckError;
 use crate::lambda::{LambdaAdapter, LambdaConfig};
+use crate::payloads::LargePayloads;
 use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
@@ -83,6 +84,15 @@ pub struct RuntimeArgs {
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
+    /// Large payloads (`on`/`off`): a body that is an SQS Extended Client
+    /// Library's S3 pointer is replaced by the object's content before the
+    /// dedup key is read and the handler runs.
+    #[arg(long, env = "SQS_ONCE_LARGE_PAYLOADS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub large_payloads: bool,
+    /// Delete a large payload's object after its message is deleted
+    /// (`on`/`off`; parked messages keep theirs). Needs large payloads on.
+    #[arg(long, env = "SQS_ONCE_DELETE_PAYLOADS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub delete_payloads: bool,
 }
 
 impl RuntimeArgs {
@@ -105,6 +115,12 @@ impl RuntimeArgs {
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
         p.fast_path = self.fast_path;
         p.validate()?;
+        if self.delete_payloads && !self.large_payloads {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_DELETE_PAYLOADS",
+                problem: "needs SQS_ONCE_LARGE_PAYLOADS=on".into(),
+            });
+        }
         if self.concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
@@ -339,7 +355,20 @@ async fn prepare<H: Handler>(
     );
     let store = DynamoStore::new(ddb, args.table.clone());
     retry_transient(|| async { Ok(store.check_table().await?) }).await?;
-    let processor = Processor::new(store, handler, config).map_err(startup_failure)?;
+    let mut processor = Processor::new(store, handler, config).map_err(startup_failure)?;
+    if args.large_payloads {
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&sdk)
+                .timeout_config(attempt_timeout(Duration::from_secs(30)))
+                .build(),
+        );
+        let payloads = LargePayloads::new(s3).deleting(args.delete_payloads);
+        tracing::info!(
+            delete = args.delete_payloads,
+            "large payloads through S3: on"
+        );
+        processor = processor.with_large_payloads(payloads);
+    }
     Ok(Prepared {
         sqs,
         processor,
@@ -442,6 +471,32 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::RuntimeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<super::RuntimeArgs, clap::Error> {
+        use clap::Parser;
+        let base = ["x", "--table", "t", "--consumer", "c", "--queue-url", "q"];
+        Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.args)
+    }
+
+    #[test]
+    fn large_payloads_are_off_unless_on_and_deletion_needs_them() {
+        let off = parse(&[]).unwrap();
+        assert!(!off.large_payloads && !off.delete_payloads);
+        let on = parse(&["--large-payloads", "on", "--delete-payloads", "on"]).unwrap();
+        assert!(on.large_payloads && on.delete_payloads);
+        assert!(on.poller_configs().is_ok() && on.lambda_configs().is_ok());
+        let alone = parse(&["--delete-payloads", "on"]).unwrap();
+        let e = alone.poller_configs().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_DELETE_PAYLOADS");
+        assert!(alone.lambda_configs().is_err());
+        assert!(parse(&["--large-payloads", "maybe"]).is_err());
     }
 
     #[test]

@@ -36,6 +36,12 @@
 //! safety margin left; a handler still running at half the margin before the
 //! deadline is interrupted, its claim released and its record listed.
 //!
+//! # Large payloads
+//! With `SQS_ONCE_DELETE_PAYLOADS=on`, the records that are done and have an
+//! S3 object are deleted by the adapter itself (`DeleteMessageBatch`) before
+//! their objects, since Lambda deletes the batch only after the invocation
+//! answers: see [`crate::payloads`].
+//!
 //! The protocol this runtime follows is in the project's `docs/DESIGN.md`
 //! ("The runtimes").
 
@@ -50,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::dedup::DedupStore;
+use crate::payloads::{LargePayloads, S3Pointer};
 use crate::processor::{ProcessOptions, VisibilityExtender};
 use crate::queue::QueueClient;
 use crate::runtime::{QueueVisibility, Settled, Settler, lanes, retry_later};
@@ -165,7 +172,8 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .checked_sub(self.inner.config.margin / 2)
             .unwrap_or(deadline);
         let total = records.len();
-        let work = self.run_records(records, fifo, deadline, &stop);
+        let finished = Finished::default();
+        let work = self.run_records(records, fifo, deadline, &stop, &finished);
         tokio::pin!(work);
         let mut failed = tokio::select! {
             biased;
@@ -176,6 +184,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 work.await
             }
         };
+        self.delete_payloads(&finished, deadline).await;
         failed.sort_unstable_by_key(|(index, _)| *index);
         info!(records = total, failed = failed.len(), fifo, "batch done");
         if self.inner.config.emf {
@@ -239,6 +248,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         fifo: bool,
         deadline: Instant,
         stop: &CancellationToken,
+        finished: &Finished,
     ) -> Vec<(usize, String)> {
         let keys = &self.inner.processor.config().key_source;
         // A record we cannot read has no group or key we can trust: its own lane.
@@ -254,7 +264,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 let mut rest = lane.into_iter().peekable();
                 let mut hold = None;
                 while let Some(r) = rest.next() {
-                    if let Disposition::Again { after } = self.run_one(&r, deadline, stop).await {
+                    if let Disposition::Again { after } = self.run_one(&r, deadline, stop, finished).await {
                         if fifo {
                             hold = self.hold_group(&r, after, rest.peek().is_some()).await;
                             failed.push((r.index, r.id));
@@ -303,6 +313,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         record: &Record,
         deadline: Instant,
         stop: &CancellationToken,
+        finished: &Finished,
     ) -> Disposition {
         let (message, queue) = match &record.parsed {
             Ok(p) => p,
@@ -339,8 +350,39 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .settle(config, queue.as_deref(), message, outcome)
             .await
         {
-            Settled::Done | Settled::Parked => Disposition::Done,
+            Settled::Done => {
+                finished.note(inner.processor.large_payloads(), queue.as_deref(), message);
+                Disposition::Done
+            }
+            Settled::Parked => Disposition::Done,
             Settled::Again(after) => Disposition::Again { after: Some(after) },
+        }
+    }
+
+    /// Deletes the finished messages whose large payloads are to be deleted,
+    /// then those payloads: Lambda deletes a batch's messages only after the
+    /// invocation answers, and an object deleted before its message could be
+    /// missing for a redelivery (the answer lost, the invocation timed out).
+    /// Lambda's own delete of these messages afterwards is a no-op. Bounded
+    /// to end a quarter of the margin before the deadline; what is left then
+    /// keeps its object.
+    async fn delete_payloads(&self, finished: &Finished, deadline: Instant) {
+        let Some(payloads) = self.inner.processor.large_payloads() else {
+            return;
+        };
+        let by = deadline
+            .checked_sub(self.inner.config.margin / 4)
+            .unwrap_or(deadline);
+        let work = async {
+            for (queue, entries) in finished.by_queue() {
+                for chunk in entries.chunks(crate::queue::BATCH) {
+                    let deleted = delete_messages(&self.inner.queue, &queue, chunk).await;
+                    payloads.delete_objects(deleted).await;
+                }
+            }
+        };
+        if tokio::time::timeout_at(by, work).await.is_err() {
+            warn!("no time left to delete the rest of the large payloads; they are left behind");
         }
     }
 
@@ -374,6 +416,56 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         }
         url
     }
+}
+
+/// The finished records whose large payloads are to be deleted: (queue URL,
+/// receipt handle, object).
+#[derive(Default)]
+struct Finished(std::sync::Mutex<Vec<(String, String, S3Pointer)>>);
+
+impl Finished {
+    /// Notes a finished record if its payload is to be deleted (and its queue known).
+    fn note(&self, payloads: Option<&LargePayloads>, queue: Option<&str>, message: &Message) {
+        let object = payloads.and_then(|p| p.to_delete(message));
+        if let (Some(object), Some(queue), Some(receipt)) =
+            (object, queue, message.receipt_handle())
+        {
+            let mut list = self.0.lock().expect("finished lock");
+            list.push((queue.to_owned(), receipt.to_owned(), object));
+        }
+    }
+
+    /// Takes the records noted, by queue.
+    fn by_queue(&self) -> HashMap<String, Vec<(String, S3Pointer)>> {
+        let noted = std::mem::take(&mut *self.0.lock().expect("finished lock"));
+        let mut out: HashMap<String, Vec<(String, S3Pointer)>> = HashMap::new();
+        for (queue, receipt, object) in noted {
+            out.entry(queue).or_default().push((receipt, object));
+        }
+        out
+    }
+}
+
+/// Deletes up to 10 messages; the objects of those deleted.
+async fn delete_messages<Q: QueueClient>(
+    queue: &Q,
+    url: &str,
+    entries: &[(String, S3Pointer)],
+) -> Vec<S3Pointer> {
+    let receipts: Vec<String> = entries.iter().map(|(r, _)| r.clone()).collect();
+    let failed: Vec<usize> = match queue.delete_batch(url, &receipts).await {
+        Ok(failed) => failed.into_iter().map(|f| f.index).collect(),
+        Err(e) => {
+            warn!(error = %e, "could not delete finished messages before their large payloads; the payloads are left behind");
+            return Vec::new();
+        }
+    };
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !failed.contains(i))
+        .map(|(_, (_, object))| object.clone())
+        .collect()
 }
 
 /// Converts an event record (its id already read).

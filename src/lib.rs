@@ -62,6 +62,7 @@ mod message;
 pub mod metrics;
 #[doc(hidden)]
 pub mod mutants;
+pub mod payloads;
 pub mod poller;
 pub mod processor;
 pub mod queue;

@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::dedup::DedupStore;
+use crate::payloads::{LargePayloads, S3Pointer};
 use crate::processor::ProcessOptions;
 use crate::queue::{BATCH, QueueClient, QueueError, ReceiveRequest};
 use crate::runtime::{QueueVisibility, Settled, Settler, lanes};
@@ -174,8 +175,8 @@ struct Shared<Q, S, H> {
     processor: Processor<S, H>,
     config: PollerConfig,
     settler: Settler<Q>,
-    /// Receipt handles of finished messages, for the [`DeleteBatcher`].
-    deletes: mpsc::UnboundedSender<String>,
+    /// Finished messages, for the [`DeleteBatcher`].
+    deletes: mpsc::UnboundedSender<Finished>,
     /// Cancelled at the drain deadline: running handlers are interrupted.
     stop: CancellationToken,
     stats: std::sync::Mutex<RunStats>,
@@ -213,18 +214,26 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             Outcome::Park { .. } => {}
         }
         let config = self.processor.config();
-        match self
+        // A parked message keeps its payload: its copy in the DLQ points to it.
+        let payload = match self
             .settler
             .settle(config, Some(url), &message, outcome)
             .await
         {
-            Settled::Done => {}
-            Settled::Parked => self.count(|s| s.parked += 1),
+            Settled::Done => self
+                .processor
+                .large_payloads()
+                .and_then(|p| p.to_delete(&message)),
+            Settled::Parked => {
+                self.count(|s| s.parked += 1);
+                None
+            }
             Settled::Again(after) => return Some(after),
-        }
-        let _ = self
-            .deletes
-            .send(message.receipt_handle().unwrap_or_default().to_owned());
+        };
+        let _ = self.deletes.send(Finished {
+            receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+            payload,
+        });
         None
     }
 
@@ -417,16 +426,25 @@ async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
     }
 }
 
+/// A finished message for the [`DeleteBatcher`]: its receipt handle, and its
+/// large payload's object when that is to be deleted after it.
+struct Finished {
+    receipt: String,
+    payload: Option<S3Pointer>,
+}
+
 /// Deletes finished messages in batches of up to 10, each entry with a unique
 /// id; receipts repeated within a batch are sent once. A batch is sent when it
 /// is full or `wait` after its first receipt; when the channel closes, what is
 /// pending is flushed. Failed entries are tried once more alone, then logged
-/// (the message then comes back and is skipped as a duplicate).
+/// (the message then comes back and is skipped as a duplicate). The large
+/// payloads of the messages deleted are deleted after them.
 struct DeleteBatcher<Q> {
     queue: Q,
     url: String,
     wait: Duration,
-    receipts: mpsc::UnboundedReceiver<String>,
+    receipts: mpsc::UnboundedReceiver<Finished>,
+    payloads: Option<LargePayloads>,
 }
 
 impl<Q: QueueClient> DeleteBatcher<Q> {
@@ -436,20 +454,32 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
             let deadline = Instant::now() + self.wait;
             while batch.len() < BATCH {
                 match tokio::time::timeout_at(deadline, self.receipts.recv()).await {
-                    Ok(Some(receipt)) => {
-                        if !batch.contains(&receipt) {
-                            batch.push(receipt);
+                    Ok(Some(f)) => {
+                        if !batch.iter().any(|b| b.receipt == f.receipt) {
+                            batch.push(f);
                         }
                     }
                     // Closed or timed out: send what we have.
                     Ok(None) | Err(_) => break,
                 }
             }
-            self.send(batch).await;
+            let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
+            let undeleted = self.send(receipts).await;
+            if let Some(payloads) = &self.payloads {
+                let objects = batch
+                    .into_iter()
+                    .filter(|f| !undeleted.contains(&f.receipt))
+                    .filter_map(|f| f.payload)
+                    .collect::<Vec<_>>();
+                if !objects.is_empty() {
+                    payloads.delete_objects(objects).await;
+                }
+            }
         }
     }
 
-    async fn send(&self, receipts: Vec<String>) {
+    /// Deletes the messages; returns the receipts that could not be deleted.
+    async fn send(&self, receipts: Vec<String>) -> Vec<String> {
         let failed: Vec<&String> = match self.queue.delete_batch(&self.url, &receipts).await {
             Ok(failed) => failed
                 .iter()
@@ -463,11 +493,14 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                 receipts.iter().collect()
             }
         };
+        let mut undeleted = Vec::new();
         for r in failed {
             if let Err(e) = self.queue.delete(&self.url, r).await {
                 error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
+                undeleted.push(r.clone());
             }
         }
+        undeleted
     }
 }
 
@@ -706,6 +739,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
             url: config.queue_url.clone(),
             wait: config.batch_wait,
             receipts,
+            payloads: processor.large_payloads().filter(|p| p.deletes()).cloned(),
         }
         .run(),
     );

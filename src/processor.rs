@@ -22,6 +22,7 @@ use crate::dedup::{
 use crate::handler::{Context, Effects, FailureKind, Handler, HandlerError};
 use crate::key::{record_key, sha256_hex};
 use crate::metrics::Metrics;
+use crate::payloads::LargePayloads;
 use crate::{Message, clock};
 
 /// What the runtime must do with a message after processing.
@@ -113,6 +114,7 @@ pub struct Processor<S, H> {
     config: Arc<ProcessorConfig>,
     clock: Arc<dyn clock::Clock>,
     metrics: Arc<Metrics>,
+    payloads: Option<LargePayloads>,
 }
 
 impl<S, H> Clone for Processor<S, H> {
@@ -123,6 +125,7 @@ impl<S, H> Clone for Processor<S, H> {
             config: self.config.clone(),
             clock: self.clock.clone(),
             metrics: self.metrics.clone(),
+            payloads: self.payloads.clone(),
         }
     }
 }
@@ -143,6 +146,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             config: Arc::new(config),
             clock: Arc::new(clock::SystemClock),
             metrics,
+            payloads: None,
         })
     }
 
@@ -151,6 +155,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     pub fn with_clock(mut self, clock: Arc<dyn clock::Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Replaces an S3 pointer body (the SQS Extended Client Libraries') by
+    /// the object's content before the dedup key is read: see [`crate::payloads`].
+    pub fn with_large_payloads(mut self, payloads: LargePayloads) -> Self {
+        self.payloads = Some(payloads);
+        self
+    }
+
+    /// Large payload support, when on.
+    pub fn large_payloads(&self) -> Option<&LargePayloads> {
+        self.payloads.as_ref()
     }
 
     /// The configuration.
@@ -186,6 +202,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             outcome = tracing::field::Empty,
         );
         let outcome = async {
+            if let Some(payloads) = &self.payloads
+                && let Err(outcome) = payloads
+                    .resolve(&mut message, &self.config, &*self.store)
+                    .await
+            {
+                return outcome;
+            }
             let key = match self.config.key_source.extract(&message) {
                 Ok(key) => key,
                 Err(e) => match self.config.missing_key {

@@ -10,6 +10,8 @@ import unittest
 
 from cfn import ROOT, load, resolve
 
+NO_LARGE_PAYLOADS = {"HasLargePayloads": False, "DeletesLargePayloads": False}
+
 
 class SamTemplate(unittest.TestCase):
     @classmethod
@@ -17,7 +19,7 @@ class SamTemplate(unittest.TestCase):
         cls.raw = load("template.yaml")
         defaults = {k: v.get("Default") for k, v in cls.raw["Parameters"].items()}
         cls.variants = {
-            fifo: resolve(cls.raw, {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasAlarmTopicArn": False}, defaults)
+            fifo: resolve(cls.raw, {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasAlarmTopicArn": False, **NO_LARGE_PAYLOADS}, defaults)
             for fifo in (False, True)
         }
 

@@ -1,0 +1,82 @@
+//! [`PayloadStore`] for [`aws_sdk_s3::Client`]: payloads in S3.
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use futures::future::BoxFuture;
+
+use super::{PayloadError, PayloadErrorKind, PayloadStore, S3Pointer};
+
+/// Sorts a failed S3 call: missing, may pass, denied, or refused.
+fn kind<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> PayloadErrorKind {
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let code = e.as_service_error().and_then(|se| se.code()).unwrap_or("");
+    match (code, status) {
+        ("NoSuchKey" | "NoSuchBucket" | "NotFound", _) | (_, Some(404)) => {
+            PayloadErrorKind::NotFound
+        }
+        ("AccessDenied", _) | (_, Some(403)) => PayloadErrorKind::Denied,
+        ("SlowDown" | "RequestTimeout" | "InternalError" | "ServiceUnavailable", _)
+        | (_, Some(429 | 500..=599)) => PayloadErrorKind::Transient,
+        _ if crate::aws::is_transient(e) => PayloadErrorKind::Transient,
+        _ => PayloadErrorKind::Refused,
+    }
+}
+
+/// A failed SDK call as a [`PayloadError`], keeping the SDK error as its source.
+fn payload_error<E>(
+    operation: &'static str,
+    pointer: &S3Pointer,
+    e: SdkError<E, HttpResponse>,
+) -> PayloadError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let kind = kind(&e);
+    let detail = match e.as_service_error() {
+        Some(se) => format!(
+            "{}: {}",
+            se.code().unwrap_or("Unknown"),
+            se.message().unwrap_or_default()
+        ),
+        None => DisplayErrorContext(&e).to_string(),
+    };
+    PayloadError::new(operation, pointer.clone(), kind, detail).with_source(e)
+}
+
+impl PayloadStore for Client {
+    fn get<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
+        Box::pin(async move {
+            let out = self
+                .get_object()
+                .bucket(&pointer.bucket)
+                .key(&pointer.key)
+                .send()
+                .await
+                .map_err(|e| payload_error("GetObject", pointer, e))?;
+            let body = out.body.collect().await.map_err(|e| {
+                PayloadError::new(
+                    "GetObject",
+                    pointer.clone(),
+                    PayloadErrorKind::Transient,
+                    format!("reading the object failed: {e}"),
+                )
+                .with_source(e)
+            })?;
+            Ok(body.into_bytes().to_vec())
+        })
+    }
+
+    fn delete<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<(), PayloadError>> {
+        Box::pin(async move {
+            self.delete_object()
+                .bucket(&pointer.bucket)
+                .key(&pointer.key)
+                .send()
+                .await
+                .map_err(|e| payload_error("DeleteObject", pointer, e))?;
+            Ok(())
+        })
+    }
+}
