@@ -1,9 +1,9 @@
+//! Integration tests against LocalStack (SQS + DynamoDB) on this machine, with the
+//! real SDK clients. Start it with `localstack/up` (the test script does).
+
 // A test reads as one story from set-up to assertions; the 80-line limit is
 // for the library and the binaries.
 #![allow(clippy::too_many_lines)]
-
-//! Integration tests against LocalStack (SQS + DynamoDB) on this machine, with the
-//! real SDK clients. Start it with `localstack/up` (the test script does).
 
 mod cli;
 mod common;
