@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::calls::CallCounter;
-use crate::config::{ConfigError, MissingKey, ProcessorConfig, parse_duration};
+use crate::config::{ConfigError, MissingKey, PayloadMismatch, ProcessorConfig, parse_duration};
 use crate::dedup::dynamodb::TableCheckError;
 use crate::lambda::{LambdaAdapter, LambdaConfig};
 use crate::payloads::LargePayloads;
@@ -81,6 +81,10 @@ pub struct RuntimeArgs {
     /// writes (`false`: claim first, as for every other handler).
     #[arg(long, env = "SQS_ONCE_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
     pub fast_path: bool,
+    /// A duplicate whose body differs from the recorded one (a producer reusing
+    /// a key): `warn` (skip it as its key says, with a warning) or `park`.
+    #[arg(long, env = "SQS_ONCE_PAYLOAD_MISMATCH", default_value = "warn", value_parser = ["warn", "park"])]
+    pub payload_mismatch: String,
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
@@ -114,6 +118,10 @@ impl RuntimeArgs {
         p.lease_margin = parse_duration("SQS_ONCE_LEASE_MARGIN", &self.lease_margin)?;
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
         p.fast_path = self.fast_path;
+        p.payload_mismatch = match self.payload_mismatch.as_str() {
+            "park" => PayloadMismatch::Park,
+            _ => PayloadMismatch::Warn,
+        };
         p.validate()?;
         if self.delete_payloads && !self.large_payloads {
             return Err(ConfigError {
@@ -497,6 +505,29 @@ mod tests {
         assert_eq!(e.setting, "SQS_ONCE_DELETE_PAYLOADS");
         assert!(alone.lambda_configs().is_err());
         assert!(parse(&["--large-payloads", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn payload_mismatch_warns_by_default_parks_when_asked_and_takes_nothing_else() {
+        use crate::config::PayloadMismatch;
+        let mismatch = |extra: &[&str]| {
+            parse(extra)
+                .unwrap()
+                .poller_configs()
+                .unwrap()
+                .0
+                .payload_mismatch
+        };
+        assert_eq!(mismatch(&[]), PayloadMismatch::Warn);
+        assert_eq!(
+            mismatch(&["--payload-mismatch", "park"]),
+            PayloadMismatch::Park
+        );
+        assert_eq!(
+            mismatch(&["--payload-mismatch", "warn"]),
+            PayloadMismatch::Warn
+        );
+        assert!(parse(&["--payload-mismatch", "drop"]).is_err());
     }
 
     #[test]
