@@ -65,6 +65,7 @@ pub mod setup;
 pub use config::ProcessorConfig;
 pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;
+pub use queue::memory::MemoryQueue;
 pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
 pub use handler::{
     Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,

@@ -12,6 +12,7 @@
 //! answer with the entries that failed.
 
 mod dlq;
+pub mod memory;
 pub mod sqs;
 
 use std::collections::BTreeMap;
