@@ -65,7 +65,6 @@ pub mod setup;
 pub use config::ProcessorConfig;
 pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;
-pub use queue::memory::MemoryQueue;
 pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
 pub use handler::{
     Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,
@@ -76,6 +75,7 @@ pub use lambda::{LambdaAdapter, LambdaConfig};
 pub use message::{Attribute, AttributeValue, Message};
 pub use poller::PollerConfig;
 pub use processor::{Outcome, Processor};
+pub use queue::memory::MemoryQueue;
 
 /// The README's code, compiled as a doctest so it stays true.
 #[cfg(doctest)]

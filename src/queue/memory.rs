@@ -51,8 +51,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{
-    BATCH, EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError,
-    ReceiveRequest, is_fifo,
+    BATCH, EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
+    is_fifo,
 };
 use crate::Message;
 use crate::message::Attribute;
@@ -315,7 +315,12 @@ pub struct MemoryQueue {
     changed: Arc<Notify>,
 }
 
-fn error(operation: &'static str, queue: &str, code: &str, detail: impl std::fmt::Display) -> QueueError {
+fn error(
+    operation: &'static str,
+    queue: &str,
+    code: &str,
+    detail: impl std::fmt::Display,
+) -> QueueError {
     QueueError::new(operation, queue, format!("{code}: {detail}"), false)
 }
 
@@ -421,13 +426,19 @@ impl MemoryQueue {
         let now = Instant::now();
         let mut guard = self.lock();
         let service = &mut *guard;
-        let queue = service.queues.get_mut(url).ok_or_else(|| no_queue(OP, url))?;
+        let queue = service
+            .queues
+            .get_mut(url)
+            .ok_or_else(|| no_queue(OP, url))?;
         queue.expire(now);
         let delay = validate_send(queue, url, &message, options)?;
         let dedup_id = match queue.fifo {
-            true => Some(message.deduplication_id.clone().unwrap_or_else(|| {
-                crate::key::sha256_hex(message.body.as_bytes())
-            })),
+            true => Some(
+                message
+                    .deduplication_id
+                    .clone()
+                    .unwrap_or_else(|| crate::key::sha256_hex(message.body.as_bytes())),
+            ),
             false => message.deduplication_id.clone(),
         };
         if queue.fifo
@@ -585,9 +596,17 @@ impl MemoryQueue {
     }
 
     /// `DeleteMessage` on a locked service.
-    fn delete_one(&self, service: &mut Service, url: &str, receipt: &str) -> Result<(), QueueError> {
+    fn delete_one(
+        &self,
+        service: &mut Service,
+        url: &str,
+        receipt: &str,
+    ) -> Result<(), QueueError> {
         const OP: &str = "DeleteMessage";
-        let queue = service.queues.get_mut(url).ok_or_else(|| no_queue(OP, url))?;
+        let queue = service
+            .queues
+            .get_mut(url)
+            .ok_or_else(|| no_queue(OP, url))?;
         match Self::handle(queue, OP, url, receipt)? {
             Handle::Latest(seq) => {
                 queue.messages.remove(&seq);
@@ -609,9 +628,17 @@ impl MemoryQueue {
     ) -> Result<(), QueueError> {
         const OP: &str = "ChangeMessageVisibility";
         let now = Instant::now();
-        let queue = service.queues.get_mut(url).ok_or_else(|| no_queue(OP, url))?;
+        let queue = service
+            .queues
+            .get_mut(url)
+            .ok_or_else(|| no_queue(OP, url))?;
         if timeout > MAX_VISIBILITY {
-            return Err(error(OP, url, "InvalidParameterValue", "VisibilityTimeout above 43200"));
+            return Err(error(
+                OP,
+                url,
+                "InvalidParameterValue",
+                "VisibilityTimeout above 43200",
+            ));
         }
         let seq = match Self::handle(queue, OP, url, receipt)? {
             Handle::Latest(seq) => seq,
@@ -625,10 +652,20 @@ impl MemoryQueue {
             }
         };
         let Some(entry) = queue.messages.get_mut(&seq) else {
-            return Err(error(OP, url, "ReceiptHandleIsInvalid", "the message is gone"));
+            return Err(error(
+                OP,
+                url,
+                "ReceiptHandleIsInvalid",
+                "the message is gone",
+            ));
         };
         if entry.state(now) != MessageState::InFlight {
-            return Err(error(OP, url, "AWS.SimpleQueueService.MessageNotInflight", "the message is not in flight"));
+            return Err(error(
+                OP,
+                url,
+                "AWS.SimpleQueueService.MessageNotInflight",
+                "the message is not in flight",
+            ));
         }
         let received_at = entry.receipt.as_ref().map_or(now, |(_, at)| *at);
         if now + timeout > received_at + MAX_VISIBILITY {
@@ -645,7 +682,12 @@ impl MemoryQueue {
 
     fn check_batch(operation: &'static str, url: &str, n: usize) -> Result<(), QueueError> {
         match n {
-            0 => Err(error(operation, url, "AWS.SimpleQueueService.EmptyBatchRequest", "no entries")),
+            0 => Err(error(
+                operation,
+                url,
+                "AWS.SimpleQueueService.EmptyBatchRequest",
+                "no entries",
+            )),
             n if n > BATCH => Err(error(
                 operation,
                 url,
@@ -672,7 +714,10 @@ fn validate_send(
     if message.attributes.len() > MAX_ATTRIBUTES {
         return bad(
             "InvalidParameterValue",
-            format!("{} message attributes; at most {MAX_ATTRIBUTES}", message.attributes.len()),
+            format!(
+                "{} message attributes; at most {MAX_ATTRIBUTES}",
+                message.attributes.len()
+            ),
         );
     }
     let bytes = payload_bytes(&message.body, &message.attributes);
@@ -687,7 +732,10 @@ fn validate_send(
     }
     if queue.fifo {
         if message.group_id.is_none() {
-            return bad("MissingParameter", "a FIFO send needs MessageGroupId".into());
+            return bad(
+                "MissingParameter",
+                "a FIFO send needs MessageGroupId".into(),
+            );
         }
         if message.deduplication_id.is_none() && !queue.settings.content_based_deduplication {
             return bad(
@@ -728,13 +776,27 @@ fn move_to_dlq(service: &mut Service, dlq_url: &str, moved: Vec<Entry>, now: Ins
 }
 
 impl QueueClient for MemoryQueue {
-    async fn receive(&self, queue: &str, request: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
         const OP: &str = "ReceiveMessage";
         if !(1..=BATCH).contains(&request.max) {
-            return Err(error(OP, queue, "InvalidParameterValue", "MaxNumberOfMessages outside 1 to 10"));
+            return Err(error(
+                OP,
+                queue,
+                "InvalidParameterValue",
+                "MaxNumberOfMessages outside 1 to 10",
+            ));
         }
         if request.visibility > MAX_VISIBILITY || request.wait > MAX_WAIT {
-            return Err(error(OP, queue, "InvalidParameterValue", "VisibilityTimeout or WaitTimeSeconds out of range"));
+            return Err(error(
+                OP,
+                queue,
+                "InvalidParameterValue",
+                "VisibilityTimeout or WaitTimeSeconds out of range",
+            ));
         }
         let deadline = Instant::now() + request.wait;
         loop {
@@ -762,7 +824,11 @@ impl QueueClient for MemoryQueue {
         Ok(())
     }
 
-    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<Vec<EntryFailure>, QueueError> {
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
         const OP: &str = "DeleteMessageBatch";
         Self::check_batch(OP, queue, receipts.len())?;
         let mut service = self.lock();
@@ -783,7 +849,12 @@ impl QueueClient for MemoryQueue {
         Ok(failed)
     }
 
-    async fn change_visibility(&self, queue: &str, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
         let mut service = self.lock();
         self.change_one(&mut service, queue, receipt, timeout)?;
         drop(service);
@@ -818,7 +889,8 @@ impl QueueClient for MemoryQueue {
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
-        self.send_with(queue, message, SendOptions::default()).map(|_| ())
+        self.send_with(queue, message, SendOptions::default())
+            .map(|_| ())
     }
 
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
@@ -850,5 +922,122 @@ fn entry_failure(index: usize, e: &QueueError) -> EntryFailure {
         index,
         code: code.to_owned(),
         message: Some(message.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! What only the model can show quickly (hours of virtual time); the rest
+    //! is the contract suite (`tests/it/queue_contract.rs`), shared with LocalStack.
+    use super::*;
+
+    fn service(settings: QueueSettings) -> (MemoryQueue, String) {
+        let q = MemoryQueue::new();
+        let url = q.create_queue(settings).expect("valid settings");
+        (q, url)
+    }
+
+    fn plain(body: &str) -> OutgoingMessage {
+        OutgoingMessage {
+            body: body.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    fn req(visibility_secs: u64) -> ReceiveRequest {
+        ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(visibility_secs),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn visibility_is_capped_at_twelve_hours_after_the_receive() {
+        let (q, url) = service(QueueSettings::new("cap"));
+        q.send(&url, plain("m")).await.unwrap();
+        let got = q.receive(&url, req(7200)).await.unwrap();
+        let receipt = got[0].receipt_handle().unwrap();
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let err = q.change_visibility(&url, receipt, MAX_VISIBILITY).await;
+        assert!(err.is_err(), "12 h more after 1 h in flight was accepted");
+        q.change_visibility(&url, receipt, MAX_VISIBILITY - Duration::from_secs(3600))
+            .await
+            .expect("up to 12 h after the receive");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_visibility_change_with_an_old_handle_is_refused() {
+        let (q, url) = service(QueueSettings::new("old"));
+        q.send(&url, plain("m")).await.unwrap();
+        let first = q.receive(&url, req(1)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let second = q.receive(&url, req(30)).await.unwrap();
+        let old = first[0].receipt_handle().unwrap();
+        let err = q
+            .change_visibility(&url, old, Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(err.detail.starts_with("ReceiptHandleIsInvalid"), "{err}");
+        assert_eq!(
+            q.counts(&url).unwrap().in_flight,
+            1,
+            "the new receive's hold stands"
+        );
+        q.delete(&url, old)
+            .await
+            .expect("an old handle's delete succeeds");
+        assert_eq!(q.counts(&url).unwrap().stale_deletes, 1);
+        q.delete(&url, second[0].receipt_handle().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(q.counts(&url).unwrap().stored(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn messages_past_retention_are_dropped() {
+        let mut settings = QueueSettings::new("ret");
+        settings.retention = Duration::from_secs(60);
+        let (q, url) = service(settings);
+        q.send(&url, plain("old")).await.unwrap();
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(q.receive(&url, req(30)).await.unwrap().is_empty());
+        assert_eq!(q.counts(&url).unwrap().expired, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deduplication_id_is_free_again_after_five_minutes() {
+        let (q, url) = service(QueueSettings::new("dd.fifo"));
+        let m = OutgoingMessage {
+            group_id: Some("g".into()),
+            deduplication_id: Some("d".into()),
+            ..plain("m")
+        };
+        let first = q
+            .send_with(&url, m.clone(), SendOptions::default())
+            .unwrap();
+        let again = q
+            .send_with(&url, m.clone(), SendOptions::default())
+            .unwrap();
+        assert_eq!(
+            again,
+            Sent {
+                message_id: first.message_id.clone(),
+                deduplicated: true
+            }
+        );
+        tokio::time::advance(DEDUP_WINDOW).await;
+        let later = q.send_with(&url, m, SendOptions::default()).unwrap();
+        assert!(!later.deduplicated);
+        assert_eq!(q.counts(&url).unwrap().visible, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ids_and_receipt_handles_are_counters() {
+        let (q, url) = service(QueueSettings::new("ids"));
+        q.send(&url, plain("a")).await.unwrap();
+        let got = q.receive(&url, req(30)).await.unwrap();
+        assert_eq!(got[0].id(), "msg-00000001");
+        assert_eq!(got[0].receipt_handle(), Some("rh-1-1"));
     }
 }

@@ -10,3 +10,4 @@ mod holes;
 mod lambda;
 mod payments;
 mod poller;
+mod queue_contract;
