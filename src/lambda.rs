@@ -153,6 +153,16 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             + deadline
                 .duration_since(SystemTime::now())
                 .unwrap_or_default();
+        self.handle_until(event, deadline).await
+    }
+
+    /// [`Self::handle`] with the deadline on tokio's clock (no wall clock
+    /// read: the simulator runs it in virtual time).
+    pub async fn handle_until(
+        &self,
+        event: serde_json::Value,
+        deadline: Instant,
+    ) -> Result<SqsBatchResponse, EventError> {
         let records = self.parse(event).await?;
         let fifo = records
             .iter()

@@ -185,6 +185,13 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// with, else the delay after which it comes back.
     async fn handle(&self, message: Message) -> Option<Duration> {
         let url = self.config.queue_url.as_str();
+        // (The `delete-before-effect` mutant, for the simulator only, deletes
+        // the message before its effect is recorded.)
+        if crate::mutants::active("delete-before-effect") {
+            let _ = self
+                .deletes
+                .send(message.receipt_handle().unwrap_or_default().to_owned());
+        }
         let visibility = QueueVisibility {
             queue: &self.queue,
             url,
