@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqs_once::clock::TokioClock;
+use sqs_once::clock::{Clock, TokioClock};
 use sqs_once::lambda::LambdaConfig;
 use sqs_once::poller::PollerConfig;
 use sqs_once::queue::{QueueClient, ReceiveRequest};
@@ -88,16 +88,10 @@ fn processor_config() -> ProcessorConfig {
 }
 
 impl Generation {
-    fn new(world: &World, spec: &ConsumerSpec, link: &Link) -> Self {
+    fn new(world: &World, spec: &ConsumerSpec, link: &Link, clock: &Arc<dyn Clock>) -> Self {
         let life = Life::default();
         let gauge = Arc::new(Gauge::default());
-        let skew = Duration::from_millis(spec.skew_ms.unsigned_abs());
-        let start = if spec.skew_ms >= 0 {
-            epoch() + skew
-        } else {
-            epoch() - skew
-        };
-        let clock: Arc<dyn sqs_once::clock::Clock> = Arc::new(TokioClock::starting_at(start));
+        let clock = clock.clone();
         let store = FaultyStore::new(
             world.store.with_clock(clock.clone()),
             link.clone(),
@@ -136,8 +130,16 @@ pub async fn host(
 ) -> HostReport {
     let spec = world.scenario.consumers[index].clone();
     let mut report = HostReport::default();
+    // The host's clock, skewed, for all its generations (hosts start with the run).
+    let skew = Duration::from_millis(spec.skew_ms.unsigned_abs());
+    let start = if spec.skew_ms >= 0 {
+        epoch() + skew
+    } else {
+        epoch() - skew
+    };
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(start));
     loop {
-        let generation = Generation::new(&world, &spec, &link);
+        let generation = Generation::new(&world, &spec, &link, &clock);
         let gauge = generation.gauge.clone();
         world.trace.event(format!("start {}", spec.name));
         let (next, bound) = match spec.runtime {

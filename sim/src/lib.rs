@@ -283,11 +283,23 @@ fn evidence<'a>(
         .flatten()
         .filter_map(world::row_event)
         .collect();
-    let records = world
-        .store
-        .records()
-        .into_iter()
-        .map(|r| (r.pk.trim_start_matches("sim#").to_owned(), r.status))
+    let all = world.store.records();
+    let event = |r: &sqs_once::Record| r.pk.trim_start_matches("sim#").to_owned();
+    let records = all.iter().map(|r| (event(r), r.status)).collect();
+    let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
+    let unfinished = all
+        .iter()
+        .filter(|r| r.status == sqs_once::Status::InProgress)
+        .map(|r| {
+            let what = format!(
+                "lease until {}ms from now, {} attempts, message {}, last error {:?}",
+                r.lease_until_ms - epoch_ms,
+                r.attempts,
+                r.message_id.as_deref().unwrap_or("?"),
+                r.error
+            );
+            (event(r), what)
+        })
         .collect();
     let charged = world.api.charges().into_values().collect();
     check::Evidence {
@@ -297,6 +309,7 @@ fn evidence<'a>(
         calls: world.api.calls(),
         charged,
         records,
+        unfinished,
         dlq: world.queue.contents(&world.dlq_url),
         left: world.queue.contents(&world.url),
         hosts,

@@ -149,16 +149,17 @@ impl Scenario {
             .map(|i| draw_consumer(dice, i))
             .collect::<Vec<_>>();
         let plan = FaultPlan {
-            error: dice.rate(0.0, 0.08),
-            lost: dice.rate(0.0, 0.05),
-            timeout: dice.rate(0.0, 0.03),
-            delay: dice.rate(0.0, 0.10),
+            error: dice.rate(0.0, 0.15),
+            lost: dice.rate(0.0, 0.10),
+            timeout: dice.rate(0.0, 0.05),
+            delay: dice.rate(0.0, 0.20),
             max_delay: dice.millis(Duration::from_millis(200), Duration::from_secs(5)),
         };
         let groups = dice.int(1, 4);
         // Sent in seq order: a FIFO group's order is its send order.
-        let mut times: Vec<Duration> = (0..dice.int(10, 40))
-            .map(|_| dice.millis(Duration::ZERO, Duration::from_secs(300)))
+        let spread = dice.millis(Duration::from_secs(1), Duration::from_secs(300));
+        let mut times: Vec<Duration> = (0..dice.int(10, 80))
+            .map(|_| dice.millis(Duration::ZERO, spread))
             .collect();
         times.sort();
         let events = times
@@ -175,7 +176,7 @@ impl Scenario {
             plan,
             actions,
             panic_rate: dice.rate(0.0, 0.05),
-            slow_rate: dice.rate(0.0, 0.10),
+            slow_rate: dice.rate(0.0, 0.15),
         }
     }
 
@@ -244,9 +245,9 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpe
 }
 
 fn draw_actions(dice: &Dice, consumers: usize) -> Vec<(Duration, Action)> {
-    let mut actions: Vec<(Duration, Action)> = (0..dice.int(0, 6))
+    let mut actions: Vec<(Duration, Action)> = (0..dice.int(0, 10))
         .map(|_| {
-            let at = dice.millis(Duration::from_secs(5), Duration::from_secs(540));
+            let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
             let consumer = dice.int(0, consumers as u64 - 1) as usize;
             let down = dice.millis(Duration::from_secs(1), Duration::from_secs(90));
             let action = match dice.int(0, 3) {

@@ -172,6 +172,14 @@ fn main() -> ExitCode {
         unsafe { std::env::set_var("SQS_ONCE_MUTANT", m) };
     }
     quiet_simulated_panics();
+    if std::env::var_os("RUST_LOG").is_some() {
+        // The library's logs (wall-clock stamps left out: virtual time is in the trace).
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .without_time()
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .init();
+    }
     let mutant = args.mutant.as_deref();
     if let Some(seed) = args.seed {
         return one(seed, mutant);
