@@ -88,16 +88,19 @@ fn applied(e: &Evidence<'_>, v: &mut Vec<String>) -> Vec<String> {
                 }
                 count.insert(&c.event, e.charged.get(&c.event).copied().unwrap_or(0));
             }
+            // A charge is an effect: its record must say so.
+            for ev in &first {
+                let status = e.records.get(ev);
+                if status != Some(&Status::Completed) {
+                    v.push(format!("{ev}: charged but its record is {status:?}"));
+                }
+            }
         }
     }
     for (event, n) in count {
         if n > 1 {
             v.push(format!("{event}: effect applied {n} times"));
         }
-    }
-    if e.scenario.kind == Kind::External {
-        // Charged only when its record says COMPLETED.
-        first.retain(|ev| e.records.get(ev) == Some(&Status::Completed));
     }
     first
 }

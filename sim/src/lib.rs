@@ -245,9 +245,13 @@ async fn schedule(
             }
             Action::Partition {
                 consumer,
-                service,
+                services,
                 length,
-            } => links[*consumer].cut(*service, *length),
+            } => {
+                for service in services {
+                    links[*consumer].cut(*service, *length);
+                }
+            }
         }
     }
     n

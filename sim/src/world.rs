@@ -96,12 +96,12 @@ pub enum Action {
         /// How long it stays down.
         down: Duration,
     },
-    /// The host is cut off from one service for a while.
+    /// The host is cut off from SQS, DynamoDB or both for a while.
     Partition {
         /// Which consumer.
         consumer: usize,
         /// From what.
-        service: Service,
+        services: Vec<Service>,
         /// For how long.
         length: Duration,
     },
@@ -145,9 +145,10 @@ impl Scenario {
         } else {
             Kind::External
         };
-        let consumers = (0..dice.int(1, 4))
+        let mut consumers = (0..dice.int(1, 4))
             .map(|i| draw_consumer(dice, i))
             .collect::<Vec<_>>();
+        draw_skews(dice, &mut consumers);
         let plan = FaultPlan {
             error: dice.rate(0.0, 0.15),
             lost: dice.rate(0.0, 0.10),
@@ -214,8 +215,21 @@ fn draw_consumer(dice: &Dice, i: u64) -> ConsumerSpec {
     ConsumerSpec {
         name: format!("c{i}"),
         runtime,
-        // Within the lease margin (3 s): more is outside the promise.
-        skew_ms: dice.int(0, 4000) as i64 - 2000,
+        skew_ms: 0,
+    }
+}
+
+/// Clock offsets within the promise: two hosts may disagree by less than the
+/// lease margin. The margin is 3 s, at most a tenth of the lease granted; a
+/// Lambda claim near the end of its invocation gets a lease of 3 s or so (a
+/// record is not started with less left), hence a margin of 300 ms.
+fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec]) {
+    let lambda = consumers
+        .iter()
+        .any(|c| matches!(c.runtime, Runtime::Lambda { .. }));
+    let half: u64 = if lambda { 140 } else { 1400 };
+    for c in consumers {
+        c.skew_ms = dice.int(0, 2 * half) as i64 - half as i64;
     }
 }
 
@@ -230,9 +244,12 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpe
         let target = MAX_MESSAGE_BYTES + 40 - dice.int(0, 240) as usize;
         body["pad"] = serde_json::Value::String("x".repeat(target.saturating_sub(base)));
     }
-    let late_duplicate_at = dice
-        .chance(0.2)
-        .then(|| send_at + dice.millis(Duration::ZERO, Duration::from_secs(600)));
+    // Half of the duplicates soon (the first copy may still be running), half
+    // up to ten minutes later (past FIFO's deduplication window).
+    let late_duplicate_at = dice.chance(0.3).then(|| {
+        let within = if dice.chance(0.5) { 60 } else { 600 };
+        send_at + dice.millis(Duration::ZERO, Duration::from_secs(within))
+    });
     EventSpec {
         seq,
         id,
@@ -250,12 +267,16 @@ fn draw_actions(dice: &Dice, consumers: usize) -> Vec<(Duration, Action)> {
             let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
             let consumer = dice.int(0, consumers as u64 - 1) as usize;
             let down = dice.millis(Duration::from_secs(1), Duration::from_secs(90));
-            let action = match dice.int(0, 3) {
+            let action = match dice.int(0, 4) {
                 0 => Action::Crash { consumer, down },
                 1 => Action::Sigterm { consumer, down },
                 n => Action::Partition {
                     consumer,
-                    service: if n == 2 { Service::Sqs } else { Service::Ddb },
+                    services: match n {
+                        2 => vec![Service::Sqs],
+                        3 => vec![Service::Ddb],
+                        _ => vec![Service::Sqs, Service::Ddb],
+                    },
                     // Up to twice the lease.
                     length: dice.millis(Duration::from_secs(1), 2 * LEASE),
                 },
