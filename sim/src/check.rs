@@ -1,14 +1,29 @@
 //! The checker: after a run, from the history (staged writes in commit order,
 //! the API's calls) and the final state (dedup records, queues), every way the
 //! promise can be broken.
+//!
+//! Effects are attributed to the SQS message whose delivery made them (a
+//! producer's late duplicate is a message of its own, sent later), so FIFO
+//! order is the order in which a group's messages were sent, and "applied and
+//! in the DLQ" is about one message.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use sqs_once::Status;
 use sqs_once::queue::memory::StoredMessage;
+use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
 
 use crate::hosts::HostReport;
 use crate::world::{ApiCall, Kind, Scenario};
+
+/// One effect made: the event, and the message whose delivery made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effect {
+    /// The event (dedup key).
+    pub event: String,
+    /// The SQS message id.
+    pub message: String,
+}
 
 /// What the checker reads.
 pub struct Evidence<'a> {
@@ -16,8 +31,8 @@ pub struct Evidence<'a> {
     pub scenario: &'a Scenario,
     /// Events some send of which was accepted.
     pub accepted: &'a BTreeSet<String>,
-    /// Ledger rows' events in commit order (staged handler).
-    pub rows: Vec<String>,
+    /// Ledger rows in commit order (staged handler).
+    pub rows: Vec<Effect>,
     /// Every API call (external handler).
     pub calls: Vec<ApiCall>,
     /// Times charged, by event.
@@ -40,12 +55,21 @@ fn event_of(body: &str) -> Option<String> {
     v.get("id")?.as_str().map(str::to_owned)
 }
 
+/// The counter in a message id (`msg-00000012`): its send order.
+fn sent_order(message: &str) -> u64 {
+    message
+        .trim_start_matches("msg-")
+        .parse()
+        .unwrap_or(u64::MAX)
+}
+
 /// Every violation found, in words.
 pub fn check(e: &Evidence<'_>) -> Vec<String> {
     let mut v = Vec::new();
-    let applied = applied(e, &mut v);
-    order(e, &applied, &mut v);
-    parked_or_applied(e, &applied, &mut v);
+    let effects = effects(e);
+    let first = first_applications(e, &effects, &mut v);
+    order(e, &first, &mut v);
+    parked_or_applied(e, &effects, &mut v);
     if e.scenario.kind == Kind::External {
         overlaps(&e.calls, &mut v);
     }
@@ -64,77 +88,97 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     v
 }
 
-/// Events applied, in the order of their first application; flags effects
-/// applied more than once.
-fn applied(e: &Evidence<'_>, v: &mut Vec<String>) -> Vec<String> {
-    let mut count: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut first = Vec::new();
+/// Every effect in the order made: ledger rows in commit order, or API
+/// calls in start order.
+fn effects(e: &Evidence<'_>) -> Vec<Effect> {
     match e.scenario.kind {
-        Kind::Staged => {
-            for row in &e.rows {
-                let n = count.entry(row).or_default();
-                *n += 1;
-                if *n == 1 {
-                    first.push(row.clone());
-                }
-            }
-        }
+        Kind::Staged => e.rows.clone(),
         Kind::External => {
             let mut calls: Vec<&ApiCall> = e.calls.iter().collect();
             calls.sort_by_key(|c| c.start_ms);
-            for c in calls {
-                if !count.contains_key(c.event.as_str()) {
-                    first.push(c.event.clone());
-                }
-                count.insert(&c.event, e.charged.get(&c.event).copied().unwrap_or(0));
-            }
-            // A charge is an effect: its record must say so.
-            for ev in &first {
-                let status = e.records.get(ev);
-                if status != Some(&Status::Completed) {
-                    v.push(format!("{ev}: charged but its record is {status:?}"));
-                }
-            }
+            calls
+                .into_iter()
+                .map(|c| Effect {
+                    event: c.event.clone(),
+                    message: c.message.clone(),
+                })
+                .collect()
         }
     }
-    for (event, n) in count {
+}
+
+/// The first effect of each event, in order; flags an effect applied more
+/// than once, and a charge whose record does not say `COMPLETED`.
+fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) -> Vec<Effect> {
+    let mut first: Vec<Effect> = Vec::new();
+    for fx in effects {
+        if !first.iter().any(|f| f.event == fx.event) {
+            first.push(fx.clone());
+        }
+    }
+    let times = |event: &str| match e.scenario.kind {
+        Kind::Staged => e.rows.iter().filter(|r| r.event == event).count() as u32,
+        Kind::External => e.charged.get(event).copied().unwrap_or(0),
+    };
+    for f in &first {
+        let n = times(&f.event);
         if n > 1 {
-            v.push(format!("{event}: effect applied {n} times"));
+            v.push(format!("{}: effect applied {n} times", f.event));
+        }
+        let status = e.records.get(&f.event);
+        if e.scenario.kind == Kind::External && status != Some(&Status::Completed) {
+            v.push(format!("{}: charged but its record is {status:?}", f.event));
         }
     }
     first
 }
 
-/// FIFO: within each group, events applied in send order.
-fn order(e: &Evidence<'_>, applied: &[String], v: &mut Vec<String>) {
+/// FIFO: within each group, events first applied in the order their
+/// messages were sent.
+fn order(e: &Evidence<'_>, first: &[Effect], v: &mut Vec<String>) {
     if !e.scenario.fifo {
         return;
     }
-    let spec: BTreeMap<&str, (&str, u64)> = e
+    let groups: BTreeMap<&str, &str> = e
         .scenario
         .events
         .iter()
-        .map(|ev| (ev.id.as_str(), (ev.group.as_str(), ev.seq)))
+        .map(|ev| (ev.id.as_str(), ev.group.as_str()))
         .collect();
-    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
-    for id in applied {
-        let Some((group, seq)) = spec.get(id.as_str()) else {
+    let mut last: BTreeMap<&str, &Effect> = BTreeMap::new();
+    for f in first {
+        let Some(group) = groups.get(f.event.as_str()) else {
             continue;
         };
-        if let Some(prev) = last.insert(group, *seq)
-            && prev > *seq
+        if let Some(prev) = last.insert(group, f)
+            && sent_order(&prev.message) > sent_order(&f.message)
         {
             v.push(format!(
-                "{id}: applied after evt-{prev:04} of group {group} (FIFO order)"
+                "{} ({}): applied after {} ({}), sent later in group {group} (FIFO order)",
+                f.event, f.message, prev.event, prev.message
             ));
         }
     }
 }
 
-/// Every accepted event applied or parked, never both, never lost; nothing
-/// refused applied; nothing left in the queue.
-fn parked_or_applied(e: &Evidence<'_>, applied: &[String], v: &mut Vec<String>) {
-    let applied: BTreeSet<&str> = applied.iter().map(String::as_str).collect();
+/// The message a DLQ copy stands for: the original delivery for a copy
+/// sqs-once parked, the message itself for one SQS's redrive policy moved.
+fn origin(m: &StoredMessage) -> String {
+    m.attributes
+        .get(MESSAGE_ID_ATTRIBUTE)
+        .and_then(|a| match &a.value {
+            sqs_once::AttributeValue::Text(t) => Some(t.clone()),
+            sqs_once::AttributeValue::Binary(_) => None,
+        })
+        .unwrap_or_else(|| m.id.clone())
+}
+
+/// Every accepted event applied or parked, never lost; no message that made
+/// an effect in the DLQ; nothing refused applied; a permanent failure parked
+/// with its reason (where it fits); nothing left in the queue.
+fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) {
+    let applied: BTreeSet<&str> = effects.iter().map(|f| f.event.as_str()).collect();
+    let applying: BTreeSet<&str> = effects.iter().map(|f| f.message.as_str()).collect();
     let parked: BTreeSet<String> = e.dlq.iter().filter_map(|m| event_of(&m.body)).collect();
     for ev in &e.scenario.events {
         let id = ev.id.as_str();
@@ -142,28 +186,28 @@ fn parked_or_applied(e: &Evidence<'_>, applied: &[String], v: &mut Vec<String>) 
         match (e.accepted.contains(id), is_applied, is_parked) {
             (false, true, _) => v.push(format!("{id}: applied but never accepted by SQS")),
             (true, false, false) => v.push(format!("{id}: lost (neither applied nor parked)")),
-            (true, true, true) => v.push(format!("{id}: applied and in the DLQ")),
             _ => {}
         }
         if is_applied && ev.permanent {
             v.push(format!("{id}: a permanent failure was applied"));
         }
-    }
-    for m in &e.dlq {
-        let Some(id) = event_of(&m.body) else {
-            continue;
-        };
-        let reason = m.attributes.contains_key(sqs_once::queue::REASON_ATTRIBUTE);
-        let permanent = e
-            .scenario
-            .events
-            .iter()
-            .any(|ev| ev.id == id && ev.permanent);
+        let with_reason = e.dlq.iter().any(|m| {
+            event_of(&m.body).as_deref() == Some(id) && m.attributes.contains_key(REASON_ATTRIBUTE)
+        });
         // A copy near the DLQ's size limit keeps its dedup key first and has
         // no room left for the reason (DESIGN.md, "Parking"): not a violation.
-        let room = m.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
-        if permanent && !reason && room {
+        let room = ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
+        if ev.permanent && is_parked && !with_reason && room {
             v.push(format!("{id}: parked without its reason"));
+        }
+    }
+    for m in &e.dlq {
+        let from = origin(m);
+        if applying.contains(from.as_str()) {
+            let event = event_of(&m.body).unwrap_or_default();
+            v.push(format!(
+                "{event}: message {from} made its effect and is in the DLQ"
+            ));
         }
     }
     for m in &e.left {

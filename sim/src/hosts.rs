@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::faults::{FaultPlan, FaultyQueue, FaultyStore, Life, Link};
 use crate::trace::Trace;
 use crate::world::{
-    ConsumerSpec, FUNCTION_TIMEOUT, Gauge, LEASE, Runtime, Scenario, SimApi, SimHandler, VISIBILITY,
+    ConsumerSpec, FUNCTION_TIMEOUT, Gauge, Runtime, Scenario, SimApi, SimHandler, VISIBILITY,
 };
 
 /// True time at the start of every run (a fixed instant: no wall clock).
@@ -75,11 +75,11 @@ struct Generation {
     processor: Processor<FaultyStore<MemoryStore>, SimHandler>,
 }
 
-fn processor_config() -> ProcessorConfig {
+fn processor_config(scenario: &Scenario) -> ProcessorConfig {
     let mut config = ProcessorConfig::new("sim");
     config.key_source = "json:/id".parse().unwrap_or_default();
-    config.lease = LEASE;
-    config.heartbeat = Duration::from_secs(10);
+    config.lease = scenario.lease;
+    config.heartbeat = scenario.heartbeat;
     config.lease_margin = Duration::from_secs(3);
     config.backoff_base = Duration::from_secs(1);
     config.backoff_max = Duration::from_secs(60);
@@ -107,8 +107,9 @@ impl Generation {
             gauge: gauge.clone(),
             panic_rate: world.scenario.panic_rate,
             slow_rate: world.scenario.slow_rate,
+            lease: world.scenario.lease,
         };
-        let processor = Processor::new(store, handler, processor_config())
+        let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
             .with_clock(clock);
         let queue = FaultyQueue::new(world.queue.clone(), link.clone(), life.clone());

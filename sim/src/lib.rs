@@ -31,6 +31,7 @@ use sqs_once::queue::OutgoingMessage;
 use sqs_once::queue::memory::{QueueSettings, RedrivePolicy, SendOptions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing_subscriber::Layer;
 
 use crate::faults::{Dice, FaultCounts, Link};
 use crate::hosts::{Command, HostReport, World};
@@ -72,6 +73,21 @@ pub fn run_seed(seed: u64, keep_trace: bool) -> std::io::Result<Report> {
     Ok(runtime.block_on(simulate(seed, keep_trace)))
 }
 
+/// The run's subscriber: outcomes into the trace, and the library's logs on
+/// stdout when `RUST_LOG` is set. Scoped to this thread (the run's).
+fn subscriber(trace: &Trace) -> tracing::subscriber::DefaultGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    let logs = std::env::var_os("RUST_LOG").is_some().then(|| {
+        tracing_subscriber::fmt::layer()
+            .without_time()
+            .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+    });
+    let registry = tracing_subscriber::registry()
+        .with(trace::OutcomeLayer(trace.clone()))
+        .with(logs);
+    tracing::subscriber::set_default(registry)
+}
+
 fn create_queues(queue: &MemoryQueue, fifo: bool) -> (String, String) {
     let suffix = if fifo { ".fifo" } else { "" };
     let mut dlq = QueueSettings::new(format!("sim-dlq{suffix}"));
@@ -98,6 +114,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     let started = Instant::now();
     let dice = Dice::new(seed);
     let trace = Trace::new(keep_trace);
+    let _logs = subscriber(&trace);
     let scenario = Scenario::draw(&dice);
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
@@ -285,7 +302,7 @@ fn evidence<'a>(
         .committed_writes()
         .iter()
         .flatten()
-        .filter_map(world::row_event)
+        .filter_map(world::row_effect)
         .collect();
     let all = world.store.records();
     let event = |r: &sqs_once::Record| r.pk.trim_start_matches("sim#").to_owned();

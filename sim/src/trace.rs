@@ -63,3 +63,82 @@ impl Trace {
         t.lines.clone().unwrap_or_default()
     }
 }
+
+/// The fields of a processor's `message` span that the trace keeps.
+#[derive(Debug, Default)]
+struct MessageSpan {
+    fields: Vec<(String, String)>,
+}
+
+impl tracing::field::Visit for MessageSpan {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.fields
+            .push((field.name().to_owned(), format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.fields
+            .push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+/// Puts every processed message's outcome in the trace: the processor's
+/// `message` span (message id, dedup key, receive count, outcome) when it closes.
+pub struct OutcomeLayer(pub Trace);
+
+impl<S> tracing_subscriber::Layer<S> for OutcomeLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() != "message" {
+            return;
+        }
+        let mut fields = MessageSpan::default();
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id)
+            && let Some(fields) = span.extensions_mut().get_mut::<MessageSpan>()
+        {
+            values.record(fields);
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let extensions = span.extensions();
+        let Some(fields) = extensions.get::<MessageSpan>() else {
+            return;
+        };
+        let get = |name: &str| {
+            fields
+                .fields
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map_or("-", |(_, v)| v.as_str())
+        };
+        self.0.event(format!(
+            "outcome {} key {} receive {}: {}",
+            get("message_id"),
+            get("dedup_key"),
+            get("receive_count"),
+            get("outcome")
+        ));
+    }
+}

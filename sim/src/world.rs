@@ -14,8 +14,8 @@ use sqs_once::{Context, Effects, Handler, HandlerError, HandlerResult, Message};
 use crate::faults::{Dice, FaultPlan, Life, Service};
 use crate::trace::Trace;
 
-/// The lease every consumer claims with.
-pub const LEASE: Duration = Duration::from_secs(30);
+/// The longest lease a run draws.
+pub const LEASE: Duration = Duration::from_secs(60);
 /// The source queue's visibility timeout (and the Lambda event source's).
 pub const VISIBILITY: Duration = Duration::from_secs(30);
 /// A Lambda invocation's timeout.
@@ -127,6 +127,10 @@ pub struct Scenario {
     /// How often a handler call runs long (up to beyond the lease and the
     /// visibility timeout).
     pub slow_rate: f64,
+    /// The consumers' lease.
+    pub lease: Duration,
+    /// The consumers' heartbeat (below the lease less its margin).
+    pub heartbeat: Duration,
 }
 
 /// The body of an event.
@@ -139,6 +143,9 @@ struct Body {
 impl Scenario {
     /// Draws a scenario.
     pub fn draw(dice: &Dice) -> Self {
+        let lease = dice.millis(Duration::from_secs(10), LEASE);
+        let margin = Duration::from_secs(3).min(lease / 10);
+        let heartbeat = dice.millis(lease / 5, lease - margin - Duration::from_millis(500));
         let fifo = dice.chance(0.5);
         let kind = if dice.chance(0.5) {
             Kind::Staged
@@ -148,7 +155,7 @@ impl Scenario {
         let mut consumers = (0..dice.int(1, 4))
             .map(|i| draw_consumer(dice, i))
             .collect::<Vec<_>>();
-        draw_skews(dice, &mut consumers);
+        draw_skews(dice, &mut consumers, margin);
         let plan = FaultPlan {
             error: dice.rate(0.0, 0.15),
             lost: dice.rate(0.0, 0.10),
@@ -168,7 +175,7 @@ impl Scenario {
             .enumerate()
             .map(|(seq, at)| draw_event(dice, seq as u64, groups, at))
             .collect();
-        let actions = draw_actions(dice, consumers.len());
+        let actions = draw_actions(dice, consumers.len(), lease);
         Self {
             fifo,
             kind,
@@ -178,6 +185,8 @@ impl Scenario {
             actions,
             panic_rate: dice.rate(0.0, 0.05),
             slow_rate: dice.rate(0.0, 0.15),
+            lease,
+            heartbeat,
         }
     }
 
@@ -189,7 +198,9 @@ impl Scenario {
             .map(|c| format!("{}={:?}/skew {}ms", c.name, c.runtime, c.skew_ms))
             .collect();
         format!(
-            "scenario: {} queue, {:?} handler, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions",
+            "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions",
+            self.lease,
+            self.heartbeat,
             if self.fifo { "FIFO" } else { "standard" },
             self.kind,
             self.events.len(),
@@ -223,11 +234,17 @@ fn draw_consumer(dice: &Dice, i: u64) -> ConsumerSpec {
 /// lease margin. The margin is 3 s, at most a tenth of the lease granted; a
 /// Lambda claim near the end of its invocation gets a lease of 3 s or so (a
 /// record is not started with less left), hence a margin of 300 ms.
-fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec]) {
+fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec], margin: Duration) {
     let lambda = consumers
         .iter()
         .any(|c| matches!(c.runtime, Runtime::Lambda { .. }));
-    let half: u64 = if lambda { 140 } else { 1400 };
+    let margin_ms = if lambda {
+        300
+    } else {
+        margin.as_millis() as u64
+    };
+    // Each host within 45% of the margin: any two within 90% of it.
+    let half = margin_ms * 45 / 100;
     for c in consumers {
         c.skew_ms = dice.int(0, 2 * half) as i64 - half as i64;
     }
@@ -261,7 +278,7 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpe
     }
 }
 
-fn draw_actions(dice: &Dice, consumers: usize) -> Vec<(Duration, Action)> {
+fn draw_actions(dice: &Dice, consumers: usize, lease: Duration) -> Vec<(Duration, Action)> {
     let mut actions: Vec<(Duration, Action)> = (0..dice.int(0, 10))
         .map(|_| {
             let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
@@ -278,7 +295,7 @@ fn draw_actions(dice: &Dice, consumers: usize) -> Vec<(Duration, Action)> {
                         _ => vec![Service::Sqs, Service::Ddb],
                     },
                     // Up to twice the lease.
-                    length: dice.millis(Duration::from_secs(1), 2 * LEASE),
+                    length: dice.millis(Duration::from_secs(1), 2 * lease),
                 },
             };
             (at, action)
@@ -295,6 +312,8 @@ pub struct ApiCall {
     pub key: String,
     /// The event (for messages).
     pub event: String,
+    /// The SQS message whose delivery called.
+    pub message: String,
     /// Who called.
     pub consumer: String,
     /// When the call started and ended (ms of virtual time; `None`: still open).
@@ -350,12 +369,20 @@ impl SimApi {
     }
 
     /// A charge for `event` with `key`, answered after `latency`.
-    async fn charge(&self, key: &str, event: &str, consumer: &str, latency: Duration) -> u32 {
+    async fn charge(
+        &self,
+        key: &str,
+        event: &str,
+        message: &str,
+        consumer: &str,
+        latency: Duration,
+    ) -> u32 {
         let index = {
             let mut s = self.lock();
             s.calls.push(ApiCall {
                 key: key.to_owned(),
                 event: event.to_owned(),
+                message: message.to_owned(),
                 consumer: consumer.to_owned(),
                 start_ms: self.trace.now_ms(),
                 end_ms: None,
@@ -437,13 +464,15 @@ pub struct SimHandler {
     pub panic_rate: f64,
     /// How often a call runs long.
     pub slow_rate: f64,
+    /// The lease (slow calls run up to twice it).
+    pub lease: Duration,
 }
 
 impl SimHandler {
     fn duration(&self) -> Duration {
         if self.dice.chance(self.slow_rate) {
             self.dice
-                .millis(Duration::ZERO, 2 * LEASE + Duration::from_secs(10))
+                .millis(Duration::ZERO, 2 * self.lease + Duration::from_secs(10))
         } else {
             self.dice
                 .millis(Duration::ZERO, Duration::from_millis(1500))
@@ -469,14 +498,17 @@ impl SimHandler {
         match self.kind {
             Kind::Staged => {
                 self.life.guard(tokio::time::sleep(took)).await;
-                ctx.stage(ledger_row(&body.id, &self.consumer)?);
+                ctx.stage(ledger_row(&body.id, message.id())?);
                 Ok(None)
             }
             Kind::External => {
                 let key = ctx.idempotency_key().unwrap_or_default();
                 let charged = self
                     .life
-                    .guard(self.api.charge(key, &body.id, &self.consumer, took))
+                    .guard(
+                        self.api
+                            .charge(key, &body.id, message.id(), &self.consumer, took),
+                    )
                     .await;
                 Ok(Some(serde_json::json!({ "charged": charged })))
             }
@@ -484,21 +516,25 @@ impl SimHandler {
     }
 }
 
-/// The ledger row an event stages.
-fn ledger_row(id: &str, consumer: &str) -> Result<TransactWriteItem, HandlerError> {
+/// The ledger row an event stages, naming the message that made it.
+fn ledger_row(id: &str, message: &str) -> Result<TransactWriteItem, HandlerError> {
     let put = Put::builder()
         .table_name("ledger")
         .item("pk", AttributeValue::S(id.to_owned()))
-        .item("by", AttributeValue::S(consumer.to_owned()))
+        .item("message", AttributeValue::S(message.to_owned()))
         .build()
         .map_err(HandlerError::permanent)?;
     Ok(TransactWriteItem::builder().put(put).build())
 }
 
-/// The event id a staged ledger row is for.
-pub fn row_event(item: &TransactWriteItem) -> Option<String> {
-    let pk = item.put()?.item().get("pk")?;
-    pk.as_s().ok().cloned()
+/// The effect a staged ledger row is: its event and message.
+pub fn row_effect(item: &TransactWriteItem) -> Option<crate::check::Effect> {
+    let item = item.put()?.item();
+    let text = |name: &str| item.get(name)?.as_s().ok().cloned();
+    Some(crate::check::Effect {
+        event: text("pk")?,
+        message: text("message")?,
+    })
 }
 
 impl Handler for SimHandler {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use sqs_once::Status;
-use sqs_once_sim::check::{Evidence, check};
+use sqs_once_sim::check::{Effect, Evidence, check};
 use sqs_once_sim::faults::FaultPlan;
 use sqs_once_sim::run_seed;
 use sqs_once_sim::world::{ApiCall, EventSpec, Kind, Scenario};
@@ -98,6 +98,8 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         actions: Vec::new(),
         panic_rate: 0.0,
         slow_rate: 0.0,
+        lease: Duration::from_secs(30),
+        heartbeat: Duration::from_secs(10),
     }
 }
 
@@ -116,6 +118,13 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
     }
 }
 
+fn fx(event: &str, message: &str) -> Effect {
+    Effect {
+        event: event.into(),
+        message: message.into(),
+    }
+}
+
 fn accepted(s: &Scenario) -> BTreeSet<String> {
     s.events.iter().map(|e| e.id.clone()).collect()
 }
@@ -125,7 +134,10 @@ fn the_checker_flags_a_staged_effect_applied_twice_and_a_lost_event() {
     let s = scenario(Kind::Staged, false, vec![event(0, "g"), event(1, "g")]);
     let acc = accepted(&s);
     let mut e = evidence(&s, &acc);
-    e.rows = vec!["evt-0000".into(), "evt-0000".into()];
+    e.rows = vec![
+        fx("evt-0000", "msg-00000001"),
+        fx("evt-0000", "msg-00000003"),
+    ];
     let v = check(&e);
     assert!(
         v.iter().any(|v| v == "evt-0000: effect applied 2 times"),
@@ -160,6 +172,7 @@ fn the_checker_flags_overlapping_calls_of_one_key_and_unrecorded_charges() {
     let call = |consumer: &str, start_ms, end_ms| ApiCall {
         key: "k".into(),
         event: "evt-0000".into(),
+        message: "msg-00000001".into(),
         consumer: consumer.into(),
         start_ms,
         end_ms,

@@ -6,6 +6,7 @@
 //! - `--minutes M [--from S]`: as many seeds as fit in M minutes.
 //! - `--seed S`: one seed with its readable trace, run twice to check that the
 //!   trace hash is the same.
+//! - `--verify`: runs every seed twice and fails one whose trace hash differs.
 //! - `--mutant NAME`: with a deliberately broken protocol (see
 //!   `sqs_once::mutants`): stops at the first failing seed, and exits 1 if
 //!   none fails.
@@ -23,6 +24,7 @@ struct Args {
     seed: Option<u64>,
     from: u64,
     mutant: Option<String>,
+    verify: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -40,6 +42,7 @@ fn parse() -> Result<Args, String> {
                 args.minutes = Some(v.parse().map_err(|e| format!("{v}: {e}"))?);
             }
             "--mutant" => args.mutant = Some(value()?),
+            "--verify" => args.verify = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -104,12 +107,22 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
 }
 
 /// Runs seeds from `from` until `count` ran or `until` passed.
-fn many(from: u64, count: Option<u64>, until: Option<Instant>, mutant: Option<&str>) -> ExitCode {
+fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
+    let (from, mutant) = (args.from, args.mutant.as_deref());
     let started = Instant::now();
     let (mut ran, mut failed, mut faults) = (0u64, 0u64, 0u64);
     let mut seed = from;
     while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
-        let report = run(seed, false);
+        let mut report = run(seed, false);
+        if args.verify {
+            let again = run(seed, false).trace_hash;
+            if again != report.trace_hash {
+                report.violations.push(format!(
+                    "not deterministic: {} then {again}",
+                    report.trace_hash
+                ));
+            }
+        }
         ran += 1;
         faults += report.faults;
         if !report.violations.is_empty() {
@@ -172,14 +185,6 @@ fn main() -> ExitCode {
         unsafe { std::env::set_var("SQS_ONCE_MUTANT", m) };
     }
     quiet_simulated_panics();
-    if std::env::var_os("RUST_LOG").is_some() {
-        // The library's logs (wall-clock stamps left out: virtual time is in the trace).
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .without_time()
-            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-            .init();
-    }
     let mutant = args.mutant.as_deref();
     if let Some(seed) = args.seed {
         return one(seed, mutant);
@@ -188,5 +193,5 @@ fn main() -> ExitCode {
         .minutes
         .map(|m| Instant::now() + Duration::from_secs_f64(m * 60.0));
     let count = args.seeds.or(until.is_none().then_some(100));
-    many(args.from, count, until, mutant)
+    many(&args, count, until)
 }
