@@ -63,17 +63,39 @@ fn sent_order(message: &str) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// Events that SQS's redrive policy moved to the DLQ before their effect was
+/// recorded: their receives ran out under faults (failures, bounces, FIFO
+/// records held behind a failed one). That is the documented end of a message
+/// that keeps failing, not a broken promise: an external effect already made
+/// is made again with the same idempotency key when the copy is brought back.
+pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
+    e.dlq
+        .iter()
+        .filter(|m| {
+            !m.attributes.contains_key(REASON_ATTRIBUTE)
+                && !m.attributes.contains_key(MESSAGE_ID_ATTRIBUTE)
+        })
+        .filter_map(|m| event_of(&m.body))
+        .filter(|ev| e.records.get(ev) != Some(&Status::Completed))
+        .collect()
+}
+
 /// Every violation found, in words.
 pub fn check(e: &Evidence<'_>) -> Vec<String> {
     let mut v = Vec::new();
+    let exhausted = exhausted(e);
     let effects = effects(e);
-    let first = first_applications(e, &effects, &mut v);
+    let first = first_applications(e, &effects, &exhausted, &mut v);
     order(e, &first, &mut v);
-    parked_or_applied(e, &effects, &mut v);
+    parked_or_applied(e, &effects, &exhausted, &mut v);
     if e.scenario.kind == Kind::External {
         overlaps(&e.calls, &mut v);
     }
-    for (event, what) in &e.unfinished {
+    for (event, what) in e
+        .unfinished
+        .iter()
+        .filter(|(ev, _)| !exhausted.contains(*ev))
+    {
         v.push(format!("{event}: record left IN_PROGRESS ({what})"));
     }
     for (i, host) in e.hosts.iter().enumerate() {
@@ -109,7 +131,12 @@ fn effects(e: &Evidence<'_>) -> Vec<Effect> {
 
 /// The first effect of each event, in order; flags an effect applied more
 /// than once, and a charge whose record does not say `COMPLETED`.
-fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) -> Vec<Effect> {
+fn first_applications(
+    e: &Evidence<'_>,
+    effects: &[Effect],
+    exhausted: &BTreeSet<String>,
+    v: &mut Vec<String>,
+) -> Vec<Effect> {
     let mut first: Vec<Effect> = Vec::new();
     for fx in effects {
         if !first.iter().any(|f| f.event == fx.event) {
@@ -126,7 +153,10 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
             v.push(format!("{}: effect applied {n} times", f.event));
         }
         let status = e.records.get(&f.event);
-        if e.scenario.kind == Kind::External && status != Some(&Status::Completed) {
+        if e.scenario.kind == Kind::External
+            && status != Some(&Status::Completed)
+            && !exhausted.contains(&f.event)
+        {
             v.push(format!("{}: charged but its record is {status:?}", f.event));
         }
     }
@@ -176,7 +206,12 @@ fn origin(m: &StoredMessage) -> String {
 /// Every accepted event applied or parked, never lost; no message that made
 /// an effect in the DLQ; nothing refused applied; a permanent failure parked
 /// with its reason (where it fits); nothing left in the queue.
-fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) {
+fn parked_or_applied(
+    e: &Evidence<'_>,
+    effects: &[Effect],
+    exhausted: &BTreeSet<String>,
+    v: &mut Vec<String>,
+) {
     let applied: BTreeSet<&str> = effects.iter().map(|f| f.event.as_str()).collect();
     let applying: BTreeSet<&str> = effects.iter().map(|f| f.message.as_str()).collect();
     let parked: BTreeSet<String> = e.dlq.iter().filter_map(|m| event_of(&m.body)).collect();
@@ -203,8 +238,8 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
     }
     for m in &e.dlq {
         let from = origin(m);
-        if applying.contains(from.as_str()) {
-            let event = event_of(&m.body).unwrap_or_default();
+        let event = event_of(&m.body).unwrap_or_default();
+        if applying.contains(from.as_str()) && !exhausted.contains(&event) {
             v.push(format!(
                 "{event}: message {from} made its effect and is in the DLQ"
             ));

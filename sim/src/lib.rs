@@ -60,6 +60,9 @@ pub struct Report {
     pub faults: u64,
     /// Events in the scenario.
     pub events: usize,
+    /// Events SQS's redrive policy moved to the DLQ before their effect was
+    /// recorded (receives ran out under faults; see [`check::exhausted`]).
+    pub exhausted: usize,
     /// Virtual time the run took.
     pub virtual_time: Duration,
 }
@@ -174,7 +177,9 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         reports.push(t.await.unwrap_or_default());
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut violations = check::check(&evidence(&world, &accepted, &reports));
+    let evidence = evidence(&world, &accepted, &reports);
+    let mut violations = check::check(&evidence);
+    let exhausted = check::exhausted(&evidence).len();
     if !producer_done {
         violations.push("the producer failed".into());
     }
@@ -190,6 +195,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         violations,
         faults: counts.total() + scheduled,
         events: world.scenario.events.len(),
+        exhausted,
         virtual_time: started.elapsed(),
     }
 }
