@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use sqs_once::clock::Clock;
 use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::queue::{
     EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
@@ -71,6 +72,9 @@ pub struct FaultPlan {
     pub timeout: f64,
     /// Answers late.
     pub delay: f64,
+    /// DynamoDB: the client gives up (a timeout), and the request is applied
+    /// later anyway (a stale write landing after its sender moved on).
+    pub late: f64,
     /// The longest delay or timeout.
     pub max_delay: Duration,
 }
@@ -82,6 +86,7 @@ impl FaultPlan {
         lost: 0.0,
         timeout: 0.0,
         delay: 0.0,
+        late: 0.0,
         max_delay: Duration::ZERO,
     };
 }
@@ -99,6 +104,8 @@ pub struct FaultCounts {
     pub delays: AtomicU64,
     /// Failed because the host was cut off.
     pub cut: AtomicU64,
+    /// Given up on by the client, applied later.
+    pub late: AtomicU64,
 }
 
 impl FaultCounts {
@@ -226,6 +233,27 @@ impl Link {
         self.trace
             .event(format!("fault {} {service:?} {op}: {name}", self.name));
         fault
+    }
+
+    /// Whether this request is given up on by the client and lands later:
+    /// (how long the client waits, when the request is applied).
+    fn draw_late(&self, service: Service, op: &str) -> Option<(Duration, Duration)> {
+        if self.calm.load(Ordering::Relaxed) || self.is_cut(service) {
+            return None;
+        }
+        if !self.dice.chance(self.plan.late) {
+            return None;
+        }
+        self.counts.late.fetch_add(1, Ordering::Relaxed);
+        let wait = self
+            .dice
+            .millis(Duration::from_millis(500), Duration::from_secs(3));
+        let after = wait + self.dice.millis(Duration::ZERO, Duration::from_secs(20));
+        self.trace.event(format!(
+            "fault {} {service:?} {op}: given up after {wait:?}, lands after {after:?}",
+            self.name
+        ));
+        Some((wait, after))
     }
 
     /// Runs `call` through the faults drawn for it: `Err(detail)` when it
@@ -416,15 +444,50 @@ pub struct FaultyStore<S> {
     inner: S,
     link: Link,
     life: Life,
+    /// The host's clock (what a late request carries).
+    clock: Arc<dyn Clock>,
 }
 
-impl<S: DedupStore> FaultyStore<S> {
+/// A request that lands later: applied by the service in the background.
+type Landing = futures::future::BoxFuture<'static, ()>;
+
+/// A store whose conditions can be evaluated at a given time: a request
+/// that lands late carries the time its client read when sending it (as a
+/// DynamoDB request carries `:now_ms` and the lease end in its values).
+pub trait AtTime {
+    /// The same records, judged at `t`.
+    fn at(&self, t: std::time::SystemTime) -> Self;
+}
+
+impl AtTime for sqs_once::MemoryStore {
+    fn at(&self, t: std::time::SystemTime) -> Self {
+        let clock = sqs_once::clock::ManualClock::starting_now();
+        clock.set(t);
+        self.with_clock(Arc::new(clock))
+    }
+}
+
+impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
     /// `inner` as seen by a host.
-    pub fn new(inner: S, link: Link, life: Life) -> Self {
-        Self { inner, link, life }
+    pub fn new(inner: S, link: Link, life: Life, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            link,
+            life,
+            clock,
+        }
     }
 
-    async fn call<T, F>(&self, op: &'static str, mut f: impl FnMut() -> F) -> Result<T, StoreError>
+    /// Sends `f` up to [`STORE_ATTEMPTS`] times through the host's link. A
+    /// request the client gives up on may still land later: `land` is then
+    /// applied in the background (a stale write arriving after its sender
+    /// moved on, which fencing must make harmless).
+    async fn call<T, F>(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut() -> F,
+        land: impl Fn(S) -> Landing,
+    ) -> Result<T, StoreError>
     where
         F: Future<Output = Result<T, StoreError>>,
     {
@@ -434,6 +497,18 @@ impl<S: DedupStore> FaultyStore<S> {
                 self.life
                     .guard(tokio::time::sleep(Duration::from_millis(50 << attempt)))
                     .await;
+            }
+            if let Some((wait, after)) = self.link.draw_late(Service::Ddb, op) {
+                let landing = land(self.inner.at(self.clock.now()));
+                let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    landing.await;
+                    trace.event(format!("landed late: {name} {op}"));
+                });
+                self.life.guard(tokio::time::sleep(wait)).await;
+                last = "timed out (the request lands later)".into();
+                continue;
             }
             match self
                 .life
@@ -450,18 +525,39 @@ impl<S: DedupStore> FaultyStore<S> {
     }
 }
 
-impl<S: DedupStore> DedupStore for FaultyStore<S> {
+impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.call("claim", || self.inner.claim(req)).await
+        let owned = req.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, req) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.claim(&req).await;
+            })
+        };
+        self.call("claim", || self.inner.claim(req), land).await
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
-        self.call("complete", || self.inner.complete(c.clone()))
+        let owned = c.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, c) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.complete(c).await;
+            })
+        };
+        self.call("complete", || self.inner.complete(c.clone()), land)
             .await
     }
 
     async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
-        self.call("release", || self.inner.release(pk, owner, error))
+        let (p, o, e) = (pk.to_owned(), owner.to_owned(), error.to_owned());
+        let land = move |inner: S| -> Landing {
+            let (inner, p, o, e) = (inner.clone(), p.clone(), o.clone(), e.clone());
+            Box::pin(async move {
+                let _ = inner.release(&p, &o, &e).await;
+            })
+        };
+        self.call("release", || self.inner.release(pk, owner, error), land)
             .await
     }
 
@@ -472,9 +568,18 @@ impl<S: DedupStore> DedupStore for FaultyStore<S> {
         error: &str,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.call("mark_failed", || {
-            self.inner.mark_failed(pk, owner, error, ttl)
-        })
+        let (p, o, e) = (pk.to_owned(), owner.to_owned(), error.to_owned());
+        let land = move |inner: S| -> Landing {
+            let (inner, p, o, e) = (inner.clone(), p.clone(), o.clone(), e.clone());
+            Box::pin(async move {
+                let _ = inner.mark_failed(&p, &o, &e, ttl).await;
+            })
+        };
+        self.call(
+            "mark_failed",
+            || self.inner.mark_failed(pk, owner, error, ttl),
+            land,
+        )
         .await
     }
 
@@ -485,25 +590,51 @@ impl<S: DedupStore> DedupStore for FaultyStore<S> {
         lease: Duration,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.call("extend_lease", || {
-            self.inner.extend_lease(pk, owner, lease, ttl)
-        })
+        let (p, o) = (pk.to_owned(), owner.to_owned());
+        let land = move |inner: S| -> Landing {
+            let (inner, p, o) = (inner.clone(), p.clone(), o.clone());
+            Box::pin(async move {
+                let _ = inner.extend_lease(&p, &o, lease, ttl).await;
+            })
+        };
+        self.call(
+            "extend_lease",
+            || self.inner.extend_lease(pk, owner, lease, ttl),
+            land,
+        )
         .await
     }
 
     async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
-        self.call("commit_unprotected", || {
-            self.inner.commit_unprotected(writes.clone())
-        })
+        let owned = writes.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, w) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.commit_unprotected(w).await;
+            })
+        };
+        self.call(
+            "commit_unprotected",
+            || self.inner.commit_unprotected(writes.clone()),
+            land,
+        )
         .await
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
-        self.call("commit_fast", || self.inner.commit_fast(c.clone()))
+        let owned = c.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, c) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.commit_fast(c).await;
+            })
+        };
+        self.call("commit_fast", || self.inner.commit_fast(c.clone()), land)
             .await
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
-        self.call("get", || self.inner.get(pk)).await
+        let land = |_: S| -> Landing { Box::pin(async {}) };
+        self.call("get", || self.inner.get(pk), land).await
     }
 }

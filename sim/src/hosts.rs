@@ -96,6 +96,7 @@ impl Generation {
             world.store.with_clock(clock.clone()),
             link.clone(),
             life.clone(),
+            clock.clone(),
         );
         let handler = SimHandler {
             kind: world.scenario.kind,

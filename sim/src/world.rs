@@ -161,6 +161,7 @@ impl Scenario {
             lost: dice.rate(0.0, 0.10),
             timeout: dice.rate(0.0, 0.05),
             delay: dice.rate(0.0, 0.20),
+            late: dice.rate(0.0, 0.05),
             max_delay: dice.millis(Duration::from_millis(200), Duration::from_secs(5)),
         };
         let groups = dice.int(1, 4);
