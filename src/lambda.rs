@@ -163,6 +163,16 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             + deadline
                 .duration_since(SystemTime::now())
                 .unwrap_or_default();
+        self.handle_until(event, deadline).await
+    }
+
+    /// [`Self::handle`] with the deadline on tokio's clock (no wall clock
+    /// read: the simulator runs it in virtual time).
+    pub async fn handle_until(
+        &self,
+        event: serde_json::Value,
+        deadline: Instant,
+    ) -> Result<SqsBatchResponse, EventError> {
         let records = self.parse(event).await?;
         let fifo = records
             .iter()
@@ -172,8 +182,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .checked_sub(self.inner.config.margin / 2)
             .unwrap_or(deadline);
         let total = records.len();
+        let all: Vec<(usize, String)> = records.iter().map(|r| (r.index, r.id.clone())).collect();
+        let done = std::sync::Mutex::new(Vec::new());
         let finished = Finished::default();
-        let work = self.run_records(records, fifo, deadline, &stop, &finished);
+        let work = self.run_records(records, fifo, deadline, &stop, &done, &finished);
         tokio::pin!(work);
         let mut failed = tokio::select! {
             biased;
@@ -181,7 +193,19 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             () = tokio::time::sleep_until(stop_at) => {
                 warn!("invocation deadline near: interrupting running handlers");
                 stop.cancel();
-                work.await
+                // The answer must leave before Lambda ends the invocation:
+                // when releases and parks outlast the deadline (DynamoDB or
+                // SQS unreachable), every record not known to be finished is
+                // listed, rather than the whole batch coming back.
+                let answer_by = deadline.checked_sub(self.inner.config.margin / 4).unwrap_or(deadline);
+                match tokio::time::timeout_at(answer_by, &mut work).await {
+                    Ok(f) => f,
+                    Err(_) => {
+                        warn!("cleanup did not finish before the deadline; answering with what is known");
+                        let done = done.lock().unwrap_or_else(|e| e.into_inner());
+                        all.into_iter().filter(|(i, _)| !done.contains(i)).collect()
+                    }
+                }
             }
         };
         self.delete_payloads(&finished, deadline).await;
@@ -236,7 +260,8 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         Ok(records)
     }
 
-    /// Runs the records; returns the failures as (index, message id).
+    /// Runs the records; returns the failures as (index, message id), and
+    /// notes each record finished with in `done` as soon as it is.
     ///
     /// Records run in lanes, one record at a time per lane, lanes in parallel:
     /// on a FIFO queue a lane is a message group and stops at its first failure;
@@ -248,6 +273,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         fifo: bool,
         deadline: Instant,
         stop: &CancellationToken,
+        done: &std::sync::Mutex<Vec<usize>>,
         finished: &Finished,
     ) -> Vec<(usize, String)> {
         let keys = &self.inner.processor.config().key_source;
@@ -264,7 +290,11 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 let mut rest = lane.into_iter().peekable();
                 let mut hold = None;
                 while let Some(r) = rest.next() {
-                    if let Disposition::Again { after } = self.run_one(&r, deadline, stop, finished).await {
+                    let disposition = self.run_one(&r, deadline, stop, finished).await;
+                    if let Disposition::Done = disposition {
+                        done.lock().unwrap_or_else(|e| e.into_inner()).push(r.index);
+                    }
+                    if let Disposition::Again { after } = disposition {
                         if fifo {
                             hold = self.hold_group(&r, after, rest.peek().is_some()).await;
                             failed.push((r.index, r.id));

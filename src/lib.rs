@@ -81,6 +81,7 @@ pub use lambda::{LambdaAdapter, LambdaConfig};
 pub use message::{Attribute, AttributeValue, Message};
 pub use poller::PollerConfig;
 pub use processor::{Outcome, Processor};
+pub use queue::memory::MemoryQueue;
 pub use queue::{QueueClient, QueueError};
 
 /// The README's code, compiled as a doctest so it stays true.

@@ -5,6 +5,12 @@
 //! `SQS_ONCE_MUTANT=<name>` switches one on:
 //! - `fifo-parallel`: the poller runs each FIFO message in its own lane, so a
 //!   group's messages run at once instead of in order.
+//! - `no-fencing`: the in-memory store's guarded operations (complete,
+//!   release, mark failed, extend) ignore the owner token (the simulator).
+//! - `lease-not-enforced`: a claimed handler is never interrupted at its
+//!   local lease end (the simulator).
+//! - `delete-before-effect`: the poller deletes a message before processing
+//!   it (the simulator).
 
 /// Whether this build has the mutants in it (the `mutants` feature).
 pub const COMPILED: bool = cfg!(feature = "mutants");

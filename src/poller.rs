@@ -191,6 +191,14 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// with, else the delay after which it comes back.
     async fn handle(&self, message: Message) -> Option<Duration> {
         let url = self.config.queue_url.as_str();
+        // (The `delete-before-effect` mutant, for the simulator only, deletes
+        // the message before its effect is recorded.)
+        if crate::mutants::active("delete-before-effect") {
+            let _ = self.deletes.send(Finished {
+                receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+                payload: None,
+            });
+        }
         let visibility = QueueVisibility {
             queue: &self.queue,
             url,

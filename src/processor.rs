@@ -796,6 +796,11 @@ impl LocalLease {
 
     /// Completes when the local lease end passes without an extension.
     async fn ended(&self) {
+        // (The `lease-not-enforced` mutant, for the simulator only, lets a
+        // handler run past its lease.)
+        if crate::mutants::active("lease-not-enforced") {
+            return std::future::pending().await;
+        }
         let mut rx = self.0.subscribe();
         loop {
             let end = *rx.borrow_and_update();

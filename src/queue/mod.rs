@@ -14,6 +14,7 @@
 //! See the project's `docs/DESIGN.md` ("The runtimes", "Parking").
 
 mod dlq;
+pub mod memory;
 pub mod sqs;
 
 use std::collections::BTreeMap;

@@ -40,12 +40,33 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
                     false,
                 ));
             };
-            self.queue
-                .change_visibility(self.url, receipt, timeout)
-                .await
+            // A transient failure is tried again at once, a few times: one lost
+            // extension would otherwise let the message reappear (and be
+            // received, counting towards the redrive policy's maxReceiveCount)
+            // before the next heartbeat.
+            let mut pause = Duration::from_millis(250);
+            let mut tries = 1;
+            loop {
+                match self
+                    .queue
+                    .change_visibility(self.url, receipt, timeout)
+                    .await
+                {
+                    Err(e) if e.is_transient() && tries < VISIBILITY_TRIES => {
+                        warn!(message_id = message.id(), error = %e, "visibility extension failed; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                        tries += 1;
+                    }
+                    done => return done,
+                }
+            }
         })
     }
 }
+
+/// Attempts of one visibility extension (transient failures only).
+const VISIBILITY_TRIES: u32 = 4;
 
 /// Makes a message visible again after `after` (best effort: on failure it
 /// returns when its current visibility timeout ends).

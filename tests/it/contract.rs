@@ -274,10 +274,7 @@ pub async fn retry_with_same_token_after_commit_is_idempotent<S: DedupStore>(
     assert_eq!(rec.expires_at_s, failed.expires_at_s);
 }
 
-pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(
-    store: &S,
-    _clock: &ManualClock,
-) {
+pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(store: &S, clock: &ManualClock) {
     let a = req("c#failed", "body");
     store.claim(&a).await.unwrap();
     store
@@ -286,6 +283,8 @@ pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(
         .unwrap();
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Failed);
+    // The copy brought back is claimed later than the failure.
+    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store.claim(&req("c#failed", "body")).await.unwrap(),
         Claim::Acquired { attempt: 2 }
@@ -409,6 +408,7 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
         .mark_failed(&failed.pk, &failed.owner, "bad", TTL)
         .await
         .unwrap();
+    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store
             .commit_fast(fast("c#fast-failed", "body", None))
@@ -549,7 +549,7 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
     S: DedupStore,
 >(
     store: &S,
-    _clock: &ManualClock,
+    clock: &ManualClock,
 ) {
     let a = req("c#parked", "body");
     store.claim(&a).await.unwrap();
@@ -575,9 +575,42 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
         }
     );
     // A copy brought back from the DLQ is a new message: it may run.
+    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store.claim(&req("c#parked", "body")).await.unwrap(),
         Claim::Acquired { attempt: 2 }
+    );
+}
+
+/// A claim sent before a delivery failed, and applied after the failure (a
+/// request that landed late: its values carry the time it was sent), does not
+/// take the `FAILED` record: the failure it never saw stands. Found by the
+/// simulator (a late claim turned a parked delivery's `FAILED` record back to
+/// `IN_PROGRESS`, so a redelivery of the parked message would run again).
+pub async fn a_claim_sent_before_a_failure_does_not_take_the_failed_record<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let a = req("c#late", "body");
+    store.claim(&a).await.unwrap();
+    store
+        .mark_failed(&a.pk, &a.owner, "declined", TTL)
+        .await
+        .unwrap();
+    // Another delivery's claim, made when the record was claimed (its clock
+    // reads that instant), lands now.
+    let late = req("c#late", "body");
+    assert!(matches!(
+        store.claim(&late).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Failed, "the failure stands");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        store.claim(&late).await.unwrap(),
+        Claim::Acquired { attempt: 2 },
+        "a claim made after the failure takes it"
     );
 }
 
@@ -600,6 +633,7 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, an_extension_keeps_the_record_beyond_its_lease);
         contract_suite!(@one $make, an_earlier_extension_landing_late_does_not_shorten_the_lease);
         contract_suite!(@one $make, a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_others);
+        contract_suite!(@one $make, a_claim_sent_before_a_failure_does_not_take_the_failed_record);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn fifty_concurrent_fast_commits_yield_one_committed() {

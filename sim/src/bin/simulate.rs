@@ -1,0 +1,204 @@
+//! `simulate`: runs seeds of the deterministic simulation.
+//!
+//! - `--seeds N [--from S]`: N seeds from S (default 0); prints seeds per
+//!   second, faults per run and every failing seed with the command that
+//!   replays it. Exits 1 on any failure.
+//! - `--minutes M [--from S]`: as many seeds as fit in M minutes.
+//! - `--seed S`: one seed with its readable trace, run twice to check that the
+//!   trace hash is the same.
+//! - `--verify`: runs every seed twice and fails one whose trace hash differs.
+//! - `--mutant NAME`: with a deliberately broken protocol (see
+//!   `sqs_once::mutants`): stops at the first failing seed, and exits 1 if
+//!   none fails.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use sqs_once_sim::{Report, run_seed};
+
+/// The command line.
+#[derive(Debug, Default)]
+struct Args {
+    seeds: Option<u64>,
+    minutes: Option<f64>,
+    seed: Option<u64>,
+    from: u64,
+    mutant: Option<String>,
+    verify: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let num = |v: String| v.parse::<u64>().map_err(|e| format!("{v}: {e}"));
+        match flag.as_str() {
+            "--seeds" => args.seeds = Some(num(value()?)?),
+            "--seed" => args.seed = Some(num(value()?)?),
+            "--from" => args.from = num(value()?)?,
+            "--minutes" => {
+                let v = value()?;
+                args.minutes = Some(v.parse().map_err(|e| format!("{v}: {e}"))?);
+            }
+            "--mutant" => args.mutant = Some(value()?),
+            "--verify" => args.verify = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+/// The command that replays `seed`.
+fn replay(seed: u64, mutant: Option<&str>) -> String {
+    match mutant {
+        Some(m) => format!("scripts/simulate --seed {seed} --mutant {m}"),
+        None => format!("scripts/simulate --seed {seed}"),
+    }
+}
+
+/// One seed, a panic of the simulator itself counted as a failure.
+fn run(seed: u64, keep_trace: bool) -> Report {
+    let outcome = std::panic::catch_unwind(|| run_seed(seed, keep_trace));
+    let failed = |why: String| Report {
+        seed,
+        trace_hash: String::new(),
+        trace_events: 0,
+        trace: Vec::new(),
+        violations: vec![why],
+        faults: 0,
+        events: 0,
+        exhausted: 0,
+        virtual_time: Duration::ZERO,
+    };
+    match outcome {
+        Ok(Ok(report)) => report,
+        Ok(Err(e)) => failed(format!("runtime: {e}")),
+        Err(_) => failed("the simulation panicked".into()),
+    }
+}
+
+/// Replays one seed with its trace; checks the trace hash twice.
+fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
+    let report = run(seed, true);
+    for line in &report.trace {
+        println!("{line}");
+    }
+    let again = run(seed, false);
+    println!(
+        "seed {seed}: {} events, {} faults, {} redriven by SQS, {:?} virtual, trace {} ({} lines)",
+        report.events,
+        report.faults,
+        report.exhausted,
+        report.virtual_time,
+        report.trace_hash,
+        report.trace_events
+    );
+    let deterministic = again.trace_hash == report.trace_hash;
+    if !deterministic {
+        println!(
+            "NOT DETERMINISTIC: a second run hashed {}",
+            again.trace_hash
+        );
+    }
+    for v in &report.violations {
+        println!("VIOLATION {v}");
+    }
+    println!("replay: {}", replay(seed, mutant));
+    if report.violations.is_empty() && deterministic {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs seeds from `from` until `count` ran or `until` passed.
+fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
+    let (from, mutant) = (args.from, args.mutant.as_deref());
+    let started = Instant::now();
+    let (mut ran, mut failed, mut faults, mut exhausted) = (0u64, 0u64, 0u64, 0u64);
+    let mut seed = from;
+    while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
+        let mut report = run(seed, false);
+        if args.verify {
+            let again = run(seed, false).trace_hash;
+            if again != report.trace_hash {
+                report.violations.push(format!(
+                    "not deterministic: {} then {again}",
+                    report.trace_hash
+                ));
+            }
+        }
+        ran += 1;
+        faults += report.faults;
+        exhausted += report.exhausted as u64;
+        if !report.violations.is_empty() {
+            failed += 1;
+            println!(
+                "FAIL seed {seed}: {} violation(s), first: {}",
+                report.violations.len(),
+                report.violations[0]
+            );
+            println!("  replay: {}", replay(seed, mutant));
+            if let Some(m) = mutant {
+                println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
+                return ExitCode::SUCCESS;
+            }
+        }
+        seed += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{ran} seeds ({from}..{seed}) in {secs:.1}s: {:.1} seeds/s, {:.1} faults per run, {failed} failed ({exhausted} events redriven to the DLQ by SQS under faults)",
+        ran as f64 / secs.max(1e-9),
+        faults as f64 / ran.max(1) as f64
+    );
+    match (mutant, failed) {
+        (Some(m), _) => {
+            println!("mutant {m} NOT caught in {ran} seeds");
+            ExitCode::FAILURE
+        }
+        (None, 0) => ExitCode::SUCCESS,
+        (None, _) => ExitCode::FAILURE,
+    }
+}
+
+/// Keeps the simulated handler panics (caught by the processor) off stderr.
+fn quiet_simulated_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let simulated = info
+            .payload()
+            .downcast_ref::<&str>()
+            .is_some_and(|s| s.starts_with("simulated"));
+        if !simulated {
+            default(info);
+        }
+    }));
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "simulate: {e}\nusage: simulate (--seeds N | --minutes M | --seed S) [--from S] [--mutant NAME]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(m) = &args.mutant {
+        // SAFETY: set once at start, before any other thread exists.
+        unsafe { std::env::set_var("SQS_ONCE_MUTANT", m) };
+    }
+    quiet_simulated_panics();
+    let mutant = args.mutant.as_deref();
+    if let Some(seed) = args.seed {
+        return one(seed, mutant);
+    }
+    let until = args
+        .minutes
+        .map(|m| Instant::now() + Duration::from_secs_f64(m * 60.0));
+    let count = args.seeds.or(until.is_none().then_some(100));
+    many(&args, count, until)
+}

@@ -1,0 +1,282 @@
+//! The checker: after a run, from the history (staged writes in commit order,
+//! the API's calls) and the final state (dedup records, queues), every way the
+//! promise can be broken.
+//!
+//! Effects are attributed to the SQS message whose delivery made them (a
+//! producer's late duplicate is a message of its own, sent later), so FIFO
+//! order is the order in which a group's messages were sent, and "applied and
+//! in the DLQ" is about one message.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sqs_once::Status;
+use sqs_once::queue::memory::StoredMessage;
+use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
+
+use crate::hosts::HostReport;
+use crate::world::{ApiCall, Kind, Scenario};
+
+/// One effect made: the event, and the message whose delivery made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effect {
+    /// The event (dedup key).
+    pub event: String,
+    /// The SQS message id.
+    pub message: String,
+}
+
+/// What the checker reads.
+pub struct Evidence<'a> {
+    /// The run's scenario.
+    pub scenario: &'a Scenario,
+    /// Events some send of which was accepted.
+    pub accepted: &'a BTreeSet<String>,
+    /// Ledger rows in commit order (staged handler).
+    pub rows: Vec<Effect>,
+    /// Every API call (external handler).
+    pub calls: Vec<ApiCall>,
+    /// Times charged, by event.
+    pub charged: BTreeMap<String, u32>,
+    /// Dedup records: event -> status.
+    pub records: BTreeMap<String, Status>,
+    /// Records left `IN_PROGRESS`, described.
+    pub unfinished: BTreeMap<String, String>,
+    /// The DLQ's messages.
+    pub dlq: Vec<StoredMessage>,
+    /// What is left in the source queue.
+    pub left: Vec<StoredMessage>,
+    /// The hosts' reports.
+    pub hosts: &'a [HostReport],
+}
+
+/// The event id in a body.
+fn event_of(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get("id")?.as_str().map(str::to_owned)
+}
+
+/// The counter in a message id (`msg-00000012`): its send order.
+fn sent_order(message: &str) -> u64 {
+    message
+        .trim_start_matches("msg-")
+        .parse()
+        .unwrap_or(u64::MAX)
+}
+
+/// Events that SQS's redrive policy moved to the DLQ before their effect was
+/// recorded: their receives ran out under faults (failures, bounces, FIFO
+/// records held behind a failed one). That is the documented end of a message
+/// that keeps failing, not a broken promise: an external effect already made
+/// is made again with the same idempotency key when the copy is brought back.
+pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
+    e.dlq
+        .iter()
+        .filter(|m| {
+            !m.attributes.contains_key(REASON_ATTRIBUTE)
+                && !m.attributes.contains_key(MESSAGE_ID_ATTRIBUTE)
+        })
+        .filter_map(|m| event_of(&m.body))
+        .filter(|ev| e.records.get(ev) != Some(&Status::Completed))
+        .collect()
+}
+
+/// Every violation found, in words.
+pub fn check(e: &Evidence<'_>) -> Vec<String> {
+    let mut v = Vec::new();
+    let exhausted = exhausted(e);
+    let effects = effects(e);
+    let first = first_applications(e, &effects, &exhausted, &mut v);
+    order(e, &first, &mut v);
+    parked_or_applied(e, &effects, &exhausted, &mut v);
+    if e.scenario.kind == Kind::External {
+        overlaps(&e.calls, &mut v);
+    }
+    for (event, what) in e
+        .unfinished
+        .iter()
+        .filter(|(ev, _)| !exhausted.contains(*ev))
+    {
+        v.push(format!("{event}: record left IN_PROGRESS ({what})"));
+    }
+    for (i, host) in e.hosts.iter().enumerate() {
+        for (peak, bound) in &host.peaks {
+            if peak > bound {
+                v.push(format!(
+                    "c{i}: {peak} handler calls at once, above its bound {bound}"
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Every effect in the order made: ledger rows in commit order, or API
+/// calls in start order.
+fn effects(e: &Evidence<'_>) -> Vec<Effect> {
+    match e.scenario.kind {
+        Kind::Staged => e.rows.clone(),
+        Kind::External => {
+            let mut calls: Vec<&ApiCall> = e.calls.iter().collect();
+            calls.sort_by_key(|c| c.start_ms);
+            calls
+                .into_iter()
+                .map(|c| Effect {
+                    event: c.event.clone(),
+                    message: c.message.clone(),
+                })
+                .collect()
+        }
+    }
+}
+
+/// The first effect of each event, in order; flags an effect applied more
+/// than once, and a charge whose record does not say `COMPLETED`.
+fn first_applications(
+    e: &Evidence<'_>,
+    effects: &[Effect],
+    exhausted: &BTreeSet<String>,
+    v: &mut Vec<String>,
+) -> Vec<Effect> {
+    let mut first: Vec<Effect> = Vec::new();
+    for fx in effects {
+        if !first.iter().any(|f| f.event == fx.event) {
+            first.push(fx.clone());
+        }
+    }
+    let times = |event: &str| match e.scenario.kind {
+        Kind::Staged => e.rows.iter().filter(|r| r.event == event).count() as u32,
+        Kind::External => e.charged.get(event).copied().unwrap_or(0),
+    };
+    for f in &first {
+        let n = times(&f.event);
+        if n > 1 {
+            v.push(format!("{}: effect applied {n} times", f.event));
+        }
+        let status = e.records.get(&f.event);
+        if e.scenario.kind == Kind::External
+            && status != Some(&Status::Completed)
+            && !exhausted.contains(&f.event)
+        {
+            v.push(format!("{}: charged but its record is {status:?}", f.event));
+        }
+    }
+    first
+}
+
+/// FIFO: within each group, events first applied in the order their
+/// messages were sent.
+fn order(e: &Evidence<'_>, first: &[Effect], v: &mut Vec<String>) {
+    if !e.scenario.fifo {
+        return;
+    }
+    let groups: BTreeMap<&str, &str> = e
+        .scenario
+        .events
+        .iter()
+        .map(|ev| (ev.id.as_str(), ev.group.as_str()))
+        .collect();
+    let mut last: BTreeMap<&str, &Effect> = BTreeMap::new();
+    for f in first {
+        let Some(group) = groups.get(f.event.as_str()) else {
+            continue;
+        };
+        if let Some(prev) = last.insert(group, f)
+            && sent_order(&prev.message) > sent_order(&f.message)
+        {
+            v.push(format!(
+                "{} ({}): applied after {} ({}), sent later in group {group} (FIFO order)",
+                f.event, f.message, prev.event, prev.message
+            ));
+        }
+    }
+}
+
+/// The message a DLQ copy stands for: the original delivery for a copy
+/// sqs-once parked, the message itself for one SQS's redrive policy moved.
+fn origin(m: &StoredMessage) -> String {
+    m.attributes
+        .get(MESSAGE_ID_ATTRIBUTE)
+        .and_then(|a| match &a.value {
+            sqs_once::AttributeValue::Text(t) => Some(t.clone()),
+            sqs_once::AttributeValue::Binary(_) => None,
+        })
+        .unwrap_or_else(|| m.id.clone())
+}
+
+/// Every accepted event applied or parked, never lost; no message that made
+/// an effect in the DLQ; nothing refused applied; a permanent failure parked
+/// with its reason (where it fits); nothing left in the queue.
+fn parked_or_applied(
+    e: &Evidence<'_>,
+    effects: &[Effect],
+    exhausted: &BTreeSet<String>,
+    v: &mut Vec<String>,
+) {
+    let applied: BTreeSet<&str> = effects.iter().map(|f| f.event.as_str()).collect();
+    let applying: BTreeSet<&str> = effects.iter().map(|f| f.message.as_str()).collect();
+    let parked: BTreeSet<String> = e.dlq.iter().filter_map(|m| event_of(&m.body)).collect();
+    for ev in &e.scenario.events {
+        let id = ev.id.as_str();
+        let (is_applied, is_parked) = (applied.contains(id), parked.contains(id));
+        match (e.accepted.contains(id), is_applied, is_parked) {
+            (false, true, _) => v.push(format!("{id}: applied but never accepted by SQS")),
+            (true, false, false) => v.push(format!("{id}: lost (neither applied nor parked)")),
+            _ => {}
+        }
+        if is_applied && ev.permanent {
+            v.push(format!("{id}: a permanent failure was applied"));
+        }
+        let with_reason = e.dlq.iter().any(|m| {
+            event_of(&m.body).as_deref() == Some(id) && m.attributes.contains_key(REASON_ATTRIBUTE)
+        });
+        // A copy near the DLQ's size limit keeps its dedup key first and has
+        // no room left for the reason (DESIGN.md, "Parking"): not a violation.
+        let room = ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
+        if ev.permanent && is_parked && !with_reason && room {
+            v.push(format!("{id}: parked without its reason"));
+        }
+    }
+    for m in &e.dlq {
+        let from = origin(m);
+        let event = event_of(&m.body).unwrap_or_default();
+        if applying.contains(from.as_str()) && !exhausted.contains(&event) {
+            v.push(format!(
+                "{event}: message {from} made its effect and is in the DLQ"
+            ));
+        }
+    }
+    for m in &e.left {
+        v.push(format!(
+            "{}: still in the source queue ({:?})",
+            m.id, m.state
+        ));
+    }
+}
+
+/// The API never called by two live attempts of one key at once.
+fn overlaps(calls: &[ApiCall], v: &mut Vec<String>) {
+    let mut by_key: BTreeMap<&str, Vec<&ApiCall>> = BTreeMap::new();
+    for c in calls {
+        by_key.entry(&c.key).or_default().push(c);
+    }
+    for calls in by_key.values_mut() {
+        calls.sort_by_key(|c| c.start_ms);
+        // The open call that ends last so far.
+        let mut open: Option<&ApiCall> = None;
+        for c in calls.iter() {
+            if let Some(o) = open
+                && c.start_ms < o.end_ms.unwrap_or(u128::MAX)
+            {
+                v.push(format!(
+                    "{}: API called by {} at {}ms while {}'s call (from {}ms) was still open",
+                    c.event, c.consumer, c.start_ms, o.consumer, o.start_ms
+                ));
+            }
+            let ends_later =
+                open.is_none_or(|o| c.end_ms.unwrap_or(u128::MAX) > o.end_ms.unwrap_or(u128::MAX));
+            if ends_later {
+                open = Some(c);
+            }
+        }
+    }
+}

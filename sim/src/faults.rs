@@ -1,0 +1,640 @@
+//! Faults in the simulated services, every one drawn from the run's seed:
+//! [`FaultyQueue`] and [`FaultyStore`] wrap the shared SQS model and dedup
+//! store for one consumer host, and fail its calls before they apply (5xx,
+//! throttling, a timeout after a delay), lose the answer after they applied,
+//! delay them, or cut the host off from SQS, DynamoDB or both for a while.
+//! A host's [`Life`] ends at a crash: from then on every call it makes hangs
+//! forever, as a dead process makes no more calls.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use sqs_once::clock::Clock;
+use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
+use sqs_once::queue::{
+    EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
+};
+use sqs_once::{Claim, DedupStore, Message, Record, StagedWrite, StoreError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::trace::Trace;
+
+/// Every random choice of a run, from one seed. Clones share the generator;
+/// on the simulator's single thread the order of draws is fixed by the seed.
+#[derive(Debug, Clone)]
+pub struct Dice(Arc<Mutex<StdRng>>);
+
+impl Dice {
+    /// Dice for a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(Arc::new(Mutex::new(StdRng::seed_from_u64(seed))))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&self, p: f64) -> bool {
+        self.with(|r| r.random_bool(p.clamp(0.0, 1.0)))
+    }
+
+    /// A number in `lo..=hi`.
+    pub fn int(&self, lo: u64, hi: u64) -> u64 {
+        self.with(|r| r.random_range(lo..=hi.max(lo)))
+    }
+
+    /// A probability in `lo..hi`.
+    pub fn rate(&self, lo: f64, hi: f64) -> f64 {
+        self.with(|r| r.random_range(lo..hi))
+    }
+
+    /// A duration in `lo..=hi` (milliseconds).
+    pub fn millis(&self, lo: Duration, hi: Duration) -> Duration {
+        let (lo, hi) = (lo.as_millis() as u64, hi.as_millis() as u64);
+        Duration::from_millis(self.int(lo, hi))
+    }
+}
+
+/// How often each kind of fault strikes a call, for one run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultPlan {
+    /// Fails before it applies: 5xx or throttling.
+    pub error: f64,
+    /// Applies, then the answer is lost.
+    pub lost: f64,
+    /// No answer: fails after a delay, without applying.
+    pub timeout: f64,
+    /// Answers late.
+    pub delay: f64,
+    /// DynamoDB: the client gives up (a timeout), and the request is applied
+    /// later anyway (a stale write landing after its sender moved on).
+    pub late: f64,
+    /// The longest delay or timeout.
+    pub max_delay: Duration,
+}
+
+impl FaultPlan {
+    /// No faults (the calm end of a run, the Lambda service's own calls).
+    pub const NONE: Self = Self {
+        error: 0.0,
+        lost: 0.0,
+        timeout: 0.0,
+        delay: 0.0,
+        late: 0.0,
+        max_delay: Duration::ZERO,
+    };
+}
+
+/// Faults injected so far, by kind.
+#[derive(Debug, Default)]
+pub struct FaultCounts {
+    /// Failed before applying.
+    pub errors: AtomicU64,
+    /// Applied, answer lost.
+    pub lost: AtomicU64,
+    /// Timed out without applying.
+    pub timeouts: AtomicU64,
+    /// Delayed.
+    pub delays: AtomicU64,
+    /// Failed because the host was cut off.
+    pub cut: AtomicU64,
+    /// Given up on by the client, applied later.
+    pub late: AtomicU64,
+}
+
+impl FaultCounts {
+    /// All faults injected into calls.
+    pub fn total(&self) -> u64 {
+        [
+            &self.errors,
+            &self.lost,
+            &self.timeouts,
+            &self.delays,
+            &self.cut,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+}
+
+/// A service a host talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// SQS.
+    Sqs,
+    /// DynamoDB.
+    Ddb,
+}
+
+/// What happens to one call.
+enum Fault {
+    None,
+    Cut,
+    Fail(&'static str),
+    Timeout(Duration),
+    Lose,
+    Delay(Duration),
+}
+
+/// One consumer host's network: its fault plan, its partitions, and whether
+/// faults are on (they are switched off for the calm end of a run).
+#[derive(Debug, Clone)]
+pub struct Link {
+    name: String,
+    dice: Dice,
+    plan: FaultPlan,
+    trace: Trace,
+    cut_until: Arc<Mutex<[Option<Instant>; 2]>>,
+    calm: Arc<AtomicBool>,
+    counts: Arc<FaultCounts>,
+}
+
+impl Link {
+    /// A host's link, with the run's shared calm switch and counters.
+    pub fn new(
+        name: &str,
+        dice: Dice,
+        plan: FaultPlan,
+        trace: Trace,
+        calm: Arc<AtomicBool>,
+        counts: Arc<FaultCounts>,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            dice,
+            plan,
+            trace,
+            cut_until: Arc::default(),
+            calm,
+            counts,
+        }
+    }
+
+    /// Cuts the host off from `service` for `d`.
+    pub fn cut(&self, service: Service, d: Duration) {
+        let mut cut = self.cut_until.lock().unwrap_or_else(|e| e.into_inner());
+        cut[service as usize] = Some(Instant::now() + d);
+        self.trace.event(format!(
+            "partition {} from {service:?} for {d:?}",
+            self.name
+        ));
+    }
+
+    fn is_cut(&self, service: Service) -> bool {
+        let cut = self.cut_until.lock().unwrap_or_else(|e| e.into_inner());
+        cut[service as usize].is_some_and(|t| t > Instant::now())
+            && !self.calm.load(Ordering::Relaxed)
+    }
+
+    fn draw(&self, service: Service, op: &str) -> Fault {
+        if self.is_cut(service) {
+            self.counts.cut.fetch_add(1, Ordering::Relaxed);
+            return Fault::Cut;
+        }
+        if self.calm.load(Ordering::Relaxed) {
+            return Fault::None;
+        }
+        let p = self.plan;
+        let d = &self.dice;
+        let fault = if d.chance(p.error) {
+            self.counts.errors.fetch_add(1, Ordering::Relaxed);
+            Fault::Fail(if d.chance(0.5) {
+                "ServiceUnavailable (503)"
+            } else {
+                "ThrottlingException"
+            })
+        } else if d.chance(p.lost) {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            Fault::Lose
+        } else if d.chance(p.timeout) {
+            self.counts.timeouts.fetch_add(1, Ordering::Relaxed);
+            Fault::Timeout(d.millis(Duration::from_millis(100), p.max_delay))
+        } else if d.chance(p.delay) {
+            self.counts.delays.fetch_add(1, Ordering::Relaxed);
+            Fault::Delay(d.millis(Duration::from_millis(10), p.max_delay))
+        } else {
+            Fault::None
+        };
+        let name = match &fault {
+            Fault::None => return fault,
+            Fault::Cut => "cut off",
+            Fault::Fail(code) => code,
+            Fault::Timeout(_) => "timeout",
+            Fault::Lose => "answer lost",
+            Fault::Delay(_) => "delayed",
+        };
+        self.trace
+            .event(format!("fault {} {service:?} {op}: {name}", self.name));
+        fault
+    }
+
+    /// Whether this request is given up on by the client and lands later:
+    /// (how long the client waits, when the request is applied).
+    fn draw_late(&self, service: Service, op: &str) -> Option<(Duration, Duration)> {
+        if self.calm.load(Ordering::Relaxed) || self.is_cut(service) {
+            return None;
+        }
+        if !self.dice.chance(self.plan.late) {
+            return None;
+        }
+        self.counts.late.fetch_add(1, Ordering::Relaxed);
+        let wait = self
+            .dice
+            .millis(Duration::from_millis(500), Duration::from_secs(3));
+        let after = wait + self.dice.millis(Duration::ZERO, Duration::from_secs(20));
+        self.trace.event(format!(
+            "fault {} {service:?} {op}: given up after {wait:?}, lands after {after:?}",
+            self.name
+        ));
+        Some((wait, after))
+    }
+
+    /// Runs `call` through the faults drawn for it: `Err(detail)` when it
+    /// failed (after applying, for a lost answer).
+    async fn through<T>(
+        &self,
+        service: Service,
+        op: &str,
+        call: impl Future<Output = T>,
+    ) -> Result<T, String> {
+        match self.draw(service, op) {
+            Fault::None => Ok(call.await),
+            Fault::Cut => {
+                // A connect timeout.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                Err("cut off: connect timeout".into())
+            }
+            Fault::Fail(code) => Err(code.into()),
+            Fault::Timeout(d) => {
+                tokio::time::sleep(d).await;
+                Err("timed out".into())
+            }
+            Fault::Lose => {
+                let _ = call.await;
+                Err("the answer was lost (the call applied)".into())
+            }
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                Ok(call.await)
+            }
+        }
+    }
+}
+
+/// A host's life. After [`Life::kill`] every call through [`Life::guard`]
+/// hangs forever: a crashed host makes no more calls.
+#[derive(Debug, Clone, Default)]
+pub struct Life(CancellationToken);
+
+impl Life {
+    /// Kills the host.
+    pub fn kill(&self) {
+        self.0.cancel();
+    }
+
+    /// Whether the host was killed.
+    pub fn is_dead(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Completes when the host is killed.
+    pub async fn died(&self) {
+        self.0.cancelled().await;
+    }
+
+    /// `f`, unless the host dies first: then never.
+    pub async fn guard<F: Future>(&self, f: F) -> F::Output {
+        // `f` is dropped at the death (its guards run then), then nothing more.
+        let out = tokio::select! {
+            biased;
+            () = self.0.cancelled() => None,
+            r = f => Some(r),
+        };
+        match out {
+            Some(r) => r,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// A [`QueueClient`] for one host: the shared SQS model behind the host's
+/// link and life.
+#[derive(Debug, Clone)]
+pub struct FaultyQueue<Q> {
+    inner: Q,
+    link: Link,
+    life: Life,
+}
+
+impl<Q: QueueClient> FaultyQueue<Q> {
+    /// `inner` as seen by a host.
+    pub fn new(inner: Q, link: Link, life: Life) -> Self {
+        Self { inner, link, life }
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        url: &str,
+        f: impl Future<Output = Result<T, QueueError>>,
+    ) -> Result<T, QueueError> {
+        let out = self
+            .life
+            .guard(self.link.through(Service::Sqs, op, f))
+            .await;
+        match out {
+            Ok(r) => r,
+            Err(detail) => Err(QueueError::new(op, url, detail, true)),
+        }
+    }
+}
+
+impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
+        let got = self
+            .call("ReceiveMessage", queue, self.inner.receive(queue, request))
+            .await?;
+        if !got.is_empty() {
+            let ids: Vec<String> = got
+                .iter()
+                .map(|m| format!("{}#{}", m.id(), m.receive_count()))
+                .collect();
+            self.link
+                .trace
+                .event(format!("{} received {}", self.link.name, ids.join(" ")));
+        }
+        Ok(got)
+    }
+
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.call("DeleteMessage", queue, self.inner.delete(queue, receipt))
+            .await
+    }
+
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.call(
+            "DeleteMessageBatch",
+            queue,
+            self.inner.delete_batch(queue, receipts),
+        )
+        .await
+    }
+
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
+        let f = self.inner.change_visibility(queue, receipt, timeout);
+        self.call("ChangeMessageVisibility", queue, f).await
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let f = self.inner.change_visibility_batch(queue, receipts, timeout);
+        self.call("ChangeMessageVisibilityBatch", queue, f).await
+    }
+
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        self.call("SendMessage", queue, self.inner.send(queue, message))
+            .await
+    }
+
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        self.call("GetQueueAttributes", queue, self.inner.attributes(queue))
+            .await
+    }
+
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        self.call("GetQueueUrl", name, self.inner.queue_url(name, account))
+            .await
+    }
+}
+
+/// Attempts per store operation, as `DynamoStore` sends each again with the
+/// same token after an unknown outcome.
+const STORE_ATTEMPTS: u32 = 4;
+
+/// A [`DedupStore`] for one host: the shared records (on the host's clock)
+/// behind its link and life. Like `DynamoStore`, it sends an operation again
+/// (same owner token, same request) after a failure, up to 4 times, so a lost
+/// answer is followed by a retry that finds its own earlier write.
+#[derive(Debug, Clone)]
+pub struct FaultyStore<S> {
+    inner: S,
+    link: Link,
+    life: Life,
+    /// The host's clock (what a late request carries).
+    clock: Arc<dyn Clock>,
+}
+
+/// A request that lands later: applied by the service in the background.
+type Landing = futures::future::BoxFuture<'static, ()>;
+
+/// A store whose conditions can be evaluated at a given time: a request
+/// that lands late carries the time its client read when sending it (as a
+/// DynamoDB request carries `:now_ms` and the lease end in its values).
+pub trait AtTime {
+    /// The same records, judged at `t`.
+    fn at(&self, t: std::time::SystemTime) -> Self;
+}
+
+impl AtTime for sqs_once::MemoryStore {
+    fn at(&self, t: std::time::SystemTime) -> Self {
+        let clock = sqs_once::clock::ManualClock::starting_now();
+        clock.set(t);
+        self.with_clock(Arc::new(clock))
+    }
+}
+
+impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
+    /// `inner` as seen by a host.
+    pub fn new(inner: S, link: Link, life: Life, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            link,
+            life,
+            clock,
+        }
+    }
+
+    /// Sends `f` up to [`STORE_ATTEMPTS`] times through the host's link. A
+    /// request the client gives up on may still land later: `land` is then
+    /// applied in the background (a stale write arriving after its sender
+    /// moved on, which fencing must make harmless).
+    async fn call<T, F>(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut() -> F,
+        land: impl Fn(S) -> Landing,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let mut last = String::new();
+        for attempt in 0..STORE_ATTEMPTS {
+            if attempt > 0 {
+                self.life
+                    .guard(tokio::time::sleep(Duration::from_millis(50 << attempt)))
+                    .await;
+            }
+            if let Some((wait, after)) = self.link.draw_late(Service::Ddb, op) {
+                let landing = land(self.inner.at(self.clock.now()));
+                let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    landing.await;
+                    trace.event(format!("landed late: {name} {op}"));
+                });
+                self.life.guard(tokio::time::sleep(wait)).await;
+                last = "timed out (the request lands later)".into();
+                continue;
+            }
+            match self
+                .life
+                .guard(self.link.through(Service::Ddb, op, f()))
+                .await
+            {
+                Ok(r) => return r,
+                Err(detail) => last = detail,
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "{op}: {last} ({STORE_ATTEMPTS} attempts)"
+        )))
+    }
+}
+
+impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let owned = req.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, req) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.claim(&req).await;
+            })
+        };
+        self.call("claim", || self.inner.claim(req), land).await
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        let owned = c.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, c) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.complete(c).await;
+            })
+        };
+        self.call("complete", || self.inner.complete(c.clone()), land)
+            .await
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        let (p, o, e) = (pk.to_owned(), owner.to_owned(), error.to_owned());
+        let land = move |inner: S| -> Landing {
+            let (inner, p, o, e) = (inner.clone(), p.clone(), o.clone(), e.clone());
+            Box::pin(async move {
+                let _ = inner.release(&p, &o, &e).await;
+            })
+        };
+        self.call("release", || self.inner.release(pk, owner, error), land)
+            .await
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let (p, o, e) = (pk.to_owned(), owner.to_owned(), error.to_owned());
+        let land = move |inner: S| -> Landing {
+            let (inner, p, o, e) = (inner.clone(), p.clone(), o.clone(), e.clone());
+            Box::pin(async move {
+                let _ = inner.mark_failed(&p, &o, &e, ttl).await;
+            })
+        };
+        self.call(
+            "mark_failed",
+            || self.inner.mark_failed(pk, owner, error, ttl),
+            land,
+        )
+        .await
+    }
+
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let (p, o) = (pk.to_owned(), owner.to_owned());
+        let land = move |inner: S| -> Landing {
+            let (inner, p, o) = (inner.clone(), p.clone(), o.clone());
+            Box::pin(async move {
+                let _ = inner.extend_lease(&p, &o, lease, ttl).await;
+            })
+        };
+        self.call(
+            "extend_lease",
+            || self.inner.extend_lease(pk, owner, lease, ttl),
+            land,
+        )
+        .await
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        let owned = writes.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, w) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.commit_unprotected(w).await;
+            })
+        };
+        self.call(
+            "commit_unprotected",
+            || self.inner.commit_unprotected(writes.clone()),
+            land,
+        )
+        .await
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        let owned = c.clone();
+        let land = move |inner: S| -> Landing {
+            let (inner, c) = (inner.clone(), owned.clone());
+            Box::pin(async move {
+                let _ = inner.commit_fast(c).await;
+            })
+        };
+        self.call("commit_fast", || self.inner.commit_fast(c.clone()), land)
+            .await
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        let land = |_: S| -> Landing { Box::pin(async {}) };
+        self.call("get", || self.inner.get(pk), land).await
+    }
+}

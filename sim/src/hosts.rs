@@ -1,0 +1,371 @@
+//! The consumer hosts: pollers (`sqs_once::poller::run`) and Lambda
+//! functions (an event source mapping that receives, builds SQS events, calls
+//! `LambdaAdapter::handle_until` with the invocation's deadline, and deletes
+//! what is not in `batchItemFailures`). Each host runs generation after
+//! generation: a crash kills one (its tasks freeze), a SIGTERM drains it, and
+//! a new one starts after the host's down time.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqs_once::clock::{Clock, TokioClock};
+use sqs_once::lambda::LambdaConfig;
+use sqs_once::poller::PollerConfig;
+use sqs_once::queue::{QueueClient, ReceiveRequest};
+use sqs_once::{LambdaAdapter, MemoryQueue, MemoryStore, Message, Processor, ProcessorConfig};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::faults::{FaultPlan, FaultyQueue, FaultyStore, Life, Link};
+use crate::trace::Trace;
+use crate::world::{
+    ConsumerSpec, FUNCTION_TIMEOUT, Gauge, Runtime, Scenario, SimApi, SimHandler, VISIBILITY,
+};
+
+/// True time at the start of every run (a fixed instant: no wall clock).
+pub fn epoch() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+/// What the hosts share: the services, the queues, the run's dice and trace.
+pub struct World {
+    /// The SQS model.
+    pub queue: MemoryQueue,
+    /// The source queue.
+    pub url: String,
+    /// Its DLQ.
+    pub dlq_url: String,
+    /// The dedup records (on true time; each host views them on its own clock).
+    pub store: MemoryStore,
+    /// The external API.
+    pub api: SimApi,
+    /// The run's dice.
+    pub dice: crate::faults::Dice,
+    /// The trace.
+    pub trace: Trace,
+    /// The scenario.
+    pub scenario: Scenario,
+}
+
+/// What the scheduler tells a host.
+#[derive(Debug, Clone, Copy)]
+pub enum Command {
+    /// Die now, come back after this long.
+    Crash(Duration),
+    /// Drain and stop, come back after this long.
+    Sigterm(Duration),
+    /// Drain and stop for good (the end of the run).
+    Stop,
+}
+
+/// What a host reports at the end: per generation, the most handler calls
+/// at once and the bound it must stay within.
+#[derive(Debug, Default)]
+pub struct HostReport {
+    /// (peak, bound) per generation.
+    pub peaks: Vec<(usize, usize)>,
+}
+
+/// One host generation's services and processor.
+struct Generation {
+    life: Life,
+    gauge: Arc<Gauge>,
+    queue: FaultyQueue<MemoryQueue>,
+    processor: Processor<FaultyStore<MemoryStore>, SimHandler>,
+}
+
+fn processor_config(scenario: &Scenario) -> ProcessorConfig {
+    let mut config = ProcessorConfig::new("sim");
+    config.key_source = "json:/id".parse().unwrap_or_default();
+    config.lease = scenario.lease;
+    config.heartbeat = scenario.heartbeat;
+    config.lease_margin = Duration::from_secs(3);
+    config.backoff_base = Duration::from_secs(1);
+    config.backoff_max = Duration::from_secs(60);
+    config.ttl = Duration::from_secs(24 * 3600);
+    config
+}
+
+impl Generation {
+    fn new(world: &World, spec: &ConsumerSpec, link: &Link, clock: &Arc<dyn Clock>) -> Self {
+        let life = Life::default();
+        let gauge = Arc::new(Gauge::default());
+        let clock = clock.clone();
+        let store = FaultyStore::new(
+            world.store.with_clock(clock.clone()),
+            link.clone(),
+            life.clone(),
+            clock.clone(),
+        );
+        let handler = SimHandler {
+            kind: world.scenario.kind,
+            consumer: spec.name.clone(),
+            life: life.clone(),
+            dice: world.dice.clone(),
+            api: world.api.clone(),
+            trace: world.trace.clone(),
+            gauge: gauge.clone(),
+            panic_rate: world.scenario.panic_rate,
+            slow_rate: world.scenario.slow_rate,
+            lease: world.scenario.lease,
+        };
+        let processor = Processor::new(store, handler, processor_config(&world.scenario))
+            .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
+            .with_clock(clock);
+        let queue = FaultyQueue::new(world.queue.clone(), link.clone(), life.clone());
+        Self {
+            life,
+            gauge,
+            queue,
+            processor,
+        }
+    }
+}
+
+/// Runs one host until told to stop.
+pub async fn host(
+    world: Arc<World>,
+    index: usize,
+    link: Link,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) -> HostReport {
+    let spec = world.scenario.consumers[index].clone();
+    let mut report = HostReport::default();
+    // The host's clock, skewed, for all its generations (hosts start with the run).
+    let skew = Duration::from_millis(spec.skew_ms.unsigned_abs());
+    let start = if spec.skew_ms >= 0 {
+        epoch() + skew
+    } else {
+        epoch() - skew
+    };
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(start));
+    loop {
+        let generation = Generation::new(&world, &spec, &link, &clock);
+        let gauge = generation.gauge.clone();
+        world.trace.event(format!("start {}", spec.name));
+        let (next, bound) = match spec.runtime {
+            Runtime::Poller { concurrency } => (
+                run_poller(&world, &spec, generation, concurrency, &mut commands).await,
+                concurrency,
+            ),
+            Runtime::Lambda { batch } => (
+                run_lambda(&world, &spec, generation, batch, &mut commands).await,
+                batch,
+            ),
+        };
+        report.peaks.push((gauge.peak(), bound));
+        match next {
+            None => return report,
+            Some(down) => tokio::time::sleep(down).await,
+        }
+    }
+}
+
+/// One poller generation: `Some(down time)` after a crash or a SIGTERM,
+/// `None` after the final stop.
+async fn run_poller(
+    world: &World,
+    spec: &ConsumerSpec,
+    generation: Generation,
+    concurrency: usize,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> Option<Duration> {
+    let mut config = PollerConfig::new(&world.url);
+    config.dlq_url = Some(world.dlq_url.clone());
+    config.concurrency = concurrency;
+    config.drain = Duration::from_secs(10);
+    let shutdown = CancellationToken::new();
+    let run = sqs_once::poller::run(
+        generation.queue,
+        generation.processor,
+        config,
+        shutdown.clone(),
+    );
+    let task = tokio::spawn(run);
+    let command = commands.recv().await.unwrap_or(Command::Stop);
+    world.trace.event(format!("{command:?} {}", spec.name));
+    match command {
+        Command::Crash(down) => {
+            generation.life.kill();
+            task.abort();
+            Some(down)
+        }
+        Command::Sigterm(down) => {
+            shutdown.cancel();
+            let _ = task.await;
+            world.trace.event(format!("drained {}", spec.name));
+            Some(down)
+        }
+        Command::Stop => {
+            shutdown.cancel();
+            let _ = task.await;
+            None
+        }
+    }
+}
+
+/// One Lambda generation (the function's execution environment).
+async fn run_lambda(
+    world: &World,
+    spec: &ConsumerSpec,
+    generation: Generation,
+    batch: usize,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> Option<Duration> {
+    let config = LambdaConfig {
+        dlq_url: Some(world.dlq_url.clone()),
+        queue_url: Some(world.url.clone()),
+        ..LambdaConfig::default()
+    };
+    let adapter = LambdaAdapter::new(generation.queue.clone(), generation.processor, config);
+    // The event source mapping is the Lambda service: no crash, no partition.
+    let esm_link = Link::new(
+        &format!("{}-esm", spec.name),
+        world.dice.clone(),
+        FaultPlan::NONE,
+        world.trace.clone(),
+        Arc::default(),
+        Arc::default(),
+    );
+    let esm = FaultyQueue::new(world.queue.clone(), esm_link, Life::default());
+    let stop = CancellationToken::new();
+    let work = invocations(world, spec, adapter, esm, batch, stop.clone());
+    tokio::pin!(work);
+    let command = tokio::select! {
+        biased;
+        c = commands.recv() => c.unwrap_or(Command::Stop),
+        () = &mut work => Command::Stop,
+    };
+    world.trace.event(format!("{command:?} {}", spec.name));
+    match command {
+        Command::Crash(down) => {
+            generation.life.kill();
+            Some(down)
+        }
+        Command::Sigterm(down) => {
+            stop.cancel();
+            work.await;
+            Some(down)
+        }
+        Command::Stop => {
+            stop.cancel();
+            work.await;
+            None
+        }
+    }
+}
+
+/// The event source mapping's loop: receive, invoke, delete the successes.
+async fn invocations(
+    world: &World,
+    spec: &ConsumerSpec,
+    adapter: LambdaAdapter<FaultyStore<MemoryStore>, SimHandler, FaultyQueue<MemoryQueue>>,
+    esm: FaultyQueue<MemoryQueue>,
+    batch: usize,
+    stop: CancellationToken,
+) {
+    let request = ReceiveRequest {
+        max: batch,
+        wait: Duration::from_secs(20),
+        visibility: VISIBILITY,
+    };
+    while !stop.is_cancelled() {
+        let received = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            r = esm.receive(&world.url, request) => r,
+        };
+        let messages = match received {
+            Ok(m) if m.is_empty() => continue,
+            Ok(m) => m,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        invoke(world, spec, &adapter, &esm, messages).await;
+    }
+}
+
+/// One invocation, killed at its deadline as Lambda does; then the event
+/// source mapping deletes the records not listed as failures.
+async fn invoke(
+    world: &World,
+    spec: &ConsumerSpec,
+    adapter: &LambdaAdapter<FaultyStore<MemoryStore>, SimHandler, FaultyQueue<MemoryQueue>>,
+    esm: &FaultyQueue<MemoryQueue>,
+    messages: Vec<Message>,
+) {
+    let deadline = Instant::now() + FUNCTION_TIMEOUT;
+    let event = lambda_event(&messages);
+    let answer = tokio::time::timeout_at(deadline, adapter.handle_until(event, deadline)).await;
+    let failed: Vec<String> = match answer {
+        Ok(Ok(response)) => response
+            .batch_item_failures
+            .into_iter()
+            .map(|f| f.item_identifier)
+            .collect(),
+        Ok(Err(e)) => {
+            world
+                .trace
+                .event(format!("invocation {} failed: {e}", spec.name));
+            return;
+        }
+        Err(_) => {
+            world
+                .trace
+                .event(format!("invocation {} timed out", spec.name));
+            return;
+        }
+    };
+    let done: Vec<String> = messages
+        .iter()
+        .filter(|m| !failed.iter().any(|f| f == m.id()))
+        .filter_map(|m| m.receipt_handle().map(str::to_owned))
+        .collect();
+    world.trace.event(format!(
+        "invocation {}: {} records, {} failed",
+        spec.name,
+        messages.len(),
+        failed.len()
+    ));
+    for chunk in done.chunks(10) {
+        if let Err(e) = esm.delete_batch(&world.url, chunk).await {
+            world.trace.event(format!("esm delete failed: {e}"));
+        }
+    }
+}
+
+/// An SQS event as Lambda builds it.
+fn lambda_event(messages: &[Message]) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| {
+            let mut attributes = serde_json::json!({
+                "ApproximateReceiveCount": m.receive_count().to_string(),
+                "SentTimestamp": "0",
+                "SenderId": "sim",
+                "ApproximateFirstReceiveTimestamp": "0",
+            });
+            if let Some(g) = m.group_id() {
+                attributes["MessageGroupId"] = g.into();
+            }
+            if let Some(d) = m.deduplication_id() {
+                attributes["MessageDeduplicationId"] = d.into();
+            }
+            serde_json::json!({
+                "messageId": m.id(),
+                "receiptHandle": m.receipt_handle(),
+                "body": m.body(),
+                "attributes": attributes,
+                "messageAttributes": {},
+                "md5OfBody": "",
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:sim",
+                "awsRegion": "us-east-1",
+            })
+        })
+        .collect();
+    serde_json::json!({ "Records": records })
+}

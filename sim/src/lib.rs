@@ -1,0 +1,344 @@
+//! Deterministic simulation of sqs-once (issue 14): the real runtimes (poller
+//! and Lambda adapter) and processor run against simulated SQS
+//! ([`sqs_once::MemoryQueue`]), DynamoDB ([`sqs_once::MemoryStore`]) and an
+//! external API, on one thread in tokio's paused virtual time, with every
+//! random choice (scenario, faults, handler durations, panics) drawn from one
+//! seed. A run is a function of its seed: a failing seed replays exactly.
+//!
+//! One run ([`run_seed`]): draw a [`world::Scenario`]; start the consumer
+//! hosts ([`hosts`]) and the producers; crash, drain and partition hosts as
+//! scheduled, with call faults from [`faults`]; after ten minutes switch the
+//! faults off and let everything settle; stop the hosts; then [`check`] the
+//! history and the final state.
+
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod faults;
+pub mod hosts;
+pub mod trace;
+pub mod world;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqs_once::MemoryQueue;
+use sqs_once::clock::TokioClock;
+use sqs_once::queue::OutgoingMessage;
+use sqs_once::queue::memory::{QueueSettings, RedrivePolicy, SendOptions};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing_subscriber::Layer;
+
+use crate::faults::{Dice, FaultCounts, Link};
+use crate::hosts::{Command, HostReport, World};
+use crate::trace::Trace;
+use crate::world::{Action, MAX_MESSAGE_BYTES, MAX_RECEIVE_COUNT, Scenario, SimApi, VISIBILITY};
+
+/// When faults stop and the run settles.
+const CALM_AT: Duration = Duration::from_secs(15 * 60);
+/// A run that has not settled by then has lost or stuck messages.
+const SETTLE_BY: Duration = Duration::from_secs(4 * 3600);
+
+/// What one run found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// The hash of the trace (equal for equal seeds).
+    pub trace_hash: String,
+    /// Lines in the trace.
+    pub trace_events: u64,
+    /// The trace's lines, when asked for.
+    pub trace: Vec<String>,
+    /// Every violation of the promise.
+    pub violations: Vec<String>,
+    /// Faults injected: call faults, crashes, drains, partitions, panics drawn.
+    pub faults: u64,
+    /// Events in the scenario.
+    pub events: usize,
+    /// Events SQS's redrive policy moved to the DLQ before their effect was
+    /// recorded (receives ran out under faults; see [`check::exhausted`]).
+    pub exhausted: usize,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+}
+
+/// Runs one seed on a fresh single-threaded runtime with paused time.
+pub fn run_seed(seed: u64, keep_trace: bool) -> std::io::Result<Report> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    Ok(runtime.block_on(simulate(seed, keep_trace)))
+}
+
+/// The run's subscriber: outcomes into the trace, and the library's logs on
+/// stdout when `RUST_LOG` is set. Scoped to this thread (the run's).
+fn subscriber(trace: &Trace) -> tracing::subscriber::DefaultGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    let logs = std::env::var_os("RUST_LOG").is_some().then(|| {
+        tracing_subscriber::fmt::layer()
+            .without_time()
+            .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+    });
+    let registry = tracing_subscriber::registry()
+        .with(trace::OutcomeLayer(trace.clone()))
+        .with(logs);
+    tracing::subscriber::set_default(registry)
+}
+
+fn create_queues(queue: &MemoryQueue, fifo: bool) -> (String, String) {
+    let suffix = if fifo { ".fifo" } else { "" };
+    let mut dlq = QueueSettings::new(format!("sim-dlq{suffix}"));
+    dlq.max_message_bytes = MAX_MESSAGE_BYTES;
+    dlq.retention = Duration::from_secs(14 * 24 * 3600);
+    let dlq_url = queue
+        .create_queue(dlq)
+        .unwrap_or_else(|e| panic!("the simulator's DLQ settings are valid: {e}"));
+    let mut source = QueueSettings::new(format!("sim{suffix}"));
+    source.max_message_bytes = MAX_MESSAGE_BYTES;
+    source.visibility_timeout = VISIBILITY;
+    source.redrive = Some(RedrivePolicy {
+        dlq_url: dlq_url.clone(),
+        max_receive_count: MAX_RECEIVE_COUNT,
+    });
+    let url = queue
+        .create_queue(source)
+        .unwrap_or_else(|e| panic!("the simulator's queue settings are valid: {e}"));
+    (url, dlq_url)
+}
+
+/// One run, inside the paused runtime.
+pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
+    let started = Instant::now();
+    let dice = Dice::new(seed);
+    let trace = Trace::new(keep_trace);
+    let _logs = subscriber(&trace);
+    let scenario = Scenario::draw(&dice);
+    trace.event(scenario.summary());
+    let queue = MemoryQueue::new();
+    let (url, dlq_url) = create_queues(&queue, scenario.fifo);
+    let world = Arc::new(World {
+        store: sqs_once::MemoryStore::new(Arc::new(TokioClock::starting_at(hosts::epoch()))),
+        api: SimApi::new(trace.clone()),
+        queue,
+        url,
+        dlq_url,
+        dice: dice.clone(),
+        trace: trace.clone(),
+        scenario,
+    });
+    let calm = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(FaultCounts::default());
+    let links: Vec<Link> = world
+        .scenario
+        .consumers
+        .iter()
+        .map(|c| {
+            Link::new(
+                &c.name,
+                dice.clone(),
+                world.scenario.plan,
+                trace.clone(),
+                calm.clone(),
+                counts.clone(),
+            )
+        })
+        .collect();
+    let mut senders = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, link) in links.iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        tasks.push(tokio::spawn(hosts::host(
+            world.clone(),
+            i,
+            link.clone(),
+            rx,
+        )));
+    }
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let producer = tokio::spawn(produce(world.clone(), accepted.clone()));
+    let scheduled = schedule(&world, &links, &senders).await;
+    tokio::time::sleep_until(started + CALM_AT).await;
+    calm.store(true, Ordering::Relaxed);
+    trace.event("calm: faults off");
+    let producer_done = producer.await.is_ok();
+    let settled = settle(&world).await;
+    for tx in &senders {
+        let _ = tx.send(Command::Stop);
+    }
+    let mut reports = Vec::new();
+    for t in tasks {
+        reports.push(t.await.unwrap_or_default());
+    }
+    let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let evidence = evidence(&world, &accepted, &reports);
+    let mut violations = check::check(&evidence);
+    let exhausted = check::exhausted(&evidence).len();
+    if !producer_done {
+        violations.push("the producer failed".into());
+    }
+    if !settled {
+        violations.push(format!("not settled {SETTLE_BY:?} into the run"));
+    }
+    let (trace_hash, trace_events) = trace.hash();
+    Report {
+        seed,
+        trace_hash,
+        trace_events,
+        trace: trace.lines(),
+        violations,
+        faults: counts.total() + scheduled,
+        events: world.scenario.events.len(),
+        exhausted,
+        virtual_time: started.elapsed(),
+    }
+}
+
+/// Sends the events and their late duplicates at their times; notes which
+/// were accepted (a body over the size limit is refused).
+async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
+    let start = Instant::now();
+    let mut sends: Vec<(Duration, usize, bool)> = Vec::new();
+    for (i, e) in world.scenario.events.iter().enumerate() {
+        sends.push((e.send_at, i, false));
+        if let Some(at) = e.late_duplicate_at {
+            sends.push((at, i, true));
+        }
+    }
+    sends.sort();
+    for (at, i, duplicate) in sends {
+        tokio::time::sleep_until(start + at).await;
+        let e = &world.scenario.events[i];
+        let fifo = world.scenario.fifo;
+        let message = OutgoingMessage {
+            body: e.body.clone(),
+            group_id: fifo.then(|| e.group.clone()),
+            deduplication_id: fifo.then(|| e.id.clone()),
+            ..Default::default()
+        };
+        let what = if duplicate { "late duplicate" } else { "send" };
+        match world
+            .queue
+            .send_with(&world.url, message, SendOptions::default())
+        {
+            Ok(sent) => {
+                accepted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(e.id.clone());
+                world.trace.event(format!(
+                    "{what} {} as {}{}",
+                    e.id,
+                    sent.message_id,
+                    if sent.deduplicated {
+                        " (deduplicated)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            Err(err) => world.trace.event(format!("{what} {} refused: {err}", e.id)),
+        }
+    }
+}
+
+/// Carries out the scheduled actions; answers how many.
+async fn schedule(
+    world: &World,
+    links: &[Link],
+    senders: &[mpsc::UnboundedSender<Command>],
+) -> u64 {
+    let start = Instant::now();
+    let mut n = 0;
+    for (at, action) in &world.scenario.actions {
+        tokio::time::sleep_until(start + *at).await;
+        n += 1;
+        match action {
+            Action::Crash { consumer, down } => {
+                let _ = senders[*consumer].send(Command::Crash(*down));
+            }
+            Action::Sigterm { consumer, down } => {
+                let _ = senders[*consumer].send(Command::Sigterm(*down));
+            }
+            Action::Partition {
+                consumer,
+                services,
+                length,
+            } => {
+                for service in services {
+                    links[*consumer].cut(*service, *length);
+                }
+            }
+        }
+    }
+    n
+}
+
+/// Waits until the source queue is empty (nothing stored, in flight or
+/// delayed); false if it is not by [`SETTLE_BY`].
+async fn settle(world: &World) -> bool {
+    let deadline = Instant::now() + SETTLE_BY;
+    while Instant::now() < deadline {
+        if world
+            .queue
+            .counts(&world.url)
+            .is_some_and(|c| c.stored() == 0)
+        {
+            world.trace.event("settled: the source queue is empty");
+            return true;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    false
+}
+
+fn evidence<'a>(
+    world: &'a World,
+    accepted: &'a BTreeSet<String>,
+    hosts: &'a [HostReport],
+) -> check::Evidence<'a> {
+    let rows = world
+        .store
+        .committed_writes()
+        .iter()
+        .flatten()
+        .filter_map(world::row_effect)
+        .collect();
+    let all = world.store.records();
+    let event = |r: &sqs_once::Record| r.pk.trim_start_matches("sim#").to_owned();
+    let records = all.iter().map(|r| (event(r), r.status)).collect();
+    let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
+    let unfinished = all
+        .iter()
+        .filter(|r| r.status == sqs_once::Status::InProgress)
+        .map(|r| {
+            let what = format!(
+                "lease until {}ms from now, {} attempts, message {}, last error {:?}",
+                r.lease_until_ms - epoch_ms,
+                r.attempts,
+                r.message_id.as_deref().unwrap_or("?"),
+                r.error
+            );
+            (event(r), what)
+        })
+        .collect();
+    let charged = world.api.charges().into_values().collect();
+    check::Evidence {
+        scenario: &world.scenario,
+        accepted,
+        rows,
+        calls: world.api.calls(),
+        charged,
+        records,
+        unfinished,
+        dlq: world.queue.contents(&world.dlq_url),
+        left: world.queue.contents(&world.url),
+        hosts,
+    }
+}

@@ -1,0 +1,144 @@
+//! The run's history as text lines stamped with virtual time: what `--seed`
+//! prints, and what the determinism check hashes.
+
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+/// The trace of one run. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    inner: Arc<Mutex<TraceInner>>,
+    start: Instant,
+}
+
+#[derive(Debug)]
+struct TraceInner {
+    hasher: Sha256,
+    lines: Option<Vec<String>>,
+    count: u64,
+}
+
+impl Trace {
+    /// A trace starting now; keeps its lines only when `keep` (else only
+    /// their hash).
+    pub fn new(keep: bool) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(TraceInner {
+                hasher: Sha256::new(),
+                lines: keep.then(Vec::new),
+                count: 0,
+            })),
+            start: Instant::now(),
+        }
+    }
+
+    /// Virtual milliseconds since the start.
+    pub fn now_ms(&self) -> u128 {
+        self.start.elapsed().as_millis()
+    }
+
+    /// Records one event.
+    pub fn event(&self, what: impl AsRef<str>) {
+        let line = format!("{:>10.3}s {}", self.now_ms() as f64 / 1000.0, what.as_ref());
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.hasher.update(line.as_bytes());
+        t.hasher.update(b"\n");
+        t.count += 1;
+        if let Some(lines) = t.lines.as_mut() {
+            lines.push(line);
+        }
+    }
+
+    /// The hash of every line so far (hex), and how many.
+    pub fn hash(&self) -> (String, u64) {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        (hex::encode(t.hasher.clone().finalize()), t.count)
+    }
+
+    /// The kept lines (empty when not kept).
+    pub fn lines(&self) -> Vec<String> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.lines.clone().unwrap_or_default()
+    }
+}
+
+/// The fields of a processor's `message` span that the trace keeps.
+#[derive(Debug, Default)]
+struct MessageSpan {
+    fields: Vec<(String, String)>,
+}
+
+impl tracing::field::Visit for MessageSpan {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.fields
+            .push((field.name().to_owned(), format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.fields
+            .push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+/// Puts every processed message's outcome in the trace: the processor's
+/// `message` span (message id, dedup key, receive count, outcome) when it closes.
+pub struct OutcomeLayer(pub Trace);
+
+impl<S> tracing_subscriber::Layer<S> for OutcomeLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() != "message" {
+            return;
+        }
+        let mut fields = MessageSpan::default();
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id)
+            && let Some(fields) = span.extensions_mut().get_mut::<MessageSpan>()
+        {
+            values.record(fields);
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let extensions = span.extensions();
+        let Some(fields) = extensions.get::<MessageSpan>() else {
+            return;
+        };
+        let get = |name: &str| {
+            fields
+                .fields
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map_or("-", |(_, v)| v.as_str())
+        };
+        self.0.event(format!(
+            "outcome {} key {} receive {}: {}",
+            get("message_id"),
+            get("dedup_key"),
+            get("receive_count"),
+            get("outcome")
+        ));
+    }
+}

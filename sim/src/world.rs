@@ -1,0 +1,552 @@
+//! The simulated world of one run: the scenario drawn from the seed (events,
+//! consumers, fault plan, scheduled crashes, drains and partitions), the
+//! external API, and the two handlers (staged writes only, and an external
+//! effect with an idempotency key).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
+use sqs_once::{Context, Effects, Handler, HandlerError, HandlerResult, Message};
+
+use crate::faults::{Dice, FaultPlan, Life, Service};
+use crate::trace::Trace;
+
+/// The longest lease a run draws.
+pub const LEASE: Duration = Duration::from_secs(60);
+/// The source queue's visibility timeout (and the Lambda event source's).
+pub const VISIBILITY: Duration = Duration::from_secs(30);
+/// A Lambda invocation's timeout.
+pub const FUNCTION_TIMEOUT: Duration = Duration::from_secs(25);
+/// Receives after which SQS moves a message to the DLQ.
+pub const MAX_RECEIVE_COUNT: u32 = 10;
+/// Both queues' `MaximumMessageSize` (small, so bodies near it are cheap).
+pub const MAX_MESSAGE_BYTES: usize = 2048;
+
+/// What the handler's effect is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A ledger row staged on the context (the fast path).
+    Staged,
+    /// A charge at the simulated API with the idempotency key (the claim path).
+    External,
+}
+
+/// One logical event a producer sends.
+#[derive(Debug, Clone)]
+pub struct EventSpec {
+    /// Its position in the run (and in its FIFO group).
+    pub seq: u64,
+    /// The dedup key (`json:/id`).
+    pub id: String,
+    /// FIFO message group.
+    pub group: String,
+    /// The body sent.
+    pub body: String,
+    /// The handler always fails it permanently (it must be parked).
+    pub permanent: bool,
+    /// When it is sent, from the start.
+    pub send_at: Duration,
+    /// When a producer sends it again, if it does.
+    pub late_duplicate_at: Option<Duration>,
+}
+
+/// Which runtime a consumer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// `sqs_once::poller::run` with this concurrency.
+    Poller {
+        /// Messages in flight at most.
+        concurrency: usize,
+    },
+    /// Lambda invocations of up to this many records.
+    Lambda {
+        /// The event source mapping's batch size.
+        batch: usize,
+    },
+}
+
+/// One consumer host.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    /// Its name in the trace.
+    pub name: String,
+    /// Its runtime.
+    pub runtime: Runtime,
+    /// Its clock's offset from true time, in ms.
+    pub skew_ms: i64,
+}
+
+/// Something done to a consumer at a scheduled time.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// The host dies mid-whatever (its tasks freeze), and is restarted after `down`.
+    Crash {
+        /// Which consumer.
+        consumer: usize,
+        /// How long it stays down.
+        down: Duration,
+    },
+    /// SIGTERM: the runtime drains and stops; restarted after `down`.
+    Sigterm {
+        /// Which consumer.
+        consumer: usize,
+        /// How long it stays down.
+        down: Duration,
+    },
+    /// The host is cut off from SQS, DynamoDB or both for a while.
+    Partition {
+        /// Which consumer.
+        consumer: usize,
+        /// From what.
+        services: Vec<Service>,
+        /// For how long.
+        length: Duration,
+    },
+}
+
+/// Everything a run does, drawn from its seed.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// A FIFO queue (else standard).
+    pub fifo: bool,
+    /// The handler's effect.
+    pub kind: Kind,
+    /// The events, by seq.
+    pub events: Vec<EventSpec>,
+    /// The consumers.
+    pub consumers: Vec<ConsumerSpec>,
+    /// Faults in calls.
+    pub plan: FaultPlan,
+    /// Crashes, drains and partitions, by time.
+    pub actions: Vec<(Duration, Action)>,
+    /// How often a handler call panics.
+    pub panic_rate: f64,
+    /// How often a handler call runs long (up to beyond the lease and the
+    /// visibility timeout).
+    pub slow_rate: f64,
+    /// The consumers' lease.
+    pub lease: Duration,
+    /// The consumers' heartbeat (below the lease less its margin).
+    pub heartbeat: Duration,
+}
+
+/// The body of an event.
+#[derive(Debug, serde::Deserialize)]
+struct Body {
+    id: String,
+    permanent: bool,
+}
+
+impl Scenario {
+    /// Draws a scenario.
+    pub fn draw(dice: &Dice) -> Self {
+        let lease = dice.millis(Duration::from_secs(10), LEASE);
+        let margin = Duration::from_secs(3).min(lease / 10);
+        let heartbeat = dice.millis(lease / 5, lease - margin - Duration::from_millis(500));
+        let fifo = dice.chance(0.5);
+        let kind = if dice.chance(0.5) {
+            Kind::Staged
+        } else {
+            Kind::External
+        };
+        let mut consumers = (0..dice.int(1, 4))
+            .map(|i| draw_consumer(dice, i))
+            .collect::<Vec<_>>();
+        draw_skews(dice, &mut consumers, margin);
+        let plan = FaultPlan {
+            error: dice.rate(0.0, 0.15),
+            lost: dice.rate(0.0, 0.10),
+            timeout: dice.rate(0.0, 0.05),
+            delay: dice.rate(0.0, 0.20),
+            late: dice.rate(0.0, 0.05),
+            max_delay: dice.millis(Duration::from_millis(200), Duration::from_secs(5)),
+        };
+        let groups = dice.int(1, 4);
+        // Sent in seq order: a FIFO group's order is its send order.
+        let spread = dice.millis(Duration::from_secs(1), Duration::from_secs(300));
+        let mut times: Vec<Duration> = (0..dice.int(10, 80))
+            .map(|_| dice.millis(Duration::ZERO, spread))
+            .collect();
+        times.sort();
+        let events = times
+            .into_iter()
+            .enumerate()
+            .map(|(seq, at)| draw_event(dice, seq as u64, groups, at))
+            .collect();
+        let actions = draw_actions(dice, consumers.len(), lease);
+        Self {
+            fifo,
+            kind,
+            events,
+            consumers,
+            plan,
+            actions,
+            panic_rate: dice.rate(0.0, 0.05),
+            slow_rate: dice.rate(0.0, 0.15),
+            lease,
+            heartbeat,
+        }
+    }
+
+    /// One line saying what the run is.
+    pub fn summary(&self) -> String {
+        let consumers: Vec<String> = self
+            .consumers
+            .iter()
+            .map(|c| format!("{}={:?}/skew {}ms", c.name, c.runtime, c.skew_ms))
+            .collect();
+        format!(
+            "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions",
+            self.lease,
+            self.heartbeat,
+            if self.fifo { "FIFO" } else { "standard" },
+            self.kind,
+            self.events.len(),
+            consumers.join(", "),
+            self.plan,
+            self.panic_rate,
+            self.slow_rate,
+            self.actions.len()
+        )
+    }
+}
+
+fn draw_consumer(dice: &Dice, i: u64) -> ConsumerSpec {
+    let runtime = if dice.chance(0.5) {
+        Runtime::Poller {
+            concurrency: dice.int(1, 6) as usize,
+        }
+    } else {
+        Runtime::Lambda {
+            batch: dice.int(1, 10) as usize,
+        }
+    };
+    ConsumerSpec {
+        name: format!("c{i}"),
+        runtime,
+        skew_ms: 0,
+    }
+}
+
+/// Clock offsets within the promise: two hosts may disagree by less than the
+/// lease margin. The margin is 3 s, at most a tenth of the lease granted; a
+/// Lambda claim near the end of its invocation gets a lease of 3 s or so (a
+/// record is not started with less left), hence a margin of 300 ms.
+fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec], margin: Duration) {
+    let lambda = consumers
+        .iter()
+        .any(|c| matches!(c.runtime, Runtime::Lambda { .. }));
+    let margin_ms = if lambda {
+        300
+    } else {
+        margin.as_millis() as u64
+    };
+    // Each host within 45% of the margin: any two within 90% of it.
+    let half = margin_ms * 45 / 100;
+    for c in consumers {
+        c.skew_ms = dice.int(0, 2 * half) as i64 - half as i64;
+    }
+}
+
+fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpec {
+    let id = format!("evt-{seq:04}");
+    let group = format!("g{}", dice.int(0, groups - 1));
+    let permanent = dice.chance(0.05);
+    let mut body = serde_json::json!({"id": id, "seq": seq, "group": group, "permanent": permanent, "pad": ""});
+    if dice.chance(0.05) {
+        // Near the size limit: some just under, some just over (refused).
+        let base = body.to_string().len();
+        let target = MAX_MESSAGE_BYTES + 40 - dice.int(0, 240) as usize;
+        body["pad"] = serde_json::Value::String("x".repeat(target.saturating_sub(base)));
+    }
+    // Half of the duplicates soon (the first copy may still be running), half
+    // up to ten minutes later (past FIFO's deduplication window).
+    let late_duplicate_at = dice.chance(0.3).then(|| {
+        let within = if dice.chance(0.5) { 60 } else { 600 };
+        send_at + dice.millis(Duration::ZERO, Duration::from_secs(within))
+    });
+    EventSpec {
+        seq,
+        id,
+        group,
+        body: body.to_string(),
+        permanent,
+        send_at,
+        late_duplicate_at,
+    }
+}
+
+fn draw_actions(dice: &Dice, consumers: usize, lease: Duration) -> Vec<(Duration, Action)> {
+    let mut actions: Vec<(Duration, Action)> = (0..dice.int(0, 10))
+        .map(|_| {
+            let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
+            let consumer = dice.int(0, consumers as u64 - 1) as usize;
+            let down = dice.millis(Duration::from_secs(1), Duration::from_secs(90));
+            let action = match dice.int(0, 4) {
+                0 => Action::Crash { consumer, down },
+                1 => Action::Sigterm { consumer, down },
+                n => Action::Partition {
+                    consumer,
+                    services: match n {
+                        2 => vec![Service::Sqs],
+                        3 => vec![Service::Ddb],
+                        _ => vec![Service::Sqs, Service::Ddb],
+                    },
+                    // Up to twice the lease.
+                    length: dice.millis(Duration::from_secs(1), 2 * lease),
+                },
+            };
+            (at, action)
+        })
+        .collect();
+    actions.sort_by_key(|(at, _)| *at);
+    actions
+}
+
+/// One call at the simulated API.
+#[derive(Debug, Clone)]
+pub struct ApiCall {
+    /// The idempotency key.
+    pub key: String,
+    /// The event (for messages).
+    pub event: String,
+    /// The SQS message whose delivery called.
+    pub message: String,
+    /// Who called.
+    pub consumer: String,
+    /// When the call started and ended (ms of virtual time; `None`: still open).
+    pub start_ms: u128,
+    /// When it ended.
+    pub end_ms: Option<u128>,
+}
+
+#[derive(Debug, Default)]
+struct ApiState {
+    /// Charges by idempotency key: (event, how many times it was charged).
+    charges: BTreeMap<String, (String, u32)>,
+    calls: Vec<ApiCall>,
+}
+
+/// The external API: honours idempotency keys (a key is charged once; later
+/// calls get the first answer) and records every call with its times.
+#[derive(Debug, Clone)]
+pub struct SimApi {
+    state: Arc<Mutex<ApiState>>,
+    trace: Trace,
+}
+
+/// Closes a call when the caller goes away (answer, interruption or death).
+struct OpenCall {
+    api: SimApi,
+    index: usize,
+}
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        let now = self.api.trace.now_ms();
+        let mut s = self.api.lock();
+        if let Some(c) = s.calls.get_mut(self.index)
+            && c.end_ms.is_none()
+        {
+            c.end_ms = Some(now);
+        }
+    }
+}
+
+impl SimApi {
+    /// An API with no calls.
+    pub fn new(trace: Trace) -> Self {
+        Self {
+            state: Arc::default(),
+            trace,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ApiState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A charge for `event` with `key`, answered after `latency`.
+    async fn charge(
+        &self,
+        key: &str,
+        event: &str,
+        message: &str,
+        consumer: &str,
+        latency: Duration,
+    ) -> u32 {
+        let index = {
+            let mut s = self.lock();
+            s.calls.push(ApiCall {
+                key: key.to_owned(),
+                event: event.to_owned(),
+                message: message.to_owned(),
+                consumer: consumer.to_owned(),
+                start_ms: self.trace.now_ms(),
+                end_ms: None,
+            });
+            let charge = s
+                .charges
+                .entry(key.to_owned())
+                .or_insert((event.to_owned(), 0));
+            if charge.1 == 0 {
+                charge.1 = 1;
+            }
+            s.calls.len() - 1
+        };
+        self.trace.event(format!("api {consumer} charge {event}"));
+        let _open = OpenCall {
+            api: self.clone(),
+            index,
+        };
+        tokio::time::sleep(latency).await;
+        self.lock().charges.get(key).map_or(0, |c| c.1)
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<ApiCall> {
+        self.lock().calls.clone()
+    }
+
+    /// Charges by key: (event, times charged).
+    pub fn charges(&self) -> BTreeMap<String, (String, u32)> {
+        self.lock().charges.clone()
+    }
+}
+
+/// Live handler calls of one host generation, and the most at once.
+#[derive(Debug, Default)]
+pub struct Gauge {
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Gauge {
+    fn enter(self: &Arc<Self>) -> GaugeGuard {
+        let live = self.live.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(live, Ordering::Relaxed);
+        GaugeGuard(self.clone())
+    }
+
+    /// The most handler calls at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+struct GaugeGuard(Arc<Gauge>);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The handler of one host generation, of the run's kind.
+pub struct SimHandler {
+    /// The run's handler kind.
+    pub kind: Kind,
+    /// The host's name.
+    pub consumer: String,
+    /// The host's life: a dead host's handler makes no more progress.
+    pub life: Life,
+    /// The run's dice.
+    pub dice: Dice,
+    /// The API (external effects).
+    pub api: SimApi,
+    /// The trace.
+    pub trace: Trace,
+    /// Live calls of this generation.
+    pub gauge: Arc<Gauge>,
+    /// How often a call panics.
+    pub panic_rate: f64,
+    /// How often a call runs long.
+    pub slow_rate: f64,
+    /// The lease (slow calls run up to twice it).
+    pub lease: Duration,
+}
+
+impl SimHandler {
+    fn duration(&self) -> Duration {
+        if self.dice.chance(self.slow_rate) {
+            self.dice
+                .millis(Duration::ZERO, 2 * self.lease + Duration::from_secs(10))
+        } else {
+            self.dice
+                .millis(Duration::ZERO, Duration::from_millis(1500))
+        }
+    }
+
+    async fn run(&self, message: &Message, ctx: &Context) -> HandlerResult {
+        let body: Body = message.json().map_err(HandlerError::permanent)?;
+        let _live = self.gauge.enter();
+        let took = self.duration();
+        self.trace.event(format!(
+            "handler {} {} attempt {} for {took:?}",
+            self.consumer,
+            body.id,
+            ctx.attempt()
+        ));
+        if self.dice.chance(self.panic_rate) {
+            panic!("simulated handler panic");
+        }
+        if body.permanent {
+            return Err(HandlerError::permanent("declined (a permanent failure)"));
+        }
+        match self.kind {
+            Kind::Staged => {
+                self.life.guard(tokio::time::sleep(took)).await;
+                ctx.stage(ledger_row(&body.id, message.id())?);
+                Ok(None)
+            }
+            Kind::External => {
+                let key = ctx.idempotency_key().unwrap_or_default();
+                let charged = self
+                    .life
+                    .guard(
+                        self.api
+                            .charge(key, &body.id, message.id(), &self.consumer, took),
+                    )
+                    .await;
+                Ok(Some(serde_json::json!({ "charged": charged })))
+            }
+        }
+    }
+}
+
+/// The ledger row an event stages, naming the message that made it.
+fn ledger_row(id: &str, message: &str) -> Result<TransactWriteItem, HandlerError> {
+    let put = Put::builder()
+        .table_name("ledger")
+        .item("pk", AttributeValue::S(id.to_owned()))
+        .item("message", AttributeValue::S(message.to_owned()))
+        .build()
+        .map_err(HandlerError::permanent)?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+/// The effect a staged ledger row is: its event and message.
+pub fn row_effect(item: &TransactWriteItem) -> Option<crate::check::Effect> {
+    let item = item.put()?.item();
+    let text = |name: &str| item.get(name)?.as_s().ok().cloned();
+    Some(crate::check::Effect {
+        event: text("pk")?,
+        message: text("message")?,
+    })
+}
+
+impl Handler for SimHandler {
+    async fn handle(&self, message: &Message, ctx: &Context) -> HandlerResult {
+        self.run(message, ctx).await
+    }
+
+    fn effects(&self) -> Effects {
+        match self.kind {
+            Kind::Staged => Effects::StagedOnly,
+            Kind::External => Effects::External,
+        }
+    }
+}
