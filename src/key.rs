@@ -119,7 +119,7 @@ pub fn carry_key(body: &str, key: &str) -> String {
 /// The key a parked copy carries, if it carries one made for its own body (a
 /// handler or bridge that forwards received attributes onto other messages
 /// must not give them all one key).
-fn carried_key(message: &Message) -> Option<&str> {
+pub(crate) fn carried_key(message: &Message) -> Option<&str> {
     let (tag, key) = message.attribute(DEDUP_KEY_ATTRIBUTE)?.split_once(':')?;
     (tag == &sha256_hex(message.body().as_bytes())[..16] && !key.is_empty()).then_some(key)
 }

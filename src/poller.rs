@@ -453,6 +453,8 @@ struct DeleteBatcher<Q> {
     wait: Duration,
     receipts: mpsc::UnboundedReceiver<Finished>,
     payloads: Option<LargePayloads>,
+    /// Deletes of large-payload objects, run beside the loop.
+    object_deletes: TaskTracker,
 }
 
 impl<Q: QueueClient> DeleteBatcher<Q> {
@@ -480,10 +482,21 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                     .filter_map(|f| f.payload)
                     .collect::<Vec<_>>();
                 if !objects.is_empty() {
-                    payloads.delete_objects(objects).await;
+                    // Off the loop: a slow S3 must not hold up the next
+                    // message deletes (an object left behind only costs
+                    // storage until the bucket's lifecycle rule).
+                    let payloads = payloads.clone();
+                    self.object_deletes.spawn(async move {
+                        let deleting = payloads.delete_objects(objects);
+                        if tokio::time::timeout(OBJECT_DELETE_TIME, deleting).await.is_err() {
+                            warn!(?OBJECT_DELETE_TIME, "large-payload objects not deleted in time; left to the bucket's lifecycle rule");
+                        }
+                    });
                 }
             }
         }
+        self.object_deletes.close();
+        self.object_deletes.wait().await;
     }
 
     /// Deletes the messages; returns the receipts that could not be deleted.
@@ -625,7 +638,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
             Ok(messages) if messages.is_empty() => self.nothing_received(held.len()),
             Ok(messages) => {
                 self.error_backoff = Duration::from_millis(200);
-                self.note_receive_time(received_at.elapsed());
+                if messages.len() == request.max {
+                    // A full receive did not wait for its messages.
+                    self.note_receive_time(received_at.elapsed());
+                }
                 Received::Messages(messages, held, received_at)
             }
             Err(e) => self.back_off(e).await,
@@ -748,6 +764,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
             wait: config.batch_wait,
             receipts,
             payloads: processor.large_payloads().filter(|p| p.deletes()).cloned(),
+            object_deletes: TaskTracker::new(),
         }
         .run(),
     );
@@ -794,6 +811,9 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     }
     stats
 }
+
+/// How long the deletes of one batch's large-payload objects may take.
+const OBJECT_DELETE_TIME: Duration = Duration::from_secs(10);
 
 /// A receive's round trip assumed until one is measured (SQS within a region
 /// answers in tens of milliseconds).

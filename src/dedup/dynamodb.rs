@@ -697,18 +697,13 @@ impl DedupStore for DynamoStore {
                 .await;
             match res {
                 Ok(out) => {
-                    // The record this claim replaced, if any.
-                    let old = out
-                        .attributes()
-                        .filter(|a| !a.is_empty())
-                        .map(record_from_item)
-                        .transpose()
-                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
-                    if old.as_ref().is_some_and(|o| o.taken_over_by(&req.owner)) {
+                    let (attempts, taken_over) = replaced(out.attributes(), &req.owner);
+                    if taken_over {
                         self.count(Metrics::takeover);
                     }
-                    let attempt = old.map_or(0, |o| o.attempts) + 1;
-                    Ok(Claim::Acquired { attempt })
+                    Ok(Claim::Acquired {
+                        attempt: attempts + 1,
+                    })
                 }
                 Err(e) => {
                     if let Some(ccf) = conditional_failure(&e) {
@@ -934,6 +929,25 @@ impl DedupStore for DynamoStore {
             .transpose()
             .map_err(|e| StoreError::Invalid(e.to_string()))
     }
+}
+
+/// What a committed claim replaced (its `ALL_OLD` item): the attempts so far,
+/// and whether it was another consumer's claim left to expire. Read field by
+/// field and leniently: the claim is ours whatever the old item held (a
+/// status from a newer version, say), and must not fail after it committed.
+fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &str) -> (u32, bool) {
+    let Some(old) = old else {
+        return (0, false);
+    };
+    let text = |k: &str| old.get(k).and_then(|v| v.as_s().ok()).map(String::as_str);
+    let number = |k: &str| -> Option<i64> { old.get(k)?.as_n().ok()?.parse().ok() };
+    let attempts = number("attempts")
+        .and_then(|a| u32::try_from(a).ok())
+        .unwrap_or(0);
+    let taken_over = text("status") == Some(Status::InProgress.as_str())
+        && number("lease_until").is_some_and(|l| l > 0)
+        && text("owner") != Some(owner);
+    (attempts, taken_over)
 }
 
 /// A DynamoDB item that is not a dedup record.

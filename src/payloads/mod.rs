@@ -143,7 +143,9 @@ pub enum PayloadErrorKind {
     Transient,
     /// Access denied: may pass once the permission is granted (retried).
     Denied,
-    /// Any other refusal (parked).
+    /// Any other refusal (a wrong region, an archived object, a disabled
+    /// KMS key): an operator can fix it, so it is retried, and ends in the
+    /// DLQ by the redrive policy if it lasts.
     Refused,
 }
 
@@ -308,13 +310,14 @@ async fn failure<S: DedupStore>(
 ) -> Outcome {
     match e.kind {
         PayloadErrorKind::NotFound => missing(e, message, config, records).await,
-        PayloadErrorKind::Transient | PayloadErrorKind::Denied => Outcome::Retry {
-            after: config.backoff(message.receive_count()),
-            reason: format!("large payload: {e}"),
-        },
-        PayloadErrorKind::Refused => Outcome::Park {
-            reason: format!("large payload: {e}"),
-        },
+        // Nothing is claimed yet, so no park here could be recognised on a
+        // redelivery: only what can never change (a missing object) parks.
+        PayloadErrorKind::Transient | PayloadErrorKind::Denied | PayloadErrorKind::Refused => {
+            Outcome::Retry {
+                after: config.backoff(message.receive_count()),
+                reason: format!("large payload: {e}"),
+            }
+        }
     }
 }
 
@@ -362,6 +365,10 @@ async fn missing<S: DedupStore>(
 /// The message as an extended client's receive hands it over: the payload as
 /// its body, without the size attribute.
 fn with_body(received: &Message, payload: String) -> Message {
+    // A copy brought back from the DLQ carries its key bound to the body it
+    // was parked with, the pointer: bound again to the payload, so that the
+    // key holds for the body the key is read from.
+    let carried = crate::key::carried_key(received).map(|k| crate::key::carry_key(&payload, k));
     let mut m = Message::new(received.id(), payload).with_receive_count(received.receive_count());
     if let Some(r) = received.receipt_handle() {
         m = m.with_receipt_handle(r);
@@ -373,8 +380,12 @@ fn with_body(received: &Message, payload: String) -> Message {
         m = m.with_deduplication_id(d);
     }
     for (name, attribute) in received.attributes() {
-        if name != SIZE_ATTRIBUTE && name != LEGACY_SIZE_ATTRIBUTE {
-            m = m.with_typed_attribute(name, attribute.clone());
+        match (name.as_str(), &carried) {
+            (SIZE_ATTRIBUTE | LEGACY_SIZE_ATTRIBUTE, _) => {}
+            (crate::key::DEDUP_KEY_ATTRIBUTE, Some(carried)) => {
+                m = m.with_attribute(name, carried.clone());
+            }
+            _ => m = m.with_typed_attribute(name, attribute.clone()),
         }
     }
     m

@@ -204,12 +204,16 @@ async fn a_missing_object_of_a_completed_message_is_a_duplicate() {
 }
 
 #[tokio::test]
-async fn s3_failures_that_may_pass_are_retried_and_refusals_parked() {
+async fn s3_failures_other_than_a_missing_object_are_retried_never_parked() {
     let objects = MemoryPayloads::default();
     objects.put("big", "k1", r#"{"id":"a"}"#);
     let (p, seen) = processor("json:/id", &objects, MemoryStore::default());
     let m = pointer_message("m1", "big", "k1", 10).with_receive_count(2);
-    for kind in [PayloadErrorKind::Transient, PayloadErrorKind::Denied] {
+    for kind in [
+        PayloadErrorKind::Transient,
+        PayloadErrorKind::Denied,
+        PayloadErrorKind::Refused,
+    ] {
         objects.fail_next_get(kind);
         let o = p.process(m.clone()).await;
         let Outcome::Retry { after, reason } = o else {
@@ -222,8 +226,6 @@ async fn s3_failures_that_may_pass_are_retried_and_refusals_parked() {
         );
         assert!(reason.contains("GetObject s3://big/k1 failed"), "{reason}");
     }
-    objects.fail_next_get(PayloadErrorKind::Refused);
-    assert!(matches!(p.process(m.clone()).await, Outcome::Park { .. }));
     assert!(seen.lock().unwrap().is_empty());
     assert!(matches!(p.process(m).await, Outcome::Completed { .. }));
 }
@@ -263,4 +265,32 @@ fn only_deleting_payloads_name_an_object_to_delete() {
         })
     );
     assert_eq!(deleting.to_delete(&Message::new("m2", "plain")), None);
+}
+
+#[tokio::test]
+async fn copies_brought_back_from_the_dlq_keep_their_carried_key_and_apply_once() {
+    let objects = MemoryPayloads::default();
+    objects.put("big", "k1", r#"{"amount":5}"#);
+    let (p, seen) = processor("message-id", &objects, MemoryStore::default());
+    // The parked copy carries the key of its first delivery, bound to the
+    // body it was parked with: the pointer.
+    let parked = pointer_message("orig", "big", "k1", 12);
+    let carried = crate::key::carry_key(parked.body(), "orig");
+    let copy = |id: &str| {
+        Message::new(id, parked.body())
+            .with_typed_attribute(
+                SIZE_ATTRIBUTE,
+                crate::Attribute::typed("Number", Some("12".into()), None).unwrap(),
+            )
+            .with_attribute(crate::key::DEDUP_KEY_ATTRIBUTE, carried.clone())
+            .with_receipt_handle(format!("rh-{id}"))
+    };
+    let first = p.process(copy("copy-0")).await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    let second = p.process(copy("copy-1")).await;
+    assert!(
+        matches!(second, Outcome::Duplicate { .. }),
+        "the second copy is processed under the same key: {second:?}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1, "the handler ran once");
 }

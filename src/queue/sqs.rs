@@ -39,13 +39,29 @@ where
     QueueError::new(operation, queue, detail, transient).with_source(e)
 }
 
-fn failures(failed: &[BatchResultErrorEntry]) -> Vec<EntryFailure> {
+/// The failed entries of a batch of `entries`, by index. An id that is not
+/// one of ours (`m{i}`) cannot be told apart: then every entry counts as
+/// failed, never one that failed as done.
+fn failures(failed: &[BatchResultErrorEntry], entries: usize) -> Vec<EntryFailure> {
+    let index = |id: &str| {
+        id.strip_prefix('m')
+            .and_then(|i| i.parse::<usize>().ok())
+            .filter(|i| *i < entries)
+    };
+    if failed.iter().any(|f| index(&f.id).is_none()) {
+        return (0..entries)
+            .map(|index| EntryFailure {
+                index,
+                code: "UnknownEntry".into(),
+                message: Some("a failed entry's id is not one this batch sent".into()),
+            })
+            .collect();
+    }
     failed
         .iter()
         .filter_map(|f| {
-            let index = f.id.strip_prefix('m')?.parse().ok()?;
             Some(EntryFailure {
-                index,
+                index: index(&f.id)?,
                 code: f.code.clone(),
                 message: f.message.clone(),
             })
@@ -185,7 +201,7 @@ impl QueueClient for Client {
             .send()
             .await
             .map_err(|e| queue_error("DeleteMessageBatch", queue, e))?;
-        Ok(failures(&out.failed))
+        Ok(failures(&out.failed, receipts.len()))
     }
 
     async fn change_visibility(
@@ -217,7 +233,7 @@ impl QueueClient for Client {
             .send()
             .await
             .map_err(|e| queue_error("ChangeMessageVisibilityBatch", queue, e))?;
-        Ok(failures(&out.failed))
+        Ok(failures(&out.failed, receipts.len()))
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
