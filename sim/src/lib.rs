@@ -56,7 +56,8 @@ pub struct Report {
     pub trace: Vec<String>,
     /// Every violation of the promise.
     pub violations: Vec<String>,
-    /// Faults injected: call faults, crashes, drains, partitions, panics drawn.
+    /// Faults injected: call faults (errors, lost answers, timeouts, delays,
+    /// late landings, calls cut off) and scheduled crashes, drains, partitions.
     pub faults: u64,
     /// Events in the scenario.
     pub events: usize,
