@@ -56,7 +56,8 @@ pub struct Report {
     pub trace: Vec<String>,
     /// Every violation of the promise.
     pub violations: Vec<String>,
-    /// Faults injected: call faults, crashes, drains, partitions, panics drawn.
+    /// Faults injected: call faults (errors, lost answers, timeouts, delays,
+    /// late landings, calls cut off) and scheduled crashes, drains, partitions.
     pub faults: u64,
     /// Events in the scenario.
     pub events: usize,
@@ -139,28 +140,18 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         .consumers
         .iter()
         .map(|c| {
+            let plan = world.scenario.plan;
             Link::new(
                 &c.name,
                 dice.clone(),
-                world.scenario.plan,
+                plan,
                 trace.clone(),
                 calm.clone(),
                 counts.clone(),
             )
         })
         .collect();
-    let mut senders = Vec::new();
-    let mut tasks = Vec::new();
-    for (i, link) in links.iter().enumerate() {
-        let (tx, rx) = mpsc::unbounded_channel();
-        senders.push(tx);
-        tasks.push(tokio::spawn(hosts::host(
-            world.clone(),
-            i,
-            link.clone(),
-            rx,
-        )));
-    }
+    let (senders, tasks) = start_hosts(&world, &links);
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
     let producer = tokio::spawn(produce(world.clone(), accepted.clone()));
     let scheduled = schedule(&world, &links, &senders).await;
@@ -198,6 +189,29 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         exhausted,
         virtual_time: started.elapsed(),
     }
+}
+
+/// Starts one task per host: their command senders and join handles.
+fn start_hosts(
+    world: &Arc<World>,
+    links: &[Link],
+) -> (
+    Vec<mpsc::UnboundedSender<Command>>,
+    Vec<tokio::task::JoinHandle<HostReport>>,
+) {
+    let mut senders = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, link) in links.iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        tasks.push(tokio::spawn(hosts::host(
+            world.clone(),
+            i,
+            link.clone(),
+            rx,
+        )));
+    }
+    (senders, tasks)
 }
 
 /// Sends the events and their late duplicates at their times; notes which

@@ -32,11 +32,11 @@ pub const KEY_ATTRIBUTE: &str = "pk";
 /// expired, it failed in another delivery (a redriven copy, a re-send), or its
 /// lease ran out.
 /// A `FAILED` record is taken only by another delivery, and only by a claim
-/// made after the failing delivery's own claim (a claim that lands late must
-/// not erase the failure it never saw).
+/// made no earlier than the failing delivery's own claim (a claim that lands
+/// late must not erase the failure it never saw).
 const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
      OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) \
-         AND (attribute_not_exists(claimed_at) OR claimed_at < :now_ms)) \
+         AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) \
      OR (#status = :in_progress AND lease_until < :now_ms)";
 const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
 /// An extension also needs the lease to be live (one that lands after a release,

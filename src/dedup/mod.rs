@@ -141,14 +141,14 @@ impl Record {
     /// redelivery of a parked message (its delete after the park failed), and
     /// running it again could apply it after later messages of its group.
     ///
-    /// A `FAILED` record is taken only by a claim made after the failing
-    /// delivery's own claim: a claim that lands late (sent before the failure,
-    /// applied after it) must not erase a failure it never saw.
+    /// A `FAILED` record is taken only by a claim made no earlier than the
+    /// failing delivery's own claim: a claim that lands late (sent before the
+    /// failure, applied after it) must not erase a failure it never saw.
     pub fn claimable_by(&self, now_ms: i64, message_id: &str) -> bool {
         self.expires_at_s < now_ms.div_euclid(1000)
             || (self.status == Status::Failed
                 && !self.failed_by(message_id)
-                && self.claimed_at_ms.is_none_or(|c| c < now_ms))
+                && self.claimed_at_ms.is_none_or(|c| c <= now_ms))
             || (self.status == Status::InProgress && self.lease_until_ms < now_ms)
     }
 

@@ -274,7 +274,10 @@ pub async fn retry_with_same_token_after_commit_is_idempotent<S: DedupStore>(
     assert_eq!(rec.expires_at_s, failed.expires_at_s);
 }
 
-pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(store: &S, clock: &ManualClock) {
+pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
     let a = req("c#failed", "body");
     store.claim(&a).await.unwrap();
     store
@@ -283,8 +286,6 @@ pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(store: &S, cl
         .unwrap();
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Failed);
-    // The copy brought back is claimed later than the failure.
-    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store.claim(&req("c#failed", "body")).await.unwrap(),
         Claim::Acquired { attempt: 2 }
@@ -408,7 +409,6 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
         .mark_failed(&failed.pk, &failed.owner, "bad", TTL)
         .await
         .unwrap();
-    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store
             .commit_fast(fast("c#fast-failed", "body", None))
@@ -549,7 +549,7 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
     S: DedupStore,
 >(
     store: &S,
-    clock: &ManualClock,
+    _clock: &ManualClock,
 ) {
     let a = req("c#parked", "body");
     store.claim(&a).await.unwrap();
@@ -575,7 +575,6 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
         }
     );
     // A copy brought back from the DLQ is a new message: it may run.
-    clock.advance(Duration::from_secs(1));
     assert_eq!(
         store.claim(&req("c#parked", "body")).await.unwrap(),
         Claim::Acquired { attempt: 2 }
@@ -591,22 +590,26 @@ pub async fn a_claim_sent_before_a_failure_does_not_take_the_failed_record<S: De
     store: &S,
     clock: &ManualClock,
 ) {
+    let sent = clock.now();
+    clock.advance(Duration::from_millis(5));
     let a = req("c#late", "body");
     store.claim(&a).await.unwrap();
     store
         .mark_failed(&a.pk, &a.owner, "declined", TTL)
         .await
         .unwrap();
-    // Another delivery's claim, made when the record was claimed (its clock
-    // reads that instant), lands now.
+    // Another delivery's claim, made before that claim (its values carry the
+    // earlier time), lands now.
+    let now = clock.now();
+    clock.set(sent);
     let late = req("c#late", "body");
     assert!(matches!(
         store.claim(&late).await.unwrap(),
         Claim::InFlight { .. }
     ));
+    clock.set(now);
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Failed, "the failure stands");
-    clock.advance(Duration::from_millis(1));
     assert_eq!(
         store.claim(&late).await.unwrap(),
         Claim::Acquired { attempt: 2 },

@@ -6,6 +6,7 @@
 //! - `--minutes M [--from S]`: as many seeds as fit in M minutes.
 //! - `--seed S`: one seed with its readable trace, run twice to check that the
 //!   trace hash is the same.
+//! - `--verbose`: a line per seed (events, faults, redriven, violations).
 //! - `--verify`: runs every seed twice and fails one whose trace hash differs.
 //! - `--mutant NAME`: with a deliberately broken protocol (see
 //!   `sqs_once::mutants`): stops at the first failing seed, and exits 1 if
@@ -25,6 +26,7 @@ struct Args {
     from: u64,
     mutant: Option<String>,
     verify: bool,
+    verbose: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -43,6 +45,7 @@ fn parse() -> Result<Args, String> {
             }
             "--mutant" => args.mutant = Some(value()?),
             "--verify" => args.verify = true,
+            "--verbose" => args.verbose = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -129,6 +132,16 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
                 ));
             }
         }
+        if args.verbose {
+            println!(
+                "seed {seed}: {} events, {} faults, {} redriven, {} violations, trace {}",
+                report.events,
+                report.faults,
+                report.exhausted,
+                report.violations.len(),
+                report.trace_hash
+            );
+        }
         ran += 1;
         faults += report.faults;
         exhausted += report.exhausted as u64;
@@ -141,8 +154,12 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
             );
             println!("  replay: {}", replay(seed, mutant));
             if let Some(m) = mutant {
-                println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
-                return ExitCode::SUCCESS;
+                // Only a seed that passes with the protocol intact counts.
+                if passes_intact(seed) {
+                    println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
+                    return ExitCode::SUCCESS;
+                }
+                println!("  seed {seed} fails without the mutant too: not counted");
             }
         }
         seed += 1;
@@ -161,6 +178,21 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         (None, 0) => ExitCode::SUCCESS,
         (None, _) => ExitCode::FAILURE,
     }
+}
+
+/// Whether `seed` passes with no mutant switched on (the mutant's variable
+/// is cleared for the run, then set again).
+fn passes_intact(seed: u64) -> bool {
+    let mutant = std::env::var("SQS_ONCE_MUTANT").ok();
+    // SAFETY: the simulator is single-threaded: no run is in progress and no
+    // other thread reads the environment.
+    unsafe { std::env::remove_var("SQS_ONCE_MUTANT") };
+    let clean = run(seed, false).violations.is_empty();
+    if let Some(m) = mutant {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("SQS_ONCE_MUTANT", m) };
+    }
+    clean
 }
 
 /// Keeps the simulated handler panics (caught by the processor) off stderr.
