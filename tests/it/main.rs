@@ -15,3 +15,4 @@ mod lambda;
 mod large_payloads;
 mod payments;
 mod poller;
+mod trace;
