@@ -21,10 +21,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetryLayer;
 
 /// The provider [`layer`] installed, which [`flush`] and [`shutdown`] drive.
@@ -70,10 +70,32 @@ where
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource())
+        .with_id_generator(XrayIds::default())
         .build();
     let tracer = provider.tracer("sqs-once");
     let _ = PROVIDER.set(provider);
     Ok(Some(tracing_opentelemetry::layer().with_tracer(tracer)))
+}
+
+/// Random ids, but a new trace id starts with the epoch second, as X-Ray's
+/// do: X-Ray (through a collector) accepts such a trace whatever its age
+/// rules, and any other backend sees a random id.
+#[derive(Debug, Default)]
+struct XrayIds(RandomIdGenerator);
+
+impl IdGenerator for XrayIds {
+    fn new_trace_id(&self) -> TraceId {
+        let mut id = self.0.new_trace_id().to_bytes();
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        id[..4].copy_from_slice(&u32::try_from(secs).unwrap_or(u32::MAX).to_be_bytes());
+        TraceId::from_bytes(id)
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.0.new_span_id()
+    }
 }
 
 /// The resource from the environment (`OTEL_SERVICE_NAME`,

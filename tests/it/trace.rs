@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::{
     MessageAttributeValue, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
@@ -407,12 +407,14 @@ async fn the_payments_binary_exports_by_otlp_and_carries_the_trace_to_the_api() 
     assert!(service.contains("payments-traced"), "{service}");
     assert_eq!(process.trace_id, sent.trace_id);
     assert_eq!(process.parent_span_id, sent.span_id);
-    assert!(
-        spans
-            .iter()
-            .any(|(_, s)| s.name == format!("receive {queue}")),
-        "the receive span is exported"
-    );
+    let (_, receive) = spans
+        .iter()
+        .find(|(_, s)| s.name == format!("receive {queue}"))
+        .expect("the receive span is exported");
+    // It starts a trace, whose id begins with the epoch second as X-Ray's do.
+    let started = u32::from_be_bytes(receive.trace_id[..4].try_into().unwrap());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    assert!(now.abs_diff(u64::from(started)) < 600, "{started} vs {now}");
     let headers = api.traceparents();
     assert_eq!(headers.len(), 1);
     let to_api =
