@@ -413,7 +413,10 @@ async fn the_payments_binary_exports_by_otlp_and_carries_the_trace_to_the_api() 
         .expect("the receive span is exported");
     // It starts a trace, whose id begins with the epoch second as X-Ray's do.
     let started = u32::from_be_bytes(receive.trace_id[..4].try_into().unwrap());
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     assert!(now.abs_diff(u64::from(started)) < 600, "{started} vs {now}");
     let headers = api.traceparents();
     assert_eq!(headers.len(), 1);
