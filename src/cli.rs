@@ -227,20 +227,44 @@ pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w
 
 /// Logs to stderr: JSON when `SQS_ONCE_LOG_FORMAT=json` or inside Lambda, text
 /// otherwise (field values escaped: [`escaped_fields`]); filtered by `RUST_LOG`
-/// (default `info`).
+/// (default `info`). With the feature `otel`, spans are also exported by OTLP
+/// when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see `sqs_once::otel`), filtered
+/// by `SQS_ONCE_TRACE_FILTER` (same syntax, default `info`) whatever
+/// `RUST_LOG` says.
 pub fn init_logging() {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let json = std::env::var("SQS_ONCE_LOG_FORMAT").is_ok_and(|v| v == "json")
         || std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if json {
+        fmt.json().boxed()
     } else {
-        builder.fmt_fields(escaped_fields()).init();
-    }
+        fmt.fmt_fields(escaped_fields()).boxed()
+    };
+    #[cfg(feature = "otel")]
+    let otel = crate::otel::layer()
+        .unwrap_or_else(|e| {
+            eprintln!("{e}; traces are not exported");
+            None
+        })
+        .map(|layer| {
+            let filter = std::env::var("SQS_ONCE_TRACE_FILTER").unwrap_or_else(|_| "info".into());
+            let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+                eprintln!("SQS_ONCE_TRACE_FILTER: {e}; using info");
+                tracing_subscriber::EnvFilter::new("info")
+            });
+            layer.with_filter(filter)
+        });
+    #[cfg(not(feature = "otel"))]
+    let otel: Option<tracing_subscriber::layer::Identity> = None;
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
+        .init();
 }
 
 /// Cancelled on SIGTERM or SIGINT. The handlers are in place when this

@@ -231,6 +231,8 @@ struct ContextInner {
     max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
     cancelled: CancellationToken,
+    /// The message's span (current when the processor makes the context).
+    span: tracing::Span,
 }
 
 impl Context {
@@ -249,6 +251,7 @@ impl Context {
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
                 cancelled: CancellationToken::new(),
+                span: tracing::Span::current(),
             }),
         }
     }
@@ -306,6 +309,27 @@ impl Context {
     /// a long handler should stop; its result would not be recorded.
     pub fn cancelled(&self) -> &CancellationToken {
         &self.inner.cancelled
+    }
+
+    /// The trace context of this message's span, for outgoing calls: see
+    /// [`Context::traceparent`].
+    pub fn trace_context(&self) -> Option<crate::trace::TraceParent> {
+        crate::trace::context_of(&self.inner.span)
+    }
+
+    /// The W3C `traceparent` of this message's span: send it as a
+    /// `traceparent` header (or message attribute) so that what the call
+    /// does joins the message's trace. `None` unless spans are OpenTelemetry
+    /// spans (the `otel` feature with its layer installed, as
+    /// `cli::init_logging` does when an OTLP endpoint is set).
+    pub fn traceparent(&self) -> Option<String> {
+        self.trace_context().map(|t| t.w3c())
+    }
+
+    /// The same context as an X-Ray trace header, for the `X-Amzn-Trace-Id`
+    /// header or an `AWSTraceHeader` system attribute.
+    pub fn xray_trace_header(&self) -> Option<String> {
+        self.trace_context().map(|t| t.xray())
     }
 
     pub(crate) fn take_staged(&self) -> Vec<StagedWrite> {

@@ -53,7 +53,7 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessa
 use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use crate::dedup::DedupStore;
 use crate::payloads::{LargePayloads, S3Pointer};
@@ -174,6 +174,22 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         deadline: Instant,
     ) -> Result<SqsBatchResponse, EventError> {
         let records = self.parse(event).await?;
+        let messages = || {
+            records
+                .iter()
+                .filter_map(|r| r.parsed.as_ref().ok().map(|(m, _)| m))
+        };
+        let queue = messages().find_map(Message::queue).map(str::to_owned);
+        let span = crate::trace::invocation_span(queue.as_deref(), records.len());
+        crate::trace::link_producers(&span, messages());
+        let response = self.run_event(records, deadline).instrument(span).await;
+        // The environment may be frozen once the invocation answers.
+        crate::trace::flush().await;
+        Ok(response)
+    }
+
+    /// Runs the records of one event; the response listing those that must come back.
+    async fn run_event(&self, records: Vec<Record>, deadline: Instant) -> SqsBatchResponse {
         let fifo = records
             .iter()
             .any(|r| r.parsed.as_ref().is_ok_and(|(m, _)| m.group_id().is_some()));
@@ -224,7 +240,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 f
             })
             .collect();
-        Ok(response)
+        response
     }
 
     async fn parse(&self, event: serde_json::Value) -> Result<Vec<Record>, EventError> {
@@ -516,6 +532,12 @@ fn to_message(id: &str, m: SqsMessage) -> Message {
     }
     if let Some(d) = m.attributes.get("MessageDeduplicationId") {
         msg = msg.with_deduplication_id(d);
+    }
+    if let Some(t) = m.attributes.get(crate::trace::AWS_TRACE_HEADER) {
+        msg = msg.with_aws_trace_header(t);
+    }
+    if let Some(arn) = &m.event_source_arn {
+        msg = msg.with_queue(crate::trace::queue_name(arn));
     }
     for (name, value) in m.message_attributes {
         let data_type = value.data_type.unwrap_or_else(|| "String".to_owned());

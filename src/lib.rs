@@ -32,7 +32,8 @@
 //!   [`queue`] seam: a [`QueueClient`] trait that [`aws_sdk_sqs::Client`]
 //!   implements and an in-memory queue can stand behind.
 //! - Settings: [`config`] ([`ProcessorConfig`]); counters and their EMF
-//!   lines: [`metrics`].
+//!   lines: [`metrics`]; spans and the producer's trace context: [`trace`]
+//!   (exported by OTLP with the default feature `otel`: `otel`).
 //! - Process glue, behind the default feature `cli` (clap,
 //!   tracing-subscriber): `cli` (settings from the environment and flags,
 //!   logging, signals, and `cli::run`, which chooses the runtime) and `calls`
@@ -62,11 +63,14 @@ mod message;
 pub mod metrics;
 #[doc(hidden)]
 pub mod mutants;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod payloads;
 pub mod poller;
 pub mod processor;
 pub mod queue;
 mod runtime;
+pub mod trace;
 
 pub use config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use dedup::dynamodb::DynamoStore;

@@ -16,6 +16,8 @@ pub struct Message {
     receive_count: u32,
     receipt_handle: Option<String>,
     dedup_key: Option<String>,
+    aws_trace_header: Option<String>,
+    queue: Option<String>,
 }
 
 impl Message {
@@ -30,6 +32,8 @@ impl Message {
             receive_count: 1,
             receipt_handle: None,
             dedup_key: None,
+            aws_trace_header: None,
+            queue: None,
         }
     }
 
@@ -86,6 +90,19 @@ impl Message {
         self
     }
 
+    /// Sets the `AWSTraceHeader` system attribute (the producer's X-Ray trace
+    /// header): see [`crate::trace`].
+    pub fn with_aws_trace_header(mut self, header: impl Into<String>) -> Self {
+        self.aws_trace_header = Some(header.into());
+        self
+    }
+
+    /// Sets the name of the queue the message was received from.
+    pub fn with_queue(mut self, name: impl Into<String>) -> Self {
+        self.queue = Some(name.into());
+        self
+    }
+
     pub(crate) fn set_dedup_key(&mut self, key: String) {
         self.dedup_key = Some(key);
     }
@@ -137,6 +154,18 @@ impl Message {
     /// The receipt handle of this delivery (needed to delete or extend it).
     pub fn receipt_handle(&self) -> Option<&str> {
         self.receipt_handle.as_deref()
+    }
+
+    /// The `AWSTraceHeader` system attribute: the producer's X-Ray trace
+    /// header, as SQS delivered it.
+    pub fn aws_trace_header(&self) -> Option<&str> {
+        self.aws_trace_header.as_deref()
+    }
+
+    /// The name of the queue the message was received from, when the runtime
+    /// knows it (the spans' destination).
+    pub fn queue(&self) -> Option<&str> {
+        self.queue.as_deref()
     }
 
     /// The dedup key extracted for this message, once the processor has done so.

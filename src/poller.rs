@@ -692,6 +692,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         received_at: Instant,
     ) {
         self.shared.count(|s| s.received += messages.len() as u64);
+        let queue = crate::trace::queue_name(&self.shared.config.queue_url);
+        let messages: Vec<Message> = messages.into_iter().map(|m| m.with_queue(queue)).collect();
+        let _receive = crate::trace::receive_span(queue, &messages).entered();
         let keys = &self.shared.processor.config().key_source;
         // (The `fifo-parallel` mutant, for the chaos harness only, runs a
         // FIFO group's messages in parallel.)
@@ -809,6 +812,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
             "the last deletes did not finish in time; those messages come back and are skipped as duplicates"
         ),
     }
+    crate::trace::flush().await;
     stats
 }
 

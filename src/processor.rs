@@ -12,7 +12,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, error, info, warn};
 
 use crate::config::{MissingKey, PayloadMismatch, ProcessorConfig, SQS_MAX_VISIBILITY};
 use crate::dedup::{
@@ -191,16 +191,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// Processes one message.
     pub async fn process_with(&self, mut message: Message, opts: ProcessOptions<'_>) -> Outcome {
-        let span = info_span!(
-            "message",
-            message_id = message.id(),
-            dedup_key = tracing::field::Empty,
-            record_key = tracing::field::Empty,
-            group = message.group_id(),
-            receive_count = message.receive_count(),
-            attempt = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
+        let span = crate::trace::message_span(&message, &self.config.consumer);
         let outcome = async {
             if let Some(payloads) = &self.payloads
                 && let Err(outcome) = payloads
@@ -219,26 +210,29 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     }
                     MissingKey::ProcessUnprotected => {
                         warn!(reason = %e, "no dedup key; processing unprotected as configured");
+                        tracing::Span::current().record("sqs_once.path", "unprotected");
                         return self.run_unprotected(&message).await;
                     }
                 },
             };
             let span = tracing::Span::current();
-            span.record("dedup_key", key.as_str());
+            span.record("sqs_once.dedup_key", key.as_str());
             span.record(
-                "record_key",
+                "sqs_once.record_key",
                 record_key(&self.config.consumer, &key).as_str(),
             );
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
+                span.record("sqs_once.path", "fast");
                 self.run_fast(&message, &opts).await
             } else {
+                span.record("sqs_once.path", "claim");
                 self.run_claimed(&message, &opts).await
             }
         }
         .instrument(span.clone())
         .await;
-        span.record("outcome", outcome.name());
+        crate::trace::record_outcome(&span, &outcome);
         self.metrics.outcome(&outcome);
         outcome
     }
@@ -513,7 +507,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 };
             }
         };
-        tracing::Span::current().record("attempt", attempt);
+        tracing::Span::current().record("sqs_once.attempt", attempt);
         let local = LocalLease::new(sent, lease, self.config.margin_for(lease));
         if local.remaining() < lease / 2 {
             // The claim's own retries used most of the lease: running now would

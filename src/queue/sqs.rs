@@ -90,6 +90,9 @@ pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     if let Some(d) = sys.get(&MessageSystemAttributeName::MessageDeduplicationId) {
         msg = msg.with_deduplication_id(d);
     }
+    if let Some(t) = sys.get(&MessageSystemAttributeName::AwsTraceHeader) {
+        msg = msg.with_aws_trace_header(t);
+    }
     for (name, value) in m.message_attributes.unwrap_or_default() {
         let binary = value.binary_value.map(|b| b.into_inner());
         msg = msg.with_received_attribute(name, value.data_type, value.string_value, binary);

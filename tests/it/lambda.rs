@@ -447,7 +447,7 @@ fn now_ms() -> i64 {
 }
 
 /// Receives `n` messages as Lambda's event source mapping would, as one event.
-async fn receive_event(sqs: &aws_sdk_sqs::Client, url: &str, n: usize) -> Value {
+pub(crate) async fn receive_event(sqs: &aws_sdk_sqs::Client, url: &str, n: usize) -> Value {
     let arn = sqs
         .get_queue_attributes()
         .queue_url(url)

@@ -16,3 +16,4 @@ mod large_payloads;
 mod payments;
 mod poller;
 mod queue_contract;
+mod trace;

@@ -28,6 +28,8 @@ pub struct ApiFaults {
 pub struct Api {
     /// Every request: (idempotency key, body).
     pub requests: Vec<(String, Value)>,
+    /// Every request's `traceparent` header, in the same order.
+    pub traceparents: Vec<Option<String>>,
     /// Responses by idempotency key, with the body that made them.
     pub by_key: HashMap<String, (Value, Value)>,
     /// Charges made, in order: (key, body).
@@ -75,6 +77,10 @@ impl StubApi {
 
     pub fn requests(&self) -> Vec<(String, Value)> {
         self.state.lock().unwrap().requests.clone()
+    }
+
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.state.lock().unwrap().traceparents.clone()
     }
 
     pub fn charges(&self) -> u64 {
@@ -141,6 +147,11 @@ async fn charge(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let Ok(body) = req.into_body().collect().await else {
         return Err(ResponseLost);
     };
@@ -152,6 +163,7 @@ async fn charge(
     let call = {
         let mut api = state.lock().unwrap();
         api.requests.push((key.clone(), body.clone()));
+        api.traceparents.push(traceparent);
         api.requests.len() as u64
     };
     if !faults.hold_max.is_zero() {

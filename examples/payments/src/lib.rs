@@ -4,7 +4,8 @@
 //!
 //! Body: `{"id": "<payment id>", "customer": "<customer>", "amount_cents": <i64>}`.
 //! Effect: `POST {base}/charges` with `{"customer", "amount_cents"}` and the
-//! header `Idempotency-Key: <ctx.idempotency_key()>`. The call is outside
+//! header `Idempotency-Key: <ctx.idempotency_key()>` (and `traceparent:
+//! <ctx.traceparent()>`, so the API's spans join the message's trace). The call is outside
 //! DynamoDB, so the handler keeps the default
 //! [`Effects::External`](sqs_once::Effects::External): the key is claimed before the
 //! call, so at most one attempt runs at a time, and completed after it with the
@@ -89,9 +90,14 @@ impl Handler for PaymentHandler {
             .ok_or_else(|| HandlerError::permanent("payments need a dedup key"))?;
         let body =
             serde_json::json!({"customer": event.customer, "amount_cents": event.amount_cents});
-        let request = hyper::Request::post(&self.charges_url)
+        let mut request = hyper::Request::post(&self.charges_url)
             .header("content-type", "application/json")
-            .header("idempotency-key", key)
+            .header("idempotency-key", key);
+        // The message's trace goes on with the call (when spans are exported).
+        if let Some(traceparent) = ctx.traceparent() {
+            request = request.header("traceparent", traceparent);
+        }
+        let request = request
             .body(Full::new(Bytes::from(body.to_string())))
             .map_err(HandlerError::permanent)?;
         let response = tokio::time::timeout(self.timeout, self.client.request(request))
