@@ -2,12 +2,17 @@
 ledger update runs under Powertools for AWS Lambda's `idempotent_function` with
 its DynamoDB persistence layer. Same queue, same effect, CONCURRENCY threads.
 
-Prints the number of messages it deleted.
+Prints one JSON line: messages deleted, AWS calls by operation (empty receives
+apart; the persistence layer is given this script's DynamoDB client so its
+calls are counted too), and the batches' handling time (receive answered to
+effects done, without the delete: what a Lambda invocation of the batch takes).
 """
 
 import json
 import os
 import sys
+import time
+from collections import Counter
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +37,17 @@ CONCURRENCY = int(os.environ.get("CONCURRENCY", "10"))
 sqs = boto3.client("sqs")
 ddb = boto3.client("dynamodb")
 
+CALLS = Counter()
+
+
+def _count(event_name, **_):
+    # before-call.<service>.<Operation>: once per API call (retries are inside it).
+    _, service, operation = event_name.split(".")
+    CALLS[("SQS" if service == "sqs" else "DynamoDB") + "." + operation] += 1
+
+
+sqs.meta.events.register("before-call.*.*", _count)
+
 # The table Powertools documents: partition key `id`, TTL on `expiration`.
 try:
     ddb.create_table(
@@ -48,7 +64,8 @@ try:
 except ddb.exceptions.ResourceInUseException:
     pass
 
-persistence = DynamoDBPersistenceLayer(table_name=IDEMPOTENCY_TABLE)
+ddb.meta.events.register("before-call.*.*", _count)
+persistence = DynamoDBPersistenceLayer(table_name=IDEMPOTENCY_TABLE, boto3_client=ddb)
 config = IdempotencyConfig(event_key_jmespath="id", expires_after_seconds=3600)
 
 
@@ -79,8 +96,12 @@ def handle(message: dict):
 
 
 def main() -> int:
+    CALLS.clear()  # the table set-up above is not the loop's
     deleted = 0
     idle = 0
+    empty = 0
+    batches = 0
+    batch_seconds = 0.0
     with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
         while idle < 3:
             got = sqs.receive_message(
@@ -88,16 +109,32 @@ def main() -> int:
             ).get("Messages", [])
             if not got:
                 idle += 1
+                empty += 1
                 continue
             idle = 0
+            started = time.monotonic()
             receipts = [r for r in pool.map(handle, got) if r]
+            batches += 1
+            batch_seconds += time.monotonic() - started
             if receipts:
                 sqs.delete_message_batch(
                     QueueUrl=QUEUE_URL,
                     Entries=[{"Id": f"m{i}", "ReceiptHandle": r} for i, r in enumerate(receipts)],
                 )
                 deleted += len(receipts)
-    print(deleted)
+    CALLS["SQS.ReceiveMessage"] -= empty
+    print(
+        json.dumps(
+            {
+                "loop": "powertools",
+                "handled": deleted,
+                "empty_receives": empty,
+                "calls": dict(sorted(CALLS.items())),
+                "batches": batches,
+                "batch_ms_total": batch_seconds * 1000,
+            }
+        )
+    )
     return 0
 
 
