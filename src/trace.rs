@@ -231,7 +231,12 @@ pub(crate) fn message_span(message: &Message, consumer: &str) -> Span {
         sqs_once.outcome = tracing::field::Empty,
     );
     if let Some(parent) = TraceParent::of_message(message) {
-        otel::continue_trace(&span, &parent, message.attribute(TRACESTATE));
+        // A `tracestate` goes with its `traceparent` only.
+        let w3c = message
+            .attribute(TRACEPARENT)
+            .is_some_and(|v| TraceParent::parse_w3c(v) == Ok(parent));
+        let state = message.attribute(TRACESTATE).filter(|_| w3c);
+        otel::continue_trace(&span, &parent, state);
     }
     span
 }
@@ -473,6 +478,22 @@ mod tests {
         let none = Message::new("m2", "{}").with_aws_trace_header("Root=nonsense");
         assert_eq!(TraceParent::of_message(&none), None);
         assert_eq!(TraceParent::of_message(&Message::new("m3", "")), None);
+    }
+
+    #[tokio::test]
+    async fn a_message_with_malformed_trace_headers_is_processed_as_any_other() {
+        use crate::{MemoryStore, Processor, ProcessorConfig, handler_fn};
+        let handler = handler_fn(|_m, ctx: crate::Context| async move {
+            // No OpenTelemetry layer here: nothing to pass on.
+            assert_eq!(ctx.traceparent(), None);
+            Ok(None)
+        });
+        let p = Processor::new(MemoryStore::default(), handler, ProcessorConfig::new("c")).unwrap();
+        let m = Message::new("m1", "{}")
+            .with_attribute(TRACEPARENT, "00-not-a-trace-01")
+            .with_attribute(TRACESTATE, "vendor=x")
+            .with_aws_trace_header("Root=1-nope;Parent=nope");
+        assert!(matches!(p.process(m).await, Outcome::Completed { .. }));
     }
 
     #[test]
