@@ -590,14 +590,16 @@ fn handwritten() -> std::path::PathBuf {
 /// The consumers of section 2, each its own process.
 fn consumer_command(bench: &Bench, kind: &str, s: &Setup) -> tokio::process::Command {
     let mut c = match kind {
-        "sqs-once" => ledger_command(
-            s,
-            &[
+        "sqs-once" => {
+            // BENCH_SQS_ONCE_ENV=K=V,K=V: settings to try (e.g. RUST_LOG=warn).
+            let extra = std::env::var("BENCH_SQS_ONCE_ENV").unwrap_or_default();
+            let mut settings = vec![
                 ("SQS_ONCE_EXIT_WHEN_IDLE", "2s"),
                 ("SQS_ONCE_CONCURRENCY", "10"),
-            ],
-            false,
-        ),
+            ];
+            settings.extend(extra.split(',').filter_map(|kv| kv.split_once('=')));
+            ledger_command(s, &settings, false)
+        }
         "handwritten" | "plain" => {
             let mut c = tokio::process::Command::new(handwritten());
             c.env(
