@@ -969,7 +969,8 @@ async fn lambda_batch_ms(bench: &Bench, fast: bool) -> f64 {
             ..Default::default()
         },
     );
-    let (bodies, _) = events(77, 0.3);
+    let (bodies, expected) = events(75, 0.3);
+    assert_eq!(bodies.len(), 100);
     let mut total = 0.0;
     for (b, chunk) in bodies.chunks(10).take(10).enumerate() {
         let records: Vec<_> = chunk
@@ -988,6 +989,7 @@ async fn lambda_batch_ms(bench: &Bench, fast: bool) -> f64 {
         total += started.elapsed().as_secs_f64() * 1000.0;
         assert!(out.batch_item_failures.is_empty());
     }
+    assert_eq!(ledger_rows(ddb, &s.ledger).await, expected, "ledger sums");
     total / 10.0
 }
 
