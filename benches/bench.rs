@@ -5,10 +5,6 @@
 //! (AWS calls per message, bytes). Every throughput run checks the ledger
 //! sums, so a fast wrong run cannot count.
 
-// A section reads as one measurement from set-up to its table; the 80-line
-// limit is for the library and the binaries.
-#![allow(clippy::too_many_lines)]
-
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -340,7 +336,7 @@ async fn main() {
     }
 }
 
-/// Section 1: AWS calls per message.
+/// 1. AWS calls per message.
 async fn calls_per_message(bench: &Bench, r: &mut Report) {
     let Bench { sdk, sqs, ddb, .. } = bench;
     let calls_events = bench.calls_events;
@@ -389,7 +385,7 @@ async fn calls_per_message(bench: &Bench, r: &mut Report) {
     }
 }
 
-/// Section 3: Lambda batch latency: 10 records whose handler sleeps 100 ms.
+/// 3. Lambda batch latency: 10 records whose handler sleeps 100 ms.
 async fn lambda_latency(bench: &Bench, r: &mut Report) {
     let Bench { sqs, ddb, .. } = bench;
     r.say(String::new());
@@ -441,7 +437,7 @@ async fn lambda_latency(bench: &Bench, r: &mut Report) {
     ));
 }
 
-/// Section 4: footprint: binary size, start-up time, idle and peak memory.
+/// 4. Footprint: binary size, start-up time, idle and peak memory.
 async fn footprint(bench: &Bench, r: &mut Report) {
     let Bench { sqs, ddb, .. } = bench;
     let tp_events = bench.tp_events;
@@ -490,7 +486,7 @@ async fn footprint(bench: &Bench, r: &mut Report) {
     ));
 }
 
-/// Section 5: scaling: 1, 2, 4 pollers; CPU seconds per process.
+/// 5. Scaling: 1, 2, 4 pollers; CPU seconds per process.
 async fn scaling(bench: &Bench, r: &mut Report) {
     let Bench { sqs, ddb, .. } = bench;
     let tp_events = bench.tp_events;
@@ -702,6 +698,27 @@ fn calls_of(stats: &Value, messages: usize) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// What section 7 prices, from a baseline's run: its calls, its dedup
+/// record's size, its batch time.
+async fn note_findings(bench: &Bench, kind: &str, s: &Setup, stats: &Value, messages: usize) {
+    let table = if kind == "powertools" {
+        format!("{}-pt", s.dedup)
+    } else {
+        s.dedup.clone()
+    };
+    let record = if kind == "plain" {
+        0
+    } else {
+        largest_item(&bench.ddb, &table).await
+    };
+    let mut f = bench.findings.lock().unwrap();
+    f.calls.insert(kind.into(), calls_of(stats, messages));
+    f.record_bytes.insert(kind.into(), record);
+    if let (Some(ms), Some(n)) = (stats["batch_ms_total"].as_f64(), stats["batches"].as_f64()) {
+        f.batch_ms.insert(kind.into(), ms / n.max(1.0));
+    }
+}
+
 /// Section 2: four consumers, each its own process, on the same messages, alternated
 /// (the order rotates every round): throughput and CPU per message.
 async fn consumers(bench: &Bench, r: &mut Report) {
@@ -748,43 +765,15 @@ async fn consumers(bench: &Bench, r: &mut Report) {
                 .or_default()
                 .push(cpu * 1000.0 / bodies.len() as f64);
             if round == 0 && kind != "sqs-once" {
-                let table = if kind == "powertools" {
-                    format!("{}-pt", s.dedup)
-                } else {
-                    s.dedup.clone()
-                };
-                let record = if kind == "plain" {
-                    0
-                } else {
-                    largest_item(ddb, &table).await
-                };
-                let mut f = bench.findings.lock().unwrap();
-                f.calls.insert(kind.into(), calls_of(&stats, bodies.len()));
-                f.record_bytes.insert(kind.into(), record);
-                if let (Some(ms), Some(n)) =
-                    (stats["batch_ms_total"].as_f64(), stats["batches"].as_f64())
-                {
-                    f.batch_ms.insert(kind.into(), ms / n.max(1.0));
-                }
+                note_findings(bench, kind, &s, &stats, bodies.len()).await;
             }
         }
     }
-    consumers_table(r, &kinds, &rates, &cpus);
-}
-
-/// Section 2's table: the median rate and CPU per message of each consumer,
-/// against sqs-once and the hand-written loop.
-fn consumers_table(
-    r: &mut Report,
-    kinds: &[&str],
-    rates: &BTreeMap<&str, Vec<f64>>,
-    cpus: &BTreeMap<&str, Vec<f64>>,
-) {
     let rate: BTreeMap<&str, f64> = rates.iter().map(|(k, v)| (*k, median(v.clone()))).collect();
     let cpu: BTreeMap<&str, f64> = cpus.iter().map(|(k, v)| (*k, median(v.clone()))).collect();
     r.say("| consumer | messages/s | sqs-once / it | CPU ms per message | it / hand-written | runs (messages/s) |".into());
     r.say("|---|---|---|---|---|---|".into());
-    for k in kinds {
+    for k in &kinds {
         let runs: Vec<String> = rates[k].iter().map(|v| format!("{v:.1}")).collect();
         r.say(format!(
             "| {k} | {:.1} | {:.2} | {:.2} | {:.2} | {} |",
@@ -819,12 +808,11 @@ fn uneven_duration(n: u64) -> Duration {
     Duration::from_secs_f64(ms / 1000.0)
 }
 
-/// Section 6: slot use: concurrency 32, handlers of uneven durations (and fast
+/// Section 6, slot use: concurrency 32, handlers of uneven durations (and fast
 /// ones), the library poller with an in-memory dedup store on LocalStack's
 /// SQS. Busy slot-seconds / (32 x the time until the last message started:
 /// after that no work is left to start), and receives per message.
 async fn slot_use(bench: &Bench, r: &mut Report) {
-    let Bench { sdk, sqs, .. } = bench;
     let label = std::env::var("BENCH_RECEIVE_LABEL").unwrap_or_else(|_| "this build".into());
     let rounds: usize = env_or("BENCH_SLOT_ROUNDS", 1);
     let concurrency = 32usize;
@@ -843,95 +831,120 @@ async fn slot_use(bench: &Bench, r: &mut Report) {
         ("fast (5 ms)", 2000, false),
     ] {
         for _ in 0..rounds {
-            let queues = ensure_queue_with_dlq(
-                sqs,
-                &unique("bench-slots"),
-                false,
-                Duration::from_secs(30),
-                5,
-            )
-            .await
-            .unwrap();
-            let bodies: Vec<String> = (0..n)
-                .map(|i| json!({"id": format!("evt-{i}"), "n": i}).to_string())
-                .collect();
-            send_all(sqs, &queues.queue_url, &bodies).await;
-            let spans: Arc<std::sync::Mutex<Vec<(Instant, Instant)>>> = Arc::default();
-            let seen = spans.clone();
-            let handler = staged_only(handler_fn(move |m: sqs_once::Message, _ctx| {
-                let seen = seen.clone();
-                async move {
-                    let started = Instant::now();
-                    let v: Value = serde_json::from_str(m.body()).unwrap();
-                    tokio::time::sleep(if uneven {
-                        uneven_duration(v["n"].as_u64().unwrap())
-                    } else {
-                        Duration::from_millis(5)
-                    })
-                    .await;
-                    seen.lock().unwrap().push((started, Instant::now()));
-                    Ok(None)
-                }
-            }));
-            let calls = CallCounter::default();
-            let sqs_counted = aws_sdk_sqs::Client::from_conf(calls.sqs_config(sdk));
-            let processor = Processor::new(
-                MemoryStore::default(),
-                handler,
-                ProcessorConfig::new("bench"),
-            )
-            .unwrap();
-            let mut pc = PollerConfig::new(&queues.queue_url);
-            pc.concurrency = concurrency;
-            pc.wait_time = Duration::from_secs(1);
-            let stop = CancellationToken::new();
-            let t0 = Instant::now();
-            let task = tokio::spawn(sqs_once::poller::run(
-                sqs_counted,
-                processor,
-                pc,
-                stop.clone(),
-            ));
-            drained(sqs, &queues.queue_url, Duration::from_secs(1800)).await;
-            let wall = t0.elapsed().as_secs_f64();
-            stop.cancel();
-            let stats = task.await.unwrap();
-            let spans = spans.lock().unwrap().clone();
-            assert_eq!(
-                spans.len() as u64,
-                n,
-                "every message handled once: {stats:?}"
-            );
-            assert_eq!(stats.received, n, "{stats:?}");
-            let last_start = spans.iter().map(|s| s.0).max().unwrap();
-            let window = last_start.duration_since(t0).as_secs_f64();
-            let busy_window: f64 = spans
-                .iter()
-                .map(|(a, b)| {
-                    (*b.min(&last_start))
-                        .saturating_duration_since(*a)
-                        .as_secs_f64()
-                })
-                .sum();
-            let busy: f64 = spans
-                .iter()
-                .map(|(a, b)| b.duration_since(*a).as_secs_f64())
-                .sum();
-            let receives = calls
-                .snapshot()
-                .get("SQS.ReceiveMessage")
-                .copied()
-                .unwrap_or(0)
-                - stats.empty_receives;
+            let (window_use, whole_use, receives, rate) =
+                slot_run(bench, n, uneven, concurrency).await;
             r.say(format!(
-                "| {name} | {n} | {:.3} | {:.3} | {:.3} | {:.1} |",
-                busy_window / (concurrency as f64 * window),
-                busy / (concurrency as f64 * wall),
-                receives as f64 / n as f64,
-                n as f64 / wall
+                "| {name} | {n} | {window_use:.3} | {whole_use:.3} | {receives:.3} | {rate:.1} |"
             ));
         }
     }
+}
+
+/// Busy handler time / (slots x time): until the last message started, and
+/// over the whole run (`wall` from `t0`).
+fn slot_use_of(
+    spans: &[(Instant, Instant)],
+    t0: Instant,
+    wall: f64,
+    concurrency: usize,
+) -> (f64, f64) {
+    let last_start = spans.iter().map(|s| s.0).max().unwrap();
+    let window = last_start.duration_since(t0).as_secs_f64();
+    let busy_window: f64 = spans
+        .iter()
+        .map(|(a, b)| {
+            (*b.min(&last_start))
+                .saturating_duration_since(*a)
+                .as_secs_f64()
+        })
+        .sum();
+    let busy: f64 = spans
+        .iter()
+        .map(|(a, b)| b.duration_since(*a).as_secs_f64())
+        .sum();
+    (
+        busy_window / (concurrency as f64 * window),
+        busy / (concurrency as f64 * wall),
+    )
+}
+
+/// One slot-use run: slot use until the last start and over the whole run,
+/// receives per message, messages/s.
+async fn slot_run(bench: &Bench, n: u64, uneven: bool, concurrency: usize) -> (f64, f64, f64, f64) {
+    let Bench { sdk, sqs, .. } = bench;
+    let queues = ensure_queue_with_dlq(
+        sqs,
+        &unique("bench-slots"),
+        false,
+        Duration::from_secs(30),
+        5,
+    )
+    .await
+    .unwrap();
+    let bodies: Vec<String> = (0..n)
+        .map(|i| json!({"id": format!("evt-{i}"), "n": i}).to_string())
+        .collect();
+    send_all(sqs, &queues.queue_url, &bodies).await;
+    let spans: Arc<std::sync::Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let seen = spans.clone();
+    let handler = staged_only(handler_fn(move |m: sqs_once::Message, _ctx| {
+        let seen = seen.clone();
+        async move {
+            let started = Instant::now();
+            let v: Value = serde_json::from_str(m.body()).unwrap();
+            tokio::time::sleep(if uneven {
+                uneven_duration(v["n"].as_u64().unwrap())
+            } else {
+                Duration::from_millis(5)
+            })
+            .await;
+            seen.lock().unwrap().push((started, Instant::now()));
+            Ok(None)
+        }
+    }));
+    let calls = CallCounter::default();
+    let sqs_counted = aws_sdk_sqs::Client::from_conf(calls.sqs_config(sdk));
+    let processor = Processor::new(
+        MemoryStore::default(),
+        handler,
+        ProcessorConfig::new("bench"),
+    )
+    .unwrap();
+    let mut pc = PollerConfig::new(&queues.queue_url);
+    pc.concurrency = concurrency;
+    pc.wait_time = Duration::from_secs(1);
+    let stop = CancellationToken::new();
+    let t0 = Instant::now();
+    let task = tokio::spawn(sqs_once::poller::run(
+        sqs_counted,
+        processor,
+        pc,
+        stop.clone(),
+    ));
+    drained(sqs, &queues.queue_url, Duration::from_secs(1800)).await;
+    let wall = t0.elapsed().as_secs_f64();
+    stop.cancel();
+    let stats = task.await.unwrap();
+    let spans = spans.lock().unwrap().clone();
+    assert_eq!(
+        spans.len() as u64,
+        n,
+        "every message handled once: {stats:?}"
+    );
+    assert_eq!(stats.received, n, "{stats:?}");
+    let (window_use, whole_use) = slot_use_of(&spans, t0, wall, concurrency);
+    let receives = calls
+        .snapshot()
+        .get("SQS.ReceiveMessage")
+        .copied()
+        .unwrap_or(0)
+        - stats.empty_receives;
+    (
+        window_use,
+        whole_use,
+        receives as f64 / n as f64,
+        n as f64 / wall,
+    )
 }
 
 /// Lambda batch time of the ledger handler through `LambdaAdapter` (10
@@ -956,7 +969,8 @@ async fn lambda_batch_ms(bench: &Bench, fast: bool) -> f64 {
             ..Default::default()
         },
     );
-    let (bodies, _) = events(77, 0.3);
+    let (bodies, expected) = events(75, 0.3);
+    assert_eq!(bodies.len(), 100);
     let mut total = 0.0;
     for (b, chunk) in bodies.chunks(10).take(10).enumerate() {
         let records: Vec<_> = chunk
@@ -975,6 +989,7 @@ async fn lambda_batch_ms(bench: &Bench, fast: bool) -> f64 {
         total += started.elapsed().as_secs_f64() * 1000.0;
         assert!(out.batch_item_failures.is_empty());
     }
+    assert_eq!(ledger_rows(ddb, &s.ledger).await, expected, "ledger sums");
     total / 10.0
 }
 
@@ -998,6 +1013,32 @@ fn write_units(consumer: &str, op: &str, record: usize, ledger: usize) -> f64 {
         "DynamoDB.UpdateItem" | "DynamoDB.PutItem" | "DynamoDB.DeleteItem" => kb(record),
         _ => 0.0,
     }
+}
+
+/// Write and read units per message of `consumer`, from its calls per
+/// message and item sizes.
+fn units_per_message(
+    key: &str,
+    calls: &BTreeMap<String, f64>,
+    record: usize,
+    ledger_bytes: usize,
+) -> (f64, f64) {
+    let mut wru = 0.0;
+    let mut rru = 0.0;
+    for (op, n) in calls {
+        // Powertools' UpdateItem calls are, half each, the ledger update
+        // and its record's completion (one of each per new message).
+        if key == "powertools" && op == "DynamoDB.UpdateItem" {
+            wru += n / 2.0 * write_units("plain", op, record, ledger_bytes);
+            wru += n / 2.0 * write_units(key, op, record, ledger_bytes);
+            continue;
+        }
+        wru += n * write_units(key, op, record, ledger_bytes);
+        if op.ends_with("GetItem") || op.ends_with("Query") {
+            rru += n * 0.5 * (record.max(1).div_ceil(4096) as f64);
+        }
+    }
+    (wru, rru)
 }
 
 /// Section 7: dollars per million messages on list prices, from the calls counted in
@@ -1052,21 +1093,7 @@ async fn dollars(bench: &Bench, r: &mut Report) {
             .filter(|(op, _)| op.starts_with("DynamoDB."))
             .map(|(_, n)| n)
             .sum();
-        let mut wru = 0.0;
-        let mut rru = 0.0;
-        for (op, n) in calls {
-            // Powertools' UpdateItem calls are, half each, the ledger update
-            // and its record's completion (one of each per new message).
-            if key == "powertools" && op == "DynamoDB.UpdateItem" {
-                wru += n / 2.0 * write_units("plain", op, record, f.ledger_bytes);
-                wru += n / 2.0 * write_units(key, op, record, f.ledger_bytes);
-                continue;
-            }
-            wru += n * write_units(key, op, record, f.ledger_bytes);
-            if op.ends_with("GetItem") || op.ends_with("Query") {
-                rru += n * 0.5 * (record.max(1).div_ceil(4096) as f64);
-            }
-        }
+        let (wru, rru) = units_per_message(key, calls, record, f.ledger_bytes);
         let sqs_usd = sqs_req * SQS_PER_MILLION_REQUESTS;
         let ddb_usd = wru * DDB_PER_MILLION_WRU + rru * DDB_PER_MILLION_RRU;
         let (ms_txt, lambda_usd, lambda_total) = match ms {
@@ -1090,7 +1117,7 @@ async fn dollars(bench: &Bench, r: &mut Report) {
     r.say("On Lambda the event source mapping's receives and deletes (about 0.2 SQS requests per message, the same for every consumer) come on top.".into());
 }
 
-/// Section 8: Lambda footprint: each function binary of `BENCH_LAMBDA_BINARIES`
+/// Section 8, Lambda footprint: each function binary of `BENCH_LAMBDA_BINARIES`
 /// (`label=path,...`; default the release `ledger`) behind the local Runtime
 /// API: its size, and from process start to the first invocation handled
 /// (one ledger record, fast path), against a warm invocation; median of
