@@ -175,9 +175,9 @@ impl Ledger {
     }
 }
 
-/// The messages in a queue as (body, `sqs_once_reason`), sorted; received
-/// until the queue answers empty (they are left to time out).
-pub async fn bodies_with_reasons(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(String, String)> {
+/// Every message in a queue, with its message attributes: received until
+/// the queue answers empty (they are left to time out).
+pub async fn receive_all(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::types::Message> {
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
@@ -195,14 +195,24 @@ pub async fn bodies_with_reasons(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(S
         if got.is_empty() {
             break;
         }
-        for m in got {
+        out.extend(got);
+    }
+    out
+}
+
+/// The messages in a queue as (body, `sqs_once_reason`), sorted.
+pub async fn bodies_with_reasons(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = receive_all(sqs, url)
+        .await
+        .iter()
+        .map(|m| {
             let reason = m.message_attributes().unwrap()["sqs_once_reason"]
                 .string_value()
                 .unwrap()
                 .to_owned();
-            out.push((m.body().unwrap().to_owned(), reason));
-        }
-    }
+            (m.body().unwrap().to_owned(), reason)
+        })
+        .collect();
     out.sort();
     out
 }

@@ -125,37 +125,23 @@ struct Parked {
     size_attribute: bool,
 }
 
-/// Everything in the DLQ: received until it answers empty.
+/// Everything in the DLQ.
 async fn parked(sqs: &aws_sdk_sqs::Client, dlq: &str) -> Vec<Parked> {
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        let got = sqs
-            .receive_message()
-            .queue_url(dlq)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
-        if got.is_empty() {
-            break;
-        }
-        for m in got {
+    let mut out: Vec<Parked> = crate::common::receive_all(sqs, dlq)
+        .await
+        .iter()
+        .map(|m| {
             let attributes = m.message_attributes().unwrap();
-            out.push(Parked {
+            Parked {
                 body: m.body().unwrap().to_owned(),
                 reason: attributes["sqs_once_reason"]
                     .string_value()
                     .unwrap()
                     .to_owned(),
                 size_attribute: attributes.contains_key(SIZE_ATTRIBUTE),
-            });
-        }
-    }
+            }
+        })
+        .collect();
     out.sort_by(|a, b| a.reason.cmp(&b.reason));
     out
 }
