@@ -13,6 +13,7 @@ use sqs_once::Status;
 use sqs_once::queue::memory::StoredMessage;
 use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
 
+use crate::deliveries::Deliveries;
 use crate::hosts::HostReport;
 use crate::world::{ApiCall, Kind, Scenario};
 
@@ -47,6 +48,8 @@ pub struct Evidence<'a> {
     pub left: Vec<StoredMessage>,
     /// The hosts' reports.
     pub hosts: &'a [HostReport],
+    /// Every delivery and what became of it.
+    pub deliveries: &'a Deliveries,
 }
 
 /// The event id in a body.
@@ -71,13 +74,36 @@ fn sent_order(message: &str) -> u64 {
 pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
     e.dlq
         .iter()
-        .filter(|m| {
-            !m.attributes.contains_key(REASON_ATTRIBUTE)
-                && !m.attributes.contains_key(MESSAGE_ID_ATTRIBUTE)
-        })
+        .filter(|m| moved_by_sqs(m))
         .filter_map(|m| event_of(&m.body))
         .filter(|ev| e.records.get(ev) != Some(&Status::Completed))
         .collect()
+}
+
+/// Messages SQS's redrive policy moved to the DLQ after their effect was
+/// recorded, whose last delivery could not be deleted however the consumer
+/// tried: it sent the delete in time and SQS was out of reach, or it died
+/// holding the message. No consumer can keep such a message from the DLQ; a
+/// copy brought back completes as a duplicate (see [`crate::deliveries`]).
+pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
+    e.dlq
+        .iter()
+        .filter(|m| moved_by_sqs(m))
+        .filter(|m| {
+            event_of(&m.body).is_some_and(|ev| e.records.get(&ev) == Some(&Status::Completed))
+        })
+        .filter(|m| {
+            e.deliveries
+                .last_of(&m.id)
+                .is_some_and(|d| d.delete_was_out_of_reach())
+        })
+        .map(|m| m.id.clone())
+        .collect()
+}
+
+/// A DLQ message SQS's redrive policy moved (not a copy sqs-once parked).
+fn moved_by_sqs(m: &StoredMessage) -> bool {
+    !m.attributes.contains_key(REASON_ATTRIBUTE) && !m.attributes.contains_key(MESSAGE_ID_ATTRIBUTE)
 }
 
 /// Every violation found, in words.
@@ -236,12 +262,23 @@ fn parked_or_applied(
             v.push(format!("{id}: parked without its reason"));
         }
     }
+    let stranded = stranded(e);
     for m in &e.dlq {
         let from = origin(m);
         let event = event_of(&m.body).unwrap_or_default();
-        if applying.contains(from.as_str()) && !exhausted.contains(&event) {
+        if applying.contains(from.as_str())
+            && !exhausted.contains(&event)
+            && !stranded.contains(&m.id)
+        {
+            let last = match e.deliveries.last_of(&from) {
+                Some(d) => format!(
+                    "; its last delivery (receive {}, by {}) was neither deleted in time nor lost with its consumer",
+                    d.count, d.consumer
+                ),
+                None => String::new(),
+            };
             v.push(format!(
-                "{event}: message {from} made its effect and is in the DLQ"
+                "{event}: message {from} made its effect and is in the DLQ{last}"
             ));
         }
     }

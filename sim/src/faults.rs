@@ -22,6 +22,7 @@ use sqs_once::{Claim, DedupStore, Message, Record, StagedWrite, StoreError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::deliveries::Deliveries;
 use crate::trace::Trace;
 
 /// Every random choice of a run, from one seed. Clones share the generator;
@@ -291,17 +292,26 @@ impl Link {
 /// A host's life. After [`Life::kill`] every call through [`Life::guard`]
 /// hangs forever: a crashed host makes no more calls.
 #[derive(Debug, Clone, Default)]
-pub struct Life(CancellationToken);
+pub struct Life(CancellationToken, Arc<Mutex<Option<Instant>>>);
 
 impl Life {
     /// Kills the host.
     pub fn kill(&self) {
+        self.1
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Instant::now);
         self.0.cancel();
     }
 
     /// Whether the host was killed.
     pub fn is_dead(&self) -> bool {
         self.0.is_cancelled()
+    }
+
+    /// When the host was killed.
+    pub fn died_at(&self) -> Option<Instant> {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Completes when the host is killed.
@@ -331,12 +341,19 @@ pub struct FaultyQueue<Q> {
     inner: Q,
     link: Link,
     life: Life,
+    deliveries: Deliveries,
 }
 
 impl<Q: QueueClient> FaultyQueue<Q> {
-    /// `inner` as seen by a host.
-    pub fn new(inner: Q, link: Link, life: Life) -> Self {
-        Self { inner, link, life }
+    /// `inner` as seen by a host; what it receives, deletes and keeps
+    /// invisible is noted in `deliveries`.
+    pub fn new(inner: Q, link: Link, life: Life, deliveries: Deliveries) -> Self {
+        Self {
+            inner,
+            link,
+            life,
+            deliveries,
+        }
     }
 
     async fn call<T>(
@@ -366,6 +383,8 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
             .call("ReceiveMessage", queue, self.inner.receive(queue, request))
             .await?;
         if !got.is_empty() {
+            self.deliveries
+                .received(&self.link.name, &self.life, &got, request.visibility);
             let ids: Vec<String> = got
                 .iter()
                 .map(|m| format!("{}#{}", m.id(), m.receive_count()))
@@ -378,6 +397,7 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
     }
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.deliveries.delete_sent(&[receipt.to_owned()]);
         self.call("DeleteMessage", queue, self.inner.delete(queue, receipt))
             .await
     }
@@ -387,6 +407,7 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.deliveries.delete_sent(receipts);
         self.call(
             "DeleteMessageBatch",
             queue,
@@ -402,7 +423,10 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         timeout: Duration,
     ) -> Result<(), QueueError> {
         let f = self.inner.change_visibility(queue, receipt, timeout);
-        self.call("ChangeMessageVisibility", queue, f).await
+        self.call("ChangeMessageVisibility", queue, f).await?;
+        self.deliveries
+            .visibility_set(&[receipt.to_owned()], timeout);
+        Ok(())
     }
 
     async fn change_visibility_batch(
@@ -412,7 +436,15 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         timeout: Duration,
     ) -> Result<Vec<EntryFailure>, QueueError> {
         let f = self.inner.change_visibility_batch(queue, receipts, timeout);
-        self.call("ChangeMessageVisibilityBatch", queue, f).await
+        let failed = self.call("ChangeMessageVisibilityBatch", queue, f).await?;
+        let accepted: Vec<String> = receipts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !failed.iter().any(|f| f.index == *i))
+            .map(|(_, r)| r.clone())
+            .collect();
+        self.deliveries.visibility_set(&accepted, timeout);
+        Ok(failed)
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {

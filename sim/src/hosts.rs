@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::deliveries::Deliveries;
 use crate::faults::{FaultPlan, FaultyQueue, FaultyStore, Life, Link};
 use crate::trace::Trace;
 use crate::world::{
@@ -46,6 +47,8 @@ pub struct World {
     pub trace: Trace,
     /// The scenario.
     pub scenario: Scenario,
+    /// Every delivery the hosts saw, and what became of it.
+    pub deliveries: Deliveries,
 }
 
 /// What the scheduler tells a host.
@@ -113,7 +116,12 @@ impl Generation {
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
             .with_clock(clock);
-        let queue = FaultyQueue::new(world.queue.clone(), link.clone(), life.clone());
+        let queue = FaultyQueue::new(
+            world.queue.clone(),
+            link.clone(),
+            life.clone(),
+            world.deliveries.clone(),
+        );
         Self {
             life,
             gauge,
@@ -228,7 +236,14 @@ async fn run_lambda(
         Arc::default(),
         Arc::default(),
     );
-    let esm = FaultyQueue::new(world.queue.clone(), esm_link, Life::default());
+    // It stops with the function's generation: a crash ends the invocation
+    // in hand, whose records are then not deleted.
+    let esm = FaultyQueue::new(
+        world.queue.clone(),
+        esm_link,
+        generation.life.clone(),
+        world.deliveries.clone(),
+    );
     let stop = CancellationToken::new();
     let work = invocations(world, spec, adapter, esm, batch, stop.clone());
     tokio::pin!(work);

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod deliveries;
 pub mod faults;
 pub mod hosts;
 pub mod trace;
@@ -33,6 +34,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing_subscriber::Layer;
 
+use crate::deliveries::Deliveries;
 use crate::faults::{Dice, FaultCounts, Link};
 use crate::hosts::{Command, HostReport, World};
 use crate::trace::Trace;
@@ -64,6 +66,10 @@ pub struct Report {
     /// Events SQS's redrive policy moved to the DLQ before their effect was
     /// recorded (receives ran out under faults; see [`check::exhausted`]).
     pub exhausted: usize,
+    /// Messages SQS's redrive policy moved to the DLQ after their effect
+    /// was recorded, because their last delivery's delete could not land
+    /// (see [`check::stranded`]).
+    pub stranded: usize,
     /// Virtual time the run took.
     pub virtual_time: Duration,
 }
@@ -132,6 +138,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         dice: dice.clone(),
         trace: trace.clone(),
         scenario,
+        deliveries: Deliveries::default(),
     });
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
@@ -171,6 +178,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     let evidence = evidence(&world, &accepted, &reports);
     let mut violations = check::check(&evidence);
     let exhausted = check::exhausted(&evidence).len();
+    let stranded = check::stranded(&evidence).len();
     if !producer_done {
         violations.push("the producer failed".into());
     }
@@ -187,6 +195,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         faults: counts.total() + scheduled,
         events: world.scenario.events.len(),
         exhausted,
+        stranded,
         virtual_time: started.elapsed(),
     }
 }
@@ -354,5 +363,6 @@ fn evidence<'a>(
         dlq: world.queue.contents(&world.dlq_url),
         left: world.queue.contents(&world.url),
         hosts,
+        deliveries: &world.deliveries,
     }
 }

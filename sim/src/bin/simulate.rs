@@ -72,6 +72,7 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         faults: 0,
         events: 0,
         exhausted: 0,
+        stranded: 0,
         virtual_time: Duration::ZERO,
     };
     match outcome {
@@ -89,10 +90,11 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
     }
     let again = run(seed, false);
     println!(
-        "seed {seed}: {} events, {} faults, {} redriven by SQS, {:?} virtual, trace {} ({} lines)",
+        "seed {seed}: {} events, {} faults, {} redriven by SQS, {} completed but not deletable in time, {:?} virtual, trace {} ({} lines)",
         report.events,
         report.faults,
         report.exhausted,
+        report.stranded,
         report.virtual_time,
         report.trace_hash,
         report.trace_events
@@ -119,7 +121,8 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
 fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     let (from, mutant) = (args.from, args.mutant.as_deref());
     let started = Instant::now();
-    let (mut ran, mut failed, mut faults, mut exhausted) = (0u64, 0u64, 0u64, 0u64);
+    let (mut ran, mut failed, mut faults) = (0u64, 0u64, 0u64);
+    let (mut exhausted, mut stranded) = (0u64, 0u64);
     let mut seed = from;
     while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
         let mut report = run(seed, false);
@@ -145,6 +148,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         ran += 1;
         faults += report.faults;
         exhausted += report.exhausted as u64;
+        stranded += report.stranded as u64;
         if !report.violations.is_empty() {
             failed += 1;
             println!(
@@ -166,7 +170,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{ran} seeds ({from}..{seed}) in {secs:.1}s: {:.1} seeds/s, {:.1} faults per run, {failed} failed ({exhausted} events redriven to the DLQ by SQS under faults)",
+        "{ran} seeds ({from}..{seed}) in {secs:.1}s: {:.1} seeds/s, {:.1} faults per run, {failed} failed ({exhausted} events redriven to the DLQ by SQS under faults; {stranded} completed messages redriven because no delete could land in time)",
         ran as f64 / secs.max(1e-9),
         faults as f64 / ran.max(1) as f64
     );

@@ -1,0 +1,185 @@
+//! The checker's one allowance for a completed message in the DLQ: SQS's
+//! redrive policy moved it because its last delivery's delete could not land
+//! (sent in time while SQS was out of reach, or its consumer died holding
+//! it). Every other completed message in the DLQ is a violation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use sqs_once::queue::memory::QueueSettings;
+use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+use sqs_once::{MemoryQueue, Status};
+use sqs_once_sim::check::{Effect, Evidence, check, stranded};
+use sqs_once_sim::deliveries::Deliveries;
+use sqs_once_sim::faults::{FaultPlan, Life};
+use sqs_once_sim::run_seed;
+use sqs_once_sim::world::{EventSpec, Kind, Scenario};
+
+const VISIBILITY: Duration = Duration::from_secs(30);
+
+/// One event, received once by `c0`: its delivery noted, the message as it
+/// would sit in the DLQ, and the receipt handle.
+async fn one_delivery(
+    deliveries: &Deliveries,
+    life: &Life,
+) -> (sqs_once::queue::memory::StoredMessage, String) {
+    let queue = MemoryQueue::new();
+    let url = queue
+        .create_queue(QueueSettings::new("q"))
+        .expect("valid settings");
+    let body = serde_json::json!({ "id": "evt-0001" }).to_string();
+    queue
+        .send(
+            &url,
+            OutgoingMessage {
+                body,
+                ..OutgoingMessage::default()
+            },
+        )
+        .await
+        .expect("sent");
+    let request = ReceiveRequest {
+        max: 1,
+        wait: Duration::ZERO,
+        visibility: VISIBILITY,
+    };
+    let got = queue.receive(&url, request).await.expect("received");
+    deliveries.received("c0", life, &got, VISIBILITY);
+    let receipt = got[0].receipt_handle().expect("a receipt").to_owned();
+    let stored = queue.contents(&url).remove(0);
+    (stored, receipt)
+}
+
+fn scenario() -> Scenario {
+    Scenario {
+        fifo: false,
+        kind: Kind::Staged,
+        events: vec![EventSpec {
+            seq: 1,
+            id: "evt-0001".into(),
+            body: serde_json::json!({ "id": "evt-0001" }).to_string(),
+            group: "g0".into(),
+            permanent: false,
+            send_at: Duration::ZERO,
+            late_duplicate_at: None,
+        }],
+        consumers: Vec::new(),
+        plan: FaultPlan::NONE,
+        actions: Vec::new(),
+        panic_rate: 0.0,
+        slow_rate: 0.0,
+        lease: VISIBILITY,
+        heartbeat: Duration::from_secs(10),
+    }
+}
+
+/// The checker's verdict on a completed, applied message found in the DLQ
+/// as SQS moved it: (violations, stranded).
+fn verdict(
+    stored: sqs_once::queue::memory::StoredMessage,
+    deliveries: &Deliveries,
+) -> (Vec<String>, BTreeSet<String>) {
+    let s = scenario();
+    let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
+    let evidence = Evidence {
+        scenario: &s,
+        accepted: &accepted,
+        rows: vec![Effect {
+            event: "evt-0001".into(),
+            message: stored.id.clone(),
+        }],
+        calls: Vec::new(),
+        charged: BTreeMap::new(),
+        records: [("evt-0001".to_owned(), Status::Completed)].into(),
+        unfinished: BTreeMap::new(),
+        dlq: vec![stored],
+        left: Vec::new(),
+        hosts: &[],
+        deliveries,
+    };
+    (check(&evidence), stranded(&evidence))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_completed_message_its_consumer_never_deleted_is_a_violation() {
+    let deliveries = Deliveries::default();
+    let (stored, _) = one_delivery(&deliveries, &Life::default()).await;
+    let (violations, stranded) = verdict(stored, &deliveries);
+    assert!(stranded.is_empty());
+    assert_eq!(violations.len(), 1, "{violations:#?}");
+    assert!(
+        violations[0].contains("made its effect and is in the DLQ")
+            && violations[0].contains("neither deleted in time nor lost with its consumer"),
+        "{violations:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delete_sent_while_the_message_was_held_explains_it() {
+    let deliveries = Deliveries::default();
+    let (stored, receipt) = one_delivery(&deliveries, &Life::default()).await;
+    tokio::time::advance(VISIBILITY / 2).await;
+    deliveries.delete_sent(&[receipt]);
+    let id = stored.id.clone();
+    let (violations, stranded) = verdict(stored, &deliveries);
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(stranded, BTreeSet::from([id]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delete_sent_after_the_visibility_ran_out_does_not() {
+    let deliveries = Deliveries::default();
+    let (stored, receipt) = one_delivery(&deliveries, &Life::default()).await;
+    tokio::time::advance(VISIBILITY + Duration::from_secs(1)).await;
+    deliveries.delete_sent(&[receipt]);
+    let (violations, stranded) = verdict(stored, &deliveries);
+    assert!(stranded.is_empty());
+    assert_eq!(violations.len(), 1, "{violations:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_extension_keeps_the_delete_in_time() {
+    let deliveries = Deliveries::default();
+    let (stored, receipt) = one_delivery(&deliveries, &Life::default()).await;
+    tokio::time::advance(VISIBILITY / 2).await;
+    deliveries.visibility_set(std::slice::from_ref(&receipt), VISIBILITY);
+    tokio::time::advance(VISIBILITY * 3 / 4).await;
+    deliveries.delete_sent(&[receipt]);
+    let (violations, _) = verdict(stored, &deliveries);
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_that_died_holding_it_explains_it_and_one_that_died_later_does_not() {
+    let deliveries = Deliveries::default();
+    let life = Life::default();
+    let (stored, _) = one_delivery(&deliveries, &life).await;
+    tokio::time::advance(VISIBILITY / 2).await;
+    life.kill();
+    let (violations, stranded) = verdict(stored, &deliveries);
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(stranded.len(), 1);
+
+    let deliveries = Deliveries::default();
+    let life = Life::default();
+    let (stored, _) = one_delivery(&deliveries, &life).await;
+    tokio::time::advance(VISIBILITY * 2).await;
+    life.kill();
+    let (violations, stranded) = verdict(stored, &deliveries);
+    assert!(stranded.is_empty());
+    assert_eq!(violations.len(), 1, "{violations:#?}");
+}
+
+/// Seed 10422: a FIFO Lambda consumer cut off from DynamoDB failed two
+/// messages nine times; a poller took their tenth and last allowed delivery,
+/// charged both and committed their records, but was cut off from SQS for
+/// 103 s, so its deletes could not land before their visibility ran out, and
+/// SQS's redrive policy moved them, completed, to the DLQ. No consumer could
+/// keep them out (the checker now tells this case from a missing delete); a
+/// copy brought back completes as a duplicate.
+#[test]
+fn regression_seed_10422_completed_messages_whose_deletes_could_not_land() {
+    let report = run_seed(10422, false).unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.stranded, 2);
+}
