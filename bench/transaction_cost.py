@@ -2,7 +2,9 @@
 sequentially (no concurrency): sqs-once's fast-path record update (its SET/REMOVE
 expression, claim condition and ClientRequestToken) + the ledger update, against
 the hand-written loop's conditional put + the same ledger update, and the plain
-loop's UpdateItem alone. The emulator serves DynamoDB one request at a time, so
+loop's UpdateItem alone. Two variants tell which part of sqs-once's costs: its
+record as a Put of the same attributes under the same condition, and its update
+under the loop's condition. The emulator serves DynamoDB one request at a time, so
 this per-call time bounds each consumer's throughput there; on DynamoDB a call's
 latency does not depend on the expression's length in this way.
 
@@ -31,9 +33,11 @@ for t in tables.values():
         BillingMode="PAY_PER_REQUEST",
     )
 
+# As src/dedup/dynamodb.rs has it.
 CLAIM_CONDITION = (
     "attribute_not_exists(pk) OR expires_at < :now_s "
-    "OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid)) "
+    "OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) "
+    "AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) "
     "OR (#status = :in_progress AND lease_until < :now_ms)"
 )
 
@@ -83,6 +87,60 @@ def sqs_once(i):
     ddb.transact_write_items(TransactItems=[record, ledger(i)], ClientRequestToken=token)
 
 
+def sqs_once_put(i):
+    # sqs-once's record as a Put of the same attributes, same claim condition:
+    # whether the update expression or the condition costs.
+    now_ms = int(time.time() * 1000)
+    pk = f"bench#put-{i}-{suffix}"
+    record = {
+        "Put": {
+            "TableName": tables["dedup"],
+            "Item": {
+                "pk": {"S": pk},
+                "status": {"S": "COMPLETED"},
+                "owner": {"S": str(uuid.uuid4())},
+                "expires_at": {"N": str(now_ms // 1000 + 604800)},
+                "payload_sha256": {"S": hashlib.sha256(pk.encode()).hexdigest()},
+                "message_id": {"S": str(uuid.uuid4())},
+                "claimed_at": {"N": str(now_ms)},
+                "completed_at": {"N": str(now_ms)},
+                "attempts": {"N": "1"},
+            },
+            "ConditionExpression": CLAIM_CONDITION,
+            "ExpressionAttributeNames": {"#status": "status"},
+            "ExpressionAttributeValues": {
+                ":now_s": {"N": str(now_ms // 1000)},
+                ":now_ms": {"N": str(now_ms)},
+                ":failed": {"S": "FAILED"},
+                ":in_progress": {"S": "IN_PROGRESS"},
+                ":mid": {"S": str(uuid.uuid4())},
+            },
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+    }
+    ddb.transact_write_items(TransactItems=[record, ledger(i)])
+
+
+def sqs_once_simple_condition(i):
+    # sqs-once's record update with the hand-written loop's condition.
+    global ddb_tx
+    ddb_tx = ddb.transact_write_items
+
+    def strip(**kw):
+        item = kw["TransactItems"][0]["Update"]
+        item["ConditionExpression"] = "attribute_not_exists(pk)"
+        values = item["ExpressionAttributeValues"]
+        for k in (":now_s", ":failed", ":in_progress"):
+            values.pop(k)
+        return ddb_tx(**kw)
+
+    try:
+        ddb.transact_write_items = strip
+        sqs_once(i + 20_000_000)
+    finally:
+        ddb.transact_write_items = ddb_tx
+
+
 def handwritten(i):
     now = int(time.time())
     record = {
@@ -116,10 +174,18 @@ def sqs_once_without_token(i):
 
 
 out = {}
-times = {k: [] for k in ("sqs_once", "sqs_once_without_token", "handwritten", "plain")}
+SHAPES = (
+    ("sqs_once", sqs_once),
+    ("sqs_once_without_token", sqs_once_without_token),
+    ("sqs_once_put", sqs_once_put),
+    ("sqs_once_simple_condition", sqs_once_simple_condition),
+    ("handwritten", handwritten),
+    ("plain", plain),
+)
+times = {k: [] for k, _ in SHAPES}
 for i in range(N):
     # Alternated, so drift in the shared emulator hits all alike.
-    for name, f in (("sqs_once", sqs_once), ("sqs_once_without_token", sqs_once_without_token), ("handwritten", handwritten), ("plain", plain)):
+    for name, f in SHAPES:
         t = time.perf_counter()
         f(i)
         times[name].append((time.perf_counter() - t) * 1000)
