@@ -214,13 +214,16 @@ impl DynamoStore {
 
     /// Checks at start-up that the table has the expected key schema and TTL.
     pub async fn check_table(&self) -> Result<(), TableCheckError> {
-        let desc = match self
-            .client
-            .describe_table()
-            .table_name(&*self.table)
-            .send()
-            .await
-        {
+        // Both descriptions at once: one round trip of start-up (which a
+        // Lambda cold start pays) instead of two.
+        let (desc, ttl) = tokio::join!(
+            self.client.describe_table().table_name(&*self.table).send(),
+            self.client
+                .describe_time_to_live()
+                .table_name(&*self.table)
+                .send(),
+        );
+        let desc = match desc {
             Ok(d) => d,
             Err(e)
                 if e.as_service_error()
@@ -236,7 +239,7 @@ impl DynamoStore {
             reason: "empty DescribeTable answer".into(),
         })?;
         self.check_key_schema(t)?;
-        self.check_ttl().await
+        self.check_ttl(&ttl.map_err(|e| self.unreachable(&e))?)
     }
 
     /// The table check could not be made.
@@ -284,14 +287,10 @@ impl DynamoStore {
     }
 
     /// TTL enabled (or being enabled) on `expires_at`.
-    async fn check_ttl(&self) -> Result<(), TableCheckError> {
-        let ttl = self
-            .client
-            .describe_time_to_live()
-            .table_name(&*self.table)
-            .send()
-            .await
-            .map_err(|e| self.unreachable(&e))?;
+    fn check_ttl(
+        &self,
+        ttl: &aws_sdk_dynamodb::operation::describe_time_to_live::DescribeTimeToLiveOutput,
+    ) -> Result<(), TableCheckError> {
         let desc = ttl.time_to_live_description();
         let status = desc.and_then(|d| d.time_to_live_status());
         let attr = desc.and_then(|d| d.attribute_name());
