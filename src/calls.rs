@@ -1,5 +1,5 @@
 //! Counting AWS calls by operation, for the cost per message: an SDK
-//! interceptor added to both clients.
+//! interceptor added to the SQS, DynamoDB and S3 (large payloads) clients.
 //!
 //! ```no_run
 //! # async fn f() {
@@ -51,6 +51,14 @@ impl CallCounter {
     /// A DynamoDB client configuration that counts into this counter.
     pub fn dynamodb_config(&self, sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Config {
         aws_sdk_dynamodb::config::Builder::from(sdk)
+            .interceptor(self.clone())
+            .build()
+    }
+
+    /// An S3 client configuration (large payloads) that counts into this
+    /// counter.
+    pub fn s3_config(&self, sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Config {
+        aws_sdk_s3::config::Builder::from(sdk)
             .interceptor(self.clone())
             .build()
     }

@@ -390,7 +390,9 @@ async fn prepare<H: Handler>(
     let mut processor = Processor::new(store, handler, config).map_err(startup_failure)?;
     if args.large_payloads {
         let s3 = aws_sdk_s3::Client::from_conf(
-            aws_sdk_s3::config::Builder::from(&sdk)
+            calls
+                .s3_config(&sdk)
+                .to_builder()
                 .timeout_config(attempt_timeout(Duration::from_secs(30)))
                 .build(),
         );

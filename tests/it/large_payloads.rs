@@ -168,6 +168,8 @@ async fn consume(runtime: Runtime, l: &Ledger, sqs: &aws_sdk_sqs::Client, env: &
                 (&2.into(), &1.into(), &2.into(), &0.into()),
                 "{s}"
             );
+            // Every payload read once, counted with the other AWS calls.
+            assert_eq!(s["calls"]["S3.GetObject"], 5, "{s}");
         }
         Runtime::Lambda => {
             let mut vars: Vec<(String, String)> = [
