@@ -46,13 +46,15 @@ pub(crate) enum Command {
     ///
     /// Example: sqs-once forget evt-42 --table dedup --consumer ledger
     Forget(ForgetArgs),
-    /// Move parked messages from a DLQ back to their source queue: with SQS's
-    /// message move task where available (all messages), else (or with --max,
-    /// or FIFO) by receive, send, then delete, so a crash never loses a message.
-    /// Refuses unless the source queue's redrive policy names the DLQ. Every
-    /// message attribute is kept as it is (the dedup key parking recorded among
-    /// them): a message left in both queues by a crash or a failed delete is
-    /// reported, and its second copy is a duplicate, not a second effect.
+    /// Move parked messages from a DLQ back to their source queue: by receive,
+    /// send, then delete, so a crash never loses a message (or, with
+    /// --move-task, by SQS's message move task). Refuses unless the source
+    /// queue's redrive policy names the DLQ. Every message attribute is kept as
+    /// it is (the dedup key parking recorded among them); a message SQS's
+    /// redrive policy moved gets its dedup key added (its message id, which the
+    /// copy sent back loses). A message left in both queues by a crash or a
+    /// failed delete is reported, and its second copy is a duplicate, not a
+    /// second effect.
     ///
     /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --max 100
     ///
@@ -187,6 +189,13 @@ pub(crate) struct RedriveArgs {
     /// messages into the DLQ unprocessed).
     #[arg(long)]
     pub(crate) skip_redrive_check: bool,
+    /// Let SQS's message move task do it (standard queues, no --max): fast,
+    /// but every message gets a new id and no attribute can be added, so a
+    /// message SQS's redrive policy moved there (rather than sqs-once parked)
+    /// loses its dedup key under `message-id` keys and runs again. By default
+    /// messages are moved by receive, send, delete, each carrying its key.
+    #[arg(long)]
+    pub(crate) move_task: bool,
 }
 
 #[derive(clap::Args)]
@@ -255,6 +264,7 @@ impl RedriveArgs {
             max: self.max,
             dry_run: self.dry_run,
             skip_redrive_check: self.skip_redrive_check,
+            move_task: self.move_task,
         }
     }
 }

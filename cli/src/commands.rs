@@ -179,6 +179,12 @@ pub(crate) async fn redrive(
             escape(id)
         );
     }
+    for id in &report.without_key {
+        eprintln!(
+            "warning: message {} was sent without a dedup key (it has 10 attributes, no room for one): under `message-id` keys it runs as a new message",
+            escape(id)
+        );
+    }
     for (id, why) in &report.not_sent {
         eprintln!(
             "warning: message {} was not sent ({}); it stays in {dlq_url}, visible again in 60 s",

@@ -16,7 +16,7 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use sqs_once::cli::escape;
 use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use sqs_once::dedup::{Record, Status, StoredResult};
-use sqs_once::key::record_key;
+use sqs_once::key::{DEDUP_KEY_ATTRIBUTE, carry_key, record_key};
 use sqs_once::queue::REASON_ATTRIBUTE;
 
 type GetItemError = aws_sdk_dynamodb::operation::get_item::GetItemError;
@@ -535,6 +535,10 @@ pub struct Redriven {
     pub in_both: Vec<String>,
     /// Not sent (left in the DLQ, visible again after 60 s), with the reason.
     pub not_sent: Vec<(String, String)>,
+    /// Sent without a carried dedup key, as they had no room for one (10
+    /// message attributes already): under `message-id` keys each runs as a
+    /// new message.
+    pub without_key: Vec<String>,
 }
 
 /// How [`redrive`] runs.
@@ -546,6 +550,11 @@ pub struct RedriveOptions {
     pub dry_run: bool,
     /// Move even when the source queue's redrive policy does not name the DLQ.
     pub skip_redrive_check: bool,
+    /// Use SQS's message move task (standard queues, no `max`): fast, but it
+    /// gives every message a new id and adds no attribute, so a message SQS's
+    /// redrive policy moved (rather than sqs-once parked) loses its key under
+    /// `message-id` keys and runs again.
+    pub move_task: bool,
 }
 
 /// The source queue's settings redrive needs: its maximum message size (the
@@ -614,8 +623,10 @@ pub async fn redrive(
     }
     let mut report = Redriven::default();
     let fifo = source_url.ends_with(".fifo");
-    // Where the endpoint does not offer the move task, we move them ourselves.
-    if options.max.is_none()
+    // Only when asked (see `RedriveOptions::move_task`), and where the
+    // endpoint offers it; else we move them ourselves.
+    if options.move_task
+        && options.max.is_none()
         && !fifo
         && let Some(moved) = move_task(sqs, dlq_url, source_url, &mut progress).await?
     {
@@ -645,12 +656,45 @@ pub async fn redrive(
         if got.is_empty() {
             break;
         }
+        let got: Vec<Message> = got
+            .into_iter()
+            .map(|m| carrying_key(m, &mut report))
+            .collect();
         for batch in size_batches(&got, max_size) {
             move_batch(sqs, dlq_url, source_url, fifo, batch, &mut report).await?;
             progress(report.moved);
         }
     }
     Ok(report)
+}
+
+/// `m` carrying the dedup key a `message-id` consumer gave it. A copy
+/// sqs-once parked carries its key already; a message SQS's redrive policy
+/// moved does not, and keeps its message id in the DLQ (the key such a
+/// consumer used), while the copy sent back gets a new one: without the key
+/// its effect, already made or not, would be made again under a new key.
+/// Other key sources ignore the attribute. A message with no room left for
+/// it (10 attributes) is sent as it is and reported.
+fn carrying_key(mut m: Message, report: &mut Redriven) -> Message {
+    let attrs = m.message_attributes.get_or_insert_with(HashMap::new);
+    if attrs.contains_key(DEDUP_KEY_ATTRIBUTE) {
+        return m;
+    }
+    let id = m.message_id.clone().unwrap_or_default();
+    if attrs.len() >= 10 || id.is_empty() {
+        report.without_key.push(id);
+        return m;
+    }
+    let key = carry_key(m.body.as_deref().unwrap_or_default(), &id);
+    attrs.insert(
+        DEDUP_KEY_ATTRIBUTE.to_owned(),
+        MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(key)
+            .build()
+            .expect("complete attribute"),
+    );
+    m
 }
 
 /// The DLQ's depth and its first messages (peeked: visible again at once).

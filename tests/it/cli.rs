@@ -932,3 +932,64 @@ async fn init_check_reports_an_existing_queues_differences_as_init_does() {
     assert!(r.stderr.contains("2 problem(s)"), "{}", r.stderr);
     assert_eq!(queue_attrs(&sqs, &url).await[&A::VisibilityTimeout], "360");
 }
+
+/// A message SQS's redrive policy moved to the DLQ (its receives ran out: not
+/// parked by sqs-once, so it carries no dedup key) keeps its message id there.
+/// Brought back it gets a new id; `redrive` adds the key a `message-id`
+/// consumer used for it, so its record is found and its effect not made again.
+#[tokio::test]
+async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    let original = sqs
+        .send_message()
+        .queue_url(&q.queue_url)
+        .message_body("{\"id\":\"evt-moved\"}")
+        .send()
+        .await
+        .unwrap()
+        .message_id
+        .unwrap();
+    // Received and let go until the redrive policy (5 receives) moves it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while depth(&sqs, &q.dlq_url).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never moved to the DLQ");
+        sqs.receive_message()
+            .queue_url(&q.queue_url)
+            .visibility_timeout(0)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+    }
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &[])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+
+    let got = sqs
+        .receive_message()
+        .queue_url(&q.queue_url)
+        .message_attribute_names("All")
+        .wait_time_seconds(5)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(got.len(), 1);
+    let m = &got[0];
+    let carried = m
+        .message_attributes()
+        .and_then(|a| a.get(sqs_once::key::DEDUP_KEY_ATTRIBUTE))
+        .and_then(|v| v.string_value())
+        .expect("the redriven copy carries a dedup key")
+        .to_owned();
+    let copy = sqs_once::Message::new(m.message_id().unwrap(), m.body().unwrap())
+        .with_attribute(sqs_once::key::DEDUP_KEY_ATTRIBUTE, carried);
+    assert_ne!(copy.id(), original, "SQS gave the copy a new id");
+    assert_eq!(
+        sqs_once::KeySource::MessageId.extract(&copy).unwrap(),
+        original,
+        "a message-id consumer finds the original's record"
+    );
+}
