@@ -440,16 +440,18 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         if let Some(url) = urls.get(arn) {
             return url.clone();
         }
-        let mut parts = arn.rsplitn(3, ':');
-        let url = match (parts.next(), parts.next()) {
-            (Some(name), Some(account)) => match self.inner.queue.queue_url(name, account).await {
-                Ok(url) => Some(url),
+        let url = match crate::queue::queue_arn_parts(arn) {
+            Some((name, account)) => match self.inner.queue.queue_url(name, account).await {
+                Ok(url) => {
+                    self.check_retention_later(&url);
+                    Some(url)
+                }
                 Err(e) => {
                     warn!(arn, error = %e, "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL): visibility will not be extended or delayed");
                     None
                 }
             },
-            _ => {
+            None => {
                 warn!(
                     arn,
                     "eventSourceARN is not a queue ARN: visibility will not be extended or delayed"
@@ -461,6 +463,24 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             urls.insert(arn.to_owned(), url.clone());
         }
         url
+    }
+
+    /// The start-up check a poller makes of the queue's retention against
+    /// `SQS_ONCE_TTL` (a warning only), made beside the invocations once per
+    /// queue so it adds nothing to a cold start.
+    fn check_retention_later(&self, url: &str) {
+        let (queue, url) = (self.inner.queue.clone(), url.to_owned());
+        let ttl = self.inner.processor.config().ttl;
+        tokio::spawn(async move {
+            match queue.attributes(&url).await {
+                Ok(a) => {
+                    crate::queue::check_retention(&queue, &url, &a, ttl).await;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the queue's retention for the TTL check");
+                }
+            }
+        });
     }
 }
 

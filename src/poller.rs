@@ -156,15 +156,7 @@ pub async fn check_queue<Q: QueueClient>(
             "the queue's visibility timeout is not above the heartbeat interval: messages may be redelivered while their handler runs (lower SQS_ONCE_HEARTBEAT or raise the queue's VisibilityTimeout)"
         );
     }
-    if let Some(retention) = attributes.retention
-        && retention >= ttl
-    {
-        warn!(
-            ?retention,
-            ?ttl,
-            "SQS_ONCE_TTL is not longer than the queue's retention: a message redelivered late could be processed again"
-        );
-    }
+    crate::queue::check_retention(queue, queue_url, &attributes, ttl).await;
     Ok(())
 }
 

@@ -903,6 +903,10 @@ impl QueueClient for MemoryQueue {
             visibility_timeout: Some(q.settings.visibility_timeout),
             retention: Some(q.settings.retention),
             max_message_bytes: Some(q.settings.max_message_bytes),
+            dead_letter_target_arn: q.settings.redrive.as_ref().map(|r| {
+                let name = r.dlq_url.rsplit('/').next().unwrap_or_default();
+                format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}")
+            }),
         })
     }
 

@@ -58,7 +58,7 @@ pub struct OutgoingMessage {
 }
 
 /// The attributes of a queue the runtimes read (`None` when not answered).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct QueueAttributes {
     /// `VisibilityTimeout`.
     pub visibility_timeout: Option<Duration>,
@@ -66,6 +66,63 @@ pub struct QueueAttributes {
     pub retention: Option<Duration>,
     /// `MaximumMessageSize`, in bytes.
     pub max_message_bytes: Option<usize>,
+    /// The ARN of the DLQ its `RedrivePolicy` names.
+    pub dead_letter_target_arn: Option<String>,
+}
+
+/// (name, account) of a queue ARN (`arn:aws:sqs:region:account:name`).
+pub fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
+    let mut parts = arn.rsplitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), Some(account), Some(_)) if !name.is_empty() && !account.is_empty() => {
+            Some((name, account))
+        }
+        _ => None,
+    }
+}
+
+/// Warns when a message could come back after its dedup record expired, and
+/// so run again: `ttl` (`SQS_ONCE_TTL`) not above the source queue's retention
+/// plus that of the DLQ its redrive policy names (a message can wait its
+/// retention in the source, then in the DLQ, before it is brought back). The
+/// DLQ is looked up only for this warning: a failed lookup is logged and
+/// ignored. Returns the retention the TTL should exceed, when it warned.
+pub async fn check_retention<Q: QueueClient>(
+    queue: &Q,
+    queue_url: &str,
+    source: &QueueAttributes,
+    ttl: Duration,
+) -> Option<Duration> {
+    let retention = source.retention?;
+    let dlq = match source
+        .dead_letter_target_arn
+        .as_deref()
+        .and_then(queue_arn_parts)
+    {
+        Some((name, account)) => match queue.queue_url(name, account).await {
+            Ok(url) => queue.attributes(&url).await.map(|a| (url, a.retention)),
+            Err(e) => Err(e),
+        },
+        None => Ok((String::new(), None)),
+    };
+    let (dlq_url, dlq_retention) = dlq.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "cannot read the DLQ's retention for the TTL check");
+        (String::new(), None)
+    });
+    let total = retention + dlq_retention.unwrap_or_default();
+    if total >= ttl {
+        tracing::warn!(
+            queue = queue_url,
+            ?retention,
+            dlq = dlq_url,
+            ?dlq_retention,
+            ?ttl,
+            "SQS_ONCE_TTL is not longer than the queue's retention plus its DLQ's: a message brought back late (redelivered, or redriven from the DLQ) could find its record expired and run again; raise SQS_ONCE_TTL above {}",
+            humantime::format_duration(total)
+        );
+        return Some(total);
+    }
+    None
 }
 
 /// One entry of a batch call that failed; the others succeeded.
@@ -193,7 +250,69 @@ pub fn is_fifo(queue: &str) -> bool {
     queue.ends_with(".fifo")
 }
 
-/// A visibility timeout as SQS takes it: whole seconds, capped at 12 hours.
+/// A visibility timeout as SQS takes it: whole seconds, rounded up (a
+/// part-second extension must not become 0, which makes the message visible
+/// at once), capped at 12 hours.
 pub fn visibility_secs(timeout: Duration) -> i32 {
-    i32::try_from(timeout.min(SQS_MAX_VISIBILITY).as_secs()).unwrap_or(43_200)
+    let secs = timeout.min(SQS_MAX_VISIBILITY).as_millis().div_ceil(1000);
+    i32::try_from(secs).unwrap_or(43_200).min(43_200)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::memory::{QueueSettings, RedrivePolicy};
+
+    #[test]
+    fn a_part_second_visibility_rounds_up_and_zero_stays_zero() {
+        assert_eq!(visibility_secs(Duration::ZERO), 0);
+        assert_eq!(visibility_secs(Duration::from_millis(400)), 1);
+        assert_eq!(visibility_secs(Duration::from_millis(30_001)), 31);
+        assert_eq!(visibility_secs(Duration::from_secs(30)), 30);
+        assert_eq!(visibility_secs(Duration::from_secs(13 * 3600)), 43_200);
+    }
+
+    #[test]
+    fn a_queue_arn_gives_its_name_and_account() {
+        assert_eq!(
+            queue_arn_parts("arn:aws:sqs:eu-west-1:123456789012:orders.fifo"),
+            Some(("orders.fifo", "123456789012"))
+        );
+        assert_eq!(queue_arn_parts("orders"), None);
+        assert_eq!(queue_arn_parts("arn:aws:sqs:eu-west-1:123:"), None);
+    }
+
+    /// A source queue keeping messages 4 days whose DLQ keeps them 14.
+    async fn source_with_dlq() -> (crate::MemoryQueue, String, QueueAttributes) {
+        let queue = crate::MemoryQueue::new();
+        let mut dlq = QueueSettings::new("orders-dlq");
+        dlq.retention = Duration::from_secs(14 * 86_400);
+        let dlq_url = queue.create_queue(dlq).unwrap();
+        let mut source = QueueSettings::new("orders");
+        source.retention = Duration::from_secs(4 * 86_400);
+        source.redrive = Some(RedrivePolicy {
+            dlq_url,
+            max_receive_count: 5,
+        });
+        let url = queue.create_queue(source).unwrap();
+        let attributes = queue.attributes(&url).await.unwrap();
+        (queue, url, attributes)
+    }
+
+    #[tokio::test]
+    async fn a_ttl_below_the_source_and_dlq_retention_together_is_warned_about() {
+        let (queue, url, attributes) = source_with_dlq().await;
+        assert!(attributes.dead_letter_target_arn.is_some());
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(
+            check_retention(&queue, &url, &attributes, week).await,
+            Some(Duration::from_secs(18 * 86_400)),
+            "7 days is above the source's 4 but not above 4 + 14"
+        );
+        let three_weeks = Duration::from_secs(21 * 86_400);
+        assert_eq!(
+            check_retention(&queue, &url, &attributes, three_weeks).await,
+            None
+        );
+    }
 }

@@ -264,16 +264,22 @@ impl QueueClient for Client {
             .attribute_names(QueueAttributeName::VisibilityTimeout)
             .attribute_names(QueueAttributeName::MessageRetentionPeriod)
             .attribute_names(QueueAttributeName::MaximumMessageSize)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
             .map_err(|e| queue_error("GetQueueAttributes", queue, e))?;
         let attrs = out.attributes.unwrap_or_default();
+        let dead_letter_target_arn = attrs
+            .get(&QueueAttributeName::RedrivePolicy)
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+            .and_then(|p| p.get("deadLetterTargetArn")?.as_str().map(str::to_owned));
         Ok(QueueAttributes {
             visibility_timeout: attribute_secs(&attrs, &QueueAttributeName::VisibilityTimeout),
             retention: attribute_secs(&attrs, &QueueAttributeName::MessageRetentionPeriod),
             max_message_bytes: attrs
                 .get(&QueueAttributeName::MaximumMessageSize)
                 .and_then(|v| v.parse().ok()),
+            dead_letter_target_arn,
         })
     }
 

@@ -953,7 +953,10 @@ async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
     // Received and let go until the redrive policy (5 receives) moves it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while depth(&sqs, &q.dlq_url).await == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "never moved to the DLQ");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never moved to the DLQ"
+        );
         sqs.receive_message()
             .queue_url(&q.queue_url)
             .visibility_timeout(0)
