@@ -88,6 +88,12 @@ pub struct RuntimeArgs {
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
+    /// Lambda: when every record of a batch is to come back, answer with an
+    /// error (`error`, so the whole batch comes back even without
+    /// ReportBatchItemFailures, and counts in Lambda's Errors) or with the
+    /// full list (`list`).
+    #[arg(long, env = "SQS_ONCE_LAMBDA_FULL_FAILURE", default_value = "error", value_parser = ["error", "list"])]
+    pub lambda_full_failure: String,
     /// Large payloads (`on`/`off`): a body that is an SQS Extended Client
     /// Library's S3 pointer is replaced by the object's content before the
     /// dedup key is read and the handler runs.
@@ -188,6 +194,7 @@ impl RuntimeArgs {
             margin: parse_duration("SQS_ONCE_LAMBDA_MARGIN", &self.lambda_margin)?,
             queue_url: self.queue_url.clone().filter(|u| !u.is_empty()),
             emf: true,
+            error_on_full_failure: self.lambda_full_failure == "error",
         };
         Ok((p, l))
     }

@@ -78,6 +78,13 @@ pub struct LambdaConfig {
     /// Print the processor's counters as EMF lines on stdout after every
     /// invocation (the binaries turn this on).
     pub emf: bool,
+    /// When every record of a batch is to come back, answer with an error
+    /// rather than a list naming them all (as Powertools does): the whole
+    /// batch then comes back even where the event source mapping lacks
+    /// `ReportBatchItemFailures` (which would read a response as success and
+    /// delete every record), and the invocation counts in Lambda's `Errors`.
+    /// Off, such a batch is answered with the full list.
+    pub error_on_full_failure: bool,
 }
 
 impl Default for LambdaConfig {
@@ -88,15 +95,26 @@ impl Default for LambdaConfig {
             margin: Duration::from_secs(3),
             queue_url: None,
             emf: false,
+            error_on_full_failure: true,
         }
     }
 }
 
-/// An event that is not an SQS event: the invocation fails, so Lambda retries
-/// the whole batch (nothing is lost; completed records are then duplicates).
+/// An invocation answered with an error: Lambda retries the whole batch
+/// (nothing is lost; completed records are then duplicates).
 #[derive(Debug, thiserror::Error)]
-#[error("not an SQS event: {0}")]
-pub struct EventError(String);
+pub enum EventError {
+    /// The event is not an SQS event.
+    #[error("not an SQS event: {0}")]
+    NotSqs(String),
+    /// Every record is to come back ([`LambdaConfig::error_on_full_failure`]).
+    #[error(
+        "all {} record(s) of the batch are to come back ({}); answered with an error so that they do even without ReportBatchItemFailures",
+        .0.len(),
+        .0.join(", ")
+    )]
+    WholeBatch(Vec<String>),
+}
 
 /// Runs SQS events through a [`Processor`]. Cheap to clone.
 ///
@@ -182,10 +200,35 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let queue = messages().find_map(Message::queue).map(str::to_owned);
         let span = crate::trace::invocation_span(queue.as_deref(), records.len());
         crate::trace::link_producers(&span, messages());
+        let total = records.len();
         let response = self.run_event(records, deadline).instrument(span).await;
         // The environment may be frozen once the invocation answers.
         crate::trace::flush().await;
+        let failed = &response.batch_item_failures;
+        if self.inner.config.error_on_full_failure && total > 0 && failed.len() == total {
+            let ids = failed.iter().map(|f| f.item_identifier.clone()).collect();
+            return Err(EventError::WholeBatch(ids));
+        }
         Ok(response)
+    }
+
+    /// The margin of an invocation: `SQS_ONCE_LAMBDA_MARGIN`, unless less
+    /// than twice that is left at its start (a function timeout at or near
+    /// the margin, such as Lambda's default 3 s): no record would ever start
+    /// then, and every one would end in the DLQ unprocessed. A quarter of
+    /// the time left is used instead, with an error naming both settings.
+    fn margin_for(&self, deadline: Instant) -> Duration {
+        let margin = self.inner.config.margin;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left >= margin * 2 {
+            return margin;
+        }
+        error!(
+            ?left,
+            ?margin,
+            "the invocation starts with less than twice SQS_ONCE_LAMBDA_MARGIN left: raise the function's timeout well above the margin; running with a margin of a quarter of the time left"
+        );
+        left / 4
     }
 
     /// Runs the records of one event; the response listing those that must come back.
@@ -194,14 +237,16 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .iter()
             .any(|r| r.parsed.as_ref().is_ok_and(|(m, _)| m.group_id().is_some()));
         let stop = CancellationToken::new();
-        let stop_at = deadline
-            .checked_sub(self.inner.config.margin / 2)
-            .unwrap_or(deadline);
+        let budget = Budget {
+            deadline,
+            margin: self.margin_for(deadline),
+        };
+        let stop_at = deadline.checked_sub(budget.margin / 2).unwrap_or(deadline);
         let total = records.len();
         let all: Vec<(usize, String)> = records.iter().map(|r| (r.index, r.id.clone())).collect();
         let done = std::sync::Mutex::new(Vec::new());
         let finished = Finished::default();
-        let work = self.run_records(records, fifo, deadline, &stop, &done, &finished);
+        let work = self.run_records(records, fifo, budget, &stop, &done, &finished);
         tokio::pin!(work);
         let mut failed = tokio::select! {
             biased;
@@ -213,7 +258,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 // when releases and parks outlast the deadline (DynamoDB or
                 // SQS unreachable), every record not known to be finished is
                 // listed, rather than the whole batch coming back.
-                let answer_by = deadline.checked_sub(self.inner.config.margin / 4).unwrap_or(deadline);
+                let answer_by = deadline.checked_sub(budget.margin / 4).unwrap_or(deadline);
                 match tokio::time::timeout_at(answer_by, &mut work).await {
                     Ok(f) => f,
                     Err(_) => {
@@ -224,7 +269,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 }
             }
         };
-        self.delete_payloads(&finished, deadline).await;
+        self.delete_payloads(&finished, budget).await;
         failed.sort_unstable_by_key(|(index, _)| *index);
         info!(records = total, failed = failed.len(), fifo, "batch done");
         if self.inner.config.emf {
@@ -245,10 +290,12 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
 
     async fn parse(&self, event: serde_json::Value) -> Result<Vec<Record>, EventError> {
         let serde_json::Value::Object(mut event) = event else {
-            return Err(EventError("the event is not a JSON object".into()));
+            return Err(EventError::NotSqs("the event is not a JSON object".into()));
         };
         let Some(serde_json::Value::Array(raw)) = event.remove("Records") else {
-            return Err(EventError("the event has no \"Records\" array".into()));
+            return Err(EventError::NotSqs(
+                "the event has no \"Records\" array".into(),
+            ));
         };
         let mut records = Vec::with_capacity(raw.len());
         for (index, raw) in raw.into_iter().enumerate() {
@@ -258,7 +305,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
             else {
-                return Err(EventError(format!("record {index} has no messageId")));
+                return Err(EventError::NotSqs(format!(
+                    "record {index} has no messageId"
+                )));
             };
             let parsed = match serde_json::from_value::<SqsMessage>(raw) {
                 Ok(m) => {
@@ -287,7 +336,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         &self,
         records: Vec<Record>,
         fifo: bool,
-        deadline: Instant,
+        budget: Budget,
         stop: &CancellationToken,
         done: &std::sync::Mutex<Vec<usize>>,
         finished: &Finished,
@@ -306,7 +355,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 let mut rest = lane.into_iter().peekable();
                 let mut hold = None;
                 while let Some(r) = rest.next() {
-                    let disposition = self.run_one(&r, deadline, stop, finished).await;
+                    let disposition = self.run_one(&r, budget, stop, finished).await;
                     if let Disposition::Done = disposition {
                         done.lock().unwrap_or_else(|e| e.into_inner()).push(r.index);
                     }
@@ -357,7 +406,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     async fn run_one(
         &self,
         record: &Record,
-        deadline: Instant,
+        budget: Budget,
         stop: &CancellationToken,
         finished: &Finished,
     ) -> Disposition {
@@ -370,9 +419,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         };
         let inner = &self.inner;
         if stop.is_cancelled()
-            || deadline.saturating_duration_since(Instant::now()) <= inner.config.margin
+            || budget.deadline.saturating_duration_since(Instant::now()) <= budget.margin
         {
-            info!(message_id = %record.id, "too little time left in the invocation; not started");
+            warn!(message_id = %record.id, "too little time left in the invocation; not started");
             return Disposition::Again { after: None };
         }
         let visibility = queue.as_deref().map(|url| QueueVisibility {
@@ -385,7 +434,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 message.clone(),
                 ProcessOptions {
                     visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
-                    deadline: Some(deadline),
+                    deadline: Some(budget.deadline),
                     stop: Some(stop.clone()),
                 },
             )
@@ -412,13 +461,14 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// Lambda's own delete of these messages afterwards is a no-op. Bounded
     /// to end a quarter of the margin before the deadline; what is left then
     /// keeps its object.
-    async fn delete_payloads(&self, finished: &Finished, deadline: Instant) {
+    async fn delete_payloads(&self, finished: &Finished, budget: Budget) {
         let Some(payloads) = self.inner.processor.large_payloads() else {
             return;
         };
-        let by = deadline
-            .checked_sub(self.inner.config.margin / 4)
-            .unwrap_or(deadline);
+        let by = budget
+            .deadline
+            .checked_sub(budget.margin / 4)
+            .unwrap_or(budget.deadline);
         let work = async {
             for (queue, entries) in finished.by_queue() {
                 for chunk in entries.chunks(crate::queue::BATCH) {
@@ -482,6 +532,13 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             }
         });
     }
+}
+
+/// An invocation's deadline and the margin kept before it.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    deadline: Instant,
+    margin: Duration,
 }
 
 /// The finished records whose large payloads are to be deleted: (queue URL,

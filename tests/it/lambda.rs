@@ -70,6 +70,15 @@ fn failures(r: &SqsBatchResponse) -> Vec<String> {
         .collect()
 }
 
+/// Answers a batch whose every record fails with the list (not an error),
+/// for tests of which records are listed.
+fn listing() -> LambdaConfig {
+    LambdaConfig {
+        error_on_full_failure: false,
+        ..Default::default()
+    }
+}
+
 fn in_secs(secs: u64) -> SystemTime {
     SystemTime::now() + Duration::from_secs(secs)
 }
@@ -346,6 +355,48 @@ async fn fifo_failure_stops_its_group_only_and_keeps_order() {
 async fn no_record_starts_with_too_little_time_left() {
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let c = calls.clone();
+    // One record at a time: m1 takes 4.5 s of the 6 s, so m2 would start
+    // with 1.5 s left, under the 2 s margin.
+    let handler = handler_fn(move |m, _ctx| {
+        c.lock().unwrap().push(m.id().to_owned());
+        let slow = m.body() == "slow";
+        async move {
+            if slow {
+                tokio::time::sleep(Duration::from_millis(4500)).await;
+            }
+            Ok(None)
+        }
+    });
+    let a = adapter(
+        &dedup,
+        handler,
+        ProcessorConfig::new("c"),
+        LambdaConfig {
+            margin: Duration::from_secs(2),
+            concurrency: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    let records = [rec("m1", "slow"), rec("m2", "y")];
+    let response = a
+        .handle(event_like("sqs-standard-event.json", &records), in_secs(6))
+        .await
+        .unwrap();
+    assert_eq!(failures(&response), ["m2"]);
+    assert_eq!(*calls.lock().unwrap(), ["m1"], "m2 was not started");
+}
+
+/// A function timeout not above twice the margin (Lambda's default 3 s
+/// against the default 3 s margin) would start no record ever, and every
+/// message would end in the DLQ unprocessed: the invocation runs with a
+/// quarter of its time as the margin instead (and logs an error).
+#[tokio::test]
+async fn a_function_timeout_near_the_margin_still_runs_its_records() {
+    let ddb = ddb().await;
+    let dedup = dedup_table(&ddb).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let handler = handler_fn(move |_m, _ctx| {
@@ -357,7 +408,7 @@ async fn no_record_starts_with_too_little_time_left() {
         handler,
         ProcessorConfig::new("c"),
         LambdaConfig {
-            margin: Duration::from_secs(5),
+            margin: Duration::from_secs(3),
             ..Default::default()
         },
     )
@@ -367,10 +418,45 @@ async fn no_record_starts_with_too_little_time_left() {
         .handle(event_like("sqs-standard-event.json", &records), in_secs(3))
         .await
         .unwrap();
+    assert_eq!(failures(&response), Vec::<String>::new());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Every record to come back: the invocation answers with an error (so the
+/// whole batch comes back even where the event source mapping was created
+/// without ReportBatchItemFailures, which would delete every record of a
+/// listed response), or, configured so, with the full list.
+#[tokio::test]
+async fn a_batch_whose_every_record_fails_is_answered_with_an_error() {
+    let ddb = ddb().await;
+    let dedup = dedup_table(&ddb).await;
+    let handler = || handler_fn(|_m, _c| async { Err(HandlerError::retry("not yet")) });
+    let records = [rec("m1", "x"), rec("m2", "y")];
+    let a = adapter(
+        &dedup,
+        handler(),
+        ProcessorConfig::new("c"),
+        LambdaConfig::default(),
+    )
+    .await;
+    let err = a
+        .handle(event_like("sqs-standard-event.json", &records), in_secs(60))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, sqs_once::lambda::EventError::WholeBatch(ids) if *ids == ["m1", "m2"]),
+        "{err}"
+    );
+    let listing = LambdaConfig {
+        error_on_full_failure: false,
+        ..Default::default()
+    };
+    let a = adapter(&dedup, handler(), ProcessorConfig::new("c2"), listing).await;
+    let response = a
+        .handle(event_like("sqs-standard-event.json", &records), in_secs(60))
+        .await
+        .unwrap();
     assert_eq!(failures(&response), ["m1", "m2"]);
-    assert_eq!(calls.load(Ordering::SeqCst), 0);
-    let claims = ddb.scan().table_name(&dedup).send().await.unwrap().count;
-    assert_eq!(claims, 0, "nothing was claimed");
 }
 
 #[tokio::test]
@@ -396,6 +482,7 @@ async fn lease_ends_by_the_deadline_and_a_late_handler_is_interrupted_and_releas
         ProcessorConfig::new("c"),
         LambdaConfig {
             margin: Duration::from_secs(2),
+            error_on_full_failure: false,
             ..Default::default()
         },
     )
@@ -537,7 +624,7 @@ async fn a_retried_record_comes_back_after_its_backoff() {
     let handler = handler_fn(|_m, _c| async { Err(HandlerError::retry("not yet")) });
     let mut pconf = ProcessorConfig::new("c");
     pconf.backoff_base = Duration::from_secs(1);
-    let a = adapter(&l.dedup, handler, pconf, LambdaConfig::default()).await;
+    let a = adapter(&l.dedup, handler, pconf, listing()).await;
     send_all(&sqs, &l.queues.queue_url, &["x".to_owned()]).await;
     let event = receive_event(&sqs, &l.queues.queue_url, 1).await;
     let id = event["Records"][0]["messageId"]
@@ -716,7 +803,7 @@ async fn a_failed_queue_url_lookup_is_tried_again_by_the_next_invocation() {
     let mut pconf = ProcessorConfig::new("c");
     pconf.backoff_base = Duration::from_secs(1);
     let dedup = dedup_table(&ddb).await;
-    let a = adapter(&dedup, handler, pconf, LambdaConfig::default()).await;
+    let a = adapter(&dedup, handler, pconf, listing()).await;
     // The queue does not exist yet: the lookup fails.
     let arn = format!("arn:aws:sqs:us-east-1:000000000000:{name}");
     let early = json!({"Records": [{
