@@ -17,6 +17,8 @@
 pub mod check;
 pub mod faults;
 pub mod hosts;
+pub mod latency;
+pub mod scale;
 pub mod trace;
 pub mod world;
 
