@@ -502,7 +502,7 @@ impl LoopWorker {
 fn ledger(services: &Services, events: usize) -> Ledger {
     let mut applied = vec![0u32; events];
     let mut foreign = 0;
-    for transaction in services.store.committed_writes() {
+    services.store.for_each_committed(|transaction| {
         for item in transaction {
             let event = item
                 .put()
@@ -516,7 +516,7 @@ fn ledger(services: &Services, events: usize) -> Ledger {
                 None => foreign += 1,
             }
         }
-    }
+    });
     Ledger {
         events,
         applied_once: applied.iter().filter(|n| **n == 1).count(),
