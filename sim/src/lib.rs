@@ -18,6 +18,8 @@ pub mod check;
 pub mod deliveries;
 pub mod faults;
 pub mod hosts;
+pub mod latency;
+pub mod scale;
 pub mod trace;
 pub mod world;
 

@@ -240,25 +240,112 @@ impl Entry {
 
 /// One queue: its settings, its messages in send order, its FIFO
 /// deduplication ids.
+///
+/// Besides the messages, three indexes over them make a receive, a delete or
+/// a visibility change cost O(log n) in the number of messages stored, not
+/// O(n): they are caches of what the entries say, kept by [`Queue::insert`],
+/// [`Queue::remove`], [`Queue::set_visible_at`] and [`Queue::refresh`], and
+/// every message is in exactly one of `visible` and `hidden`.
 #[derive(Debug)]
 struct Queue {
     settings: QueueSettings,
     fifo: bool,
     /// By sequence number: send order.
     messages: BTreeMap<u64, Entry>,
+    /// Sequence numbers of the messages visible as of the last refresh (or
+    /// made visible since), in send order.
+    visible: BTreeSet<u64>,
+    /// `(visible_at, seq)` of the others: in flight or delayed as of the
+    /// last refresh.
+    hidden: BTreeSet<(Instant, u64)>,
+    /// `(sent_at, seq)` of every message, for retention.
+    by_sent: BTreeSet<(Instant, u64)>,
     /// FIFO deduplication id -> (first sent, message id).
     dedup: HashMap<String, (Instant, String)>,
     counts: QueueCounts,
 }
 
 impl Queue {
-    /// Drops messages past retention and deduplication ids past the window.
-    fn expire(&mut self, now: Instant) {
+    fn new(settings: QueueSettings, fifo: bool) -> Self {
+        Self {
+            settings,
+            fifo,
+            messages: BTreeMap::new(),
+            visible: BTreeSet::new(),
+            hidden: BTreeSet::new(),
+            by_sent: BTreeSet::new(),
+            dedup: HashMap::new(),
+            counts: QueueCounts::default(),
+        }
+    }
+
+    /// Stores a message.
+    fn insert(&mut self, seq: u64, entry: Entry, now: Instant) {
+        self.by_sent.insert((entry.sent_at, seq));
+        self.index(seq, entry.visible_at, now);
+        self.messages.insert(seq, entry);
+    }
+
+    /// Removes a message, whatever its state.
+    fn remove(&mut self, seq: u64) -> Option<Entry> {
+        let entry = self.messages.remove(&seq)?;
+        self.unindex(seq, entry.visible_at);
+        self.by_sent.remove(&(entry.sent_at, seq));
+        Some(entry)
+    }
+
+    /// Sets when a stored message becomes visible.
+    fn set_visible_at(&mut self, seq: u64, at: Instant, now: Instant) {
+        let Some(entry) = self.messages.get_mut(&seq) else {
+            return;
+        };
+        let old = std::mem::replace(&mut entry.visible_at, at);
+        self.unindex(seq, old);
+        self.index(seq, at, now);
+    }
+
+    fn index(&mut self, seq: u64, visible_at: Instant, now: Instant) {
+        if visible_at <= now {
+            self.visible.insert(seq);
+        } else {
+            self.hidden.insert((visible_at, seq));
+        }
+    }
+
+    fn unindex(&mut self, seq: u64, visible_at: Instant) {
+        if !self.visible.remove(&seq) {
+            self.hidden.remove(&(visible_at, seq));
+        }
+    }
+
+    /// Brings the indexes up to `now`: drops messages past retention and
+    /// deduplication ids past the window, and counts as visible what has
+    /// become so since the last refresh.
+    fn refresh(&mut self, now: Instant) {
         let retention = self.settings.retention;
-        let before = self.messages.len();
-        self.messages.retain(|_, e| e.sent_at + retention > now);
-        self.counts.expired += (before - self.messages.len()) as u64;
-        self.dedup.retain(|_, (at, _)| *at + DEDUP_WINDOW > now);
+        while let Some(&(sent_at, seq)) = self.by_sent.first() {
+            if sent_at + retention > now {
+                break;
+            }
+            self.remove(seq);
+            self.counts.expired += 1;
+        }
+        if !self.dedup.is_empty() {
+            self.dedup.retain(|_, (at, _)| *at + DEDUP_WINDOW > now);
+        }
+        while let Some(&(at, seq)) = self.hidden.first() {
+            if at > now {
+                break;
+            }
+            self.hidden.pop_first();
+            self.visible.insert(seq);
+        }
+    }
+
+    /// The first visible message at or after `from` in send order (after a
+    /// refresh: every message visible now).
+    fn next_visible(&self, from: u64) -> Option<u64> {
+        self.visible.range(from..).next().copied()
     }
 
     /// The sequence numbers a receive may take now, in order: visible ones; on
@@ -290,11 +377,7 @@ impl Queue {
 
     /// The next instant something stored becomes visible.
     fn next_change(&self, now: Instant) -> Option<Instant> {
-        self.messages
-            .values()
-            .map(|e| e.visible_at)
-            .filter(|t| *t > now)
-            .min()
+        self.hidden.iter().map(|(at, _)| *at).find(|t| *t > now)
     }
 }
 
@@ -405,13 +488,10 @@ impl MemoryQueue {
                 Some(_) => {}
             }
         }
-        service.queues.entry(url.clone()).or_insert_with(|| Queue {
-            settings,
-            fifo,
-            messages: BTreeMap::new(),
-            dedup: HashMap::new(),
-            counts: QueueCounts::default(),
-        });
+        service
+            .queues
+            .entry(url.clone())
+            .or_insert_with(|| Queue::new(settings, fifo));
         Ok(url)
     }
 
@@ -430,7 +510,7 @@ impl MemoryQueue {
             .queues
             .get_mut(url)
             .ok_or_else(|| no_queue(OP, url))?;
-        queue.expire(now);
+        queue.refresh(now);
         let delay = validate_send(queue, url, &message, options)?;
         let dedup_id = match queue.fifo {
             true => Some(
@@ -457,7 +537,7 @@ impl MemoryQueue {
         if let (true, Some(d)) = (queue.fifo, dedup_id.as_ref()) {
             queue.dedup.insert(d.clone(), (now, id.clone()));
         }
-        queue.messages.insert(
+        queue.insert(
             service.next_seq,
             Entry {
                 id: id.clone(),
@@ -470,6 +550,7 @@ impl MemoryQueue {
                 receive_count: 0,
                 receipt: None,
             },
+            now,
         );
         queue.counts.enqueued += 1;
         drop(guard);
@@ -485,13 +566,14 @@ impl MemoryQueue {
         let now = Instant::now();
         let mut service = self.lock();
         let queue = service.queues.get_mut(url)?;
-        queue.expire(now);
+        queue.refresh(now);
         let mut counts = queue.counts;
-        for e in queue.messages.values() {
-            match e.state(now) {
-                MessageState::Delayed => counts.delayed += 1,
-                MessageState::Visible => counts.visible += 1,
-                MessageState::InFlight => counts.in_flight += 1,
+        counts.visible = queue.visible.len();
+        for (_, seq) in &queue.hidden {
+            match queue.messages.get(seq).map(|e| e.state(now)) {
+                Some(MessageState::Delayed) => counts.delayed += 1,
+                Some(MessageState::InFlight) => counts.in_flight += 1,
+                Some(MessageState::Visible) | None => {}
             }
         }
         Some(counts)
@@ -504,7 +586,7 @@ impl MemoryQueue {
         let Some(queue) = service.queues.get_mut(url) else {
             return Vec::new();
         };
-        queue.expire(now);
+        queue.refresh(now);
         queue
             .messages
             .values()
@@ -534,18 +616,28 @@ impl MemoryQueue {
             .queues
             .get_mut(url)
             .ok_or_else(|| no_queue("ReceiveMessage", url))?;
-        queue.expire(now);
+        queue.refresh(now);
         let redrive = queue.settings.redrive.clone();
         let mut taken = Vec::new();
         let mut moved = Vec::new();
-        for seq in queue.candidates(now) {
-            if taken.len() >= request.max {
+        // A FIFO queue's candidates depend on its groups: found by a scan. A
+        // standard queue's are its visible messages in send order, walked
+        // from the index one at a time.
+        let mut fifo = queue.fifo.then(|| queue.candidates(now).into_iter());
+        let mut from = 0;
+        while taken.len() < request.max {
+            let next = match fifo.as_mut() {
+                Some(candidates) => candidates.next(),
+                None => queue.next_visible(from),
+            };
+            let Some(seq) = next else {
                 break;
-            }
+            };
+            from = seq + 1;
             if let Some(r) = &redrive
                 && queue.messages[&seq].receive_count >= r.max_receive_count
             {
-                if let Some(e) = queue.messages.remove(&seq) {
+                if let Some(e) = queue.remove(seq) {
                     moved.push(e);
                 }
                 continue;
@@ -556,9 +648,9 @@ impl MemoryQueue {
                 continue;
             };
             e.receive_count += 1;
-            e.visible_at = now + request.visibility;
             e.receipt = Some((receipt.clone(), now));
             taken.push(e.to_message(&receipt));
+            queue.set_visible_at(seq, now + request.visibility, now);
         }
         queue.counts.received += taken.len() as u64;
         queue.counts.moved_to_dlq += moved.len() as u64;
@@ -609,7 +701,7 @@ impl MemoryQueue {
             .ok_or_else(|| no_queue(OP, url))?;
         match Self::handle(queue, OP, url, receipt)? {
             Handle::Latest(seq) => {
-                queue.messages.remove(&seq);
+                queue.remove(seq);
                 queue.counts.deleted += 1;
             }
             Handle::Stale => queue.counts.stale_deletes += 1,
@@ -676,7 +768,7 @@ impl MemoryQueue {
                 "the message would stay invisible more than 12 hours after its receive",
             ));
         }
-        entry.visible_at = now + timeout;
+        queue.set_visible_at(seq, now + timeout, now);
         Ok(())
     }
 
@@ -770,7 +862,7 @@ fn move_to_dlq(service: &mut Service, dlq_url: &str, moved: Vec<Entry>, now: Ins
         e.receive_count = 0;
         e.receipt = None;
         e.visible_at = now;
-        dlq.messages.insert(seq, e);
+        dlq.insert(seq, e, now);
         dlq.counts.enqueued += 1;
     }
 }

@@ -1,0 +1,152 @@
+//! At scale, in virtual time (issue 16, item 5): the library's pollers and
+//! the hand-written transactional loop drain the same messages, one after
+//! the other, each on its own paused runtime, every AWS call delayed by the
+//! latency model of `sqs_once_sim::latency`. Prints both runs, their ratios
+//! and the ledger checks; exits 1 if a ledger check fails.
+//!
+//! `scale [--pollers N] [--concurrency N] [--messages N] [--duplicates RATE]
+//! [--handler-ms MS] [--seed S] [--only sqs-once|loop]`
+//! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
+//! sent twice, 5 ms handlers, seed 1). Build with `--release` for 1M.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sqs_once_sim::latency::{LatencyModel, Op};
+use sqs_once_sim::scale::{Consumer, RunReport, ScaleConfig, run};
+
+fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
+    let mut config = ScaleConfig::default();
+    let mut consumers = vec![Consumer::SqsOnce, Consumer::Loop];
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag.as_str() {
+            "--pollers" => config.pollers = value.parse().map_err(|e| bad(&e))?,
+            "--concurrency" => config.concurrency = value.parse().map_err(|e| bad(&e))?,
+            "--messages" => config.messages = value.parse().map_err(|e| bad(&e))?,
+            "--duplicates" => config.duplicate_rate = value.parse().map_err(|e| bad(&e))?,
+            "--handler-ms" => {
+                config.handler = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
+            }
+            "--seed" => config.seed = value.parse().map_err(|e| bad(&e))?,
+            "--only" => {
+                consumers = match value.as_str() {
+                    "sqs-once" => vec![Consumer::SqsOnce],
+                    "loop" => vec![Consumer::Loop],
+                    _ => return Err(bad(&"sqs-once or loop")),
+                }
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if config.pollers == 0 || config.concurrency == 0 || config.messages == 0 {
+        return Err("pollers, concurrency and messages must be above 0".into());
+    }
+    Ok((config, consumers))
+}
+
+fn print_model() {
+    let model = LatencyModel::aws();
+    println!("latency model (log-normal; ms):");
+    for op in Op::ALL {
+        let d = model.of(op);
+        println!(
+            "  {:<36} median {:>6.2}  p99 {:>6.2}  mean {:>6.2}",
+            op.name(),
+            d.median_ms,
+            d.p99_ms,
+            d.mean_ms()
+        );
+    }
+}
+
+fn print_run(r: &RunReport) {
+    let c = &r.config;
+    println!(
+        "{}: {} messages ({} events), {} slots; {:.1} virtual s, {:.1} wall s",
+        r.consumer.name(),
+        c.messages,
+        c.events(),
+        r.slots,
+        r.virtual_secs,
+        r.wall_secs
+    );
+    println!(
+        "  throughput {:.0} messages per virtual second; slot use {:.3} (handler), {:.3} (handler + DynamoDB)",
+        r.throughput(),
+        r.slot_use(),
+        r.work_slot_use()
+    );
+    println!(
+        "  calls per message {:.3} (empty receives apart); duplicates skipped {}",
+        r.calls_per_message(),
+        r.duplicates
+    );
+    for (op, n) in &r.calls {
+        println!(
+            "    {:<36} {:>9} {:.4}/message",
+            op.name(),
+            n,
+            r.per_message(*op)
+        );
+    }
+    let l = &r.ledger;
+    println!(
+        "  ledger: {} of {} events applied exactly once, {} missing, {} more than once, {} foreign rows, {} messages left in the queue: {}",
+        l.applied_once,
+        l.events,
+        l.missing,
+        l.applied_more,
+        l.foreign,
+        l.left_in_queue,
+        if l.ok() { "OK" } else { "FAILED" }
+    );
+}
+
+fn main() -> ExitCode {
+    let (config, consumers) = match parse() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("scale: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    print_model();
+    println!(
+        "{} pollers x concurrency {}, {} messages, {:.0}% of events sent twice, handler {:?}, seed {}",
+        config.pollers,
+        config.concurrency,
+        config.messages,
+        config.duplicate_rate * 100.0,
+        config.handler,
+        config.seed
+    );
+    let mut reports = Vec::new();
+    for consumer in consumers {
+        match run(&config, consumer) {
+            Ok(r) => {
+                print_run(&r);
+                reports.push(r);
+            }
+            Err(e) => {
+                eprintln!("scale: cannot start a runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let [ours, theirs] = &reports[..] {
+        println!(
+            "sqs-once / loop: throughput {:.3}x, calls per message {:.3}x, slot use {:.3}x",
+            ours.throughput() / theirs.throughput(),
+            ours.calls_per_message() / theirs.calls_per_message(),
+            ours.slot_use() / theirs.slot_use()
+        );
+    }
+    if reports.iter().all(|r| r.ledger.ok()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,440 @@
+//! Latencies of the AWS calls, modelled on published figures, for runs at
+//! scale in virtual time ([`crate::scale`]). [`LatentQueue`] and
+//! [`LatentStore`] wrap the SQS model and the dedup store as `FaultyQueue`
+//! and `FaultyStore` do for faults: every call waits half its latency before
+//! it applies and the other half after (the request's and the answer's trip),
+//! each latency drawn from the operation's log-normal distribution with the
+//! run's seeded generator, and every call is counted by operation.
+//!
+//! The figures and where they come from are in [`LatencyModel::aws`] and
+//! section 9 of `bench/RESULTS.md`.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
+use sqs_once::metrics::Metrics;
+use sqs_once::queue::{
+    EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
+};
+use sqs_once::{Claim, DedupStore, Message, Record, StagedWrite, StoreError};
+use tokio::time::Instant;
+
+/// An AWS operation, as the service bills and answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Op {
+    /// `ReceiveMessage` that returned messages.
+    ReceiveMessage,
+    /// `ReceiveMessage` that returned none (a long poll that ran out).
+    EmptyReceive,
+    /// `DeleteMessage`.
+    DeleteMessage,
+    /// `DeleteMessageBatch`.
+    DeleteMessageBatch,
+    /// `ChangeMessageVisibility`.
+    ChangeMessageVisibility,
+    /// `ChangeMessageVisibilityBatch`.
+    ChangeMessageVisibilityBatch,
+    /// `SendMessage`.
+    SendMessage,
+    /// `GetQueueAttributes`, `GetQueueUrl`.
+    QueueMetadata,
+    /// `TransactWriteItems` (the record with staged writes).
+    TransactWriteItems,
+    /// `UpdateItem` (claims, completions without writes, releases, leases).
+    UpdateItem,
+    /// `GetItem`.
+    GetItem,
+}
+
+impl Op {
+    /// Every operation, in order.
+    pub const ALL: [Op; 11] = [
+        Op::ReceiveMessage,
+        Op::EmptyReceive,
+        Op::DeleteMessage,
+        Op::DeleteMessageBatch,
+        Op::ChangeMessageVisibility,
+        Op::ChangeMessageVisibilityBatch,
+        Op::SendMessage,
+        Op::QueueMetadata,
+        Op::TransactWriteItems,
+        Op::UpdateItem,
+        Op::GetItem,
+    ];
+
+    /// The API name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::ReceiveMessage => "SQS.ReceiveMessage",
+            Op::EmptyReceive => "SQS.ReceiveMessage (empty)",
+            Op::DeleteMessage => "SQS.DeleteMessage",
+            Op::DeleteMessageBatch => "SQS.DeleteMessageBatch",
+            Op::ChangeMessageVisibility => "SQS.ChangeMessageVisibility",
+            Op::ChangeMessageVisibilityBatch => "SQS.ChangeMessageVisibilityBatch",
+            Op::SendMessage => "SQS.SendMessage",
+            Op::QueueMetadata => "SQS.GetQueueAttributes/GetQueueUrl",
+            Op::TransactWriteItems => "DynamoDB.TransactWriteItems",
+            Op::UpdateItem => "DynamoDB.UpdateItem",
+            Op::GetItem => "DynamoDB.GetItem",
+        }
+    }
+
+    fn index(self) -> usize {
+        Op::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    }
+}
+
+/// A log-normal distribution given by its median and 99th percentile, with
+/// draws capped at five times the 99th percentile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogNormal {
+    /// Median, milliseconds.
+    pub median_ms: f64,
+    /// 99th percentile, milliseconds.
+    pub p99_ms: f64,
+}
+
+/// The standard normal's 99th percentile.
+const Z99: f64 = 2.326_347_874;
+
+impl LogNormal {
+    const fn new(median_ms: f64, p99_ms: f64) -> Self {
+        Self { median_ms, p99_ms }
+    }
+
+    /// The log's standard deviation.
+    pub fn sigma(&self) -> f64 {
+        (self.p99_ms / self.median_ms).ln() / Z99
+    }
+
+    /// The mean, milliseconds.
+    pub fn mean_ms(&self) -> f64 {
+        self.median_ms * (self.sigma().powi(2) / 2.0).exp()
+    }
+
+    fn draw(&self, rng: &mut StdRng) -> Duration {
+        // Box-Muller: one standard normal from two uniforms.
+        let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+        let u2: f64 = rng.random_range(0.0..1.0);
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let ms = (self.median_ms * (self.sigma() * z).exp()).min(5.0 * self.p99_ms);
+        Duration::from_secs_f64(ms / 1000.0)
+    }
+}
+
+/// A latency distribution per operation (an empty receive's is the round
+/// trip after its long poll ran out).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencyModel {
+    /// By [`Op::ALL`]'s order.
+    pub ops: [LogNormal; 11],
+}
+
+impl LatencyModel {
+    /// Figures for a client in the same region (see `bench/RESULTS.md`,
+    /// section 9, for the sources and which numbers are assumptions):
+    /// - DynamoDB `PutItem`, measured client-side from Lambda in the same
+    ///   region: median 7.55 ms, p99 16.2 ms (Alex DeBrie, "DynamoDB
+    ///   Transactions Performance Testing", 2020); used for `UpdateItem` and
+    ///   `GetItem` too (assumed: not measured there).
+    /// - DynamoDB `TransactWriteItems` of 5 items: median 25.3 ms, p99 92.5 ms
+    ///   (the same test; a cancelled one 25.3 / 84.9); used for 2 items
+    ///   (assumed: no published figure for 2).
+    /// - SQS: median 10 ms for every call (AWS's own result of 16 ms for a
+    ///   1 KB send, 2012, and "under 10 ms on publish and receive" in
+    ///   training material); p99 50 ms assumed (no published percentile).
+    pub fn aws() -> Self {
+        let sqs = LogNormal::new(10.0, 50.0);
+        let item = LogNormal::new(7.55, 16.2);
+        let transaction = LogNormal::new(25.3, 92.5);
+        Self {
+            ops: [
+                sqs,
+                sqs,
+                sqs,
+                sqs,
+                sqs,
+                sqs,
+                sqs,
+                sqs,
+                transaction,
+                item,
+                item,
+            ],
+        }
+    }
+
+    /// The distribution of `op`.
+    pub fn of(&self, op: Op) -> LogNormal {
+        self.ops[op.index()]
+    }
+}
+
+/// Calls counted by operation, and the time they took.
+#[derive(Debug, Default)]
+pub struct Calls {
+    counts: [AtomicU64; 11],
+    micros: [AtomicU64; 11],
+    /// When the last `DeleteMessageBatch` or `DeleteMessage` answered.
+    last_delete: Mutex<Option<Instant>>,
+}
+
+impl Calls {
+    /// Calls of `op`.
+    pub fn count(&self, op: Op) -> u64 {
+        self.counts[op.index()].load(Ordering::Relaxed)
+    }
+
+    /// Seconds spent in calls of `op` (latency drawn plus, for a receive,
+    /// the long poll's wait).
+    pub fn seconds(&self, op: Op) -> f64 {
+        self.micros[op.index()].load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// When the last delete answered.
+    pub fn last_delete(&self) -> Option<Instant> {
+        *self.last_delete.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note(&self, op: Op, took: Duration) {
+        self.counts[op.index()].fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.micros[op.index()].fetch_add(micros, Ordering::Relaxed);
+        if matches!(op, Op::DeleteMessage | Op::DeleteMessageBatch) {
+            *self.last_delete.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        }
+    }
+}
+
+/// The model, the run's generator and the counts, shared by every wrapper.
+#[derive(Debug, Clone)]
+pub struct Latency {
+    model: Arc<LatencyModel>,
+    rng: Arc<Mutex<StdRng>>,
+    calls: Arc<Calls>,
+}
+
+impl Latency {
+    /// Latencies of `model`, drawn from `seed`.
+    pub fn new(model: LatencyModel, seed: u64) -> Self {
+        Self {
+            model: Arc::new(model),
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+            calls: Arc::default(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn calls(&self) -> &Calls {
+        &self.calls
+    }
+
+    fn draw(&self, op: Op) -> Duration {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        self.model.of(op).draw(&mut rng)
+    }
+
+    /// Runs `call` half a latency after now and answers half a latency after
+    /// it applied; `op` names the call, `empty` (given the answer) tells a
+    /// receive that returned nothing.
+    async fn around<T>(
+        &self,
+        op: Op,
+        call: impl Future<Output = T>,
+        empty: impl FnOnce(&T) -> bool,
+    ) -> T {
+        let start = Instant::now();
+        let trip = self.draw(op);
+        tokio::time::sleep(trip / 2).await;
+        let out = call.await;
+        tokio::time::sleep(trip - trip / 2).await;
+        let op = if op == Op::ReceiveMessage && empty(&out) {
+            Op::EmptyReceive
+        } else {
+            op
+        };
+        self.calls.note(op, start.elapsed());
+        out
+    }
+
+    async fn call<T>(&self, op: Op, call: impl Future<Output = T>) -> T {
+        self.around(op, call, |_| false).await
+    }
+}
+
+/// A [`QueueClient`] whose calls take modelled latencies.
+#[derive(Debug, Clone)]
+pub struct LatentQueue<Q> {
+    inner: Q,
+    latency: Latency,
+}
+
+impl<Q: QueueClient> LatentQueue<Q> {
+    /// `inner` behind `latency`.
+    pub fn new(inner: Q, latency: Latency) -> Self {
+        Self { inner, latency }
+    }
+}
+
+impl<Q: QueueClient> QueueClient for LatentQueue<Q> {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
+        let call = self.inner.receive(queue, request);
+        let empty = |r: &Result<Vec<Message>, QueueError>| r.as_ref().is_ok_and(Vec::is_empty);
+        self.latency.around(Op::ReceiveMessage, call, empty).await
+    }
+
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        let call = self.inner.delete(queue, receipt);
+        self.latency.call(Op::DeleteMessage, call).await
+    }
+
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let call = self.inner.delete_batch(queue, receipts);
+        self.latency.call(Op::DeleteMessageBatch, call).await
+    }
+
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
+        let call = self.inner.change_visibility(queue, receipt, timeout);
+        self.latency.call(Op::ChangeMessageVisibility, call).await
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let call = self.inner.change_visibility_batch(queue, receipts, timeout);
+        self.latency
+            .call(Op::ChangeMessageVisibilityBatch, call)
+            .await
+    }
+
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        let call = self.inner.send(queue, message);
+        self.latency.call(Op::SendMessage, call).await
+    }
+
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        let call = self.inner.attributes(queue);
+        self.latency.call(Op::QueueMetadata, call).await
+    }
+
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        let call = self.inner.queue_url(name, account);
+        self.latency.call(Op::QueueMetadata, call).await
+    }
+}
+
+/// A [`DedupStore`] whose calls take modelled latencies, each named by the
+/// DynamoDB operation `DynamoStore` makes for it.
+#[derive(Debug, Clone)]
+pub struct LatentStore<S> {
+    inner: S,
+    latency: Latency,
+}
+
+impl<S: DedupStore> LatentStore<S> {
+    /// `inner` behind `latency`.
+    pub fn new(inner: S, latency: Latency) -> Self {
+        Self { inner, latency }
+    }
+}
+
+impl<S: DedupStore> DedupStore for LatentStore<S> {
+    fn report_to(&self, metrics: Arc<Metrics>) {
+        self.inner.report_to(metrics);
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.latency
+            .call(Op::UpdateItem, self.inner.claim(req))
+            .await
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        let op = if c.writes.is_empty() {
+            Op::UpdateItem
+        } else {
+            Op::TransactWriteItems
+        };
+        self.latency.call(op, self.inner.complete(c)).await
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        let call = self.inner.release(pk, owner, error);
+        self.latency.call(Op::UpdateItem, call).await
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let call = self.inner.mark_failed(pk, owner, error, ttl);
+        self.latency.call(Op::UpdateItem, call).await
+    }
+
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let call = self.inner.extend_lease(pk, owner, lease, ttl);
+        self.latency.call(Op::UpdateItem, call).await
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        let call = self.inner.commit_unprotected(writes);
+        self.latency.call(Op::TransactWriteItems, call).await
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        let call = self.inner.commit_fast(c);
+        self.latency.call(Op::TransactWriteItems, call).await
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        self.latency.call(Op::GetItem, self.inner.get(pk)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_have_the_median_and_p99_they_were_given() {
+        let d = LogNormal::new(25.3, 92.5);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut ms: Vec<f64> = (0..100_000)
+            .map(|_| d.draw(&mut rng).as_secs_f64() * 1000.0)
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        let (median, p99) = (ms[50_000], ms[99_000]);
+        assert!((median - 25.3).abs() < 0.5, "median {median}");
+        assert!((p99 - 92.5).abs() < 4.0, "p99 {p99}");
+    }
+}

@@ -1,0 +1,531 @@
+//! At scale, in virtual time (issue 16, item 5): many pollers and a large
+//! queue on one single-threaded runtime with paused time, every AWS call
+//! delayed by a latency from [`crate::latency`]'s model of published figures.
+//!
+//! Two consumers drain the same messages from a fresh [`MemoryQueue`] into a
+//! fresh [`MemoryStore`], one run each:
+//! - [`Consumer::SqsOnce`]: `sqs_once::poller::run` as the library ships it,
+//!   `pollers` of them with `concurrency` slots each, a fast-path handler that
+//!   waits its handler time and stages the event's ledger row, committed with
+//!   the record in one transaction;
+//! - [`Consumer::Loop`]: the hand-written transactional loop of
+//!   `bench/handwritten` in the same model, `pollers x concurrency / 10`
+//!   workers that receive 10, run the same handler time for each message and
+//!   make one conditional transaction per message (the store's fast commit:
+//!   the record and the ledger row, or nothing for a duplicate), then delete
+//!   the batch.
+//!
+//! Each run is checked: every event's ledger row committed exactly once and
+//! nothing left in the queue.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use sqs_once::clock::TokioClock;
+use sqs_once::dedup::{FastCommit, FastCommitted};
+use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
+use sqs_once::poller::{PollerConfig, RunStats};
+use sqs_once::queue::memory::{QueueSettings, SendOptions};
+use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+use sqs_once::{
+    Context, DedupStore, Effects, FailureKind, Handler, HandlerError, HandlerResult, MemoryQueue,
+    MemoryStore, Message, Processor, ProcessorConfig, StagedWrite,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::latency::{Latency, LatencyModel, LatentQueue, LatentStore, Op};
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleConfig {
+    /// Pollers (sqs-once) or slots / 10 workers (the loop).
+    pub pollers: usize,
+    /// Handler slots per poller.
+    pub concurrency: usize,
+    /// Messages in the queue at the start.
+    pub messages: usize,
+    /// Events sent twice, as a fraction of the events (0.1: 10% of events
+    /// have a second copy somewhere in the queue).
+    pub duplicate_rate: f64,
+    /// How long the handler works on a message.
+    pub handler: Duration,
+    /// Seeds the order of the messages and the latencies.
+    pub seed: u64,
+}
+
+impl Default for ScaleConfig {
+    fn default() -> Self {
+        Self {
+            pollers: 100,
+            concurrency: 10,
+            messages: 1_000_000,
+            duplicate_rate: 0.1,
+            handler: Duration::from_millis(5),
+            seed: 1,
+        }
+    }
+}
+
+impl ScaleConfig {
+    /// Distinct events among the messages.
+    pub fn events(&self) -> usize {
+        let events = (self.messages as f64 / (1.0 + self.duplicate_rate)).round() as usize;
+        events.clamp(self.messages.min(1), self.messages)
+    }
+}
+
+/// Which consumer drains the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consumer {
+    /// The library's poller.
+    SqsOnce,
+    /// The hand-written transactional loop.
+    Loop,
+}
+
+impl Consumer {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Consumer::SqsOnce => "sqs-once",
+            Consumer::Loop => "hand-written loop",
+        }
+    }
+}
+
+/// The ledger check of one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Distinct events sent.
+    pub events: usize,
+    /// Events whose ledger row committed exactly once.
+    pub applied_once: usize,
+    /// Events with no ledger row.
+    pub missing: usize,
+    /// Events whose row committed more than once.
+    pub applied_more: usize,
+    /// Committed writes that are no event's row.
+    pub foreign: usize,
+    /// Messages left in the queue (visible, in flight or delayed).
+    pub left_in_queue: usize,
+}
+
+impl Ledger {
+    /// Every event applied exactly once, nothing left in the queue.
+    pub fn ok(&self) -> bool {
+        self.applied_once == self.events
+            && self.missing == 0
+            && self.applied_more == 0
+            && self.foreign == 0
+            && self.left_in_queue == 0
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// Which consumer.
+    pub consumer: Consumer,
+    /// The run's settings.
+    pub config: ScaleConfig,
+    /// Virtual seconds from the start until the last delete answered.
+    pub virtual_secs: f64,
+    /// Wall-clock seconds the run took (the queue's filling included).
+    pub wall_secs: f64,
+    /// Calls by operation.
+    pub calls: Vec<(Op, u64)>,
+    /// Seconds spent in DynamoDB calls (all slots together).
+    pub store_secs: f64,
+    /// Seconds handlers worked (all slots together).
+    pub handler_secs: f64,
+    /// Handler slots: pollers x concurrency.
+    pub slots: usize,
+    /// Copies found already done (skipped).
+    pub duplicates: u64,
+    /// The ledger check.
+    pub ledger: Ledger,
+}
+
+impl RunReport {
+    /// Messages per virtual second.
+    pub fn throughput(&self) -> f64 {
+        self.config.messages as f64 / self.virtual_secs.max(1e-9)
+    }
+
+    /// Busy handler-seconds / (slots x virtual time).
+    pub fn slot_use(&self) -> f64 {
+        self.handler_secs / (self.slots as f64 * self.virtual_secs.max(1e-9))
+    }
+
+    /// (Handler + DynamoDB) seconds / (slots x virtual time): the share of
+    /// slot time spent on a message's own work, its commit included.
+    pub fn work_slot_use(&self) -> f64 {
+        (self.handler_secs + self.store_secs) / (self.slots as f64 * self.virtual_secs.max(1e-9))
+    }
+
+    /// Calls of `op` per message.
+    pub fn per_message(&self, op: Op) -> f64 {
+        let n = self.calls.iter().find(|(o, _)| *o == op).map_or(0, |c| c.1);
+        n as f64 / self.config.messages.max(1) as f64
+    }
+
+    /// Billed calls per message, empty receives apart.
+    pub fn calls_per_message(&self) -> f64 {
+        let n: u64 = self
+            .calls
+            .iter()
+            .filter(|(o, _)| *o != Op::EmptyReceive)
+            .map(|c| c.1)
+            .sum();
+        n as f64 / self.config.messages.max(1) as f64
+    }
+}
+
+/// The services of one run.
+struct Services {
+    queue: MemoryQueue,
+    url: String,
+    store: MemoryStore,
+    clock: Arc<TokioClock>,
+    latency: Latency,
+    handler_micros: Arc<AtomicU64>,
+}
+
+/// A time no run reaches: what is left then is stuck.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Runs `consumer` over the configured messages on a fresh single-threaded
+/// runtime with paused time.
+pub fn run(config: &ScaleConfig, consumer: Consumer) -> std::io::Result<RunReport> {
+    let wall = std::time::Instant::now();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    let mut report = runtime.block_on(drain(config, consumer));
+    report.wall_secs = wall.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Fills the queue, lets `consumer` drain it, checks the ledger.
+async fn drain(config: &ScaleConfig, consumer: Consumer) -> RunReport {
+    let services = Arc::new(fill(config));
+    let start = Instant::now();
+    let duplicates = match consumer {
+        Consumer::SqsOnce => sqs_once(config, &services).await,
+        Consumer::Loop => hand_loop(config, &services).await,
+    };
+    let end = services.latency.calls().last_delete().unwrap_or(start);
+    let calls = services.latency.calls();
+    RunReport {
+        consumer,
+        config: config.clone(),
+        virtual_secs: end.duration_since(start).as_secs_f64(),
+        wall_secs: 0.0,
+        calls: Op::ALL
+            .iter()
+            .map(|op| (*op, calls.count(*op)))
+            .filter(|(_, n)| *n > 0)
+            .collect(),
+        store_secs: [Op::TransactWriteItems, Op::UpdateItem, Op::GetItem]
+            .iter()
+            .map(|op| calls.seconds(*op))
+            .sum(),
+        handler_secs: services.handler_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        slots: slots(config),
+        duplicates,
+        ledger: ledger(&services, config.events()),
+    }
+}
+
+fn slots(config: &ScaleConfig) -> usize {
+    config.pollers * config.concurrency
+}
+
+/// The send order: every event once, the first `messages - events` of a
+/// shuffled list of events once more, all shuffled.
+fn send_order(config: &ScaleConfig) -> Vec<u32> {
+    let events = config.events();
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut order: Vec<u32> = (0..events as u32).collect();
+    shuffle(&mut order, &mut rng);
+    let copies: Vec<u32> = order[..config.messages - events].to_vec();
+    order.extend(copies);
+    shuffle(&mut order, &mut rng);
+    order
+}
+
+fn shuffle(v: &mut [u32], rng: &mut StdRng) {
+    for i in (1..v.len()).rev() {
+        let j = rng.random_range(0..=i);
+        v.swap(i, j);
+    }
+}
+
+/// A queue holding the run's messages, an empty store, the latencies.
+fn fill(config: &ScaleConfig) -> Services {
+    let queue = MemoryQueue::new();
+    let mut settings = QueueSettings::new("scale");
+    settings.visibility_timeout = Duration::from_secs(30);
+    let url = queue
+        .create_queue(settings)
+        .unwrap_or_else(|e| panic!("the scale queue's settings are valid: {e}"));
+    for event in send_order(config) {
+        let message = OutgoingMessage {
+            body: format!(
+                r#"{{"id":"e{event}","account":"a{}","amount_cents":{}}}"#,
+                event % 1000,
+                100 + event % 9900
+            ),
+            ..Default::default()
+        };
+        queue
+            .send_with(&url, message, SendOptions::default())
+            .unwrap_or_else(|e| panic!("the scale queue takes every message: {e}"));
+    }
+    let clock = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    Services {
+        queue,
+        url,
+        store: MemoryStore::new(clock.clone()),
+        clock,
+        latency: Latency::new(LatencyModel::aws(), config.seed),
+        handler_micros: Arc::default(),
+    }
+}
+
+/// Waits until the queue holds nothing (or [`GIVE_UP_AFTER`]).
+async fn until_empty(services: &Services) {
+    let deadline = Instant::now() + GIVE_UP_AFTER;
+    while Instant::now() < deadline {
+        let counts = services.queue.counts(&services.url);
+        if counts.is_none_or(|c| c.stored() == 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The event a body names.
+#[derive(serde::Deserialize)]
+struct Body {
+    id: String,
+}
+
+/// The event's ledger row, naming the message that made it.
+fn ledger_row(event: &str, message: &str) -> Result<TransactWriteItem, HandlerError> {
+    let put = Put::builder()
+        .table_name("ledger")
+        .item("pk", AttributeValue::S(event.to_owned()))
+        .item("message", AttributeValue::S(message.to_owned()))
+        .build()
+        .map_err(HandlerError::permanent)?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+/// Works its handler time, then stages the event's ledger row (the fast path).
+struct ScaleHandler {
+    took: Duration,
+    busy: Arc<AtomicU64>,
+}
+
+impl Handler for ScaleHandler {
+    async fn handle(&self, message: &Message, ctx: &Context) -> HandlerResult {
+        let body: Body = message.json().map_err(HandlerError::permanent)?;
+        work(self.took, &self.busy).await;
+        ctx.stage(ledger_row(&body.id, message.id())?);
+        Ok(None)
+    }
+
+    fn effects(&self) -> Effects {
+        Effects::StagedOnly
+    }
+}
+
+async fn work(took: Duration, busy: &AtomicU64) {
+    tokio::time::sleep(took).await;
+    let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+    busy.fetch_add(micros, Ordering::Relaxed);
+}
+
+/// The library's pollers until the queue is empty; the duplicates they skipped.
+async fn sqs_once(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
+    let stop = CancellationToken::new();
+    let mut processor_config = ProcessorConfig::new("scale");
+    processor_config.key_source = "json:/id"
+        .parse()
+        .unwrap_or_else(|e| panic!("json:/id is a key source: {e}"));
+    let pollers: Vec<_> = (0..config.pollers)
+        .map(|_| {
+            let latency = services.latency.clone();
+            let store = LatentStore::new(services.store.clone(), latency.clone());
+            let handler = ScaleHandler {
+                took: config.handler,
+                busy: services.handler_micros.clone(),
+            };
+            let processor = Processor::new(store, handler, processor_config.clone())
+                .unwrap_or_else(|e| panic!("the scale processor config is valid: {e}"))
+                .with_clock(services.clock.clone());
+            let queue = LatentQueue::new(services.queue.clone(), latency);
+            let mut poller = PollerConfig::new(&services.url);
+            poller.concurrency = config.concurrency;
+            poller.drain = Duration::from_secs(1);
+            tokio::spawn(sqs_once::poller::run(
+                queue,
+                processor,
+                poller,
+                stop.clone(),
+            ))
+        })
+        .collect();
+    until_empty(services).await;
+    stop.cancel();
+    let mut duplicates = 0;
+    for p in pollers {
+        let stats: RunStats = p.await.unwrap_or_default();
+        duplicates += stats.duplicates;
+    }
+    duplicates
+}
+
+/// The hand-written loop's workers until the queue is empty; the duplicates
+/// they found.
+async fn hand_loop(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
+    let stop = CancellationToken::new();
+    let duplicates = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..slots(config).div_ceil(10).max(1))
+        .map(|_| {
+            let worker = LoopWorker {
+                services: services.clone(),
+                queue: LatentQueue::new(services.queue.clone(), services.latency.clone()),
+                store: LatentStore::new(services.store.clone(), services.latency.clone()),
+                took: config.handler,
+                duplicates: duplicates.clone(),
+            };
+            tokio::spawn(worker.run(stop.clone()))
+        })
+        .collect();
+    until_empty(services).await;
+    stop.cancel();
+    for w in workers {
+        let _ = w.await;
+    }
+    duplicates.load(Ordering::Relaxed)
+}
+
+/// One worker of the hand-written loop.
+struct LoopWorker {
+    services: Arc<Services>,
+    queue: LatentQueue<MemoryQueue>,
+    store: LatentStore<MemoryStore>,
+    took: Duration,
+    duplicates: Arc<AtomicU64>,
+}
+
+impl LoopWorker {
+    /// Receive 10 (20 s long poll), handle them all at once, delete the
+    /// batch; until stopped.
+    async fn run(self, stop: CancellationToken) {
+        let request = ReceiveRequest {
+            max: 10,
+            wait: Duration::from_secs(20),
+            visibility: Duration::from_secs(30),
+        };
+        let url = &self.services.url;
+        loop {
+            let received = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                r = self.queue.receive(url, request) => r,
+            };
+            let got = match received {
+                Ok(got) if !got.is_empty() => got,
+                Ok(_) => continue,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let done = futures::future::join_all(got.iter().map(|m| self.handle(m))).await;
+            let receipts: Vec<String> = got
+                .iter()
+                .zip(done)
+                .filter(|(_, done)| *done)
+                .filter_map(|(m, _)| m.receipt_handle().map(str::to_owned))
+                .collect();
+            if !receipts.is_empty() {
+                // A failed delete brings the messages back, then duplicates.
+                let _ = self.queue.delete_batch(url, &receipts).await;
+            }
+        }
+    }
+
+    /// The handler's time, then one conditional transaction of the record
+    /// and the ledger row: whether the message is done (applied, or a
+    /// duplicate of an applied event).
+    async fn handle(&self, m: &Message) -> bool {
+        let Ok(body) = m.json::<Body>() else {
+            return false;
+        };
+        work(self.took, &self.services.handler_micros).await;
+        let Ok(item) = ledger_row(&body.id, m.id()) else {
+            return false;
+        };
+        let commit = FastCommit {
+            pk: format!("loop#{}", body.id),
+            owner: m.id().to_owned(),
+            message_id: m.id().to_owned(),
+            payload_sha256: String::new(),
+            result: None,
+            ttl: Duration::from_secs(7 * 24 * 3600),
+            writes: vec![StagedWrite {
+                item,
+                on_condition_failed: FailureKind::Retry,
+            }],
+        };
+        match self.store.commit_fast(commit).await {
+            Ok(FastCommitted::Committed) => true,
+            Ok(FastCommitted::Duplicate { .. }) => {
+                self.duplicates.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Counts each event's committed ledger rows, and what the queue holds.
+fn ledger(services: &Services, events: usize) -> Ledger {
+    let mut applied = vec![0u32; events];
+    let mut foreign = 0;
+    services.store.for_each_committed(|transaction| {
+        for item in transaction {
+            let event = item
+                .put()
+                .and_then(|p| p.item().get("pk"))
+                .and_then(|v| v.as_s().ok())
+                .and_then(|s| s.strip_prefix('e'))
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|i| *i < events);
+            match event {
+                Some(i) => applied[i] += 1,
+                None => foreign += 1,
+            }
+        }
+    });
+    Ledger {
+        events,
+        applied_once: applied.iter().filter(|n| **n == 1).count(),
+        missing: applied.iter().filter(|n| **n == 0).count(),
+        applied_more: applied.iter().filter(|n| **n > 1).count(),
+        foreign,
+        left_in_queue: services
+            .queue
+            .counts(&services.url)
+            .map_or(0, |c| c.stored()),
+    }
+}
