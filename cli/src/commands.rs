@@ -181,7 +181,7 @@ pub(crate) async fn redrive(
     }
     for id in &report.without_key {
         eprintln!(
-            "warning: message {} was sent without a dedup key (it has 10 attributes, no room for one): under `message-id` keys it runs as a new message",
+            "warning: message {} was sent without a dedup key (no room for one under 10 attributes and the queue's size limit, or parked without one): under `message-id` keys it runs as a new message",
             escape(id)
         );
     }

@@ -17,7 +17,7 @@ use sqs_once::cli::escape;
 use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use sqs_once::dedup::{Record, Status, StoredResult};
 use sqs_once::key::{DEDUP_KEY_ATTRIBUTE, carry_key, record_key};
-use sqs_once::queue::REASON_ATTRIBUTE;
+use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
 
 type GetItemError = aws_sdk_dynamodb::operation::get_item::GetItemError;
 type DeleteItemError = aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
@@ -536,8 +536,8 @@ pub struct Redriven {
     /// Not sent (left in the DLQ, visible again after 60 s), with the reason.
     pub not_sent: Vec<(String, String)>,
     /// Sent without a carried dedup key, as they had no room for one (10
-    /// message attributes already): under `message-id` keys each runs as a
-    /// new message.
+    /// message attributes already, or the source's size limit) or were
+    /// parked without one: under `message-id` keys each runs as a new message.
     pub without_key: Vec<String>,
 }
 
@@ -658,7 +658,7 @@ pub async fn redrive(
         }
         let got: Vec<Message> = got
             .into_iter()
-            .map(|m| carrying_key(m, &mut report))
+            .map(|m| carrying_key(m, max_size, &mut report))
             .collect();
         for batch in size_batches(&got, max_size) {
             move_batch(sqs, dlq_url, source_url, fifo, batch, &mut report).await?;
@@ -669,31 +669,49 @@ pub async fn redrive(
 }
 
 /// `m` carrying the dedup key a `message-id` consumer gave it. A copy
-/// sqs-once parked carries its key already; a message SQS's redrive policy
-/// moved does not, and keeps its message id in the DLQ (the key such a
-/// consumer used), while the copy sent back gets a new one: without the key
-/// its effect, already made or not, would be made again under a new key.
-/// Other key sources ignore the attribute. A message with no room left for
-/// it (10 attributes) is sent as it is and reported.
-fn carrying_key(mut m: Message, report: &mut Redriven) -> Message {
+/// sqs-once parked carries its key already (or, when it had no room for it,
+/// the first delivery's id); a message SQS's redrive policy moved carries
+/// nothing but keeps its message id in the DLQ (the key such a consumer used),
+/// while the copy sent back gets a new one: without the key its effect,
+/// already made or not, would be made again under a new key. Other key
+/// sources ignore the attribute. A message with no room left for it (10
+/// attributes, or the source's `max_size`) is sent as it is and reported.
+fn carrying_key(mut m: Message, max_size: usize, report: &mut Redriven) -> Message {
+    let size = message_size(&m);
     let attrs = m.message_attributes.get_or_insert_with(HashMap::new);
     if attrs.contains_key(DEDUP_KEY_ATTRIBUTE) {
         return m;
     }
     let id = m.message_id.clone().unwrap_or_default();
-    if attrs.len() >= 10 || id.is_empty() {
-        report.without_key.push(id);
-        return m;
+    let parked = attrs.contains_key(REASON_ATTRIBUTE) || attrs.contains_key(MESSAGE_ID_ATTRIBUTE);
+    let original = if parked {
+        attrs
+            .get(MESSAGE_ID_ATTRIBUTE)
+            .and_then(|v| v.string_value())
+            .map(str::to_owned)
+    } else {
+        Some(id.clone())
+    };
+    let key = original
+        .filter(|k| !k.is_empty())
+        .map(|k| carry_key(m.body.as_deref().unwrap_or_default(), &k));
+    let fits = |key: &String| {
+        attrs.len() < 10
+            && size + DEDUP_KEY_ATTRIBUTE.len() + "String".len() + key.len() <= max_size
+    };
+    match key {
+        Some(key) if fits(&key) => {
+            attrs.insert(
+                DEDUP_KEY_ATTRIBUTE.to_owned(),
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(key)
+                    .build()
+                    .expect("complete attribute"),
+            );
+        }
+        _ => report.without_key.push(id),
     }
-    let key = carry_key(m.body.as_deref().unwrap_or_default(), &id);
-    attrs.insert(
-        DEDUP_KEY_ATTRIBUTE.to_owned(),
-        MessageAttributeValue::builder()
-            .data_type("String")
-            .string_value(key)
-            .build()
-            .expect("complete attribute"),
-    );
     m
 }
 

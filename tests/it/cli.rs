@@ -933,26 +933,24 @@ async fn init_check_reports_an_existing_queues_differences_as_init_does() {
     assert_eq!(queue_attrs(&sqs, &url).await[&A::VisibilityTimeout], "360");
 }
 
-/// A message SQS's redrive policy moved to the DLQ (its receives ran out: not
-/// parked by sqs-once, so it carries no dedup key) keeps its message id there.
-/// Brought back it gets a new id; `redrive` adds the key a `message-id`
-/// consumer used for it, so its record is found and its effect not made again.
-#[tokio::test]
-async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
-    let sqs = sqs().await;
-    let q = queues(&sqs, false, 30).await;
+/// Sends `body` to the source and receives it until SQS's redrive policy (5
+/// receives) moves it to the DLQ; its message id.
+async fn moved_by_sqs(
+    sqs: &aws_sdk_sqs::Client,
+    q: &sqs_once_cli::setup::QueuePair,
+    body: &str,
+) -> String {
     let original = sqs
         .send_message()
         .queue_url(&q.queue_url)
-        .message_body("{\"id\":\"evt-moved\"}")
+        .message_body(body)
         .send()
         .await
         .unwrap()
         .message_id
         .unwrap();
-    // Received and let go until the redrive policy (5 receives) moves it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while depth(&sqs, &q.dlq_url).await == 0 {
+    while depth(sqs, &q.dlq_url).await == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "never moved to the DLQ"
@@ -965,20 +963,36 @@ async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
             .await
             .unwrap();
     }
-    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &[])).await;
-    assert!(r.ok, "{}", r.stderr);
-    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+    original
+}
 
-    let got = sqs
-        .receive_message()
-        .queue_url(&q.queue_url)
+/// The source's messages, with their message attributes.
+async fn received(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::types::Message> {
+    sqs.receive_message()
+        .queue_url(url)
         .message_attribute_names("All")
         .wait_time_seconds(5)
         .send()
         .await
         .unwrap()
         .messages
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A message SQS's redrive policy moved to the DLQ (its receives ran out: not
+/// parked by sqs-once, so it carries no dedup key) keeps its message id there.
+/// Brought back it gets a new id; `redrive` adds the key a `message-id`
+/// consumer used for it, so its record is found and its effect not made again.
+#[tokio::test]
+async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    let original = moved_by_sqs(&sqs, &q, "{\"id\":\"evt-moved\"}").await;
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &[])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+
+    let got = received(&sqs, &q.queue_url).await;
     assert_eq!(got.len(), 1);
     let m = &got[0];
     let carried = m
@@ -995,4 +1009,31 @@ async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
         original,
         "a message-id consumer finds the original's record"
     );
+}
+
+/// A message too close to the source's size limit for the key's attribute is
+/// sent back without it, with a warning, rather than left in the DLQ.
+#[tokio::test]
+async fn redrive_sends_a_message_with_no_room_for_the_key_as_it_is_and_says_so() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    sqs.set_queue_attributes()
+        .queue_url(&q.queue_url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize,
+            "1024",
+        )
+        .send()
+        .await
+        .unwrap();
+    let body = "x".repeat(1000);
+    moved_by_sqs(&sqs, &q, &body).await;
+    let r = cli_owned(redrive_args(&q.dlq_url, &q.queue_url, &[])).await;
+    assert!(r.ok, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+    assert!(r.stderr.contains("without a dedup key"), "{}", r.stderr);
+    let got = received(&sqs, &q.queue_url).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body(), Some(body.as_str()));
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
 }
