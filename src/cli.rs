@@ -195,6 +195,7 @@ impl RuntimeArgs {
             queue_url: self.queue_url.clone().filter(|u| !u.is_empty()),
             emf: true,
             error_on_full_failure: self.lambda_full_failure == "error",
+            check_retention: true,
         };
         Ok((p, l))
     }

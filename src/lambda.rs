@@ -85,6 +85,11 @@ pub struct LambdaConfig {
     /// delete every record), and the invocation counts in Lambda's `Errors`.
     /// Off, such a batch is answered with the full list.
     pub error_on_full_failure: bool,
+    /// Check each queue's retention (plus its DLQ's) against the records'
+    /// `SQS_ONCE_TTL` once, beside the first invocation that names it, and
+    /// warn when a message could outlive its record (the binaries turn this
+    /// on; see `crate::queue::check_retention`).
+    pub check_retention: bool,
 }
 
 impl Default for LambdaConfig {
@@ -96,6 +101,7 @@ impl Default for LambdaConfig {
             queue_url: None,
             emf: false,
             error_on_full_failure: true,
+            check_retention: false,
         }
     }
 }
@@ -138,6 +144,8 @@ struct Inner<S, H, Q> {
     settler: Settler<Q>,
     config: LambdaConfig,
     queue_urls: tokio::sync::Mutex<HashMap<String, Option<String>>>,
+    /// The queues whose retention was checked.
+    retention_checked: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What happened to one record.
@@ -166,6 +174,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 processor,
                 config,
                 queue_urls: Default::default(),
+                retention_checked: Default::default(),
             }),
         }
     }
@@ -220,13 +229,13 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     fn margin_for(&self, deadline: Instant) -> Duration {
         let margin = self.inner.config.margin;
         let left = deadline.saturating_duration_since(Instant::now());
-        if left >= margin * 2 {
+        if left >= margin.saturating_mul(2) {
             return margin;
         }
         error!(
             ?left,
             ?margin,
-            "the invocation starts with less than twice SQS_ONCE_LAMBDA_MARGIN left: raise the function's timeout well above the margin; running with a margin of a quarter of the time left"
+            "the invocation starts with less than twice SQS_ONCE_LAMBDA_MARGIN left: raise the function's timeout well above the margin; running with a margin of a quarter of the time left (a claimed record still needs a lease of 1 s, so under about 1.5 s nothing runs)"
         );
         left / 4
     }
@@ -312,7 +321,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             let parsed = match serde_json::from_value::<SqsMessage>(raw) {
                 Ok(m) => {
                     let queue = match (&self.inner.config.queue_url, &m.event_source_arn) {
-                        (Some(url), _) => Some(url.clone()),
+                        (Some(url), _) => {
+                            self.check_retention_later(url);
+                            Some(url.clone())
+                        }
                         (None, Some(arn)) => self.queue_url(arn).await,
                         (None, None) => None,
                     };
@@ -519,6 +531,16 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// `SQS_ONCE_TTL` (a warning only), made beside the invocations once per
     /// queue so it adds nothing to a cold start.
     fn check_retention_later(&self, url: &str) {
+        if !self.inner.config.check_retention
+            || !self
+                .inner
+                .retention_checked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(url.to_owned())
+        {
+            return;
+        }
         let (queue, url) = (self.inner.queue.clone(), url.to_owned());
         let ttl = self.inner.processor.config().ttl;
         tokio::spawn(async move {

@@ -84,7 +84,8 @@ pub fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
 /// Warns when a message could come back after its dedup record expired, and
 /// so run again: `ttl` (`SQS_ONCE_TTL`) not above the source queue's retention
 /// plus that of the DLQ its redrive policy names (a message can wait its
-/// retention in the source, then in the DLQ, before it is brought back). The
+/// retention in the source, then in the DLQ, before it is brought back; on a
+/// FIFO queue the source's counts twice, as a move restarts it). The
 /// DLQ is looked up only for this warning: a failed lookup is logged and
 /// ignored. Returns the retention the TTL should exceed, when it warned.
 pub async fn check_retention<Q: QueueClient>(
@@ -109,7 +110,15 @@ pub async fn check_retention<Q: QueueClient>(
         tracing::debug!(error = %e, "cannot read the DLQ's retention for the TTL check");
         (String::new(), None)
     });
-    let total = retention + dlq_retention.unwrap_or_default();
+    // A standard queue's message keeps its first enqueue time in the DLQ, so
+    // the DLQ's retention bounds its whole age; a FIFO queue's starts again
+    // when it is moved (SQS Developer Guide, dead-letter queues), and a copy
+    // brought back starts again in the source.
+    let total = if is_fifo(queue_url) {
+        retention * 2 + dlq_retention.unwrap_or_default()
+    } else {
+        retention + dlq_retention.unwrap_or_default()
+    };
     if total >= ttl {
         tracing::warn!(
             queue = queue_url,
