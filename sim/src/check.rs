@@ -95,7 +95,7 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
         .filter(|m| {
             e.deliveries
                 .last_of(&m.id)
-                .is_some_and(|d| d.delete_was_out_of_reach())
+                .is_some_and(|d| d.delete_was_out_of_reach(e.deliveries.calm_at()))
         })
         .map(|m| m.id.clone())
         .collect()
@@ -272,7 +272,7 @@ fn parked_or_applied(
         {
             let last = match e.deliveries.last_of(&from) {
                 Some(d) => format!(
-                    "; its last delivery (receive {}, by {}) was neither deleted in time nor lost with its consumer",
+                    "; its last delivery (receive {}, by {}) was neither deleted while SQS could be reached nor lost with its consumer",
                     d.count, d.consumer
                 ),
                 None => String::new(),

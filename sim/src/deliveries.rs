@@ -1,17 +1,19 @@
-//! What became of every delivery a consumer saw: when it arrived, how long
-//! its consumer held it, whether a delete of it was sent in time, and whether
-//! its consumer died while holding it.
+//! What became of every delivery a consumer saw: when it arrived, from which
+//! queue, how long its consumer held it, whether a delete of it was sent in
+//! time and whether any reached SQS, and whether its consumer died holding it.
 //!
 //! The checker needs this for one case. A message whose effect is recorded
 //! (its dedup record is `COMPLETED`) may still be moved to the DLQ by SQS's
 //! redrive policy when its last allowed delivery could not be deleted: the
-//! consumer sent the delete and SQS was out of reach until the visibility
-//! timeout ran out, or the consumer died holding it. No consumer can do
-//! better there (the delete is the only thing that keeps a message from its
-//! next receive), and a copy brought back from the DLQ completes as a
-//! duplicate. Any other way for a completed message to reach the DLQ (a
+//! consumer sent the delete and SQS stayed out of its reach until the
+//! visibility timeout ran out, or the consumer died holding it. No consumer
+//! can do better there (the delete is the only thing that keeps a message
+//! from its next receive), and a copy brought back completes as a duplicate.
+//! Any other way for a completed message to reach the DLQ is a violation: a
 //! delivery known done and never deleted, a delete sent after the message was
-//! visible again) is a violation. See docs/DESIGN.md, "What ends in the DLQ".
+//! visible again or to another queue, a delete that reached SQS and deleted
+//! nothing, or one given up on while SQS could have been reached again before
+//! the visibility ran out. See docs/DESIGN.md, "What ends in the DLQ".
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,26 +21,32 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::faults::Life;
+use crate::faults::{Cuts, Life};
 
 /// One delivery: a receive of one message that reached a consumer.
 #[derive(Debug, Clone)]
 pub struct Delivery {
     /// The SQS message id.
     pub message: String,
+    /// The queue it was received from.
+    pub queue: String,
     /// Its receive count at this delivery.
     pub count: u32,
     /// The consumer (or event source mapping) that received it.
     pub consumer: String,
     /// When it arrived.
     pub at: Instant,
-    /// Until when it stays invisible, as far as its consumer knows (the
-    /// receive's visibility, then every visibility change that was accepted).
+    /// Until when it stays invisible, as far as SQS is concerned (the
+    /// receive's visibility, then every visibility change SQS applied).
     pub held_until: Instant,
-    /// When a delete of it was first sent while it was still held.
+    /// When a delete of it was first sent to its queue while it was held.
     pub delete_sent: Option<Instant>,
+    /// A delete of it reached SQS (and was answered there, lost or not).
+    pub delete_reached: bool,
     /// The life of the host that holds it.
     life: Life,
+    /// When the host's link to SQS was cut.
+    cuts: Cuts,
 }
 
 impl Delivery {
@@ -49,30 +57,50 @@ impl Delivery {
             .is_some_and(|t| t >= self.at && t < self.held_until)
     }
 
-    /// Its consumer did all it could to delete it: sent the delete while it
-    /// held it, or died holding it.
-    pub fn delete_was_out_of_reach(&self) -> bool {
-        self.delete_sent.is_some() || self.holder_died()
+    /// Its consumer did all it could to delete it: it died holding it, or it
+    /// sent the delete while holding it, no delete reached SQS, and SQS was
+    /// still out of its reach when the visibility ran out (trying again could
+    /// not have landed it).
+    pub fn delete_was_out_of_reach(&self, calm_at: Option<Instant>) -> bool {
+        let cut_at_end = self
+            .cuts
+            .cut_at(self.held_until - Duration::from_millis(1), calm_at);
+        self.holder_died() || (self.delete_sent.is_some() && !self.delete_reached && cut_at_end)
     }
 }
 
 /// Every delivery of a run, by receipt handle. Clones share it.
 #[derive(Debug, Clone, Default)]
-pub struct Deliveries(Arc<Mutex<BTreeMap<String, Delivery>>>);
+pub struct Deliveries {
+    all: Arc<Mutex<BTreeMap<String, Delivery>>>,
+    calm_at: Arc<Mutex<Option<Instant>>>,
+}
 
 impl Deliveries {
     fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<String, Delivery>) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut self.all.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A receive's answer reached `consumer` (whose host lives `life`).
+    /// Faults were switched off now (cuts end).
+    pub fn calm(&self) {
+        *self.calm_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// When faults were switched off.
+    pub fn calm_at(&self) -> Option<Instant> {
+        *self.calm_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A receive's answer from `queue` reached `consumer` (whose host lives
+    /// `life`, cut off from SQS at `cuts`).
     pub fn received(
         &self,
-        consumer: &str,
-        life: &Life,
+        who: (&str, &Life, &Cuts),
+        queue: &str,
         messages: &[sqs_once::Message],
         visibility: Duration,
     ) {
+        let (consumer, life, cuts) = who;
         let now = Instant::now();
         self.with(|all| {
             for m in messages {
@@ -83,24 +111,28 @@ impl Deliveries {
                     receipt.to_owned(),
                     Delivery {
                         message: m.id().to_owned(),
+                        queue: queue.to_owned(),
                         count: m.receive_count(),
                         consumer: consumer.to_owned(),
                         at: now,
                         held_until: now + visibility,
                         delete_sent: None,
+                        delete_reached: false,
                         life: life.clone(),
+                        cuts: cuts.clone(),
                     },
                 );
             }
         });
     }
 
-    /// A delete of these receipts was sent (whatever became of it).
-    pub fn delete_sent(&self, receipts: &[String]) {
+    /// A delete of these receipts was sent to `queue` (whatever became of it).
+    pub fn delete_sent(&self, queue: &str, receipts: &[String]) {
         let now = Instant::now();
         self.with(|all| {
             for r in receipts {
                 if let Some(d) = all.get_mut(r)
+                    && d.queue == queue
                     && d.delete_sent.is_none()
                     && now < d.held_until
                 {
@@ -110,7 +142,21 @@ impl Deliveries {
         });
     }
 
-    /// SQS accepted a visibility change of these receipts to `timeout`.
+    /// A delete of these receipts reached SQS (its answer may still be lost).
+    pub fn delete_reached(&self, queue: &str, receipts: &[String]) {
+        self.with(|all| {
+            for r in receipts {
+                if let Some(d) = all.get_mut(r)
+                    && d.queue == queue
+                {
+                    d.delete_reached = true;
+                }
+            }
+        });
+    }
+
+    /// SQS applied a visibility change of these receipts to `timeout` (its
+    /// answer may still be lost).
     pub fn visibility_set(&self, receipts: &[String], timeout: Duration) {
         let until = Instant::now() + timeout;
         self.with(|all| {

@@ -144,6 +144,33 @@ enum Fault {
     Delay(Duration),
 }
 
+/// When a host's link to one service was cut: (from, until) per partition.
+/// Clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct Cuts(Arc<Mutex<Vec<(Instant, Instant)>>>);
+
+impl Cuts {
+    /// Notes a partition from `from` until `until`.
+    pub fn push(&self, from: Instant, until: Instant) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((from, until));
+    }
+
+    /// Whether the link was cut at `t` (partitions end when the run calms,
+    /// at `calm_at`).
+    pub fn cut_at(&self, t: Instant, calm_at: Option<Instant>) -> bool {
+        calm_at.is_none_or(|c| t < c)
+            && self
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|&(from, until)| from <= t && t < until)
+    }
+}
+
 /// One consumer host's network: its fault plan, its partitions, and whether
 /// faults are on (they are switched off for the calm end of a run).
 #[derive(Debug, Clone)]
@@ -153,6 +180,7 @@ pub struct Link {
     plan: FaultPlan,
     trace: Trace,
     cut_until: Arc<Mutex<[Option<Instant>; 2]>>,
+    sqs_cuts: Cuts,
     calm: Arc<AtomicBool>,
     counts: Arc<FaultCounts>,
 }
@@ -173,6 +201,7 @@ impl Link {
             plan,
             trace,
             cut_until: Arc::default(),
+            sqs_cuts: Cuts::default(),
             calm,
             counts,
         }
@@ -181,7 +210,11 @@ impl Link {
     /// Cuts the host off from `service` for `d`.
     pub fn cut(&self, service: Service, d: Duration) {
         let mut cut = self.cut_until.lock().unwrap_or_else(|e| e.into_inner());
-        cut[service as usize] = Some(Instant::now() + d);
+        let (from, until) = (Instant::now(), Instant::now() + d);
+        cut[service as usize] = Some(until);
+        if service == Service::Sqs {
+            self.sqs_cuts.push(from, until);
+        }
         self.trace.event(format!(
             "partition {} from {service:?} for {d:?}",
             self.name
@@ -383,8 +416,9 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
             .call("ReceiveMessage", queue, self.inner.receive(queue, request))
             .await?;
         if !got.is_empty() {
+            let who = (self.link.name.as_str(), &self.life, &self.link.sqs_cuts);
             self.deliveries
-                .received(&self.link.name, &self.life, &got, request.visibility);
+                .received(who, queue, &got, request.visibility);
             let ids: Vec<String> = got
                 .iter()
                 .map(|m| format!("{}#{}", m.id(), m.receive_count()))
@@ -397,9 +431,17 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
     }
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
-        self.deliveries.delete_sent(&[receipt.to_owned()]);
-        self.call("DeleteMessage", queue, self.inner.delete(queue, receipt))
-            .await
+        let receipts = [receipt.to_owned()];
+        self.deliveries.delete_sent(queue, &receipts);
+        // Noted where SQS applies it, so a lost answer still counts.
+        let f = async {
+            let out = self.inner.delete(queue, receipt).await;
+            if out.is_ok() {
+                self.deliveries.delete_reached(queue, &receipts);
+            }
+            out
+        };
+        self.call("DeleteMessage", queue, f).await
     }
 
     async fn delete_batch(
@@ -407,13 +449,16 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        self.deliveries.delete_sent(receipts);
-        self.call(
-            "DeleteMessageBatch",
-            queue,
-            self.inner.delete_batch(queue, receipts),
-        )
-        .await
+        self.deliveries.delete_sent(queue, receipts);
+        let f = async {
+            let out = self.inner.delete_batch(queue, receipts).await;
+            if let Ok(failed) = &out {
+                self.deliveries
+                    .delete_reached(queue, &applied(receipts, failed));
+            }
+            out
+        };
+        self.call("DeleteMessageBatch", queue, f).await
     }
 
     async fn change_visibility(
@@ -422,11 +467,15 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         receipt: &str,
         timeout: Duration,
     ) -> Result<(), QueueError> {
-        let f = self.inner.change_visibility(queue, receipt, timeout);
-        self.call("ChangeMessageVisibility", queue, f).await?;
-        self.deliveries
-            .visibility_set(&[receipt.to_owned()], timeout);
-        Ok(())
+        let f = async {
+            let out = self.inner.change_visibility(queue, receipt, timeout).await;
+            if out.is_ok() {
+                self.deliveries
+                    .visibility_set(&[receipt.to_owned()], timeout);
+            }
+            out
+        };
+        self.call("ChangeMessageVisibility", queue, f).await
     }
 
     async fn change_visibility_batch(
@@ -435,16 +484,18 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         receipts: &[String],
         timeout: Duration,
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        let f = self.inner.change_visibility_batch(queue, receipts, timeout);
-        let failed = self.call("ChangeMessageVisibilityBatch", queue, f).await?;
-        let accepted: Vec<String> = receipts
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !failed.iter().any(|f| f.index == *i))
-            .map(|(_, r)| r.clone())
-            .collect();
-        self.deliveries.visibility_set(&accepted, timeout);
-        Ok(failed)
+        let f = async {
+            let out = self
+                .inner
+                .change_visibility_batch(queue, receipts, timeout)
+                .await;
+            if let Ok(failed) = &out {
+                self.deliveries
+                    .visibility_set(&applied(receipts, failed), timeout);
+            }
+            out
+        };
+        self.call("ChangeMessageVisibilityBatch", queue, f).await
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
@@ -461,6 +512,16 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         self.call("GetQueueUrl", name, self.inner.queue_url(name, account))
             .await
     }
+}
+
+/// The receipts of a batch call SQS applied: all but its failed entries.
+fn applied(receipts: &[String], failed: &[EntryFailure]) -> Vec<String> {
+    receipts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !failed.iter().any(|f| f.index == *i))
+        .map(|(_, r)| r.clone())
+        .collect()
 }
 
 /// Attempts per store operation, as `DynamoStore` sends each again with the

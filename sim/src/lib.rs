@@ -166,6 +166,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     let scheduled = schedule(&world, &links, &senders).await;
     tokio::time::sleep_until(started + CALM_AT).await;
     calm.store(true, Ordering::Relaxed);
+    world.deliveries.calm();
     trace.event("calm: faults off");
     let producer_done = producer.await.is_ok();
     let settled = settle(&world).await;

@@ -1,28 +1,34 @@
 //! The checker's one allowance for a completed message in the DLQ: SQS's
 //! redrive policy moved it because its last delivery's delete could not land
-//! (sent in time while SQS was out of reach, or its consumer died holding
-//! it). Every other completed message in the DLQ is a violation.
+//! (sent while held and SQS out of reach until the visibility ran out, or its
+//! consumer died holding it). Every other completed message in the DLQ is a
+//! violation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use sqs_once::queue::memory::QueueSettings;
+use sqs_once::queue::memory::{QueueSettings, StoredMessage};
 use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
 use sqs_once::{MemoryQueue, Status};
 use sqs_once_sim::check::{Effect, Evidence, check, stranded};
 use sqs_once_sim::deliveries::Deliveries;
-use sqs_once_sim::faults::{FaultPlan, Life};
+use sqs_once_sim::faults::{Cuts, FaultPlan, Life};
 use sqs_once_sim::run_seed;
 use sqs_once_sim::world::{EventSpec, Kind, Scenario};
+use tokio::time::Instant;
 
 const VISIBILITY: Duration = Duration::from_secs(30);
 
-/// One event, received once by `c0`: its delivery noted, the message as it
-/// would sit in the DLQ, and the receipt handle.
-async fn one_delivery(
-    deliveries: &Deliveries,
-    life: &Life,
-) -> (sqs_once::queue::memory::StoredMessage, String) {
+/// One delivery of one event to `c0` (alive as `life`, cut off from SQS at
+/// `cuts`), noted: the message as it would sit in the DLQ, its receipt
+/// handle, and its queue.
+struct One {
+    stored: StoredMessage,
+    receipt: String,
+    queue: String,
+}
+
+async fn one_delivery(deliveries: &Deliveries, life: &Life, cuts: &Cuts) -> One {
     let queue = MemoryQueue::new();
     let url = queue
         .create_queue(QueueSettings::new("q"))
@@ -44,10 +50,19 @@ async fn one_delivery(
         visibility: VISIBILITY,
     };
     let got = queue.receive(&url, request).await.expect("received");
-    deliveries.received("c0", life, &got, VISIBILITY);
-    let receipt = got[0].receipt_handle().expect("a receipt").to_owned();
-    let stored = queue.contents(&url).remove(0);
-    (stored, receipt)
+    deliveries.received(("c0", life, cuts), &url, &got, VISIBILITY);
+    One {
+        receipt: got[0].receipt_handle().expect("a receipt").to_owned(),
+        stored: queue.contents(&url).remove(0),
+        queue: url,
+    }
+}
+
+/// A link cut from now until well after the visibility runs out.
+fn cut_now() -> Cuts {
+    let cuts = Cuts::default();
+    cuts.push(Instant::now(), Instant::now() + VISIBILITY * 4);
+    cuts
 }
 
 fn scenario() -> Scenario {
@@ -75,10 +90,7 @@ fn scenario() -> Scenario {
 
 /// The checker's verdict on a completed, applied message found in the DLQ
 /// as SQS moved it: (violations, stranded).
-fn verdict(
-    stored: sqs_once::queue::memory::StoredMessage,
-    deliveries: &Deliveries,
-) -> (Vec<String>, BTreeSet<String>) {
+fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTreeSet<String>) {
     let s = scenario();
     let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
     let evidence = Evidence {
@@ -103,49 +115,79 @@ fn verdict(
 #[tokio::test(start_paused = true)]
 async fn a_completed_message_its_consumer_never_deleted_is_a_violation() {
     let deliveries = Deliveries::default();
-    let (stored, _) = one_delivery(&deliveries, &Life::default()).await;
-    let (violations, stranded) = verdict(stored, &deliveries);
+    let one = one_delivery(&deliveries, &Life::default(), &cut_now()).await;
+    let (violations, stranded) = verdict(one.stored, &deliveries);
     assert!(stranded.is_empty());
     assert_eq!(violations.len(), 1, "{violations:#?}");
     assert!(
         violations[0].contains("made its effect and is in the DLQ")
-            && violations[0].contains("neither deleted in time nor lost with its consumer"),
+            && violations[0].contains("neither deleted while SQS could be reached"),
         "{violations:#?}"
     );
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_delete_sent_while_the_message_was_held_explains_it() {
+async fn a_delete_sent_while_held_with_sqs_out_of_reach_to_the_end_explains_it() {
     let deliveries = Deliveries::default();
-    let (stored, receipt) = one_delivery(&deliveries, &Life::default()).await;
+    let one = one_delivery(&deliveries, &Life::default(), &cut_now()).await;
     tokio::time::advance(VISIBILITY / 2).await;
-    deliveries.delete_sent(&[receipt]);
-    let id = stored.id.clone();
-    let (violations, stranded) = verdict(stored, &deliveries);
+    deliveries.delete_sent(&one.queue, std::slice::from_ref(&one.receipt));
+    let id = one.stored.id.clone();
+    let (violations, stranded) = verdict(one.stored, &deliveries);
     assert!(violations.is_empty(), "{violations:#?}");
     assert_eq!(stranded, BTreeSet::from([id]));
 }
 
+/// Given up on while SQS came back before the visibility ran out: trying
+/// again would have landed it.
 #[tokio::test(start_paused = true)]
-async fn a_delete_sent_after_the_visibility_ran_out_does_not() {
+async fn a_delete_given_up_on_while_sqs_could_be_reached_again_does_not() {
     let deliveries = Deliveries::default();
-    let (stored, receipt) = one_delivery(&deliveries, &Life::default()).await;
-    tokio::time::advance(VISIBILITY + Duration::from_secs(1)).await;
-    deliveries.delete_sent(&[receipt]);
-    let (violations, stranded) = verdict(stored, &deliveries);
+    let cuts = Cuts::default();
+    cuts.push(Instant::now(), Instant::now() + VISIBILITY / 3);
+    let one = one_delivery(&deliveries, &Life::default(), &cuts).await;
+    tokio::time::advance(VISIBILITY / 4).await;
+    deliveries.delete_sent(&one.queue, std::slice::from_ref(&one.receipt));
+    let (violations, stranded) = verdict(one.stored, &deliveries);
     assert!(stranded.is_empty());
     assert_eq!(violations.len(), 1, "{violations:#?}");
+}
+
+/// A delete that reached SQS and deleted nothing (a stale or wrong receipt)
+/// is no excuse, nor is one sent to another queue or after the visibility
+/// ran out.
+#[tokio::test(start_paused = true)]
+async fn a_delete_that_reached_sqs_went_elsewhere_or_came_late_does_not() {
+    for case in ["reached", "elsewhere", "late"] {
+        let deliveries = Deliveries::default();
+        let one = one_delivery(&deliveries, &Life::default(), &cut_now()).await;
+        let receipts = std::slice::from_ref(&one.receipt);
+        match case {
+            "reached" => {
+                deliveries.delete_sent(&one.queue, receipts);
+                deliveries.delete_reached(&one.queue, receipts);
+            }
+            "elsewhere" => deliveries.delete_sent("https://elsewhere/dlq", receipts),
+            _ => {
+                tokio::time::advance(VISIBILITY + Duration::from_secs(1)).await;
+                deliveries.delete_sent(&one.queue, receipts);
+            }
+        }
+        let (violations, stranded) = verdict(one.stored, &deliveries);
+        assert!(stranded.is_empty(), "{case}");
+        assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_extension_keeps_the_delete_in_time() {
     let deliveries = Deliveries::default();
-    let (stored, receipt) = one_delivery(&deliveries, &Life::default()).await;
+    let one = one_delivery(&deliveries, &Life::default(), &cut_now()).await;
     tokio::time::advance(VISIBILITY / 2).await;
-    deliveries.visibility_set(std::slice::from_ref(&receipt), VISIBILITY);
+    deliveries.visibility_set(std::slice::from_ref(&one.receipt), VISIBILITY);
     tokio::time::advance(VISIBILITY * 3 / 4).await;
-    deliveries.delete_sent(&[receipt]);
-    let (violations, _) = verdict(stored, &deliveries);
+    deliveries.delete_sent(&one.queue, std::slice::from_ref(&one.receipt));
+    let (violations, _) = verdict(one.stored, &deliveries);
     assert!(violations.is_empty(), "{violations:#?}");
 }
 
@@ -153,19 +195,19 @@ async fn an_extension_keeps_the_delete_in_time() {
 async fn a_consumer_that_died_holding_it_explains_it_and_one_that_died_later_does_not() {
     let deliveries = Deliveries::default();
     let life = Life::default();
-    let (stored, _) = one_delivery(&deliveries, &life).await;
+    let one = one_delivery(&deliveries, &life, &Cuts::default()).await;
     tokio::time::advance(VISIBILITY / 2).await;
     life.kill();
-    let (violations, stranded) = verdict(stored, &deliveries);
+    let (violations, stranded) = verdict(one.stored, &deliveries);
     assert!(violations.is_empty(), "{violations:#?}");
     assert_eq!(stranded.len(), 1);
 
     let deliveries = Deliveries::default();
     let life = Life::default();
-    let (stored, _) = one_delivery(&deliveries, &life).await;
+    let one = one_delivery(&deliveries, &life, &Cuts::default()).await;
     tokio::time::advance(VISIBILITY * 2).await;
     life.kill();
-    let (violations, stranded) = verdict(stored, &deliveries);
+    let (violations, stranded) = verdict(one.stored, &deliveries);
     assert!(stranded.is_empty());
     assert_eq!(violations.len(), 1, "{violations:#?}");
 }
