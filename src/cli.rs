@@ -38,7 +38,7 @@ pub struct RuntimeArgs {
     /// The dead-letter queue URL for permanent failures.
     #[arg(long, env = "SQS_ONCE_DLQ_URL")]
     pub dlq_url: Option<String>,
-    /// Messages in flight at most (in Lambda: records, or FIFO groups, at once).
+    /// Handlers running at once at most (in Lambda: records, or FIFO groups, at once).
     #[arg(long, env = "SQS_ONCE_CONCURRENCY", default_value_t = 10)]
     pub concurrency: usize,
     /// Messages the poller receives ahead beyond the running ones, waiting
