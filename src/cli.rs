@@ -38,9 +38,13 @@ pub struct RuntimeArgs {
     /// The dead-letter queue URL for permanent failures.
     #[arg(long, env = "SQS_ONCE_DLQ_URL")]
     pub dlq_url: Option<String>,
-    /// Messages in flight at most (in Lambda: records, or FIFO groups, at once).
+    /// Handlers running at once at most (in Lambda: records, or FIFO groups, at once).
     #[arg(long, env = "SQS_ONCE_CONCURRENCY", default_value_t = 10)]
     pub concurrency: usize,
+    /// Messages the poller receives ahead beyond the running ones, waiting
+    /// (invisible) for a slot (0: receive only for free slots).
+    #[arg(long, env = "SQS_ONCE_PREFETCH", default_value_t = 10)]
+    pub prefetch: usize,
     /// Claim lease.
     #[arg(long, env = "SQS_ONCE_LEASE", default_value = "60s")]
     pub lease: String,
@@ -67,7 +71,7 @@ pub struct RuntimeArgs {
     /// again (with the same token: an abandoned write that committed is found).
     #[arg(long, env = "SQS_ONCE_DYNAMODB_TIMEOUT", default_value = "5s")]
     pub dynamodb_timeout: String,
-    /// How long a receive waits for ten free slots, and a delete for ten receipts.
+    /// How long a receive waits for room to hold ten, and a delete for ten receipts.
     #[arg(long, env = "SQS_ONCE_BATCH_WAIT", default_value = "1s")]
     pub batch_wait: String,
     /// How often the poller prints its counters as CloudWatch EMF lines on stdout
@@ -160,6 +164,7 @@ impl RuntimeArgs {
         let mut q = PollerConfig::new(queue_url);
         q.dlq_url = self.dlq_url();
         q.concurrency = self.concurrency;
+        q.prefetch = self.prefetch;
         q.drain = parse_duration("SQS_ONCE_DRAIN", &self.drain)?;
         q.wait_time = parse_duration("SQS_ONCE_WAIT", &self.wait)?;
         if q.wait_time > Duration::from_secs(20) {

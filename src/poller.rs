@@ -1,18 +1,23 @@
 //! The long-polling runtime (ECS or any host): receive, process, delete.
 //!
 //! # Backpressure
-//! At most `concurrency` messages are in flight. The poller receives only as many
-//! messages as it has free slots. What it receives is made invisible for a
-//! lease (whatever the queue's visibility timeout), and messages of one receive
-//! that must wait for their turn (behind an earlier message of their FIFO
-//! group, or of their dedup key) are extended every heartbeat while they wait,
-//! and before they start if need be, so none becomes visible again while this
-//! poller still holds it.
+//! At most `concurrency` handlers run, and at most `concurrency + prefetch`
+//! messages are held (received, not yet finished): the poller receives ahead
+//! up to `prefetch` messages more than it can run, in batches of ten, so a
+//! slot that comes free starts a waiting message at once and receives stay at
+//! 0.1 per message whatever the handlers' durations. What it receives is made
+//! invisible for a lease (whatever the queue's visibility timeout), and
+//! messages that wait (for a free slot, or behind an earlier message of their
+//! FIFO group or dedup key) are extended every heartbeat while they wait, and
+//! before they start if need be, so none becomes visible again while this
+//! poller still holds it; one whose extension fails until it would reappear is
+//! let go, not run.
 //!
 //! # Shutdown
 //! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
-//! it is cancelled the poller stops receiving, lets running handlers finish
-//! within the drain deadline, interrupts and releases the rest (their messages
+//! it is cancelled the poller stops receiving, gives back at once what was
+//! received ahead and waits for a slot, lets running handlers finish within
+//! the drain deadline, interrupts and releases the rest (their messages
 //! become visible again at once), flushes pending deletes and returns.
 //!
 //! The protocol this runtime follows is in the project's `docs/DESIGN.md`
@@ -42,8 +47,13 @@ pub struct PollerConfig {
     /// Where permanent failures are parked (`SQS_ONCE_DLQ_URL`). Without one, a
     /// permanent failure is retried until the queue's redrive policy parks it.
     pub dlq_url: Option<String>,
-    /// Messages in flight at most (`SQS_ONCE_CONCURRENCY`, default 10).
+    /// Handlers running at once at most (`SQS_ONCE_CONCURRENCY`, default 10).
     pub concurrency: usize,
+    /// Messages received ahead beyond the running ones, at most
+    /// (`SQS_ONCE_PREFETCH`, default 10; 0: receive only for free slots).
+    /// They wait, invisible, for a slot; with 10 or more every receive asks
+    /// for a full batch and a freed slot never waits for a receive.
+    pub prefetch: usize,
     /// Long-poll wait (default 20 s).
     pub wait_time: Duration,
     /// How long in-flight work may finish after shutdown (`SQS_ONCE_DRAIN`,
@@ -54,11 +64,10 @@ pub struct PollerConfig {
     /// (`SQS_ONCE_EXIT_WHEN_IDLE`; for batch jobs, demos and tests).
     pub exit_when_idle: Option<Duration>,
     /// The longest wait to fill a batch of 10 (`SQS_ONCE_BATCH_WAIT`, default
-    /// 1 s). A receive waits for more free slots once one is free only while
-    /// they come free fast enough to fill the batch within one receive's
-    /// round trip, and never longer than this; a delete waits this long for
-    /// ten receipts once one is pending. Batches of ten make receive and
-    /// delete cost 0.1 calls per message each.
+    /// 1 s): a receive, once one message can be held, waits this long at most
+    /// for room to hold ten (`concurrency + prefetch` at most); a delete waits
+    /// this long for ten receipts once one is pending. Batches of ten make
+    /// receive and delete cost 0.1 calls per message each.
     pub batch_wait: Duration,
     /// Print the processor's counters as EMF lines on stdout this often, and
     /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
@@ -72,6 +81,7 @@ impl PollerConfig {
             queue_url: queue_url.into(),
             dlq_url: None,
             concurrency: 10,
+            prefetch: 10,
             wait_time: Duration::from_secs(20),
             drain: Duration::from_secs(20),
             exit_when_idle: None,
@@ -171,6 +181,11 @@ struct Shared<Q, S, H> {
     deletes: mpsc::UnboundedSender<Finished>,
     /// Cancelled at the drain deadline: running handlers are interrupted.
     stop: CancellationToken,
+    /// The caller's shutdown: lanes still waiting for a slot give their
+    /// messages back.
+    shutdown: CancellationToken,
+    /// One permit per running handler (`concurrency`).
+    running: Arc<Semaphore>,
     stats: std::sync::Mutex<RunStats>,
 }
 
@@ -243,7 +258,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
 
     /// Every heartbeat, extends the visibility of the lane's waiting messages,
     /// with the running one's, by the lease, and notes until when they are
-    /// invisible. Never returns.
+    /// invisible. When extensions fail until the next one would come too late,
+    /// the waiting messages are let go (dropped from the lane, not run): they
+    /// reappear for another receive instead of running while another consumer
+    /// may hold them. Never returns.
     async fn keep_waiting_invisible(&self, waiting: &Waiting) {
         let config = self.processor.config();
         let interval = config.beat_for(config.lease);
@@ -271,6 +289,14 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             let url = &self.config.queue_url;
             if crate::runtime::extend_many(&self.queue, url, &receipts, config.lease).await {
                 w.invisible_until = sent + config.lease;
+            } else if Instant::now() + interval >= w.invisible_until {
+                let let_go = w.messages.len() as u64;
+                w.messages.clear();
+                warn!(
+                    messages = let_go,
+                    "waiting messages could not be kept invisible; let go unprocessed (they come back when their visibility ends)"
+                );
+                self.count(|s| s.held_back += let_go);
             }
         }
     }
@@ -278,19 +304,29 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// Before a waiting message starts: extends its visibility now unless the
     /// keeper's last extension still covers it until the processor's first
     /// heartbeat (with room to spare), so it never becomes visible while held.
-    async fn cover_until_first_beat(&self, message: &Message, invisible_until: Instant) {
+    /// False when it could not be extended and its visibility has run out: it
+    /// may be another consumer's now, and must not start.
+    async fn cover_until_first_beat(&self, message: &Message, invisible_until: Instant) -> bool {
         let config = self.processor.config();
         let interval = config.beat_for(config.lease);
         if invisible_until > Instant::now() + interval + interval / 2 {
-            return;
+            return true;
         }
-        if let Some(receipt) = message.receipt_handle()
-            && let Err(e) = self
-                .queue
-                .change_visibility(&self.config.queue_url, receipt, config.lease)
-                .await
+        let Some(receipt) = message.receipt_handle() else {
+            return true;
+        };
+        let url = &self.config.queue_url;
+        match self
+            .queue
+            .change_visibility(url, receipt, config.lease)
+            .await
         {
-            warn!(message_id = message.id(), error = %e, "could not extend a waiting message before it starts");
+            Ok(()) => true,
+            Err(e) => {
+                let covered = invisible_until > Instant::now();
+                warn!(message_id = message.id(), error = %e, covered, "could not extend a waiting message before it starts");
+                covered
+            }
         }
     }
 }
@@ -308,7 +344,9 @@ struct Pending {
 type Waiting = tokio::sync::Mutex<Pending>;
 
 /// One lane of a receive, run by its own task: its messages one at a time in
-/// order, each holding one of the slots taken for the receive.
+/// order, each holding one of the places taken for the receive until it is
+/// finished, the lane holding one running slot from its first start to its
+/// end.
 struct Lane<Q, S, H> {
     shared: Arc<Shared<Q, S, H>>,
     waiting: Waiting,
@@ -351,12 +389,31 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
     }
 
     async fn work(&self, mut permits: Vec<OwnedSemaphorePermit>) {
+        // A lane that must wait for a slot at shutdown gives its messages
+        // back at once; one that can start runs within the drain.
+        let _slot = tokio::select! {
+            biased;
+            p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
+            () = self.shared.shutdown.cancelled() => {
+                let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
+                give_back(&self.shared, messages).await;
+                return;
+            }
+        };
         // At shutdown the rest of the lane comes back at once.
         let mut rest_after = Duration::ZERO;
         while let Some((m, invisible_until)) = self.next().await {
-            self.shared
+            if !self
+                .shared
                 .cover_until_first_beat(&m, invisible_until)
-                .await;
+                .await
+            {
+                // Visible again, maybe received elsewhere: let it and the
+                // rest of the lane go.
+                self.waiting.lock().await.running = None;
+                self.shared.count(|s| s.held_back += 1);
+                break;
+            }
             let first = self.fifo.then(|| m.clone());
             let failed = self.shared.handle(m).await;
             self.waiting.lock().await.running = None;
@@ -404,6 +461,16 @@ async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
     let Ok(Ok(messages)) = receive.await else {
         return;
     };
+    give_back(&shared, messages).await;
+}
+
+/// Gives back messages held but not started, at shutdown: at once on a
+/// standard queue; on a FIFO queue each group's first message a second after
+/// the rest of its group (see [`give_back_when_received`]).
+async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
+    shared: &Shared<Q, S, H>,
+    messages: Vec<Message>,
+) {
     let fifo = shared.config.is_fifo();
     // Each group as if its first message had failed with no delay.
     let (first_after, rest_after) = lanes::hold_behind(Duration::ZERO, true);
@@ -419,7 +486,7 @@ async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
         info!(
             message_id = m.id(),
             ?after,
-            "received while stopping; given back"
+            "not started before shutdown; given back"
         );
         shared.count(|s| s.held_back += 1);
         shared.retry_later(&m, after).await;
@@ -519,7 +586,7 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
 
 /// What one turn of the receive loop got.
 enum Received {
-    /// Messages, with the slots held for them and when the receive was sent.
+    /// Messages, with the places held for them and when the receive was sent.
     Messages(Vec<Message>, Vec<OwnedSemaphorePermit>, Instant),
     /// Nothing: a long poll that timed out, or a failure already waited out.
     Nothing,
@@ -527,20 +594,18 @@ enum Received {
     Stop,
 }
 
-/// The receive loop: takes free slots, receives as many messages, and starts
-/// one task per lane.
+/// The receive loop: takes free places, receives as many messages, and
+/// starts one task per lane.
 struct ReceiveLoop<Q, S, H> {
     shared: Arc<Shared<Q, S, H>>,
-    /// One permit per message in flight.
-    slots: Arc<Semaphore>,
-    concurrency: usize,
+    /// One permit per message held, received and not yet finished.
+    places: Arc<Semaphore>,
+    /// `concurrency + prefetch`: the places.
+    capacity: usize,
     tasks: TaskTracker,
     shutdown: CancellationToken,
     error_backoff: Duration,
     idle_since: Instant,
-    /// Mean round trip of receives that returned messages: how long waiting
-    /// for more free slots may take before one more receive is cheaper.
-    receive_time: Duration,
 }
 
 impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
@@ -558,37 +623,32 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     }
 
     async fn turn(&mut self) -> Received {
-        let Some(held) = self.free_slots().await else {
+        let Some(held) = self.free_places().await else {
             return Received::Stop;
         };
         self.receive(held).await
     }
 
-    /// Waits until at least one message can start now, then for more, up to
-    /// a full batch, as long as waiting pays: the next slot is waited for only
-    /// while slots come free fast enough for the rest of the batch to be
-    /// there within one receive's round trip (so fast handlers fill batches
-    /// of ten, for 0.1 receives per message, and slow uneven ones do not
-    /// leave freed slots idle), and never beyond `batch_wait`. `None` at
-    /// shutdown.
-    async fn free_slots(&self) -> Option<Vec<OwnedSemaphorePermit>> {
+    /// Waits until one more message can be held, then up to `batch_wait` for
+    /// room to hold a full batch (ten, or all the places if fewer). With
+    /// `prefetch` of ten or more, a slot can only idle (no message waiting
+    /// for it) once eleven places are free, so the wait never leaves a slot
+    /// idle: the received batch waits for slots instead, and each receive
+    /// brings ten. `None` at shutdown.
+    async fn free_places(&self) -> Option<Vec<OwnedSemaphorePermit>> {
         let first = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => return None,
-            p = self.slots.clone().acquire_owned() => p.expect("semaphore open"),
+            p = self.places.clone().acquire_owned() => p.expect("semaphore open"),
         };
         let mut held = vec![first];
-        let batch = self.concurrency.min(BATCH);
+        let batch = self.capacity.min(BATCH);
         let fill_by = Instant::now() + self.shared.config.batch_wait;
         while held.len() < batch {
-            // The rest arrive within a receive's time if each of them comes
-            // within its share of it.
-            let missing = u32::try_from(batch - held.len()).unwrap_or(1);
-            let until = fill_by.min(Instant::now() + self.receive_time / missing);
             let more = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return None,
-                p = tokio::time::timeout_at(until, self.slots.clone().acquire_owned()) => p,
+                p = tokio::time::timeout_at(fill_by, self.places.clone().acquire_owned()) => p,
             };
             match more {
                 Ok(p) => held.push(p.expect("semaphore open")),
@@ -598,7 +658,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         Some(held)
     }
 
-    /// One receive for the slots held. What is received stays invisible for
+    /// One receive for the places held. What is received stays invisible for
     /// a lease (whatever the queue's own visibility timeout), so the heartbeat,
     /// at most half a lease, always extends it in time.
     async fn receive(&mut self, held: Vec<OwnedSemaphorePermit>) -> Received {
@@ -630,21 +690,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
             Ok(messages) if messages.is_empty() => self.nothing_received(held.len()),
             Ok(messages) => {
                 self.error_backoff = Duration::from_millis(200);
-                if messages.len() == request.max {
-                    // A full receive did not wait for its messages.
-                    self.note_receive_time(received_at.elapsed());
-                }
                 Received::Messages(messages, held, received_at)
             }
             Err(e) => self.back_off(e).await,
         }
-    }
-
-    /// Folds the round trip of a receive that returned messages (a long poll
-    /// that waited says nothing about it) into the running mean.
-    fn note_receive_time(&mut self, took: Duration) {
-        let cap = self.shared.config.batch_wait.max(Duration::from_millis(1));
-        self.receive_time = (self.receive_time * 4 + took.min(cap)) / 5;
     }
 
     /// An empty receive: stop if idle as configured, else go on.
@@ -652,7 +701,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         self.error_backoff = Duration::from_millis(200);
         self.shared.count(|s| s.empty_receives += 1);
         if let Some(idle) = self.shared.config.exit_when_idle
-            && self.slots.available_permits() + held == self.concurrency
+            && self.places.available_permits() + held == self.capacity
             && self.idle_since.elapsed() >= idle
         {
             info!("idle; exiting as configured");
@@ -764,6 +813,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         .run(),
     );
     let concurrency = config.concurrency.max(1);
+    let capacity = concurrency + config.prefetch;
     let metrics = config
         .metrics_interval
         .map(|every| spawn_metrics(processor.clone(), every));
@@ -774,17 +824,18 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         config,
         deletes,
         stop: CancellationToken::new(),
+        shutdown: shutdown.clone(),
+        running: Arc::new(Semaphore::new(concurrency)),
         stats: Default::default(),
     });
     let tasks = ReceiveLoop {
         shared: shared.clone(),
-        slots: Arc::new(Semaphore::new(concurrency)),
-        concurrency,
+        places: Arc::new(Semaphore::new(capacity)),
+        capacity,
         tasks: TaskTracker::new(),
         shutdown,
         error_backoff: Duration::from_millis(200),
         idle_since: Instant::now(),
-        receive_time: FIRST_RECEIVE_TIME,
     }
     .run()
     .await;
@@ -811,9 +862,9 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
 /// How long the deletes of one batch's large-payload objects may take.
 const OBJECT_DELETE_TIME: Duration = Duration::from_secs(10);
 
-/// A receive's round trip assumed until one is measured (SQS within a region
-/// answers in tens of milliseconds).
-const FIRST_RECEIVE_TIME: Duration = Duration::from_millis(30);
-
 /// How long releases and the last deletes may take after the drain.
 pub const CLEANUP: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+#[path = "poller_tests.rs"]
+mod tests;

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{
     Ledger, bodies_with_reasons, ddb, dedup_table, depth, ledger_rows, queues, run_until_drained,
-    send_all, sqs,
+    sdk_config, send_all, sqs,
 };
 
 /// Events for 5 accounts; every third sent twice. Returns bodies and expected rows.
@@ -716,4 +716,44 @@ async fn sigterm_stops_within_drain_and_cleanup_even_when_aws_stops_answering() 
         ledger_rows(&ddb, &l.ledger).await.is_empty(),
         "nothing applied"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_ahead_receives_ten_at_a_time_with_uneven_handlers() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 30).await;
+    let bodies: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+    send_all(&sqs, &q.queue_url, &bodies).await;
+    let runs: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let seen = runs.clone();
+    // From 10 ms to 300 ms, unevenly: with concurrency 4, never ten slots
+    // free at once.
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let seen = seen.clone();
+        async move {
+            let i: u64 = m.body().parse().unwrap();
+            tokio::time::sleep(Duration::from_millis(10 + (i * 37) % 290)).await;
+            *seen.lock().unwrap().entry(m.body().to_owned()).or_default() += 1;
+            Ok(None)
+        }
+    });
+    let processor = Processor::new(
+        DynamoStore::new(ddb.clone(), dedup_table(&ddb).await),
+        handler,
+        ProcessorConfig::new("ahead"),
+    )
+    .unwrap();
+    let calls = sqs_once::calls::CallCounter::default();
+    let counted = aws_sdk_sqs::Client::from_conf(calls.sqs_config(&sdk_config().await));
+    let mut qc = PollerConfig::new(&q.queue_url);
+    qc.concurrency = 4;
+    qc.batch_wait = Duration::from_secs(10);
+    qc.wait_time = Duration::from_secs(1);
+    qc.exit_when_idle = Some(Duration::from_secs(3));
+    let stats = run(counted, processor, qc, CancellationToken::new()).await;
+    assert_eq!((stats.received, stats.completed), (100, 100), "{stats:?}");
+    assert!(runs.lock().unwrap().values().all(|&n| n == 1));
+    let receives = calls.snapshot()["SQS.ReceiveMessage"] - stats.empty_receives;
+    assert_eq!(receives, 10, "receives that returned messages");
+    assert_eq!(depth(&sqs, &q.queue_url).await, 0);
 }

@@ -1,0 +1,282 @@
+//! The poller's receive ahead, on the in-memory SQS model and dedup store in
+//! virtual time: how many messages it holds and runs, how often it receives,
+//! and what becomes of the messages it holds before they start.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+use crate::clock::TokioClock;
+use crate::queue::memory::{MemoryQueue, QueueSettings};
+use crate::queue::{EntryFailure, OutgoingMessage, QueueAttributes};
+use crate::{MemoryStore, ProcessorConfig, handler_fn};
+
+/// What the handler and the queue saw.
+#[derive(Default)]
+struct Seen {
+    /// Handlers running now, and the most at once.
+    running: usize,
+    max_running: usize,
+    /// Messages received so far, and handlers finished.
+    received: usize,
+    finished: usize,
+    /// The most messages held (received, handler not finished) by a receive.
+    max_held: usize,
+    /// Receives that returned messages.
+    receives: usize,
+    /// (when, body) of every handler start and end.
+    starts: Vec<(Instant, String)>,
+    ends: Vec<(Instant, String)>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+/// The in-memory queue, counting what is held at each receive; with
+/// `fail_batch_extensions` set, every `ChangeMessageVisibilityBatch` fails.
+#[derive(Clone)]
+struct Watched {
+    inner: MemoryQueue,
+    seen: Shared,
+    fail_batch_extensions: Arc<AtomicBool>,
+}
+
+impl QueueClient for Watched {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
+        {
+            let mut s = self.seen.lock().unwrap();
+            let held = s.received - s.finished + request.max;
+            s.max_held = s.max_held.max(held);
+        }
+        let messages = self.inner.receive(queue, request).await?;
+        let mut s = self.seen.lock().unwrap();
+        s.received += messages.len();
+        s.receives += usize::from(!messages.is_empty());
+        Ok(messages)
+    }
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.inner.delete(queue, receipt).await
+    }
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.inner.delete_batch(queue, receipts).await
+    }
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.change_visibility(queue, receipt, timeout).await
+    }
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        if self.fail_batch_extensions.load(Ordering::SeqCst) {
+            return Err(QueueError::new(
+                "ChangeMessageVisibilityBatch",
+                queue,
+                "unavailable",
+                true,
+            ));
+        }
+        self.inner
+            .change_visibility_batch(queue, receipts, timeout)
+            .await
+    }
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        self.inner.send(queue, message).await
+    }
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        self.inner.attributes(queue).await
+    }
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        self.inner.queue_url(name, account).await
+    }
+}
+
+/// A queue holding `n` messages with bodies "0" .. "n-1".
+async fn queue_with(n: usize) -> (Watched, String) {
+    let inner = MemoryQueue::new();
+    let url = inner.create_queue(QueueSettings::new("ahead")).unwrap();
+    for i in 0..n {
+        let m = OutgoingMessage {
+            body: i.to_string(),
+            ..Default::default()
+        };
+        inner.send(&url, m).await.unwrap();
+    }
+    let queue = Watched {
+        inner,
+        seen: Shared::default(),
+        fail_batch_extensions: Arc::default(),
+    };
+    (queue, url)
+}
+
+/// A processor whose handler sleeps `duration(body)` and notes what runs.
+fn processor(
+    seen: &Shared,
+    lease: Duration,
+    duration: fn(usize) -> Duration,
+) -> Processor<MemoryStore, impl Handler> {
+    let seen = seen.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let seen = seen.clone();
+        async move {
+            let body = m.body().to_owned();
+            {
+                let mut s = seen.lock().unwrap();
+                s.running += 1;
+                s.max_running = s.max_running.max(s.running);
+                s.starts.push((Instant::now(), body.clone()));
+            }
+            tokio::time::sleep(duration(body.parse().unwrap())).await;
+            let mut s = seen.lock().unwrap();
+            s.running -= 1;
+            s.finished += 1;
+            s.ends.push((Instant::now(), body));
+            Ok(None)
+        }
+    });
+    let mut config = ProcessorConfig::new("ahead");
+    config.lease = lease;
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    Processor::new(MemoryStore::new(clock), handler, config).unwrap()
+}
+
+/// From 20 ms to 2 s, spread unevenly (log-uniform, a fixed sequence).
+fn uneven(i: usize) -> Duration {
+    let step = (i * 37) % 100;
+    Duration::from_secs_f64(0.02 * 100f64.powf(step as f64 / 100.0))
+}
+
+fn config(url: &str, concurrency: usize, prefetch: usize) -> PollerConfig {
+    let mut config = PollerConfig::new(url);
+    config.concurrency = concurrency;
+    config.prefetch = prefetch;
+    config.exit_when_idle = Some(Duration::from_secs(5));
+    config
+}
+
+/// 200 uneven messages, concurrency 8, prefetch 10, a batch wait long enough
+/// for ten places to come free.
+async fn uneven_run() -> (Seen, RunStats) {
+    let (queue, url) = queue_with(200).await;
+    let seen = queue.seen.clone();
+    let p = processor(&seen, Duration::from_secs(60), uneven);
+    let mut config = config(&url, 8, 10);
+    config.batch_wait = Duration::from_secs(10);
+    let stats = run(queue, p, config, CancellationToken::new()).await;
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    (seen, stats)
+}
+
+#[tokio::test(start_paused = true)]
+async fn holds_at_most_concurrency_plus_prefetch_and_runs_at_most_concurrency() {
+    let (seen, stats) = uneven_run().await;
+    assert_eq!(stats.completed, 200, "{stats:?}");
+    assert_eq!(seen.max_running, 8);
+    assert_eq!(seen.max_held, 18);
+}
+
+#[tokio::test(start_paused = true)]
+async fn receives_full_batches_of_ten_with_uneven_handlers() {
+    let (seen, stats) = uneven_run().await;
+    assert_eq!((stats.completed, seen.received), (200, 200), "{stats:?}");
+    assert_eq!(seen.receives, 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_freed_slot_starts_a_waiting_message_at_once() {
+    let (seen, _) = uneven_run().await;
+    let last_start = seen.starts.iter().map(|s| s.0).max().unwrap();
+    let starts: Vec<Instant> = seen.starts.iter().map(|s| s.0).collect();
+    for (end, body) in seen.ends.iter().filter(|e| e.0 < last_start) {
+        assert!(
+            starts.contains(end),
+            "message {body} ended at {end:?} and no message started then"
+        );
+    }
+}
+
+/// Handlers of 20 s, one at a time: the last of a batch of ten received
+/// ahead waits over three minutes, past its 30 s lease.
+fn twenty_seconds(_: usize) -> Duration {
+    Duration::from_secs(20)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_waiting_longer_than_its_lease_stays_invisible_and_is_received_once() {
+    let (queue, url) = queue_with(12).await;
+    let (seen, inner) = (queue.seen.clone(), queue.inner.clone());
+    let p = processor(&seen, Duration::from_secs(30), twenty_seconds);
+    let stats = run(queue, p, config(&url, 1, 10), CancellationToken::new()).await;
+    assert_eq!(stats.completed, 12, "{stats:?}");
+    let counts = inner.counts(&url).unwrap();
+    assert_eq!((counts.received, counts.deleted), (12, 12), "{counts:?}");
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for (_, body) in &seen.lock().unwrap().starts {
+        *runs.entry(body.clone()).or_default() += 1;
+    }
+    assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_shutdown_messages_waiting_for_a_slot_are_given_back_at_once() {
+    let (queue, url) = queue_with(20).await;
+    let (seen, inner) = (queue.seen.clone(), queue.inner.clone());
+    let p = processor(&seen, Duration::from_secs(60), |_| Duration::from_secs(10));
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue, p, config(&url, 1, 10), shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // One running; the 9 received with it back with the 10 never received.
+    let counts = inner.counts(&url).unwrap();
+    assert_eq!((counts.visible, counts.in_flight), (19, 1), "{counts:?}");
+    let stats = poller.await.unwrap();
+    assert_eq!((stats.completed, stats.held_back), (1, 9), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_message_that_could_not_be_kept_invisible_is_let_go_not_run() {
+    let (queue, url) = queue_with(11).await;
+    queue.fail_batch_extensions.store(true, Ordering::SeqCst);
+    let (seen, inner) = (queue.seen.clone(), queue.inner.clone());
+    // The first message runs 40 s; the ten received with it wait, and their
+    // 30 s visibility cannot be extended.
+    let p = processor(&seen, Duration::from_secs(30), |i| {
+        Duration::from_secs(if i == 0 { 40 } else { 1 })
+    });
+    let poller = tokio::spawn(run(queue, p, config(&url, 1, 10), CancellationToken::new()));
+    // Another consumer takes them once they reappear.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(600),
+    };
+    let taken = inner.receive(&url, request).await.unwrap();
+    assert_eq!(taken.len(), 10);
+    let stats = poller.await.unwrap();
+    let started: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .starts
+        .iter()
+        .map(|s| s.1.clone())
+        .collect();
+    assert_eq!(started, vec!["0".to_owned()]);
+    assert_eq!((stats.completed, stats.held_back), (1, 10), "{stats:?}");
+}
