@@ -299,7 +299,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(FastCommitted::InFlight {
                 lease_until_ms,
                 payload_matches,
-            }) => self.in_flight(message, lease_until_ms, payload_matches),
+            }) => self.in_flight(lease_until_ms, payload_matches),
             Ok(FastCommitted::Parked { reason }) => already_parked(reason),
             Err(StoreError::WriteConditionFailed { index, kind }) => {
                 let e = HandlerError::new(
@@ -336,7 +336,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,
-            }) => self.in_flight(message, lease_until_ms, payload_matches),
+            }) => self.in_flight(lease_until_ms, payload_matches),
             Ok(Claim::Parked { reason }) => already_parked(reason),
             Err(e) => self.unrecorded_failure(message, e),
         }
@@ -419,7 +419,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
-    fn in_flight(&self, message: &Message, lease_until_ms: i64, payload_matches: bool) -> Outcome {
+    fn in_flight(&self, lease_until_ms: i64, payload_matches: bool) -> Outcome {
         if !payload_matches {
             // Counted and logged, never parked while in flight: that
             // attempt may yet fail, and this message then be the one whose
@@ -430,10 +430,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 "same dedup key, different payload while in flight: a producer bug; comes back when that attempt ends"
             );
         }
+        // Back when the other attempt's lease ends, not sooner: every bounce
+        // spends one of the message's receives, and a copy bounced every
+        // backoff step while a long handler runs elsewhere can run out of
+        // them and be moved to the DLQ, its effect made (simulator seed
+        // 18184). A copy whose key completes meanwhile is deleted as a
+        // duplicate when it comes back.
         let wait = (lease_until_ms - self.clock.now_ms()).max(1000);
         Outcome::InFlight {
             retry_after: Duration::from_millis(u64::try_from(wait).unwrap_or(1000))
-                .min(self.config.backoff(message.receive_count()))
                 .min(SQS_MAX_VISIBILITY),
         }
     }
@@ -492,7 +497,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,
-            }) => return self.in_flight(message, lease_until_ms, payload_matches),
+            }) => return self.in_flight(lease_until_ms, payload_matches),
             Ok(Claim::Parked { reason }) => return already_parked(reason),
             Err(e) if e.is_permanent() => {
                 return Outcome::Park {

@@ -119,6 +119,17 @@ fn regression_seeds_2159_2820_a_late_claim_does_not_erase_a_failure() {
     }
 }
 
+/// Seed 18184 found a copy sent back as in flight every backoff step (1, 2,
+/// 4, 8 s...) while another attempt of its key held a 55 s lease: each bounce
+/// spent a receive, and after a panic and a DynamoDB partition the message
+/// ran out of them and SQS's redrive policy moved it, its charge made, to the
+/// DLQ. An in-flight copy now waits until the other attempt's lease ends.
+#[test]
+fn regression_seed_18184_an_in_flight_copy_waits_for_the_lease() {
+    let report = run_seed(18184, false).unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
 #[test]
 fn a_range_of_seeds_runs_clean() {
     for seed in 0..20 {
