@@ -1,4 +1,4 @@
-//! What both AWS services' errors have in common.
+//! What the AWS services' errors have in common.
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_smithy_runtime_api::client::result::SdkError;
@@ -21,5 +21,22 @@ pub fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
         }
         SdkError::ConstructionFailure(_) => false,
         _ => true,
+    }
+}
+
+/// A failed call in one line: `Code: message` from the service, else the
+/// SDK's own account (timeout, connection, construction).
+pub fn error_detail<E, R>(err: &SdkError<E, R>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match err.as_service_error() {
+        Some(se) => format!(
+            "{}: {}",
+            se.code().unwrap_or("Unknown"),
+            se.message().unwrap_or_default()
+        ),
+        None => aws_smithy_types::error::display::DisplayErrorContext(err).to_string(),
     }
 }

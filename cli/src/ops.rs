@@ -589,8 +589,7 @@ async fn source_settings(
     let dlq_arn = queue_arn(sqs, dlq_url).await?;
     let target = attrs
         .get(&QueueAttributeName::RedrivePolicy)
-        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+        .and_then(|p| sqs_once::queue::dead_letter_target_arn(p));
     match target {
         Some(t) if t == dlq_arn => Ok(max_size),
         found => Err(OpsError::NotItsDlq {

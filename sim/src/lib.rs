@@ -329,13 +329,10 @@ fn evidence<'a>(
     accepted: &'a BTreeSet<String>,
     hosts: &'a [HostReport],
 ) -> check::Evidence<'a> {
-    let rows = world
+    let mut rows = Vec::new();
+    world
         .store
-        .committed_writes()
-        .iter()
-        .flatten()
-        .filter_map(world::row_effect)
-        .collect();
+        .for_each_committed(|writes| rows.extend(writes.iter().filter_map(world::row_effect)));
     let all = world.store.records();
     let event = |r: &sqs_once::Record| r.pk.trim_start_matches("sim#").to_owned();
     let records = all.iter().map(|r| (event(r), r.status)).collect();

@@ -1,6 +1,6 @@
 //! An in-memory [`DedupStore`] with the protocol's semantics, for fast tests.
 //!
-//! Staged writes are recorded (see [`MemoryStore::committed_writes`]) atomically
+//! Staged writes are recorded (see [`MemoryStore::for_each_committed`]) atomically
 //! with the completion, but their own conditions are not evaluated: behaviour
 //! that depends on DynamoDB's condition semantics is tested against DynamoDB.
 
@@ -68,11 +68,6 @@ impl MemoryStore {
         let mut records: Vec<Record> = self.lock().records.values().cloned().collect();
         records.sort_by(|a, b| a.pk.cmp(&b.pk));
         records
-    }
-
-    /// Every committed transaction's staged writes, in commit order.
-    pub fn committed_writes(&self) -> Vec<Vec<TransactWriteItem>> {
-        self.lock().committed.clone()
     }
 
     /// Calls `f` with every committed transaction's staged writes, in commit

@@ -3,7 +3,6 @@
 use aws_sdk_s3::Client;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
-use aws_smithy_types::error::display::DisplayErrorContext;
 use futures::future::BoxFuture;
 
 use super::{PayloadError, PayloadErrorKind, PayloadStore, S3Pointer};
@@ -34,14 +33,7 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
     let kind = kind(&e);
-    let detail = match e.as_service_error() {
-        Some(se) => format!(
-            "{}: {}",
-            se.code().unwrap_or("Unknown"),
-            se.message().unwrap_or_default()
-        ),
-        None => DisplayErrorContext(&e).to_string(),
-    };
+    let detail = crate::aws::error_detail(&e);
     PayloadError::new(operation, pointer.clone(), kind, detail).with_source(e)
 }
 

@@ -70,6 +70,15 @@ pub struct QueueAttributes {
     pub dead_letter_target_arn: Option<String>,
 }
 
+/// The DLQ ARN a queue's `RedrivePolicy` attribute (JSON) names.
+pub fn dead_letter_target_arn(redrive_policy: &str) -> Option<String> {
+    let policy: serde_json::Value = serde_json::from_str(redrive_policy).ok()?;
+    policy
+        .get("deadLetterTargetArn")?
+        .as_str()
+        .map(str::to_owned)
+}
+
 /// (name, account) of a queue ARN (`arn:aws:sqs:region:account:name`).
 pub fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
     let mut parts = arn.rsplitn(3, ':');

@@ -11,7 +11,6 @@ use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
     QueueAttributeName,
 };
-use aws_smithy_types::error::display::DisplayErrorContext;
 use tracing::error;
 
 use super::{
@@ -28,14 +27,7 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     let transient = crate::aws::is_transient(&e);
-    let detail = match e.as_service_error() {
-        Some(se) => format!(
-            "{}: {}",
-            se.code().unwrap_or("Unknown"),
-            se.message().unwrap_or_default()
-        ),
-        None => DisplayErrorContext(&e).to_string(),
-    };
+    let detail = crate::aws::error_detail(&e);
     QueueError::new(operation, queue, detail, transient).with_source(e)
 }
 
@@ -271,8 +263,7 @@ impl QueueClient for Client {
         let attrs = out.attributes.unwrap_or_default();
         let dead_letter_target_arn = attrs
             .get(&QueueAttributeName::RedrivePolicy)
-            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-            .and_then(|p| p.get("deadLetterTargetArn")?.as_str().map(str::to_owned));
+            .and_then(|p| super::dead_letter_target_arn(p));
         Ok(QueueAttributes {
             visibility_timeout: attribute_secs(&attrs, &QueueAttributeName::VisibilityTimeout),
             retention: attribute_secs(&attrs, &QueueAttributeName::MessageRetentionPeriod),
