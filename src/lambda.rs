@@ -448,6 +448,11 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
                     deadline: Some(budget.deadline),
                     stop: Some(stop.clone()),
+                    // When the event source mapping received the record is
+                    // not known: its visibility is kept from the first
+                    // extension on (see docs/DESIGN.md, "Visibility").
+                    invisible_until: None,
+                    received_at: None,
                 },
             )
             .await;

@@ -196,7 +196,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
 
     /// Processes one message and acts on the outcome: `None` when it is finished
     /// with, else the delay after which it comes back.
-    async fn handle(&self, message: Message) -> Option<Duration> {
+    async fn handle(&self, message: Message, held: Held) -> Option<Duration> {
         let url = self.config.queue_url.as_str();
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
@@ -218,6 +218,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                     visibility: Some(&visibility),
                     deadline: None,
                     stop: Some(self.stop.clone()),
+                    invisible_until: Some(held.invisible_until),
+                    received_at: Some(held.received_at),
                 },
             )
             .await;
@@ -304,31 +306,45 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// Before a waiting message starts: extends its visibility now unless the
     /// keeper's last extension still covers it until the processor's first
     /// heartbeat (with room to spare), so it never becomes visible while held.
-    /// False when it could not be extended and its visibility has run out: it
-    /// may be another consumer's now, and must not start.
-    async fn cover_until_first_beat(&self, message: &Message, invisible_until: Instant) -> bool {
+    /// Answers until when it is known to stay invisible, or `None` when it
+    /// could not be extended and its visibility has run out: it may be another
+    /// consumer's now, and must not start.
+    async fn cover_until_first_beat(
+        &self,
+        message: &Message,
+        invisible_until: Instant,
+    ) -> Option<Instant> {
         let config = self.processor.config();
         let interval = config.beat_for(config.lease);
         if invisible_until > Instant::now() + interval + interval / 2 {
-            return true;
+            return Some(invisible_until);
         }
         let Some(receipt) = message.receipt_handle() else {
-            return true;
+            return Some(invisible_until);
         };
         let url = &self.config.queue_url;
+        let sent = Instant::now();
         match self
             .queue
             .change_visibility(url, receipt, config.lease)
             .await
         {
-            Ok(()) => true,
+            Ok(()) => Some(invisible_until.max(sent + config.lease)),
             Err(e) => {
                 let covered = invisible_until > Instant::now();
                 warn!(message_id = message.id(), error = %e, covered, "could not extend a waiting message before it starts");
-                covered
+                covered.then_some(invisible_until)
             }
         }
     }
+}
+
+/// What the runtime knows of a message it holds, by this host's clock: when
+/// the receive that delivered it was sent, and until when it stays invisible.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    received_at: Instant,
+    invisible_until: Instant,
 }
 
 /// The messages of a lane not yet started (a FIFO message group, or the
@@ -350,6 +366,8 @@ type Waiting = tokio::sync::Mutex<Pending>;
 struct Lane<Q, S, H> {
     shared: Arc<Shared<Q, S, H>>,
     waiting: Waiting,
+    /// When the receive was sent: SQS counts its 12-hour cap from it.
+    received_at: Instant,
     permits: Vec<OwnedSemaphorePermit>,
     fifo: bool,
 }
@@ -366,6 +384,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         let invisible_until = received_at + shared.processor.config().lease;
         Self {
             shared,
+            received_at,
             waiting: tokio::sync::Mutex::new(Pending {
                 messages: messages.into(),
                 running: None,
@@ -403,19 +422,23 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         // At shutdown the rest of the lane comes back at once.
         let mut rest_after = Duration::ZERO;
         while let Some((m, invisible_until)) = self.next().await {
-            if !self
+            let Some(invisible_until) = self
                 .shared
                 .cover_until_first_beat(&m, invisible_until)
                 .await
-            {
+            else {
                 // Visible again, maybe received elsewhere: let it and the
                 // rest of the lane go.
                 self.waiting.lock().await.running = None;
                 self.shared.count(|s| s.held_back += 1);
                 break;
-            }
+            };
             let first = self.fifo.then(|| m.clone());
-            let failed = self.shared.handle(m).await;
+            let held = Held {
+                received_at: self.received_at,
+                invisible_until,
+            };
+            let failed = self.shared.handle(m, held).await;
             self.waiting.lock().await.running = None;
             permits.pop();
             if let (Some(delay), Some(first)) = (failed, first) {

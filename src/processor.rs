@@ -104,6 +104,18 @@ pub struct ProcessOptions<'a> {
     /// Cancelled when the runtime must stop (shutdown deadline): a running handler
     /// is dropped, the claim released, and the outcome is a retry with no delay.
     pub stop: Option<tokio_util::sync::CancellationToken>,
+    /// Until when, by this host's clock, the message is known to stay
+    /// invisible (the receive or the last extension, sent at an instant, plus
+    /// the timeout it asked for). A handler never runs past it: once SQS can
+    /// hand the message to another consumer, this one is interrupted (a
+    /// margin before) and its claim released, whatever its lease. `None`:
+    /// not known yet (a Lambda record before its first extension); from the
+    /// first successful extension on it is kept all the same.
+    pub invisible_until: Option<Instant>,
+    /// When the receive that delivered the message was sent: SQS's 12-hour
+    /// visibility cap counts from the receive, so the extensions stop in time
+    /// for it. `None`: counted from the start of processing.
+    pub received_at: Option<Instant>,
 }
 
 /// Takes messages through the claim protocol around a handler.
@@ -266,10 +278,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message.receive_count(),
             self.config.max_result_bytes,
         );
+        let visible = LocalEnd::visibility(opts, self.config.margin_for(self.config.lease));
+        if visible.passed_already() {
+            return visibility_lost(None, "before its handler started");
+        }
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
-            () = self.keep_visible(message, opts.visibility) => unreachable!("never returns"),
+            () = self.keep_visible(message, opts, &visible) => unreachable!("never returns"),
+            () = visible.passed() => return visibility_lost(Some(&ctx), "while its handler ran"),
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted before its commit");
@@ -444,19 +461,27 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     /// Extends the message's visibility every heartbeat while a handler without a
-    /// claim runs (fast path). Never returns.
-    async fn keep_visible(&self, message: &Message, visibility: Option<&dyn VisibilityExtender>) {
-        let Some(v) = visibility else {
+    /// claim runs (fast path), moving the local visibility end after each
+    /// extension. Never returns.
+    async fn keep_visible(&self, message: &Message, opts: &ProcessOptions<'_>, visible: &LocalEnd) {
+        let Some(v) = opts.visibility else {
             return std::future::pending().await;
         };
-        let started = tokio::time::Instant::now();
+        let lease = self.config.lease;
+        let margin = self.config.margin_for(lease);
+        let interval = self.config.beat_for(lease);
+        let counted_from = opts.received_at.unwrap_or_else(Instant::now);
         loop {
-            tokio::time::sleep(self.config.heartbeat).await;
-            if started.elapsed() + self.config.lease > self.config.max_extension {
+            tokio::time::sleep(visible.next_beat(interval)).await;
+            if counted_from.elapsed() + lease > self.config.max_extension {
                 return std::future::pending().await;
             }
-            match v.extend(message, self.config.lease).await {
-                Ok(()) => self.metrics.heartbeat_extension(),
+            let sent = Instant::now();
+            match v.extend(message, lease).await {
+                Ok(()) => {
+                    visible.move_to(sent + lease.saturating_sub(margin));
+                    self.metrics.heartbeat_extension();
+                }
                 Err(e) => warn!(error = %e, "visibility extension failed"),
             }
         }
@@ -483,6 +508,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 after: Duration::ZERO,
                 reason: "too little time left to start".into(),
             };
+        }
+        let visible = LocalEnd::visibility(opts, self.config.margin_for(lease));
+        if visible.passed_already() {
+            return visibility_lost(None, "before its claim");
         }
         let req = self.claim_request(message, key, lease);
         // The lease is counted from before the claim was sent: the store sets
@@ -513,8 +542,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
         };
         tracing::Span::current().record("sqs_once.attempt", attempt);
-        let local = LocalLease::new(sent, lease, self.config.margin_for(lease));
-        if local.remaining() < lease / 2 {
+        let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
+        if local.remaining() < lease / 2 || visible.passed_already() {
             // The claim's own retries used most of the lease: running now would
             // leave the handler too little time before it must be interrupted.
             warn!(remaining = ?local.remaining(), ?lease, "claim committed too late to be useful; released");
@@ -534,11 +563,14 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
-            found = self.heartbeat(message, &req, lease, opts, &local) => {
+            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible: &visible }) => {
                 return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
             }
-            () = local.ended() => {
+            () = local.passed() => {
                 return self.lease_ended(message, &req, &ctx, LeaseEnd::NotExtended).await;
+            }
+            () = visible.passed() => {
+                return self.lease_ended(message, &req, &ctx, LeaseEnd::VisibilityLost).await;
             }
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
@@ -574,6 +606,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 self.release(req, "lease could not be extended; handler interrupted")
                     .await;
                 "lease could not be extended in time; handler interrupted".to_owned()
+            }
+            LeaseEnd::VisibilityLost => {
+                error!(pk = %req.pk, "the message's visibility could not be kept: handler interrupted before SQS can deliver it again, its effect not recorded");
+                // Released before the message can reach another consumer,
+                // which then claims the key at once instead of bouncing on
+                // this lease (each bounce spends one of its receives).
+                self.release(req, "visibility could not be kept; handler interrupted")
+                    .await;
+                "visibility could not be kept; handler interrupted".to_owned()
             }
         };
         Outcome::Retry {
@@ -712,23 +753,25 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     /// Extends the lease (and the visibility) every heartbeat until the total
-    /// reaches the maximum, moving the local lease end forward after each
-    /// extension. Returns only when another consumer holds the key (what the
+    /// (counted from the receive, as SQS counts its 12 hours) reaches the
+    /// maximum, moving the local lease and visibility ends forward after each
+    /// extension; beats sooner when the visibility would end before the next
+    /// beat. Returns only when another consumer holds the key (what the
     /// record holds now); a failed extension is tried again at the next beat,
-    /// and if none succeeds in time the local lease end interrupts the handler.
+    /// and if none succeeds in time the local ends interrupt the handler.
     async fn heartbeat(
         &self,
         message: &Message,
         req: &ClaimRequest,
         lease: Duration,
         opts: &ProcessOptions<'_>,
-        local: &LocalLease,
+        ends: Ends<'_>,
     ) -> String {
         let interval = self.config.beat_for(lease);
-        let started = Instant::now();
+        let counted_from = opts.received_at.unwrap_or_else(Instant::now);
         loop {
-            tokio::time::sleep(interval).await;
-            if started.elapsed() + lease > self.config.max_extension {
+            tokio::time::sleep(ends.visible.next_beat(interval)).await;
+            if counted_from.elapsed() + lease > self.config.max_extension {
                 warn!(
                     "maximum extension reached: the lease is no longer extended and the handler is interrupted when it ends"
                 );
@@ -739,14 +782,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 // At the deadline: the runtime stops the handler, not the heartbeat.
                 return std::future::pending().await;
             }
+            let margin = self.config.margin_for(lease);
             // Visibility and lease together: a slow DynamoDB must not delay
             // the message's extension past its visibility timeout.
             let sent = Instant::now();
             let visibility = async {
-                if let Some(v) = opts.visibility
-                    && let Err(e) = v.extend(message, lease).await
-                {
-                    warn!(error = %e, "visibility extension failed");
+                if let Some(v) = opts.visibility {
+                    match v.extend(message, lease).await {
+                        Ok(()) => ends.visible.move_to(sent + lease.saturating_sub(margin)),
+                        Err(e) => warn!(error = %e, "visibility extension failed"),
+                    }
                 }
             };
             let extended = self
@@ -754,7 +799,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 .extend_lease(&req.pk, &req.owner, lease, self.config.ttl);
             match futures::join!(extended, visibility).0 {
                 Ok(()) => {
-                    local.extended(sent, lease, self.config.margin_for(lease));
+                    ends.lease.move_to(sent + lease.saturating_sub(margin));
                     self.metrics.heartbeat_extension();
                 }
                 Err(StoreError::LeaseLost { found, .. }) => return found,
@@ -764,56 +809,104 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 }
 
+/// A running claim's two local ends, both moved by the heartbeat.
+#[derive(Clone, Copy)]
+struct Ends<'a> {
+    lease: &'a LocalEnd,
+    visible: &'a LocalEnd,
+}
+
 /// Why a running handler's lease ended.
 enum LeaseEnd {
     /// Another consumer took the key over (what the record holds now).
     TakenOver(String),
     /// No extension succeeded before the local lease end.
     NotExtended,
+    /// The message's visibility was not extended before its local end: SQS
+    /// may hand it to another consumer.
+    VisibilityLost,
 }
 
-/// Our claim's lease as this host sees it: it ends `margin` before the lease
-/// the store holds, counted from before the claim (or the last successful
-/// extension) was sent, so the handler has stopped before another consumer
-/// can take the key, even with some clock skew between them.
-struct LocalLease(watch::Sender<Instant>);
+/// An end this host keeps by its own clock, moved later by extensions.
+///
+/// For the claim's lease: it ends `margin` before the lease the store holds,
+/// counted from before the claim (or the last successful extension) was sent,
+/// so the handler has stopped before another consumer can take the key, even
+/// with some clock skew between them. For the message's visibility: `margin`
+/// before SQS can deliver it again, counted from before the receive (or the
+/// last successful extension) was sent; `None` while it is not known.
+struct LocalEnd {
+    end: watch::Sender<Option<Instant>>,
+    /// The message's visibility (else the claim's lease).
+    visibility: bool,
+}
 
-impl LocalLease {
-    fn new(sent: Instant, lease: Duration, margin: Duration) -> Self {
-        Self(watch::Sender::new(sent + lease.saturating_sub(margin)))
+impl LocalEnd {
+    fn lease(sent: Instant, lease: Duration, margin: Duration) -> Self {
+        Self {
+            end: watch::Sender::new(Some(sent + lease.saturating_sub(margin))),
+            visibility: false,
+        }
     }
 
-    /// Time left before the handler must be interrupted.
+    /// The visibility end the runtime knows of, less `margin`.
+    fn visibility(opts: &ProcessOptions<'_>, margin: Duration) -> Self {
+        let end = opts
+            .invisible_until
+            .map(|until| until.checked_sub(margin).unwrap_or(until));
+        Self {
+            end: watch::Sender::new(end),
+            visibility: true,
+        }
+    }
+
+    /// Time left before the handler must be interrupted (a long time if not known).
     fn remaining(&self) -> Duration {
-        self.0.borrow().saturating_duration_since(Instant::now())
+        self.end
+            .borrow()
+            .map_or(SQS_MAX_VISIBILITY, |end| end.saturating_duration_since(Instant::now()))
     }
 
-    /// An extension sent at `sent` succeeded.
-    fn extended(&self, sent: Instant, lease: Duration, margin: Duration) {
-        let end = sent + lease.saturating_sub(margin);
-        self.0.send_if_modified(|current| {
-            let later = end > *current;
+    /// The end is known and has passed.
+    fn passed_already(&self) -> bool {
+        self.end.borrow().is_some_and(|end| end <= Instant::now())
+    }
+
+    /// How long to wait before the next extension: the heartbeat's interval,
+    /// or less when the end would come first (half the time left, so that an
+    /// extension and its retries land before it).
+    fn next_beat(&self, interval: Duration) -> Duration {
+        interval
+            .min(self.remaining() / 2)
+            .max(Duration::from_millis(50))
+    }
+
+    /// An extension moved the end to `end` (never earlier than it was).
+    fn move_to(&self, end: Instant) {
+        self.end.send_if_modified(|current| {
+            let later = current.is_none_or(|c| end > c);
             if later {
-                *current = end;
+                *current = Some(end);
             }
             later
         });
     }
 
-    /// Completes when the local lease end passes without an extension.
-    async fn ended(&self) {
-        // (The `lease-not-enforced` mutant, for the simulator only, lets a
-        // handler run past its lease.)
-        if crate::mutants::active("lease-not-enforced") {
-            return std::future::pending().await;
-        }
-        let mut rx = self.0.subscribe();
+    /// Completes when the end passes without an extension.
+    async fn passed(&self) {
+        let mut rx = self.end.subscribe();
         loop {
             let end = *rx.borrow_and_update();
+            let Some(end) = end.filter(|_| self.enforced()) else {
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                continue;
+            };
             tokio::select! {
                 biased;
                 () = tokio::time::sleep_until(end) => {
-                    if *rx.borrow() <= Instant::now() {
+                    if rx.borrow().is_some_and(|e| e <= Instant::now()) {
                         return;
                     }
                 }
@@ -824,6 +917,32 @@ impl LocalLease {
                 }
             }
         }
+    }
+
+    /// Whether this end interrupts a handler. (The `lease-not-enforced` and
+    /// `visibility-not-kept` mutants, for the simulator only, let a handler
+    /// run past its lease or its visibility.)
+    fn enforced(&self) -> bool {
+        let mutant = if self.visibility {
+            "visibility-not-kept"
+        } else {
+            "lease-not-enforced"
+        };
+        !crate::mutants::active(mutant)
+    }
+}
+
+/// The outcome of a message whose visibility ran out before or while its
+/// handler ran (no claim held, or none yet): it comes back, with no delay of
+/// its own (it is visible again already).
+fn visibility_lost(ctx: Option<&Context>, when: &str) -> Outcome {
+    if let Some(ctx) = ctx {
+        ctx.cancelled().cancel();
+    }
+    error!("the message's visibility could not be kept {when}: not run further, its effect not recorded");
+    Outcome::Retry {
+        after: Duration::ZERO,
+        reason: format!("visibility could not be kept {when}"),
     }
 }
 
@@ -1275,6 +1394,140 @@ mod tests {
         // A stopped by its local lease end (lease minus margin), not later.
         assert!(a_stopped - started <= Duration::from_secs(9) + Duration::from_millis(50));
         assert_eq!(a.metrics().take().lease_lost, 1);
+    }
+
+    /// Extends visibility, or fails to (SQS cut off), counting the calls.
+    #[derive(Default)]
+    struct Visibility {
+        fails: std::sync::atomic::AtomicBool,
+        calls: AtomicU32,
+    }
+
+    impl VisibilityExtender for Visibility {
+        fn extend<'a>(
+            &'a self,
+            _message: &'a Message,
+            _timeout: Duration,
+        ) -> BoxFuture<'a, Result<(), crate::queue::QueueError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let fails = self.fails.load(Ordering::SeqCst);
+            Box::pin(async move {
+                if fails {
+                    Err(crate::queue::QueueError::new("ChangeMessageVisibility", "q", "cut off", true))
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claimed_handler_cut_off_from_sqs_only_is_interrupted_before_its_visibility_ends_and_its_claim_released()
+     {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let store = MemoryStore::new(clock.clone());
+        let live = Arc::new(Live::default());
+        let a = Processor::new(
+            store.clone(),
+            slow_external(live.clone(), Duration::from_secs(120)),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock.clone());
+        // DynamoDB works (the lease is extended), SQS does not: the message
+        // becomes visible again 12 s after its receive whatever the lease.
+        let sqs = Visibility::default();
+        sqs.fails.store(true, Ordering::SeqCst);
+        let received_at = tokio::time::Instant::now();
+        let invisible_until = received_at + Duration::from_secs(12);
+        let o = a
+            .process_with(
+                Message::new("m", r#"{"id":"k"}"#),
+                ProcessOptions {
+                    visibility: Some(&sqs),
+                    invisible_until: Some(invisible_until),
+                    received_at: Some(received_at),
+                    ..ProcessOptions::default()
+                },
+            )
+            .await;
+        let stopped = tokio::time::Instant::now();
+        assert!(
+            matches!(&o, Outcome::Retry { reason, .. } if reason.contains("visibility could not be kept")),
+            "{o:?}"
+        );
+        assert_eq!(live.now.load(Ordering::SeqCst), 0, "the handler was dropped");
+        // Interrupted a margin (1 s) before SQS can deliver it again, not at
+        // the lease end the heartbeat kept moving.
+        assert!(stopped <= invisible_until - Duration::from_secs(1), "{:?}", stopped - received_at);
+        assert!(sqs.calls.load(Ordering::SeqCst) >= 1, "an extension was tried");
+        // The claim is released: another consumer takes the key at once,
+        // not after the lease the heartbeat kept extending.
+        let b = Processor::new(store, slow_external(live.clone(), Duration::ZERO), lease_config())
+            .unwrap()
+            .with_clock(clock);
+        let o = b.process(Message::new("m", r#"{"id":"k"}"#)).await;
+        assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_whose_visibility_ended_before_it_started_is_not_claimed_or_run() {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let store = MemoryStore::new(clock.clone());
+        let live = Arc::new(Live::default());
+        let a = Processor::new(
+            store.clone(),
+            slow_external(live.clone(), Duration::from_secs(1)),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock);
+        let received_at = tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let o = a
+            .process_with(
+                Message::new("m", r#"{"id":"k"}"#),
+                ProcessOptions {
+                    invisible_until: Some(received_at + Duration::from_secs(10)),
+                    received_at: Some(received_at),
+                    ..ProcessOptions::default()
+                },
+            )
+            .await;
+        assert!(matches!(&o, Outcome::Retry { after, .. } if after.is_zero()), "{o:?}");
+        assert_eq!(live.started.load(Ordering::SeqCst), 0, "never run");
+        assert!(store.get(&record_key("test", "k")).await.unwrap().is_none(), "never claimed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_visibility_is_extended_before_it_ends_not_at_the_next_heartbeat() {
+        let clock: Arc<dyn clock::Clock> =
+            Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+        let store = MemoryStore::new(clock.clone());
+        let live = Arc::new(Live::default());
+        let mut config = lease_config();
+        config.heartbeat = Duration::from_secs(5);
+        let a = Processor::new(store, slow_external(live.clone(), Duration::from_secs(20)), config)
+            .unwrap()
+            .with_clock(clock);
+        let sqs = Visibility::default();
+        let received_at = tokio::time::Instant::now();
+        // Visible again 3 s after the receive: before the first 5 s beat.
+        let o = a
+            .process_with(
+                Message::new("m", r#"{"id":"k"}"#),
+                ProcessOptions {
+                    visibility: Some(&sqs),
+                    invisible_until: Some(received_at + Duration::from_secs(3)),
+                    received_at: Some(received_at),
+                    ..ProcessOptions::default()
+                },
+            )
+            .await;
+        assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
+        assert!(sqs.calls.load(Ordering::SeqCst) >= 4, "extended through the 20 s handler");
     }
 
     #[tokio::test(start_paused = true)]
