@@ -11,6 +11,13 @@
 //!   local lease end (the simulator).
 //! - `delete-before-effect`: the poller deletes a message before processing
 //!   it (the simulator).
+//! - `always-in-flight`: every claim (and fast-path commit) of the in-memory
+//!   store answers "held elsewhere": a consumer that processes nothing.
+//! - `transient-as-permanent`: every handler or store failure is taken as
+//!   permanent, so a panic or an outage parks a valid message.
+//! - `rerun-completed`: the in-memory store claims a `COMPLETED` key again.
+//! - `visibility-not-kept`: a handler runs on after its message's visibility
+//!   could not be kept (SQS may deliver it to another consumer meanwhile).
 
 /// Whether this build has the mutants in it (the `mutants` feature).
 pub const COMPILED: bool = cfg!(feature = "mutants");

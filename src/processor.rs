@@ -361,7 +361,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// A handler failure where no claim is held (fast path, unprotected).
     fn failure_without_record(&self, message: &Message, e: &HandlerError) -> Outcome {
-        match e.kind() {
+        match failure_kind(e) {
             FailureKind::Permanent => Outcome::Park {
                 reason: format!("handler failed permanently: {e}"),
             },
@@ -667,7 +667,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
             Err(e) => e,
         };
-        match failure.kind() {
+        match failure_kind(&failure) {
             FailureKind::Permanent => {
                 let reason = format!("handler failed permanently: {failure}");
                 self.mark_failed(message, req, reason).await
@@ -944,6 +944,16 @@ fn visibility_lost(ctx: Option<&Context>, when: &str) -> Outcome {
         after: Duration::ZERO,
         reason: format!("visibility could not be kept {when}"),
     }
+}
+
+/// What a failure says happens next. (The `transient-as-permanent` mutant,
+/// for the simulator only, takes every failure as permanent: a panic or a
+/// store outage parks the message.)
+fn failure_kind(e: &HandlerError) -> FailureKind {
+    if crate::mutants::active("transient-as-permanent") {
+        return FailureKind::Permanent;
+    }
+    e.kind()
 }
 
 /// A redelivery of a message that was parked before (its delete after the park

@@ -42,7 +42,9 @@ pub struct Evidence<'a> {
     pub records: BTreeMap<String, Status>,
     /// Records left `IN_PROGRESS`, described.
     pub unfinished: BTreeMap<String, String>,
-    /// The DLQ's messages.
+    /// The DLQ's messages when the run first settled, before the redrive.
+    pub dlq_before: Vec<StoredMessage>,
+    /// The DLQ's messages at the end, after the redrive and a second settle.
     pub dlq: Vec<StoredMessage>,
     /// What is left in the source queue.
     pub left: Vec<StoredMessage>,
@@ -50,6 +52,8 @@ pub struct Evidence<'a> {
     pub hosts: &'a [HostReport],
     /// Every delivery and what became of it.
     pub deliveries: &'a Deliveries,
+    /// When the run started (API call times count from it).
+    pub start: tokio::time::Instant,
 }
 
 /// The event id in a body.
@@ -67,12 +71,13 @@ fn sent_order(message: &str) -> u64 {
 }
 
 /// Events that SQS's redrive policy moved to the DLQ before their effect was
-/// recorded: their receives ran out under faults (failures, bounces, FIFO
-/// records held behind a failed one). That is the documented end of a message
-/// that keeps failing, not a broken promise: an external effect already made
-/// is made again with the same idempotency key when the copy is brought back.
+/// recorded (by the time the run first settled): their receives ran out under
+/// faults (failures, bounces, FIFO records held behind a failed one). That is
+/// the documented end of a message that keeps failing, and the operator's
+/// answer is the redrive: every run brings its DLQ back, and such an event
+/// must then be applied like any other. Reported, never excused.
 pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
-    e.dlq
+    e.dlq_before
         .iter()
         .filter(|m| moved_by_sqs(m))
         .filter_map(|m| event_of(&m.body))
@@ -86,7 +91,7 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
 /// holding the message. No consumer can keep such a message from the DLQ; a
 /// copy brought back completes as a duplicate (see [`crate::deliveries`]).
 pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
-    e.dlq
+    e.dlq_before
         .iter()
         .filter(|m| moved_by_sqs(m))
         .filter(|m| {
@@ -111,17 +116,15 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     let mut v = Vec::new();
     let exhausted = exhausted(e);
     let effects = effects(e);
-    let first = first_applications(e, &effects, &exhausted, &mut v);
+    let first = first_applications(e, &effects, &mut v);
     order(e, &first, &mut v);
-    parked_or_applied(e, &effects, &exhausted, &mut v);
+    parked_or_applied(e, &effects, &mut v);
+    in_dlq_with_effect(e, &effects, &exhausted, &mut v);
     if e.scenario.kind == Kind::External {
         overlaps(&e.calls, &mut v);
+        external_calls(e, &mut v);
     }
-    for (event, what) in e
-        .unfinished
-        .iter()
-        .filter(|(ev, _)| !exhausted.contains(*ev))
-    {
+    for (event, what) in &e.unfinished {
         v.push(format!("{event}: record left IN_PROGRESS ({what})"));
     }
     for (i, host) in e.hosts.iter().enumerate() {
@@ -157,12 +160,7 @@ fn effects(e: &Evidence<'_>) -> Vec<Effect> {
 
 /// The first effect of each event, in order; flags an effect applied more
 /// than once, and a charge whose record does not say `COMPLETED`.
-fn first_applications(
-    e: &Evidence<'_>,
-    effects: &[Effect],
-    exhausted: &BTreeSet<String>,
-    v: &mut Vec<String>,
-) -> Vec<Effect> {
+fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) -> Vec<Effect> {
     let mut first: Vec<Effect> = Vec::new();
     for fx in effects {
         if !first.iter().any(|f| f.event == fx.event) {
@@ -179,11 +177,19 @@ fn first_applications(
             v.push(format!("{}: effect applied {n} times", f.event));
         }
         let status = e.records.get(&f.event);
-        if e.scenario.kind == Kind::External
-            && status != Some(&Status::Completed)
-            && !exhausted.contains(&f.event)
-        {
+        if e.scenario.kind == Kind::External && status != Some(&Status::Completed) {
             v.push(format!("{}: charged but its record is {status:?}", f.event));
+        }
+    }
+    // Claim-path handlers that stage a row: the row commits with the
+    // completion, so at most once per event.
+    if e.scenario.kind == Kind::External {
+        let mut rows: BTreeMap<&str, u32> = BTreeMap::new();
+        for r in &e.rows {
+            *rows.entry(r.event.as_str()).or_default() += 1;
+        }
+        for (event, n) in rows.into_iter().filter(|(_, n)| *n > 1) {
+            v.push(format!("{event}: staged row committed {n} times"));
         }
     }
     first
@@ -229,41 +235,76 @@ fn origin(m: &StoredMessage) -> String {
         .unwrap_or_else(|| m.id.clone())
 }
 
-/// Every accepted event applied or parked, never lost; no message that made
-/// an effect in the DLQ; nothing refused applied; a permanent failure parked
-/// with its reason (where it fits); nothing left in the queue.
-fn parked_or_applied(
+/// Whether a DLQ copy is one sqs-once parked, with its reason.
+fn parked_with_reason(m: &StoredMessage) -> bool {
+    m.attributes.contains_key(REASON_ATTRIBUTE)
+}
+
+/// After the redrive: every accepted valid event applied (a valid event left
+/// in the DLQ or nowhere is lost), never a valid event parked (handler panics
+/// and transient errors are retries by contract), every permanent failure
+/// parked with its reason (where it fits) and never applied, nothing refused
+/// applied, nothing left in the queue.
+fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) {
+    let applied: BTreeSet<&str> = effects.iter().map(|f| f.event.as_str()).collect();
+    let in_dlq: BTreeSet<String> = e.dlq.iter().filter_map(|m| event_of(&m.body)).collect();
+    for ev in &e.scenario.events {
+        let id = ev.id.as_str();
+        let is_applied = applied.contains(id);
+        let copies = || e.dlq_before.iter().chain(&e.dlq).filter(|m| event_of(&m.body).as_deref() == Some(id));
+        match (e.accepted.contains(id), ev.permanent) {
+            (false, _) if is_applied => v.push(format!("{id}: applied but never accepted by SQS")),
+            (false, _) => {}
+            (true, false) if !is_applied && in_dlq.contains(id) => {
+                v.push(format!("{id}: a valid event is still in the DLQ after the redrive, never applied"));
+            }
+            (true, false) if !is_applied => v.push(format!("{id}: lost (neither applied nor parked)")),
+            (true, true) if !in_dlq.contains(id) => {
+                v.push(format!("{id}: a permanent failure neither parked nor kept in the DLQ"));
+            }
+            _ => {}
+        }
+        if ev.permanent && is_applied {
+            v.push(format!("{id}: a permanent failure was applied"));
+        }
+        if !ev.permanent {
+            if let Some(m) = copies().find(|m| parked_with_reason(m)) {
+                let reason = m.attributes.get(REASON_ATTRIBUTE).map(|a| format!("{:?}", a.value)).unwrap_or_default();
+                v.push(format!("{id}: a valid event was parked ({reason})"));
+            }
+            if e.records.get(id) == Some(&Status::Failed) {
+                v.push(format!("{id}: a valid event's record says FAILED"));
+            }
+        }
+        // A copy near the DLQ's size limit keeps its dedup key first and has
+        // no room left for the reason (DESIGN.md, "Parking"): not a violation.
+        let room = ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
+        if ev.permanent && in_dlq.contains(id) && room && !copies().any(|m| parked_with_reason(m)) {
+            v.push(format!("{id}: parked without its reason"));
+        }
+    }
+    for m in &e.left {
+        v.push(format!(
+            "{}: still in the source queue ({:?})",
+            m.id, m.state
+        ));
+    }
+}
+
+/// No message that made its effect in the DLQ when the run first settled,
+/// but where no consumer could have kept it out (its last delivery's delete
+/// could not reach SQS, see [`stranded`]) or its record was not completed
+/// when its receives ran out (see [`exhausted`]: the redrive then completes
+/// it, and the checks above hold it to that).
+fn in_dlq_with_effect(
     e: &Evidence<'_>,
     effects: &[Effect],
     exhausted: &BTreeSet<String>,
     v: &mut Vec<String>,
 ) {
-    let applied: BTreeSet<&str> = effects.iter().map(|f| f.event.as_str()).collect();
     let applying: BTreeSet<&str> = effects.iter().map(|f| f.message.as_str()).collect();
-    let parked: BTreeSet<String> = e.dlq.iter().filter_map(|m| event_of(&m.body)).collect();
-    for ev in &e.scenario.events {
-        let id = ev.id.as_str();
-        let (is_applied, is_parked) = (applied.contains(id), parked.contains(id));
-        match (e.accepted.contains(id), is_applied, is_parked) {
-            (false, true, _) => v.push(format!("{id}: applied but never accepted by SQS")),
-            (true, false, false) => v.push(format!("{id}: lost (neither applied nor parked)")),
-            _ => {}
-        }
-        if is_applied && ev.permanent {
-            v.push(format!("{id}: a permanent failure was applied"));
-        }
-        let with_reason = e.dlq.iter().any(|m| {
-            event_of(&m.body).as_deref() == Some(id) && m.attributes.contains_key(REASON_ATTRIBUTE)
-        });
-        // A copy near the DLQ's size limit keeps its dedup key first and has
-        // no room left for the reason (DESIGN.md, "Parking"): not a violation.
-        let room = ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
-        if ev.permanent && is_parked && !with_reason && room {
-            v.push(format!("{id}: parked without its reason"));
-        }
-    }
     let stranded = stranded(e);
-    for m in &e.dlq {
+    for m in &e.dlq_before {
         let from = origin(m);
         let event = event_of(&m.body).unwrap_or_default();
         if applying.contains(from.as_str())
@@ -282,11 +323,40 @@ fn parked_or_applied(
             ));
         }
     }
-    for m in &e.left {
-        v.push(format!(
-            "{}: still in the source queue ({:?})",
-            m.id, m.state
-        ));
+}
+
+/// Every raw call at the API: one idempotency key per event (two keys for
+/// one event would charge twice at any API), and no call for an event whose
+/// record already said `COMPLETED` when it started.
+fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let mut keys: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for c in &e.calls {
+        keys.entry(c.event.as_str()).or_default().insert(c.key.as_str());
+        if c.after_completed {
+            v.push(format!(
+                "{}: API called by {} at {}ms after its record said COMPLETED",
+                c.event, c.consumer, c.start_ms
+            ));
+        }
+    }
+    // A handler never runs past its delivery: while its call is open, SQS
+    // does not hand the same message to anyone (itself included) again.
+    for c in &e.calls {
+        let ms = |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
+        let again = e
+            .deliveries
+            .all_of(&c.message)
+            .into_iter()
+            .find(|d| ms(d) > c.start_ms && c.end_ms.is_none_or(|end| ms(d) < end));
+        if let Some(d) = again {
+            v.push(format!(
+                "{}: {}'s API call for {} (from {}ms) still open when SQS delivered it again to {} at {}ms (receive {}): a handler ran past its delivery",
+                c.event, c.consumer, c.message, c.start_ms, d.consumer, ms(&d), d.count
+            ));
+        }
+    }
+    for (event, keys) in keys.into_iter().filter(|(_, k)| k.len() > 1) {
+        v.push(format!("{event}: {} different idempotency keys at the API", keys.len()));
     }
 }
 

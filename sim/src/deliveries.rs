@@ -168,6 +168,18 @@ impl Deliveries {
         });
     }
 
+    /// Every delivery of `message` that reached a consumer, in arrival order.
+    pub fn all_of(&self, message: &str) -> Vec<Delivery> {
+        let mut found: Vec<Delivery> = self.with(|all| {
+            all.values()
+                .filter(|d| d.message == message)
+                .cloned()
+                .collect()
+        });
+        found.sort_by_key(|d| d.at);
+        found
+    }
+
     /// The last delivery of `message` that reached a consumer.
     pub fn last_of(&self, message: &str) -> Option<Delivery> {
         self.with(|all| {

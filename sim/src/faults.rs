@@ -78,6 +78,13 @@ pub struct FaultPlan {
     pub late: f64,
     /// The longest delay or timeout.
     pub max_delay: Duration,
+    /// DynamoDB: the host stops (a stop-the-world pause, a frozen process)
+    /// just before it sends the request, which then goes out after the pause
+    /// with the time read then: a write that leaves long after the handler's
+    /// last look at its lease, which fencing must make harmless.
+    pub pause: f64,
+    /// The longest pause.
+    pub max_pause: Duration,
 }
 
 impl FaultPlan {
@@ -89,6 +96,8 @@ impl FaultPlan {
         delay: 0.0,
         late: 0.0,
         max_delay: Duration::ZERO,
+        pause: 0.0,
+        max_pause: Duration::ZERO,
     };
 }
 
@@ -107,6 +116,8 @@ pub struct FaultCounts {
     pub cut: AtomicU64,
     /// Given up on by the client, applied later.
     pub late: AtomicU64,
+    /// Sent after a pause of the host.
+    pub pauses: AtomicU64,
 }
 
 impl FaultCounts {
@@ -118,6 +129,8 @@ impl FaultCounts {
             &self.timeouts,
             &self.delays,
             &self.cut,
+            &self.late,
+            &self.pauses,
         ]
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -288,6 +301,20 @@ impl Link {
             self.name
         ));
         Some((wait, after))
+    }
+
+    /// Whether the host pauses before sending this request, and for how long.
+    fn draw_pause(&self, service: Service, op: &str) -> Option<Duration> {
+        if self.calm.load(Ordering::Relaxed) || !self.dice.chance(self.plan.pause) {
+            return None;
+        }
+        self.counts.pauses.fetch_add(1, Ordering::Relaxed);
+        let d = self.dice.millis(Duration::from_secs(1), self.plan.max_pause);
+        self.trace.event(format!(
+            "fault {} {service:?} {op}: the host pauses {d:?} before sending",
+            self.name
+        ));
+        Some(d)
     }
 
     /// Runs `call` through the faults drawn for it: `Err(detail)` when it
@@ -590,6 +617,9 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
                 self.life
                     .guard(tokio::time::sleep(Duration::from_millis(50 << attempt)))
                     .await;
+            }
+            if let Some(pause) = self.link.draw_pause(Service::Ddb, op) {
+                self.life.guard(tokio::time::sleep(pause)).await;
             }
             if let Some((wait, after)) = self.link.draw_late(Service::Ddb, op) {
                 let landing = land(self.inner.at(self.clock.now()));

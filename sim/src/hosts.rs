@@ -112,6 +112,7 @@ impl Generation {
             panic_rate: world.scenario.panic_rate,
             slow_rate: world.scenario.slow_rate,
             lease: world.scenario.lease,
+            claim_stages: world.scenario.claim_stages,
         };
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))

@@ -131,9 +131,10 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, scenario.fifo);
+    let store = sqs_once::MemoryStore::new(Arc::new(TokioClock::starting_at(hosts::epoch())));
     let world = Arc::new(World {
-        store: sqs_once::MemoryStore::new(Arc::new(TokioClock::starting_at(hosts::epoch()))),
-        api: SimApi::new(trace.clone()),
+        api: SimApi::new(trace.clone(), completed_in(store.clone())),
+        store,
         queue,
         url,
         dlq_url,
@@ -169,7 +170,14 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     world.deliveries.calm();
     trace.event("calm: faults off");
     let producer_done = producer.await.is_ok();
-    let settled = settle(&world).await;
+    let mut settled = settle(&world).await;
+    // The operator's answer to a DLQ: bring everything back, once the run is
+    // calm, and let it settle again. Nothing valid may stay there.
+    let dlq_before = world.queue.contents(&world.dlq_url);
+    let redriven = redrive(&world).await;
+    if redriven > 0 {
+        settled &= settle(&world).await;
+    }
     for tx in &senders {
         let _ = tx.send(Command::Stop);
     }
@@ -178,10 +186,15 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         reports.push(t.await.unwrap_or_default());
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let evidence = evidence(&world, &accepted, &reports);
+    let evidence = evidence(&world, &accepted, &reports, dlq_before);
     let mut violations = check::check(&evidence);
     let exhausted = check::exhausted(&evidence).len();
     let stranded = check::stranded(&evidence).len();
+    if exhausted > 0 && counts.total() + scheduled == 0 {
+        violations.push(format!(
+            "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
+        ));
+    }
     if !producer_done {
         violations.push("the producer failed".into());
     }
@@ -306,6 +319,49 @@ async fn schedule(
     n
 }
 
+/// Whether `event`'s record says `COMPLETED` in `store`.
+fn completed_in(store: sqs_once::MemoryStore) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+    move |event: &str| {
+        let pk = format!("sim#{event}");
+        store
+            .records()
+            .iter()
+            .any(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
+    }
+}
+
+/// Moves everything in the DLQ back to the source queue with the library's
+/// redrive (as an operator would after an alarm); answers how many moved.
+async fn redrive(world: &World) -> u64 {
+    let limit = world.queue.contents(&world.dlq_url).len() as u64;
+    if limit == 0 {
+        return 0;
+    }
+    let done = sqs_once::queue::redrive::redrive(
+        &world.queue,
+        &world.dlq_url,
+        &world.url,
+        world::MAX_MESSAGE_BYTES,
+        limit,
+    )
+    .await;
+    match done {
+        Ok(r) => {
+            world.trace.event(format!(
+                "redrive: {} moved back from the DLQ ({} without the carried key, {} in both)",
+                r.moved,
+                r.without_key.len(),
+                r.in_both.len()
+            ));
+            r.moved
+        }
+        Err(e) => {
+            world.trace.event(format!("redrive failed: {e}"));
+            0
+        }
+    }
+}
+
 /// Waits until the source queue is empty (nothing stored, in flight or
 /// delayed); false if it is not by [`SETTLE_BY`].
 async fn settle(world: &World) -> bool {
@@ -328,6 +384,7 @@ fn evidence<'a>(
     world: &'a World,
     accepted: &'a BTreeSet<String>,
     hosts: &'a [HostReport],
+    dlq_before: Vec<sqs_once::queue::memory::StoredMessage>,
 ) -> check::Evidence<'a> {
     let mut rows = Vec::new();
     world
@@ -360,9 +417,11 @@ fn evidence<'a>(
         charged,
         records,
         unfinished,
+        dlq_before,
         dlq: world.queue.contents(&world.dlq_url),
         left: world.queue.contents(&world.url),
         hosts,
         deliveries: &world.deliveries,
+        start: world.trace.start(),
     }
 }

@@ -34,6 +34,11 @@ impl Trace {
         }
     }
 
+    /// When the trace (the run) started.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// Virtual milliseconds since the start.
     pub fn now_ms(&self) -> u128 {
         self.start.elapsed().as_millis()

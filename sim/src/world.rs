@@ -131,6 +131,9 @@ pub struct Scenario {
     pub lease: Duration,
     /// The consumers' heartbeat (below the lease less its margin).
     pub heartbeat: Duration,
+    /// External handlers also stage a ledger row (committed with the
+    /// completion), so the ledger check covers the claim path too.
+    pub claim_stages: bool,
 }
 
 /// The body of an event.
@@ -163,6 +166,11 @@ impl Scenario {
             delay: dice.rate(0.0, 0.20),
             late: dice.rate(0.0, 0.05),
             max_delay: dice.millis(Duration::from_millis(200), Duration::from_secs(5)),
+            // A swarm knob: half the runs have no pauses at all, the others
+            // pause often enough that a write sent after its lease meets
+            // another consumer's claim.
+            pause: if dice.chance(0.5) { 0.0 } else { dice.rate(0.0, 0.08) },
+            max_pause: 2 * lease + Duration::from_secs(10),
         };
         let groups = dice.int(1, 4);
         // Sent in seq order: a FIFO group's order is its send order.
@@ -188,6 +196,7 @@ impl Scenario {
             slow_rate: dice.rate(0.0, 0.15),
             lease,
             heartbeat,
+            claim_stages: dice.chance(0.5),
         }
     }
 
@@ -199,11 +208,12 @@ impl Scenario {
             .map(|c| format!("{}={:?}/skew {}ms", c.name, c.runtime, c.skew_ms))
             .collect();
         format!(
-            "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions",
+            "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler{}, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions",
             self.lease,
             self.heartbeat,
             if self.fifo { "FIFO" } else { "standard" },
             self.kind,
+            if self.kind == Kind::External && self.claim_stages { " staging a row" } else { "" },
             self.events.len(),
             consumers.join(", "),
             self.plan,
@@ -321,6 +331,9 @@ pub struct ApiCall {
     pub start_ms: u128,
     /// When it ended.
     pub end_ms: Option<u128>,
+    /// The event's record said `COMPLETED` when the call started: the
+    /// effect was made again for an event already done.
+    pub after_completed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -332,10 +345,18 @@ struct ApiState {
 
 /// The external API: honours idempotency keys (a key is charged once; later
 /// calls get the first answer) and records every call with its times.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SimApi {
     state: Arc<Mutex<ApiState>>,
     trace: Trace,
+    /// Whether an event's record says `COMPLETED` (looked up at each call).
+    completed: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for SimApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimApi").finish_non_exhaustive()
+    }
 }
 
 /// Closes a call when the caller goes away (answer, interruption or death).
@@ -357,11 +378,12 @@ impl Drop for OpenCall {
 }
 
 impl SimApi {
-    /// An API with no calls.
-    pub fn new(trace: Trace) -> Self {
+    /// An API with no calls; `completed` says whether an event is done.
+    pub fn new(trace: Trace, completed: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         Self {
             state: Arc::default(),
             trace,
+            completed: Arc::new(completed),
         }
     }
 
@@ -378,9 +400,11 @@ impl SimApi {
         consumer: &str,
         latency: Duration,
     ) -> u32 {
+        let after_completed = (self.completed)(event);
         let index = {
             let mut s = self.lock();
             s.calls.push(ApiCall {
+                after_completed,
                 key: key.to_owned(),
                 event: event.to_owned(),
                 message: message.to_owned(),
@@ -467,6 +491,8 @@ pub struct SimHandler {
     pub slow_rate: f64,
     /// The lease (slow calls run up to twice it).
     pub lease: Duration,
+    /// External calls also stage a ledger row.
+    pub claim_stages: bool,
 }
 
 impl SimHandler {
@@ -503,6 +529,9 @@ impl SimHandler {
                 Ok(None)
             }
             Kind::External => {
+                if self.claim_stages {
+                    ctx.stage(ledger_row(&body.id, message.id())?);
+                }
                 let key = ctx.idempotency_key().unwrap_or_default();
                 let charged = self
                     .life

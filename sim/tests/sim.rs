@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use sqs_once::Status;
+use sqs_once::queue::REASON_ATTRIBUTE;
+use sqs_once::queue::memory::{MessageState, StoredMessage};
 use sqs_once_sim::check::{Effect, Evidence, check};
 use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
@@ -168,6 +170,7 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         slow_rate: 0.0,
         lease: Duration::from_secs(30),
         heartbeat: Duration::from_secs(10),
+        claim_stages: false,
     }
 }
 
@@ -180,11 +183,13 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         charged: BTreeMap::new(),
         records: BTreeMap::new(),
         unfinished: BTreeMap::new(),
+        dlq_before: Vec::new(),
         dlq: Vec::new(),
         left: Vec::new(),
         hosts: &[],
         // No deliveries: these cases have nothing in the DLQ.
         deliveries: Box::leak(Box::default()),
+        start: tokio::time::Instant::now(),
     }
 }
 
@@ -253,6 +258,7 @@ fn the_checker_flags_overlapping_calls_of_one_key_and_unrecorded_charges() {
         consumer: consumer.into(),
         start_ms,
         end_ms,
+        after_completed: false,
     };
     // c1 starts while c0's long call is open, though c2's short one ended.
     e.calls = vec![
@@ -272,4 +278,71 @@ fn the_checker_flags_overlapping_calls_of_one_key_and_unrecorded_charges() {
     e.records.insert("evt-0000".into(), Status::Completed);
     e.calls = vec![call("c0", 0, Some(100)), call("c1", 100, Some(120))];
     assert!(check(&e).is_empty(), "back to back is not an overlap");
+}
+
+/// A DLQ copy of `event` sent as `message`, parked by sqs-once (with a
+/// reason) or moved by SQS's redrive policy (without).
+fn in_dlq(event: &str, message: &str, reason: Option<&str>) -> StoredMessage {
+    let mut m = StoredMessage {
+        id: message.into(),
+        body: serde_json::json!({ "id": event }).to_string(),
+        attributes: BTreeMap::new(),
+        group_id: None,
+        deduplication_id: None,
+        receive_count: 10,
+        state: MessageState::Visible,
+    };
+    if let Some(r) = reason {
+        m.attributes
+            .insert(REASON_ATTRIBUTE.into(), sqs_once::Attribute::string(r));
+    }
+    m
+}
+
+#[test]
+fn the_checker_flags_a_valid_event_left_in_the_dlq_after_the_redrive_and_one_parked() {
+    let s = scenario(Kind::Staged, false, vec![event(0, "g"), event(1, "g")]);
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    // Nothing applied; both in the DLQ after the redrive: a consumer that
+    // processes nothing is caught, not excused as "exhausted".
+    e.dlq_before = vec![in_dlq("evt-0000", "m0", None), in_dlq("evt-0001", "m1", Some("boom"))];
+    e.dlq = e.dlq_before.clone();
+    let v = check(&e);
+    assert!(
+        v.iter().any(|v| v.starts_with("evt-0000: a valid event is still in the DLQ after the redrive")),
+        "{v:?}"
+    );
+    assert!(v.iter().any(|v| v.starts_with("evt-0001: a valid event was parked")), "{v:?}");
+    // Redriven and applied: what reached the DLQ under faults is only counted.
+    e.rows = vec![fx("evt-0000", "m0"), fx("evt-0001", "m1")];
+    e.dlq = Vec::new();
+    e.dlq_before = vec![in_dlq("evt-0000", "m0", None)];
+    let v = check(&e);
+    assert!(v.is_empty(), "{v:?}");
+    assert_eq!(sqs_once_sim::check::exhausted(&e).len(), 1);
+}
+
+#[test]
+fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
+    let s = scenario(Kind::External, false, vec![event(0, "g")]);
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    e.records.insert("evt-0000".into(), Status::Completed);
+    e.charged.insert("evt-0000".into(), 1);
+    let call = |key: &str, start_ms, after_completed| ApiCall {
+        key: key.into(),
+        event: "evt-0000".into(),
+        message: "msg-00000001".into(),
+        consumer: "c0".into(),
+        start_ms,
+        end_ms: Some(start_ms + 5),
+        after_completed,
+    };
+    e.calls = vec![call("k1", 0, false), call("k2", 10, false)];
+    let v = check(&e);
+    assert!(v.iter().any(|v| v.contains("2 different idempotency keys")), "{v:?}");
+    e.calls = vec![call("k1", 0, false), call("k1", 10, true)];
+    let v = check(&e);
+    assert!(v.iter().any(|v| v.contains("after its record said COMPLETED")), "{v:?}");
 }

@@ -155,7 +155,20 @@ impl DedupStore for MemoryStore {
         let now_ms = self.clock.now_ms();
         let mut state = self.lock();
         let old = state.records.get(&req.pk);
+        // (The `always-in-flight` mutant, for the simulator only, answers
+        // every claim as held elsewhere: a consumer that processes nothing.)
+        if crate::mutants::active("always-in-flight") {
+            return Ok(Claim::InFlight {
+                lease_until_ms: now_ms + ms(req.lease),
+                payload_matches: true,
+            });
+        }
+        // (The `rerun-completed` mutant, for the simulator only, claims a
+        // `COMPLETED` key again instead of answering a duplicate.)
+        let rerun = crate::mutants::active("rerun-completed")
+            && old.is_some_and(|o| o.status == Status::Completed);
         if let Some(old) = old
+            && !rerun
             && !old.claimable_by(now_ms, &req.message_id)
         {
             return Ok(decide_conflict(old, req, now_ms));
@@ -287,6 +300,12 @@ impl DedupStore for MemoryStore {
         let mut guard = self.lock();
         let state = &mut *guard;
         let old = state.records.get(&c.pk);
+        if crate::mutants::active("always-in-flight") {
+            return Ok(FastCommitted::InFlight {
+                lease_until_ms: now_ms + 30_000,
+                payload_matches: true,
+            });
+        }
         if let Some(old) = old
             && !old.claimable_by(now_ms, &c.message_id)
         {

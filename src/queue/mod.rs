@@ -15,6 +15,7 @@
 
 mod dlq;
 pub mod memory;
+pub mod redrive;
 pub mod sqs;
 
 use std::collections::BTreeMap;
