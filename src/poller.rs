@@ -13,6 +13,12 @@
 //! poller still holds it; one whose extension fails until it would reappear is
 //! let go, not run.
 //!
+//! Finished messages wait for their delete in batches of ten; while
+//! [`PENDING_DELETES`] already wait (deletes failing slowly or not answering
+//! while receives still work), a finished handler keeps its slot until there
+//! is room, so no receive brings more messages (nor redelivered duplicates of
+//! the undeleted ones) until deletes catch up.
+//!
 //! # Shutdown
 //! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
 //! it is cancelled the poller stops receiving, gives back at once what was
@@ -24,6 +30,7 @@
 //! ("The runtimes").
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -177,8 +184,11 @@ struct Shared<Q, S, H> {
     processor: Processor<S, H>,
     config: PollerConfig,
     settler: Settler<Q>,
-    /// Finished messages, for the [`DeleteBatcher`].
-    deletes: mpsc::UnboundedSender<Finished>,
+    /// Finished messages, for the [`DeleteBatcher`]: at most
+    /// [`PENDING_DELETES`] wait in it.
+    deletes: mpsc::Sender<Finished>,
+    /// Set while [`Self::deletes`] is full (warned about once per episode).
+    deletes_behind: AtomicBool,
     /// Cancelled at the drain deadline: running handlers are interrupted.
     stop: CancellationToken,
     /// The caller's shutdown: lanes still waiting for a slot give their
@@ -201,10 +211,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
         if crate::mutants::active("delete-before-effect") {
-            let _ = self.deletes.send(Finished {
+            self.to_delete(Finished {
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 payload: None,
-            });
+            })
+            .await;
         }
         let visibility = QueueVisibility {
             queue: &self.queue,
@@ -245,11 +256,43 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             }
             Settled::Again(after) => return Some(after),
         };
-        let _ = self.deletes.send(Finished {
+        self.to_delete(Finished {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
-        });
+        })
+        .await;
         None
+    }
+
+    /// Hands a finished message to the [`DeleteBatcher`]. While
+    /// [`PENDING_DELETES`] are already waiting (deletes failing slowly or not
+    /// answering while receives still work) this waits for room, holding the
+    /// message's slot and place: no receive brings more messages while
+    /// deletes are that far behind, and the backlog stays bounded instead of
+    /// growing by every redelivered duplicate. Given up at the drain deadline:
+    /// the message then comes back and is skipped as a duplicate.
+    async fn to_delete(&self, finished: Finished) {
+        let finished = match self.deletes.try_send(finished) {
+            Ok(()) => {
+                self.deletes_behind.store(false, Ordering::Relaxed);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(f)) => f,
+        };
+        if !self.deletes_behind.swap(true, Ordering::Relaxed) {
+            warn!(
+                pending = PENDING_DELETES,
+                "deletes are behind; no more messages are received until they catch up"
+            );
+        }
+        tokio::select! {
+            biased;
+            _ = self.deletes.send(finished) => {}
+            () = self.stop.cancelled() => {
+                warn!("drain deadline reached with deletes behind; the message comes back and is skipped as a duplicate");
+            }
+        }
     }
 
     async fn retry_later(&self, message: &Message, after: Duration) {
@@ -503,14 +546,15 @@ struct Finished {
 /// Deletes finished messages in batches of up to 10, each entry with a unique
 /// id; receipts repeated within a batch are sent once. A batch is sent when it
 /// is full or `wait` after its first receipt; when the channel closes, what is
-/// pending is flushed. Failed entries are tried once more alone, then logged
+/// pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
+/// one holds up the handlers that finish (see `Shared::to_delete`). Failed entries are tried once more alone, then logged
 /// (the message then comes back and is skipped as a duplicate). The large
 /// payloads of the messages deleted are deleted after them.
 struct DeleteBatcher<Q> {
     queue: Q,
     url: String,
     wait: Duration,
-    receipts: mpsc::UnboundedReceiver<Finished>,
+    receipts: mpsc::Receiver<Finished>,
     payloads: Option<LargePayloads>,
     /// Deletes of large-payload objects, run beside the loop.
     object_deletes: TaskTracker,
@@ -800,7 +844,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     config: PollerConfig,
     shutdown: CancellationToken,
 ) -> RunStats {
-    let (deletes, receipts) = mpsc::unbounded_channel();
+    let (deletes, receipts) = mpsc::channel(PENDING_DELETES);
     let deleter = tokio::spawn(
         DeleteBatcher {
             queue: queue.clone(),
@@ -823,6 +867,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         processor,
         config,
         deletes,
+        deletes_behind: AtomicBool::new(false),
         stop: CancellationToken::new(),
         shutdown: shutdown.clone(),
         running: Arc::new(Semaphore::new(concurrency)),
@@ -858,6 +903,11 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     crate::trace::flush().await;
     stats
 }
+
+/// Finished messages waiting for the [`DeleteBatcher`], at most (ten full
+/// batches): beyond this, finishing handlers wait for room and keep their
+/// slots, so receives stop until deletes catch up.
+const PENDING_DELETES: usize = 10 * BATCH;
 
 /// How long the deletes of one batch's large-payload objects may take.
 const OBJECT_DELETE_TIME: Duration = Duration::from_secs(10);
