@@ -204,9 +204,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         f(&mut self.stats.lock().expect("stats lock"));
     }
 
-    /// Processes one message and acts on the outcome: `None` when it is finished
-    /// with, else the delay after which it comes back.
-    async fn handle(&self, message: Message) -> Option<Duration> {
+    /// Processes one message, received at or after `received_at`, and acts
+    /// on the outcome: `None` when it is finished with, else the delay after
+    /// which it comes back.
+    async fn handle(&self, message: Message, received_at: Instant) -> Option<Duration> {
         let url = self.config.queue_url.as_str();
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
@@ -243,7 +244,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         // A parked message keeps its payload: its copy in the DLQ points to it.
         let payload = match self
             .settler
-            .settle(config, Some(url), &message, outcome)
+            .settle(config, Some(url), &message, received_at, outcome)
             .await
         {
             Settled::Done => self
@@ -295,8 +296,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         }
     }
 
-    async fn retry_later(&self, message: &Message, after: Duration) {
-        crate::runtime::retry_later(&self.queue, &self.config.queue_url, message, after).await;
+    /// Makes a message received at or after `received_at` visible again
+    /// after `after` (cut to SQS's 12 hours from the receive).
+    async fn retry_later(&self, message: &Message, after: Duration, received_at: Instant) {
+        let url = &self.config.queue_url;
+        crate::runtime::retry_later(&self.queue, url, message, after, received_at).await;
     }
 
     /// Every heartbeat, extends the visibility of the lane's waiting messages,
@@ -395,6 +399,8 @@ struct Lane<Q, S, H> {
     waiting: Waiting,
     permits: Vec<OwnedSemaphorePermit>,
     fifo: bool,
+    /// When the receive that brought the lane's messages was sent.
+    received_at: Instant,
 }
 
 impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
@@ -416,6 +422,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
             }),
             permits,
             fifo,
+            received_at,
         }
     }
 
@@ -439,7 +446,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
             p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
             () = self.shared.shutdown.cancelled() => {
                 let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
-                give_back(&self.shared, messages).await;
+                give_back(&self.shared, messages, self.received_at).await;
                 return;
             }
         };
@@ -458,14 +465,16 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 break;
             }
             let first = self.fifo.then(|| m.clone());
-            let failed = self.shared.handle(m).await;
+            let failed = self.shared.handle(m, self.received_at).await;
             self.waiting.lock().await.running = None;
             permits.pop();
             if let (Some(delay), Some(first)) = (failed, first) {
                 let more = !self.waiting.lock().await.messages.is_empty();
                 let (again, rest) = lanes::hold_behind(delay, more);
                 if let Some(again) = again {
-                    self.shared.retry_later(&first, again).await;
+                    self.shared
+                        .retry_later(&first, again, self.received_at)
+                        .await;
                 }
                 rest_after = rest;
                 break;
@@ -475,7 +484,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         let rest: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
         for m in rest {
             self.shared.count(|s| s.held_back += 1);
-            self.shared.retry_later(&m, rest_after).await;
+            self.shared
+                .retry_later(&m, rest_after, self.received_at)
+                .await;
         }
     }
 
@@ -500,11 +511,12 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
 async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
     shared: Arc<Shared<Q, S, H>>,
     receive: tokio::task::JoinHandle<Result<Vec<Message>, QueueError>>,
+    received_at: Instant,
 ) {
     let Ok(Ok(messages)) = receive.await else {
         return;
     };
-    give_back(&shared, messages).await;
+    give_back(&shared, messages, received_at).await;
 }
 
 /// Gives back messages held but not started, at shutdown: at once on a
@@ -513,6 +525,7 @@ async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
 async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
     shared: &Shared<Q, S, H>,
     messages: Vec<Message>,
+    received_at: Instant,
 ) {
     let fifo = shared.config.is_fifo();
     // Each group as if its first message had failed with no delay.
@@ -532,7 +545,7 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
             "not started before shutdown; given back"
         );
         shared.count(|s| s.held_back += 1);
-        shared.retry_later(&m, after).await;
+        shared.retry_later(&m, after, received_at).await;
     }
 }
 
@@ -726,7 +739,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 // The receive may already have taken messages: give them back
                 // as soon as it answers (within the drain), rather than leave
                 // them (and their FIFO groups) invisible.
-                self.tasks.spawn(give_back_when_received(self.shared.clone(), receive));
+                let giving_back = give_back_when_received(self.shared.clone(), receive, received_at);
+                self.tasks.spawn(giving_back);
                 return Received::Stop;
             }
         };
