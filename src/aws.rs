@@ -3,21 +3,33 @@
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_smithy_runtime_api::client::result::SdkError;
 
+/// Error codes that may pass when tried again: throttling, and the
+/// services' internal errors and unavailability (5xx). Any code containing
+/// `Throttl` counts too (`ThrottlingException`, `RequestThrottled`,
+/// `KmsThrottled`, ...).
+const TRANSIENT_CODES: &[&str] = &[
+    // DynamoDB.
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "InternalServerError",
+    // SQS's common errors (API reference, "Common Errors"): `InternalFailure`
+    // is its HTTP 500, `ServiceUnavailable` its 503; the query protocol's
+    // internal error too.
+    "InternalFailure",
+    "ServiceUnavailable",
+    "InternalError",
+    "AWS.SimpleQueueService.InternalError",
+];
+
 /// Whether a failed SQS or DynamoDB call may pass when tried again: no answer
-/// (timeout, connection refused or reset), throttling, or a 5xx. A refusal
-/// (access denied, no such queue or table, a malformed request) is not.
+/// (timeout, connection refused or reset), throttling, or a 5xx
+/// ([`TRANSIENT_CODES`]). A refusal (access denied, no such queue or table, a
+/// malformed request) is not.
 pub fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     match err {
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("");
-            code.contains("Throttl")
-                || code == "ProvisionedThroughputExceededException"
-                || code == "RequestLimitExceeded"
-                || code == "RequestThrottled"
-                || code == "InternalServerError"
-                || code == "InternalError"
-                || code == "ServiceUnavailable"
-                || code == "KMS.ThrottlingException"
+            code.contains("Throttl") || TRANSIENT_CODES.contains(&code)
         }
         SdkError::ConstructionFailure(_) => false,
         _ => true,
@@ -38,5 +50,47 @@ where
             se.message().unwrap_or_default()
         ),
         None => aws_smithy_types::error::display::DisplayErrorContext(err).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::error::ErrorMetadata;
+    use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
+
+    use super::*;
+
+    fn sqs_error(code: &str) -> SdkError<ReceiveMessageError, ()> {
+        let meta = ErrorMetadata::builder().code(code).message("test").build();
+        SdkError::service_error(ReceiveMessageError::generic(meta), ())
+    }
+
+    #[test]
+    fn sqs_internal_failures_unavailability_and_throttling_are_transient() {
+        for code in [
+            "InternalFailure",
+            "ServiceUnavailable",
+            "RequestThrottled",
+            "ThrottlingException",
+            "KmsThrottled",
+            "KMS.ThrottlingException",
+            "AWS.SimpleQueueService.InternalError",
+        ] {
+            assert!(is_transient(&sqs_error(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn refusals_are_not_transient() {
+        for code in [
+            "AccessDeniedException",
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "QueueDoesNotExist",
+            "InvalidParameterValue",
+            "ReceiptHandleIsInvalid",
+            "",
+        ] {
+            assert!(!is_transient(&sqs_error(code)), "{code}");
+        }
     }
 }

@@ -200,6 +200,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         event: serde_json::Value,
         deadline: Instant,
     ) -> Result<SqsBatchResponse, EventError> {
+        let started = Instant::now();
         let records = self.parse(event).await?;
         let messages = || {
             records
@@ -210,7 +211,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let span = crate::trace::invocation_span(queue.as_deref(), records.len());
         crate::trace::link_producers(&span, messages());
         let total = records.len();
-        let response = self.run_event(records, deadline).instrument(span).await;
+        let response = self
+            .run_event(records, deadline, started)
+            .instrument(span)
+            .await;
         // The environment may be frozen once the invocation answers.
         crate::trace::flush().await;
         let failed = &response.batch_item_failures;
@@ -240,8 +244,14 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         left / 4
     }
 
-    /// Runs the records of one event; the response listing those that must come back.
-    async fn run_event(&self, records: Vec<Record>, deadline: Instant) -> SqsBatchResponse {
+    /// Runs the records of one event, whose invocation `started`; the
+    /// response listing those that must come back.
+    async fn run_event(
+        &self,
+        records: Vec<Record>,
+        deadline: Instant,
+        started: Instant,
+    ) -> SqsBatchResponse {
         let fifo = records
             .iter()
             .any(|r| r.parsed.as_ref().is_ok_and(|(m, _)| m.group_id().is_some()));
@@ -249,6 +259,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let budget = Budget {
             deadline,
             margin: self.margin_for(deadline),
+            received_at: started
+                .checked_sub(RECEIVED_BEFORE_START)
+                .unwrap_or(started),
         };
         let stop_at = deadline.checked_sub(budget.margin / 2).unwrap_or(deadline);
         let total = records.len();
@@ -373,7 +386,8 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     }
                     if let Disposition::Again { after } = disposition {
                         if fifo {
-                            hold = self.hold_group(&r, after, rest.peek().is_some()).await;
+                            let more = rest.peek().is_some();
+                            hold = self.hold_group(&r, after, more, budget.received_at).await;
                             failed.push((r.index, r.id));
                             break;
                         }
@@ -386,7 +400,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 for r in rest {
                     info!(message_id = %r.id, "not started: an earlier message of its group failed");
                     if let (Some(after), Ok((m, Some(queue)))) = (hold, &r.parsed) {
-                        retry_later(&self.inner.queue, queue, m, after).await;
+                        retry_later(&self.inner.queue, queue, m, after, budget.received_at).await;
                     }
                     failed.push((r.index, r.id));
                 }
@@ -407,10 +421,11 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         failed: &Record,
         after: Option<Duration>,
         more: bool,
+        received_at: Instant,
     ) -> Option<Duration> {
         let (again, rest) = lanes::hold_behind(after?, more);
         if let (Some(again), Ok((m, Some(queue)))) = (again, &failed.parsed) {
-            retry_later(&self.inner.queue, queue, m, again).await;
+            retry_later(&self.inner.queue, queue, m, again, received_at).await;
         }
         Some(rest)
     }
@@ -459,7 +474,13 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let config = inner.processor.config();
         match inner
             .settler
-            .settle(config, queue.as_deref(), message, outcome)
+            .settle(
+                config,
+                queue.as_deref(),
+                message,
+                budget.received_at,
+                outcome,
+            )
             .await
         {
             Settled::Done => {
@@ -561,12 +582,24 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     }
 }
 
-/// An invocation's deadline and the margin kept before it.
+/// An invocation's deadline and the margin kept before it, and the instant
+/// its records were received by, at the latest.
 #[derive(Debug, Clone, Copy)]
 struct Budget {
     deadline: Instant,
     margin: Duration,
+    received_at: Instant,
 }
+
+/// How long before an invocation starts its records are taken to have been
+/// received: Lambda's longest batching window (`MaximumBatchingWindowInSeconds`,
+/// 300 s). The function is not told when its event source mapping received
+/// the batch, and a retry delay must end within SQS's 12 hours from that
+/// receive (see [`crate::runtime::within_visibility_cap`]). A batch that
+/// waited longer still (invocations throttled and retried by the mapping)
+/// may have a delay near 12 hours refused: it then comes back when the
+/// queue's visibility timeout ends, as any delay that cannot be set.
+const RECEIVED_BEFORE_START: Duration = Duration::from_secs(300);
 
 /// The finished records whose large payloads are to be deleted: (queue URL,
 /// receipt handle, object).

@@ -13,6 +13,12 @@
 //! poller still holds it; one whose extension fails until it would reappear is
 //! let go, not run.
 //!
+//! Finished messages wait for their delete in batches of ten; while
+//! [`PENDING_DELETES`] already wait (deletes failing slowly or not answering
+//! while receives still work), a finished handler keeps its slot until there
+//! is room, so no receive brings more messages (nor redelivered duplicates of
+//! the undeleted ones) until deletes catch up.
+//!
 //! # Shutdown
 //! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
 //! it is cancelled the poller stops receiving, gives back at once what was
@@ -24,6 +30,7 @@
 //! ("The runtimes").
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -177,8 +184,11 @@ struct Shared<Q, S, H> {
     processor: Processor<S, H>,
     config: PollerConfig,
     settler: Settler<Q>,
-    /// Finished messages, for the [`DeleteBatcher`].
-    deletes: mpsc::UnboundedSender<Finished>,
+    /// Finished messages, for the [`DeleteBatcher`]: at most
+    /// [`PENDING_DELETES`] wait in it.
+    deletes: mpsc::Sender<Finished>,
+    /// Set while [`Self::deletes`] is full (warned about once per episode).
+    deletes_behind: AtomicBool,
     /// Cancelled at the drain deadline: running handlers are interrupted.
     stop: CancellationToken,
     /// The caller's shutdown: lanes still waiting for a slot give their
@@ -194,17 +204,19 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         f(&mut self.stats.lock().expect("stats lock"));
     }
 
-    /// Processes one message and acts on the outcome: `None` when it is finished
-    /// with, else the delay after which it comes back.
+    /// Processes one message (`held` says since when and until when) and
+    /// acts on the outcome: `None` when it is finished with, else the delay
+    /// after which it comes back.
     async fn handle(&self, message: Message, held: Held) -> Option<Duration> {
         let url = self.config.queue_url.as_str();
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
         if crate::mutants::active("delete-before-effect") {
-            let _ = self.deletes.send(Finished {
+            self.to_delete(Finished {
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 payload: None,
-            });
+            })
+            .await;
         }
         let visibility = QueueVisibility {
             queue: &self.queue,
@@ -234,7 +246,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         // A parked message keeps its payload: its copy in the DLQ points to it.
         let payload = match self
             .settler
-            .settle(config, Some(url), &message, outcome)
+            .settle(config, Some(url), &message, held.received_at, outcome)
             .await
         {
             Settled::Done => self
@@ -247,15 +259,50 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             }
             Settled::Again(after) => return Some(after),
         };
-        let _ = self.deletes.send(Finished {
+        self.to_delete(Finished {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
-        });
+        })
+        .await;
         None
     }
 
-    async fn retry_later(&self, message: &Message, after: Duration) {
-        crate::runtime::retry_later(&self.queue, &self.config.queue_url, message, after).await;
+    /// Hands a finished message to the [`DeleteBatcher`]. While
+    /// [`PENDING_DELETES`] are already waiting (deletes failing slowly or not
+    /// answering while receives still work) this waits for room, holding the
+    /// message's slot and place: no receive brings more messages while
+    /// deletes are that far behind, and the backlog stays bounded instead of
+    /// growing by every redelivered duplicate. Given up at the drain deadline:
+    /// the message then comes back and is skipped as a duplicate.
+    async fn to_delete(&self, finished: Finished) {
+        let finished = match self.deletes.try_send(finished) {
+            Ok(()) => {
+                self.deletes_behind.store(false, Ordering::Relaxed);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(f)) => f,
+        };
+        if !self.deletes_behind.swap(true, Ordering::Relaxed) {
+            warn!(
+                pending = PENDING_DELETES,
+                "deletes are behind; no more messages are received until they catch up"
+            );
+        }
+        tokio::select! {
+            biased;
+            _ = self.deletes.send(finished) => {}
+            () = self.stop.cancelled() => {
+                warn!("drain deadline reached with deletes behind; the message comes back and is skipped as a duplicate");
+            }
+        }
+    }
+
+    /// Makes a message received at or after `received_at` visible again
+    /// after `after` (cut to SQS's 12 hours from the receive).
+    async fn retry_later(&self, message: &Message, after: Duration, received_at: Instant) {
+        let url = &self.config.queue_url;
+        crate::runtime::retry_later(&self.queue, url, message, after, received_at).await;
     }
 
     /// Every heartbeat, extends the visibility of the lane's waiting messages,
@@ -415,7 +462,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
             p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
             () = self.shared.shutdown.cancelled() => {
                 let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
-                give_back(&self.shared, messages).await;
+                give_back(&self.shared, messages, self.received_at).await;
                 return;
             }
         };
@@ -445,7 +492,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 let more = !self.waiting.lock().await.messages.is_empty();
                 let (again, rest) = lanes::hold_behind(delay, more);
                 if let Some(again) = again {
-                    self.shared.retry_later(&first, again).await;
+                    self.shared
+                        .retry_later(&first, again, self.received_at)
+                        .await;
                 }
                 rest_after = rest;
                 break;
@@ -455,7 +504,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         let rest: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
         for m in rest {
             self.shared.count(|s| s.held_back += 1);
-            self.shared.retry_later(&m, rest_after).await;
+            self.shared
+                .retry_later(&m, rest_after, self.received_at)
+                .await;
         }
     }
 
@@ -480,11 +531,12 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
 async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
     shared: Arc<Shared<Q, S, H>>,
     receive: tokio::task::JoinHandle<Result<Vec<Message>, QueueError>>,
+    received_at: Instant,
 ) {
     let Ok(Ok(messages)) = receive.await else {
         return;
     };
-    give_back(&shared, messages).await;
+    give_back(&shared, messages, received_at).await;
 }
 
 /// Gives back messages held but not started, at shutdown: at once on a
@@ -493,6 +545,7 @@ async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
 async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
     shared: &Shared<Q, S, H>,
     messages: Vec<Message>,
+    received_at: Instant,
 ) {
     let fifo = shared.config.is_fifo();
     // Each group as if its first message had failed with no delay.
@@ -512,7 +565,7 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
             "not started before shutdown; given back"
         );
         shared.count(|s| s.held_back += 1);
-        shared.retry_later(&m, after).await;
+        shared.retry_later(&m, after, received_at).await;
     }
 }
 
@@ -526,14 +579,15 @@ struct Finished {
 /// Deletes finished messages in batches of up to 10, each entry with a unique
 /// id; receipts repeated within a batch are sent once. A batch is sent when it
 /// is full or `wait` after its first receipt; when the channel closes, what is
-/// pending is flushed. Failed entries are tried once more alone, then logged
+/// pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
+/// one holds up the handlers that finish (see `Shared::to_delete`). Failed entries are tried once more alone, then logged
 /// (the message then comes back and is skipped as a duplicate). The large
 /// payloads of the messages deleted are deleted after them.
 struct DeleteBatcher<Q> {
     queue: Q,
     url: String,
     wait: Duration,
-    receipts: mpsc::UnboundedReceiver<Finished>,
+    receipts: mpsc::Receiver<Finished>,
     payloads: Option<LargePayloads>,
     /// Deletes of large-payload objects, run beside the loop.
     object_deletes: TaskTracker,
@@ -705,7 +759,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 // The receive may already have taken messages: give them back
                 // as soon as it answers (within the drain), rather than leave
                 // them (and their FIFO groups) invisible.
-                self.tasks.spawn(give_back_when_received(self.shared.clone(), receive));
+                let giving_back = give_back_when_received(self.shared.clone(), receive, received_at);
+                self.tasks.spawn(giving_back);
                 return Received::Stop;
             }
         };
@@ -823,7 +878,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     config: PollerConfig,
     shutdown: CancellationToken,
 ) -> RunStats {
-    let (deletes, receipts) = mpsc::unbounded_channel();
+    let (deletes, receipts) = mpsc::channel(PENDING_DELETES);
     let deleter = tokio::spawn(
         DeleteBatcher {
             queue: queue.clone(),
@@ -846,6 +901,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         processor,
         config,
         deletes,
+        deletes_behind: AtomicBool::new(false),
         stop: CancellationToken::new(),
         shutdown: shutdown.clone(),
         running: Arc::new(Semaphore::new(concurrency)),
@@ -881,6 +937,11 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     crate::trace::flush().await;
     stats
 }
+
+/// Finished messages waiting for the [`DeleteBatcher`], at most (ten full
+/// batches): beyond this, finishing handlers wait for room and keep their
+/// slots, so receives stop until deletes catch up.
+const PENDING_DELETES: usize = 10 * BATCH;
 
 /// How long the deletes of one batch's large-payload objects may take.
 const OBJECT_DELETE_TIME: Duration = Duration::from_secs(10);

@@ -33,12 +33,27 @@ struct Seen {
 type Shared = Arc<Mutex<Seen>>;
 
 /// The in-memory queue, counting what is held at each receive; with
-/// `fail_batch_extensions` set, every `ChangeMessageVisibilityBatch` fails.
+/// `fail_batch_extensions` set, every `ChangeMessageVisibilityBatch` fails;
+/// while `cut_deletes` holds true, every delete hangs, and fails once it is
+/// set back to false (a request that timed out), while receives still work.
 #[derive(Clone)]
 struct Watched {
     inner: MemoryQueue,
     seen: Shared,
     fail_batch_extensions: Arc<AtomicBool>,
+    cut_deletes: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Watched {
+    /// Hangs while deletes are cut; then an error, as for a timed-out call.
+    async fn delete_cut(&self, operation: &'static str, queue: &str) -> Result<(), QueueError> {
+        let mut cut = self.cut_deletes.subscribe();
+        if !*cut.borrow_and_update() {
+            return Ok(());
+        }
+        cut.wait_for(|c| !*c).await.unwrap();
+        Err(QueueError::new(operation, queue, "timed out", true))
+    }
 }
 
 impl QueueClient for Watched {
@@ -59,6 +74,7 @@ impl QueueClient for Watched {
         Ok(messages)
     }
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.delete_cut("DeleteMessage", queue).await?;
         self.inner.delete(queue, receipt).await
     }
     async fn delete_batch(
@@ -66,6 +82,7 @@ impl QueueClient for Watched {
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.delete_cut("DeleteMessageBatch", queue).await?;
         self.inner.delete_batch(queue, receipts).await
     }
     async fn change_visibility(
@@ -120,6 +137,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         inner,
         seen: Shared::default(),
         fail_batch_extensions: Arc::default(),
+        cut_deletes: Arc::new(tokio::sync::watch::Sender::new(false)),
     };
     (queue, url)
 }
@@ -279,4 +297,62 @@ async fn a_waiting_message_that_could_not_be_kept_invisible_is_let_go_not_run() 
         .collect();
     assert_eq!(started, vec!["0".to_owned()]);
     assert_eq!((stats.completed, stats.held_back), (1, 10), "{stats:?}");
+}
+
+/// Waits (in virtual time) until `done` holds, failing after `within`.
+async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "not reached within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_that_do_not_answer_stop_receives_and_every_effect_is_made_once() {
+    let (queue, url) = queue_with(30).await;
+    queue.cut_deletes.send_replace(true);
+    let (seen, inner, cut) = (
+        queue.seen.clone(),
+        queue.inner.clone(),
+        queue.cut_deletes.clone(),
+    );
+    let lease = Duration::from_secs(30);
+    let p = processor(&seen, lease, |_| Duration::from_millis(10));
+    let mut config = config(&url, 4, 10);
+    config.exit_when_idle = None;
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue, p, config, shutdown.clone()));
+    // Undeleted, every message comes back each lease as a duplicate, and its
+    // delete joins the ones pending: the hand-off fills, then the handlers
+    // that finish hold their slots and nothing more is received. Held at
+    // most: the batch being sent, the pending ones, and the places.
+    let bound = BATCH + PENDING_DELETES + 14;
+    tokio::time::sleep(lease * 20).await;
+    let received = seen.lock().unwrap().received;
+    assert!(received > PENDING_DELETES, "{received} received");
+    assert!(received <= bound, "{received} received, more than {bound}");
+    tokio::time::sleep(lease * 10).await;
+    assert_eq!(
+        seen.lock().unwrap().received,
+        received,
+        "received again while deletes were far behind"
+    );
+    // Deletes answer again: everything is deleted, each effect made once.
+    cut.send_replace(false);
+    wait_until(lease * 20, || {
+        let c = inner.counts(&url).unwrap();
+        c.visible + c.in_flight + c.delayed == 0
+    })
+    .await;
+    shutdown.cancel();
+    let stats = poller.await.unwrap();
+    assert_eq!(inner.counts(&url).unwrap().deleted, 30);
+    assert_eq!(stats.completed, 30, "{stats:?}");
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for (_, body) in &seen.lock().unwrap().ends {
+        *runs.entry(body.clone()).or_default() += 1;
+    }
+    assert_eq!(runs.len(), 30, "{runs:?}");
+    assert!(runs.values().all(|&n| n == 1), "{runs:?}");
 }

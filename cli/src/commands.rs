@@ -141,13 +141,28 @@ pub(crate) async fn forget(sdk: &aws_config::SdkConfig, args: &ForgetArgs) -> Re
     }
 }
 
+/// An SQS client whose every attempt is bounded, as the runtimes' clients
+/// are: 3 s to connect, 20 s per attempt (well above redrive's 1 s long
+/// poll), so an endpoint that does not answer fails the command after the
+/// SDK's retries instead of hanging it.
+fn sqs_with_timeouts(sdk: &aws_config::SdkConfig) -> aws_sdk_sqs::Client {
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(Duration::from_secs(3))
+        .operation_attempt_timeout(Duration::from_secs(20))
+        .build();
+    let config = aws_sdk_sqs::config::Builder::from(sdk)
+        .timeout_config(timeouts)
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
 /// `redrive`: moves parked messages back to their source queue.
 pub(crate) async fn redrive(
     sdk: &aws_config::SdkConfig,
     args: &RedriveArgs,
 ) -> Result<(), BoxError> {
     let (dlq_url, queue_url, options) = (&args.dlq_url, &args.queue_url, &args.options());
-    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let sqs = sqs_with_timeouts(sdk);
     let report = ops::redrive(&sqs, dlq_url, queue_url, options, |moved| {
         eprintln!("moved {moved}...");
     })
@@ -164,15 +179,20 @@ pub(crate) async fn redrive(
         }
         return Ok(());
     }
-    println!(
-        "moved {} message(s) from {dlq_url} to {queue_url}{}",
-        report.moved,
-        if report.by_move_task {
-            " (SQS message move task)"
-        } else {
-            ""
-        }
-    );
+    if report.by_move_task {
+        println!(
+            "moved {} message(s) from {dlq_url} to {queue_url} (SQS message move task)",
+            report.moved
+        );
+    } else {
+        println!(
+            "moved {} message(s) from {dlq_url} to {queue_url} (of at most {}: about {} were in the DLQ at the start{})",
+            report.moved,
+            report.limit,
+            report.waiting,
+            if options.max.is_some() { ", --max" } else { "" }
+        );
+    }
     for id in &report.in_both {
         eprintln!(
             "warning: message {} was sent to {queue_url} but not deleted from {dlq_url}: it is in both queues (the DLQ's copy is visible again in 60 s; its dedup key makes a second copy a duplicate, not a second effect)",

@@ -527,8 +527,13 @@ pub struct Redriven {
     pub by_move_task: bool,
     /// Dry run: the messages that would move, as (body, reason), at most ten.
     pub preview: Vec<(String, String)>,
-    /// Dry run: the DLQ's approximate depth.
+    /// The DLQ's approximate depth (`ApproximateNumberOfMessages`) when the
+    /// run started (dry run: the messages that would move).
     pub waiting: u64,
+    /// The most this run would take from the DLQ: [`Self::waiting`], or
+    /// `--max` when smaller. Messages parked again while it runs are left
+    /// for the next run rather than moved again and again.
+    pub limit: u64,
     /// Sent to the source but not deleted from the DLQ: a copy is in both
     /// queues (the DLQ's comes back after 60 s; its dedup key makes a second
     /// redrive of it a duplicate, not a second effect).
@@ -601,8 +606,10 @@ async fn source_settings(
     }
 }
 
-/// Moves up to `max` messages from `dlq_url` back to `source_url`, after
-/// checking that the source's redrive policy names the DLQ. Each message is sent
+/// Moves the messages in `dlq_url` back to `source_url`, after checking that
+/// the source's redrive policy names the DLQ: at most as many as the DLQ held
+/// when the run started (its approximate depth), and at most `max`
+/// ([`redrive_limit`]). Each message is sent
 /// to the source with its body and every message attribute as it is (data types
 /// included, and the `sqs_once_*` ones parking added: the dedup key among them
 /// keeps a copy a duplicate), in batches within the source's maximum message
@@ -633,13 +640,14 @@ pub async fn redrive(
         report.by_move_task = true;
         return Ok(report);
     }
-    let limit = options.max.unwrap_or(u64::MAX);
-    while report.moved < limit {
-        let want = (limit - report.moved).min(10);
+    report.waiting = queue_depth(sqs, dlq_url).await?.visible;
+    report.limit = redrive_limit(report.waiting, options.max);
+    let mut taken = 0;
+    while let Some(want) = next_receive(report.limit, taken) {
         let got = sqs
             .receive_message()
             .queue_url(dlq_url)
-            .max_number_of_messages(i32::try_from(want).unwrap_or(10))
+            .max_number_of_messages(want)
             .wait_time_seconds(1)
             .visibility_timeout(60)
             .message_system_attribute_names(MessageSystemAttributeName::All)
@@ -655,6 +663,7 @@ pub async fn redrive(
         if got.is_empty() {
             break;
         }
+        taken += got.len() as u64;
         let got: Vec<Message> = got
             .into_iter()
             .map(|m| carrying_key(m, max_size, &mut report))
@@ -665,6 +674,22 @@ pub async fn redrive(
         }
     }
     Ok(report)
+}
+
+/// The most one redrive takes from the DLQ: what was in it when the run
+/// started (`depth`, approximate), or `max` when smaller. Without this bound,
+/// a message the consumer parks again while the run goes on (still failing)
+/// would be received and moved again, about once a second, until the run is
+/// stopped.
+pub fn redrive_limit(depth: u64, max: Option<u64>) -> u64 {
+    max.map_or(depth, |max| max.min(depth))
+}
+
+/// How many messages the next receive of a redrive asks for, having taken
+/// `taken` of at most `limit` (10 at most); `None` once the limit is reached.
+pub fn next_receive(limit: u64, taken: u64) -> Option<i32> {
+    let left = limit.saturating_sub(taken);
+    (left > 0).then(|| i32::try_from(left.min(10)).unwrap_or(10))
 }
 
 /// `m` carrying the dedup key a `message-id` consumer gave it. A copy
@@ -992,6 +1017,29 @@ async fn move_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redrive_takes_at_most_what_the_dlq_held_at_its_start_and_at_most_max() {
+        assert_eq!(redrive_limit(25, None), 25);
+        assert_eq!(redrive_limit(25, Some(10)), 10);
+        assert_eq!(redrive_limit(5, Some(10)), 5);
+        assert_eq!(redrive_limit(0, None), 0);
+    }
+
+    /// The receives of a run over a DLQ that held 25: 10, 10, 5, then none,
+    /// however many more are parked meanwhile.
+    #[test]
+    fn receives_stop_at_the_limit() {
+        let mut taken = 0;
+        let mut asked = Vec::new();
+        while let Some(want) = next_receive(25, taken) {
+            asked.push(want);
+            taken += u64::try_from(want).unwrap();
+        }
+        assert_eq!(asked, [10, 10, 5]);
+        assert_eq!(next_receive(25, 30), None);
+        assert_eq!(next_receive(0, 0), None);
+    }
 
     fn record(extra: &[(&str, AttributeValue)]) -> Record {
         let mut item: HashMap<String, AttributeValue> = [

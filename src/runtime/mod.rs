@@ -13,8 +13,10 @@ pub(crate) mod lanes;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use crate::config::SQS_MAX_VISIBILITY;
 use crate::processor::VisibilityExtender;
 use crate::queue::{BATCH, Dlq, QueueClient, QueueError};
 use crate::{Message, Outcome, ProcessorConfig};
@@ -68,20 +70,44 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
 /// Attempts of one visibility extension (transient failures only).
 const VISIBILITY_TRIES: u32 = 4;
 
-/// Makes a message visible again after `after` (best effort: on failure it
-/// returns when its current visibility timeout ends).
+/// How long before the end of SQS's 12 hours from a message's receive a
+/// retry delay is made to end: room for the whole-second rounding of the
+/// visibility timeout and for the call's own time on the wire.
+pub(crate) const VISIBILITY_CAP_MARGIN: Duration = Duration::from_secs(60);
+
+/// `after`, cut so that the message is visible again by 12 hours after its
+/// receive (at or after `received_at`, by this host's clock), less
+/// [`VISIBILITY_CAP_MARGIN`]: SQS counts its 12-hour cap on a message's
+/// visibility from the receive, not from the call, and refuses a timeout
+/// beyond it (the message would then come back when its current visibility
+/// ends, a lease later, instead of after the delay).
+pub(crate) fn within_visibility_cap(after: Duration, received_at: Instant) -> Duration {
+    let last = received_at + SQS_MAX_VISIBILITY;
+    let left = last
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(VISIBILITY_CAP_MARGIN);
+    after.min(left)
+}
+
+/// Makes a message, received at or after `received_at`, visible again after
+/// `after`, cut to SQS's 12 hours from the receive
+/// ([`within_visibility_cap`]); returns the delay set. Best effort: on
+/// failure it returns when its current visibility timeout ends.
 pub(crate) async fn retry_later<Q: QueueClient>(
     queue: &Q,
     url: &str,
     message: &Message,
     after: Duration,
-) {
+    received_at: Instant,
+) -> Duration {
+    let after = within_visibility_cap(after, received_at);
     let Some(receipt) = message.receipt_handle() else {
-        return;
+        return after;
     };
     if let Err(e) = queue.change_visibility(url, receipt, after).await {
         warn!(message_id = message.id(), error = %e, "could not set the retry delay; the message returns after its visibility timeout");
     }
+    after
 }
 
 /// Sets the visibility timeout of several messages of one queue at once
@@ -120,8 +146,15 @@ pub(crate) enum Settled {
     /// Its copy is in the DLQ with the reason: let it go.
     Parked,
     /// It comes back after this delay (already set on its visibility when
-    /// the source queue is known).
+    /// the source queue is known), cut to SQS's 12 hours from the receive.
     Again(Duration),
+}
+
+/// A message being settled: where and when it was received.
+struct Received<'a> {
+    source: Option<&'a str>,
+    message: &'a Message,
+    received_at: Instant,
 }
 
 /// Acts on outcomes: retries later, parks, or lets go.
@@ -141,45 +174,47 @@ impl<Q: QueueClient> Settler<Q> {
     }
 
     /// Acts on `outcome` for `message`, received from the queue at `source`
-    /// (`None` when it is not known: delays are then not set).
+    /// (`None` when it is not known: delays are then not set) at or after
+    /// `received_at` (delays end by SQS's 12 hours from the receive).
     pub(crate) async fn settle(
         &self,
         config: &ProcessorConfig,
         source: Option<&str>,
         message: &Message,
+        received_at: Instant,
         outcome: Outcome,
     ) -> Settled {
+        let at = Received {
+            source,
+            message,
+            received_at,
+        };
         match outcome {
             Outcome::Completed { .. } | Outcome::Duplicate { .. } => Settled::Done,
-            Outcome::InFlight { retry_after } => self.again(source, message, retry_after).await,
+            Outcome::InFlight { retry_after } => self.again(&at, retry_after).await,
             Outcome::Retry { after, reason } => {
                 info!(message_id = message.id(), %reason, ?after, "will retry");
-                self.again(source, message, after).await
+                self.again(&at, after).await
             }
-            Outcome::Park { reason } => self.park(config, source, message, &reason).await,
+            Outcome::Park { reason } => self.park(config, &at, &reason).await,
         }
     }
 
-    async fn again(&self, source: Option<&str>, message: &Message, after: Duration) -> Settled {
-        if let Some(url) = source {
-            retry_later(&self.queue, url, message, after).await;
-        }
-        Settled::Again(after)
+    async fn again(&self, at: &Received<'_>, after: Duration) -> Settled {
+        Settled::Again(match at.source {
+            Some(url) => retry_later(&self.queue, url, at.message, after, at.received_at).await,
+            None => within_visibility_cap(after, at.received_at),
+        })
     }
 
     /// Sends the message with its reason to the DLQ. Without a DLQ, or when
     /// the send fails, the message comes back (and, failing again, ends in the
     /// DLQ by the queue's redrive policy).
-    async fn park(
-        &self,
-        config: &ProcessorConfig,
-        source: Option<&str>,
-        message: &Message,
-        reason: &str,
-    ) -> Settled {
+    async fn park(&self, config: &ProcessorConfig, at: &Received<'_>, reason: &str) -> Settled {
+        let message = at.message;
         let Some(dlq) = &self.dlq else {
             error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: it comes back until the queue's redrive policy parks it");
-            return self.again(source, message, config.backoff_max).await;
+            return self.again(at, config.backoff_max).await;
         };
         let key = config.key_source.extract(message).ok();
         match dlq.park(message, reason, key.as_deref()).await {
@@ -190,8 +225,74 @@ impl<Q: QueueClient> Settler<Q> {
             Err(e) => {
                 error!(message_id = message.id(), error = %e, "could not park the message; it comes back");
                 let delay = config.backoff(message.receive_count());
-                self.again(source, message, delay).await
+                self.again(at, delay).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_ends_by_twelve_hours_after_the_receive_less_the_margin() {
+        let received_at = Instant::now();
+        let hour = Duration::from_secs(3600);
+        // Shorter delays are kept.
+        assert_eq!(within_visibility_cap(hour, received_at), hour);
+        tokio::time::advance(hour * 3).await;
+        let cap = hour * 9 - VISIBILITY_CAP_MARGIN;
+        assert_eq!(within_visibility_cap(hour * 12, received_at), cap);
+        assert_eq!(within_visibility_cap(hour * 5, received_at), hour * 5);
+        // Past the cap: visible again at once.
+        tokio::time::advance(hour * 9).await;
+        assert_eq!(within_visibility_cap(hour, received_at), Duration::ZERO);
+    }
+
+    /// On the in-memory SQS, which refuses a visibility beyond 12 hours from
+    /// the receive as SQS does: a 12-hour retry delay set 3 hours after the
+    /// receive is accepted (cut), and the message stays away until then.
+    #[tokio::test(start_paused = true)]
+    async fn a_long_retry_delay_late_in_a_receive_is_accepted_not_lost() {
+        use crate::queue::ReceiveRequest;
+        use crate::queue::memory::{MemoryQueue, QueueSettings};
+        let q = MemoryQueue::new();
+        let url = q.create_queue(QueueSettings::new("cap")).unwrap();
+        q.send(
+            &url,
+            crate::queue::OutgoingMessage {
+                body: "m".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let request = ReceiveRequest {
+            max: 1,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(30),
+        };
+        let received_at = Instant::now();
+        let got = q.receive(&url, request).await.unwrap();
+        // The handler ran three hours (its visibility extended meanwhile).
+        for _ in 0..(3 * 3600 / 20) {
+            tokio::time::advance(Duration::from_secs(20)).await;
+            q.change_visibility(
+                &url,
+                got[0].receipt_handle().unwrap(),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+        }
+        let hour = Duration::from_secs(3600);
+        let set = retry_later(&q, &url, &got[0], hour * 12, received_at).await;
+        tokio::time::advance(hour * 8).await;
+        let again = q.receive(&url, request).await.unwrap();
+        assert!(again.is_empty(), "back after a lease, not after the delay");
+        tokio::time::advance(hour).await;
+        assert_eq!(q.receive(&url, request).await.unwrap().len(), 1);
+        assert_eq!(set, hour * 9 - VISIBILITY_CAP_MARGIN);
     }
 }
