@@ -40,6 +40,16 @@ pub struct Evidence<'a> {
     pub charged: BTreeMap<String, u32>,
     /// Dedup records: event -> status.
     pub records: BTreeMap<String, Status>,
+    /// Dedup records when the run first settled, before the redrive.
+    pub records_before: BTreeMap<String, Status>,
+    /// Ledger rows committed when the run first settled (a prefix of `rows`).
+    pub rows_before: usize,
+    /// The messages whose deliveries completed a record, by the time the run
+    /// first settled (the record names the message that claimed or committed it).
+    pub completed_by: BTreeSet<String>,
+    /// When the redrive started (ms from the start): API calls before it
+    /// belong to the first part of the run.
+    pub redrive_ms: u128,
     /// Records left `IN_PROGRESS`, described.
     pub unfinished: BTreeMap<String, String>,
     /// The DLQ's messages when the run first settled, before the redrive.
@@ -81,7 +91,7 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
         .iter()
         .filter(|m| moved_by_sqs(m))
         .filter_map(|m| event_of(&m.body))
-        .filter(|ev| e.records.get(ev) != Some(&Status::Completed))
+        .filter(|ev| e.records_before.get(ev) != Some(&Status::Completed))
         .collect()
 }
 
@@ -95,7 +105,8 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
         .iter()
         .filter(|m| moved_by_sqs(m))
         .filter(|m| {
-            event_of(&m.body).is_some_and(|ev| e.records.get(&ev) == Some(&Status::Completed))
+            event_of(&m.body)
+                .is_some_and(|ev| e.records_before.get(&ev) == Some(&Status::Completed))
         })
         .filter(|m| {
             e.deliveries
@@ -114,12 +125,11 @@ fn moved_by_sqs(m: &StoredMessage) -> bool {
 /// Every violation found, in words.
 pub fn check(e: &Evidence<'_>) -> Vec<String> {
     let mut v = Vec::new();
-    let exhausted = exhausted(e);
     let effects = effects(e);
     let first = first_applications(e, &effects, &mut v);
     order(e, &first, &mut v);
     parked_or_applied(e, &effects, &mut v);
-    in_dlq_with_effect(e, &effects, &exhausted, &mut v);
+    in_dlq_with_effect(e, &mut v);
     if e.scenario.kind == Kind::External {
         overlaps(&e.calls, &mut v);
         external_calls(e, &mut v);
@@ -291,26 +301,15 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
     }
 }
 
-/// No message that made its effect in the DLQ when the run first settled,
-/// but where no consumer could have kept it out (its last delivery's delete
-/// could not reach SQS, see [`stranded`]) or its record was not completed
-/// when its receives ran out (see [`exhausted`]: the redrive then completes
-/// it, and the checks above hold it to that).
-fn in_dlq_with_effect(
-    e: &Evidence<'_>,
-    effects: &[Effect],
-    exhausted: &BTreeSet<String>,
-    v: &mut Vec<String>,
-) {
-    let applying: BTreeSet<&str> = effects.iter().map(|f| f.message.as_str()).collect();
+/// No message whose delivery recorded its effect in the DLQ when the run
+/// first settled, but where no consumer could have kept it out: its last
+/// delivery's delete could not reach SQS (see [`stranded`]).
+fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
     let stranded = stranded(e);
     for m in &e.dlq_before {
         let from = origin(m);
         let event = event_of(&m.body).unwrap_or_default();
-        if applying.contains(from.as_str())
-            && !exhausted.contains(&event)
-            && !stranded.contains(&m.id)
-        {
+        if e.completed_by.contains(&from) && !stranded.contains(&m.id) {
             let last = match e.deliveries.last_of(&from) {
                 Some(d) => format!(
                     "; its last delivery (receive {}, by {}) was neither deleted while SQS could be reached nor lost with its consumer",
@@ -319,7 +318,7 @@ fn in_dlq_with_effect(
                 None => String::new(),
             };
             v.push(format!(
-                "{event}: message {from} made its effect and is in the DLQ{last}"
+                "{event}: message {from} recorded its effect and is in the DLQ{last}"
             ));
         }
     }

@@ -173,7 +173,19 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     let mut settled = settle(&world).await;
     // The operator's answer to a DLQ: bring everything back, once the run is
     // calm, and let it settle again. Nothing valid may stay there.
-    let dlq_before = world.queue.contents(&world.dlq_url);
+    let before = Before {
+        dlq: world.queue.contents(&world.dlq_url),
+        records: records(&world.store),
+        rows: rows(&world.store).len(),
+        redrive_ms: trace.now_ms(),
+        completed_by: world
+            .store
+            .records()
+            .into_iter()
+            .filter(|r| r.status == sqs_once::Status::Completed)
+            .filter_map(|r| r.message_id)
+            .collect(),
+    };
     let redriven = redrive(&world).await;
     if redriven > 0 {
         settled &= settle(&world).await;
@@ -186,7 +198,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         reports.push(t.await.unwrap_or_default());
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let evidence = evidence(&world, &accepted, &reports, dlq_before);
+    let evidence = evidence(&world, &accepted, &reports, before);
     let mut violations = check::check(&evidence);
     let exhausted = check::exhausted(&evidence).len();
     let stranded = check::stranded(&evidence).len();
@@ -380,19 +392,46 @@ async fn settle(world: &World) -> bool {
     false
 }
 
+/// What the run looked like when it first settled, before the redrive.
+struct Before {
+    dlq: Vec<sqs_once::queue::memory::StoredMessage>,
+    records: std::collections::BTreeMap<String, sqs_once::Status>,
+    rows: usize,
+    redrive_ms: u128,
+    completed_by: BTreeSet<String>,
+}
+
+/// The event a dedup record is for.
+fn event_of_record(r: &sqs_once::Record) -> String {
+    r.pk.trim_start_matches("sim#").to_owned()
+}
+
+/// Every record's status, by event.
+fn records(store: &sqs_once::MemoryStore) -> std::collections::BTreeMap<String, sqs_once::Status> {
+    store
+        .records()
+        .iter()
+        .map(|r| (event_of_record(r), r.status))
+        .collect()
+}
+
+/// The ledger rows committed so far, in commit order.
+fn rows(store: &sqs_once::MemoryStore) -> Vec<check::Effect> {
+    let mut rows = Vec::new();
+    store.for_each_committed(|writes| rows.extend(writes.iter().filter_map(world::row_effect)));
+    rows
+}
+
 fn evidence<'a>(
     world: &'a World,
     accepted: &'a BTreeSet<String>,
     hosts: &'a [HostReport],
-    dlq_before: Vec<sqs_once::queue::memory::StoredMessage>,
+    before: Before,
 ) -> check::Evidence<'a> {
-    let mut rows = Vec::new();
-    world
-        .store
-        .for_each_committed(|writes| rows.extend(writes.iter().filter_map(world::row_effect)));
+    let rows = rows(&world.store);
     let all = world.store.records();
-    let event = |r: &sqs_once::Record| r.pk.trim_start_matches("sim#").to_owned();
-    let records = all.iter().map(|r| (event(r), r.status)).collect();
+    let event = event_of_record;
+    let records = records(&world.store);
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     let unfinished = all
         .iter()
@@ -416,8 +455,12 @@ fn evidence<'a>(
         calls: world.api.calls(),
         charged,
         records,
+        records_before: before.records,
+        rows_before: before.rows,
+        completed_by: before.completed_by,
+        redrive_ms: before.redrive_ms,
         unfinished,
-        dlq_before,
+        dlq_before: before.dlq,
         dlq: world.queue.contents(&world.dlq_url),
         left: world.queue.contents(&world.url),
         hosts,

@@ -136,6 +136,31 @@ pub struct Scenario {
     pub claim_stages: bool,
 }
 
+/// Swarm knobs: per run, how much of each kind of trouble there is, so that
+/// a run concentrates on a few fault classes at high rates instead of all of
+/// them at low ones (a bug that needs two rare things at once is then found
+/// in hundreds of seeds, not tens of thousands).
+#[derive(Debug, Clone, Copy)]
+struct Swarm {
+    /// Share of events a producer sends again.
+    duplicates: f64,
+    /// Share of those sent again within a minute (the first copy may still run).
+    soon: f64,
+    /// Scheduled crashes, drains and partitions, at most.
+    actions: u64,
+}
+
+impl Swarm {
+    fn draw(dice: &Dice) -> Self {
+        let pick = |options: &[f64]| options[dice.int(0, options.len() as u64 - 1) as usize];
+        Self {
+            duplicates: pick(&[0.0, 0.3, 0.3, 0.9]),
+            soon: pick(&[0.5, 1.0]),
+            actions: if dice.chance(0.3) { 30 } else { 10 },
+        }
+    }
+}
+
 /// The body of an event.
 #[derive(Debug, serde::Deserialize)]
 struct Body {
@@ -169,9 +194,10 @@ impl Scenario {
             // A swarm knob: half the runs have no pauses at all, the others
             // pause often enough that a write sent after its lease meets
             // another consumer's claim.
-            pause: if dice.chance(0.5) { 0.0 } else { dice.rate(0.0, 0.08) },
+            pause: if dice.chance(0.5) { 0.0 } else { dice.rate(0.02, 0.15) },
             max_pause: 2 * lease + Duration::from_secs(10),
         };
+        let swarm = Swarm::draw(dice);
         let groups = dice.int(1, 4);
         // Sent in seq order: a FIFO group's order is its send order.
         let spread = dice.millis(Duration::from_secs(1), Duration::from_secs(300));
@@ -182,9 +208,9 @@ impl Scenario {
         let events = times
             .into_iter()
             .enumerate()
-            .map(|(seq, at)| draw_event(dice, seq as u64, groups, at))
+            .map(|(seq, at)| draw_event(dice, seq as u64, groups, at, swarm))
             .collect();
-        let actions = draw_actions(dice, consumers.len(), lease);
+        let actions = draw_actions(dice, consumers.len(), lease, swarm.actions);
         Self {
             fifo,
             kind,
@@ -193,7 +219,11 @@ impl Scenario {
             plan,
             actions,
             panic_rate: dice.rate(0.0, 0.05),
-            slow_rate: dice.rate(0.0, 0.15),
+            slow_rate: if dice.chance(0.3) {
+                dice.rate(0.2, 0.6)
+            } else {
+                dice.rate(0.0, 0.15)
+            },
             lease,
             heartbeat,
             claim_stages: dice.chance(0.5),
@@ -261,7 +291,7 @@ fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec], margin: Duration) {
     }
 }
 
-fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpec {
+fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration, swarm: Swarm) -> EventSpec {
     let id = format!("evt-{seq:04}");
     let group = format!("g{}", dice.int(0, groups - 1));
     let permanent = dice.chance(0.05);
@@ -274,8 +304,8 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpe
     }
     // Half of the duplicates soon (the first copy may still be running), half
     // up to ten minutes later (past FIFO's deduplication window).
-    let late_duplicate_at = dice.chance(0.3).then(|| {
-        let within = if dice.chance(0.5) { 60 } else { 600 };
+    let late_duplicate_at = dice.chance(swarm.duplicates).then(|| {
+        let within = if dice.chance(swarm.soon) { 60 } else { 600 };
         send_at + dice.millis(Duration::ZERO, Duration::from_secs(within))
     });
     EventSpec {
@@ -289,8 +319,13 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration) -> EventSpe
     }
 }
 
-fn draw_actions(dice: &Dice, consumers: usize, lease: Duration) -> Vec<(Duration, Action)> {
-    let mut actions: Vec<(Duration, Action)> = (0..dice.int(0, 10))
+fn draw_actions(
+    dice: &Dice,
+    consumers: usize,
+    lease: Duration,
+    most: u64,
+) -> Vec<(Duration, Action)> {
+    let mut actions: Vec<(Duration, Action)> = (0..dice.int(0, most))
         .map(|_| {
             let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
             let consumer = dice.int(0, consumers as u64 - 1) as usize;

@@ -85,6 +85,7 @@ fn scenario() -> Scenario {
         slow_rate: 0.0,
         lease: VISIBILITY,
         heartbeat: Duration::from_secs(10),
+        claim_stages: false,
     }
 }
 
@@ -103,11 +104,19 @@ fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTre
         calls: Vec::new(),
         charged: BTreeMap::new(),
         records: [("evt-0001".to_owned(), Status::Completed)].into(),
+        records_before: [("evt-0001".to_owned(), Status::Completed)].into(),
+        rows_before: 1,
+        completed_by: [stored.id.clone()].into(),
+        redrive_ms: 0,
         unfinished: BTreeMap::new(),
-        dlq: vec![stored],
+        // In the DLQ when the run first settled; the redrive brought it back
+        // and it completed as a duplicate.
+        dlq_before: vec![stored],
+        dlq: Vec::new(),
         left: Vec::new(),
         hosts: &[],
         deliveries,
+        start: Instant::now(),
     };
     (check(&evidence), stranded(&evidence))
 }
@@ -120,7 +129,7 @@ async fn a_completed_message_its_consumer_never_deleted_is_a_violation() {
     assert!(stranded.is_empty());
     assert_eq!(violations.len(), 1, "{violations:#?}");
     assert!(
-        violations[0].contains("made its effect and is in the DLQ")
+        violations[0].contains("recorded its effect and is in the DLQ")
             && violations[0].contains("neither deleted while SQS could be reached"),
         "{violations:#?}"
     );
