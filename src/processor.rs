@@ -282,6 +282,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if visible.passed_already() {
             return visibility_lost(None, "before its handler started");
         }
+        if let Some(done) = self.completed_before(message, key).await {
+            return done;
+        }
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
@@ -330,6 +333,35 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 self.fast_failure(message, &e).await
             }
             Err(e) => self.unrecorded_failure(message, e),
+        }
+    }
+
+    /// A message that came back (receive count above one) may have completed
+    /// on an earlier delivery whose answer was lost, or whose invocation ran
+    /// out of time after the commit: its record is read before the handler
+    /// runs again, so a completed message is let go as a duplicate even when
+    /// its handler could never finish again in time (a slow handler on a
+    /// short Lambda timeout would otherwise run it out of receives into the
+    /// DLQ). One read per redelivery; a first delivery costs nothing more. A
+    /// failed read only skips the shortcut.
+    async fn completed_before(&self, message: &Message, key: &str) -> Option<Outcome> {
+        if message.receive_count() <= 1 {
+            return None;
+        }
+        let pk = record_key(&self.config.consumer, key);
+        match self.store.get(&pk).await {
+            Ok(Some(r)) if r.status == crate::Status::Completed => {
+                let payload_matches = r
+                    .payload_sha256
+                    .as_deref()
+                    .is_none_or(|p| p == sha256_hex(message.body().as_bytes()));
+                Some(self.duplicate(message, r.result, payload_matches))
+            }
+            Ok(_) => None,
+            Err(e) => {
+                warn!(error = %e, "could not read the record before running a redelivery; running it");
+                None
+            }
         }
     }
 
@@ -995,6 +1027,41 @@ mod tests {
         let mut c = ProcessorConfig::new("test");
         c.key_source = "json:/id".parse().unwrap();
         c
+    }
+
+    #[tokio::test]
+    async fn a_redelivery_of_a_completed_message_on_the_fast_path_is_skipped_without_running_its_handler()
+     {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        let handler = crate::staged_only(handler_fn(move |_m, _ctx| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(Some(serde_json::json!({"ok": true})))
+            }
+        }));
+        let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+        let first = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+        assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+        // The same message back (its delete lost, or its invocation out of
+        // time after the commit): read first, never run again.
+        let again = p
+            .process(Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2))
+            .await;
+        assert_eq!(
+            again,
+            Outcome::Duplicate {
+                result: Some(StoredResult::Value(serde_json::json!({"ok": true}))),
+                payload_matches: true
+            }
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran again");
+        // A first delivery of another message with the key runs the handler
+        // (its writes are dropped at the commit): no read on the happy path.
+        let other = p.process(Message::new("m2", r#"{"id":"e1"}"#)).await;
+        assert!(matches!(other, Outcome::Duplicate { .. }), "{other:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
