@@ -552,6 +552,19 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
     let (first_after, rest_after) = lanes::hold_behind(Duration::ZERO, true);
     let mut groups = std::collections::HashSet::new();
     for m in messages {
+        if shared.processor.known_completed(&m).await {
+            info!(
+                message_id = m.id(),
+                "not started before shutdown, but already completed: deleted instead of given back"
+            );
+            shared
+                .to_delete(Finished {
+                    receipt: m.receipt_handle().unwrap_or_default().to_owned(),
+                    payload: None,
+                })
+                .await;
+            continue;
+        }
         let after = match (fifo, m.group_id()) {
             (false, _) => Duration::ZERO,
             (true, g) if groups.insert(g.unwrap_or_default().to_owned()) => {

@@ -345,24 +345,41 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// DLQ). One read per redelivery; a first delivery costs nothing more. A
     /// failed read only skips the shortcut.
     async fn completed_before(&self, message: &Message, key: &str) -> Option<Outcome> {
+        let r = self.completed_record(message, key).await?;
+        let payload_matches = r
+            .payload_sha256
+            .as_deref()
+            .is_none_or(|p| p == sha256_hex(message.body().as_bytes()));
+        Some(self.duplicate(message, r.result, payload_matches))
+    }
+
+    /// The `COMPLETED` record of a message that came back (receive count
+    /// above one) under `key`, if its read answers one.
+    async fn completed_record(&self, message: &Message, key: &str) -> Option<crate::Record> {
         if message.receive_count() <= 1 {
             return None;
         }
         let pk = record_key(&self.config.consumer, key);
         match self.store.get(&pk).await {
-            Ok(Some(r)) if r.status == crate::Status::Completed => {
-                let payload_matches = r
-                    .payload_sha256
-                    .as_deref()
-                    .is_none_or(|p| p == sha256_hex(message.body().as_bytes()));
-                Some(self.duplicate(message, r.result, payload_matches))
-            }
+            Ok(Some(r)) if r.status == crate::Status::Completed => Some(r),
             Ok(_) => None,
             Err(e) => {
-                warn!(error = %e, "could not read the record before running a redelivery; running it");
+                warn!(error = %e, "could not read the record of a redelivery");
                 None
             }
         }
+    }
+
+    /// Whether a message that came back is known done: its key's record says
+    /// `COMPLETED`. The poller asks before giving a received message back
+    /// unprocessed at shutdown: a completed one is deleted instead, so a
+    /// drain does not spend the receive of a message that is done (on its
+    /// last allowed receive that would move it to the DLQ).
+    pub(crate) async fn known_completed(&self, message: &Message) -> bool {
+        let Ok(key) = self.config.key_source.extract(message) else {
+            return false;
+        };
+        self.completed_record(message, &key).await.is_some()
     }
 
     /// A failure on the fast path. A permanent one is recorded as a `FAILED`
@@ -894,9 +911,9 @@ impl LocalEnd {
 
     /// Time left before the handler must be interrupted (a long time if not known).
     fn remaining(&self) -> Duration {
-        self.end
-            .borrow()
-            .map_or(SQS_MAX_VISIBILITY, |end| end.saturating_duration_since(Instant::now()))
+        self.end.borrow().map_or(SQS_MAX_VISIBILITY, |end| {
+            end.saturating_duration_since(Instant::now())
+        })
     }
 
     /// The end is known and has passed.
@@ -971,7 +988,9 @@ fn visibility_lost(ctx: Option<&Context>, when: &str) -> Outcome {
     if let Some(ctx) = ctx {
         ctx.cancelled().cancel();
     }
-    error!("the message's visibility could not be kept {when}: not run further, its effect not recorded");
+    error!(
+        "the message's visibility could not be kept {when}: not run further, its effect not recorded"
+    );
     Outcome::Retry {
         after: Duration::ZERO,
         reason: format!("visibility could not be kept {when}"),
@@ -1490,7 +1509,12 @@ mod tests {
             let fails = self.fails.load(Ordering::SeqCst);
             Box::pin(async move {
                 if fails {
-                    Err(crate::queue::QueueError::new("ChangeMessageVisibility", "q", "cut off", true))
+                    Err(crate::queue::QueueError::new(
+                        "ChangeMessageVisibility",
+                        "q",
+                        "cut off",
+                        true,
+                    ))
                 } else {
                     Ok(())
                 }
@@ -1534,16 +1558,31 @@ mod tests {
             matches!(&o, Outcome::Retry { reason, .. } if reason.contains("visibility could not be kept")),
             "{o:?}"
         );
-        assert_eq!(live.now.load(Ordering::SeqCst), 0, "the handler was dropped");
+        assert_eq!(
+            live.now.load(Ordering::SeqCst),
+            0,
+            "the handler was dropped"
+        );
         // Interrupted a margin (1 s) before SQS can deliver it again, not at
         // the lease end the heartbeat kept moving.
-        assert!(stopped <= invisible_until - Duration::from_secs(1), "{:?}", stopped - received_at);
-        assert!(sqs.calls.load(Ordering::SeqCst) >= 1, "an extension was tried");
+        assert!(
+            stopped <= invisible_until - Duration::from_secs(1),
+            "{:?}",
+            stopped - received_at
+        );
+        assert!(
+            sqs.calls.load(Ordering::SeqCst) >= 1,
+            "an extension was tried"
+        );
         // The claim is released: another consumer takes the key at once,
         // not after the lease the heartbeat kept extending.
-        let b = Processor::new(store, slow_external(live.clone(), Duration::ZERO), lease_config())
-            .unwrap()
-            .with_clock(clock);
+        let b = Processor::new(
+            store,
+            slow_external(live.clone(), Duration::ZERO),
+            lease_config(),
+        )
+        .unwrap()
+        .with_clock(clock);
         let o = b.process(Message::new("m", r#"{"id":"k"}"#)).await;
         assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
     }
@@ -1573,9 +1612,15 @@ mod tests {
                 },
             )
             .await;
-        assert!(matches!(&o, Outcome::Retry { after, .. } if after.is_zero()), "{o:?}");
+        assert!(
+            matches!(&o, Outcome::Retry { after, .. } if after.is_zero()),
+            "{o:?}"
+        );
         assert_eq!(live.started.load(Ordering::SeqCst), 0, "never run");
-        assert!(store.get(&record_key("test", "k")).await.unwrap().is_none(), "never claimed");
+        assert!(
+            store.get(&record_key("test", "k")).await.unwrap().is_none(),
+            "never claimed"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1586,9 +1631,13 @@ mod tests {
         let live = Arc::new(Live::default());
         let mut config = lease_config();
         config.heartbeat = Duration::from_secs(5);
-        let a = Processor::new(store, slow_external(live.clone(), Duration::from_secs(20)), config)
-            .unwrap()
-            .with_clock(clock);
+        let a = Processor::new(
+            store,
+            slow_external(live.clone(), Duration::from_secs(20)),
+            config,
+        )
+        .unwrap()
+        .with_clock(clock);
         let sqs = Visibility::default();
         let received_at = tokio::time::Instant::now();
         // Visible again 3 s after the receive: before the first 5 s beat.
@@ -1604,7 +1653,10 @@ mod tests {
             )
             .await;
         assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
-        assert!(sqs.calls.load(Ordering::SeqCst) >= 4, "extended through the 20 s handler");
+        assert!(
+            sqs.calls.load(Ordering::SeqCst) >= 4,
+            "extended through the 20 s handler"
+        );
     }
 
     #[tokio::test(start_paused = true)]

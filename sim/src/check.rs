@@ -47,6 +47,9 @@ pub struct Evidence<'a> {
     /// The messages whose deliveries completed a record, by the time the run
     /// first settled (the record names the message that claimed or committed it).
     pub completed_by: BTreeSet<String>,
+    /// The messages some delivery of which ended `completed` or `duplicate`:
+    /// a consumer learned that the effect was recorded.
+    pub confirmed: BTreeSet<String>,
     /// When the redrive started (ms from the start): API calls before it
     /// belong to the first part of the run.
     pub redrive_ms: u128,
@@ -114,6 +117,24 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 .is_some_and(|d| d.delete_was_out_of_reach(e.deliveries.calm_at()))
         })
         .map(|m| m.id.clone())
+        .collect()
+}
+
+/// Messages in the DLQ when the run first settled whose effect was recorded
+/// by their own delivery but never confirmed to any consumer: the commit's
+/// answer was lost (or it landed after the client gave up), and every later
+/// delivery ended without reaching the record (DynamoDB out of reach, the
+/// host crashed or drained first). A consumer deletes only what it knows is
+/// recorded, so it cannot keep such a message from the DLQ; the redrive
+/// brings it back and it completes as a duplicate, which the checks after
+/// the redrive require. One delivery that learned of the record (`completed`
+/// or `duplicate`) and still let the message reach the DLQ is a violation.
+pub fn unconfirmed(e: &Evidence<'_>) -> BTreeSet<String> {
+    e.dlq_before
+        .iter()
+        .filter(|m| moved_by_sqs(m))
+        .map(origin)
+        .filter(|from| e.completed_by.contains(from) && !e.confirmed.contains(from))
         .collect()
 }
 
@@ -261,16 +282,27 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
     for ev in &e.scenario.events {
         let id = ev.id.as_str();
         let is_applied = applied.contains(id);
-        let copies = || e.dlq_before.iter().chain(&e.dlq).filter(|m| event_of(&m.body).as_deref() == Some(id));
+        let copies = || {
+            e.dlq_before
+                .iter()
+                .chain(&e.dlq)
+                .filter(|m| event_of(&m.body).as_deref() == Some(id))
+        };
         match (e.accepted.contains(id), ev.permanent) {
             (false, _) if is_applied => v.push(format!("{id}: applied but never accepted by SQS")),
             (false, _) => {}
             (true, false) if !is_applied && in_dlq.contains(id) => {
-                v.push(format!("{id}: a valid event is still in the DLQ after the redrive, never applied"));
+                v.push(format!(
+                    "{id}: a valid event is still in the DLQ after the redrive, never applied"
+                ));
             }
-            (true, false) if !is_applied => v.push(format!("{id}: lost (neither applied nor parked)")),
+            (true, false) if !is_applied => {
+                v.push(format!("{id}: lost (neither applied nor parked)"))
+            }
             (true, true) if !in_dlq.contains(id) => {
-                v.push(format!("{id}: a permanent failure neither parked nor kept in the DLQ"));
+                v.push(format!(
+                    "{id}: a permanent failure neither parked nor kept in the DLQ"
+                ));
             }
             _ => {}
         }
@@ -279,7 +311,11 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
         }
         if !ev.permanent {
             if let Some(m) = copies().find(|m| parked_with_reason(m)) {
-                let reason = m.attributes.get(REASON_ATTRIBUTE).map(|a| format!("{:?}", a.value)).unwrap_or_default();
+                let reason = m
+                    .attributes
+                    .get(REASON_ATTRIBUTE)
+                    .map(|a| format!("{:?}", a.value))
+                    .unwrap_or_default();
                 v.push(format!("{id}: a valid event was parked ({reason})"));
             }
             if e.records.get(id) == Some(&Status::Failed) {
@@ -289,7 +325,7 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
         // A copy near the DLQ's size limit keeps its dedup key first and has
         // no room left for the reason (DESIGN.md, "Parking"): not a violation.
         let room = ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
-        if ev.permanent && in_dlq.contains(id) && room && !copies().any(|m| parked_with_reason(m)) {
+        if ev.permanent && in_dlq.contains(id) && room && !copies().any(parked_with_reason) {
             v.push(format!("{id}: parked without its reason"));
         }
     }
@@ -303,13 +339,18 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
 
 /// No message whose delivery recorded its effect in the DLQ when the run
 /// first settled, but where no consumer could have kept it out: its last
-/// delivery's delete could not reach SQS (see [`stranded`]).
+/// delivery's delete could not reach SQS (see [`stranded`]), or no consumer
+/// ever learned that the effect was recorded (see [`unconfirmed`]).
 fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
     let stranded = stranded(e);
+    let unconfirmed = unconfirmed(e);
     for m in &e.dlq_before {
         let from = origin(m);
         let event = event_of(&m.body).unwrap_or_default();
-        if e.completed_by.contains(&from) && !stranded.contains(&m.id) {
+        if e.completed_by.contains(&from)
+            && !stranded.contains(&m.id)
+            && !unconfirmed.contains(&from)
+        {
             let last = match e.deliveries.last_of(&from) {
                 Some(d) => format!(
                     "; its last delivery (receive {}, by {}) was neither deleted while SQS could be reached nor lost with its consumer",
@@ -330,7 +371,9 @@ fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
 fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut keys: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for c in &e.calls {
-        keys.entry(c.event.as_str()).or_default().insert(c.key.as_str());
+        keys.entry(c.event.as_str())
+            .or_default()
+            .insert(c.key.as_str());
         if c.after_completed {
             v.push(format!(
                 "{}: API called by {} at {}ms after its record said COMPLETED",
@@ -341,7 +384,8 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
     // A handler never runs past its delivery: while its call is open, SQS
     // does not hand the same message to anyone (itself included) again.
     for c in &e.calls {
-        let ms = |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
+        let ms =
+            |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
         let again = e
             .deliveries
             .all_of(&c.message)
@@ -355,7 +399,10 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
         }
     }
     for (event, keys) in keys.into_iter().filter(|(_, k)| k.len() > 1) {
-        v.push(format!("{event}: {} different idempotency keys at the API", keys.len()));
+        v.push(format!(
+            "{event}: {} different idempotency keys at the API",
+            keys.len()
+        ));
     }
 }
 

@@ -121,6 +121,22 @@ pub struct FaultCounts {
 }
 
 impl FaultCounts {
+    /// Faults injected into calls, by class.
+    pub fn by_class(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("error", &self.errors),
+            ("lost answer", &self.lost),
+            ("timeout", &self.timeouts),
+            ("delay", &self.delays),
+            ("cut off", &self.cut),
+            ("landed late", &self.late),
+            ("pause", &self.pauses),
+        ]
+        .iter()
+        .map(|(name, c)| (*name, c.load(Ordering::Relaxed)))
+        .collect()
+    }
+
     /// All faults injected into calls.
     pub fn total(&self) -> u64 {
         [
@@ -309,7 +325,9 @@ impl Link {
             return None;
         }
         self.counts.pauses.fetch_add(1, Ordering::Relaxed);
-        let d = self.dice.millis(Duration::from_secs(1), self.plan.max_pause);
+        let d = self
+            .dice
+            .millis(Duration::from_secs(1), self.plan.max_pause);
         self.trace.event(format!(
             "fault {} {service:?} {op}: the host pauses {d:?} before sending",
             self.name

@@ -74,6 +74,10 @@ pub struct Report {
     pub stranded: usize,
     /// Virtual time the run took.
     pub virtual_time: Duration,
+    /// Faults by class: call faults, and the scheduled actions by kind.
+    pub fault_classes: Vec<(&'static str, u64)>,
+    /// Messages the redrive at the calm point brought back from the DLQ.
+    pub redriven: u64,
 }
 
 /// Runs one seed on a fresh single-threaded runtime with paused time.
@@ -145,22 +149,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     });
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
-    let links: Vec<Link> = world
-        .scenario
-        .consumers
-        .iter()
-        .map(|c| {
-            let plan = world.scenario.plan;
-            Link::new(
-                &c.name,
-                dice.clone(),
-                plan,
-                trace.clone(),
-                calm.clone(),
-                counts.clone(),
-            )
-        })
-        .collect();
+    let links = links(&world, &calm, &counts);
     let (senders, tasks) = start_hosts(&world, &links);
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
     let producer = tokio::spawn(produce(world.clone(), accepted.clone()));
@@ -173,19 +162,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     let mut settled = settle(&world).await;
     // The operator's answer to a DLQ: bring everything back, once the run is
     // calm, and let it settle again. Nothing valid may stay there.
-    let before = Before {
-        dlq: world.queue.contents(&world.dlq_url),
-        records: records(&world.store),
-        rows: rows(&world.store).len(),
-        redrive_ms: trace.now_ms(),
-        completed_by: world
-            .store
-            .records()
-            .into_iter()
-            .filter(|r| r.status == sqs_once::Status::Completed)
-            .filter_map(|r| r.message_id)
-            .collect(),
-    };
+    let before = Before::now(&world);
     let redriven = redrive(&world).await;
     if redriven > 0 {
         settled &= settle(&world).await;
@@ -221,11 +198,42 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         trace: trace.lines(),
         violations,
         faults: counts.total() + scheduled,
+        fault_classes: fault_classes(&counts, &world.scenario),
+        redriven,
         events: world.scenario.events.len(),
         exhausted,
         stranded,
         virtual_time: started.elapsed(),
     }
+}
+
+/// The run's faults by class: call faults, then scheduled actions by kind.
+fn fault_classes(counts: &FaultCounts, scenario: &Scenario) -> Vec<(&'static str, u64)> {
+    let mut classes = counts.by_class();
+    let kind = |a: &Action| match a {
+        Action::Crash { .. } => "crash",
+        Action::Sigterm { .. } => "sigterm",
+        Action::Partition { services, .. } if services.len() == 2 => "partition (both)",
+        Action::Partition { services, .. } if services[0] == faults::Service::Sqs => {
+            "partition (SQS only)"
+        }
+        Action::Partition { .. } => "partition (DynamoDB only)",
+    };
+    for name in [
+        "crash",
+        "sigterm",
+        "partition (both)",
+        "partition (SQS only)",
+        "partition (DynamoDB only)",
+    ] {
+        let n = scenario
+            .actions
+            .iter()
+            .filter(|(_, a)| kind(a) == name)
+            .count() as u64;
+        classes.push((name, n));
+    }
+    classes
 }
 
 /// Starts one task per host: their command senders and join handles.
@@ -399,6 +407,55 @@ struct Before {
     rows: usize,
     redrive_ms: u128,
     completed_by: BTreeSet<String>,
+    confirmed: BTreeSet<String>,
+}
+
+impl Before {
+    /// The run as it stands when it first settled.
+    fn now(world: &World) -> Self {
+        let dlq = world.queue.contents(&world.dlq_url);
+        let confirmed = dlq
+            .iter()
+            .map(|m| m.id.clone())
+            .filter(|id| {
+                let outcomes = world.trace.outcomes_of(id);
+                outcomes.contains("completed") || outcomes.contains("duplicate")
+            })
+            .collect();
+        Self {
+            dlq,
+            records: records(&world.store),
+            rows: rows(&world.store).len(),
+            redrive_ms: world.trace.now_ms(),
+            completed_by: world
+                .store
+                .records()
+                .into_iter()
+                .filter(|r| r.status == sqs_once::Status::Completed)
+                .filter_map(|r| r.message_id)
+                .collect(),
+            confirmed,
+        }
+    }
+}
+
+/// Each consumer's link, sharing the run's calm switch and fault counters.
+fn links(world: &World, calm: &Arc<AtomicBool>, counts: &Arc<FaultCounts>) -> Vec<Link> {
+    world
+        .scenario
+        .consumers
+        .iter()
+        .map(|c| {
+            Link::new(
+                &c.name,
+                world.dice.clone(),
+                world.scenario.plan,
+                world.trace.clone(),
+                calm.clone(),
+                counts.clone(),
+            )
+        })
+        .collect()
 }
 
 /// The event a dedup record is for.
@@ -458,6 +515,7 @@ fn evidence<'a>(
         records_before: before.records,
         rows_before: before.rows,
         completed_by: before.completed_by,
+        confirmed: before.confirmed,
         redrive_ms: before.redrive_ms,
         unfinished,
         dlq_before: before.dlq,

@@ -18,6 +18,8 @@ struct TraceInner {
     hasher: Sha256,
     lines: Option<Vec<String>>,
     count: u64,
+    /// Message id -> the outcomes its deliveries ended with.
+    outcomes: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 impl Trace {
@@ -29,6 +31,7 @@ impl Trace {
                 hasher: Sha256::new(),
                 lines: keep.then(Vec::new),
                 count: 0,
+                outcomes: std::collections::BTreeMap::new(),
             })),
             start: Instant::now(),
         }
@@ -54,6 +57,22 @@ impl Trace {
         if let Some(lines) = t.lines.as_mut() {
             lines.push(line);
         }
+    }
+
+    /// Notes that a delivery of `message` ended with `outcome`.
+    fn outcome(&self, message: &str, outcome: &str) {
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.outcomes
+            .entry(message.to_owned())
+            .or_default()
+            .insert(outcome.to_owned());
+    }
+
+    /// The outcomes the deliveries of `message` ended with (`completed`,
+    /// `duplicate`, `in_flight`, `retry`, `parked`).
+    pub fn outcomes_of(&self, message: &str) -> std::collections::BTreeSet<String> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.outcomes.get(message).cloned().unwrap_or_default()
     }
 
     /// The hash of every line so far (hex), and how many.
@@ -138,12 +157,12 @@ where
                 .find(|(n, _)| n == name)
                 .map_or("-", |(_, v)| v.as_str())
         };
+        let (message, outcome) = (get("messaging.message.id"), get("sqs_once.outcome"));
         self.0.event(format!(
-            "outcome {} key {} receive {}: {}",
-            get("message_id"),
-            get("dedup_key"),
-            get("receive_count"),
-            get("outcome")
+            "outcome {message} key {} receive {}: {outcome}",
+            get("sqs_once.dedup_key"),
+            get("sqs_once.receive_count"),
         ));
+        self.0.outcome(message, outcome);
     }
 }

@@ -194,7 +194,11 @@ impl Scenario {
             // A swarm knob: half the runs have no pauses at all, the others
             // pause often enough that a write sent after its lease meets
             // another consumer's claim.
-            pause: if dice.chance(0.5) { 0.0 } else { dice.rate(0.02, 0.15) },
+            pause: if dice.chance(0.5) {
+                0.0
+            } else {
+                dice.rate(0.02, 0.15)
+            },
             max_pause: 2 * lease + Duration::from_secs(10),
         };
         let swarm = Swarm::draw(dice);
@@ -243,7 +247,11 @@ impl Scenario {
             self.heartbeat,
             if self.fifo { "FIFO" } else { "standard" },
             self.kind,
-            if self.kind == Kind::External && self.claim_stages { " staging a row" } else { "" },
+            if self.kind == Kind::External && self.claim_stages {
+                " staging a row"
+            } else {
+                ""
+            },
             self.events.len(),
             consumers.join(", "),
             self.plan,

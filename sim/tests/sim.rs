@@ -132,6 +132,33 @@ fn regression_seed_18184_an_in_flight_copy_waits_for_the_lease() {
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
+/// Seeds 479 and 1105 (with the checker that excuses nothing in the DLQ)
+/// found fast-path messages whose commit had landed (its answer lost, or its
+/// Lambda invocation out of time after it) run again on every redelivery: a
+/// handler slower than the function timeout then ran a completed message out
+/// of receives into the DLQ. A redelivery now reads its record first.
+#[test]
+fn regression_seeds_479_1105_a_completed_redelivery_is_not_run_again() {
+    for seed in [479, 1105] {
+        let report = run_seed(seed, false).unwrap();
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+    }
+}
+
+/// Seed 1351 found a poller draining during SQS partitions give back, on
+/// its last allowed receive, a message whose effect was recorded: SQS moved
+/// it to the DLQ. A message that came back is now deleted instead of given
+/// back when its record says `COMPLETED`.
+#[test]
+fn regression_seed_1351_a_drain_deletes_a_completed_message_instead_of_giving_it_back() {
+    let report = run_seed(1351, false).unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
 #[test]
 fn a_range_of_seeds_runs_clean() {
     for seed in 0..20 {
@@ -185,6 +212,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         records_before: BTreeMap::new(),
         rows_before: 0,
         completed_by: BTreeSet::new(),
+        confirmed: BTreeSet::new(),
         redrive_ms: 0,
         unfinished: BTreeMap::new(),
         dlq_before: Vec::new(),
@@ -310,14 +338,21 @@ fn the_checker_flags_a_valid_event_left_in_the_dlq_after_the_redrive_and_one_par
     let mut e = evidence(&s, &acc);
     // Nothing applied; both in the DLQ after the redrive: a consumer that
     // processes nothing is caught, not excused as "exhausted".
-    e.dlq_before = vec![in_dlq("evt-0000", "m0", None), in_dlq("evt-0001", "m1", Some("boom"))];
+    e.dlq_before = vec![
+        in_dlq("evt-0000", "m0", None),
+        in_dlq("evt-0001", "m1", Some("boom")),
+    ];
     e.dlq = e.dlq_before.clone();
     let v = check(&e);
     assert!(
         v.iter().any(|v| v.starts_with("evt-0000: a valid event is still in the DLQ after the redrive")),
         "{v:?}"
     );
-    assert!(v.iter().any(|v| v.starts_with("evt-0001: a valid event was parked")), "{v:?}");
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("evt-0001: a valid event was parked")),
+        "{v:?}"
+    );
     // Redriven and applied: what reached the DLQ under faults is only counted.
     e.rows = vec![fx("evt-0000", "m0"), fx("evt-0001", "m1")];
     e.dlq = Vec::new();
@@ -345,8 +380,15 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
     };
     e.calls = vec![call("k1", 0, false), call("k2", 10, false)];
     let v = check(&e);
-    assert!(v.iter().any(|v| v.contains("2 different idempotency keys")), "{v:?}");
+    assert!(
+        v.iter().any(|v| v.contains("2 different idempotency keys")),
+        "{v:?}"
+    );
     e.calls = vec![call("k1", 0, false), call("k1", 10, true)];
     let v = check(&e);
-    assert!(v.iter().any(|v| v.contains("after its record said COMPLETED")), "{v:?}");
+    assert!(
+        v.iter()
+            .any(|v| v.contains("after its record said COMPLETED")),
+        "{v:?}"
+    );
 }

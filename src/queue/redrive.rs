@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use super::{MESSAGE_ID_ATTRIBUTE, OutgoingMessage, QueueClient, QueueError, REASON_ATTRIBUTE, ReceiveRequest};
+use super::{
+    MESSAGE_ID_ATTRIBUTE, OutgoingMessage, QueueClient, QueueError, REASON_ATTRIBUTE,
+    ReceiveRequest,
+};
 use crate::Message;
 use crate::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
 use crate::message::Attribute;
@@ -38,16 +41,19 @@ pub fn copy_for_source(m: &Message, fifo: bool, max_bytes: usize) -> (OutgoingMe
     let mut attributes = m.attributes().clone();
     let mut carries = attributes.contains_key(DEDUP_KEY_ATTRIBUTE);
     if !carries {
-        let parked =
-            attributes.contains_key(REASON_ATTRIBUTE) || attributes.contains_key(MESSAGE_ID_ATTRIBUTE);
+        let parked = attributes.contains_key(REASON_ATTRIBUTE)
+            || attributes.contains_key(MESSAGE_ID_ATTRIBUTE);
         let original = if parked {
             m.attribute(MESSAGE_ID_ATTRIBUTE).map(str::to_owned)
         } else {
             Some(m.id().to_owned())
         };
-        if let Some(key) = original.filter(|k| !k.is_empty()).map(|k| carry_key(m.body(), &k)) {
-            let size: usize = m.body().len()
-                + attributes.iter().map(|(n, a)| a.size(n)).sum::<usize>();
+        if let Some(key) = original
+            .filter(|k| !k.is_empty())
+            .map(|k| carry_key(m.body(), &k))
+        {
+            let size: usize =
+                m.body().len() + attributes.iter().map(|(n, a)| a.size(n)).sum::<usize>();
             let attribute = Attribute::string(key);
             if attributes.len() < MAX_ATTRIBUTES
                 && size + attribute.size(DEDUP_KEY_ATTRIBUTE) <= max_bytes
@@ -60,7 +66,11 @@ pub fn copy_for_source(m: &Message, fifo: bool, max_bytes: usize) -> (OutgoingMe
     let copy = OutgoingMessage {
         body: m.body().to_owned(),
         attributes,
-        group_id: if fifo { m.group_id().map(str::to_owned) } else { None },
+        group_id: if fifo {
+            m.group_id().map(str::to_owned)
+        } else {
+            None
+        },
         deduplication_id: fifo.then(|| format!("redrive-{}", m.id())),
     };
     (copy, carries)
@@ -95,7 +105,10 @@ pub async fn redrive<Q: QueueClient>(
                 report.without_key.push(m.id().to_owned());
             }
             queue.send(source_url, copy).await?;
-            match queue.delete(dlq_url, m.receipt_handle().unwrap_or_default()).await {
+            match queue
+                .delete(dlq_url, m.receipt_handle().unwrap_or_default())
+                .await
+            {
                 Ok(()) => report.moved += 1,
                 Err(_) => report.in_both.push(m.id().to_owned()),
             }

@@ -8,6 +8,9 @@
 //!   trace hash is the same.
 //! - `--verbose`: a line per seed (events, faults, redriven, violations).
 //! - `--verify`: runs every seed twice and fails one whose trace hash differs.
+//! - `--campaign FILE` (with `--minutes`): a long search kept across runs:
+//!   starts at the seed after the last one FILE (JSON) says was run, and
+//!   adds this run's seeds, faults by class and failures to it.
 //! - `--mutant NAME`: with a deliberately broken protocol (see
 //!   `sqs_once::mutants`): stops at the first failing seed, and exits 1 if
 //!   none fails.
@@ -27,6 +30,7 @@ struct Args {
     mutant: Option<String>,
     verify: bool,
     verbose: bool,
+    campaign: Option<std::path::PathBuf>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -45,6 +49,7 @@ fn parse() -> Result<Args, String> {
             }
             "--mutant" => args.mutant = Some(value()?),
             "--verify" => args.verify = true,
+            "--campaign" => args.campaign = Some(value()?.into()),
             "--verbose" => args.verbose = true,
             other => return Err(format!("unknown argument {other}")),
         }
@@ -74,6 +79,8 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         exhausted: 0,
         stranded: 0,
         virtual_time: Duration::ZERO,
+        fault_classes: Vec::new(),
+        redriven: 0,
     };
     match outcome {
         Ok(Ok(report)) => report,
@@ -117,9 +124,78 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
     }
 }
 
+/// What a search found, kept across runs by `--campaign`.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Campaign {
+    /// The next seed to run.
+    next_seed: u64,
+    /// Seeds run in all.
+    seeds_run: u64,
+    /// Runs of the command that added to it.
+    sessions: u64,
+    /// Faults drawn, by class.
+    faults_by_class: std::collections::BTreeMap<String, u64>,
+    /// Events that reached the DLQ under faults and were brought back.
+    redriven_events: u64,
+    /// Failing seeds, with their first violation.
+    failures: Vec<(u64, String)>,
+}
+
+impl Campaign {
+    fn add(&mut self, seed: u64, report: &Report) {
+        self.seeds_run += 1;
+        self.next_seed = seed + 1;
+        self.redriven_events += report.exhausted as u64;
+        for (class, n) in &report.fault_classes {
+            *self.faults_by_class.entry((*class).to_owned()).or_default() += n;
+        }
+        if let Some(first) = report.violations.first() {
+            self.failures.push((seed, first.clone()));
+        }
+    }
+
+    fn load(path: &std::path::Path) -> Result<Self, String> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// Counts this run of the command, saves, and prints the totals.
+    fn finish(&mut self, path: &std::path::Path) -> Result<(), String> {
+        self.sessions += 1;
+        self.save(path)?;
+        println!(
+            "campaign {}: {} seeds in all (next {}), {} failing, faults by class {:?}",
+            path.display(),
+            self.seeds_run,
+            self.next_seed,
+            self.failures.len(),
+            self.faults_by_class
+        );
+        Ok(())
+    }
+
+    fn save(&self, path: &std::path::Path) -> Result<(), String> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
 /// Runs seeds from `from` until `count` ran or `until` passed.
 fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
-    let (from, mutant) = (args.from, args.mutant.as_deref());
+    let mut campaign = match args.campaign.as_deref().map(Campaign::load).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("simulate: cannot read the campaign: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let from = campaign
+        .as_ref()
+        .map_or(args.from, |c| c.next_seed.max(args.from));
+    let mutant = args.mutant.as_deref();
     let started = Instant::now();
     let (mut ran, mut failed, mut faults) = (0u64, 0u64, 0u64);
     let (mut exhausted, mut stranded) = (0u64, 0u64);
@@ -145,6 +221,9 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
                 report.trace_hash
             );
         }
+        if let Some(c) = campaign.as_mut() {
+            c.add(seed, &report);
+        }
         ran += 1;
         faults += report.faults;
         exhausted += report.exhausted as u64;
@@ -167,6 +246,12 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
             }
         }
         seed += 1;
+    }
+    if let (Some(c), Some(path)) = (campaign.as_mut(), &args.campaign)
+        && let Err(e) = c.finish(path)
+    {
+        eprintln!("simulate: cannot write the campaign: {e}");
+        return ExitCode::from(2);
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
