@@ -702,3 +702,178 @@ pub async fn run<S: DedupStore, H: Handler, Q: QueueClient>(
     ))
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use super::*;
+    use crate::dedup::{Claim, ClaimRequest, Completion, FastCommit, FastCommitted, StoreError};
+    use crate::queue::{
+        EntryFailure, OutgoingMessage, QueueAttributes, QueueError, ReceiveRequest,
+    };
+    use crate::{MemoryStore, ProcessorConfig, StagedWrite, handler_fn, staged_only};
+
+    const QUEUE: &str = "http://queue/q.fifo";
+
+    /// A queue that accepts every call (the records come in the event).
+    #[derive(Clone, Default)]
+    struct Quiet;
+
+    impl QueueClient for Quiet {
+        async fn receive(&self, _: &str, _: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn delete_batch(
+            &self,
+            _: &str,
+            _: &[String],
+        ) -> Result<Vec<EntryFailure>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn change_visibility(&self, _: &str, _: &str, _: Duration) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn change_visibility_batch(
+            &self,
+            _: &str,
+            _: &[String],
+            _: Duration,
+        ) -> Result<Vec<EntryFailure>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn send(&self, _: &str, _: OutgoingMessage) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn attributes(&self, _: &str) -> Result<QueueAttributes, QueueError> {
+            Ok(QueueAttributes::default())
+        }
+        async fn queue_url(&self, _: &str, _: &str) -> Result<String, QueueError> {
+            Ok(QUEUE.into())
+        }
+    }
+
+    /// A [`MemoryStore`] whose next fast-path commit is applied but answered
+    /// as a failure: the client gave up and its request landed anyway.
+    #[derive(Clone, Default)]
+    struct LateCommit {
+        inner: MemoryStore,
+        lose_next_commit: Arc<AtomicBool>,
+    }
+
+    impl DedupStore for LateCommit {
+        async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+            self.inner.claim(req).await
+        }
+        async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+            self.inner.complete(c).await
+        }
+        async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+            self.inner.release(pk, owner, error).await
+        }
+        async fn mark_failed(
+            &self,
+            pk: &str,
+            owner: &str,
+            error: &str,
+            ttl: Duration,
+        ) -> Result<(), StoreError> {
+            self.inner.mark_failed(pk, owner, error, ttl).await
+        }
+        async fn extend_lease(
+            &self,
+            pk: &str,
+            owner: &str,
+            lease: Duration,
+            ttl: Duration,
+        ) -> Result<(), StoreError> {
+            self.inner.extend_lease(pk, owner, lease, ttl).await
+        }
+        async fn commit_unprotected(&self, w: Vec<StagedWrite>) -> Result<(), StoreError> {
+            self.inner.commit_unprotected(w).await
+        }
+        async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+            let answer = self.inner.commit_fast(c).await;
+            if self.lose_next_commit.swap(false, Ordering::SeqCst) {
+                return Err(StoreError::Unavailable(
+                    "commit_fast: timed out (the request lands later)".into(),
+                ));
+            }
+            answer
+        }
+        async fn get(&self, pk: &str) -> Result<Option<crate::Record>, StoreError> {
+            self.inner.get(pk).await
+        }
+    }
+
+    fn fifo_event(receive_count: u32) -> serde_json::Value {
+        serde_json::json!({ "Records": [{
+            "messageId": "m1", "receiptHandle": format!("r1-{receive_count}"),
+            "body": r#"{"id":"e1"}"#,
+            "attributes": {
+                "ApproximateReceiveCount": receive_count.to_string(),
+                "MessageGroupId": "g", "MessageDeduplicationId": "e1",
+            },
+            "messageAttributes": {},
+            "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q.fifo",
+        }]})
+    }
+
+    /// Simulator seed 780980 (FIFO, fast path): a commit that landed after
+    /// the client gave up left the record COMPLETED while the record came
+    /// back; its later deliveries ran the handler again, the last one slower
+    /// than the invocation, so each was answered "to come back" until SQS
+    /// moved the message, effect made, to the DLQ. A redelivery reads its
+    /// record first and is let go as a duplicate without running the handler.
+    #[tokio::test(start_paused = true)]
+    async fn a_completed_message_whose_commit_answer_was_lost_is_let_go_even_when_its_handler_is_slow()
+     {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        let handler = staged_only(handler_fn(move |_m, _ctx| {
+            let c = c.clone();
+            async move {
+                if c.fetch_add(1, Ordering::SeqCst) > 0 {
+                    // Slower than any invocation from now on.
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                }
+                Ok(Some(serde_json::json!({"ok": true})))
+            }
+        }));
+        let store = LateCommit::default();
+        store.lose_next_commit.store(true, Ordering::SeqCst);
+        let mut config = ProcessorConfig::new("test");
+        config.key_source = "json:/id".parse().unwrap();
+        let processor = Processor::new(store.clone(), handler, config).unwrap();
+        let lambda = LambdaConfig {
+            queue_url: Some(QUEUE.into()),
+            ..LambdaConfig::default()
+        };
+        let adapter = LambdaAdapter::new(Quiet, processor, lambda);
+        let timeout = Duration::from_secs(25);
+        let first = adapter
+            .handle_until(fifo_event(1), Instant::now() + timeout)
+            .await;
+        assert!(matches!(first, Err(EventError::WholeBatch(_))), "{first:?}");
+        let record = store
+            .inner
+            .get("test#e1")
+            .await
+            .unwrap()
+            .expect("the commit landed");
+        assert_eq!(record.status, crate::Status::Completed);
+        let again = adapter
+            .handle_until(fifo_event(2), Instant::now() + timeout)
+            .await;
+        let again = again.expect("the redelivery is answered as done");
+        assert!(
+            again.batch_item_failures.is_empty(),
+            "{:?}",
+            again.batch_item_failures
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran again");
+    }
+}
