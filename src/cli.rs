@@ -107,6 +107,15 @@ pub struct RuntimeArgs {
     /// (`on`/`off`; parked messages keep theirs). Needs large payloads on.
     #[arg(long, env = "SQS_ONCE_DELETE_PAYLOADS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub delete_payloads: bool,
+    /// The largest large payload read, in bytes: a pointer that declares
+    /// more is parked without calling S3, and a read is cut off past it.
+    #[arg(long, env = "SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", default_value_t = sqs_once_payload_max())]
+    pub large_payload_max_bytes: usize,
+}
+
+/// The default of `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`.
+fn sqs_once_payload_max() -> usize {
+    crate::payloads::DEFAULT_MAX_PAYLOAD_BYTES
 }
 
 impl RuntimeArgs {
@@ -409,7 +418,9 @@ async fn prepare<H: Handler>(
                 .timeout_config(attempt_timeout(Duration::from_secs(30)))
                 .build(),
         );
-        let payloads = LargePayloads::new(s3).deleting(args.delete_payloads);
+        let payloads = LargePayloads::new(s3)
+            .deleting(args.delete_payloads)
+            .max_bytes(args.large_payload_max_bytes);
         tracing::info!(
             delete = args.delete_payloads,
             "large payloads through S3: on"

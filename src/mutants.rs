@@ -16,6 +16,9 @@
 //! - `transient-as-permanent`: every handler or store failure is taken as
 //!   permanent, so a panic or an outage parks a valid message.
 //! - `rerun-completed`: the in-memory store claims a `COMPLETED` key again.
+//! - `no-redelivery-read`: a redelivery on the fast path runs its handler
+//!   without reading its record first, and a drain gives back a completed
+//!   message instead of deleting it.
 //! - `visibility-not-kept`: a handler runs on after its message's visibility
 //!   could not be kept (SQS may deliver it to another consumer meanwhile).
 

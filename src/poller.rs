@@ -552,7 +552,13 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
     let (first_after, rest_after) = lanes::hold_behind(Duration::ZERO, true);
     let mut groups = std::collections::HashSet::new();
     for m in messages {
-        if shared.processor.known_completed(&m).await {
+        // A read per message that came back, bounded so that a slow
+        // DynamoDB cannot hold the give-back (and its FIFO group) up.
+        let completed = !shared.stop.is_cancelled()
+            && tokio::time::timeout(GIVE_BACK_READ, shared.processor.known_completed(&m))
+                .await
+                .unwrap_or(false);
+        if completed {
             info!(
                 message_id = m.id(),
                 "not started before shutdown, but already completed: deleted instead of given back"
@@ -581,6 +587,9 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
         shared.retry_later(&m, after, received_at).await;
     }
 }
+
+/// How long a drain waits for the record of a message it gives back.
+const GIVE_BACK_READ: Duration = Duration::from_secs(2);
 
 /// A finished message for the [`DeleteBatcher`]: its receipt handle, and its
 /// large payload's object when that is to be deleted after it.

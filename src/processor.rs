@@ -278,18 +278,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message.receive_count(),
             self.config.max_result_bytes,
         );
-        let visible = LocalEnd::visibility(opts, self.config.margin_for(self.config.lease));
-        if visible.passed_already() {
-            return visibility_lost(None, "before its handler started");
-        }
         if let Some(done) = self.completed_before(message, key).await {
             return done;
         }
+        // No claim, so no visibility end enforced here: the commit's
+        // condition makes a late finish harmless (a copy run meanwhile is a
+        // duplicate at its commit), and finishing records the effect even
+        // where SQS is out of reach, so the redelivery is a cheap duplicate.
+        let visible = LocalEnd::visibility(opts, self.config.margin_for(self.config.lease));
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
             () = self.keep_visible(message, opts, &visible) => unreachable!("never returns"),
-            () = visible.passed() => return visibility_lost(Some(&ctx), "while its handler ran"),
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted before its commit");
@@ -356,12 +356,21 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// The `COMPLETED` record of a message that came back (receive count
     /// above one) under `key`, if its read answers one.
     async fn completed_record(&self, message: &Message, key: &str) -> Option<crate::Record> {
-        if message.receive_count() <= 1 {
+        // (The `no-redelivery-read` mutant, for the simulator only, skips the read.)
+        if message.receive_count() <= 1 || crate::mutants::active("no-redelivery-read") {
             return None;
         }
         let pk = record_key(&self.config.consumer, key);
+        // A record past its TTL counts as absent, as the claim condition
+        // says (DynamoDB deletes expired items late, by days at times).
+        let now_ms = self.clock.now_ms();
         match self.store.get(&pk).await {
-            Ok(Some(r)) if r.status == crate::Status::Completed => Some(r),
+            Ok(Some(r))
+                if r.status == crate::Status::Completed
+                    && !r.claimable_by(now_ms, message.id()) =>
+            {
+                Some(r)
+            }
             Ok(_) => None,
             Err(e) => {
                 warn!(error = %e, "could not read the record of a redelivery");
@@ -375,11 +384,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// unprocessed at shutdown: a completed one is deleted instead, so a
     /// drain does not spend the receive of a message that is done (on its
     /// last allowed receive that would move it to the DLQ).
+    /// Only a record of the same body counts: a message that reuses a key
+    /// with another body goes through the processor, which parks it where
+    /// `SQS_ONCE_PAYLOAD_MISMATCH=park` says so.
     pub(crate) async fn known_completed(&self, message: &Message) -> bool {
         let Ok(key) = self.config.key_source.extract(message) else {
             return false;
         };
-        self.completed_record(message, &key).await.is_some()
+        let body = sha256_hex(message.body().as_bytes());
+        self.completed_record(message, &key)
+            .await
+            .is_some_and(|r| r.payload_sha256.is_none_or(|p| p == body))
     }
 
     /// A failure on the fast path. A permanent one is recorded as a `FAILED`
@@ -560,7 +575,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
         let visible = LocalEnd::visibility(opts, self.config.margin_for(lease));
         if visible.passed_already() {
-            return visibility_lost(None, "before its claim");
+            return visibility_lost("before its claim");
         }
         let req = self.claim_request(message, key, lease);
         // The lease is counted from before the claim was sent: the store sets
@@ -981,13 +996,10 @@ impl LocalEnd {
     }
 }
 
-/// The outcome of a message whose visibility ran out before or while its
-/// handler ran (no claim held, or none yet): it comes back, with no delay of
-/// its own (it is visible again already).
-fn visibility_lost(ctx: Option<&Context>, when: &str) -> Outcome {
-    if let Some(ctx) = ctx {
-        ctx.cancelled().cancel();
-    }
+/// The outcome of a claim-path message whose visibility ran out before its
+/// claim: not claimed, not run; it comes back with no delay of its own (it
+/// is visible again already).
+fn visibility_lost(when: &str) -> Outcome {
     error!(
         "the message's visibility could not be kept {when}: not run further, its effect not recorded"
     );

@@ -404,8 +404,6 @@ async fn settle(world: &World) -> bool {
 struct Before {
     dlq: Vec<sqs_once::queue::memory::StoredMessage>,
     records: std::collections::BTreeMap<String, sqs_once::Status>,
-    rows: usize,
-    redrive_ms: u128,
     completed_by: BTreeSet<String>,
     confirmed: BTreeSet<String>,
 }
@@ -425,8 +423,6 @@ impl Before {
         Self {
             dlq,
             records: records(&world.store),
-            rows: rows(&world.store).len(),
-            redrive_ms: world.trace.now_ms(),
             completed_by: world
                 .store
                 .records()
@@ -513,10 +509,8 @@ fn evidence<'a>(
         charged,
         records,
         records_before: before.records,
-        rows_before: before.rows,
         completed_by: before.completed_by,
         confirmed: before.confirmed,
-        redrive_ms: before.redrive_ms,
         unfinished,
         dlq_before: before.dlq,
         dlq: world.queue.contents(&world.dlq_url),

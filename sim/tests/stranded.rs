@@ -105,11 +105,9 @@ fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTre
         charged: BTreeMap::new(),
         records: [("evt-0001".to_owned(), Status::Completed)].into(),
         records_before: [("evt-0001".to_owned(), Status::Completed)].into(),
-        rows_before: 1,
         completed_by: [stored.id.clone()].into(),
         // Its one delivery ended `completed`.
         confirmed: [stored.id.clone()].into(),
-        redrive_ms: 0,
         unfinished: BTreeMap::new(),
         // In the DLQ when the run first settled; the redrive brought it back
         // and it completed as a duplicate.

@@ -60,7 +60,11 @@ impl MemoryPayloads {
 }
 
 impl PayloadStore for MemoryPayloads {
-    fn get<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
+    fn get<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        max_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
         Box::pin(async move {
             let mut s = self.state();
             s.gets += 1;
@@ -73,14 +77,26 @@ impl PayloadStore for MemoryPayloads {
                     format!("injected {kind:?}"),
                 ));
             }
-            s.objects.get(pointer).cloned().ok_or_else(|| {
+            let bytes = s.objects.get(pointer).cloned().ok_or_else(|| {
                 PayloadError::new(
                     "GetObject",
                     pointer.clone(),
                     PayloadErrorKind::NotFound,
                     "NoSuchKey: The specified key does not exist.",
                 )
-            })
+            })?;
+            if bytes.len() > max_bytes {
+                return Err(PayloadError::new(
+                    "GetObject",
+                    pointer.clone(),
+                    PayloadErrorKind::TooLarge,
+                    format!(
+                        "the object is {} bytes, above the maximum of {max_bytes} bytes",
+                        bytes.len()
+                    ),
+                ));
+            }
+            Ok(bytes)
         })
     }
 

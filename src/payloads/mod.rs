@@ -147,6 +147,8 @@ pub enum PayloadErrorKind {
     /// KMS key): an operator can fix it, so it is retried, and ends in the
     /// DLQ by the redrive policy if it lasts.
     Refused,
+    /// Larger than the configured maximum: never read past it (parked).
+    TooLarge,
 }
 
 /// A failed S3 call, with the SDK's error as its source.
@@ -192,8 +194,14 @@ impl PayloadError {
 /// The object store payloads are read from and deleted in: S3
 /// ([`aws_sdk_s3::Client`]), or [`memory::MemoryPayloads`] in tests.
 pub trait PayloadStore: Send + Sync + 'static {
-    /// `GetObject`: the object's bytes.
-    fn get<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>>;
+    /// `GetObject`: the object's bytes, read as a stream and given up with
+    /// [`PayloadErrorKind::TooLarge`] as soon as they pass `max_bytes` (so a
+    /// poison object costs at most that much memory).
+    fn get<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        max_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>>;
 
     /// `DeleteObject` (deleting an absent object succeeds).
     fn delete<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<(), PayloadError>>;
@@ -206,12 +214,19 @@ pub trait PayloadStore: Send + Sync + 'static {
 pub struct LargePayloads {
     store: Arc<dyn PayloadStore>,
     delete: bool,
+    /// The largest payload read (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
+    max_bytes: usize,
 }
+
+/// The largest payload read by default: 64 MiB (the extended clients allow
+/// up to 2 GB; a handler holding that much per message is rarely intended).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
 
 impl std::fmt::Debug for LargePayloads {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LargePayloads")
             .field("delete", &self.delete)
+            .field("max_bytes", &self.max_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -222,7 +237,18 @@ impl LargePayloads {
         Self {
             store: Arc::new(store),
             delete: false,
+            max_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
+    }
+
+    /// Reads no payload larger than `max_bytes`: one whose pointer declares
+    /// more is parked without calling S3, and a read is cut off as soon as
+    /// it passes the bound (memory per message stays within it, so a poller
+    /// holds at most concurrency x `max_bytes` of payloads at once).
+    #[must_use]
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Deletes the object of each finished message after the message is deleted.
@@ -272,7 +298,18 @@ impl LargePayloads {
         let pointer = pointer.map_err(|e| Outcome::Park {
             reason: format!("large payload: {e}"),
         })?;
-        let bytes = match self.store.get(&pointer).await {
+        let declared = size_attribute(message)
+            .and_then(|name| message.attribute(name))
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if let Some(declared) = declared.filter(|d| *d > self.max_bytes) {
+            return Err(Outcome::Park {
+                reason: format!(
+                    "large payload: {pointer} declares {declared} bytes, above the maximum of {} (SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES); not read",
+                    self.max_bytes
+                ),
+            });
+        }
+        let bytes = match self.store.get(&pointer, self.max_bytes).await {
             Ok(bytes) => bytes,
             Err(e) => return Err(failure(e, message, config, records).await),
         };
@@ -310,6 +347,10 @@ async fn failure<S: DedupStore>(
 ) -> Outcome {
     match e.kind {
         PayloadErrorKind::NotFound => missing(e, message, config, records).await,
+        // An object never shrinks under its key: parked with the reason.
+        PayloadErrorKind::TooLarge => Outcome::Park {
+            reason: format!("large payload: {e}"),
+        },
         // Nothing is claimed yet, so no park here could be recognised on a
         // redelivery: only what can never change (a missing object) parks.
         PayloadErrorKind::Transient | PayloadErrorKind::Denied | PayloadErrorKind::Refused => {

@@ -109,8 +109,12 @@ struct Logged {
 }
 
 impl PayloadStore for Logged {
-    fn get<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
-        self.objects.get(pointer)
+    fn get<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        max_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
+        self.objects.get(pointer, max_bytes)
     }
 
     fn delete<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<(), PayloadError>> {

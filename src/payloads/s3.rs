@@ -38,7 +38,11 @@ where
 }
 
 impl PayloadStore for Client {
-    fn get<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
+    fn get<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        max_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
         Box::pin(async move {
             let out = self
                 .get_object()
@@ -47,16 +51,37 @@ impl PayloadStore for Client {
                 .send()
                 .await
                 .map_err(|e| payload_error("GetObject", pointer, e))?;
-            let body = out.body.collect().await.map_err(|e| {
+            let too_large = |what: String| {
                 PayloadError::new(
                     "GetObject",
                     pointer.clone(),
-                    PayloadErrorKind::Transient,
-                    format!("reading the object failed: {e}"),
+                    PayloadErrorKind::TooLarge,
+                    format!("{what}, above the maximum of {max_bytes} bytes"),
                 )
-                .with_source(e)
-            })?;
-            Ok(body.into_bytes().to_vec())
+            };
+            let length = out.content_length().and_then(|n| usize::try_from(n).ok());
+            if let Some(n) = length.filter(|n| *n > max_bytes) {
+                return Err(too_large(format!("the object is {n} bytes")));
+            }
+            let mut body = out.body;
+            let mut bytes = Vec::with_capacity(length.unwrap_or(0).min(max_bytes));
+            loop {
+                let chunk = body.try_next().await.map_err(|e| {
+                    PayloadError::new(
+                        "GetObject",
+                        pointer.clone(),
+                        PayloadErrorKind::Transient,
+                        format!("reading the object failed: {e}"),
+                    )
+                    .with_source(e)
+                })?;
+                let Some(chunk) = chunk else { break };
+                if bytes.len() + chunk.len() > max_bytes {
+                    return Err(too_large("the object's body runs past it".to_owned()));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
         })
     }
 

@@ -294,3 +294,47 @@ async fn copies_brought_back_from_the_dlq_keep_their_carried_key_and_apply_once(
     );
     assert_eq!(seen.lock().unwrap().len(), 1, "the handler ran once");
 }
+
+#[tokio::test]
+async fn a_payload_above_the_maximum_is_parked_and_one_that_declares_it_is_never_read() {
+    let objects = MemoryPayloads::default();
+    objects.put("big", "huge", vec![b'x'; 2048]);
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push((m.body().to_owned(), Vec::new()));
+            Ok(None)
+        }
+    });
+    let mut config = crate::ProcessorConfig::new("test");
+    config.key_source = "message-id".parse().unwrap();
+    let p = Processor::new(MemoryStore::default(), handler, config)
+        .unwrap()
+        .with_large_payloads(LargePayloads::new(objects.clone()).max_bytes(1024));
+    // The pointer says 4096 bytes: parked without a GetObject.
+    let outcome = p.process(pointer_message("m1", "big", "huge", 4096)).await;
+    let Outcome::Park { reason } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        reason.contains("declares 4096 bytes, above the maximum of 1024"),
+        "{reason}"
+    );
+    assert_eq!(
+        objects.gets(),
+        0,
+        "no S3 call for a pointer over the maximum"
+    );
+    // The pointer understates it: the read stops at the maximum, parked.
+    let outcome = p.process(pointer_message("m2", "big", "huge", 100)).await;
+    let Outcome::Park { reason } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        reason.contains("above the maximum of 1024 bytes"),
+        "{reason}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the handler never ran");
+}

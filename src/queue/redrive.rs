@@ -88,8 +88,11 @@ pub async fn redrive<Q: QueueClient>(
 ) -> Result<Redriven, QueueError> {
     let fifo = source_url.ends_with(".fifo");
     let mut report = Redriven::default();
-    while report.moved < limit {
-        let want = usize::try_from((limit - report.moved).min(10)).unwrap_or(10);
+    // Counted as taken, moved or not: a message whose delete from the DLQ
+    // fails is received again, and must not be sent again and again.
+    let mut taken = 0u64;
+    while taken < limit {
+        let want = usize::try_from((limit - taken).min(10)).unwrap_or(10);
         let request = ReceiveRequest {
             max: want,
             wait: Duration::from_secs(1),
@@ -99,6 +102,7 @@ pub async fn redrive<Q: QueueClient>(
         if got.is_empty() {
             break;
         }
+        taken += got.len() as u64;
         for m in got {
             let (copy, carries) = copy_for_source(&m, fifo, max_bytes);
             if !carries {

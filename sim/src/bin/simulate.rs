@@ -183,6 +183,18 @@ impl Campaign {
     }
 }
 
+/// One line for a seed (`--verbose`).
+fn print_verbose(seed: u64, report: &Report) {
+    println!(
+        "seed {seed}: {} events, {} faults, {} redriven, {} violations, trace {}",
+        report.events,
+        report.faults,
+        report.exhausted,
+        report.violations.len(),
+        report.trace_hash
+    );
+}
+
 /// Runs seeds from `from` until `count` ran or `until` passed.
 fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     let mut campaign = match args.campaign.as_deref().map(Campaign::load).transpose() {
@@ -212,14 +224,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
             }
         }
         if args.verbose {
-            println!(
-                "seed {seed}: {} events, {} faults, {} redriven, {} violations, trace {}",
-                report.events,
-                report.faults,
-                report.exhausted,
-                report.violations.len(),
-                report.trace_hash
-            );
+            print_verbose(seed, &report);
         }
         if let Some(c) = campaign.as_mut() {
             c.add(seed, &report);
