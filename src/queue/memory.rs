@@ -325,6 +325,10 @@ struct Entry {
     twin: Option<String>,
     /// [`Might`]: it was deleted and came back (at most once).
     came_back: bool,
+    /// [`Might`]: it was delivered twice at once. The model keeps one
+    /// visibility for both copies, so a later delivery may be of the copy
+    /// whose holder still holds the other: counted as concurrent too.
+    doubled: bool,
 }
 
 impl Entry {
@@ -515,6 +519,11 @@ impl Queue {
         let before = e.receipt.replace((receipt.clone(), now));
         e.twin = before.filter(|_| twin).map(|(r, _)| r);
         let m = e.to_message(&receipt);
+        let again = e.doubled;
+        e.doubled |= twin;
+        if again && !twin {
+            self.twins.insert(receipt.clone());
+        }
         if twin {
             self.twins.insert(receipt);
             self.counts.twice += 1;
@@ -737,6 +746,7 @@ impl MemoryQueue {
                 receipt: None,
                 twin: None,
                 came_back: false,
+                doubled: false,
             },
             now,
         );
