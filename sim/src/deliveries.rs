@@ -26,6 +26,8 @@ use crate::faults::{Cuts, Life};
 /// One delivery: a receive of one message that reached a consumer.
 #[derive(Debug, Clone)]
 pub struct Delivery {
+    /// Its receipt handle.
+    pub receipt: String,
     /// The SQS message id.
     pub message: String,
     /// The queue it was received from.
@@ -110,6 +112,7 @@ impl Deliveries {
                 all.insert(
                     receipt.to_owned(),
                     Delivery {
+                        receipt: receipt.to_owned(),
                         message: m.id().to_owned(),
                         queue: queue.to_owned(),
                         count: m.receive_count(),

@@ -300,11 +300,11 @@ impl Link {
 
     /// Whether this request is given up on by the client and lands later:
     /// (how long the client waits, when the request is applied).
-    fn draw_late(&self, service: Service, op: &str) -> Option<(Duration, Duration)> {
+    fn draw_late(&self, service: Service, op: &str, rate: f64) -> Option<(Duration, Duration)> {
         if self.calm.load(Ordering::Relaxed) || self.is_cut(service) {
             return None;
         }
-        if !self.dice.chance(self.plan.late) {
+        if !self.dice.chance(rate) {
             return None;
         }
         self.counts.late.fetch_add(1, Ordering::Relaxed);
@@ -420,9 +420,11 @@ pub struct FaultyQueue<Q> {
     link: Link,
     life: Life,
     deliveries: Deliveries,
+    /// A delete or visibility change given up on and applied later.
+    late: f64,
 }
 
-impl<Q: QueueClient> FaultyQueue<Q> {
+impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
     /// `inner` as seen by a host; what it receives, deletes and keeps
     /// invisible is noted in `deliveries`.
     pub fn new(inner: Q, link: Link, life: Life, deliveries: Deliveries) -> Self {
@@ -431,7 +433,38 @@ impl<Q: QueueClient> FaultyQueue<Q> {
             link,
             life,
             deliveries,
+            late: 0.0,
         }
+    }
+
+    /// Deletes and visibility changes the client gives up on (a timeout)
+    /// that SQS applies later, at `rate` (see `crate::might`).
+    pub fn with_late(mut self, rate: f64) -> Self {
+        self.late = rate;
+        self
+    }
+
+    /// Whether this call is given up on and lands later: then `land` is
+    /// applied in the background, and the caller sees a timeout.
+    async fn late<F>(&self, op: &'static str, url: &str, land: F) -> Result<(), QueueError>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if self.late <= 0.0 {
+            return Ok(());
+        }
+        let Some((wait, after)) = self.link.draw_late(Service::Sqs, op, self.late) else {
+            return Ok(());
+        };
+        let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            land.await;
+            trace.event(format!("landed late: {name} {op}"));
+        });
+        self.life.guard(tokio::time::sleep(wait)).await;
+        let detail = "timed out (the request lands later)";
+        Err(QueueError::new(op, url, detail, true))
     }
 
     async fn call<T>(
@@ -451,7 +484,7 @@ impl<Q: QueueClient> FaultyQueue<Q> {
     }
 }
 
-impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
+impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue<Q> {
     async fn receive(
         &self,
         queue: &str,
@@ -478,6 +511,18 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
         let receipts = [receipt.to_owned()];
         self.deliveries.delete_sent(queue, &receipts);
+        let (inner, seen, q) = (
+            self.inner.clone(),
+            self.deliveries.clone(),
+            queue.to_owned(),
+        );
+        self.late("DeleteMessage", queue, async move {
+            if inner.delete(&q, &receipts[0]).await.is_ok() {
+                seen.delete_reached(&q, &receipts);
+            }
+        })
+        .await?;
+        let receipts = [receipt.to_owned()];
         // Noted where SQS applies it, so a lost answer still counts.
         let f = async {
             let out = self.inner.delete(queue, receipt).await;
@@ -495,6 +540,18 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
         self.deliveries.delete_sent(queue, receipts);
+        let (inner, seen, q, all) = (
+            self.inner.clone(),
+            self.deliveries.clone(),
+            queue.to_owned(),
+            receipts.to_vec(),
+        );
+        self.late("DeleteMessageBatch", queue, async move {
+            if let Ok(failed) = inner.delete_batch(&q, &all).await {
+                seen.delete_reached(&q, &applied(&all, &failed));
+            }
+        })
+        .await?;
         let f = async {
             let out = self.inner.delete_batch(queue, receipts).await;
             if let Ok(failed) = &out {
@@ -512,6 +569,18 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         receipt: &str,
         timeout: Duration,
     ) -> Result<(), QueueError> {
+        let (inner, seen, q, r) = (
+            self.inner.clone(),
+            self.deliveries.clone(),
+            queue.to_owned(),
+            receipt.to_owned(),
+        );
+        self.late("ChangeMessageVisibility", queue, async move {
+            if inner.change_visibility(&q, &r, timeout).await.is_ok() {
+                seen.visibility_set(&[r], timeout);
+            }
+        })
+        .await?;
         let f = async {
             let out = self.inner.change_visibility(queue, receipt, timeout).await;
             if out.is_ok() {
@@ -529,6 +598,18 @@ impl<Q: QueueClient> QueueClient for FaultyQueue<Q> {
         receipts: &[String],
         timeout: Duration,
     ) -> Result<Vec<EntryFailure>, QueueError> {
+        let (inner, seen, q, all) = (
+            self.inner.clone(),
+            self.deliveries.clone(),
+            queue.to_owned(),
+            receipts.to_vec(),
+        );
+        self.late("ChangeMessageVisibilityBatch", queue, async move {
+            if let Ok(failed) = inner.change_visibility_batch(&q, &all, timeout).await {
+                seen.visibility_set(&applied(&all, &failed), timeout);
+            }
+        })
+        .await?;
         let f = async {
             let out = self
                 .inner
@@ -639,7 +720,8 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
             if let Some(pause) = self.link.draw_pause(Service::Ddb, op) {
                 self.life.guard(tokio::time::sleep(pause)).await;
             }
-            if let Some((wait, after)) = self.link.draw_late(Service::Ddb, op) {
+            if let Some((wait, after)) = self.link.draw_late(Service::Ddb, op, self.link.plan.late)
+            {
                 let landing = land(self.inner.at(self.clock.now()));
                 let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
                 tokio::spawn(async move {

@@ -122,7 +122,8 @@ impl Generation {
             link.clone(),
             life.clone(),
             world.deliveries.clone(),
-        );
+        )
+        .with_late(world.scenario.might.late);
         Self {
             life,
             gauge,

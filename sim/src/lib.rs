@@ -19,6 +19,7 @@ pub mod deliveries;
 pub mod faults;
 pub mod hosts;
 pub mod latency;
+pub mod might;
 pub mod scale;
 pub mod trace;
 pub mod world;
@@ -104,7 +105,7 @@ fn subscriber(trace: &Trace) -> tracing::subscriber::DefaultGuard {
     tracing::subscriber::set_default(registry)
 }
 
-fn create_queues(queue: &MemoryQueue, fifo: bool) -> (String, String) {
+fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (String, String) {
     let suffix = if fifo { ".fifo" } else { "" };
     let mut dlq = QueueSettings::new(format!("sim-dlq{suffix}"));
     dlq.max_message_bytes = MAX_MESSAGE_BYTES;
@@ -119,6 +120,7 @@ fn create_queues(queue: &MemoryQueue, fifo: bool) -> (String, String) {
         dlq_url: dlq_url.clone(),
         max_receive_count: MAX_RECEIVE_COUNT,
     });
+    source.might = might.model();
     let url = queue
         .create_queue(source)
         .unwrap_or_else(|e| panic!("the simulator's queue settings are valid: {e}"));
@@ -134,7 +136,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     let scenario = Scenario::draw(&dice);
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
-    let (url, dlq_url) = create_queues(&queue, scenario.fifo);
+    let (url, dlq_url) = create_queues(&queue, scenario.fifo, scenario.might);
     let store = sqs_once::MemoryStore::new(Arc::new(TokioClock::starting_at(hosts::epoch())));
     let world = Arc::new(World {
         api: SimApi::new(trace.clone(), completed_in(store.clone())),
@@ -517,6 +519,7 @@ fn evidence<'a>(
         left: world.queue.contents(&world.url),
         hosts,
         deliveries: &world.deliveries,
+        twins: world.queue.twin_receipts(&world.url),
         start: world.trace.start(),
     }
 }

@@ -134,6 +134,8 @@ pub struct Scenario {
     /// External handlers also stage a ledger row (committed with the
     /// completion), so the ledger check covers the claim path too.
     pub claim_stages: bool,
+    /// What SQS might do besides (drawn last).
+    pub might: crate::might::MightPlan,
 }
 
 /// Swarm knobs: per run, how much of each kind of trouble there is, so that
@@ -231,6 +233,7 @@ impl Scenario {
             lease,
             heartbeat,
             claim_stages: dice.chance(0.5),
+            might: crate::might::MightPlan::draw(dice),
         }
     }
 
@@ -242,7 +245,7 @@ impl Scenario {
             .map(|c| format!("{}={:?}/skew {}ms", c.name, c.runtime, c.skew_ms))
             .collect();
         format!(
-            "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler{}, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions",
+            "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler{}, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions, SQS might: {}",
             self.lease,
             self.heartbeat,
             if self.fifo { "FIFO" } else { "standard" },
@@ -257,7 +260,8 @@ impl Scenario {
             self.plan,
             self.panic_rate,
             self.slow_rate,
-            self.actions.len()
+            self.actions.len(),
+            self.might.summary()
         )
     }
 }

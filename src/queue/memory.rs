@@ -37,11 +37,19 @@
 //!   delivered again (it answers with the first message's id). Per-message
 //!   delays are refused on FIFO queues.
 //!
-//! Not modelled: short polls that sample a subset of servers (a receive here
-//! sees every message), the rare redelivery of a deleted message on standard
-//! queues (the simulator's producers send late duplicates instead), in-flight
-//! limits, and message system attributes other than the receive count, the
-//! group and the deduplication id.
+//! What SQS only *might* do ([`Might`], off by default: then a receive sees
+//! every message, in send order, at most once at a time, and so on): on
+//! standard queues, a message delivered twice at once (two live receipt
+//! handles), a deleted message delivered again once, later, receives that
+//! return fewer messages than are visible (servers sampled) or return them
+//! out of send order, a delete with an old receipt handle that does delete;
+//! on FIFO queues, a delete whose receipt handle's visibility ran out refused;
+//! on both, single entries of a batch call failing (`InternalError`) while
+//! the call succeeds. The random choices come from a source the caller
+//! supplies (the simulator's seed), so a run stays a function of its inputs.
+//!
+//! Not modelled: in-flight limits, and message system attributes other than
+//! the receive count, the group and the deduplication id.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -83,6 +91,96 @@ pub struct RedrivePolicy {
     pub max_receive_count: u32,
 }
 
+/// Numbers in `0.0..1.0`, one per call: the random choices of [`Might`].
+pub type Draw = Arc<Mutex<dyn FnMut() -> f64 + Send>>;
+
+/// What SQS might do, where the Developer Guide says it might: each a
+/// probability (per receive, per message, per delete or per batch entry);
+/// all zero (the default) is the kind reading everywhere. Nothing is drawn
+/// from `draw` for a rate of zero.
+#[derive(Clone, Default)]
+pub struct Might {
+    /// Standard: per message received, the same receive returns it twice
+    /// (two receipt handles, both valid); per receive, one message already
+    /// in flight is returned again (its earlier handle stays valid).
+    pub twice: f64,
+    /// Standard: per delete that deletes, the message comes back once, up to
+    /// two minutes later (a copy on a server the delete missed).
+    pub again_after_delete: f64,
+    /// Standard: per receive, fewer messages than asked for and visible
+    /// (maybe none): a short poll that sampled some servers.
+    pub fewer: f64,
+    /// Standard: per receive, messages in no particular order.
+    pub unordered: f64,
+    /// Standard: per delete with a receipt handle of an earlier receive of a
+    /// message received again since, the message is deleted.
+    pub old_handle_deletes: f64,
+    /// FIFO: a delete whose receipt handle's visibility timeout ran out is
+    /// refused (`ReceiptHandleIsInvalid`).
+    pub expired_fifo_handles: bool,
+    /// Per entry of `DeleteMessageBatch` and `ChangeMessageVisibilityBatch`:
+    /// it fails with `InternalError` (not applied) while the call succeeds.
+    pub entry_errors: f64,
+    /// Where the random choices come from (`None`: nothing unkind happens).
+    pub draw: Option<Draw>,
+}
+
+impl std::fmt::Debug for Might {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Might")
+            .field("twice", &self.twice)
+            .field("again_after_delete", &self.again_after_delete)
+            .field("fewer", &self.fewer)
+            .field("unordered", &self.unordered)
+            .field("old_handle_deletes", &self.old_handle_deletes)
+            .field("expired_fifo_handles", &self.expired_fifo_handles)
+            .field("entry_errors", &self.entry_errors)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Might {
+    fn eq(&self, o: &Self) -> bool {
+        let rates = |m: &Self| {
+            [
+                m.twice,
+                m.again_after_delete,
+                m.fewer,
+                m.unordered,
+                m.old_handle_deletes,
+                m.entry_errors,
+            ]
+            .map(f64::to_bits)
+        };
+        let same_draw = match (&self.draw, &o.draw) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        rates(self) == rates(o) && self.expired_fifo_handles == o.expired_fifo_handles && same_draw
+    }
+}
+
+// Rates compare by their bits: equality is reflexive.
+impl Eq for Might {}
+
+impl Might {
+    /// True with probability `p` (never for zero, or without a source).
+    fn hits(&self, p: f64) -> bool {
+        p > 0.0 && self.draw.as_ref().is_some_and(|d| self.roll(d) < p)
+    }
+
+    fn roll(&self, d: &Draw) -> f64 {
+        let mut f = d.lock().unwrap_or_else(|e| e.into_inner());
+        f()
+    }
+
+    /// A number in `0..n` (`n` at least 1).
+    fn below(&self, n: usize) -> usize {
+        let x = self.draw.as_ref().map_or(0.0, |d| self.roll(d));
+        ((x * n as f64) as usize).min(n.saturating_sub(1))
+    }
+}
+
 /// A queue's attributes at creation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSettings {
@@ -101,6 +199,8 @@ pub struct QueueSettings {
     pub redrive: Option<RedrivePolicy>,
     /// `ContentBasedDeduplication` (FIFO).
     pub content_based_deduplication: bool,
+    /// What SQS might do besides (nothing, by default).
+    pub might: Might,
 }
 
 impl QueueSettings {
@@ -114,6 +214,7 @@ impl QueueSettings {
             delay: Duration::ZERO,
             redrive: None,
             content_based_deduplication: false,
+            might: Might::default(),
         }
     }
 }
@@ -188,6 +289,15 @@ pub struct QueueCounts {
     pub expired: u64,
     /// Messages returned by receives.
     pub received: u64,
+    /// [`Might`]: deliveries made while another receipt handle of the
+    /// message was valid (a concurrent duplicate).
+    pub twice: u64,
+    /// [`Might`]: deleted messages that will come back.
+    pub again_after_delete: u64,
+    /// [`Might`]: deletes with an old receipt handle that deleted.
+    pub old_handle_deletes: u64,
+    /// [`Might`]: batch entries failed with `InternalError`.
+    pub entry_errors: u64,
 }
 
 impl QueueCounts {
@@ -210,6 +320,15 @@ struct Entry {
     receive_count: u32,
     /// The latest receipt handle, and when it was issued.
     receipt: Option<(String, Instant)>,
+    /// [`Might`]: an earlier receipt handle that is still valid (the message
+    /// was delivered twice at once).
+    twin: Option<String>,
+    /// [`Might`]: it was deleted and came back (at most once).
+    came_back: bool,
+    /// [`Might`]: it was delivered twice at once. The model keeps one
+    /// visibility for both copies, so a later delivery may be of the copy
+    /// whose holder still holds the other: counted as concurrent too.
+    doubled: bool,
 }
 
 impl Entry {
@@ -263,6 +382,9 @@ struct Queue {
     /// FIFO deduplication id -> (first sent, message id).
     dedup: HashMap<String, (Instant, String)>,
     counts: QueueCounts,
+    /// [`Might`]: receipt handles issued while another handle of their
+    /// message was valid.
+    twins: BTreeSet<String>,
 }
 
 impl Queue {
@@ -276,6 +398,7 @@ impl Queue {
             by_sent: BTreeSet::new(),
             dedup: HashMap::new(),
             counts: QueueCounts::default(),
+            twins: BTreeSet::new(),
         }
     }
 
@@ -378,6 +501,78 @@ impl Queue {
     /// The next instant something stored becomes visible.
     fn next_change(&self, now: Instant) -> Option<Instant> {
         self.hidden.iter().map(|(at, _)| *at).find(|t| *t > now)
+    }
+
+    /// Hands out a stored message with a new receipt handle: its receive
+    /// count up, invisible for `visibility`. With `twin`, the handle it had
+    /// stays valid too (a concurrent duplicate delivery).
+    fn take(
+        &mut self,
+        seq: u64,
+        receipt: String,
+        now: Instant,
+        visibility: Duration,
+        twin: bool,
+    ) -> Option<Message> {
+        let e = self.messages.get_mut(&seq)?;
+        e.receive_count += 1;
+        let before = e.receipt.replace((receipt.clone(), now));
+        e.twin = before.filter(|_| twin).map(|(r, _)| r);
+        let m = e.to_message(&receipt);
+        let again = e.doubled;
+        e.doubled |= twin;
+        if again && !twin {
+            self.twins.insert(receipt.clone());
+        }
+        if twin {
+            self.twins.insert(receipt);
+            self.counts.twice += 1;
+        }
+        self.set_visible_at(seq, now + visibility, now);
+        Some(m)
+    }
+
+    /// [`Might::unordered`]: the visible messages in an order drawn (`None`:
+    /// in send order, walked from the index).
+    fn unordered(&self) -> Option<Vec<u64>> {
+        let m = &self.settings.might;
+        if self.fifo || !m.hits(m.unordered) {
+            return None;
+        }
+        let mut seqs: Vec<u64> = self.visible.iter().copied().collect();
+        for i in (1..seqs.len()).rev() {
+            seqs.swap(i, m.below(i + 1));
+        }
+        Some(seqs)
+    }
+
+    /// [`Might::fewer`]: how many a receive asking for `max` may return.
+    fn fewer(&self, max: usize) -> usize {
+        let m = &self.settings.might;
+        if self.fifo || !m.hits(m.fewer) {
+            return max;
+        }
+        m.below(max)
+    }
+
+    /// [`Might::twice`]: a message in flight (with one valid handle) that a
+    /// receive returns again.
+    fn in_flight_again(&self, now: Instant) -> Option<u64> {
+        let m = &self.settings.might;
+        if self.fifo || !m.hits(m.twice) {
+            return None;
+        }
+        let held: Vec<u64> = self
+            .hidden
+            .iter()
+            .map(|(_, seq)| *seq)
+            .filter(|seq| {
+                self.messages.get(seq).is_some_and(|e| {
+                    e.twin.is_none() && e.state(now) == MessageState::InFlight
+                })
+            })
+            .collect();
+        (!held.is_empty()).then(|| held[m.below(held.len())])
     }
 }
 
@@ -549,6 +744,9 @@ impl MemoryQueue {
                 visible_at: now + delay,
                 receive_count: 0,
                 receipt: None,
+                twin: None,
+                came_back: false,
+                doubled: false,
             },
             now,
         );
@@ -620,13 +818,24 @@ impl MemoryQueue {
         let redrive = queue.settings.redrive.clone();
         let mut taken = Vec::new();
         let mut moved = Vec::new();
+        let max = queue.fewer(request.max);
+        if max > 0
+            && let Some(seq) = queue.in_flight_again(now)
+        {
+            service.next_receipt += 1;
+            let receipt = format!("rh-{seq}-{}", service.next_receipt);
+            taken.extend(queue.take(seq, receipt, now, request.visibility, true));
+        }
         // A FIFO queue's candidates depend on its groups: found by a scan. A
         // standard queue's are its visible messages in send order, walked
-        // from the index one at a time.
-        let mut fifo = queue.fifo.then(|| queue.candidates(now).into_iter());
+        // from the index one at a time (unless drawn in another order).
+        let mut listed = match queue.fifo {
+            true => Some(queue.candidates(now).into_iter()),
+            false => queue.unordered().map(Vec::into_iter),
+        };
         let mut from = 0;
-        while taken.len() < request.max {
-            let next = match fifo.as_mut() {
+        while taken.len() < max {
+            let next = match listed.as_mut() {
                 Some(candidates) => candidates.next(),
                 None => queue.next_visible(from),
             };
@@ -644,13 +853,13 @@ impl MemoryQueue {
             }
             service.next_receipt += 1;
             let receipt = format!("rh-{seq}-{}", service.next_receipt);
-            let Some(e) = queue.messages.get_mut(&seq) else {
-                continue;
-            };
-            e.receive_count += 1;
-            e.receipt = Some((receipt.clone(), now));
-            taken.push(e.to_message(&receipt));
-            queue.set_visible_at(seq, now + request.visibility, now);
+            taken.extend(queue.take(seq, receipt, now, request.visibility, false));
+            let might = &queue.settings.might;
+            if !queue.fifo && taken.len() < max && might.hits(might.twice) {
+                service.next_receipt += 1;
+                let receipt = format!("rh-{seq}-{}", service.next_receipt);
+                taken.extend(queue.take(seq, receipt, now, request.visibility, true));
+            }
         }
         queue.counts.received += taken.len() as u64;
         queue.counts.moved_to_dlq += moved.len() as u64;
@@ -678,10 +887,15 @@ impl MemoryQueue {
         };
         let seq = receipt_seq(receipt).ok_or_else(invalid)?;
         match queue.messages.get(&seq) {
-            Some(e) if e.receipt.as_ref().is_some_and(|(r, _)| r == receipt) => {
+            Some(e)
+                if e.receipt.as_ref().is_some_and(|(r, _)| r == receipt)
+                    || e.twin.as_deref() == Some(receipt) =>
+            {
                 Ok(Handle::Latest(seq))
             }
-            Some(e) if e.receipt.is_some() => Ok(Handle::Stale),
+            // Received before (a message that came back after a delete has
+            // no handle now, and its earlier ones are old).
+            Some(e) if e.receipt.is_some() || e.receive_count > 0 => Ok(Handle::Stale),
             Some(_) => Err(invalid()),
             None => Ok(Handle::Gone),
         }
@@ -695,14 +909,52 @@ impl MemoryQueue {
         receipt: &str,
     ) -> Result<(), QueueError> {
         const OP: &str = "DeleteMessage";
+        let now = Instant::now();
         let queue = service
             .queues
             .get_mut(url)
             .ok_or_else(|| no_queue(OP, url))?;
+        let might = queue.settings.might.clone();
         match Self::handle(queue, OP, url, receipt)? {
+            Handle::Latest(seq)
+                if queue.fifo
+                    && might.expired_fifo_handles
+                    && queue.messages[&seq].state(now) != MessageState::InFlight =>
+            {
+                return Err(error(
+                    OP,
+                    url,
+                    "ReceiptHandleIsInvalid",
+                    "the receipt handle has expired (its visibility timeout ran out)",
+                ));
+            }
             Handle::Latest(seq) => {
+                let gone = queue.remove(seq);
+                queue.counts.deleted += 1;
+                if let Some(e) = gone.filter(|e| !queue.fifo && !e.came_back)
+                    && might.hits(might.again_after_delete)
+                {
+                    let after = Duration::from_secs(1 + might.below(120) as u64);
+                    queue.counts.again_after_delete += 1;
+                    let back = Entry {
+                        visible_at: now + after,
+                        receipt: None,
+                        twin: None,
+                        came_back: true,
+                        ..e
+                    };
+                    queue.insert(seq, back, now);
+                }
+            }
+            Handle::Stale if !queue.fifo && might.hits(might.old_handle_deletes) => {
+                // Delete with a handle of an earlier receive in the
+                // documented "might": this one is honoured.
+                let Some(seq) = receipt_seq(receipt) else {
+                    return Ok(());
+                };
                 queue.remove(seq);
                 queue.counts.deleted += 1;
+                queue.counts.old_handle_deletes += 1;
             }
             Handle::Stale => queue.counts.stale_deletes += 1,
             Handle::Gone => {}
@@ -770,6 +1022,27 @@ impl MemoryQueue {
         }
         queue.set_visible_at(seq, now + timeout, now);
         Ok(())
+    }
+
+    /// [`Might::entry_errors`]: whether a batch entry fails (not applied).
+    fn entry_error(service: &mut Service, operation: &'static str, url: &str) -> Option<QueueError> {
+        let queue = service.queues.get_mut(url)?;
+        let might = &queue.settings.might;
+        if !might.hits(might.entry_errors) {
+            return None;
+        }
+        queue.counts.entry_errors += 1;
+        Some(error(operation, url, "InternalError", "the entry failed (try it again)"))
+    }
+
+    /// Receipt handles of `url` issued while another handle of their message
+    /// was valid ([`Might::twice`]): concurrent duplicate deliveries.
+    pub fn twin_receipts(&self, url: &str) -> BTreeSet<String> {
+        self.lock()
+            .queues
+            .get(url)
+            .map(|q| q.twins.clone())
+            .unwrap_or_default()
     }
 
     fn check_batch(operation: &'static str, url: &str, n: usize) -> Result<(), QueueError> {
@@ -861,6 +1134,8 @@ fn move_to_dlq(service: &mut Service, dlq_url: &str, moved: Vec<Entry>, now: Ins
         };
         e.receive_count = 0;
         e.receipt = None;
+        e.twin = None;
+        e.came_back = false;
         e.visible_at = now;
         dlq.insert(seq, e, now);
         dlq.counts.enqueued += 1;
@@ -931,8 +1206,8 @@ impl QueueClient for MemoryQueue {
             .iter()
             .enumerate()
             .filter_map(|(index, r)| {
-                self.delete_one(&mut service, queue, r)
-                    .err()
+                Self::entry_error(&mut service, OP, queue)
+                    .or_else(|| self.delete_one(&mut service, queue, r).err())
                     .map(|e| entry_failure(index, &e))
             })
             .collect();
@@ -970,8 +1245,8 @@ impl QueueClient for MemoryQueue {
             .iter()
             .enumerate()
             .filter_map(|(index, r)| {
-                self.change_one(&mut service, queue, r, timeout)
-                    .err()
+                Self::entry_error(&mut service, OP, queue)
+                    .or_else(|| self.change_one(&mut service, queue, r, timeout).err())
                     .map(|e| entry_failure(index, &e))
             })
             .collect();
@@ -1135,5 +1410,134 @@ mod tests {
         let got = q.receive(&url, req(30)).await.unwrap();
         assert_eq!(got[0].id(), "msg-00000001");
         assert_eq!(got[0].receipt_handle(), Some("rh-1-1"));
+    }
+
+    /// Settings whose draws always answer `x` (0.0: every rate above zero hits).
+    fn might(name: &str, x: f64, set: impl FnOnce(&mut Might)) -> QueueSettings {
+        let mut settings = QueueSettings::new(name);
+        settings.might.draw = Some(Arc::new(Mutex::new(move || x)));
+        set(&mut settings.might);
+        settings
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receive_may_return_one_message_twice_with_two_valid_handles() {
+        let (q, url) = service(might("twice", 0.0, |m| m.twice = 1.0));
+        q.send(&url, plain("m")).await.unwrap();
+        let got = q.receive(&url, req(30)).await.unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].id(), got[1].id());
+        let (first, second) = (got[0].receipt_handle().unwrap(), got[1].receipt_handle().unwrap());
+        assert_ne!(first, second);
+        assert_eq!(q.twin_receipts(&url), BTreeSet::from([second.to_owned()]));
+        q.change_visibility(&url, first, Duration::from_secs(60))
+            .await
+            .expect("the first handle is still valid");
+        q.delete(&url, first).await.unwrap();
+        assert_eq!(q.counts(&url).unwrap().stored(), 0, "the first handle deletes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_in_flight_may_be_delivered_again_while_its_handle_stays_valid() {
+        let (q, url) = service(might("held", 0.0, |m| m.twice = 1.0));
+        q.send(&url, plain("m")).await.unwrap();
+        let one = ReceiveRequest { max: 1, ..req(30) };
+        let first = q.receive(&url, one).await.unwrap();
+        let again = q.receive(&url, one).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].id(), first[0].id());
+        assert_eq!(again[0].receive_count(), 2);
+        q.change_visibility(&url, first[0].receipt_handle().unwrap(), Duration::from_secs(5))
+            .await
+            .expect("the first holder's handle is still valid");
+        assert_eq!(q.counts(&url).unwrap().twice, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_message_may_come_back_once() {
+        let (q, url) = service(might("back", 0.0, |m| m.again_after_delete = 1.0));
+        q.send(&url, plain("m")).await.unwrap();
+        let got = q.receive(&url, req(30)).await.unwrap();
+        q.delete(&url, got[0].receipt_handle().unwrap()).await.unwrap();
+        assert!(q.receive(&url, req(30)).await.unwrap().is_empty(), "not at once");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let back = q.receive(&url, req(30)).await.unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].id(), got[0].id());
+        assert_ne!(back[0].receipt_handle(), got[0].receipt_handle());
+        q.delete(&url, back[0].receipt_handle().unwrap()).await.unwrap();
+        tokio::time::advance(Duration::from_secs(300)).await;
+        let counts = q.counts(&url).unwrap();
+        assert_eq!((counts.stored(), counts.again_after_delete), (0, 1), "once only");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receive_may_return_fewer_than_are_visible() {
+        let (q, url) = service(might("fewer", 0.0, |m| m.fewer = 1.0));
+        q.send(&url, plain("m")).await.unwrap();
+        assert!(q.receive(&url, req(30)).await.unwrap().is_empty());
+        assert_eq!(q.counts(&url).unwrap().visible, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receive_may_return_messages_out_of_send_order() {
+        let (q, url) = service(might("order", 0.0, |m| m.unordered = 1.0));
+        for body in ["a", "b", "c"] {
+            q.send(&url, plain(body)).await.unwrap();
+        }
+        let got = q.receive(&url, req(30)).await.unwrap();
+        let bodies: Vec<&str> = got.iter().map(|m| m.body()).collect();
+        assert_eq!(bodies, ["b", "c", "a"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_with_an_old_handle_may_delete() {
+        let (q, url) = service(might("old2", 0.0, |m| m.old_handle_deletes = 1.0));
+        q.send(&url, plain("m")).await.unwrap();
+        let first = q.receive(&url, req(1)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        q.receive(&url, req(30)).await.unwrap();
+        q.delete(&url, first[0].receipt_handle().unwrap()).await.unwrap();
+        let counts = q.counts(&url).unwrap();
+        assert_eq!((counts.stored(), counts.old_handle_deletes), (0, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fifo_delete_after_the_visibility_ran_out_may_be_refused() {
+        for refused in [false, true] {
+            let name = format!("exp{refused}.fifo");
+            let (q, url) = service(might(&name, 0.0, |m| m.expired_fifo_handles = refused));
+            let m = OutgoingMessage {
+                group_id: Some("g".into()),
+                deduplication_id: Some("d".into()),
+                ..plain("m")
+            };
+            q.send(&url, m).await.unwrap();
+            let got = q.receive(&url, req(1)).await.unwrap();
+            tokio::time::advance(Duration::from_secs(2)).await;
+            let out = q.delete(&url, got[0].receipt_handle().unwrap()).await;
+            match refused {
+                true => assert!(out.unwrap_err().detail.starts_with("ReceiptHandleIsInvalid")),
+                false => out.expect("deleted: no one received it since"),
+            }
+            assert_eq!(q.counts(&url).unwrap().stored(), usize::from(refused));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_entries_may_fail_while_the_call_succeeds() {
+        let (q, url) = service(might("entries", 0.0, |m| m.entry_errors = 1.0));
+        q.send(&url, plain("m")).await.unwrap();
+        let got = q.receive(&url, req(30)).await.unwrap();
+        let receipts = vec![got[0].receipt_handle().unwrap().to_owned()];
+        let failed = q
+            .change_visibility_batch(&url, &receipts, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(failed[0].code, "InternalError");
+        let failed = q.delete_batch(&url, &receipts).await.unwrap();
+        assert_eq!((failed.len(), failed[0].index), (1, 0));
+        let counts = q.counts(&url).unwrap();
+        assert_eq!((counts.in_flight, counts.entry_errors), (1, 2), "nothing applied");
     }
 }
