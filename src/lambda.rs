@@ -164,6 +164,31 @@ struct Record {
     parsed: Result<(Message, Option<String>), String>,
 }
 
+/// SQS may deliver one message twice in one batch (two receipts, one
+/// message id), and a partial batch response names failures by message id
+/// only: listing a failed copy would keep Lambda from deleting the copy that
+/// finished too, whose effect is recorded. A failure whose message id also
+/// finished in the batch is dropped: the message is done.
+fn keep_finished_twins(
+    failed: &mut Vec<(usize, String)>,
+    all: &[(usize, String)],
+    done: &std::sync::Mutex<Vec<usize>>,
+) {
+    let done = done.lock().unwrap_or_else(|e| e.into_inner());
+    let finished: std::collections::HashSet<&str> = all
+        .iter()
+        .filter(|(i, _)| done.contains(i))
+        .map(|(_, id)| id.as_str())
+        .collect();
+    failed.retain(|(_, id)| {
+        let twin = finished.contains(id.as_str());
+        if twin {
+            info!(message_id = %id, "a copy of this message failed while another copy in the batch finished: not listed");
+        }
+        !twin
+    });
+}
+
 impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// An adapter that parks with, and extends visibility through, `queue`.
     pub fn new(queue: Q, processor: Processor<S, H>, config: LambdaConfig) -> Self {
@@ -286,12 +311,13 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     Err(_) => {
                         warn!("cleanup did not finish before the deadline; answering with what is known");
                         let done = done.lock().unwrap_or_else(|e| e.into_inner());
-                        all.into_iter().filter(|(i, _)| !done.contains(i)).collect()
+                        all.iter().filter(|(i, _)| !done.contains(i)).cloned().collect()
                     }
                 }
             }
         };
         self.delete_payloads(&finished, budget).await;
+        keep_finished_twins(&mut failed, &all, &done);
         failed.sort_unstable_by_key(|(index, _)| *index);
         info!(records = total, failed = failed.len(), fifo, "batch done");
         if self.inner.config.emf {
@@ -875,5 +901,55 @@ mod tests {
             again.batch_item_failures
         );
         assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran again");
+    }
+
+    /// Simulator seed 320 (SQS "might" on): one invocation got two copies of
+    /// one message (two receipts, one message id); one copy failed, the other
+    /// completed. Listing the failed copy by its message id kept Lambda from
+    /// deleting the completed one too, and SQS moved it, effect recorded, to
+    /// the DLQ. A failure whose message id finished in the batch is dropped.
+    #[tokio::test(start_paused = true)]
+    async fn two_copies_of_one_message_in_a_batch_one_failing_one_done_are_answered_done() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        let handler = staged_only(handler_fn(move |_m, _ctx| {
+            let c = c.clone();
+            async move {
+                if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(crate::HandlerError::retry("the first copy fails"));
+                }
+                Ok(None)
+            }
+        }));
+        let mut config = ProcessorConfig::new("test");
+        config.key_source = "json:/id".parse().unwrap();
+        let store = MemoryStore::default();
+        let processor = Processor::new(store.clone(), handler, config).unwrap();
+        let lambda = LambdaConfig {
+            queue_url: Some("http://queue/q".into()),
+            ..LambdaConfig::default()
+        };
+        let adapter = LambdaAdapter::new(Quiet, processor, lambda);
+        let copy = |receipt: &str| {
+            serde_json::json!({
+                "messageId": "m1", "receiptHandle": receipt, "body": r#"{"id":"e1"}"#,
+                "attributes": { "ApproximateReceiveCount": "1" },
+                "messageAttributes": {},
+                "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q",
+            })
+        };
+        let event = serde_json::json!({ "Records": [copy("r1"), copy("r2")] });
+        let answer = adapter
+            .handle_until(event, Instant::now() + Duration::from_secs(25))
+            .await
+            .expect("answered");
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "both copies ran");
+        let record = store.get("test#e1").await.unwrap().expect("recorded");
+        assert_eq!(record.status, crate::Status::Completed);
+        assert!(
+            answer.batch_item_failures.is_empty(),
+            "a listed failure keeps the completed copy from its delete: {:?}",
+            answer.batch_item_failures
+        );
     }
 }
