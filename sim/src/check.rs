@@ -60,6 +60,9 @@ pub struct Evidence<'a> {
     pub hosts: &'a [HostReport],
     /// Every delivery and what became of it.
     pub deliveries: &'a Deliveries,
+    /// Guarded writes the store applied for an owner that no longer held
+    /// the record (read from the store's history).
+    pub fencing_breaches: Vec<String>,
     /// Receipt handles the model issued while another handle of the message
     /// was valid: concurrent duplicate deliveries.
     pub twins: BTreeSet<String>,
@@ -152,6 +155,11 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     if e.scenario.kind == Kind::External {
         overlaps(&e.calls, &mut v);
         external_calls(e, &mut v);
+    }
+    // Fencing: a write sent under a lease that another attempt has since
+    // taken over never applies, however late it lands.
+    for breach in &e.fencing_breaches {
+        v.push(format!("fencing broken: {breach}"));
     }
     for (event, what) in &e.unfinished {
         v.push(format!("{event}: record left IN_PROGRESS ({what})"));

@@ -720,7 +720,8 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
             // Pauses strike the writes sent after a handler ran: what a
             // write that leaves long after its lease was last checked does
             // is what fencing is for.
-            let after_handler = matches!(op, "complete" | "release" | "mark_failed" | "commit_fast");
+            let after_handler =
+                matches!(op, "complete" | "release" | "mark_failed" | "commit_fast");
             if let Some(pause) = after_handler
                 .then(|| self.link.draw_pause(Service::Ddb, op))
                 .flatten()

@@ -348,8 +348,19 @@ async fn invoke(
         failed.len()
     ));
     for chunk in done.chunks(10) {
-        if let Err(e) = esm.delete_batch(&world.url, chunk).await {
-            world.trace.event(format!("esm delete failed: {e}"));
+        match esm.delete_batch(&world.url, chunk).await {
+            // Entries that failed alone (SQS "might") are tried once more, one
+            // by one, as a careful client does.
+            Ok(failed) => {
+                for f in failed {
+                    if let Some(receipt) = chunk.get(f.index)
+                        && let Err(e) = esm.delete(&world.url, receipt).await
+                    {
+                        world.trace.event(format!("esm delete failed: {e}"));
+                    }
+                }
+            }
+            Err(e) => world.trace.event(format!("esm delete failed: {e}")),
         }
     }
 }

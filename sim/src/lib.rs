@@ -520,6 +520,7 @@ fn evidence<'a>(
         hosts,
         deliveries: &world.deliveries,
         twins: world.queue.twin_receipts(&world.url),
+        fencing_breaches: world.store.fencing_breaches(),
         start: world.trace.start(),
     }
 }

@@ -198,6 +198,7 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         lease: Duration::from_secs(30),
         heartbeat: Duration::from_secs(10),
         claim_stages: false,
+        might: sqs_once_sim::might::MightPlan::OFF,
     }
 }
 
@@ -219,6 +220,8 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         hosts: &[],
         // No deliveries: these cases have nothing in the DLQ.
         deliveries: Box::leak(Box::default()),
+        fencing_breaches: Vec::new(),
+        twins: BTreeSet::new(),
         start: tokio::time::Instant::now(),
     }
 }

@@ -86,6 +86,7 @@ fn scenario() -> Scenario {
         lease: VISIBILITY,
         heartbeat: Duration::from_secs(10),
         claim_stages: false,
+        might: sqs_once_sim::might::MightPlan::OFF,
     }
 }
 
@@ -116,6 +117,8 @@ fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTre
         left: Vec::new(),
         hosts: &[],
         deliveries,
+        fencing_breaches: Vec::new(),
+        twins: BTreeSet::new(),
         start: Instant::now(),
     };
     (check(&evidence), stranded(&evidence))

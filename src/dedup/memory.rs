@@ -32,6 +32,9 @@ pub struct MemoryStore {
 struct State {
     records: HashMap<String, Record>,
     committed: Vec<Vec<TransactWriteItem>>,
+    /// Guarded writes applied to a record another owner held (never, with
+    /// fencing intact): what the simulator's checker reads.
+    fencing_breaches: Vec<String>,
 }
 
 impl Default for MemoryStore {
@@ -61,6 +64,12 @@ impl MemoryStore {
             unavailable: self.unavailable.clone(),
             metrics: Arc::default(),
         }
+    }
+
+    /// Guarded writes (complete, release, mark failed, extend) that applied
+    /// to a record another owner held, described: none while fencing holds.
+    pub fn fencing_breaches(&self) -> Vec<String> {
+        self.lock().fencing_breaches.clone()
     }
 
     /// Every record, by key.
@@ -116,6 +125,12 @@ impl MemoryStore {
                 if (r.owner.as_deref() == Some(owner) || !fenced)
                     && r.status == Status::InProgress =>
             {
+                if r.owner.as_deref() != Some(owner) {
+                    state.fencing_breaches.push(format!(
+                        "{pk}: a write of owner {owner} applied while {} held it",
+                        r.owner.as_deref().unwrap_or("nobody")
+                    ));
+                }
                 f(r, &mut state.committed);
                 Ok(())
             }
@@ -262,7 +277,8 @@ impl DedupStore for MemoryStore {
         self.check_available()?;
         let now_ms = self.clock.now_ms();
         let lease_until = now_ms + ms(lease);
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         match state.records.get_mut(pk) {
             // Only a live lease of ours is extended, and only forward (see
             // the trait).
@@ -271,6 +287,12 @@ impl DedupStore for MemoryStore {
                     && r.status == Status::InProgress
                     && r.lease_until_ms > now_ms =>
             {
+                if r.owner.as_deref() != Some(owner) {
+                    let holder = r.owner.clone().unwrap_or_else(|| "nobody".into());
+                    state.fencing_breaches.push(format!(
+                        "{pk}: an extension of owner {owner} applied while {holder} held it"
+                    ));
+                }
                 if r.lease_until_ms < lease_until {
                     r.lease_until_ms = lease_until;
                     r.expires_at_s = expires_at(now_ms, ttl);

@@ -567,9 +567,9 @@ impl Queue {
             .iter()
             .map(|(_, seq)| *seq)
             .filter(|seq| {
-                self.messages.get(seq).is_some_and(|e| {
-                    e.twin.is_none() && e.state(now) == MessageState::InFlight
-                })
+                self.messages
+                    .get(seq)
+                    .is_some_and(|e| e.twin.is_none() && e.state(now) == MessageState::InFlight)
             })
             .collect();
         (!held.is_empty()).then(|| held[m.below(held.len())])
@@ -1025,14 +1025,23 @@ impl MemoryQueue {
     }
 
     /// [`Might::entry_errors`]: whether a batch entry fails (not applied).
-    fn entry_error(service: &mut Service, operation: &'static str, url: &str) -> Option<QueueError> {
+    fn entry_error(
+        service: &mut Service,
+        operation: &'static str,
+        url: &str,
+    ) -> Option<QueueError> {
         let queue = service.queues.get_mut(url)?;
         let might = &queue.settings.might;
         if !might.hits(might.entry_errors) {
             return None;
         }
         queue.counts.entry_errors += 1;
-        Some(error(operation, url, "InternalError", "the entry failed (try it again)"))
+        Some(error(
+            operation,
+            url,
+            "InternalError",
+            "the entry failed (try it again)",
+        ))
     }
 
     /// Receipt handles of `url` issued while another handle of their message
@@ -1427,14 +1436,21 @@ mod tests {
         let got = q.receive(&url, req(30)).await.unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].id(), got[1].id());
-        let (first, second) = (got[0].receipt_handle().unwrap(), got[1].receipt_handle().unwrap());
+        let (first, second) = (
+            got[0].receipt_handle().unwrap(),
+            got[1].receipt_handle().unwrap(),
+        );
         assert_ne!(first, second);
         assert_eq!(q.twin_receipts(&url), BTreeSet::from([second.to_owned()]));
         q.change_visibility(&url, first, Duration::from_secs(60))
             .await
             .expect("the first handle is still valid");
         q.delete(&url, first).await.unwrap();
-        assert_eq!(q.counts(&url).unwrap().stored(), 0, "the first handle deletes");
+        assert_eq!(
+            q.counts(&url).unwrap().stored(),
+            0,
+            "the first handle deletes"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1447,9 +1463,13 @@ mod tests {
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].id(), first[0].id());
         assert_eq!(again[0].receive_count(), 2);
-        q.change_visibility(&url, first[0].receipt_handle().unwrap(), Duration::from_secs(5))
-            .await
-            .expect("the first holder's handle is still valid");
+        q.change_visibility(
+            &url,
+            first[0].receipt_handle().unwrap(),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("the first holder's handle is still valid");
         assert_eq!(q.counts(&url).unwrap().twice, 1);
     }
 
@@ -1458,17 +1478,28 @@ mod tests {
         let (q, url) = service(might("back", 0.0, |m| m.again_after_delete = 1.0));
         q.send(&url, plain("m")).await.unwrap();
         let got = q.receive(&url, req(30)).await.unwrap();
-        q.delete(&url, got[0].receipt_handle().unwrap()).await.unwrap();
-        assert!(q.receive(&url, req(30)).await.unwrap().is_empty(), "not at once");
+        q.delete(&url, got[0].receipt_handle().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            q.receive(&url, req(30)).await.unwrap().is_empty(),
+            "not at once"
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
         let back = q.receive(&url, req(30)).await.unwrap();
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].id(), got[0].id());
         assert_ne!(back[0].receipt_handle(), got[0].receipt_handle());
-        q.delete(&url, back[0].receipt_handle().unwrap()).await.unwrap();
+        q.delete(&url, back[0].receipt_handle().unwrap())
+            .await
+            .unwrap();
         tokio::time::advance(Duration::from_secs(300)).await;
         let counts = q.counts(&url).unwrap();
-        assert_eq!((counts.stored(), counts.again_after_delete), (0, 1), "once only");
+        assert_eq!(
+            (counts.stored(), counts.again_after_delete),
+            (0, 1),
+            "once only"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1497,7 +1528,9 @@ mod tests {
         let first = q.receive(&url, req(1)).await.unwrap();
         tokio::time::advance(Duration::from_secs(2)).await;
         q.receive(&url, req(30)).await.unwrap();
-        q.delete(&url, first[0].receipt_handle().unwrap()).await.unwrap();
+        q.delete(&url, first[0].receipt_handle().unwrap())
+            .await
+            .unwrap();
         let counts = q.counts(&url).unwrap();
         assert_eq!((counts.stored(), counts.old_handle_deletes), (0, 1));
     }
@@ -1517,7 +1550,11 @@ mod tests {
             tokio::time::advance(Duration::from_secs(2)).await;
             let out = q.delete(&url, got[0].receipt_handle().unwrap()).await;
             match refused {
-                true => assert!(out.unwrap_err().detail.starts_with("ReceiptHandleIsInvalid")),
+                true => assert!(
+                    out.unwrap_err()
+                        .detail
+                        .starts_with("ReceiptHandleIsInvalid")
+                ),
                 false => out.expect("deleted: no one received it since"),
             }
             assert_eq!(q.counts(&url).unwrap().stored(), usize::from(refused));
@@ -1538,6 +1575,10 @@ mod tests {
         let failed = q.delete_batch(&url, &receipts).await.unwrap();
         assert_eq!((failed.len(), failed[0].index), (1, 0));
         let counts = q.counts(&url).unwrap();
-        assert_eq!((counts.in_flight, counts.entry_errors), (1, 2), "nothing applied");
+        assert_eq!(
+            (counts.in_flight, counts.entry_errors),
+            (1, 2),
+            "nothing applied"
+        );
     }
 }
