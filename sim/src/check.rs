@@ -63,6 +63,14 @@ pub struct Evidence<'a> {
     /// Guarded writes the store applied for an owner that no longer held
     /// the record (read from the store's history).
     pub fencing_breaches: Vec<String>,
+    /// Fast-path handlers started for a redelivery whose record said
+    /// `COMPLETED`: (message, receive count, consumer, event, when the
+    /// record was completed, ms from the start).
+    pub reruns: Vec<(String, u32, String, String, u128)>,
+    /// Record reads that failed: (consumer, record key, ms from the start).
+    pub failed_reads: Vec<(String, String, u128)>,
+    /// When each delivery's outcome came: (message, receive count) -> ms.
+    pub outcome_at: BTreeMap<(String, u32), u128>,
     /// Receipt handles the model issued while another handle of the message
     /// was valid: concurrent duplicate deliveries.
     pub twins: BTreeSet<String>,
@@ -113,12 +121,23 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 .is_some_and(|ev| e.records_before.get(&ev) == Some(&Status::Completed))
         })
         .filter(|m| {
-            e.deliveries
-                .last_of(&m.id)
-                .is_some_and(|d| d.delete_was_out_of_reach(e.deliveries.calm_at()))
+            e.deliveries.last_of(&m.id).is_some_and(|d| {
+                d.delete_was_out_of_reach(e.deliveries.calm_at()) || ended_unheld(e, &d)
+            })
         })
         .map(|m| m.id.clone())
         .collect()
+}
+
+/// A delivery that ended only after its visibility had run out: a host
+/// paused between its handler and its commit (or a commit slower than the
+/// visibility) holds a receipt that can no longer delete the message, and
+/// on its last allowed receive SQS moves it at the next receive.
+fn ended_unheld(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
+    let held_until = d.held_until.saturating_duration_since(e.start).as_millis();
+    e.outcome_at
+        .get(&(d.message.clone(), d.count))
+        .is_some_and(|at| *at >= held_until)
 }
 
 /// Messages in the DLQ when the run first settled whose effect was recorded
@@ -156,6 +175,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         overlaps(&e.calls, &mut v);
         external_calls(e, &mut v);
     }
+    reruns(e, &mut v);
     // Fencing: a write sent under a lease that another attempt has since
     // taken over never applies, however late it lands.
     for breach in &e.fencing_breaches {
@@ -373,6 +393,33 @@ fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
             };
             v.push(format!(
                 "{event}: message {from} recorded its effect and is in the DLQ{last}"
+            ));
+        }
+    }
+}
+
+/// A redelivery of a message whose record was `COMPLETED` before it was
+/// received reads its record and is let go without running its handler,
+/// unless that read failed.
+fn reruns(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let ms = |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
+    for (message, count, consumer, event, done_ms) in &e.reruns {
+        let Some(d) = e
+            .deliveries
+            .all_of(message)
+            .into_iter()
+            .find(|d| d.count == *count && &d.consumer == consumer)
+        else {
+            continue;
+        };
+        let pk = format!("sim#{event}");
+        let read_failed = e
+            .failed_reads
+            .iter()
+            .any(|(c, p, at)| c == consumer && *p == pk && *at >= ms(&d));
+        if *done_ms < ms(&d) && !read_failed {
+            v.push(format!(
+                "{event}: {consumer} ran the handler of {message} (receive {count}) again though its record was COMPLETED at {done_ms}ms, before that receive"
             ));
         }
     }

@@ -866,6 +866,10 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         let land = |_: S| -> Landing { Box::pin(async {}) };
-        self.call("get", || self.inner.get(pk), land).await
+        let read = self.call("get", || self.inner.get(pk), land).await;
+        if read.is_err() {
+            self.link.trace.failed_read(&self.link.name, pk);
+        }
+        read
     }
 }

@@ -341,14 +341,19 @@ async fn schedule(
     n
 }
 
-/// Whether `event`'s record says `COMPLETED` in `store`.
-fn completed_in(store: sqs_once::MemoryStore) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+/// When `event`'s record in `store` was completed (ms from the run's start),
+/// if it says `COMPLETED`.
+fn completed_in(
+    store: sqs_once::MemoryStore,
+) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
+    let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     move |event: &str| {
         let pk = format!("sim#{event}");
         store
             .records()
             .iter()
-            .any(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
+            .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
+            .map(|r| u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0))
     }
 }
 
@@ -521,6 +526,9 @@ fn evidence<'a>(
         deliveries: &world.deliveries,
         twins: world.queue.twin_receipts(&world.url),
         fencing_breaches: world.store.fencing_breaches(),
+        reruns: world.trace.reruns(),
+        failed_reads: world.trace.failed_reads(),
+        outcome_at: world.trace.outcome_times(),
         start: world.trace.start(),
     }
 }

@@ -20,6 +20,14 @@ struct TraceInner {
     count: u64,
     /// Message id -> the outcomes its deliveries ended with.
     outcomes: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// (message id, receive count) -> when that delivery's outcome came (ms).
+    outcome_at: std::collections::BTreeMap<(String, u32), u128>,
+    /// Record reads that failed: (consumer, record key, ms).
+    failed_reads: Vec<(String, String, u128)>,
+    /// Handlers that started for a redelivery whose record already said
+    /// `COMPLETED`: (message id, receive count, consumer, event, when the
+    /// record was completed in ms).
+    reruns: Vec<(String, u32, String, String, u128)>,
 }
 
 impl Trace {
@@ -32,6 +40,9 @@ impl Trace {
                 lines: keep.then(Vec::new),
                 count: 0,
                 outcomes: std::collections::BTreeMap::new(),
+                outcome_at: std::collections::BTreeMap::new(),
+                failed_reads: Vec::new(),
+                reruns: Vec::new(),
             })),
             start: Instant::now(),
         }
@@ -59,9 +70,52 @@ impl Trace {
         }
     }
 
-    /// Notes that a delivery of `message` ended with `outcome`.
-    fn outcome(&self, message: &str, outcome: &str) {
+    /// Notes that a record read by `consumer` failed.
+    pub fn failed_read(&self, consumer: &str, pk: &str) {
+        let now = self.now_ms();
         let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.failed_reads
+            .push((consumer.to_owned(), pk.to_owned(), now));
+    }
+
+    /// Notes a handler started for a redelivery whose record said `COMPLETED`.
+    /// (`done_ms`: when the record was completed, ms from the start.)
+    pub fn rerun(&self, message: &str, count: u32, consumer: &str, event: &str, done_ms: u128) {
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.reruns.push((
+            message.to_owned(),
+            count,
+            consumer.to_owned(),
+            event.to_owned(),
+            done_ms,
+        ));
+    }
+
+    /// Record reads that failed: (consumer, record key, ms).
+    pub fn failed_reads(&self) -> Vec<(String, String, u128)> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.failed_reads.clone()
+    }
+
+    /// Handlers started for completed redeliveries.
+    pub fn reruns(&self) -> Vec<(String, u32, String, String, u128)> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.reruns.clone()
+    }
+
+    /// When each delivery ended: (message id, receive count) -> ms.
+    pub fn outcome_times(&self) -> std::collections::BTreeMap<(String, u32), u128> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.outcome_at.clone()
+    }
+
+    /// Notes that a delivery of `message` ended with `outcome`.
+    fn outcome(&self, message: &str, count: &str, outcome: &str) {
+        let now = self.now_ms();
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Ok(count) = count.parse::<u32>() {
+            t.outcome_at.insert((message.to_owned(), count), now);
+        }
         t.outcomes
             .entry(message.to_owned())
             .or_default()
@@ -158,11 +212,11 @@ where
                 .map_or("-", |(_, v)| v.as_str())
         };
         let (message, outcome) = (get("messaging.message.id"), get("sqs_once.outcome"));
+        let count = get("sqs_once.receive_count");
         self.0.event(format!(
-            "outcome {message} key {} receive {}: {outcome}",
+            "outcome {message} key {} receive {count}: {outcome}",
             get("sqs_once.dedup_key"),
-            get("sqs_once.receive_count"),
         ));
-        self.0.outcome(message, outcome);
+        self.0.outcome(message, count, outcome);
     }
 }

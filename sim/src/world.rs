@@ -390,14 +390,18 @@ struct ApiState {
     calls: Vec<ApiCall>,
 }
 
+/// When an event's record was completed, if it is (ms from the run's start).
+type CompletedAt = dyn Fn(&str) -> Option<u128> + Send + Sync;
+
 /// The external API: honours idempotency keys (a key is charged once; later
 /// calls get the first answer) and records every call with its times.
 #[derive(Clone)]
 pub struct SimApi {
     state: Arc<Mutex<ApiState>>,
     trace: Trace,
-    /// Whether an event's record says `COMPLETED` (looked up at each call).
-    completed: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    /// When an event's record was completed, ms from the run's start
+    /// (looked up at each call): `None` while it is not.
+    completed: Arc<CompletedAt>,
 }
 
 impl std::fmt::Debug for SimApi {
@@ -426,7 +430,10 @@ impl Drop for OpenCall {
 
 impl SimApi {
     /// An API with no calls; `completed` says whether an event is done.
-    pub fn new(trace: Trace, completed: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+    pub fn new(
+        trace: Trace,
+        completed: impl Fn(&str) -> Option<u128> + Send + Sync + 'static,
+    ) -> Self {
         Self {
             state: Arc::default(),
             trace,
@@ -447,7 +454,7 @@ impl SimApi {
         consumer: &str,
         latency: Duration,
     ) -> u32 {
-        let after_completed = (self.completed)(event);
+        let after_completed = (self.completed)(event).is_some();
         let index = {
             let mut s = self.lock();
             s.calls.push(ApiCall {
@@ -475,6 +482,11 @@ impl SimApi {
         };
         tokio::time::sleep(latency).await;
         self.lock().charges.get(key).map_or(0, |c| c.1)
+    }
+
+    /// When `event`'s record was completed (ms from the run's start), if it is.
+    pub fn completed_at(&self, event: &str) -> Option<u128> {
+        (self.completed)(event)
     }
 
     /// Every call so far.
@@ -555,6 +567,18 @@ impl SimHandler {
 
     async fn run(&self, message: &Message, ctx: &Context) -> HandlerResult {
         let body: Body = message.json().map_err(HandlerError::permanent)?;
+        if self.kind == Kind::Staged
+            && message.receive_count() > 1
+            && let Some(done_ms) = self.api.completed_at(&body.id)
+        {
+            self.trace.rerun(
+                message.id(),
+                message.receive_count(),
+                &self.consumer,
+                &body.id,
+                done_ms,
+            );
+        }
         let _live = self.gauge.enter();
         let took = self.duration();
         self.trace.event(format!(

@@ -221,6 +221,9 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         // No deliveries: these cases have nothing in the DLQ.
         deliveries: Box::leak(Box::default()),
         fencing_breaches: Vec::new(),
+        reruns: Vec::new(),
+        failed_reads: Vec::new(),
+        outcome_at: BTreeMap::new(),
         twins: BTreeSet::new(),
         start: tokio::time::Instant::now(),
     }

@@ -118,6 +118,9 @@ fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTre
         hosts: &[],
         deliveries,
         fencing_breaches: Vec::new(),
+        reruns: Vec::new(),
+        failed_reads: Vec::new(),
+        outcome_at: BTreeMap::new(),
         twins: BTreeSet::new(),
         start: Instant::now(),
     };
