@@ -672,16 +672,45 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                 receipts.iter().collect()
             }
         };
-        let mut undeleted = Vec::new();
-        for r in failed {
-            if let Err(e) = self.queue.delete(&self.url, r).await {
-                error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
-                undeleted.push(r.clone());
+        let tries = failed.iter().map(|r| async move {
+            match self.delete_retrying(r).await {
+                Ok(()) => None,
+                Err(e) => {
+                    error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
+                    Some((*r).clone())
+                }
+            }
+        });
+        futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Deletes one message, trying transient failures again with backoff for
+    /// up to [`DELETE_RETRY_FOR`]: the message stays invisible that long (its
+    /// visibility was last extended by a lease), and a message on its last
+    /// allowed receive that is not deleted goes to the DLQ at the next receive,
+    /// its effect made.
+    async fn delete_retrying(&self, receipt: &str) -> Result<(), QueueError> {
+        let give_up = Instant::now() + DELETE_RETRY_FOR;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.queue.delete(&self.url, receipt).await {
+                Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
+                    warn!(error = %e, "delete failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                done => return done,
             }
         }
-        undeleted
     }
 }
+
+/// How long a failed delete is tried again (transient failures).
+const DELETE_RETRY_FOR: Duration = Duration::from_secs(10);
 
 /// What one turn of the receive loop got.
 enum Received {

@@ -159,6 +159,17 @@ fn regression_seed_1351_a_drain_deletes_a_completed_message_instead_of_giving_it
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
+/// Seed 100756 (found by the long search) had a poller give up on the
+/// delete of a completed message on its last allowed receive after one
+/// batch attempt and one single retry (SQS throttling and a timeout): SQS
+/// moved it, effect made, to the DLQ though SQS answered again seconds
+/// later. A failed delete is now tried again with backoff for up to 10 s.
+#[test]
+fn regression_seed_100756_a_failed_delete_is_tried_again_while_the_message_is_held() {
+    let report = run_seed(100_756, false).unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
 #[test]
 fn a_range_of_seeds_runs_clean() {
     for seed in 0..20 {
