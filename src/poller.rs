@@ -602,8 +602,10 @@ struct Finished {
 /// id; receipts repeated within a batch are sent once. A batch is sent when it
 /// is full or `wait` after its first receipt; when the channel closes, what is
 /// pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
-/// one holds up the handlers that finish (see `Shared::to_delete`). Failed entries are tried once more alone, then logged
-/// (the message then comes back and is skipped as a duplicate). The large
+/// one holds up the handlers that finish (see `Shared::to_delete`). Failed
+/// entries are deleted alone, transient failures tried again for up to
+/// [`DELETE_RETRY_FOR`], then logged (the message then comes back and is
+/// skipped as a duplicate). The large
 /// payloads of the messages deleted are deleted after them.
 struct DeleteBatcher<Q> {
     queue: Q,
