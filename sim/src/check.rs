@@ -69,8 +69,9 @@ pub struct Evidence<'a> {
     pub reruns: Vec<(String, u32, String, String, u128)>,
     /// Record reads that failed: (consumer, record key, ms from the start).
     pub failed_reads: Vec<(String, String, u128)>,
-    /// When each delivery's outcome came: (message, receive count) -> ms.
-    pub outcome_at: BTreeMap<(String, u32), u128>,
+    /// When each delivery's outcome came, and which: (message, receive
+    /// count) -> (ms, outcome).
+    pub outcome_at: BTreeMap<(String, u32), (u128, String)>,
     /// Receipt handles the model issued while another handle of the message
     /// was valid: concurrent duplicate deliveries.
     pub twins: BTreeSet<String>,
@@ -121,9 +122,22 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 .is_some_and(|ev| e.records_before.get(&ev) == Some(&Status::Completed))
         })
         .filter(|m| {
-            e.deliveries.last_of(&m.id).is_some_and(|d| {
-                d.delete_was_out_of_reach(e.deliveries.calm_at()) || ended_unheld(e, &d)
-            })
+            let out_of_reach = |d: &crate::deliveries::Delivery| {
+                d.delete_was_out_of_reach(e.deliveries.calm_at()) || ended_unheld(e, d)
+            };
+            let last = e
+                .deliveries
+                .last_of(&m.id)
+                .is_some_and(|d| out_of_reach(&d));
+            // Or no delivery that learned the effect was recorded could
+            // delete it (each ended after its visibility, or out of reach).
+            let learned: Vec<_> = e
+                .deliveries
+                .all_of(&m.id)
+                .into_iter()
+                .filter(|d| learned_done(e, d))
+                .collect();
+            last || (!learned.is_empty() && learned.iter().all(out_of_reach))
         })
         .map(|m| m.id.clone())
         .collect()
@@ -137,7 +151,14 @@ fn ended_unheld(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
     let held_until = d.held_until.saturating_duration_since(e.start).as_millis();
     e.outcome_at
         .get(&(d.message.clone(), d.count))
-        .is_some_and(|at| *at >= held_until)
+        .is_some_and(|(at, _)| *at >= held_until)
+}
+
+/// The delivery ended knowing its message's effect was recorded.
+fn learned_done(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
+    e.outcome_at
+        .get(&(d.message.clone(), d.count))
+        .is_some_and(|(_, o)| o == "completed" || o == "duplicate")
 }
 
 /// Messages in the DLQ when the run first settled whose effect was recorded

@@ -20,8 +20,9 @@ struct TraceInner {
     count: u64,
     /// Message id -> the outcomes its deliveries ended with.
     outcomes: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-    /// (message id, receive count) -> when that delivery's outcome came (ms).
-    outcome_at: std::collections::BTreeMap<(String, u32), u128>,
+    /// (message id, receive count) -> when that delivery's outcome came (ms)
+    /// and which it was.
+    outcome_at: std::collections::BTreeMap<(String, u32), (u128, String)>,
     /// Record reads that failed: (consumer, record key, ms).
     failed_reads: Vec<(String, String, u128)>,
     /// Handlers that started for a redelivery whose record already said
@@ -103,8 +104,9 @@ impl Trace {
         t.reruns.clone()
     }
 
-    /// When each delivery ended: (message id, receive count) -> ms.
-    pub fn outcome_times(&self) -> std::collections::BTreeMap<(String, u32), u128> {
+    /// When each delivery ended, and how: (message id, receive count) ->
+    /// (ms, outcome).
+    pub fn outcome_times(&self) -> std::collections::BTreeMap<(String, u32), (u128, String)> {
         let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         t.outcome_at.clone()
     }
@@ -114,7 +116,8 @@ impl Trace {
         let now = self.now_ms();
         let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Ok(count) = count.parse::<u32>() {
-            t.outcome_at.insert((message.to_owned(), count), now);
+            t.outcome_at
+                .insert((message.to_owned(), count), (now, outcome.to_owned()));
         }
         t.outcomes
             .entry(message.to_owned())
