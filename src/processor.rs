@@ -391,10 +391,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let Ok(key) = self.config.key_source.extract(message) else {
             return false;
         };
-        let body = sha256_hex(message.body().as_bytes());
-        self.completed_record(message, &key)
-            .await
-            .is_some_and(|r| r.payload_sha256.is_none_or(|p| p == body))
+        self.completed_record(message, &key).await.is_some_and(|r| {
+            r.payload_sha256
+                .is_none_or(|p| p == sha256_hex(message.body().as_bytes()))
+        })
     }
 
     /// A failure on the fast path. A permanent one is recorded as a `FAILED`
@@ -575,35 +575,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
         let visible = LocalEnd::visibility(opts, self.config.margin_for(lease));
         if visible.passed_already() {
-            return visibility_lost("before its claim");
+            return visibility_lost_before_claim();
         }
         let req = self.claim_request(message, key, lease);
         // The lease is counted from before the claim was sent: the store sets
         // `lease_until` from a clock read no earlier than this.
         let sent = Instant::now();
-        let attempt = match self.store.claim(&req).await {
-            Ok(Claim::Acquired { attempt }) => attempt,
-            Ok(Claim::Duplicate {
-                result,
-                payload_matches,
-            }) => return self.duplicate(message, result, payload_matches),
-            Ok(Claim::InFlight {
-                lease_until_ms,
-                payload_matches,
-            }) => return self.in_flight(lease_until_ms, payload_matches),
-            Ok(Claim::Parked { reason }) => return already_parked(reason),
-            Err(e) if e.is_permanent() => {
-                return Outcome::Park {
-                    reason: format!("the dedup record cannot be written: {e}"),
-                };
-            }
-            Err(e) => {
-                warn!(error = %e, "claim failed; the handler does not run without a claim");
-                return Outcome::Retry {
-                    after: self.config.backoff(message.receive_count()),
-                    reason: format!("claim failed: {e}"),
-                };
-            }
+        let attempt = match self.claim(message, &req).await {
+            Ok(attempt) => attempt,
+            Err(outcome) => return outcome,
         };
         tracing::Span::current().record("sqs_once.attempt", attempt);
         let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
@@ -644,6 +624,34 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
         };
         self.finish_claimed(message, &req, &ctx, handled).await
+    }
+
+    /// Claims the key: the attempt number, or the outcome when the claim
+    /// was not acquired (a duplicate, in flight elsewhere, parked before, or
+    /// the claim failed).
+    async fn claim(&self, message: &Message, req: &ClaimRequest) -> Result<u32, Outcome> {
+        match self.store.claim(req).await {
+            Ok(Claim::Acquired { attempt }) => Ok(attempt),
+            Ok(Claim::Duplicate {
+                result,
+                payload_matches,
+            }) => Err(self.duplicate(message, result, payload_matches)),
+            Ok(Claim::InFlight {
+                lease_until_ms,
+                payload_matches,
+            }) => Err(self.in_flight(lease_until_ms, payload_matches)),
+            Ok(Claim::Parked { reason }) => Err(already_parked(reason)),
+            Err(e) if e.is_permanent() => Err(Outcome::Park {
+                reason: format!("the dedup record cannot be written: {e}"),
+            }),
+            Err(e) => {
+                warn!(error = %e, "claim failed; the handler does not run without a claim");
+                Err(Outcome::Retry {
+                    after: self.config.backoff(message.receive_count()),
+                    reason: format!("claim failed: {e}"),
+                })
+            }
+        }
     }
 
     /// The handler was interrupted because its lease ended: taken over by
@@ -999,13 +1007,13 @@ impl LocalEnd {
 /// The outcome of a claim-path message whose visibility ran out before its
 /// claim: not claimed, not run; it comes back with no delay of its own (it
 /// is visible again already).
-fn visibility_lost(when: &str) -> Outcome {
+fn visibility_lost_before_claim() -> Outcome {
     error!(
-        "the message's visibility could not be kept {when}: not run further, its effect not recorded"
+        "the message's visibility could not be kept before its claim: not run, its effect not recorded"
     );
     Outcome::Retry {
         after: Duration::ZERO,
-        reason: format!("visibility could not be kept {when}"),
+        reason: "visibility could not be kept before its claim".into(),
     }
 }
 

@@ -427,12 +427,11 @@ impl Before {
                 outcomes.contains("completed") || outcomes.contains("duplicate")
             })
             .collect();
+        let all = world.store.records();
         Self {
             dlq,
-            records: records(&world.store),
-            completed_by: world
-                .store
-                .records()
+            records: all.iter().map(|r| (event_of_record(r), r.status)).collect(),
+            completed_by: all
                 .into_iter()
                 .filter(|r| r.status == sqs_once::Status::Completed)
                 .filter_map(|r| r.message_id)
