@@ -146,9 +146,19 @@ pub enum FailureKind {
 
 /// A handler's failure, saying what happens next.
 ///
-/// Any `std::error::Error` converts into a retryable `HandlerError` with `?`:
-/// retrying is the safe default, and the queue's redrive policy parks a message
-/// that keeps failing.
+/// Any `std::error::Error` converts into a `HandlerError` with `?`. It is
+/// retryable (retrying is the safe default, and the queue's redrive policy
+/// parks a message that keeps failing) except for a request the handler could
+/// not even build: an AWS SDK `BuildError` (a required field left out of
+/// `Update::builder()...build()`) or `SerializationError`, found anywhere in
+/// the error's source chain (so also inside an `SdkError`'s construction
+/// failure). Those are programming errors that no retry mends, so they are
+/// permanent: the message is parked with the reason at once.
+///
+/// A service's refusal of a well-formed request (DynamoDB's
+/// `ValidationException`, an access denied) cannot be told apart through the
+/// generic error and stays retryable: map it with [`HandlerError::permanent`]
+/// where the handler knows it will never pass.
 #[derive(Debug)]
 pub struct HandlerError {
     kind: FailureKind,
@@ -199,8 +209,27 @@ impl std::fmt::Display for HandlerError {
 
 impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        Self::retry(error)
+        let error = error.into();
+        if unbuildable(&*error) {
+            Self::permanent(error)
+        } else {
+            Self::retry(error)
+        }
     }
+}
+
+/// Whether `error`, or any error in its source chain, says the request could
+/// not be built or serialized (no retry can mend it).
+fn unbuildable(error: &(dyn std::error::Error + 'static)) -> bool {
+    use aws_smithy_types::error::operation::{BuildError, SerializationError};
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<BuildError>() || e.is::<SerializationError>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// A DynamoDB write staged by the handler, committed in the same
@@ -334,5 +363,50 @@ impl Context {
 
     pub(crate) fn take_staged(&self) -> Vec<StagedWrite> {
         std::mem::take(&mut *self.inner.staged.lock().expect("staged writes lock"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::types::Update;
+
+    use super::*;
+
+    fn build_update() -> Result<Update, HandlerError> {
+        // No key, table or update expression: the builder refuses.
+        Ok(Update::builder().build()?)
+    }
+
+    #[test]
+    fn an_unbuildable_request_is_permanent() {
+        let err = build_update().expect_err("an update without its required fields");
+        assert_eq!(err.kind(), FailureKind::Permanent, "{err}");
+    }
+
+    #[test]
+    fn an_unbuildable_request_inside_another_error_is_permanent() {
+        #[derive(Debug)]
+        struct Wrapped(aws_smithy_types::error::operation::BuildError);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "staging the ledger row")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let inner = aws_smithy_types::error::operation::BuildError::missing_field("key", "the key");
+        let err = HandlerError::from(Wrapped(inner));
+        assert_eq!(err.kind(), FailureKind::Permanent);
+    }
+
+    #[test]
+    fn other_errors_are_retried() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(HandlerError::from(io).kind(), FailureKind::Retry);
+        let parse = "x".parse::<u32>().expect_err("not a number");
+        assert_eq!(HandlerError::from(parse).kind(), FailureKind::Retry);
     }
 }
