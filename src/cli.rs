@@ -6,15 +6,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::calls::CallCounter;
+use crate::app::{SqsOnce, StartError};
 use crate::config::{ConfigError, MissingKey, PayloadMismatch, ProcessorConfig, parse_duration};
-use crate::dedup::dynamodb::TableCheckError;
-use crate::lambda::{LambdaAdapter, LambdaConfig};
-use crate::payloads::LargePayloads;
-use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
-use crate::{DynamoStore, Handler, KeySource, Processor};
+use crate::lambda::LambdaConfig;
+use crate::poller::PollerConfig;
+use crate::{Handler, KeySource};
 
 /// The runtimes' settings; each flag has an `SQS_ONCE_*` environment variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -289,23 +285,21 @@ pub fn init_logging() {
         .init();
 }
 
-/// Cancelled on SIGTERM or SIGINT. The handlers are in place when this
-/// returns: call it first, so a signal during start-up stops the process cleanly
-/// instead of killing it.
-pub fn shutdown_on_signals() -> CancellationToken {
-    use tokio::signal::unix::{SignalKind, signal};
-    let token = CancellationToken::new();
-    let t = token.clone();
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+pub use crate::app::shutdown_on_signals;
+
+impl RuntimeArgs {
+    /// The front door with these settings' common part (table, consumer,
+    /// processor, DynamoDB timeout, large payloads).
+    fn front_door(&self, processor: ProcessorConfig) -> Result<SqsOnce, ConfigError> {
+        let ddb_timeout = parse_duration("SQS_ONCE_DYNAMODB_TIMEOUT", &self.dynamodb_timeout)?;
+        let mut front = SqsOnce::builder(&self.table, &self.consumer)
+            .processor_config(|c| *c = processor)
+            .dynamodb_timeout(ddb_timeout);
+        if self.large_payloads {
+            front = front.large_payloads(self.delete_payloads, self.large_payload_max_bytes);
         }
-        t.cancel();
-    });
-    token
+        Ok(front)
+    }
 }
 
 /// Runs `handler` in the runtime the environment asks for: Lambda when
@@ -318,189 +312,51 @@ pub async fn run<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     }
 }
 
-/// Prints a start-up failure; exit code 2.
-fn startup_failure(e: impl std::fmt::Display) -> ExitCode {
+/// Prints a start-up failure; exit code 2 (a failed Lambda runtime: 1).
+fn startup_failure(e: impl Into<StartError>) -> ExitCode {
+    let e = e.into();
     eprintln!("{e}");
-    ExitCode::from(2)
-}
-
-/// A start-up check that failed.
-#[derive(Debug, thiserror::Error)]
-enum StartupCheckError {
-    /// The dedup table cannot serve, or could not be described.
-    #[error(transparent)]
-    Table(#[from] TableCheckError),
-    /// The source queue could not be read.
-    #[error(transparent)]
-    Queue(#[from] QueueCheckError),
-}
-
-impl StartupCheckError {
-    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
-    fn is_transient(&self) -> bool {
-        match self {
-            Self::Table(e) => e.is_transient(),
-            Self::Queue(e) => e.is_transient(),
-        }
+    match e {
+        StartError::Lambda(_) => ExitCode::FAILURE,
+        _ => ExitCode::from(2),
     }
-}
-
-/// Runs a start-up check again while it fails for a reason that may pass (no
-/// answer, throttling), for up to a minute; a definite failure, or one that
-/// lasts, is a start-up failure (exit code 2).
-async fn retry_transient<F, Fut>(mut check: F) -> Result<(), ExitCode>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), StartupCheckError>>,
-{
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match check().await {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < give_up => {
-                tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(8));
-            }
-            Err(e) => return Err(startup_failure(e)),
-        }
-    }
-}
-
-/// The clients, counting their calls, and the processor for a runtime.
-struct Prepared<H> {
-    sqs: aws_sdk_sqs::Client,
-    processor: Processor<DynamoStore, H>,
-    calls: CallCounter,
-}
-
-/// Loads the SDK configuration, checks the dedup table and builds the processor.
-/// `sqs_timeout` bounds one SQS request (above the long-poll wait).
-async fn prepare<H: Handler>(
-    args: &RuntimeArgs,
-    config: ProcessorConfig,
-    handler: H,
-    sqs_timeout: Duration,
-) -> Result<Prepared<H>, ExitCode> {
-    let ddb_timeout = parse_duration("SQS_ONCE_DYNAMODB_TIMEOUT", &args.dynamodb_timeout)
-        .map_err(startup_failure)?;
-    let sdk = aws_config::load_from_env().await;
-    let calls = CallCounter::default();
-    let attempt_timeout = |d: Duration| {
-        aws_config::timeout::TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .operation_attempt_timeout(d)
-            .build()
-    };
-    let ddb = aws_sdk_dynamodb::Client::from_conf(
-        calls
-            .dynamodb_config(&sdk)
-            .to_builder()
-            .timeout_config(attempt_timeout(ddb_timeout))
-            .build(),
-    );
-    let sqs = aws_sdk_sqs::Client::from_conf(
-        calls
-            .sqs_config(&sdk)
-            .to_builder()
-            .timeout_config(attempt_timeout(sqs_timeout))
-            .build(),
-    );
-    let store = DynamoStore::new(ddb, args.table.clone());
-    retry_transient(|| async { Ok(store.check_table().await?) }).await?;
-    let mut processor = Processor::new(store, handler, config).map_err(startup_failure)?;
-    if args.large_payloads {
-        let s3 = aws_sdk_s3::Client::from_conf(
-            calls
-                .s3_config(&sdk)
-                .to_builder()
-                .timeout_config(attempt_timeout(Duration::from_secs(30)))
-                .build(),
-        );
-        let payloads = LargePayloads::new(s3)
-            .deleting(args.delete_payloads)
-            .max_bytes(args.large_payload_max_bytes);
-        tracing::info!(
-            delete = args.delete_payloads,
-            "large payloads through S3: on"
-        );
-        processor = processor.with_large_payloads(payloads);
-    }
-    Ok(Prepared {
-        sqs,
-        processor,
-        calls,
-    })
 }
 
 /// Checks the table, then serves Lambda invocations. A start-up failure exits
 /// with code 2 (Lambda reports it as an init error with the message in the log).
 pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
-    let (pconf, lconf) = match args.lambda_configs() {
-        Ok(c) => c,
-        Err(e) => return startup_failure(e),
-    };
-    let Prepared { sqs, processor, .. } =
-        match prepare(&args, pconf, handler, Duration::from_secs(10)).await {
-            Ok(p) => p,
-            Err(code) => return code,
-        };
-    let adapter = LambdaAdapter::new(sqs, processor, lconf);
-    match crate::lambda::run(adapter).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Lambda runtime failed: {e}");
-            ExitCode::FAILURE
-        }
+    let front = args.lambda_configs().and_then(|(processor, lambda)| {
+        Ok(args.front_door(processor)?.lambda_config(|c| *c = lambda))
+    });
+    match front {
+        Ok(front) => match front.run_lambda(handler).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => startup_failure(e),
+        },
+        Err(e) => startup_failure(e),
     }
 }
 
-/// Checks the table and queue, then runs the poller until a signal. The exit
-/// code is non-zero only for a start-up failure.
+/// Checks the table and queue, then runs the poller until a signal, and
+/// prints what it did as one JSON line. The exit code is non-zero only for a
+/// start-up failure.
 pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
+    // First, so a signal during the start-up checks stops the process cleanly.
     let shutdown = shutdown_on_signals();
-    let (pconf, qconf) = match args.poller_configs() {
-        Ok(c) => c,
+    let front = args.poller_configs().and_then(|(processor, poller)| {
+        Ok(args
+            .front_door(processor)?
+            .poller_config(|c| *c = poller)
+            .shutdown_on(shutdown))
+    });
+    let report = match front {
+        Ok(front) => match front.run_poller(handler).await {
+            Ok(report) => report,
+            Err(e) => return startup_failure(e),
+        },
         Err(e) => return startup_failure(e),
     };
-    let (heartbeat, ttl) = (pconf.heartbeat, pconf.ttl);
-    let start = async {
-        let prepared = prepare(
-            &args,
-            pconf,
-            handler,
-            qconf.wait_time + Duration::from_secs(10),
-        )
-        .await?;
-        retry_transient(|| async {
-            Ok(check_queue(&prepared.sqs, &qconf.queue_url, heartbeat, ttl).await?)
-        })
-        .await?;
-        Ok(prepared)
-    };
-    // A signal during the start-up checks stops the process cleanly too.
-    let started = tokio::select! {
-        r = start => Some(r),
-        () = shutdown.cancelled() => None,
-    };
-    let (stats, calls) = match started {
-        Some(Ok(Prepared {
-            sqs,
-            processor,
-            calls,
-        })) => {
-            tracing::info!(queue = %qconf.queue_url, concurrency = qconf.concurrency, "polling");
-            let stats = crate::poller::run(sqs, processor, qconf, shutdown).await;
-            tracing::info!(?stats, "stopped");
-            (stats, calls.snapshot())
-        }
-        Some(Err(code)) => return code,
-        None => {
-            tracing::info!("stopped during start-up");
-            (RunStats::default(), Default::default())
-        }
-    };
+    let (stats, calls) = (report.stats, report.calls);
     println!(
         "{}",
         serde_json::json!({

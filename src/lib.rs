@@ -22,6 +22,15 @@
 //!
 //! The protocol, and the reasons for it, are in the project's `docs/DESIGN.md`.
 //!
+//! # Start here
+//! [`SqsOnce`] is the front door: `SqsOnce::builder(table, consumer)`, a key,
+//! a queue, then `run(handler)` (the Lambda function under the Lambda runtime,
+//! else a poller until SIGTERM). It loads the AWS configuration, bounds every
+//! request's time, checks the table and the queue at start-up and takes the
+//! binaries' defaults. The runtimes' own functions ([`poller::run`],
+//! [`lambda::run`]) and configs are the layer beneath it, for tests and
+//! special hosts.
+//!
 //! # Layout
 //! - The protocol: [`handler`](Handler) and [`Message`], [`key`] (dedup keys),
 //!   [`dedup`] (the record, the store trait, DynamoDB and in-memory stores),
@@ -34,10 +43,11 @@
 //! - Settings: [`config`] ([`ProcessorConfig`]); counters and their EMF
 //!   lines: [`metrics`]; spans and the producer's trace context: [`trace`]
 //!   (exported by OTLP with the default feature `otel`: `otel`).
+//! - The front door: [`SqsOnce`] (clients, start-up checks, either runtime)
+//!   and [`calls`] (AWS calls counted by operation, with an SDK interceptor).
 //! - Process glue, behind the default feature `cli` (clap,
 //!   tracing-subscriber): `cli` (settings from the environment and flags,
-//!   logging, signals, and `cli::run`, which chooses the runtime) and `calls`
-//!   (AWS calls counted by operation). A crate that builds its own process
+//!   logging, and `cli::run`, which hands them to the front door). A crate that builds its own process
 //!   turns it off with `default-features = false`.
 //!
 //! The project's other crates: the operator tool `sqs-once` (`cli/`: resource
@@ -48,8 +58,8 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod app;
 pub mod aws;
-#[cfg(feature = "cli")]
 pub mod calls;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -72,6 +82,7 @@ pub mod queue;
 mod runtime;
 pub mod trace;
 
+pub use app::{PollerReport, SqsOnce, StartError, shutdown_on_signals};
 pub use config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use dedup::dynamodb::DynamoStore;
 pub use dedup::memory::MemoryStore;

@@ -10,6 +10,7 @@ mod common;
 mod contract;
 mod dynamodb;
 mod emulator;
+mod front_door;
 mod holes;
 mod lambda;
 mod large_payloads;

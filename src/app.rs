@@ -1,0 +1,414 @@
+//! The front door: [`SqsOnce`] builds what a consumer process needs (the AWS
+//! clients with bounded timeouts and call counting, the DynamoDB store, the
+//! processor, the large-payload reader), checks the dedup table and the queue
+//! at start-up (retrying answers that may pass), and runs a handler as a
+//! poller or as the Lambda function. It starts from the binaries' defaults, so
+//! a handler embedded in a user's own `main` behaves as it does under the
+//! `sqs-once` binaries, which use it too.
+//!
+//! ```no_run
+//! use sqs_once::{Context, HandlerResult, KeySource, Message, SqsOnce, handler_fn};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), sqs_once::StartError> {
+//!     let handler = handler_fn(|message: Message, _ctx: Context| async move {
+//!         println!("{}", message.body());
+//!         HandlerResult::Ok(None)
+//!     });
+//!     SqsOnce::builder("dedup-table", "orders")
+//!         .key("json:/order_id".parse::<KeySource>()?)
+//!         .queue_url("https://sqs.eu-west-1.amazonaws.com/123456789012/orders")
+//!         .run(handler) // Lambda under the Lambda runtime, else a poller until SIGTERM
+//!         .await
+//! }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::calls::CallCounter;
+use crate::config::{ConfigError, ProcessorConfig};
+use crate::dedup::dynamodb::TableCheckError;
+use crate::lambda::{LambdaAdapter, LambdaConfig};
+use crate::payloads::LargePayloads;
+use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
+use crate::{DynamoStore, Handler, KeySource, Processor};
+
+/// How long one SQS request may take beyond its long-poll wait.
+const SQS_SLACK: Duration = Duration::from_secs(10);
+/// How long a start-up check is tried again while its failure may pass.
+const START_UP_RETRIES_FOR: Duration = Duration::from_secs(60);
+
+/// Why a consumer could not start (or its Lambda runtime stopped).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A setting is invalid; the error names it.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The dedup table cannot serve (missing, wrong key schema, no TTL, ...),
+    /// or could not be described.
+    #[error(transparent)]
+    Table(#[from] TableCheckError),
+    /// The source queue could not be read, or its settings cannot work with
+    /// the lease and TTL.
+    #[error(transparent)]
+    Queue(#[from] QueueCheckError),
+    /// The Lambda runtime failed.
+    #[error("Lambda runtime failed: {0}")]
+    Lambda(lambda_runtime::Error),
+}
+
+impl From<crate::key::KeySourceParseError> for StartError {
+    fn from(e: crate::key::KeySourceParseError) -> Self {
+        Self::Config(ConfigError {
+            setting: "SQS_ONCE_DEDUP_KEY",
+            problem: e.to_string(),
+        })
+    }
+}
+
+impl StartError {
+    /// Whether trying again later may succeed (no answer, throttling, a 5xx);
+    /// a refusal or a misconfiguration will not pass by itself.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Config(_) | Self::Lambda(_) => false,
+            Self::Table(e) => e.is_transient(),
+            Self::Queue(e) => e.is_transient(),
+        }
+    }
+}
+
+/// What a poller run did, when it stopped.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct PollerReport {
+    /// Messages received, completed, retried, parked, ...
+    pub stats: RunStats,
+    /// AWS calls made, by `Service.Operation` (`DynamoDB.UpdateItem`).
+    pub calls: BTreeMap<String, u64>,
+}
+
+/// Builds and runs an sqs-once consumer: see the [module docs](self).
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct SqsOnce {
+    table: String,
+    processor: ProcessorConfig,
+    poller: PollerConfig,
+    lambda: LambdaConfig,
+    dynamodb_timeout: Duration,
+    large_payloads: Option<LargePayloadOptions>,
+    sdk: Option<aws_config::SdkConfig>,
+    shutdown: Option<CancellationToken>,
+}
+
+/// Large payloads through S3 (the SQS Extended Client's pointers).
+#[derive(Debug, Clone, Copy)]
+struct LargePayloadOptions {
+    delete: bool,
+    max_bytes: usize,
+}
+
+impl SqsOnce {
+    /// A consumer named `consumer` (the namespace of its dedup records) with
+    /// its records in the DynamoDB table `table`, with the binaries' defaults:
+    /// dedup key `message-id` (set a business key with [`key`](Self::key)),
+    /// lease 60 s, heartbeat 20 s, TTL 7 days, concurrency 10, prefetch 10,
+    /// EMF metrics every 60 s (after every invocation in Lambda), retention
+    /// checked against the TTL, DynamoDB requests abandoned after 5 s.
+    pub fn builder(table: impl Into<String>, consumer: impl Into<String>) -> Self {
+        let mut poller = PollerConfig::new("");
+        poller.metrics_interval = Some(Duration::from_secs(60));
+        Self {
+            table: table.into(),
+            processor: ProcessorConfig::new(consumer),
+            poller,
+            lambda: LambdaConfig {
+                emf: true,
+                check_retention: true,
+                ..LambdaConfig::default()
+            },
+            dynamodb_timeout: Duration::from_secs(5),
+            large_payloads: None,
+            sdk: None,
+            shutdown: None,
+        }
+    }
+
+    /// Where the dedup key comes from (a business id: see [`KeySource`]).
+    pub fn key(mut self, key: KeySource) -> Self {
+        self.processor.key_source = key;
+        self
+    }
+
+    /// The source queue (required for the poller; in Lambda it is looked up
+    /// from each record's queue ARN unless given).
+    pub fn queue_url(mut self, url: impl Into<String>) -> Self {
+        let url = url.into();
+        self.poller.queue_url.clone_from(&url);
+        self.lambda.queue_url = Some(url);
+        self
+    }
+
+    /// Where permanent failures are parked, with their reason. Without one, a
+    /// permanent failure comes back until the queue's redrive policy moves it.
+    pub fn dlq_url(mut self, url: impl Into<String>) -> Self {
+        let url = url.into();
+        self.poller.dlq_url = Some(url.clone());
+        self.lambda.dlq_url = Some(url);
+        self
+    }
+
+    /// Handlers running at once at most (in Lambda: records, or FIFO groups).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.poller.concurrency = n;
+        self.lambda.concurrency = n;
+        self
+    }
+
+    /// The claim's lease and the heartbeat that extends it (and the message's
+    /// visibility) while a handler runs.
+    pub fn lease(mut self, lease: Duration, heartbeat: Duration) -> Self {
+        self.processor.lease = lease;
+        self.processor.heartbeat = heartbeat;
+        self
+    }
+
+    /// How long records are kept (must exceed the queue's retention and the
+    /// redelivery window; checked at start-up).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.processor.ttl = ttl;
+        self
+    }
+
+    /// How long one DynamoDB request may take before it is abandoned and sent
+    /// again (with the same token, so an abandoned write that committed is found).
+    pub fn dynamodb_timeout(mut self, timeout: Duration) -> Self {
+        self.dynamodb_timeout = timeout;
+        self
+    }
+
+    /// Read large payloads from S3 (bodies that are an SQS Extended Client
+    /// pointer), at most `max_bytes` each; with `delete`, an object is deleted
+    /// after its message is.
+    pub fn large_payloads(mut self, delete: bool, max_bytes: usize) -> Self {
+        self.large_payloads = Some(LargePayloadOptions { delete, max_bytes });
+        self
+    }
+
+    /// The AWS configuration to use instead of loading it from the environment.
+    pub fn sdk_config(mut self, sdk: aws_config::SdkConfig) -> Self {
+        self.sdk = Some(sdk);
+        self
+    }
+
+    /// Stop the poller when `token` is cancelled, instead of on SIGTERM/SIGINT.
+    pub fn shutdown_on(mut self, token: CancellationToken) -> Self {
+        self.shutdown = Some(token);
+        self
+    }
+
+    /// Any other processor setting.
+    pub fn processor_config(mut self, f: impl FnOnce(&mut ProcessorConfig)) -> Self {
+        f(&mut self.processor);
+        self
+    }
+
+    /// Any other poller setting (the queue URL set here wins over
+    /// [`queue_url`](Self::queue_url) for the poller).
+    pub fn poller_config(mut self, f: impl FnOnce(&mut PollerConfig)) -> Self {
+        f(&mut self.poller);
+        self
+    }
+
+    /// Any other Lambda setting.
+    pub fn lambda_config(mut self, f: impl FnOnce(&mut LambdaConfig)) -> Self {
+        f(&mut self.lambda);
+        self
+    }
+
+    /// Runs `handler` in the runtime the environment asks for: the Lambda
+    /// function when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
+    /// SIGTERM/SIGINT or the [`shutdown_on`](Self::shutdown_on) token).
+    pub async fn run<H: Handler>(self, handler: H) -> Result<(), StartError> {
+        if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+            self.run_lambda(handler).await
+        } else {
+            self.run_poller(handler).await.map(|_| ())
+        }
+    }
+
+    /// Checks the table, then serves Lambda invocations until the environment ends.
+    pub async fn run_lambda<H: Handler>(self, handler: H) -> Result<(), StartError> {
+        let adapter = self.lambda_adapter(handler).await?;
+        crate::lambda::run(adapter).await.map_err(StartError::Lambda)
+    }
+
+    /// Checks the table and builds the Lambda adapter, for a process that
+    /// drives `lambda_runtime` itself (see [`crate::lambda::run`]).
+    pub async fn lambda_adapter<H: Handler>(
+        self,
+        handler: H,
+    ) -> Result<LambdaAdapter<DynamoStore, H, aws_sdk_sqs::Client>, StartError> {
+        let lambda = self.lambda.clone();
+        let prepared = self.prepare(handler, SQS_SLACK).await?;
+        Ok(LambdaAdapter::new(prepared.sqs, prepared.processor, lambda))
+    }
+
+    /// Checks the table and the queue, then polls until shutdown (or, with
+    /// `exit_when_idle`, until idle), draining what is in flight.
+    pub async fn run_poller<H: Handler>(mut self, handler: H) -> Result<PollerReport, StartError> {
+        let shutdown = self.shutdown.take().unwrap_or_else(shutdown_on_signals);
+        let poller = self.poller.clone();
+        if poller.queue_url.is_empty() {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_QUEUE_URL",
+                problem: "the poller needs the source queue's URL".into(),
+            }
+            .into());
+        }
+        let (heartbeat, ttl) = (self.processor.heartbeat, self.processor.ttl);
+        let start = async {
+            let prepared = self.prepare(handler, poller.wait_time + SQS_SLACK).await?;
+            retry_transient(|| async {
+                check_queue(&prepared.sqs, &poller.queue_url, heartbeat, ttl)
+                    .await
+                    .map_err(StartError::from)
+            })
+            .await?;
+            Ok::<_, StartError>(prepared)
+        };
+        // A signal during the start-up checks stops the process cleanly too.
+        let prepared = tokio::select! {
+            r = start => r?,
+            () = shutdown.cancelled() => {
+                tracing::info!("stopped during start-up");
+                return Ok(PollerReport::default());
+            }
+        };
+        tracing::info!(queue = %poller.queue_url, concurrency = poller.concurrency, "polling");
+        let stats = crate::poller::run(prepared.sqs, prepared.processor, poller, shutdown).await;
+        tracing::info!(?stats, "stopped");
+        Ok(PollerReport {
+            stats,
+            calls: prepared.calls.snapshot(),
+        })
+    }
+
+    /// Loads the SDK configuration, builds the clients, checks the dedup
+    /// table and builds the processor. `sqs_timeout` bounds one SQS request.
+    async fn prepare<H: Handler>(
+        self,
+        handler: H,
+        sqs_timeout: Duration,
+    ) -> Result<Prepared<H>, StartError> {
+        self.processor.validate()?;
+        if self.poller.concurrency == 0 || self.lambda.concurrency == 0 {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_CONCURRENCY",
+                problem: "must be at least 1".into(),
+            }
+            .into());
+        }
+        let sdk = match self.sdk {
+            Some(sdk) => sdk,
+            None => aws_config::load_from_env().await,
+        };
+        let calls = CallCounter::default();
+        let attempt_timeout = |d: Duration| {
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .operation_attempt_timeout(d)
+                .build()
+        };
+        let ddb = aws_sdk_dynamodb::Client::from_conf(
+            calls
+                .dynamodb_config(&sdk)
+                .to_builder()
+                .timeout_config(attempt_timeout(self.dynamodb_timeout))
+                .build(),
+        );
+        let sqs = aws_sdk_sqs::Client::from_conf(
+            calls
+                .sqs_config(&sdk)
+                .to_builder()
+                .timeout_config(attempt_timeout(sqs_timeout))
+                .build(),
+        );
+        let store = DynamoStore::new(ddb, self.table);
+        retry_transient(|| async { store.check_table().await.map_err(StartError::from) }).await?;
+        let mut processor = Processor::new(store, handler, self.processor)?;
+        if let Some(options) = self.large_payloads {
+            let s3 = aws_sdk_s3::Client::from_conf(
+                calls
+                    .s3_config(&sdk)
+                    .to_builder()
+                    .timeout_config(attempt_timeout(Duration::from_secs(30)))
+                    .build(),
+            );
+            let payloads = LargePayloads::new(s3)
+                .deleting(options.delete)
+                .max_bytes(options.max_bytes);
+            tracing::info!(delete = options.delete, "large payloads through S3: on");
+            processor = processor.with_large_payloads(payloads);
+        }
+        Ok(Prepared {
+            sqs,
+            processor,
+            calls,
+        })
+    }
+}
+
+/// The clients, counting their calls, and the processor for a runtime.
+struct Prepared<H> {
+    sqs: aws_sdk_sqs::Client,
+    processor: Processor<DynamoStore, H>,
+    calls: CallCounter,
+}
+
+/// Runs a start-up check again while it fails for a reason that may pass (no
+/// answer, throttling) for up to a minute; a definite failure, or one that
+/// lasts, is returned.
+async fn retry_transient<F, Fut>(mut check: F) -> Result<(), StartError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), StartError>>,
+{
+    let give_up = tokio::time::Instant::now() + START_UP_RETRIES_FOR;
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match check().await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < give_up => {
+                tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Cancelled on SIGTERM or SIGINT. The handlers are in place when this
+/// returns: call it first, so a signal during start-up stops the process
+/// cleanly instead of killing it.
+pub fn shutdown_on_signals() -> CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let t = token.clone();
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        }
+        t.cancel();
+    });
+    token
+}

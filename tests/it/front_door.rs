@@ -1,0 +1,139 @@
+//! The front door (`SqsOnce`) against LocalStack, used as a user's own `main`
+//! would: a poller and a Lambda adapter built by it, with effects counted, and
+//! start-up failures that name the problem.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use sqs_once::{HandlerError, HandlerResult, KeySource, Message, SqsOnce, StartError, handler_fn};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{
+    bodies_with_reasons, ddb, dedup_table, depth, queues, sdk_config, send_all, sqs, unique,
+};
+use crate::lambda::receive_event;
+
+/// A handler that counts its effect per order id (a body without one is a
+/// permanent failure).
+fn counting() -> (
+    Arc<Mutex<BTreeMap<String, u32>>>,
+    impl sqs_once::Handler,
+) {
+    let effects = Arc::new(Mutex::new(BTreeMap::new()));
+    let seen = effects.clone();
+    let handler = handler_fn(move |message: Message, _ctx| {
+        let seen = seen.clone();
+        async move {
+            let body: serde_json::Value = message.json().map_err(HandlerError::permanent)?;
+            let id = body["order_id"].as_str().unwrap_or_default().to_owned();
+            *seen.lock().unwrap().entry(id).or_insert(0) += 1;
+            HandlerResult::Ok(None)
+        }
+    });
+    (effects, handler)
+}
+
+fn order(id: &str) -> String {
+    serde_json::json!({ "order_id": id }).to_string()
+}
+
+#[tokio::test]
+async fn the_front_door_runs_a_poller_that_applies_each_order_once() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 30).await;
+    let table = dedup_table(&ddb).await;
+    // Three orders, two sent twice, and one body with no order id.
+    let mut bodies: Vec<String> = ["o-1", "o-2", "o-3", "o-1", "o-3"].map(order).to_vec();
+    bodies.push(r#"{"note":"no order id"}"#.to_owned());
+    send_all(&sqs, &q.queue_url, &bodies).await;
+
+    let (effects, handler) = counting();
+    let report = SqsOnce::builder(&table, "front-door")
+        .sdk_config(sdk_config().await)
+        .key("json:/order_id".parse::<KeySource>().unwrap())
+        .queue_url(&q.queue_url)
+        .dlq_url(&q.dlq_url)
+        .poller_config(|c| {
+            c.wait_time = Duration::from_secs(1);
+            c.exit_when_idle = Some(Duration::from_secs(3));
+            c.metrics_interval = None;
+        })
+        .shutdown_on(CancellationToken::new())
+        .run_poller(handler)
+        .await
+        .expect("the poller starts and runs until idle");
+
+    let effects = effects.lock().unwrap().clone();
+    let expected: BTreeMap<String, u32> =
+        [("o-1", 1), ("o-2", 1), ("o-3", 1)].map(|(k, v)| (k.to_owned(), v)).into();
+    assert_eq!(effects, expected, "each order applied exactly once");
+    assert_eq!(report.stats.received, 6, "{report:?}");
+    assert_eq!(report.stats.duplicates, 2, "{report:?}");
+    assert_eq!(report.stats.parked, 1, "{report:?}");
+    assert!(report.calls.contains_key("DynamoDB.DescribeTable"), "{:?}", report.calls);
+    assert_eq!(depth(&sqs, &q.queue_url).await, 0, "nothing left in the queue");
+    let parked = bodies_with_reasons(&sqs, &q.dlq_url).await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert!(parked[0].1.contains("order_id"), "the reason names the key: {parked:?}");
+}
+
+#[tokio::test]
+async fn the_front_door_builds_a_lambda_adapter_that_applies_each_order_once() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 30).await;
+    let table = dedup_table(&ddb).await;
+    send_all(&sqs, &q.queue_url, &["o-1", "o-2", "o-1"].map(order)).await;
+    let event = receive_event(&sqs, &q.queue_url, 3).await;
+
+    let (effects, handler) = counting();
+    let adapter = SqsOnce::builder(&table, "front-door-lambda")
+        .sdk_config(sdk_config().await)
+        .key("json:/order_id".parse::<KeySource>().unwrap())
+        .lambda_config(|c| c.emf = false)
+        .lambda_adapter(handler)
+        .await
+        .expect("the table check passes");
+    let answer = adapter
+        .handle(event, SystemTime::now() + Duration::from_secs(30))
+        .await
+        .expect("the batch is answered");
+
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    let effects = effects.lock().unwrap().clone();
+    let expected: BTreeMap<String, u32> =
+        [("o-1", 1), ("o-2", 1)].map(|(k, v)| (k.to_owned(), v)).into();
+    assert_eq!(effects, expected, "each order applied exactly once");
+}
+
+#[tokio::test]
+async fn the_front_door_names_a_missing_table_at_start_up() {
+    let sqs = sqs().await;
+    let q = queues(&sqs, false, 30).await;
+    let missing = unique("no-such-table");
+    let (effects, handler) = counting();
+    let err = SqsOnce::builder(&missing, "front-door")
+        .sdk_config(sdk_config().await)
+        .queue_url(&q.queue_url)
+        .shutdown_on(CancellationToken::new())
+        .run_poller(handler)
+        .await
+        .expect_err("a missing table is a start-up failure");
+    assert!(matches!(err, StartError::Table(_)), "{err:?}");
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(err.to_string().contains(&missing), "{err}");
+    assert!(effects.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_front_door_rejects_a_poller_without_a_queue() {
+    let (effects, handler) = counting();
+    let err = SqsOnce::builder("any-table", "front-door")
+        .sdk_config(sdk_config().await)
+        .shutdown_on(CancellationToken::new())
+        .run_poller(handler)
+        .await
+        .expect_err("no queue URL");
+    assert!(err.to_string().contains("SQS_ONCE_QUEUE_URL"), "{err}");
+    assert!(effects.lock().unwrap().is_empty());
+}
