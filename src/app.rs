@@ -5,23 +5,6 @@
 //! poller or as the Lambda function. It starts from the binaries' defaults, so
 //! a handler embedded in a user's own `main` behaves as it does under the
 //! `sqs-once` binaries, which use it too.
-//!
-//! ```no_run
-//! use sqs_once::{Context, HandlerResult, KeySource, Message, SqsOnce, handler_fn};
-//!
-//! #[tokio::main]
-//! async fn main() -> Result<(), sqs_once::StartError> {
-//!     let handler = handler_fn(|message: Message, _ctx: Context| async move {
-//!         println!("{}", message.body());
-//!         HandlerResult::Ok(None)
-//!     });
-//!     SqsOnce::builder("dedup-table", "orders")
-//!         .key("json:/order_id".parse::<KeySource>()?)
-//!         .queue_url("https://sqs.eu-west-1.amazonaws.com/123456789012/orders")
-//!         .run(handler) // Lambda under the Lambda runtime, else a poller until SIGTERM
-//!         .await
-//! }
-//! ```
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -92,7 +75,24 @@ pub struct PollerReport {
     pub calls: BTreeMap<String, u64>,
 }
 
-/// Builds and runs an sqs-once consumer: see the [module docs](self).
+/// Builds and runs an sqs-once consumer.
+///
+/// ```no_run
+/// use sqs_once::{Context, HandlerResult, KeySource, Message, SqsOnce, handler_fn};
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), sqs_once::StartError> {
+///     let handler = handler_fn(|message: Message, _ctx: Context| async move {
+///         println!("{}", message.body());
+///         HandlerResult::Ok(None)
+///     });
+///     SqsOnce::builder("dedup-table", "orders")
+///         .key("json:/order_id".parse::<KeySource>()?)
+///         .queue_url("https://sqs.eu-west-1.amazonaws.com/123456789012/orders")
+///         .run(handler) // Lambda under the Lambda runtime, else a poller until SIGTERM
+///         .await
+/// }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct SqsOnce {
