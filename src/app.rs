@@ -6,7 +6,6 @@
 //! a handler embedded in a user's own `main` behaves as it does under the
 //! `sqs-once` binaries, which use it too.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -14,8 +13,11 @@ use tokio_util::sync::CancellationToken;
 use crate::calls::CallCounter;
 use crate::config::{ConfigError, ProcessorConfig};
 use crate::dedup::dynamodb::TableCheckError;
+#[cfg(feature = "lambda")]
 use crate::lambda::{LambdaAdapter, LambdaConfig};
+#[cfg(feature = "s3-payloads")]
 use crate::payloads::LargePayloads;
+#[cfg(feature = "poller")]
 use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
@@ -37,11 +39,16 @@ pub enum StartError {
     Table(#[from] TableCheckError),
     /// The source queue could not be read, or its settings cannot work with
     /// the lease and TTL.
+    #[cfg(feature = "poller")]
     #[error(transparent)]
     Queue(#[from] QueueCheckError),
     /// The Lambda runtime failed.
+    #[cfg(feature = "lambda")]
     #[error("Lambda runtime failed: {0}")]
     Lambda(lambda_runtime::Error),
+    /// The runtime asked for is not compiled in (its feature is off).
+    #[error("the {0} runtime is not compiled in: turn on the `{0}` feature of sqs-once")]
+    NotCompiledIn(&'static str),
 }
 
 impl From<crate::key::KeySourceParseError> for StartError {
@@ -58,21 +65,23 @@ impl StartError {
     /// a refusal or a misconfiguration will not pass by itself.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Config(_) | Self::Lambda(_) => false,
             Self::Table(e) => e.is_transient(),
+            #[cfg(feature = "poller")]
             Self::Queue(e) => e.is_transient(),
+            _ => false,
         }
     }
 }
 
 /// What a poller run did, when it stopped.
+#[cfg(feature = "poller")]
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct PollerReport {
     /// Messages received, completed, retried, parked, ...
     pub stats: RunStats,
     /// AWS calls made, by `Service.Operation` (`DynamoDB.UpdateItem`).
-    pub calls: BTreeMap<String, u64>,
+    pub calls: std::collections::BTreeMap<String, u64>,
 }
 
 /// Builds and runs an sqs-once consumer.
@@ -97,16 +106,23 @@ pub struct PollerReport {
 #[must_use]
 pub struct SqsOnce {
     table: String,
+    queue_url: Option<String>,
+    dlq_url: Option<String>,
+    concurrency: Option<usize>,
     processor: ProcessorConfig,
+    #[cfg(feature = "poller")]
     poller: PollerConfig,
+    #[cfg(feature = "lambda")]
     lambda: LambdaConfig,
     dynamodb_timeout: Duration,
+    #[cfg(feature = "s3-payloads")]
     large_payloads: Option<LargePayloadOptions>,
     sdk: Option<aws_config::SdkConfig>,
     shutdown: Option<CancellationToken>,
 }
 
 /// Large payloads through S3 (the SQS Extended Client's pointers).
+#[cfg(feature = "s3-payloads")]
 #[derive(Debug, Clone, Copy)]
 struct LargePayloadOptions {
     delete: bool,
@@ -121,18 +137,25 @@ impl SqsOnce {
     /// EMF metrics every 60 s (after every invocation in Lambda), retention
     /// checked against the TTL, DynamoDB requests abandoned after 5 s.
     pub fn builder(table: impl Into<String>, consumer: impl Into<String>) -> Self {
-        let mut poller = PollerConfig::new("");
-        poller.metrics_interval = Some(Duration::from_secs(60));
         Self {
             table: table.into(),
+            queue_url: None,
+            dlq_url: None,
+            concurrency: None,
             processor: ProcessorConfig::new(consumer),
-            poller,
+            #[cfg(feature = "poller")]
+            poller: PollerConfig {
+                metrics_interval: Some(Duration::from_secs(60)),
+                ..PollerConfig::new("")
+            },
+            #[cfg(feature = "lambda")]
             lambda: LambdaConfig {
                 emf: true,
                 check_retention: true,
                 ..LambdaConfig::default()
             },
             dynamodb_timeout: Duration::from_secs(5),
+            #[cfg(feature = "s3-payloads")]
             large_payloads: None,
             sdk: None,
             shutdown: None,
@@ -148,25 +171,21 @@ impl SqsOnce {
     /// The source queue (required for the poller; in Lambda it is looked up
     /// from each record's queue ARN unless given).
     pub fn queue_url(mut self, url: impl Into<String>) -> Self {
-        let url = url.into();
-        self.poller.queue_url.clone_from(&url);
-        self.lambda.queue_url = Some(url);
+        self.queue_url = Some(url.into());
         self
     }
 
     /// Where permanent failures are parked, with their reason. Without one, a
     /// permanent failure comes back until the queue's redrive policy moves it.
     pub fn dlq_url(mut self, url: impl Into<String>) -> Self {
-        let url = url.into();
-        self.poller.dlq_url = Some(url.clone());
-        self.lambda.dlq_url = Some(url);
+        self.dlq_url = Some(url.into());
         self
     }
 
-    /// Handlers running at once at most (in Lambda: records, or FIFO groups).
+    /// Handlers running at once at most (in Lambda: records, or FIFO groups;
+    /// default 10).
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.poller.concurrency = n;
-        self.lambda.concurrency = n;
+        self.concurrency = Some(n);
         self
     }
 
@@ -192,9 +211,10 @@ impl SqsOnce {
         self
     }
 
-    /// Read large payloads from S3 (bodies that are an SQS Extended Client
+    /// Read large payloads from S3 (feature `s3-payloads`) (bodies that are an SQS Extended Client
     /// pointer), at most `max_bytes` each; with `delete`, an object is deleted
     /// after its message is.
+    #[cfg(feature = "s3-payloads")]
     pub fn large_payloads(mut self, delete: bool, max_bytes: usize) -> Self {
         self.large_payloads = Some(LargePayloadOptions { delete, max_bytes });
         self
@@ -218,14 +238,16 @@ impl SqsOnce {
         self
     }
 
-    /// Any other poller setting (the queue URL set here wins over
+    /// Any other poller setting (feature `poller`) (the queue URL set here wins over
     /// [`queue_url`](Self::queue_url) for the poller).
+    #[cfg(feature = "poller")]
     pub fn poller_config(mut self, f: impl FnOnce(&mut PollerConfig)) -> Self {
         f(&mut self.poller);
         self
     }
 
-    /// Any other Lambda setting.
+    /// Any other Lambda setting (feature `lambda`).
+    #[cfg(feature = "lambda")]
     pub fn lambda_config(mut self, f: impl FnOnce(&mut LambdaConfig)) -> Self {
         f(&mut self.lambda);
         self
@@ -234,15 +256,22 @@ impl SqsOnce {
     /// Runs `handler` in the runtime the environment asks for: the Lambda
     /// function when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
     /// SIGTERM/SIGINT or the [`shutdown_on`](Self::shutdown_on) token).
+    /// A runtime whose feature is off is a [`StartError::NotCompiledIn`].
     pub async fn run<H: Handler>(self, handler: H) -> Result<(), StartError> {
         if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-            self.run_lambda(handler).await
-        } else {
-            self.run_poller(handler).await.map(|_| ())
+            #[cfg(feature = "lambda")]
+            return self.run_lambda(handler).await;
+            #[cfg(not(feature = "lambda"))]
+            return Err(StartError::NotCompiledIn("lambda"));
         }
+        #[cfg(feature = "poller")]
+        return self.run_poller(handler).await.map(|_| ());
+        #[cfg(not(feature = "poller"))]
+        return Err(StartError::NotCompiledIn("poller"));
     }
 
     /// Checks the table, then serves Lambda invocations until the environment ends.
+    #[cfg(feature = "lambda")]
     pub async fn run_lambda<H: Handler>(self, handler: H) -> Result<(), StartError> {
         let adapter = self.lambda_adapter(handler).await?;
         crate::lambda::run(adapter).await.map_err(StartError::Lambda)
@@ -250,20 +279,36 @@ impl SqsOnce {
 
     /// Checks the table and builds the Lambda adapter, for a process that
     /// drives `lambda_runtime` itself (see [`crate::lambda::run`]).
+    #[cfg(feature = "lambda")]
     pub async fn lambda_adapter<H: Handler>(
         self,
         handler: H,
     ) -> Result<LambdaAdapter<DynamoStore, H, aws_sdk_sqs::Client>, StartError> {
-        let lambda = self.lambda.clone();
-        let prepared = self.prepare(handler, SQS_SLACK).await?;
+        let mut lambda = self.lambda.clone();
+        if lambda.queue_url.is_none() {
+            lambda.queue_url.clone_from(&self.queue_url);
+        }
+        if lambda.dlq_url.is_none() {
+            lambda.dlq_url.clone_from(&self.dlq_url);
+        }
+        lambda.concurrency = self.concurrency.unwrap_or(lambda.concurrency);
+        let prepared = self.prepare(handler, lambda.concurrency, SQS_SLACK).await?;
         Ok(LambdaAdapter::new(prepared.sqs, prepared.processor, lambda))
     }
 
     /// Checks the table and the queue, then polls until shutdown (or, with
     /// `exit_when_idle`, until idle), draining what is in flight.
+    #[cfg(feature = "poller")]
     pub async fn run_poller<H: Handler>(mut self, handler: H) -> Result<PollerReport, StartError> {
         let shutdown = self.shutdown.take().unwrap_or_else(shutdown_on_signals);
-        let poller = self.poller.clone();
+        let mut poller = self.poller.clone();
+        if poller.queue_url.is_empty() {
+            poller.queue_url = self.queue_url.clone().unwrap_or_default();
+        }
+        if poller.dlq_url.is_none() {
+            poller.dlq_url.clone_from(&self.dlq_url);
+        }
+        poller.concurrency = self.concurrency.unwrap_or(poller.concurrency);
         if poller.queue_url.is_empty() {
             return Err(ConfigError {
                 setting: "SQS_ONCE_QUEUE_URL",
@@ -273,7 +318,9 @@ impl SqsOnce {
         }
         let (heartbeat, ttl) = (self.processor.heartbeat, self.processor.ttl);
         let start = async {
-            let prepared = self.prepare(handler, poller.wait_time + SQS_SLACK).await?;
+            let prepared = self
+                .prepare(handler, poller.concurrency, poller.wait_time + SQS_SLACK)
+                .await?;
             retry_transient(|| async {
                 check_queue(&prepared.sqs, &poller.queue_url, heartbeat, ttl)
                     .await
@@ -300,14 +347,16 @@ impl SqsOnce {
     }
 
     /// Loads the SDK configuration, builds the clients, checks the dedup
-    /// table and builds the processor. `sqs_timeout` bounds one SQS request.
+    /// table and builds the processor for a runtime running `concurrency`
+    /// handlers at once. `sqs_timeout` bounds one SQS request.
     async fn prepare<H: Handler>(
         self,
         handler: H,
+        concurrency: usize,
         sqs_timeout: Duration,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
-        if self.poller.concurrency == 0 || self.lambda.concurrency == 0 {
+        if concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
                 problem: "must be at least 1".into(),
@@ -341,7 +390,9 @@ impl SqsOnce {
         );
         let store = DynamoStore::new(ddb, self.table);
         retry_transient(|| async { store.check_table().await.map_err(StartError::from) }).await?;
+        #[cfg_attr(not(feature = "s3-payloads"), allow(unused_mut))]
         let mut processor = Processor::new(store, handler, self.processor)?;
+        #[cfg(feature = "s3-payloads")]
         if let Some(options) = self.large_payloads {
             let s3 = aws_sdk_s3::Client::from_conf(
                 calls
@@ -368,6 +419,7 @@ impl SqsOnce {
 struct Prepared<H> {
     sqs: aws_sdk_sqs::Client,
     processor: Processor<DynamoStore, H>,
+    #[cfg_attr(not(feature = "poller"), allow(dead_code))]
     calls: CallCounter,
 }
 

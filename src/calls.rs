@@ -57,6 +57,7 @@ impl CallCounter {
 
     /// An S3 client configuration (large payloads) that counts into this
     /// counter.
+    #[cfg(feature = "s3-payloads")]
     pub fn s3_config(&self, sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Config {
         aws_sdk_s3::config::Builder::from(sdk)
             .interceptor(self.clone())

@@ -58,6 +58,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "poller", feature = "lambda"))]
 mod app;
 pub mod aws;
 pub mod calls;
@@ -68,6 +69,7 @@ pub mod config;
 pub mod dedup;
 mod handler;
 pub mod key;
+#[cfg(feature = "lambda")]
 pub mod lambda;
 mod message;
 pub mod metrics;
@@ -76,15 +78,21 @@ pub mod mutants;
 #[cfg(feature = "otel")]
 pub mod otel;
 pub mod payloads;
+#[cfg(feature = "poller")]
 pub mod poller;
 pub mod processor;
 pub mod queue;
+#[cfg(any(feature = "poller", feature = "lambda"))]
 mod runtime;
 pub mod trace;
 
-pub use app::{PollerReport, SqsOnce, StartError, shutdown_on_signals};
+#[cfg(feature = "poller")]
+pub use app::PollerReport;
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub use app::{SqsOnce, StartError, shutdown_on_signals};
 pub use config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use dedup::dynamodb::DynamoStore;
+#[cfg(any(test, feature = "testkit"))]
 pub use dedup::memory::MemoryStore;
 pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
 pub use handler::{
@@ -92,10 +100,13 @@ pub use handler::{
     StagedWrite, handler_fn, staged_only,
 };
 pub use key::KeySource;
+#[cfg(feature = "lambda")]
 pub use lambda::{LambdaAdapter, LambdaConfig};
 pub use message::{Attribute, AttributeValue, Message};
+#[cfg(feature = "poller")]
 pub use poller::PollerConfig;
 pub use processor::{Outcome, Processor};
+#[cfg(any(test, feature = "testkit"))]
 pub use queue::memory::MemoryQueue;
 pub use queue::{QueueClient, QueueError};
 

@@ -387,6 +387,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// Only a record of the same body counts: a message that reuses a key
     /// with another body goes through the processor, which parks it where
     /// `SQS_ONCE_PAYLOAD_MISMATCH=park` says so.
+    #[cfg(feature = "poller")]
     pub(crate) async fn known_completed(&self, message: &Message) -> bool {
         let Ok(key) = self.config.key_source.extract(message) else {
             return false;

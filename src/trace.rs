@@ -262,6 +262,7 @@ pub(crate) fn record_outcome(span: &Span, outcome: &Outcome) {
 }
 
 /// The span of a receive that returned `messages` from `queue` (a name).
+#[cfg(feature = "poller")]
 pub(crate) fn receive_span(queue: &str, messages: &[Message]) -> Span {
     let span = tracing::info_span!(
         "receive",
@@ -279,6 +280,7 @@ pub(crate) fn receive_span(queue: &str, messages: &[Message]) -> Span {
 
 /// The span of a Lambda invocation with an SQS event of `count` records,
 /// from `queue` (a name) when known.
+#[cfg(feature = "lambda")]
 pub(crate) fn invocation_span(queue: Option<&str>, count: usize) -> Span {
     tracing::info_span!(
         "invocation",
@@ -295,6 +297,7 @@ pub(crate) fn invocation_span(queue: Option<&str>, count: usize) -> Span {
 
 /// Links `span` to each message's producer context (batch spans, by the
 /// conventions: a batch has no single parent).
+#[cfg(any(feature = "poller", feature = "lambda"))]
 pub(crate) fn link_producers<'a>(span: &Span, messages: impl IntoIterator<Item = &'a Message>) {
     for m in messages {
         if let Some(parent) = TraceParent::of_message(m) {
@@ -354,6 +357,7 @@ mod otel {
         }
     }
 
+    #[cfg(any(feature = "poller", feature = "lambda"))]
     pub(super) fn link(span: &Span, parent: &TraceParent) {
         span.add_link(span_context(parent, None));
     }
@@ -381,6 +385,7 @@ mod otel {
 
     pub(super) fn continue_trace(_: &Span, _: &TraceParent, _: Option<&str>) {}
 
+    #[cfg(any(feature = "poller", feature = "lambda"))]
     pub(super) fn link(_: &Span, _: &TraceParent) {}
 
     pub(super) fn context_of(_: &Span) -> Option<TraceParent> {

@@ -21,6 +21,7 @@
 //! one place.
 
 pub mod dynamodb;
+#[cfg(any(test, feature = "testkit"))]
 pub mod memory;
 
 use std::future::Future;

@@ -31,7 +31,9 @@
 //! is deleted after the message itself is: see the project's `docs/DESIGN.md`
 //! ("Large payloads").
 
+#[cfg(any(test, feature = "testkit"))]
 pub mod memory;
+#[cfg(feature = "s3-payloads")]
 pub mod s3;
 
 use std::sync::Arc;
@@ -435,5 +437,5 @@ fn with_body(received: &Message, payload: String) -> Message {
 #[cfg(test)]
 mod tests;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "poller"))]
 mod runtime_tests;

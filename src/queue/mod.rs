@@ -14,6 +14,7 @@
 //! See the project's `docs/DESIGN.md` ("The runtimes", "Parking").
 
 mod dlq;
+#[cfg(any(test, feature = "testkit"))]
 pub mod memory;
 pub mod redrive;
 pub mod sqs;

@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 
 use crate::config::SQS_MAX_VISIBILITY;
 use crate::processor::VisibilityExtender;
-use crate::queue::{BATCH, Dlq, QueueClient, QueueError};
+use crate::queue::{Dlq, QueueClient, QueueError};
 use crate::{Message, Outcome, ProcessorConfig};
 
 /// Extends visibility with the message's receipt handle on one queue.
@@ -114,6 +114,7 @@ pub(crate) async fn retry_later<Q: QueueClient>(
 /// (10 per call, by receipt handle): keeps received messages that wait for
 /// their turn invisible. Failures are logged; those messages return when their
 /// current visibility ends. True when every one was extended.
+#[cfg(feature = "poller")]
 pub(crate) async fn extend_many<Q: QueueClient>(
     queue: &Q,
     url: &str,
@@ -121,7 +122,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
     timeout: Duration,
 ) -> bool {
     let mut all = true;
-    for chunk in receipts.chunks(BATCH) {
+    for chunk in receipts.chunks(crate::queue::BATCH) {
         match queue.change_visibility_batch(url, chunk, timeout).await {
             Ok(failed) => {
                 for f in failed {
