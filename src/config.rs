@@ -138,7 +138,7 @@ impl ProcessorConfig {
         }
         if self.max_extension > SQS_MAX_VISIBILITY {
             return bad(
-                "SQS_ONCE_MAX_EXTENSION",
+                "ProcessorConfig::max_extension",
                 "must be at most 12h (SQS's visibility cap)".to_owned(),
             );
         }
@@ -150,7 +150,7 @@ impl ProcessorConfig {
         }
         if self.max_result_bytes > 350 * 1024 {
             return bad(
-                "SQS_ONCE_MAX_RESULT_BYTES",
+                "ProcessorConfig::max_result_bytes",
                 format!(
                     "{} leaves no room in DynamoDB's 400 KB item limit; use at most 358400",
                     self.max_result_bytes
@@ -189,7 +189,9 @@ impl ProcessorConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting {setting}: {problem}")]
 pub struct ConfigError {
-    /// The environment variable (or flag) at fault.
+    /// The setting at fault: its environment variable (`SQS_ONCE_LEASE`), or
+    /// the config field (`ProcessorConfig::max_extension`) where no variable
+    /// sets it.
     pub setting: &'static str,
     /// What is wrong with it.
     pub problem: String,

@@ -9,6 +9,8 @@
 mod args;
 mod commands;
 mod demo;
+#[cfg(test)]
+mod settings_tests;
 
 use std::process::ExitCode;
 
