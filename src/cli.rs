@@ -78,8 +78,9 @@ pub struct RuntimeArgs {
     #[arg(long, env = "SQS_ONCE_EXIT_WHEN_IDLE")]
     pub exit_when_idle: Option<String>,
     /// Use the one-transaction fast path for handlers that only stage DynamoDB
-    /// writes (`false`: claim first, as for every other handler).
-    #[arg(long, env = "SQS_ONCE_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
+    /// writes (`false`/`off`: claim first, as for every other handler). Every
+    /// on/off setting takes `true`/`false`, `on`/`off`, `yes`/`no` or `1`/`0`.
+    #[arg(long, env = "SQS_ONCE_FAST_PATH", default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub fast_path: bool,
     /// A duplicate whose body differs from the recorded one (a producer reusing
     /// a key): `warn` (skip it as its key says, with a warning) or `park`.
@@ -94,7 +95,7 @@ pub struct RuntimeArgs {
     /// full list (`list`).
     #[arg(long, env = "SQS_ONCE_LAMBDA_FULL_FAILURE", default_value = "error", value_parser = ["error", "list"])]
     pub lambda_full_failure: String,
-    /// Large payloads (`on`/`off`): a body that is an SQS Extended Client
+    /// Large payloads (`on`/`off`, or `true`/`false`): a body that is an SQS Extended Client
     /// Library's S3 pointer is replaced by the object's content before the
     /// dedup key is read and the handler runs.
     #[arg(long, env = "SQS_ONCE_LARGE_PAYLOADS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
@@ -243,9 +244,10 @@ pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w
     .delimited(" ")
 }
 
-/// Logs to stderr: JSON when `SQS_ONCE_LOG_FORMAT=json` or inside Lambda, text
-/// otherwise (field values escaped: [`escaped_fields`]); filtered by `RUST_LOG`
-/// (default `info`). With the feature `otel`, spans are also exported by OTLP
+/// Logs to stderr: JSON or text (field values escaped: [`escaped_fields`])
+/// and filtered as [`LogChoice::from_env`] says: `SQS_ONCE_LOG_FORMAT` and
+/// `RUST_LOG` first, then Lambda's own log controls (`AWS_LAMBDA_LOG_FORMAT`,
+/// `AWS_LAMBDA_LOG_LEVEL`), then JSON in Lambda and text elsewhere, at `info`. With the feature `otel`, spans are also exported by OTLP
 /// when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see `sqs_once::otel`), filtered
 /// by `SQS_ONCE_TRACE_FILTER` (same syntax, default `info`) whatever
 /// `RUST_LOG` says.
@@ -253,10 +255,12 @@ pub fn init_logging() {
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let json = std::env::var("SQS_ONCE_LOG_FORMAT").is_ok_and(|v| v == "json")
-        || std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some();
+    let choice = LogChoice::from_env(|name| std::env::var(name).ok());
+    let filter = tracing_subscriber::EnvFilter::try_new(&choice.filter).unwrap_or_else(|e| {
+        eprintln!("log filter {:?}: {e}; using info", choice.filter);
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let json = choice.json;
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = if json {
         fmt.json().boxed()
@@ -283,6 +287,50 @@ pub fn init_logging() {
         .with(fmt.with_filter(filter))
         .with(otel)
         .init();
+}
+
+/// How the logs are written and filtered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChoice {
+    /// JSON lines (else text).
+    pub json: bool,
+    /// The `EnvFilter` directives.
+    pub filter: String,
+}
+
+impl LogChoice {
+    /// From the environment (`var` reads one variable): the format from
+    /// `SQS_ONCE_LOG_FORMAT` (`json` or `text`), else Lambda's
+    /// `AWS_LAMBDA_LOG_FORMAT` (`JSON` or `Text`), else JSON inside Lambda and
+    /// text elsewhere; the filter from `RUST_LOG`, else Lambda's
+    /// `AWS_LAMBDA_LOG_LEVEL` (`TRACE` .. `FATAL`), else `info`.
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Self {
+        let in_lambda = var("AWS_LAMBDA_RUNTIME_API").is_some();
+        let json = match var("SQS_ONCE_LOG_FORMAT").as_deref() {
+            Some(f) if f.eq_ignore_ascii_case("json") => true,
+            Some(f) if f.eq_ignore_ascii_case("text") => false,
+            _ => match var("AWS_LAMBDA_LOG_FORMAT").as_deref() {
+                Some(f) if f.eq_ignore_ascii_case("json") => true,
+                Some(f) if f.eq_ignore_ascii_case("text") => false,
+                _ => in_lambda,
+            },
+        };
+        let lambda_level = var("AWS_LAMBDA_LOG_LEVEL").and_then(|l| {
+            Some(match l.to_ascii_uppercase().as_str() {
+                "TRACE" => "trace",
+                "DEBUG" => "debug",
+                "INFO" => "info",
+                "WARN" => "warn",
+                "ERROR" | "FATAL" => "error",
+                _ => return None,
+            })
+        });
+        let filter = var("RUST_LOG")
+            .filter(|f| !f.trim().is_empty())
+            .or_else(|| lambda_level.map(str::to_owned))
+            .unwrap_or_else(|| "info".to_owned());
+        Self { json, filter }
+    }
 }
 
 pub use crate::app::shutdown_on_signals;
@@ -366,6 +414,76 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
         })
     );
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        runtime: super::RuntimeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> super::RuntimeArgs {
+        let mut argv = vec!["consumer", "--table", "t", "--consumer", "c"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("valid flags").runtime
+    }
+
+    #[test]
+    fn on_off_settings_share_one_vocabulary() {
+        for (value, on) in [("on", true), ("off", false), ("true", true), ("false", false), ("1", true), ("no", false)] {
+            let args = parse(&["--fast-path", value, "--large-payloads", value]);
+            assert_eq!((args.fast_path, args.large_payloads), (on, on), "{value}");
+        }
+        assert!(Args::try_parse_from(["consumer", "--table", "t", "--consumer", "c", "--fast-path", "maybe"]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::LogChoice;
+
+    fn choice(vars: &[(&str, &str)]) -> LogChoice {
+        LogChoice::from_env(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn text_at_info_outside_lambda_json_inside() {
+        assert_eq!(choice(&[]), LogChoice { json: false, filter: "info".into() });
+        let lambda = choice(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")]);
+        assert!(lambda.json);
+    }
+
+    #[test]
+    fn lambdas_log_controls_are_honoured() {
+        let text = choice(&[
+            ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
+            ("AWS_LAMBDA_LOG_FORMAT", "Text"),
+            ("AWS_LAMBDA_LOG_LEVEL", "WARN"),
+        ]);
+        assert_eq!(text, LogChoice { json: false, filter: "warn".into() });
+        let fatal = choice(&[("AWS_LAMBDA_LOG_FORMAT", "JSON"), ("AWS_LAMBDA_LOG_LEVEL", "FATAL")]);
+        assert_eq!(fatal, LogChoice { json: true, filter: "error".into() });
+    }
+
+    #[test]
+    fn the_projects_own_settings_win() {
+        let own = choice(&[
+            ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
+            ("AWS_LAMBDA_LOG_FORMAT", "JSON"),
+            ("AWS_LAMBDA_LOG_LEVEL", "ERROR"),
+            ("SQS_ONCE_LOG_FORMAT", "text"),
+            ("RUST_LOG", "sqs_once=debug"),
+        ]);
+        assert_eq!(own, LogChoice { json: false, filter: "sqs_once=debug".into() });
+    }
 }
 
 #[cfg(test)]
