@@ -75,6 +75,9 @@ pub struct Evidence<'a> {
     /// Receipt handles the model issued while another handle of the message
     /// was valid: concurrent duplicate deliveries.
     pub twins: BTreeSet<String>,
+    /// Messages a delete deleted that SQS brought back (its documented
+    /// "might": a copy on a server the delete missed).
+    pub back_after_delete: BTreeSet<String>,
     /// When the run started (API call times count from it).
     pub start: tokio::time::Instant,
 }
@@ -137,7 +140,14 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 .into_iter()
                 .filter(|d| learned_done(e, d))
                 .collect();
-            last || (!learned.is_empty() && learned.iter().all(out_of_reach))
+            // Or its last delivery was deleted, and SQS brought the
+            // message back (on its last allowed receive, the next receive
+            // moves it: no consumer sees it again).
+            let deleted_then_back = e.back_after_delete.contains(&m.id)
+                && e.deliveries
+                    .last_of(&m.id)
+                    .is_some_and(|d| d.delete_reached);
+            last || deleted_then_back || (!learned.is_empty() && learned.iter().all(out_of_reach))
         })
         .map(|m| m.id.clone())
         .collect()

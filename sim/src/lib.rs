@@ -524,6 +524,7 @@ fn evidence<'a>(
         hosts,
         deliveries: &world.deliveries,
         twins: world.queue.twin_receipts(&world.url),
+        back_after_delete: world.queue.back_after_delete(&world.url),
         fencing_breaches: world.store.fencing_breaches(),
         reruns: world.trace.reruns(),
         failed_reads: world.trace.failed_reads(),
