@@ -63,6 +63,9 @@ pub struct Evidence<'a> {
     /// Guarded writes the store applied for an owner that no longer held
     /// the record (read from the store's history).
     pub fencing_breaches: Vec<String>,
+    /// Each claim's lease end as stored (its claim and extensions, cut at
+    /// its release): (event, attempt) -> ms from the start.
+    pub lease_ends: BTreeMap<(String, u32), u128>,
     /// Fast-path handlers started for a redelivery whose record said
     /// `COMPLETED`: (message, receive count, consumer, event, when the
     /// record was completed, ms from the start).
@@ -205,6 +208,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     if e.scenario.kind == Kind::External {
         overlaps(&e.calls, &mut v);
         external_calls(e, &mut v);
+        past_lease(e, &mut v);
     }
     reruns(e, &mut v);
     // Fencing: a write sent under a lease that another attempt has since
@@ -424,6 +428,34 @@ fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
             };
             v.push(format!(
                 "{event}: message {from} recorded its effect and is in the DLQ{last}"
+            ));
+        }
+    }
+}
+
+/// No external call open past the lease its attempt held as stored (its
+/// claim's and extensions' `lease_until`, until its release): the lease is
+/// enforced locally, a margin before the stored end, so a handler whose
+/// extensions fail is interrupted before another consumer could take the
+/// key (the `lease-not-enforced` mutant). Judged directly rather than by an
+/// overlap, which needs a copy of the key to arrive meanwhile.
+fn past_lease(e: &Evidence<'_>, v: &mut Vec<String>) {
+    for c in &e.calls {
+        let Some(&lease_end) = e.lease_ends.get(&(c.event.clone(), c.attempt)) else {
+            v.push(format!(
+                "{}: call by {} under attempt {}, which holds no lease",
+                c.event, c.consumer, c.attempt
+            ));
+            continue;
+        };
+        let end = c.end_ms.unwrap_or(u128::MAX);
+        if end > lease_end {
+            let end = c
+                .end_ms
+                .map_or("never".to_owned(), |ms| format!("at {ms} ms"));
+            v.push(format!(
+                "{}: call by {} (attempt {}) ended {end}, past its lease's stored end at {lease_end} ms",
+                c.event, c.consumer, c.attempt
             ));
         }
     }

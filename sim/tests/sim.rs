@@ -262,6 +262,12 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         // No deliveries: these cases have nothing in the DLQ.
         deliveries: Box::leak(Box::default()),
         fencing_breaches: Vec::new(),
+        // Every event's first attempt holds a lease to the end of these cases.
+        lease_ends: s
+            .events
+            .iter()
+            .map(|ev| ((ev.id.clone(), 1), 1_000_000))
+            .collect(),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at: BTreeMap::new(),
@@ -334,6 +340,7 @@ fn the_checker_flags_overlapping_calls_of_one_key_and_unrecorded_charges() {
         event: "evt-0000".into(),
         message: "msg-00000001".into(),
         consumer: consumer.into(),
+        attempt: 1,
         start_ms,
         end_ms,
         after_completed: false,
@@ -420,6 +427,7 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
         event: "evt-0000".into(),
         message: "msg-00000001".into(),
         consumer: "c0".into(),
+        attempt: 1,
         start_ms,
         end_ms: Some(start_ms + 5),
         after_completed,
@@ -437,4 +445,38 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
             .any(|v| v.contains("after its record said COMPLETED")),
         "{v:?}"
     );
+}
+
+#[test]
+fn the_checker_flags_a_call_open_past_its_attempts_stored_lease_end() {
+    let s = scenario(Kind::External, false, vec![event(0, "g")]);
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    e.records.insert("evt-0000".into(), Status::Completed);
+    e.charged.insert("evt-0000".into(), 1);
+    e.lease_ends.insert(("evt-0000".into(), 2), 5_000);
+    let call = |attempt, end_ms| ApiCall {
+        key: "k".into(),
+        event: "evt-0000".into(),
+        message: "msg-00000001".into(),
+        consumer: "c0".into(),
+        attempt,
+        start_ms: 1_000,
+        end_ms,
+        after_completed: false,
+    };
+    e.calls = vec![call(2, Some(5_000))];
+    assert!(check(&e).is_empty(), "{:?}", check(&e));
+    for (attempt, end, says) in [
+        (2, Some(5_001), "past its lease's stored end at 5000 ms"),
+        (2, None, "ended never"),
+        (3, Some(2_000), "which holds no lease"),
+    ] {
+        e.calls = vec![call(attempt, end)];
+        let v = check(&e);
+        assert!(
+            v.len() == 1 && v[0].contains(says),
+            "{attempt} {end:?}: {v:?}"
+        );
+    }
 }

@@ -127,6 +127,7 @@ fn verdict_with(
         hosts: &[],
         deliveries,
         fencing_breaches: Vec::new(),
+        lease_ends: BTreeMap::new(),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at: BTreeMap::new(),
