@@ -457,3 +457,65 @@ async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
     drop(tx);
     batcher.await.unwrap();
 }
+
+/// Issue 27, part 2: a producer's re-send of a key whose first delivery
+/// runs for minutes. The copy found the key in flight and came back at the
+/// holder's lease end, which the holder's heartbeat kept moving: a receive
+/// spent per lease, and after `maxReceiveCount` (3 here) SQS moved the copy
+/// to the DLQ though its key completed. The copy now waits for the holder,
+/// kept invisible, and is deleted as a duplicate once the holder completes.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_waits_out_of_the_dlq() {
+    use crate::queue::memory::RedrivePolicy;
+    let queue = MemoryQueue::new();
+    let dlq = queue
+        .create_queue(QueueSettings::new("copies-dlq"))
+        .unwrap();
+    let mut settings = QueueSettings::new("copies");
+    settings.redrive = Some(RedrivePolicy {
+        dlq_url: dlq.clone(),
+        max_receive_count: 3,
+    });
+    let url = queue.create_queue(settings).unwrap();
+    let runs = Arc::new(Mutex::new(0u32));
+    let r = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx| {
+        let r = r.clone();
+        async move {
+            *r.lock().unwrap() += 1;
+            // Twelve leases.
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("copies");
+    pc.lease = Duration::from_secs(10);
+    pc.heartbeat = Duration::from_secs(4);
+    pc.key_source = "json:/id".parse().unwrap();
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let processor = Processor::new(MemoryStore::new(clock), handler, pc).unwrap();
+    let mut config = config(&url, 2, 0);
+    config.exit_when_idle = Some(Duration::from_secs(30));
+    let body = || OutgoingMessage {
+        body: r#"{"id":"e1"}"#.into(),
+        ..Default::default()
+    };
+    queue.send(&url, body()).await.unwrap();
+    let poller = tokio::spawn(run(
+        queue.clone(),
+        processor,
+        config,
+        CancellationToken::new(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    queue.send(&url, body()).await.unwrap();
+    let stats = poller.await.unwrap();
+    assert_eq!(*runs.lock().unwrap(), 1, "{stats:?}");
+    assert_eq!(
+        queue.counts(&dlq).unwrap().stored(),
+        0,
+        "a copy reached the DLQ: {stats:?}"
+    );
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!((stats.completed, stats.duplicates), (1, 1), "{stats:?}");
+}

@@ -503,7 +503,7 @@ fn evidence<'a>(
                 r.message_id.as_deref().unwrap_or("?"),
                 r.error
             );
-            (event(r), what)
+            (event(r), (what, r.lease_until_ms == 0))
         })
         .collect();
     let charged = world.api.charges().into_values().collect();

@@ -480,3 +480,46 @@ fn the_checker_flags_a_call_open_past_its_attempts_stored_lease_end() {
         );
     }
 }
+
+/// Seed 156: a released record of a permanent event whose copy is parked
+/// blocks no one and loses nothing (a twin delivery released it after the
+/// parked copy's delete removed the message). Held, or of a valid event,
+/// or with no parked copy, a record left IN_PROGRESS is a violation.
+#[test]
+fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
+    let mut ev = event(0, "g");
+    ev.permanent = true;
+    let valid = event(1, "g");
+    let s = scenario(Kind::Staged, false, vec![ev, valid]);
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    e.rows = vec![fx("evt-0001", "m1")];
+    e.dlq = vec![in_dlq("evt-0000", "m0", Some("declined"))];
+    e.dlq_before = e.dlq.clone();
+    for (event, released, flagged) in [
+        ("evt-0000", true, false),
+        ("evt-0000", false, true),
+        ("evt-0001", true, true),
+    ] {
+        e.unfinished = [(event.to_owned(), ("described".to_owned(), released))].into();
+        let v = check(&e);
+        assert_eq!(
+            v.iter().any(|v| v.contains("record left IN_PROGRESS")),
+            flagged,
+            "{event} released {released}: {v:?}"
+        );
+    }
+    e.dlq = Vec::new();
+    e.unfinished = [("evt-0000".to_owned(), ("described".to_owned(), true))].into();
+    assert!(
+        check(&e)
+            .iter()
+            .any(|v| v.contains("record left IN_PROGRESS"))
+    );
+}
+
+#[test]
+fn regression_seed_156_a_twin_released_after_its_message_was_parked() {
+    let report = run_seed(156, false).unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
