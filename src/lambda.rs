@@ -7,7 +7,7 @@
 //!
 //! | record | listed? |
 //! |---|---|
-//! | completed now, or a duplicate of completed work | no (Lambda deletes it) |
+//! | completed now, or a duplicate of completed work | no (Lambda deletes it; a redelivery is deleted at once too) |
 //! | permanent failure parked in the DLQ with its reason | no |
 //! | permanent failure that could not be parked (no DLQ URL, send failed) | yes |
 //! | retryable failure, panic, claim or store failure | yes, visible again after the backoff |
@@ -477,10 +477,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             warn!(message_id = %record.id, "too little time left in the invocation; not started");
             return Disposition::Again { after: None };
         }
-        let visibility = queue.as_deref().map(|url| QueueVisibility {
-            queue: &inner.queue,
-            url,
-        });
+        let visibility = queue
+            .as_deref()
+            .map(|url| QueueVisibility::new(&inner.queue, url));
         let outcome = inner
             .processor
             .process_with(
@@ -511,10 +510,47 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         {
             Settled::Done => {
                 finished.note(inner.processor.large_payloads(), queue.as_deref(), message);
+                if let Some(queue) = queue {
+                    self.delete_redelivery(queue, message).await;
+                }
                 Disposition::Done
             }
             Settled::Parked => Disposition::Done,
             Settled::Again(after) => Disposition::Again { after: Some(after) },
+        }
+    }
+
+    /// Deletes a finished redelivery (receive count above one) at once
+    /// instead of leaving it to Lambda, which deletes a batch's messages only
+    /// after the invocation answers: while the rest of the batch runs, or
+    /// when the environment dies before answering, such a message becomes
+    /// visible again at its visibility's end, and one on its last allowed
+    /// receive goes to the DLQ with its effect recorded (simulator seed
+    /// 106012: a FIFO record completed on its tenth receive, the next record
+    /// of the batch ran 14 s, then the environment crashed). A first
+    /// delivery is left to Lambda (that costs nothing extra): coming back it
+    /// is a cheap duplicate with receives to spare. Bounded by
+    /// [`DIRECT_DELETE_TIME`]; a failure is only logged, Lambda's own delete
+    /// still follows (a no-op after this one).
+    async fn delete_redelivery(&self, queue: &str, message: &Message) {
+        let Some(receipt) = message.receipt_handle() else {
+            return;
+        };
+        if message.receive_count() <= 1 {
+            return;
+        }
+        let deleting = self.inner.queue.delete(queue, receipt);
+        match tokio::time::timeout(DIRECT_DELETE_TIME, deleting).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(message_id = message.id(), error = %e, "could not delete a finished redelivery at once; left to Lambda");
+            }
+            Err(_) => {
+                warn!(
+                    message_id = message.id(),
+                    "deleting a finished redelivery took too long; left to Lambda"
+                );
+            }
         }
     }
 
@@ -626,6 +662,9 @@ struct Budget {
 /// may have a delay near 12 hours refused: it then comes back when the
 /// queue's visibility timeout ends, as any delay that cannot be set.
 const RECEIVED_BEFORE_START: Duration = Duration::from_secs(300);
+
+/// How long the adapter's own delete of a finished redelivery may take.
+const DIRECT_DELETE_TIME: Duration = Duration::from_secs(2);
 
 /// The finished records whose large payloads are to be deleted: (queue URL,
 /// receipt handle, object).
@@ -951,5 +990,95 @@ mod tests {
             "a listed failure keeps the completed copy from its delete: {:?}",
             answer.batch_item_failures
         );
+    }
+
+    /// A queue that accepts every call and notes the receipts deleted.
+    #[derive(Clone, Default)]
+    struct Deleted(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl QueueClient for Deleted {
+        async fn receive(&self, u: &str, r: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+            Quiet.receive(u, r).await
+        }
+        async fn delete(&self, _: &str, receipt: &str) -> Result<(), QueueError> {
+            self.0.lock().unwrap().push(receipt.to_owned());
+            Ok(())
+        }
+        async fn delete_batch(
+            &self,
+            _: &str,
+            receipts: &[String],
+        ) -> Result<Vec<EntryFailure>, QueueError> {
+            self.0.lock().unwrap().extend(receipts.iter().cloned());
+            Ok(Vec::new())
+        }
+        async fn change_visibility(&self, u: &str, r: &str, t: Duration) -> Result<(), QueueError> {
+            Quiet.change_visibility(u, r, t).await
+        }
+        async fn change_visibility_batch(
+            &self,
+            u: &str,
+            r: &[String],
+            t: Duration,
+        ) -> Result<Vec<EntryFailure>, QueueError> {
+            Quiet.change_visibility_batch(u, r, t).await
+        }
+        async fn send(&self, u: &str, m: OutgoingMessage) -> Result<(), QueueError> {
+            Quiet.send(u, m).await
+        }
+        async fn attributes(&self, u: &str) -> Result<QueueAttributes, QueueError> {
+            Quiet.attributes(u).await
+        }
+        async fn queue_url(&self, n: &str, a: &str) -> Result<String, QueueError> {
+            Quiet.queue_url(n, a).await
+        }
+    }
+
+    /// Simulator seed 106012 (FIFO, fast path): a record completed on its
+    /// last allowed receive, the next record of its group ran on, and the
+    /// environment died before the invocation answered; Lambda never
+    /// deleted the completed one, and SQS moved it, effect recorded, to the
+    /// DLQ. A finished redelivery is deleted at once; a first delivery is
+    /// left to Lambda.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_redelivery_is_deleted_before_the_invocation_answers() {
+        let handler = staged_only(handler_fn(move |m: Message, _ctx| async move {
+            if m.id() == "m2" {
+                // Runs until the environment dies.
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
+            Ok(None)
+        }));
+        let mut config = ProcessorConfig::new("test");
+        config.key_source = "json:/id".parse().unwrap();
+        let processor = Processor::new(MemoryStore::default(), handler, config).unwrap();
+        let lambda = LambdaConfig {
+            queue_url: Some(QUEUE.into()),
+            ..LambdaConfig::default()
+        };
+        let queue = Deleted::default();
+        let adapter = LambdaAdapter::new(queue.clone(), processor, lambda);
+        let record = |id: &str, count: u32| {
+            serde_json::json!({
+                "messageId": id, "receiptHandle": format!("r-{id}"),
+                "body": format!(r#"{{"id":"e-{id}"}}"#),
+                "attributes": {
+                    "ApproximateReceiveCount": count.to_string(),
+                    "MessageGroupId": "g", "MessageDeduplicationId": id,
+                },
+                "messageAttributes": {},
+                "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q.fifo",
+            })
+        };
+        for (count, deleted) in [(10, vec!["r-m1".to_owned()]), (1, vec![])] {
+            queue.0.lock().unwrap().clear();
+            let event =
+                serde_json::json!({ "Records": [record("m1", count), record("m2", count)] });
+            let invocation = adapter.handle_until(event, Instant::now() + Duration::from_secs(60));
+            // The environment dies 10 s in, m2 still running.
+            let died = tokio::time::timeout(Duration::from_secs(10), invocation).await;
+            assert!(died.is_err(), "the invocation answered: {died:?}");
+            assert_eq!(*queue.0.lock().unwrap(), deleted, "receive count {count}");
+        }
     }
 }

@@ -21,6 +21,9 @@
 //!   message instead of deleting it.
 //! - `visibility-not-kept`: a handler runs on after its message's visibility
 //!   could not be kept (SQS may deliver it to another consumer meanwhile).
+//! - `bounce-in-flight`: a copy of a key in flight elsewhere comes back at
+//!   the holder's lease end instead of waiting for it, spending a receive
+//!   per lease (the poller's unit tests).
 
 /// Whether this build has the mutants in it (the `mutants` feature).
 pub const COMPILED: bool = cfg!(feature = "mutants");

@@ -215,13 +215,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             self.to_delete(Finished {
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 payload: None,
+                invisible_until: held.invisible_until,
             })
             .await;
         }
-        let visibility = QueueVisibility {
-            queue: &self.queue,
-            url,
-        };
+        let visibility = QueueVisibility::new(&self.queue, url);
         let outcome = self
             .processor
             .process_with(
@@ -259,9 +257,16 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             }
             Settled::Again(after) => return Some(after),
         };
+        // Known to stay invisible until the later of the lane's and the
+        // handler's last extension (the lane keeper's of a running message
+        // is not counted: an earlier end only sends its delete sooner).
+        let invisible_until = visibility
+            .extended_until()
+            .map_or(held.invisible_until, |e| e.max(held.invisible_until));
         self.to_delete(Finished {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
+            invisible_until,
         })
         .await;
         None
@@ -567,6 +572,8 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
                 .to_delete(Finished {
                     receipt: m.receipt_handle().unwrap_or_default().to_owned(),
                     payload: None,
+                    // Not known here: sent at once.
+                    invisible_until: Instant::now(),
                 })
                 .await;
             continue;
@@ -596,36 +603,47 @@ const GIVE_BACK_READ: Duration = Duration::from_secs(2);
 struct Finished {
     receipt: String,
     payload: Option<S3Pointer>,
+    /// Until when, by this host's clock, the message is known to stay
+    /// invisible: its delete must land before, or the receipt no longer
+    /// deletes (and a message on its last allowed receive goes to the DLQ).
+    invisible_until: Instant,
 }
 
 /// Deletes finished messages in batches of up to 10, each entry with a unique
 /// id; receipts repeated within a batch are sent once. A batch is sent when it
-/// is full or `wait` after its first receipt; when the channel closes, what is
-/// pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
+/// is full, `wait` after its first receipt, or as soon as one of its messages
+/// has less than [`DELETE_RETRY_FOR`] of known visibility left (so its
+/// delete and the retries of a failed one land before SQS can receive it
+/// again: seed 114264, a commit that returned a second before the visibility
+/// end, whose delete waited a second for its batch); when the channel
+/// closes, what is pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
 /// one holds up the handlers that finish (see `Shared::to_delete`). Failed
-/// entries are deleted alone, transient failures tried again for up to
-/// [`DELETE_RETRY_FOR`], then logged (the message then comes back and is
-/// skipped as a duplicate). The large
-/// payloads of the messages deleted are deleted after them.
+/// entries are deleted alone, beside the loop, transient failures tried
+/// again until the message's visibility ends (at least [`DELETE_RETRY_FOR`],
+/// see [`delete_retrying`]), then logged (the message then comes back and is
+/// skipped as a duplicate). The large payloads of the messages deleted are
+/// deleted after them.
 struct DeleteBatcher<Q> {
     queue: Q,
     url: String,
     wait: Duration,
     receipts: mpsc::Receiver<Finished>,
     payloads: Option<LargePayloads>,
-    /// Deletes of large-payload objects, run beside the loop.
-    object_deletes: TaskTracker,
+    /// The retries of failed deletes and the deletes of large-payload
+    /// objects after them, run beside the loop.
+    retries: TaskTracker,
 }
 
 impl<Q: QueueClient> DeleteBatcher<Q> {
     async fn run(mut self) {
         while let Some(first) = self.receipts.recv().await {
+            let mut deadline = (Instant::now() + self.wait).min(send_by(&first));
             let mut batch = vec![first];
-            let deadline = Instant::now() + self.wait;
-            while batch.len() < BATCH {
+            while batch.len() < BATCH && deadline > Instant::now() {
                 match tokio::time::timeout_at(deadline, self.receipts.recv()).await {
                     Ok(Some(f)) => {
                         if !batch.iter().any(|b| b.receipt == f.receipt) {
+                            deadline = deadline.min(send_by(&f));
                             batch.push(f);
                         }
                     }
@@ -633,86 +651,113 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                     Ok(None) | Err(_) => break,
                 }
             }
-            let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
-            let undeleted = self.send(receipts).await;
-            if let Some(payloads) = &self.payloads {
+            let failed = self.send(&batch).await;
+            // Off the loop: the retries of a failed delete (which may go on
+            // while SQS is out of reach) and a slow S3 must not hold up the
+            // next batches (an object left behind only costs storage until
+            // the bucket's lifecycle rule).
+            let (queue, url, payloads) =
+                (self.queue.clone(), self.url.clone(), self.payloads.clone());
+            self.retries.spawn(async move {
+                let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
+                    let (queue, url) = (&queue, url.as_str());
+                    async move {
+                        match delete_retrying(queue, url, f).await {
+                            Ok(()) => None,
+                            Err(e) => {
+                                error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
+                                Some(f.receipt.clone())
+                            }
+                        }
+                    }
+                });
+                let undeleted: Vec<String> = futures::future::join_all(tries)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let Some(payloads) = payloads else {
+                    return;
+                };
                 let objects = batch
                     .into_iter()
                     .filter(|f| !undeleted.contains(&f.receipt))
                     .filter_map(|f| f.payload)
                     .collect::<Vec<_>>();
-                if !objects.is_empty() {
-                    // Off the loop: a slow S3 must not hold up the next
-                    // message deletes (an object left behind only costs
-                    // storage until the bucket's lifecycle rule).
-                    let payloads = payloads.clone();
-                    self.object_deletes.spawn(async move {
-                        let deleting = payloads.delete_objects(objects);
-                        if tokio::time::timeout(OBJECT_DELETE_TIME, deleting).await.is_err() {
-                            warn!(?OBJECT_DELETE_TIME, "large-payload objects not deleted in time; left to the bucket's lifecycle rule");
-                        }
-                    });
+                if objects.is_empty() {
+                    return;
                 }
-            }
+                let deleting = payloads.delete_objects(objects);
+                if tokio::time::timeout(OBJECT_DELETE_TIME, deleting).await.is_err() {
+                    warn!(?OBJECT_DELETE_TIME, "large-payload objects not deleted in time; left to the bucket's lifecycle rule");
+                }
+            });
         }
-        self.object_deletes.close();
-        self.object_deletes.wait().await;
+        self.retries.close();
+        self.retries.wait().await;
     }
 
-    /// Deletes the messages; returns the receipts that could not be deleted.
-    async fn send(&self, receipts: Vec<String>) -> Vec<String> {
-        let failed: Vec<&String> = match self.queue.delete_batch(&self.url, &receipts).await {
+    /// Deletes the messages in one call; returns those whose delete failed
+    /// (the whole call, or their entries) by their place in `batch`, to be
+    /// tried again alone.
+    async fn send(&self, batch: &[Finished]) -> Vec<usize> {
+        let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
+        match self.queue.delete_batch(&self.url, &receipts).await {
             Ok(failed) => failed
                 .iter()
-                .filter_map(|f| {
+                .map(|f| {
                     warn!(code = f.code, message = ?f.message, "delete failed in batch");
-                    receipts.get(f.index)
+                    f.index
                 })
                 .collect(),
             Err(e) => {
                 warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
-                receipts.iter().collect()
-            }
-        };
-        let tries = failed.iter().map(|r| async move {
-            match self.delete_retrying(r).await {
-                Ok(()) => None,
-                Err(e) => {
-                    error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
-                    Some((*r).clone())
-                }
-            }
-        });
-        futures::future::join_all(tries)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
-    /// Deletes one message, trying transient failures again with backoff for
-    /// up to [`DELETE_RETRY_FOR`]: the message stays invisible that long (its
-    /// visibility was last extended by a lease), and a message on its last
-    /// allowed receive that is not deleted goes to the DLQ at the next receive,
-    /// its effect made.
-    async fn delete_retrying(&self, receipt: &str) -> Result<(), QueueError> {
-        let give_up = Instant::now() + DELETE_RETRY_FOR;
-        let mut pause = Duration::from_millis(250);
-        loop {
-            match self.queue.delete(&self.url, receipt).await {
-                Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
-                    warn!(error = %e, "delete failed; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                done => return done,
+                (0..batch.len()).collect()
             }
         }
     }
 }
 
+/// Deletes one message, trying transient failures again with backoff (at
+/// most [`DELETE_RETRY_PAUSE`] apart) for [`DELETE_RETRY_FOR`] or until its
+/// known visibility ends, whichever is later: a message on its last allowed
+/// receive that is not deleted goes to the DLQ at the next receive, its
+/// effect made, and a delete that lands while the receipt still holds the
+/// message keeps it out (simulator seed 112055: SQS out of reach for 38 s
+/// while the message stayed invisible for 45 s; the retries had stopped
+/// after 10 s).
+async fn delete_retrying<Q: QueueClient>(
+    queue: &Q,
+    url: &str,
+    finished: &Finished,
+) -> Result<(), QueueError> {
+    let give_up = (Instant::now() + DELETE_RETRY_FOR).max(finished.invisible_until);
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match queue.delete(url, &finished.receipt).await {
+            Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
+                warn!(error = %e, "delete failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(DELETE_RETRY_PAUSE);
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The longest pause between two tries of a failed delete.
+const DELETE_RETRY_PAUSE: Duration = Duration::from_secs(4);
+
 /// How long a failed delete is tried again (transient failures).
 const DELETE_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// The latest a finished message's delete is sent: [`DELETE_RETRY_FOR`]
+/// before its known visibility ends (at once when that has passed).
+fn send_by(f: &Finished) -> Instant {
+    f.invisible_until
+        .checked_sub(DELETE_RETRY_FOR)
+        .unwrap_or(f.invisible_until)
+}
 
 /// What one turn of the receive loop got.
 enum Received {
@@ -939,7 +984,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
             wait: config.batch_wait,
             receipts,
             payloads: processor.large_payloads().filter(|p| p.deletes()).cloned(),
-            object_deletes: TaskTracker::new(),
+            retries: TaskTracker::new(),
         }
         .run(),
     );

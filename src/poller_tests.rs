@@ -42,11 +42,17 @@ struct Watched {
     seen: Shared,
     fail_batch_extensions: Arc<AtomicBool>,
     cut_deletes: Arc<tokio::sync::watch::Sender<bool>>,
+    /// While set, every delete fails at once (transient), as with SQS out
+    /// of reach.
+    failing_deletes: Arc<AtomicBool>,
 }
 
 impl Watched {
     /// Hangs while deletes are cut; then an error, as for a timed-out call.
     async fn delete_cut(&self, operation: &'static str, queue: &str) -> Result<(), QueueError> {
+        if self.failing_deletes.load(Ordering::SeqCst) {
+            return Err(QueueError::new(operation, queue, "unreachable", true));
+        }
         let mut cut = self.cut_deletes.subscribe();
         if !*cut.borrow_and_update() {
             return Ok(());
@@ -138,6 +144,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         seen: Shared::default(),
         fail_batch_extensions: Arc::default(),
         cut_deletes: Arc::new(tokio::sync::watch::Sender::new(false)),
+        failing_deletes: Arc::default(),
     };
     (queue, url)
 }
@@ -355,4 +362,160 @@ async fn deletes_that_do_not_answer_stop_receives_and_every_effect_is_made_once(
     }
     assert_eq!(runs.len(), 30, "{runs:?}");
     assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+}
+
+/// Simulator seed 114264 (FIFO): a commit returned less than a second
+/// before the message's visibility ended, on its last allowed receive; its
+/// delete waited a second for its batch to fill, reached SQS after the
+/// visibility had run out, and SQS moved the message, effect recorded, to
+/// the DLQ. A delete with less than [`DELETE_RETRY_FOR`] of known
+/// visibility left is sent at once; one with more waits for its batch.
+#[tokio::test(start_paused = true)]
+async fn a_delete_is_not_held_for_its_batch_past_its_messages_visibility() {
+    let (queue, url) = queue_with(2).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(300),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    assert_eq!(received.len(), 2);
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let batcher = DeleteBatcher {
+        queue: queue.inner.clone(),
+        url: url.clone(),
+        wait: Duration::from_secs(30),
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    let finished = |m: &Message, left: Duration| Finished {
+        receipt: m.receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + left,
+    };
+    // Plenty of visibility left: waits for the batch to fill.
+    tx.send(finished(&received[0], Duration::from_secs(290)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 0);
+    // Little visibility left: the batch goes at once, both deleted.
+    tx.send(finished(&received[1], Duration::from_secs(3)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 2);
+    drop(tx);
+    batcher.await.unwrap();
+}
+
+/// Simulator seed 112055 (FIFO): SQS was out of reach for 38 s after a
+/// message on its last allowed receive completed, while it stayed invisible
+/// for 45 s; its delete was given up on after 10 s, and SQS moved the
+/// message, effect recorded, to the DLQ. A failed delete is tried again
+/// until the message's visibility ends, beside the loop: the next batch is
+/// not held up meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
+    let (queue, url) = queue_with(2).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(45),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    assert_eq!(received.len(), 2);
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let batcher = DeleteBatcher {
+        queue: queue.clone(),
+        url: url.clone(),
+        wait: Duration::ZERO,
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    let finished = |m: &Message| Finished {
+        receipt: m.receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + Duration::from_secs(44),
+    };
+    queue.failing_deletes.store(true, Ordering::SeqCst);
+    tx.send(finished(&received[0])).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 0);
+    // SQS within reach again: the next batch goes at once, and the retries
+    // of the first land before its visibility ends.
+    queue.failing_deletes.store(false, Ordering::SeqCst);
+    tx.send(finished(&received[1])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 2);
+    drop(tx);
+    batcher.await.unwrap();
+}
+
+/// Issue 27, part 2: a producer's re-send of a key whose first delivery
+/// runs for minutes. The copy found the key in flight and came back at the
+/// holder's lease end, which the holder's heartbeat kept moving: a receive
+/// spent per lease, and after `maxReceiveCount` (3 here) SQS moved the copy
+/// to the DLQ though its key completed. The copy now waits for the holder,
+/// kept invisible, and is deleted as a duplicate once the holder completes.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_waits_out_of_the_dlq() {
+    use crate::queue::memory::RedrivePolicy;
+    let queue = MemoryQueue::new();
+    let dlq = queue
+        .create_queue(QueueSettings::new("copies-dlq"))
+        .unwrap();
+    let mut settings = QueueSettings::new("copies");
+    settings.redrive = Some(RedrivePolicy {
+        dlq_url: dlq.clone(),
+        max_receive_count: 3,
+    });
+    let url = queue.create_queue(settings).unwrap();
+    let runs = Arc::new(Mutex::new(0u32));
+    let r = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx| {
+        let r = r.clone();
+        async move {
+            *r.lock().unwrap() += 1;
+            // Twelve leases.
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("copies");
+    pc.lease = Duration::from_secs(10);
+    pc.heartbeat = Duration::from_secs(4);
+    pc.key_source = "json:/id".parse().unwrap();
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let processor = Processor::new(MemoryStore::new(clock), handler, pc).unwrap();
+    let mut config = config(&url, 2, 0);
+    config.exit_when_idle = Some(Duration::from_secs(30));
+    let body = || OutgoingMessage {
+        body: r#"{"id":"e1"}"#.into(),
+        ..Default::default()
+    };
+    queue.send(&url, body()).await.unwrap();
+    let poller = tokio::spawn(run(
+        queue.clone(),
+        processor,
+        config,
+        CancellationToken::new(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    queue.send(&url, body()).await.unwrap();
+    let stats = poller.await.unwrap();
+    assert_eq!(*runs.lock().unwrap(), 1, "{stats:?}");
+    assert_eq!(
+        queue.counts(&dlq).unwrap().stored(),
+        0,
+        "a copy reached the DLQ: {stats:?}"
+    );
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!((stats.completed, stats.duplicates), (1, 1), "{stats:?}");
 }

@@ -579,12 +579,22 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return visibility_lost_before_claim();
         }
         let req = self.claim_request(message, key, lease);
-        // The lease is counted from before the claim was sent: the store sets
-        // `lease_until` from a clock read no earlier than this.
-        let sent = Instant::now();
-        let attempt = match self.claim(message, &req).await {
-            Ok(attempt) => attempt,
-            Err(outcome) => return outcome,
+        let (sent, attempt) = loop {
+            // The lease is counted from before the claim was sent: the store
+            // sets `lease_until` from a clock read no earlier than this.
+            let sent = Instant::now();
+            match self.claim(message, &req).await {
+                Ok(attempt) => break (sent, attempt),
+                Err(Outcome::InFlight { retry_after }) => {
+                    if let Some(left) = self
+                        .wait_for_holder(message, opts, &visible, retry_after, lease)
+                        .await
+                    {
+                        return Outcome::InFlight { retry_after: left };
+                    }
+                }
+                Err(outcome) => return outcome,
+            }
         };
         tracing::Span::current().record("sqs_once.attempt", attempt);
         let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
@@ -625,6 +635,51 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
         };
         self.finish_claimed(message, &req, &ctx, handled).await
+    }
+
+    /// A copy of a key another attempt holds waits for it here, its message
+    /// kept invisible, instead of coming back at the holder's lease end:
+    /// the holder's heartbeat keeps moving that end, so a copy bounced each
+    /// lease would spend a receive per lease, and one whose holder runs for
+    /// longer than `maxReceiveCount` leases would reach the DLQ though its
+    /// key completes (issue 27). Waits until the holder's lease end or a
+    /// heartbeat interval, whichever is first, then the claim is tried
+    /// again (a duplicate once the holder completed; acquired if it
+    /// failed). `None`: try the claim again. `Some(left)`: stop waiting
+    /// (no way to keep the message invisible, its visibility could not be
+    /// kept, or the runtime stops: shutdown, a Lambda deadline), and come
+    /// back after `left`, when the holder's lease ends.
+    async fn wait_for_holder(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        retry_after: Duration,
+        lease: Duration,
+    ) -> Option<Duration> {
+        // (The `bounce-in-flight` mutant, for the simulator only, sends the
+        // copy back at once, as before.)
+        if opts.visibility.is_none() || crate::mutants::active("bounce-in-flight") {
+            return Some(retry_after);
+        }
+        let started = Instant::now();
+        let step = retry_after.min(self.config.beat_for(lease));
+        let left = || {
+            retry_after
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_secs(1))
+        };
+        info!(
+            ?retry_after,
+            "in flight elsewhere: waiting for that attempt, the message kept invisible"
+        );
+        tokio::select! {
+            biased;
+            () = stopped(opts) => Some(left()),
+            () = visible.passed() => Some(left()),
+            () = tokio::time::sleep(step) => None,
+            () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
+        }
     }
 
     /// Claims the key: the attempt number, or the outcome when the claim

@@ -503,7 +503,7 @@ fn evidence<'a>(
                 r.message_id.as_deref().unwrap_or("?"),
                 r.error
             );
-            (event(r), what)
+            (event(r), (what, r.lease_until_ms == 0))
         })
         .collect();
     let charged = world.api.charges().into_values().collect();
@@ -524,7 +524,19 @@ fn evidence<'a>(
         hosts,
         deliveries: &world.deliveries,
         twins: world.queue.twin_receipts(&world.url),
+        back_after_delete: world.queue.back_after_delete(&world.url),
         fencing_breaches: world.store.fencing_breaches(),
+        lease_ends: world
+            .store
+            .lease_ends()
+            .into_iter()
+            .map(|(pk, attempt, end)| {
+                let ms = end
+                    .saturating_duration_since(world.trace.start())
+                    .as_millis();
+                ((pk.trim_start_matches("sim#").to_owned(), attempt), ms)
+            })
+            .collect(),
         reruns: world.trace.reruns(),
         failed_reads: world.trace.failed_reads(),
         outcome_at: world.trace.outcome_times(),

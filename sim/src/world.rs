@@ -374,6 +374,8 @@ pub struct ApiCall {
     pub message: String,
     /// Who called.
     pub consumer: String,
+    /// The claim's attempt number the call was made under.
+    pub attempt: u32,
     /// When the call started and ended (ms of virtual time; `None`: still open).
     pub start_ms: u128,
     /// When it ended.
@@ -445,15 +447,17 @@ impl SimApi {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A charge for `event` with `key`, answered after `latency`.
+    /// A charge for `event` with `key`, answered after `latency`; `who` is
+    /// the consumer and the claim's attempt number.
     async fn charge(
         &self,
         key: &str,
         event: &str,
         message: &str,
-        consumer: &str,
+        who: (&str, u32),
         latency: Duration,
     ) -> u32 {
+        let (consumer, attempt) = who;
         let after_completed = (self.completed)(event).is_some();
         let index = {
             let mut s = self.lock();
@@ -463,6 +467,7 @@ impl SimApi {
                 event: event.to_owned(),
                 message: message.to_owned(),
                 consumer: consumer.to_owned(),
+                attempt,
                 start_ms: self.trace.now_ms(),
                 end_ms: None,
             });
@@ -606,10 +611,13 @@ impl SimHandler {
                 let key = ctx.idempotency_key().unwrap_or_default();
                 let charged = self
                     .life
-                    .guard(
-                        self.api
-                            .charge(key, &body.id, message.id(), &self.consumer, took),
-                    )
+                    .guard(self.api.charge(
+                        key,
+                        &body.id,
+                        message.id(),
+                        (&self.consumer, ctx.attempt()),
+                        took,
+                    ))
                     .await;
                 Ok(Some(serde_json::json!({ "charged": charged })))
             }

@@ -93,6 +93,15 @@ fn scenario() -> Scenario {
 /// The checker's verdict on a completed, applied message found in the DLQ
 /// as SQS moved it: (violations, stranded).
 fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTreeSet<String>) {
+    verdict_with(stored, deliveries, BTreeSet::new())
+}
+
+/// [`verdict`], with the messages SQS brought back after a delete.
+fn verdict_with(
+    stored: StoredMessage,
+    deliveries: &Deliveries,
+    back_after_delete: BTreeSet<String>,
+) -> (Vec<String>, BTreeSet<String>) {
     let s = scenario();
     let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
     let evidence = Evidence {
@@ -118,10 +127,12 @@ fn verdict(stored: StoredMessage, deliveries: &Deliveries) -> (Vec<String>, BTre
         hosts: &[],
         deliveries,
         fencing_breaches: Vec::new(),
+        lease_ends: BTreeMap::new(),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at: BTreeMap::new(),
         twins: BTreeSet::new(),
+        back_after_delete,
         start: Instant::now(),
     };
     (check(&evidence), stranded(&evidence))
@@ -191,6 +202,44 @@ async fn a_delete_that_reached_sqs_went_elsewhere_or_came_late_does_not() {
         let (violations, stranded) = verdict(one.stored, &deliveries);
         assert!(stranded.is_empty(), "{case}");
         assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
+    }
+}
+
+/// Seed 115607 (SQS "might" on): a Lambda invocation completed a message
+/// on its tenth and last allowed receive and the event source mapping
+/// deleted it; SQS brought it back (a copy on a server the delete missed,
+/// with its receive count), and the next receive moved it to the DLQ, no
+/// consumer seeing it again. Excused only where the model says the message
+/// came back after a delete and its last delivery's delete reached SQS.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_message_sqs_brought_back_explains_it_and_one_never_deleted_does_not() {
+    for (deleted, back, excused) in [
+        (true, true, true),
+        (true, false, false),
+        (false, true, false),
+    ] {
+        let deliveries = Deliveries::default();
+        let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
+        let receipts = std::slice::from_ref(&one.receipt);
+        if deleted {
+            deliveries.delete_sent(&one.queue, receipts);
+            deliveries.delete_reached(&one.queue, receipts);
+        }
+        let id = one.stored.id.clone();
+        let back = if back {
+            BTreeSet::from([id.clone()])
+        } else {
+            BTreeSet::new()
+        };
+        let (violations, stranded) = verdict_with(one.stored, &deliveries, back);
+        let case = format!("deleted {deleted}, brought back: {excused}");
+        if excused {
+            assert!(violations.is_empty(), "{case}: {violations:#?}");
+            assert_eq!(stranded, BTreeSet::from([id]), "{case}");
+        } else {
+            assert!(stranded.is_empty(), "{case}");
+            assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
+        }
     }
 }
 

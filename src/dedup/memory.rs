@@ -35,6 +35,12 @@ struct State {
     /// Guarded writes applied to a record another owner held (never, with
     /// fencing intact): what the simulator's checker reads.
     fencing_breaches: Vec<String>,
+    /// Each claim's lease end as stored, by (key, attempt), as an instant of
+    /// the tokio clock: the latest end its claim and extensions set (the
+    /// stored `lease_until` less the writer's clock plus the instant the
+    /// write applied), cut to the instant its release or failure applied.
+    /// What the simulator's checker compares external calls with.
+    lease_ends: HashMap<(String, u32), tokio::time::Instant>,
 }
 
 impl Default for MemoryStore {
@@ -70,6 +76,19 @@ impl MemoryStore {
     /// to a record another owner held, described: none while fencing holds.
     pub fn fencing_breaches(&self) -> Vec<String> {
         self.lock().fencing_breaches.clone()
+    }
+
+    /// Each claim's lease end as stored, by (key, attempt), as an instant
+    /// of the tokio clock (see `State::lease_ends`).
+    pub fn lease_ends(&self) -> Vec<(String, u32, tokio::time::Instant)> {
+        let mut ends: Vec<_> = self
+            .lock()
+            .lease_ends
+            .iter()
+            .map(|((pk, attempt), end)| (pk.clone(), *attempt, *end))
+            .collect();
+        ends.sort();
+        ends
     }
 
     /// Every record, by key.
@@ -132,6 +151,13 @@ impl MemoryStore {
                     ));
                 }
                 f(r, &mut state.committed);
+                if r.lease_until_ms == 0 || r.status != Status::InProgress {
+                    // Released, failed or completed: the attempt's lease ends now.
+                    let now = tokio::time::Instant::now();
+                    if let Some(end) = state.lease_ends.get_mut(&(pk.to_owned(), r.attempts)) {
+                        *end = (*end).min(now);
+                    }
+                }
                 Ok(())
             }
             Some(r) if r.owner.as_deref() == Some(owner) && done(r) => Ok(()),
@@ -195,6 +221,10 @@ impl DedupStore for MemoryStore {
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         let error = old.and_then(|o| o.error.clone());
+        state.lease_ends.insert(
+            (req.pk.clone(), attempts),
+            tokio::time::Instant::now() + req.lease,
+        );
         state.records.insert(
             req.pk.clone(),
             Record {
@@ -296,6 +326,12 @@ impl DedupStore for MemoryStore {
                 if r.lease_until_ms < lease_until {
                     r.lease_until_ms = lease_until;
                     r.expires_at_s = expires_at(now_ms, ttl);
+                    let end = tokio::time::Instant::now() + lease;
+                    let stored = state
+                        .lease_ends
+                        .entry((pk.to_owned(), r.attempts))
+                        .or_insert(end);
+                    *stored = (*stored).max(end);
                 }
                 Ok(())
             }

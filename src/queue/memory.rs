@@ -385,6 +385,8 @@ struct Queue {
     /// [`Might`]: receipt handles issued while another handle of their
     /// message was valid.
     twins: BTreeSet<String>,
+    /// [`Might`]: ids of messages a delete deleted that came back.
+    back_after_delete: BTreeSet<String>,
 }
 
 impl Queue {
@@ -399,6 +401,7 @@ impl Queue {
             dedup: HashMap::new(),
             counts: QueueCounts::default(),
             twins: BTreeSet::new(),
+            back_after_delete: BTreeSet::new(),
         }
     }
 
@@ -936,6 +939,7 @@ impl MemoryQueue {
                 {
                     let after = Duration::from_secs(1 + might.below(120) as u64);
                     queue.counts.again_after_delete += 1;
+                    queue.back_after_delete.insert(e.id.clone());
                     let back = Entry {
                         visible_at: now + after,
                         receipt: None,
@@ -1042,6 +1046,16 @@ impl MemoryQueue {
             "InternalError",
             "the entry failed (try it again)",
         ))
+    }
+
+    /// Ids of messages of `url` that a delete deleted and that came back
+    /// ([`Might::again_after_delete`]).
+    pub fn back_after_delete(&self, url: &str) -> BTreeSet<String> {
+        self.lock()
+            .queues
+            .get(url)
+            .map(|q| q.back_after_delete.clone())
+            .unwrap_or_default()
     }
 
     /// Receipt handles of `url` issued while another handle of their message

@@ -25,6 +25,27 @@ use crate::{Message, Outcome, ProcessorConfig};
 pub(crate) struct QueueVisibility<'a, Q> {
     pub(crate) queue: &'a Q,
     pub(crate) url: &'a str,
+    /// Until when the last successful extension keeps the message invisible
+    /// (sent at an instant, plus its timeout), by this host's clock.
+    pub(crate) extended_until: std::sync::Mutex<Option<Instant>>,
+}
+
+impl<'a, Q> QueueVisibility<'a, Q> {
+    pub(crate) fn new(queue: &'a Q, url: &'a str) -> Self {
+        Self {
+            queue,
+            url,
+            extended_until: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Until when the last successful extension keeps the message invisible.
+    pub(crate) fn extended_until(&self) -> Option<Instant> {
+        *self
+            .extended_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
@@ -49,11 +70,21 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
             let mut pause = Duration::from_millis(250);
             let mut tries = 1;
             loop {
+                let sent = Instant::now();
                 match self
                     .queue
                     .change_visibility(self.url, receipt, timeout)
                     .await
                 {
+                    Ok(()) => {
+                        let until = sent + timeout;
+                        let mut known = self
+                            .extended_until
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        *known = Some(known.map_or(until, |k| k.max(until)));
+                        return Ok(());
+                    }
                     Err(e) if e.is_transient() && tries < VISIBILITY_TRIES => {
                         warn!(message_id = message.id(), error = %e, "visibility extension failed; trying again");
                         tokio::time::sleep(pause).await;

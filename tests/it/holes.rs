@@ -713,3 +713,67 @@ async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_hear
     assert_eq!(received, 2, "a message was handed out again while held");
     assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
 }
+
+/// Issue 27, part 2: a re-send of a key whose first delivery runs for
+/// longer than `maxReceiveCount` leases (here 20 s against 4 s leases and a
+/// `maxReceiveCount` of 2). The copy, found in flight, used to come back at
+/// the holder's lease end, which the heartbeat kept moving, and reached the
+/// DLQ though its key completed. It now waits for the holder, kept invisible
+/// by `ChangeMessageVisibility`, and is deleted as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_stays_out_of_the_dlq() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&sqs, false, 5, 2).await;
+    let table = dedup_table(&ddb).await;
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (runs, started) = (runs.clone(), started.clone());
+        handler_fn(move |_m: Message, _ctx| {
+            let (runs, started) = (runs.clone(), started.clone());
+            async move {
+                if runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                }
+                Ok(None)
+            }
+        })
+    };
+    let send = |sqs: aws_sdk_sqs::Client, url: String| async move {
+        sqs.send_message()
+            .queue_url(url)
+            .message_body(r#"{"id":"held"}"#)
+            .send()
+            .await
+            .unwrap();
+    };
+    send(sqs.clone(), q.queue_url.clone()).await;
+    // The copy goes out once the first delivery runs: another receive.
+    let copy = tokio::spawn({
+        let (sqs, url) = (sqs.clone(), q.queue_url.clone());
+        async move {
+            started.notified().await;
+            send(sqs, url).await;
+        }
+    });
+    let mut pc = ProcessorConfig::new("long-holder");
+    pc.key_source = "json:/id".parse().unwrap();
+    pc.lease = Duration::from_secs(4);
+    pc.heartbeat = Duration::from_secs(1);
+    let stats = pollers_until_empty(&sqs, &ddb, &q, &table, handler, &pc, 2).await;
+    copy.await.unwrap();
+    assert_eq!(
+        depth(&sqs, &q.dlq_url).await,
+        0,
+        "the copy reached the DLQ: {stats:?}"
+    );
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{stats:?}"
+    );
+    let duplicates: u64 = stats.iter().map(|s| s.duplicates).sum();
+    let completed: u64 = stats.iter().map(|s| s.completed).sum();
+    assert_eq!((completed, duplicates), (1, 1), "{stats:?}");
+}
