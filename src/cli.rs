@@ -375,6 +375,15 @@ struct Prepared<H> {
     calls: CallCounter,
 }
 
+/// The timeouts of every production client: a connect timeout, and `attempt`
+/// for one request (the simulator builds its clients with these too).
+pub fn attempt_timeouts(attempt: Duration) -> aws_config::timeout::TimeoutConfig {
+    aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(Duration::from_secs(3))
+        .operation_attempt_timeout(attempt)
+        .build()
+}
+
 /// Loads the SDK configuration, checks the dedup table and builds the processor.
 /// `sqs_timeout` bounds one SQS request (above the long-poll wait).
 async fn prepare<H: Handler>(
@@ -387,12 +396,7 @@ async fn prepare<H: Handler>(
         .map_err(startup_failure)?;
     let sdk = aws_config::load_from_env().await;
     let calls = CallCounter::default();
-    let attempt_timeout = |d: Duration| {
-        aws_config::timeout::TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .operation_attempt_timeout(d)
-            .build()
-    };
+    let attempt_timeout = attempt_timeouts;
     let ddb = aws_sdk_dynamodb::Client::from_conf(
         calls
             .dynamodb_config(&sdk)

@@ -22,6 +22,7 @@ pub mod latency;
 pub mod might;
 pub mod scale;
 pub mod trace;
+pub mod wire;
 pub mod world;
 
 use std::collections::BTreeSet;
