@@ -34,7 +34,9 @@ pub const KEY_ATTRIBUTE: &str = "pk";
 /// A `FAILED` record is taken only by another delivery, and only by a claim
 /// made no earlier than the failing delivery's own claim (a claim that lands
 /// late must not erase the failure it never saw).
-const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
+/// [`Record::claimable_by`] is the same predicate in Rust (the simulator
+/// checks that the two agree).
+pub const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
      OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) \
          AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) \
      OR (#status = :in_progress AND lease_until < :now_ms)";
