@@ -375,6 +375,11 @@ impl Link {
         fault
     }
 
+    /// Notes a read of `pk` that failed (see `Trace::failed_read`).
+    pub(crate) fn failed_read(&self, pk: &str) {
+        self.trace.failed_read(&self.name, pk);
+    }
+
     /// Whether the host pauses before an owned write leaves (see
     /// [`FaultPlan::pause`]).
     pub(crate) fn draw_wire_pause(&self, op: &str) -> Option<Duration> {

@@ -21,6 +21,7 @@ pub mod hosts;
 pub mod latency;
 pub mod might;
 pub mod scale;
+pub mod stores;
 pub mod trace;
 pub mod wire;
 pub mod world;
@@ -80,15 +81,24 @@ pub struct Report {
     pub fault_classes: Vec<(&'static str, u64)>,
     /// Messages the redrive at the calm point brought back from the DLQ.
     pub redriven: u64,
+    /// The store the run used: the memory store, or `DynamoStore` over the wire.
+    pub path: stores::StorePath,
 }
 
-/// Runs one seed on a fresh single-threaded runtime with paused time.
+/// Runs one seed on a fresh single-threaded runtime with paused time, on
+/// the store path drawn for it ([`stores::StorePath::of`]).
 pub fn run_seed(seed: u64, keep_trace: bool) -> std::io::Result<Report> {
+    run_seed_on(seed, keep_trace, stores::StorePath::of(seed))
+}
+
+/// Runs one seed on the given store path (a regression seed keeps the path
+/// its schedule was found on).
+pub fn run_seed_on(seed: u64, keep_trace: bool, path: stores::StorePath) -> std::io::Result<Report> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()?;
-    Ok(runtime.block_on(simulate(seed, keep_trace)))
+    Ok(runtime.block_on(simulate(seed, keep_trace, path)))
 }
 
 /// The run's subscriber: outcomes into the trace, and the library's logs on
@@ -129,7 +139,7 @@ fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (S
 }
 
 /// One run, inside the paused runtime.
-pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
+pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> Report {
     let started = Instant::now();
     let dice = Dice::new(seed);
     let trace = Trace::new(keep_trace);
@@ -138,7 +148,13 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, scenario.fifo, scenario.might);
-    let store = sqs_once::MemoryStore::new(Arc::new(TokioClock::starting_at(hosts::epoch())));
+    let store = match path {
+        stores::StorePath::Memory => stores::Backend::Memory(sqs_once::MemoryStore::new(Arc::new(
+            TokioClock::starting_at(hosts::epoch()),
+        ))),
+        stores::StorePath::Wire => stores::Backend::Wire(wire::dynamo_model()),
+    };
+    trace.event(format!("store path: {path:?}"));
     let world = Arc::new(World {
         api: SimApi::new(trace.clone(), completed_in(store.clone())),
         store,
@@ -207,6 +223,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         exhausted,
         stranded,
         virtual_time: started.elapsed(),
+        path,
     }
 }
 
@@ -345,7 +362,7 @@ async fn schedule(
 /// When `event`'s record in `store` was completed (ms from the run's start),
 /// if it says `COMPLETED`.
 fn completed_in(
-    store: sqs_once::MemoryStore,
+    store: stores::Backend,
 ) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     move |event: &str| {
@@ -467,19 +484,12 @@ fn event_of_record(r: &sqs_once::Record) -> String {
 }
 
 /// Every record's status, by event.
-fn records(store: &sqs_once::MemoryStore) -> std::collections::BTreeMap<String, sqs_once::Status> {
+fn records(store: &stores::Backend) -> std::collections::BTreeMap<String, sqs_once::Status> {
     store
         .records()
         .iter()
         .map(|r| (event_of_record(r), r.status))
         .collect()
-}
-
-/// The ledger rows committed so far, in commit order.
-fn rows(store: &sqs_once::MemoryStore) -> Vec<check::Effect> {
-    let mut rows = Vec::new();
-    store.for_each_committed(|writes| rows.extend(writes.iter().filter_map(world::row_effect)));
-    rows
 }
 
 fn evidence<'a>(
@@ -488,7 +498,7 @@ fn evidence<'a>(
     hosts: &'a [HostReport],
     before: Before,
 ) -> check::Evidence<'a> {
-    let rows = rows(&world.store);
+    let rows = world.store.rows();
     let all = world.store.records();
     let event = event_of_record;
     let records = records(&world.store);
