@@ -21,6 +21,11 @@
 //!   message instead of deleting it.
 //! - `visibility-not-kept`: a handler runs on after its message's visibility
 //!   could not be kept (SQS may deliver it to another consumer meanwhile).
+//! - `conditional-as-transient`: `DynamoStore` misses a failed condition on
+//!   the dedup record (`ConditionalCheckFailedException`, or a cancelled
+//!   transaction's first reason) and classifies it as a transient error, so
+//!   a duplicate or a key held elsewhere is retried instead of decided (the
+//!   simulator's wire path).
 
 /// Whether this build has the mutants in it (the `mutants` feature).
 pub const COMPILED: bool = cfg!(feature = "mutants");

@@ -10,6 +10,13 @@
 //! scheduled, with call faults from [`faults`]; after ten minutes switch the
 //! faults off and let everything settle; stop the hosts; then [`check`] the
 //! history and the final state.
+//!
+//! Store paths ([`stores`]): most seeds use `MemoryStore` behind
+//! [`faults::FaultyStore`]; one in [`stores::WIRE_SHARE`] (drawn from the
+//! seed) runs the production `DynamoStore` and the real `aws-sdk-dynamodb`
+//! client over an in-process HTTP connector to a model of DynamoDB
+//! ([`wire`]), with the faults on the wire, so the SDK's retries and
+//! timeouts and the store's error classification run under faults too.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
