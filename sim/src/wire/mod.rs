@@ -313,15 +313,24 @@ pub fn sdk_config(wire: Wire, clock: Arc<dyn Clock>) -> aws_config::SdkConfig {
 /// `SQS_ONCE_DYNAMODB_TIMEOUT`).
 pub const DYNAMODB_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A DynamoDB client as production builds it, over `wire`.
+/// A DynamoDB client as production builds it, over `wire`. Its retry quota
+/// (the token bucket) is its own, as in a production process with one
+/// client: the SDK otherwise keeps one per partition name in a static, which
+/// every client of every run in this process would share, and a seed would
+/// replay differently after other seeds ran (seed 422 did).
 pub fn dynamodb_client(wire: Wire, clock: Arc<dyn Clock>) -> aws_sdk_dynamodb::Client {
+    use aws_sdk_dynamodb::config::retry::{RetryPartition, TokenBucket};
     let sdk = sdk_config(wire, clock);
     let calls = sqs_once::calls::CallCounter::default();
+    let partition = RetryPartition::custom("dynamodb")
+        .token_bucket(TokenBucket::default())
+        .build();
     aws_sdk_dynamodb::Client::from_conf(
         calls
             .dynamodb_config(&sdk)
             .to_builder()
             .timeout_config(sqs_once::cli::attempt_timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
+            .retry_partition(partition)
             .build(),
     )
 }
