@@ -145,24 +145,15 @@ fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (S
     (url, dlq_url)
 }
 
-/// One run, inside the paused runtime.
-pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> Report {
-    let started = Instant::now();
-    let dice = Dice::new(seed);
-    let trace = Trace::new(keep_trace);
-    let _logs = subscriber(&trace);
-    let scenario = Scenario::draw(&dice);
+/// The run's world: its scenario (drawn), queues and store (on `path`).
+fn world(dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<World> {
+    let scenario = Scenario::draw(dice);
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, scenario.fifo, scenario.might);
-    let store = match path {
-        stores::StorePath::Memory => stores::Backend::Memory(sqs_once::MemoryStore::new(Arc::new(
-            TokioClock::starting_at(hosts::epoch()),
-        ))),
-        stores::StorePath::Wire => stores::Backend::Wire(wire::dynamo_model()),
-    };
+    let store = stores::Backend::new(path);
     trace.event(format!("store path: {path:?}"));
-    let world = Arc::new(World {
+    Arc::new(World {
         api: SimApi::new(trace.clone(), completed_in(store.clone())),
         store,
         queue,
@@ -172,7 +163,16 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
         trace: trace.clone(),
         scenario,
         deliveries: Deliveries::default(),
-    });
+    })
+}
+
+/// One run, inside the paused runtime.
+pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> Report {
+    let started = Instant::now();
+    let dice = Dice::new(seed);
+    let trace = Trace::new(keep_trace);
+    let _logs = subscriber(&trace);
+    let world = world(&dice, &trace, path);
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
     let links = links(&world, &calm, &counts);

@@ -82,6 +82,16 @@ fn sdk_value(v: &Av) -> AttributeValue {
 }
 
 impl Backend {
+    /// A fresh store on `path` (the memory store on true time).
+    pub fn new(path: StorePath) -> Self {
+        match path {
+            StorePath::Memory => Self::Memory(MemoryStore::new(Arc::new(
+                sqs_once::clock::TokioClock::starting_at(crate::hosts::epoch()),
+            ))),
+            StorePath::Wire => Self::Wire(wire::dynamo_model()),
+        }
+    }
+
     /// Which path this is.
     pub fn path(&self) -> StorePath {
         match self {

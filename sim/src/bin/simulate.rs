@@ -229,15 +229,9 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     let (mut ran, mut failed, mut faults) = (0u64, 0u64, 0u64);
     let (mut exhausted, mut stranded) = (0u64, 0u64);
     let mut seed = from;
-    // Seeds and wall time on the wire path, for the summary.
-    let (mut on_wire, mut wire_secs) = (0u64, 0f64);
+    let mut paths = Paths::default();
     while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
-        let one_started = Instant::now();
-        let mut report = run(seed, false);
-        if report.path == StorePath::Wire {
-            on_wire += 1;
-            wire_secs += one_started.elapsed().as_secs_f64();
-        }
+        let mut report = paths.run(seed);
         if args.verify {
             let again = run(seed, false).trace_hash;
             if again != report.trace_hash {
@@ -288,13 +282,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         ran as f64 / secs.max(1e-9),
         faults as f64 / ran.max(1) as f64
     );
-    let memory_secs = (secs - wire_secs).max(1e-9);
-    println!(
-        "store paths: {on_wire} seeds on the wire path ({:.1} seeds/s), {} on the memory path ({:.1} seeds/s)",
-        on_wire as f64 / wire_secs.max(1e-9),
-        ran - on_wire,
-        (ran - on_wire) as f64 / memory_secs
-    );
+    paths.print(ran, secs);
     match (mutant, failed) {
         (Some(m), _) => {
             println!("mutant {m} NOT caught in {ran} seeds");
@@ -302,6 +290,39 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         }
         (None, 0) => ExitCode::SUCCESS,
         (None, _) => ExitCode::FAILURE,
+    }
+}
+
+/// Seeds and wall time on the wire path, for the summary.
+#[derive(Debug, Default)]
+struct Paths {
+    on_wire: u64,
+    wire_secs: f64,
+}
+
+impl Paths {
+    /// Runs `seed`, timing it if it is on the wire path.
+    fn run(&mut self, seed: u64) -> Report {
+        let started = Instant::now();
+        let report = run(seed, false);
+        if report.path == StorePath::Wire {
+            self.on_wire += 1;
+            self.wire_secs += started.elapsed().as_secs_f64();
+        }
+        report
+    }
+
+    /// The share of seeds on each path, and each path's speed, of `ran`
+    /// seeds in `secs`.
+    fn print(&self, ran: u64, secs: f64) {
+        let memory_secs = (secs - self.wire_secs).max(1e-9);
+        println!(
+            "store paths: {} seeds on the wire path ({:.1} seeds/s), {} on the memory path ({:.1} seeds/s)",
+            self.on_wire,
+            self.on_wire as f64 / self.wire_secs.max(1e-9),
+            ran - self.on_wire,
+            (ran - self.on_wire) as f64 / memory_secs
+        );
     }
 }
 

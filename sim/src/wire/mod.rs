@@ -137,6 +137,23 @@ fn owned_write(op: &str, body: &serde_json::Value) -> bool {
     }
 }
 
+/// A transaction cancelled because its first item is being written by
+/// another transaction (one reason per item, as DynamoDB answers).
+fn conflict(body: &serde_json::Value) -> Answer {
+    let n = body
+        .get("TransactItems")
+        .and_then(|t| t.as_array())
+        .map_or(1, Vec::len);
+    let reasons = (0..n.max(1))
+        .map(|i| dynamodb::Reason {
+            code: if i == 0 { "TransactionConflict" } else { "None" },
+            item: None,
+            message: (i == 0).then(|| "Transaction is ongoing for the item".to_owned()),
+        })
+        .collect();
+    DdbError::Cancelled(reasons).answer()
+}
+
 impl Wire {
     /// Answers one request through the faults drawn for it.
     async fn exchange(
@@ -177,25 +194,7 @@ impl Wire {
             }
             WireFault::Throttled => Ok(response(&DdbError::Throttling.answer())),
             WireFault::Provisioned => Ok(response(&DdbError::Provisioned.answer())),
-            WireFault::Conflict => {
-                let n = body
-                    .get("TransactItems")
-                    .and_then(|t| t.as_array())
-                    .map_or(1, Vec::len);
-                let mut reasons: Vec<dynamodb::Reason> = (0..n)
-                    .map(|_| dynamodb::Reason {
-                        code: "None",
-                        item: None,
-                        message: None,
-                    })
-                    .collect();
-                reasons[0] = dynamodb::Reason {
-                    code: "TransactionConflict",
-                    item: None,
-                    message: Some("Transaction is ongoing for the item".into()),
-                };
-                Ok(response(&DdbError::Cancelled(reasons).answer()))
-            }
+            WireFault::Conflict => Ok(response(&conflict(&body))),
             WireFault::Silent { applied } => {
                 if applied {
                     let _ = apply(model);
