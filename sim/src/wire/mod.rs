@@ -14,6 +14,7 @@
 
 pub mod dynamodb;
 pub mod expr;
+pub mod sqs;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -76,6 +77,8 @@ pub enum WireFault {
 pub enum Service {
     /// DynamoDB.
     Dynamo(DynamoModel),
+    /// SQS (no faults on the wire yet: `FaultyQueue` still draws SQS's).
+    Sqs(sqs::SqsModel),
 }
 
 /// The in-process connector: one host's (or the checker's) way to the
@@ -108,6 +111,18 @@ fn response(answer: &Answer) -> HttpResponse {
     r.headers_mut()
         .insert("content-type", "application/x-amz-json-1.0");
     r.headers_mut().insert("x-amzn-requestid", "sim");
+    r
+}
+
+fn sqs_response(answer: &sqs::SqsAnswer) -> HttpResponse {
+    let mut r = response(&Answer {
+        status: answer.status,
+        body: answer.body.clone(),
+    });
+    if let Some(code) = &answer.query_error {
+        r.headers_mut()
+            .insert("x-amzn-query-error", code.clone());
+    }
     r
 }
 
@@ -162,7 +177,13 @@ impl Wire {
         body: serde_json::Value,
         connect_timeout: Duration,
     ) -> Result<HttpResponse, ConnectorError> {
-        let Service::Dynamo(model) = &self.service;
+        let model = match &self.service {
+            Service::Dynamo(model) => model,
+            Service::Sqs(model) => {
+                let answer = model.handle(&op, &body).await;
+                return Ok(sqs_response(&answer));
+            }
+        };
         let fault = match &self.link {
             None => WireFault::None,
             Some(link) => {
@@ -329,6 +350,25 @@ pub fn dynamodb_client(wire: Wire, clock: Arc<dyn Clock>) -> aws_sdk_dynamodb::C
             .dynamodb_config(&sdk)
             .to_builder()
             .timeout_config(sqs_once::cli::attempt_timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
+            .retry_partition(partition)
+            .build(),
+    )
+}
+
+/// An SQS client as production builds it (`calls` interceptor, standard
+/// retries, `attempt` per request), over `wire`.
+pub fn sqs_client(wire: Wire, clock: Arc<dyn Clock>, attempt: Duration) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::retry::{RetryPartition, TokenBucket};
+    let sdk = sdk_config(wire, clock);
+    let calls = sqs_once::calls::CallCounter::default();
+    let partition = RetryPartition::custom("sqs")
+        .token_bucket(TokenBucket::default())
+        .build();
+    aws_sdk_sqs::Client::from_conf(
+        calls
+            .sqs_config(&sdk)
+            .to_builder()
+            .timeout_config(sqs_once::cli::attempt_timeouts(attempt))
             .retry_partition(partition)
             .build(),
     )

@@ -186,3 +186,71 @@ async fn the_sdk_reads_the_models_errors_as_their_documented_types() {
         "{err:?}"
     );
 }
+
+mod sqs {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sqs_once::MemoryQueue;
+    use sqs_once::queue::memory::QueueSettings;
+    use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+
+    use crate::faults::Life;
+    use crate::wire::sqs::SqsModel;
+    use crate::wire::{Service, Wire, sqs_client};
+
+    fn setup() -> (MemoryQueue, aws_sdk_sqs::Client, String) {
+        let queue = MemoryQueue::new();
+        let url = queue
+            .create_queue(QueueSettings::new("q"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wire = Wire::new(Service::Sqs(SqsModel::new(queue.clone())), None, Life::default());
+        let clock = Arc::new(sqs_once::clock::TokioClock::starting_at(crate::hosts::epoch()));
+        (queue, sqs_client(wire, clock, Duration::from_secs(30)), url)
+    }
+
+    fn request() -> ReceiveRequest {
+        ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(30),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_adapter_reads_the_models_refusals_with_their_sqs_codes() {
+        let (_, client, url) = setup();
+        let body = OutgoingMessage {
+            body: "b".into(),
+            ..Default::default()
+        };
+        client.send(&url, body).await.unwrap();
+        let got = client.receive(&url, request()).await.unwrap();
+        let receipt = got[0].receipt_handle().unwrap().to_owned();
+        let bad = client.delete(&url, "nonsense").await.unwrap_err();
+        assert!(bad.detail.starts_with("ReceiptHandleIsInvalid"), "{bad}");
+        assert!(!bad.is_transient());
+        client
+            .change_visibility(&url, &receipt, Duration::ZERO)
+            .await
+            .unwrap();
+        let visible = client
+            .change_visibility(&url, &receipt, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(visible.detail.contains("MessageNotInflight"), "{visible}");
+        let again = client.receive(&url, request()).await.unwrap();
+        let fresh = again[0].receipt_handle().unwrap().to_owned();
+        let failed = client
+            .delete_batch(&url, &[fresh, "nonsense".into()])
+            .await
+            .unwrap();
+        assert_eq!(failed.len(), 1);
+        assert_eq!((failed[0].index, failed[0].code.as_str()), (1, "ReceiptHandleIsInvalid"));
+        let gone = client.receive(&url, request()).await.unwrap();
+        assert!(gone.is_empty(), "the batch's good entry deleted: {gone:?}");
+        let missing = client.attributes(&format!("{url}-nope")).await.unwrap_err();
+        assert!(missing.detail.contains("NonExistentQueue"), "{missing}");
+        assert!(!missing.is_transient());
+    }
+}
