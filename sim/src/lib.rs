@@ -372,14 +372,8 @@ fn completed_in(
     store: stores::Backend,
 ) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
-    move |event: &str| {
-        let pk = format!("sim#{event}");
-        store
-            .records()
-            .iter()
-            .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
-            .map(|r| u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0))
-    }
+    let start = Instant::now();
+    move |event: &str| store.completed_ms(&format!("sim#{event}"), epoch_ms, start)
 }
 
 /// Moves everything in the DLQ back to the source queue with the library's

@@ -142,6 +142,25 @@ impl Backend {
         }
     }
 
+    /// When the record `pk` became `COMPLETED`, in ms from `start` (the run's
+    /// start, when true time read `epoch_ms`), if it says so now. The memory
+    /// store stamps its records when it applies a write; on the wire the
+    /// record's `completed_at` is the writer's clock when it built the
+    /// request (before a pause, or a resend after an attempt timeout), so
+    /// the model's own time of the change is used.
+    pub fn completed_ms(&self, pk: &str, epoch_ms: i64, start: tokio::time::Instant) -> Option<u128> {
+        match self {
+            Self::Memory(s) => s
+                .records()
+                .iter()
+                .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
+                .map(|r| u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0)),
+            Self::Wire(m) => m
+                .completed_at(pk)
+                .map(|at| at.saturating_duration_since(start).as_millis()),
+        }
+    }
+
     /// Writes that changed a record another owner held (none while fencing holds).
     pub fn fencing_breaches(&self) -> Vec<String> {
         match self {

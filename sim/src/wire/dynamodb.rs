@@ -171,6 +171,10 @@ struct State {
     fenced: Option<String>,
     /// Writes that changed a record another owner held in progress.
     breaches: Vec<String>,
+    /// When each record of the fenced table became `COMPLETED` (the
+    /// model's time, not the writer's `:now_ms`, which a paused or resent
+    /// request carries from before it was applied).
+    completions: HashMap<String, Instant>,
     /// Requests applied (not answered from a token).
     applied: u64,
 }
@@ -277,6 +281,11 @@ impl DynamoModel {
     /// The fencing breaches seen (none while fencing holds).
     pub fn fencing_breaches(&self) -> Vec<String> {
         self.lock().breaches.clone()
+    }
+
+    /// When the record `key` of the fenced table became `COMPLETED`, if it is.
+    pub fn completed_at(&self, key: &str) -> Option<Instant> {
+        self.lock().completions.get(key).copied()
     }
 
     /// Requests applied so far (answers from a token not counted).
@@ -481,6 +490,18 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
         }
     }
     let fenced = state.fenced.as_deref() == Some(w.table.as_str());
+    if fenced {
+        let completed = |i: Option<&Item>| i.and_then(|i| i.get("status")) == Some(&Av::S("COMPLETED".into()));
+        match (completed(old), completed(new.as_ref())) {
+            (false, true) => {
+                state.completions.insert(w.key.clone(), Instant::now());
+            }
+            (_, false) => {
+                state.completions.remove(&w.key);
+            }
+            (true, true) => {}
+        }
+    }
     if let (false, WriteKind::Put(item)) = (fenced, &w.kind) {
         state.committed.push((w.table.clone(), item.clone()));
     }
