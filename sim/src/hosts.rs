@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::deliveries::Deliveries;
 use crate::faults::{FaultPlan, FaultyQueue, Life, Link};
-use crate::stores::{Backend, HostStore};
+use crate::stores::{Backend, HostQueue, HostStore};
 use crate::trace::Trace;
 use crate::world::{
     ConsumerSpec, FUNCTION_TIMEOUT, Gauge, Runtime, Scenario, SimApi, SimHandler, VISIBILITY,
@@ -76,7 +76,7 @@ pub struct HostReport {
 struct Generation {
     life: Life,
     gauge: Arc<Gauge>,
-    queue: FaultyQueue<MemoryQueue>,
+    queue: FaultyQueue<HostQueue>,
     processor: Processor<HostStore, SimHandler>,
 }
 
@@ -97,6 +97,7 @@ impl Generation {
         let life = Life::default();
         let gauge = Arc::new(Gauge::default());
         let clock = clock.clone();
+        let sqs_clock = clock.clone();
         let store = world.store.for_host(link, &life, &clock);
         let handler = SimHandler {
             kind: world.scenario.kind,
@@ -114,8 +115,15 @@ impl Generation {
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
             .with_clock(clock);
+        // Production bounds one SQS request by the long-poll wait plus 10 s
+        // (a poller's 20 s wait), or 10 s (Lambda).
+        let attempt = match spec.runtime {
+            Runtime::Poller { .. } => Duration::from_secs(30),
+            Runtime::Lambda { .. } => Duration::from_secs(10),
+        };
+        let sqs = HostQueue::new(world.store.path(), &world.queue, &life, &sqs_clock, attempt);
         let queue = FaultyQueue::new(
-            world.queue.clone(),
+            sqs,
             link.clone(),
             life.clone(),
             world.deliveries.clone(),
@@ -274,7 +282,7 @@ async fn run_lambda(
 async fn invocations(
     world: &World,
     spec: &ConsumerSpec,
-    adapter: LambdaAdapter<HostStore, SimHandler, FaultyQueue<MemoryQueue>>,
+    adapter: LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
     esm: FaultyQueue<MemoryQueue>,
     batch: usize,
     stop: CancellationToken,
@@ -307,7 +315,7 @@ async fn invocations(
 async fn invoke(
     world: &World,
     spec: &ConsumerSpec,
-    adapter: &LambdaAdapter<HostStore, SimHandler, FaultyQueue<MemoryQueue>>,
+    adapter: &LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
     esm: &FaultyQueue<MemoryQueue>,
     messages: Vec<Message>,
 ) {

@@ -16,7 +16,10 @@
 //! seed) runs the production `DynamoStore` and the real `aws-sdk-dynamodb`
 //! client over an in-process HTTP connector to a model of DynamoDB
 //! ([`wire`]), with the faults on the wire, so the SDK's retries and
-//! timeouts and the store's error classification run under faults too.
+//! timeouts and the store's error classification run under faults too; its
+//! hosts' SQS calls go through the production SQS adapter and SDK over the
+//! wire to the SQS model ([`stores::HostQueue`]), faults still drawn above
+//! the adapter.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]

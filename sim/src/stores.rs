@@ -13,7 +13,10 @@ use rand::{RngExt, SeedableRng};
 use sqs_once::clock::Clock;
 use sqs_once::dedup::dynamodb::record_from_item;
 use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
-use sqs_once::{Claim, DedupStore, DynamoStore, MemoryStore, Record, StagedWrite, StoreError};
+use sqs_once::queue::{EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest};
+use sqs_once::{
+    Claim, DedupStore, DynamoStore, MemoryQueue, MemoryStore, Message, Record, StagedWrite, StoreError,
+};
 
 use crate::check::Effect;
 use crate::faults::{FaultyStore, Life, Link};
@@ -276,6 +279,102 @@ impl DedupStore for HostStore {
                 }
                 read
             }
+        }
+    }
+}
+
+/// A host's SQS client on either path: the model itself (memory path), or
+/// the production adapter (`QueueClient for aws_sdk_sqs::Client`) and SDK
+/// over the wire to the same model (wire path). `FaultyQueue` draws SQS's
+/// faults above it on both.
+#[derive(Debug, Clone)]
+pub enum HostQueue {
+    /// The memory path.
+    Memory(MemoryQueue),
+    /// The wire path.
+    Wire(aws_sdk_sqs::Client),
+}
+
+impl HostQueue {
+    /// The host's queue client on `path`; `attempt` bounds one SQS request
+    /// as production's does (the long-poll wait plus 10 s for a poller).
+    pub fn new(
+        path: StorePath,
+        queue: &MemoryQueue,
+        life: &Life,
+        clock: &Arc<dyn Clock>,
+        attempt: Duration,
+    ) -> Self {
+        match path {
+            StorePath::Memory => Self::Memory(queue.clone()),
+            StorePath::Wire => {
+                let model = wire::sqs::SqsModel::new(queue.clone());
+                let wire = Wire::new(Service::Sqs(model), None, life.clone());
+                Self::Wire(wire::sqs_client(wire, clock.clone(), attempt))
+            }
+        }
+    }
+}
+
+impl QueueClient for HostQueue {
+    async fn receive(&self, queue: &str, request: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+        match self {
+            Self::Memory(q) => q.receive(queue, request).await,
+            Self::Wire(q) => q.receive(queue, request).await,
+        }
+    }
+
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        match self {
+            Self::Memory(q) => q.delete(queue, receipt).await,
+            Self::Wire(q) => q.delete(queue, receipt).await,
+        }
+    }
+
+    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<Vec<EntryFailure>, QueueError> {
+        match self {
+            Self::Memory(q) => q.delete_batch(queue, receipts).await,
+            Self::Wire(q) => q.delete_batch(queue, receipts).await,
+        }
+    }
+
+    async fn change_visibility(&self, queue: &str, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+        match self {
+            Self::Memory(q) => q.change_visibility(queue, receipt, timeout).await,
+            Self::Wire(q) => q.change_visibility(queue, receipt, timeout).await,
+        }
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        match self {
+            Self::Memory(q) => q.change_visibility_batch(queue, receipts, timeout).await,
+            Self::Wire(q) => q.change_visibility_batch(queue, receipts, timeout).await,
+        }
+    }
+
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        match self {
+            Self::Memory(q) => q.send(queue, message).await,
+            Self::Wire(q) => q.send(queue, message).await,
+        }
+    }
+
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        match self {
+            Self::Memory(q) => q.attributes(queue).await,
+            Self::Wire(q) => q.attributes(queue).await,
+        }
+    }
+
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        match self {
+            Self::Memory(q) => q.queue_url(name, account).await,
+            Self::Wire(q) => q.queue_url(name, account).await,
         }
     }
 }
