@@ -368,12 +368,7 @@ impl SqsOnce {
             None => aws_config::load_from_env().await,
         };
         let calls = CallCounter::default();
-        let attempt_timeout = |d: Duration| {
-            aws_config::timeout::TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(3))
-                .operation_attempt_timeout(d)
-                .build()
-        };
+        let attempt_timeout = crate::aws::attempt_timeouts;
         let ddb = aws_sdk_dynamodb::Client::from_conf(
             calls
                 .dynamodb_config(&sdk)

@@ -21,6 +21,15 @@ const TRANSIENT_CODES: &[&str] = &[
     "AWS.SimpleQueueService.InternalError",
 ];
 
+/// The timeouts of every production client: a connect timeout, and `attempt`
+/// for one request (the simulator builds its clients with these too).
+pub fn attempt_timeouts(attempt: std::time::Duration) -> aws_config::timeout::TimeoutConfig {
+    aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .operation_attempt_timeout(attempt)
+        .build()
+}
+
 /// Whether a failed SQS or DynamoDB call may pass when tried again: no answer
 /// (timeout, connection refused or reset), throttling, or a 5xx
 /// ([`TRANSIENT_CODES`]). A refusal (access denied, no such queue or table, a

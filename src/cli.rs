@@ -334,6 +334,7 @@ impl LogChoice {
 }
 
 pub use crate::app::shutdown_on_signals;
+pub use crate::aws::attempt_timeouts;
 
 impl RuntimeArgs {
     /// The front door with these settings' common part (table, consumer,

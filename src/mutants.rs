@@ -24,6 +24,11 @@
 //! - `bounce-in-flight`: a copy of a key in flight elsewhere comes back at
 //!   the holder's lease end instead of waiting for it, spending a receive
 //!   per lease (the poller's unit tests).
+//! - `conditional-as-transient`: `DynamoStore` misses a failed condition on
+//!   the dedup record (`ConditionalCheckFailedException`, or a cancelled
+//!   transaction's first reason) and classifies it as a transient error, so
+//!   a duplicate or a key held elsewhere is retried instead of decided (the
+//!   simulator's wire path).
 
 /// Whether this build has the mutants in it (the `mutants` feature).
 pub const COMPILED: bool = cfg!(feature = "mutants");

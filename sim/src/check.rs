@@ -64,8 +64,10 @@ pub struct Evidence<'a> {
     /// the record (read from the store's history).
     pub fencing_breaches: Vec<String>,
     /// Each claim's lease end as stored (its claim and extensions, cut at
-    /// its release): (event, attempt) -> ms from the start.
-    pub lease_ends: BTreeMap<(String, u32), u128>,
+    /// its release): (event, attempt) -> ms from the start. `None` where the
+    /// store keeps no such history (the wire path: see
+    /// `stores::Backend::lease_ends`).
+    pub lease_ends: Option<BTreeMap<(String, u32), u128>>,
     /// Fast-path handlers started for a redelivery whose record said
     /// `COMPLETED`: (message, receive count, consumer, event, when the
     /// record was completed, ms from the start).
@@ -463,8 +465,11 @@ fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// key (the `lease-not-enforced` mutant). Judged directly rather than by an
 /// overlap, which needs a copy of the key to arrive meanwhile.
 fn past_lease(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let Some(lease_ends) = &e.lease_ends else {
+        return;
+    };
     for c in &e.calls {
-        let Some(&lease_end) = e.lease_ends.get(&(c.event.clone(), c.attempt)) else {
+        let Some(&lease_end) = lease_ends.get(&(c.event.clone(), c.attempt)) else {
             v.push(format!(
                 "{}: call by {} under attempt {}, which holds no lease",
                 c.event, c.consumer, c.attempt

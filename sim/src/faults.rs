@@ -335,6 +335,57 @@ impl Link {
         Some(d)
     }
 
+    /// What happens to one DynamoDB request on the wire (see
+    /// [`crate::wire::WireFault`]), from the same plan as the store's faults:
+    /// an error is a 500 (before or after applying), throttling, a reset, or
+    /// for a transaction a conflict; a lost answer is a reset or silence
+    /// after applying; a timeout is silence; a delay a slow answer.
+    pub(crate) fn draw_wire(&self, op: &str, transaction: bool) -> crate::wire::WireFault {
+        use crate::wire::WireFault as W;
+        if let Some((wait, after)) = self.draw_late(Service::Ddb, op, self.plan.late) {
+            // The client's attempt timeout, not `wait`, decides when it gives up.
+            let _ = wait;
+            return W::Late(after);
+        }
+        let fault = match self.draw(Service::Ddb, op) {
+            Fault::None => return W::None,
+            Fault::Cut => W::Cut,
+            Fault::Fail(_) => match self.dice.int(0, if transaction { 5 } else { 4 }) {
+                0 => W::InternalBefore,
+                1 => W::InternalAfter,
+                2 => W::Throttled,
+                3 => W::Provisioned,
+                4 => W::ResetBefore,
+                _ => W::Conflict,
+            },
+            Fault::Lose => {
+                if self.dice.chance(0.5) {
+                    W::ResetAfter
+                } else {
+                    W::Silent { applied: true }
+                }
+            }
+            Fault::Timeout(_) => W::Silent { applied: false },
+            Fault::Delay(d) => W::Slow(d),
+        };
+        if !matches!(fault, W::None | W::Cut) {
+            self.trace
+                .event(format!("wire {} {op}: {fault:?}", self.name));
+        }
+        fault
+    }
+
+    /// Notes a read of `pk` that failed (see `Trace::failed_read`).
+    pub(crate) fn failed_read(&self, pk: &str) {
+        self.trace.failed_read(&self.name, pk);
+    }
+
+    /// Whether the host pauses before an owned write leaves (see
+    /// [`FaultPlan::pause`]).
+    pub(crate) fn draw_wire_pause(&self, op: &str) -> Option<Duration> {
+        self.draw_pause(Service::Ddb, op)
+    }
+
     /// Runs `call` through the faults drawn for it: `Err(detail)` when it
     /// failed (after applying, for a lost answer).
     async fn through<T>(

@@ -12,13 +12,14 @@ use sqs_once::clock::{Clock, TokioClock};
 use sqs_once::lambda::LambdaConfig;
 use sqs_once::poller::PollerConfig;
 use sqs_once::queue::{QueueClient, ReceiveRequest};
-use sqs_once::{LambdaAdapter, MemoryQueue, MemoryStore, Message, Processor, ProcessorConfig};
+use sqs_once::{LambdaAdapter, MemoryQueue, Message, Processor, ProcessorConfig};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::deliveries::Deliveries;
-use crate::faults::{FaultPlan, FaultyQueue, FaultyStore, Life, Link};
+use crate::faults::{FaultPlan, FaultyQueue, Life, Link};
+use crate::stores::{Backend, HostQueue, HostStore};
 use crate::trace::Trace;
 use crate::world::{
     ConsumerSpec, FUNCTION_TIMEOUT, Gauge, Runtime, Scenario, SimApi, SimHandler, VISIBILITY,
@@ -37,8 +38,9 @@ pub struct World {
     pub url: String,
     /// Its DLQ.
     pub dlq_url: String,
-    /// The dedup records (on true time; each host views them on its own clock).
-    pub store: MemoryStore,
+    /// The dedup records (on true time; each host views them on its own
+    /// clock): the memory store or the DynamoDB model, by the seed's path.
+    pub store: Backend,
     /// The external API.
     pub api: SimApi,
     /// The run's dice.
@@ -74,8 +76,8 @@ pub struct HostReport {
 struct Generation {
     life: Life,
     gauge: Arc<Gauge>,
-    queue: FaultyQueue<MemoryQueue>,
-    processor: Processor<FaultyStore<MemoryStore>, SimHandler>,
+    queue: FaultyQueue<HostQueue>,
+    processor: Processor<HostStore, SimHandler>,
 }
 
 fn processor_config(scenario: &Scenario) -> ProcessorConfig {
@@ -95,12 +97,8 @@ impl Generation {
         let life = Life::default();
         let gauge = Arc::new(Gauge::default());
         let clock = clock.clone();
-        let store = FaultyStore::new(
-            world.store.with_clock(clock.clone()),
-            link.clone(),
-            life.clone(),
-            clock.clone(),
-        );
+        let sqs_clock = clock.clone();
+        let store = world.store.for_host(link, &life, &clock);
         let handler = SimHandler {
             kind: world.scenario.kind,
             consumer: spec.name.clone(),
@@ -117,8 +115,15 @@ impl Generation {
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
             .with_clock(clock);
+        // Production bounds one SQS request by the long-poll wait plus 10 s
+        // (a poller's 20 s wait), or 10 s (Lambda).
+        let attempt = match spec.runtime {
+            Runtime::Poller { .. } => Duration::from_secs(30),
+            Runtime::Lambda { .. } => Duration::from_secs(10),
+        };
+        let sqs = HostQueue::new(world.store.path(), &world.queue, &life, &sqs_clock, attempt);
         let queue = FaultyQueue::new(
-            world.queue.clone(),
+            sqs,
             link.clone(),
             life.clone(),
             world.deliveries.clone(),
@@ -277,7 +282,7 @@ async fn run_lambda(
 async fn invocations(
     world: &World,
     spec: &ConsumerSpec,
-    adapter: LambdaAdapter<FaultyStore<MemoryStore>, SimHandler, FaultyQueue<MemoryQueue>>,
+    adapter: LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
     esm: FaultyQueue<MemoryQueue>,
     batch: usize,
     stop: CancellationToken,
@@ -310,7 +315,7 @@ async fn invocations(
 async fn invoke(
     world: &World,
     spec: &ConsumerSpec,
-    adapter: &LambdaAdapter<FaultyStore<MemoryStore>, SimHandler, FaultyQueue<MemoryQueue>>,
+    adapter: &LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
     esm: &FaultyQueue<MemoryQueue>,
     messages: Vec<Message>,
 ) {

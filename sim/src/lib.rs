@@ -10,9 +10,21 @@
 //! scheduled, with call faults from [`faults`]; after ten minutes switch the
 //! faults off and let everything settle; stop the hosts; then [`check`] the
 //! history and the final state.
+//!
+//! Store paths ([`stores`]): most seeds use `MemoryStore` behind
+//! [`faults::FaultyStore`]; one in [`stores::WIRE_SHARE`] (drawn from the
+//! seed) runs the production `DynamoStore` and the real `aws-sdk-dynamodb`
+//! client over an in-process HTTP connector to a model of DynamoDB
+//! ([`wire`]), with the faults on the wire, so the SDK's retries and
+//! timeouts and the store's error classification run under faults too; its
+//! hosts' SQS calls go through the production SQS adapter and SDK over the
+//! wire to the SQS model ([`stores::HostQueue`]), faults still drawn above
+//! the adapter.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+// The hosts' async bodies nest the runtimes' futures deeply.
+#![recursion_limit = "256"]
 
 pub mod check;
 pub mod deliveries;
@@ -21,7 +33,9 @@ pub mod hosts;
 pub mod latency;
 pub mod might;
 pub mod scale;
+pub mod stores;
 pub mod trace;
+pub mod wire;
 pub mod world;
 
 use std::collections::BTreeSet;
@@ -79,16 +93,40 @@ pub struct Report {
     pub fault_classes: Vec<(&'static str, u64)>,
     /// Messages the redrive at the calm point brought back from the DLQ.
     pub redriven: u64,
+    /// The store the run used: the memory store, or `DynamoStore` over the wire.
+    pub path: stores::StorePath,
 }
 
-/// Runs one seed on a fresh single-threaded runtime with paused time.
+/// Runs one seed on a fresh single-threaded runtime with paused time, on
+/// the store path drawn for it ([`stores::StorePath::of`]).
 pub fn run_seed(seed: u64, keep_trace: bool) -> std::io::Result<Report> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()?;
-    Ok(runtime.block_on(simulate(seed, keep_trace)))
+    run_seed_on(seed, keep_trace, stores::StorePath::of(seed))
 }
+
+/// Runs one seed on the given store path (a regression seed keeps the path
+/// its schedule was found on).
+///
+/// The run has a thread of its own with a large stack: the hosts' futures
+/// nest the runtimes' deeply, more than a test thread's 2 MiB hold in a
+/// debug build. One thread still runs everything, so the run stays a
+/// function of its seed.
+pub fn run_seed_on(seed: u64, keep_trace: bool, path: stores::StorePath) -> std::io::Result<Report> {
+    std::thread::Builder::new()
+        .name(format!("seed-{seed}"))
+        .stack_size(RUN_STACK_BYTES)
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()?;
+            Ok(runtime.block_on(simulate(seed, keep_trace, path)))
+        })?
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// The stack of a run's thread.
+const RUN_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// The run's subscriber: outcomes into the trace, and the library's logs on
 /// stdout when `RUST_LOG` is set. Scoped to this thread (the run's).
@@ -127,18 +165,15 @@ fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (S
     (url, dlq_url)
 }
 
-/// One run, inside the paused runtime.
-pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
-    let started = Instant::now();
-    let dice = Dice::new(seed);
-    let trace = Trace::new(keep_trace);
-    let _logs = subscriber(&trace);
-    let scenario = Scenario::draw(&dice);
+/// The run's world: its scenario (drawn), queues and store (on `path`).
+fn world(dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<World> {
+    let scenario = Scenario::draw(dice);
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, scenario.fifo, scenario.might);
-    let store = sqs_once::MemoryStore::new(Arc::new(TokioClock::starting_at(hosts::epoch())));
-    let world = Arc::new(World {
+    let store = stores::Backend::new(path);
+    trace.event(format!("store path: {path:?}"));
+    Arc::new(World {
         api: SimApi::new(trace.clone(), completed_in(store.clone())),
         store,
         queue,
@@ -148,7 +183,16 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         trace: trace.clone(),
         scenario,
         deliveries: Deliveries::default(),
-    });
+    })
+}
+
+/// One run, inside the paused runtime.
+pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> Report {
+    let started = Instant::now();
+    let dice = Dice::new(seed);
+    let trace = Trace::new(keep_trace);
+    let _logs = subscriber(&trace);
+    let world = world(&dice, &trace, path);
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
     let links = links(&world, &calm, &counts);
@@ -206,6 +250,7 @@ pub async fn simulate(seed: u64, keep_trace: bool) -> Report {
         exhausted,
         stranded,
         virtual_time: started.elapsed(),
+        path,
     }
 }
 
@@ -344,17 +389,11 @@ async fn schedule(
 /// When `event`'s record in `store` was completed (ms from the run's start),
 /// if it says `COMPLETED`.
 fn completed_in(
-    store: sqs_once::MemoryStore,
+    store: stores::Backend,
 ) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
-    move |event: &str| {
-        let pk = format!("sim#{event}");
-        store
-            .records()
-            .iter()
-            .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
-            .map(|r| u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0))
-    }
+    let start = Instant::now();
+    move |event: &str| store.completed_ms(&format!("sim#{event}"), epoch_ms, start)
 }
 
 /// Moves everything in the DLQ back to the source queue with the library's
@@ -466,19 +505,12 @@ fn event_of_record(r: &sqs_once::Record) -> String {
 }
 
 /// Every record's status, by event.
-fn records(store: &sqs_once::MemoryStore) -> std::collections::BTreeMap<String, sqs_once::Status> {
+fn records(store: &stores::Backend) -> std::collections::BTreeMap<String, sqs_once::Status> {
     store
         .records()
         .iter()
         .map(|r| (event_of_record(r), r.status))
         .collect()
-}
-
-/// The ledger rows committed so far, in commit order.
-fn rows(store: &sqs_once::MemoryStore) -> Vec<check::Effect> {
-    let mut rows = Vec::new();
-    store.for_each_committed(|writes| rows.extend(writes.iter().filter_map(world::row_effect)));
-    rows
 }
 
 fn evidence<'a>(
@@ -487,7 +519,7 @@ fn evidence<'a>(
     hosts: &'a [HostReport],
     before: Before,
 ) -> check::Evidence<'a> {
-    let rows = rows(&world.store);
+    let rows = world.store.rows();
     let all = world.store.records();
     let event = event_of_record;
     let records = records(&world.store);
@@ -526,17 +558,16 @@ fn evidence<'a>(
         twins: world.queue.twin_receipts(&world.url),
         back_after_delete: world.queue.back_after_delete(&world.url),
         fencing_breaches: world.store.fencing_breaches(),
-        lease_ends: world
-            .store
-            .lease_ends()
-            .into_iter()
-            .map(|(pk, attempt, end)| {
-                let ms = end
-                    .saturating_duration_since(world.trace.start())
-                    .as_millis();
-                ((pk.trim_start_matches("sim#").to_owned(), attempt), ms)
-            })
-            .collect(),
+        lease_ends: world.store.lease_ends().map(|ends| {
+            ends.into_iter()
+                .map(|(pk, attempt, end)| {
+                    let ms = end
+                        .saturating_duration_since(world.trace.start())
+                        .as_millis();
+                    ((pk.trim_start_matches("sim#").to_owned(), attempt), ms)
+                })
+                .collect()
+        }),
         reruns: world.trace.reruns(),
         failed_reads: world.trace.failed_reads(),
         outcome_at: world.trace.outcome_times(),

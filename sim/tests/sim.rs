@@ -10,7 +10,8 @@ use sqs_once::queue::memory::{MessageState, StoredMessage};
 use sqs_once_sim::check::{Effect, Evidence, check};
 use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
-use sqs_once_sim::run_seed;
+use sqs_once_sim::stores::StorePath;
+use sqs_once_sim::{run_seed, run_seed_on};
 use sqs_once_sim::world::{ApiCall, EventSpec, Kind, Runtime, Scenario};
 
 #[test]
@@ -28,6 +29,28 @@ fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
     assert_ne!(other.trace_hash, run_seed(3, false).unwrap().trace_hash);
 }
 
+/// The wire path (the real `DynamoStore` and SDK over the in-process
+/// connector) is as deterministic as the memory path, and one seed's two
+/// paths are two different runs.
+#[test]
+fn a_seed_on_the_wire_path_replays_exactly() {
+    for seed in [3, 7] {
+        let a = run_seed_on(seed, false, StorePath::Wire).unwrap();
+        let b = run_seed_on(seed, false, StorePath::Wire).unwrap();
+        assert_eq!(a.trace_hash, b.trace_hash, "seed {seed} ran differently twice");
+        assert!(a.violations.is_empty(), "seed {seed}: {:#?}", a.violations);
+        let memory = run_seed_on(seed, false, StorePath::Memory).unwrap();
+        assert_ne!(a.trace_hash, memory.trace_hash);
+    }
+}
+
+/// About one seed in `WIRE_SHARE` runs on the wire path, drawn from the seed.
+#[test]
+fn a_share_of_seeds_runs_on_the_wire_path() {
+    let wire = (0..300).filter(|&s| StorePath::of(s) == StorePath::Wire).count();
+    assert!((70..130).contains(&wire), "{wire} of 300 seeds on the wire path");
+}
+
 /// Seeds 443 and 912 fail when the simulator gives each new generation of a
 /// host (after a crash or a drain) a clock starting again at the run's epoch:
 /// the restarted host's claims carry leases already over by the other hosts'
@@ -36,7 +59,7 @@ fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
 #[test]
 fn regression_seeds_443_912_a_restarted_host_keeps_its_clock() {
     for seed in [443, 912] {
-        let report = run_seed(seed, false).unwrap();
+        let report = run_seed_on(seed, false, StorePath::Memory).unwrap();
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}",
@@ -84,7 +107,7 @@ fn scenarios_keep_clock_skew_within_the_lease_margin() {
 /// DLQ) and passes with it.
 #[test]
 fn regression_seed_5659_a_failed_visibility_extension_is_tried_again() {
-    let report = run_seed(5659, false).unwrap();
+    let report = run_seed_on(5659, false, StorePath::Memory).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert_eq!(report.exhausted, 0, "an event was redriven to the DLQ");
 }
@@ -99,7 +122,7 @@ fn regression_seed_5659_a_failed_visibility_extension_is_tried_again() {
 /// guards that the seed stays clean rather than replaying that schedule.
 #[test]
 fn regression_seed_5074_a_lambda_invocation_answers_by_its_deadline() {
-    let report = run_seed(5074, false).unwrap();
+    let report = run_seed_on(5074, false, StorePath::Memory).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
@@ -112,7 +135,7 @@ fn regression_seed_5074_a_lambda_invocation_answers_by_its_deadline() {
 #[test]
 fn regression_seeds_2159_2820_a_late_claim_does_not_erase_a_failure() {
     for seed in [2159, 2820] {
-        let report = run_seed(seed, false).unwrap();
+        let report = run_seed_on(seed, false, StorePath::Memory).unwrap();
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}",
@@ -128,7 +151,7 @@ fn regression_seeds_2159_2820_a_late_claim_does_not_erase_a_failure() {
 /// DLQ. An in-flight copy now waits until the other attempt's lease ends.
 #[test]
 fn regression_seed_18184_an_in_flight_copy_waits_for_the_lease() {
-    let report = run_seed(18184, false).unwrap();
+    let report = run_seed_on(18184, false, StorePath::Memory).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
@@ -140,7 +163,7 @@ fn regression_seed_18184_an_in_flight_copy_waits_for_the_lease() {
 #[test]
 fn regression_seeds_479_1105_a_completed_redelivery_is_not_run_again() {
     for seed in [479, 1105] {
-        let report = run_seed(seed, false).unwrap();
+        let report = run_seed_on(seed, false, StorePath::Memory).unwrap();
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}",
@@ -155,7 +178,7 @@ fn regression_seeds_479_1105_a_completed_redelivery_is_not_run_again() {
 /// back when its record says `COMPLETED`.
 #[test]
 fn regression_seed_1351_a_drain_deletes_a_completed_message_instead_of_giving_it_back() {
-    let report = run_seed(1351, false).unwrap();
+    let report = run_seed_on(1351, false, StorePath::Memory).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
@@ -166,7 +189,7 @@ fn regression_seed_1351_a_drain_deletes_a_completed_message_instead_of_giving_it
 /// later. A failed delete is now tried again with backoff for up to 10 s.
 #[test]
 fn regression_seed_100756_a_failed_delete_is_tried_again_while_the_message_is_held() {
-    let report = run_seed(100_756, false).unwrap();
+    let report = run_seed_on(100_756, false, StorePath::Memory).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
@@ -263,11 +286,12 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         deliveries: Box::leak(Box::default()),
         fencing_breaches: Vec::new(),
         // Every event's first attempt holds a lease to the end of these cases.
-        lease_ends: s
-            .events
-            .iter()
-            .map(|ev| ((ev.id.clone(), 1), 1_000_000))
-            .collect(),
+        lease_ends: Some(
+            s.events
+                .iter()
+                .map(|ev| ((ev.id.clone(), 1), 1_000_000))
+                .collect(),
+        ),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at: BTreeMap::new(),
@@ -454,7 +478,10 @@ fn the_checker_flags_a_call_open_past_its_attempts_stored_lease_end() {
     let mut e = evidence(&s, &acc);
     e.records.insert("evt-0000".into(), Status::Completed);
     e.charged.insert("evt-0000".into(), 1);
-    e.lease_ends.insert(("evt-0000".into(), 2), 5_000);
+    e.lease_ends
+        .as_mut()
+        .expect("the memory path's history")
+        .insert(("evt-0000".into(), 2), 5_000);
     let call = |attempt, end_ms| ApiCall {
         key: "k".into(),
         event: "evt-0000".into(),

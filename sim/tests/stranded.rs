@@ -13,7 +13,8 @@ use sqs_once::{MemoryQueue, Status};
 use sqs_once_sim::check::{Effect, Evidence, check, stranded};
 use sqs_once_sim::deliveries::Deliveries;
 use sqs_once_sim::faults::{Cuts, FaultPlan, Life};
-use sqs_once_sim::run_seed;
+use sqs_once_sim::run_seed_on;
+use sqs_once_sim::stores::StorePath;
 use sqs_once_sim::world::{EventSpec, Kind, Scenario};
 use tokio::time::Instant;
 
@@ -127,7 +128,7 @@ fn verdict_with(
         hosts: &[],
         deliveries,
         fencing_breaches: Vec::new(),
-        lease_ends: BTreeMap::new(),
+        lease_ends: Some(BTreeMap::new()),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at: BTreeMap::new(),
@@ -286,6 +287,6 @@ async fn a_consumer_that_died_holding_it_explains_it_and_one_that_died_later_doe
 /// longer strands them; it must stay clean.
 #[test]
 fn regression_seed_10422_stays_clean() {
-    let report = run_seed(10422, false).unwrap();
+    let report = run_seed_on(10422, false, StorePath::Memory).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }

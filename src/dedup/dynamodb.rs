@@ -34,7 +34,9 @@ pub const KEY_ATTRIBUTE: &str = "pk";
 /// A `FAILED` record is taken only by another delivery, and only by a claim
 /// made no earlier than the failing delivery's own claim (a claim that lands
 /// late must not erase the failure it never saw).
-const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
+/// [`Record::claimable_by`] is the same predicate in Rust (the simulator
+/// checks that the two agree).
+pub const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
      OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) \
          AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) \
      OR (#status = :in_progress AND lease_until < :now_ms)";
@@ -527,6 +529,11 @@ impl DynamoStore {
 fn conditional_failure<R>(
     e: &SdkError<UpdateItemError, R>,
 ) -> Option<&aws_sdk_dynamodb::types::error::ConditionalCheckFailedException> {
+    // (The `conditional-as-transient` mutant, for the simulator only, misses
+    // it: `classify` then takes it for a transient error.)
+    if crate::mutants::active("conditional-as-transient") {
+        return None;
+    }
     match e.as_service_error()? {
         UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
         _ => None,
@@ -570,7 +577,7 @@ fn transaction_failure<'a, R: std::fmt::Debug>(
     };
     let reasons = tc.cancellation_reasons();
     let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-    if code(0) == "ConditionalCheckFailed" {
+    if code(0) == "ConditionalCheckFailed" && !crate::mutants::active("conditional-as-transient") {
         return TransactionFailure::Record(reasons[0].item());
     }
     if let Some(i) = (1..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {

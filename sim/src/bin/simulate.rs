@@ -11,6 +11,9 @@
 //! - `--campaign FILE` (with `--minutes`): a long search kept across runs:
 //!   starts at the seed after the last one FILE (JSON) says was run, and
 //!   adds this run's seeds, faults by class and failures to it.
+//! - `--store memory|wire`: every seed on one store path (by default each
+//!   seed's path is drawn from it: one in `WIRE_SHARE` runs the real
+//!   `DynamoStore` and SDK over the wire; see `sqs_once_sim::stores`).
 //! - `--mutant NAME`: with a deliberately broken protocol (see
 //!   `sqs_once::mutants`): stops at the first failing seed, and exits 1 if
 //!   none fails.
@@ -18,6 +21,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use sqs_once_sim::stores::StorePath;
 use sqs_once_sim::{Report, run_seed};
 
 /// The command line.
@@ -31,6 +35,7 @@ struct Args {
     verify: bool,
     verbose: bool,
     campaign: Option<std::path::PathBuf>,
+    store: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -51,6 +56,13 @@ fn parse() -> Result<Args, String> {
             "--verify" => args.verify = true,
             "--campaign" => args.campaign = Some(value()?.into()),
             "--verbose" => args.verbose = true,
+            "--store" => {
+                let v = value()?;
+                if v != "memory" && v != "wire" {
+                    return Err(format!("--store {v}: memory or wire"));
+                }
+                args.store = Some(v);
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -59,9 +71,12 @@ fn parse() -> Result<Args, String> {
 
 /// The command that replays `seed`.
 fn replay(seed: u64, mutant: Option<&str>) -> String {
+    let store = std::env::var("SIM_STORE")
+        .map(|s| format!(" --store {s}"))
+        .unwrap_or_default();
     match mutant {
-        Some(m) => format!("scripts/simulate --seed {seed} --mutant {m}"),
-        None => format!("scripts/simulate --seed {seed}"),
+        Some(m) => format!("scripts/simulate --seed {seed} --mutant {m}{store}"),
+        None => format!("scripts/simulate --seed {seed}{store}"),
     }
 }
 
@@ -81,6 +96,7 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         virtual_time: Duration::ZERO,
         fault_classes: Vec::new(),
         redriven: 0,
+        path: StorePath::of(seed),
     };
     match outcome {
         Ok(Ok(report)) => report,
@@ -97,7 +113,8 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
     }
     let again = run(seed, false);
     println!(
-        "seed {seed}: {} events, {} faults, {} redriven by SQS, {} completed but not deletable in time, {:?} virtual, trace {} ({} lines)",
+        "seed {seed} ({:?} path): {} events, {} faults, {} redriven by SQS, {} completed but not deletable in time, {:?} virtual, trace {} ({} lines)",
+        report.path,
         report.events,
         report.faults,
         report.exhausted,
@@ -212,8 +229,9 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     let (mut ran, mut failed, mut faults) = (0u64, 0u64, 0u64);
     let (mut exhausted, mut stranded) = (0u64, 0u64);
     let mut seed = from;
+    let mut paths = Paths::default();
     while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
-        let mut report = run(seed, false);
+        let mut report = paths.run(seed);
         if args.verify {
             let again = run(seed, false).trace_hash;
             if again != report.trace_hash {
@@ -264,6 +282,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         ran as f64 / secs.max(1e-9),
         faults as f64 / ran.max(1) as f64
     );
+    paths.print(ran, secs);
     match (mutant, failed) {
         (Some(m), _) => {
             println!("mutant {m} NOT caught in {ran} seeds");
@@ -271,6 +290,39 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         }
         (None, 0) => ExitCode::SUCCESS,
         (None, _) => ExitCode::FAILURE,
+    }
+}
+
+/// Seeds and wall time on the wire path, for the summary.
+#[derive(Debug, Default)]
+struct Paths {
+    on_wire: u64,
+    wire_secs: f64,
+}
+
+impl Paths {
+    /// Runs `seed`, timing it if it is on the wire path.
+    fn run(&mut self, seed: u64) -> Report {
+        let started = Instant::now();
+        let report = run(seed, false);
+        if report.path == StorePath::Wire {
+            self.on_wire += 1;
+            self.wire_secs += started.elapsed().as_secs_f64();
+        }
+        report
+    }
+
+    /// The share of seeds on each path, and each path's speed, of `ran`
+    /// seeds in `secs`.
+    fn print(&self, ran: u64, secs: f64) {
+        let memory_secs = (secs - self.wire_secs).max(1e-9);
+        println!(
+            "store paths: {} seeds on the wire path ({:.1} seeds/s), {} on the memory path ({:.1} seeds/s)",
+            self.on_wire,
+            self.on_wire as f64 / self.wire_secs.max(1e-9),
+            ran - self.on_wire,
+            (ran - self.on_wire) as f64 / memory_secs
+        );
     }
 }
 
@@ -316,6 +368,10 @@ fn main() -> ExitCode {
     if let Some(m) = &args.mutant {
         // SAFETY: set once at start, before any other thread exists.
         unsafe { std::env::set_var("SQS_ONCE_MUTANT", m) };
+    }
+    if let Some(store) = &args.store {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("SIM_STORE", store) };
     }
     quiet_simulated_panics();
     let mutant = args.mutant.as_deref();

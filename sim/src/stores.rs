@@ -1,0 +1,392 @@
+//! The run's dedup store, one of two paths drawn per seed: the memory path
+//! ([`sqs_once::MemoryStore`] behind [`FaultyStore`]) or the wire path (the
+//! real [`DynamoStore`] and SDK client over [`crate::wire`] to the DynamoDB
+//! model). [`Backend`] is what the checker reads, [`HostStore`] what a
+//! host's processor calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use rand::{RngExt, SeedableRng};
+use sqs_once::clock::Clock;
+use sqs_once::dedup::dynamodb::record_from_item;
+use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
+use sqs_once::queue::{EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest};
+use sqs_once::{
+    Claim, DedupStore, DynamoStore, MemoryQueue, MemoryStore, Message, Record, StagedWrite, StoreError,
+};
+
+use crate::check::Effect;
+use crate::faults::{FaultyStore, Life, Link};
+use crate::wire::dynamodb::DynamoModel;
+use crate::wire::expr::{Av, Item};
+use crate::wire::{self, Service, Wire};
+
+/// Which store a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorePath {
+    /// `MemoryStore` behind `FaultyStore` (faster).
+    Memory,
+    /// `DynamoStore` and the SDK over the wire to the DynamoDB model.
+    Wire,
+}
+
+/// One seed in this many runs on the wire path.
+pub const WIRE_SHARE: u64 = 3;
+
+impl StorePath {
+    /// The path of `seed`: drawn from the seed on a stream of its own, so the
+    /// scenario's draws (and every memory-path seed's schedule) are as they
+    /// were before the wire path existed. `SIM_STORE=memory|wire` forces it.
+    pub fn of(seed: u64) -> Self {
+        match std::env::var("SIM_STORE").as_deref() {
+            Ok("memory") => return Self::Memory,
+            Ok("wire") => return Self::Wire,
+            _ => {}
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5749_5245_5041_5448);
+        if rng.random_range(0..WIRE_SHARE) == 0 {
+            Self::Wire
+        } else {
+            Self::Memory
+        }
+    }
+}
+
+/// The run's store, as the checker reads it.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The memory store (on true time).
+    Memory(MemoryStore),
+    /// The DynamoDB model.
+    Wire(DynamoModel),
+}
+
+/// An item of the model as the SDK types it.
+pub fn sdk_item(item: &Item) -> HashMap<String, AttributeValue> {
+    item.iter().map(|(k, v)| (k.clone(), sdk_value(v))).collect()
+}
+
+fn sdk_value(v: &Av) -> AttributeValue {
+    match v {
+        Av::S(s) => AttributeValue::S(s.clone()),
+        Av::N(n) => AttributeValue::N(n.clone()),
+        Av::B(b) => AttributeValue::S(b.clone()),
+        Av::Bool(b) => AttributeValue::Bool(*b),
+        Av::Null => AttributeValue::Null(true),
+        Av::L(l) => AttributeValue::L(l.iter().map(sdk_value).collect()),
+        Av::M(m) => AttributeValue::M(sdk_item(m)),
+        Av::Ss(s) => AttributeValue::Ss(s.clone()),
+        Av::Ns(s) => AttributeValue::Ns(s.clone()),
+        Av::Bs(s) => AttributeValue::Ss(s.clone()),
+    }
+}
+
+impl Backend {
+    /// A fresh store on `path` (the memory store on true time).
+    pub fn new(path: StorePath) -> Self {
+        match path {
+            StorePath::Memory => Self::Memory(MemoryStore::new(Arc::new(
+                sqs_once::clock::TokioClock::starting_at(crate::hosts::epoch()),
+            ))),
+            StorePath::Wire => Self::Wire(wire::dynamo_model()),
+        }
+    }
+
+    /// Which path this is.
+    pub fn path(&self) -> StorePath {
+        match self {
+            Self::Memory(_) => StorePath::Memory,
+            Self::Wire(_) => StorePath::Wire,
+        }
+    }
+
+    /// Every dedup record. On the wire path, the dedup table's items read as
+    /// `DynamoStore` reads them (an item that is not a record is left out and
+    /// noted in the trace by the caller's checks: it cannot be one).
+    pub fn records(&self) -> Vec<Record> {
+        match self {
+            Self::Memory(s) => s.records(),
+            Self::Wire(m) => m
+                .items(wire::TABLE)
+                .iter()
+                .filter_map(|i| record_from_item(&sdk_item(i)).ok())
+                .collect(),
+        }
+    }
+
+    /// The ledger rows committed so far, in commit order.
+    pub fn rows(&self) -> Vec<Effect> {
+        match self {
+            Self::Memory(s) => {
+                let mut rows = Vec::new();
+                s.for_each_committed(|writes| {
+                    rows.extend(writes.iter().filter_map(crate::world::row_effect));
+                });
+                rows
+            }
+            Self::Wire(m) => m
+                .committed()
+                .into_iter()
+                .filter(|(table, _)| table == wire::LEDGER)
+                .filter_map(|(_, item)| {
+                    let text = |k: &str| match item.get(k) {
+                        Some(Av::S(s)) => Some(s.clone()),
+                        _ => None,
+                    };
+                    Some(Effect {
+                        event: text("pk")?,
+                        message: text("message")?,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// When the record `pk` became `COMPLETED`, in ms from `start` (the run's
+    /// start, when true time read `epoch_ms`), if it says so now. The memory
+    /// store stamps its records when it applies a write; on the wire the
+    /// record's `completed_at` is the writer's clock when it built the
+    /// request (before a pause, or a resend after an attempt timeout), so
+    /// the model's own time of the change is used.
+    pub fn completed_ms(&self, pk: &str, epoch_ms: i64, start: tokio::time::Instant) -> Option<u128> {
+        match self {
+            Self::Memory(s) => s
+                .records()
+                .iter()
+                .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
+                .map(|r| u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0)),
+            Self::Wire(m) => m
+                .completed_at(pk)
+                .map(|at| at.saturating_duration_since(start).as_millis()),
+        }
+    }
+
+    /// Each claim's lease end as stored, by (key, attempt), on tokio's clock
+    /// (the memory path; see [`MemoryStore::lease_ends`]). The wire path has
+    /// none: its items hold a lease end on the writer's clock, not the
+    /// instant the write applied, so the check of calls open past their
+    /// lease runs on the memory path's seeds.
+    pub fn lease_ends(&self) -> Option<Vec<(String, u32, tokio::time::Instant)>> {
+        match self {
+            Self::Memory(s) => Some(s.lease_ends()),
+            Self::Wire(_) => None,
+        }
+    }
+
+    /// Writes that changed a record another owner held (none while fencing holds).
+    pub fn fencing_breaches(&self) -> Vec<String> {
+        match self {
+            Self::Memory(s) => s.fencing_breaches(),
+            Self::Wire(m) => m.fencing_breaches(),
+        }
+    }
+
+    /// A host generation's store: on the host's clock, behind its link and life.
+    pub fn for_host(&self, link: &Link, life: &Life, clock: &Arc<dyn Clock>) -> HostStore {
+        match self {
+            Self::Memory(s) => HostStore::Memory(FaultyStore::new(
+                s.with_clock(clock.clone()),
+                link.clone(),
+                life.clone(),
+                clock.clone(),
+            )),
+            Self::Wire(m) => {
+                let wire = Wire::new(Service::Dynamo(m.clone()), Some(link.clone()), life.clone());
+                let client = wire::dynamodb_client(wire, clock.clone());
+                let store = DynamoStore::with_clock(client, wire::TABLE, clock.clone());
+                HostStore::Wire(store, link.clone())
+            }
+        }
+    }
+}
+
+/// A host's store on either path.
+#[derive(Debug, Clone)]
+pub enum HostStore {
+    /// The memory path.
+    Memory(FaultyStore<MemoryStore>),
+    /// The wire path (the link notes failed reads, as `FaultyStore` does).
+    Wire(DynamoStore, Link),
+}
+
+impl DedupStore for HostStore {
+    fn report_to(&self, metrics: Arc<sqs_once::metrics::Metrics>) {
+        match self {
+            Self::Memory(s) => s.report_to(metrics),
+            Self::Wire(s, _) => s.report_to(metrics),
+        }
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        match self {
+            Self::Memory(s) => s.claim(req).await,
+            Self::Wire(s, _) => s.claim(req).await,
+        }
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.complete(c).await,
+            Self::Wire(s, _) => s.complete(c).await,
+        }
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.release(pk, owner, error).await,
+            Self::Wire(s, _) => s.release(pk, owner, error).await,
+        }
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.mark_failed(pk, owner, error, ttl).await,
+            Self::Wire(s, _) => s.mark_failed(pk, owner, error, ttl).await,
+        }
+    }
+
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.extend_lease(pk, owner, lease, ttl).await,
+            Self::Wire(s, _) => s.extend_lease(pk, owner, lease, ttl).await,
+        }
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.commit_unprotected(writes).await,
+            Self::Wire(s, _) => s.commit_unprotected(writes).await,
+        }
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        match self {
+            Self::Memory(s) => s.commit_fast(c).await,
+            Self::Wire(s, _) => s.commit_fast(c).await,
+        }
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        match self {
+            Self::Memory(s) => s.get(pk).await,
+            Self::Wire(s, link) => {
+                let read = s.get(pk).await;
+                if read.is_err() {
+                    link.failed_read(pk);
+                }
+                read
+            }
+        }
+    }
+}
+
+/// A host's SQS client on either path: the model itself (memory path), or
+/// the production adapter (`QueueClient for aws_sdk_sqs::Client`) and SDK
+/// over the wire to the same model (wire path). `FaultyQueue` draws SQS's
+/// faults above it on both.
+#[derive(Debug, Clone)]
+pub enum HostQueue {
+    /// The memory path.
+    Memory(MemoryQueue),
+    /// The wire path.
+    Wire(aws_sdk_sqs::Client),
+}
+
+impl HostQueue {
+    /// The host's queue client on `path`; `attempt` bounds one SQS request
+    /// as production's does (the long-poll wait plus 10 s for a poller).
+    pub fn new(
+        path: StorePath,
+        queue: &MemoryQueue,
+        life: &Life,
+        clock: &Arc<dyn Clock>,
+        attempt: Duration,
+    ) -> Self {
+        match path {
+            StorePath::Memory => Self::Memory(queue.clone()),
+            StorePath::Wire => {
+                let model = wire::sqs::SqsModel::new(queue.clone());
+                let wire = Wire::new(Service::Sqs(model), None, life.clone());
+                Self::Wire(wire::sqs_client(wire, clock.clone(), attempt))
+            }
+        }
+    }
+}
+
+impl QueueClient for HostQueue {
+    async fn receive(&self, queue: &str, request: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+        match self {
+            Self::Memory(q) => q.receive(queue, request).await,
+            Self::Wire(q) => q.receive(queue, request).await,
+        }
+    }
+
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        match self {
+            Self::Memory(q) => q.delete(queue, receipt).await,
+            Self::Wire(q) => q.delete(queue, receipt).await,
+        }
+    }
+
+    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<Vec<EntryFailure>, QueueError> {
+        match self {
+            Self::Memory(q) => q.delete_batch(queue, receipts).await,
+            Self::Wire(q) => q.delete_batch(queue, receipts).await,
+        }
+    }
+
+    async fn change_visibility(&self, queue: &str, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+        match self {
+            Self::Memory(q) => q.change_visibility(queue, receipt, timeout).await,
+            Self::Wire(q) => q.change_visibility(queue, receipt, timeout).await,
+        }
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        match self {
+            Self::Memory(q) => q.change_visibility_batch(queue, receipts, timeout).await,
+            Self::Wire(q) => q.change_visibility_batch(queue, receipts, timeout).await,
+        }
+    }
+
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        match self {
+            Self::Memory(q) => q.send(queue, message).await,
+            Self::Wire(q) => q.send(queue, message).await,
+        }
+    }
+
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        match self {
+            Self::Memory(q) => q.attributes(queue).await,
+            Self::Wire(q) => q.attributes(queue).await,
+        }
+    }
+
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        match self {
+            Self::Memory(q) => q.queue_url(name, account).await,
+            Self::Wire(q) => q.queue_url(name, account).await,
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! The wire path (issue 26): the real `aws-sdk-dynamodb` client, configured
+//! as production configures it (`sqs_once::calls` interceptor, standard
+//! retries, attempt timeouts from `sqs_once::aws::attempt_timeouts`), sends
+//! its HTTP requests to [`Wire`], an in-process connector whose other end is
+//! [`dynamodb::DynamoModel`]. Faults strike on the wire, per request, drawn
+//! from the host's [`Link`]: a cut link (connect timeout), a reset before or
+//! after the request applied, a 500 with or without applying, throttling,
+//! a transaction conflict, an answer that never comes (the SDK's attempt
+//! timeout gives up), a request that lands after the client gave up, a slow
+//! answer, and a host pause before an owned write leaves. The SDK's own
+//! retries, its timeouts and `DynamoStore`'s classification then run for
+//! real. Time is tokio's paused clock: the SDK sleeps on it, and reads the
+//! host's (skewed) clock as its time source.
+
+pub mod dynamodb;
+pub mod expr;
+pub mod sqs;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::config::{
+    AsyncSleep, BehaviorVersion, Credentials, Region, SharedCredentialsProvider, Sleep,
+};
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+use sqs_once::clock::Clock;
+
+use crate::faults::{Life, Link};
+use dynamodb::{Answer, DdbError, DynamoModel};
+
+/// The dedup table's name on the wire path.
+pub const TABLE: &str = "sim-dedup";
+/// The table the simulator's handlers stage ledger rows into.
+pub const LEDGER: &str = "ledger";
+
+/// What happens to one request on the wire.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WireFault {
+    /// Goes through.
+    None,
+    /// The host cannot connect: a connect timeout.
+    Cut,
+    /// The connection resets before the request reached the service.
+    ResetBefore,
+    /// The service applies it, then the connection resets.
+    ResetAfter,
+    /// `InternalServerError` (500) without applying.
+    InternalBefore,
+    /// `InternalServerError` (500) after applying.
+    InternalAfter,
+    /// `ThrottlingException`.
+    Throttled,
+    /// `ProvisionedThroughputExceededException`.
+    Provisioned,
+    /// A transaction cancelled by a `TransactionConflict` (transactions only).
+    Conflict,
+    /// No answer ever (applied or not): the SDK's attempt timeout gives up.
+    Silent {
+        /// Whether the service applied it.
+        applied: bool,
+    },
+    /// The client gives up; the service applies it this long after.
+    Late(Duration),
+    /// The answer comes this much later (a slow body).
+    Slow(Duration),
+}
+
+/// The model a request reaches.
+#[derive(Debug, Clone)]
+pub enum Service {
+    /// DynamoDB.
+    Dynamo(DynamoModel),
+    /// SQS (no faults on the wire yet: `FaultyQueue` still draws SQS's).
+    Sqs(sqs::SqsModel),
+}
+
+/// The in-process connector: one host's (or the checker's) way to the
+/// models. Without a link, no faults.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    service: Service,
+    link: Option<Link>,
+    life: Life,
+}
+
+impl Wire {
+    /// A connector to `service`, through `link`'s faults when given, that
+    /// hangs once `life` ends (a crashed host sends nothing more).
+    pub fn new(service: Service, link: Option<Link>, life: Life) -> Self {
+        Self {
+            service,
+            link,
+            life,
+        }
+    }
+}
+
+fn response(answer: &Answer) -> HttpResponse {
+    let body = serde_json::to_vec(&answer.body).unwrap_or_default();
+    let status = StatusCode::try_from(answer.status).unwrap_or_else(|_| {
+        StatusCode::try_from(500).unwrap_or_else(|e| panic!("500 is a status: {e}"))
+    });
+    let mut r = HttpResponse::new(status, SdkBody::from(body));
+    r.headers_mut()
+        .insert("content-type", "application/x-amz-json-1.0");
+    r.headers_mut().insert("x-amzn-requestid", "sim");
+    r
+}
+
+fn sqs_response(answer: &sqs::SqsAnswer) -> HttpResponse {
+    let mut r = response(&Answer {
+        status: answer.status,
+        body: answer.body.clone(),
+    });
+    if let Some(code) = &answer.query_error {
+        r.headers_mut()
+            .insert("x-amzn-query-error", code.clone());
+    }
+    r
+}
+
+fn reset() -> ConnectorError {
+    ConnectorError::io("connection reset by peer (simulated)".into())
+}
+
+/// The operation of a DynamoDB request (`X-Amz-Target: DynamoDB_20120810.<Op>`).
+fn operation(request: &HttpRequest) -> String {
+    let target = request.headers().get("x-amz-target").unwrap_or_default();
+    target
+        .rsplit_once('.')
+        .map_or(target, |(_, op)| op)
+        .to_owned()
+}
+
+/// Whether the request is a write that carries an owner's fencing token
+/// (sent after a handler ran): what a host pause before sending is for.
+fn owned_write(op: &str, body: &serde_json::Value) -> bool {
+    match op {
+        "TransactWriteItems" => true,
+        "UpdateItem" => body
+            .get("ConditionExpression")
+            .and_then(|c| c.as_str())
+            .is_some_and(|c| c.starts_with("#owner = :owner")),
+        _ => false,
+    }
+}
+
+/// A transaction cancelled because its first item is being written by
+/// another transaction (one reason per item, as DynamoDB answers).
+fn conflict(body: &serde_json::Value) -> Answer {
+    let n = body
+        .get("TransactItems")
+        .and_then(|t| t.as_array())
+        .map_or(1, Vec::len);
+    let reasons = (0..n.max(1))
+        .map(|i| dynamodb::Reason {
+            code: if i == 0 { "TransactionConflict" } else { "None" },
+            item: None,
+            message: (i == 0).then(|| "Transaction is ongoing for the item".to_owned()),
+        })
+        .collect();
+    DdbError::Cancelled(reasons).answer()
+}
+
+impl Wire {
+    /// Answers one request through the faults drawn for it.
+    async fn exchange(
+        self,
+        op: String,
+        body: serde_json::Value,
+        connect_timeout: Duration,
+    ) -> Result<HttpResponse, ConnectorError> {
+        let model = match &self.service {
+            Service::Dynamo(model) => model,
+            Service::Sqs(model) => {
+                let answer = model.handle(&op, &body).await;
+                return Ok(sqs_response(&answer));
+            }
+        };
+        let fault = match &self.link {
+            None => WireFault::None,
+            Some(link) => {
+                if let Some(pause) = owned_write(&op, &body)
+                    .then(|| link.draw_wire_pause(&op))
+                    .flatten()
+                {
+                    tokio::time::sleep(pause).await;
+                }
+                link.draw_wire(&op, op == "TransactWriteItems")
+            }
+        };
+        let apply = |model: &DynamoModel| model.hold(&op, &body).unwrap_or_else(|| model.handle(&op, &body));
+        match fault {
+            WireFault::None => Ok(response(&apply(model))),
+            WireFault::Cut => {
+                tokio::time::sleep(connect_timeout).await;
+                Err(ConnectorError::timeout("connect timeout (the host is cut off)".into()))
+            }
+            WireFault::ResetBefore => Err(reset()),
+            WireFault::ResetAfter => {
+                let _ = apply(model);
+                Err(reset())
+            }
+            WireFault::InternalBefore => Ok(response(&DdbError::Internal.answer())),
+            WireFault::InternalAfter => {
+                let _ = apply(model);
+                Ok(response(&DdbError::Internal.answer()))
+            }
+            WireFault::Throttled => Ok(response(&DdbError::Throttling.answer())),
+            WireFault::Provisioned => Ok(response(&DdbError::Provisioned.answer())),
+            WireFault::Conflict => Ok(response(&conflict(&body))),
+            WireFault::Silent { applied } => {
+                if applied {
+                    let _ = apply(model);
+                }
+                std::future::pending().await
+            }
+            WireFault::Late(after) => {
+                // The service holds the request's token meanwhile: a resend
+                // of the same transaction finds it in progress.
+                let early = model.hold(&op, &body);
+                if early.is_none() {
+                    let (model, op, body) = (model.clone(), op.clone(), body.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = model.handle(&op, &body);
+                    });
+                }
+                std::future::pending().await
+            }
+            WireFault::Slow(d) => {
+                let answer = apply(model);
+                tokio::time::sleep(d).await;
+                Ok(response(&answer))
+            }
+        }
+    }
+}
+
+impl HttpConnector for Wire {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        self.call_with(request, Duration::from_secs(3))
+    }
+}
+
+impl Wire {
+    fn call_with(&self, request: HttpRequest, connect_timeout: Duration) -> HttpConnectorFuture {
+        let op = operation(&request);
+        let body = request
+            .body()
+            .bytes()
+            .and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        let (wire, life) = (self.clone(), self.life.clone());
+        HttpConnectorFuture::new(async move {
+            life.guard(wire.exchange(op, body, connect_timeout)).await
+        })
+    }
+}
+
+/// The connector with the client's connect timeout.
+#[derive(Debug)]
+struct Connected(Wire, Duration);
+
+impl HttpConnector for Connected {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        self.0.call_with(request, self.1)
+    }
+}
+
+impl HttpClient for Wire {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        _components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        let connect = settings.connect_timeout().unwrap_or(Duration::from_secs(3));
+        SharedHttpConnector::new(Connected(self.clone(), connect))
+    }
+}
+
+/// tokio's sleep, which paused time drives.
+#[derive(Debug)]
+struct TokioSleep;
+
+impl AsyncSleep for TokioSleep {
+    fn sleep(&self, duration: Duration) -> Sleep {
+        Sleep::new(tokio::time::sleep(duration))
+    }
+}
+
+/// The host's clock as the SDK's time source (request signing, clock skew).
+#[derive(Debug)]
+struct HostTime(Arc<dyn Clock>);
+
+impl aws_smithy_async::time::TimeSource for HostTime {
+    fn now(&self) -> SystemTime {
+        self.0.now()
+    }
+}
+
+/// The SDK configuration production loads from the environment, built by
+/// hand: a fixed region, endpoint and static credentials, the wire as the
+/// HTTP client, tokio's sleep and the host's clock. Retries are the SDK's
+/// standard ones; only their jitter is fixed (`use_static_exponential_base`),
+/// as it would otherwise come from the OS's randomness.
+pub fn sdk_config(wire: Wire, clock: Arc<dyn Clock>) -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url("http://wire.sim")
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+            "sim", "sim", None, None, "sim",
+        )))
+        .http_client(wire)
+        .sleep_impl(aws_sdk_dynamodb::config::SharedAsyncSleep::new(TokioSleep))
+        .time_source(HostTime(clock))
+        .retry_config(
+            aws_sdk_dynamodb::config::retry::RetryConfig::standard()
+                .with_use_static_exponential_base(true),
+        )
+        .build()
+}
+
+/// How long one DynamoDB request may take (production's default
+/// `SQS_ONCE_DYNAMODB_TIMEOUT`).
+pub const DYNAMODB_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A DynamoDB client as production builds it, over `wire`. Its retry quota
+/// (the token bucket) is its own, as in a production process with one
+/// client: the SDK otherwise keeps one per partition name in a static, which
+/// every client of every run in this process would share, and a seed would
+/// replay differently after other seeds ran (seed 422 did).
+pub fn dynamodb_client(wire: Wire, clock: Arc<dyn Clock>) -> aws_sdk_dynamodb::Client {
+    use aws_sdk_dynamodb::config::retry::{RetryPartition, TokenBucket};
+    let sdk = sdk_config(wire, clock);
+    let calls = sqs_once::calls::CallCounter::default();
+    let partition = RetryPartition::custom("dynamodb")
+        .token_bucket(TokenBucket::default())
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(
+        calls
+            .dynamodb_config(&sdk)
+            .to_builder()
+            .timeout_config(sqs_once::aws::attempt_timeouts(DYNAMODB_ATTEMPT_TIMEOUT))
+            .retry_partition(partition)
+            .build(),
+    )
+}
+
+/// An SQS client as production builds it (`calls` interceptor, standard
+/// retries, `attempt` per request), over `wire`.
+pub fn sqs_client(wire: Wire, clock: Arc<dyn Clock>, attempt: Duration) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::retry::{RetryPartition, TokenBucket};
+    let sdk = sdk_config(wire, clock);
+    let calls = sqs_once::calls::CallCounter::default();
+    let partition = RetryPartition::custom("sqs")
+        .token_bucket(TokenBucket::default())
+        .build();
+    aws_sdk_sqs::Client::from_conf(
+        calls
+            .sqs_config(&sdk)
+            .to_builder()
+            .timeout_config(sqs_once::aws::attempt_timeouts(attempt))
+            .retry_partition(partition)
+            .build(),
+    )
+}
+
+/// A fresh DynamoDB model with the simulator's tables: the dedup table (TTL
+/// on `expires_at`, its writes watched for fencing) and the ledger.
+pub fn dynamo_model() -> DynamoModel {
+    let model = DynamoModel::new();
+    model.create_table(
+        TABLE,
+        sqs_once::dedup::dynamodb::KEY_ATTRIBUTE,
+        Some(sqs_once::dedup::dynamodb::TTL_ATTRIBUTE),
+    );
+    model.create_table(LEDGER, "pk", None);
+    model.watch_fencing(TABLE);
+    model
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! The real `DynamoStore` and SDK client against the model, over the wire.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use sqs_once::clock::{Clock, TokioClock};
+use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::{Claim, DedupStore, DynamoStore, StagedWrite, Status, StoreError};
+
+use super::*;
+
+fn setup() -> (DynamoModel, DynamoStore, aws_sdk_dynamodb::Client) {
+    let model = dynamo_model();
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    let wire = Wire::new(Service::Dynamo(model.clone()), None, Life::default());
+    let client = dynamodb_client(wire, clock.clone());
+    let store = DynamoStore::with_clock(client.clone(), TABLE, clock);
+    (model, store, client)
+}
+
+fn claim_request(owner: &str, message: &str) -> ClaimRequest {
+    ClaimRequest {
+        pk: "sim#e1".into(),
+        owner: owner.into(),
+        message_id: message.into(),
+        payload_sha256: "p".into(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+fn row(event: &str, message: &str) -> StagedWrite {
+    let put = Put::builder()
+        .table_name(LEDGER)
+        .item("pk", AttributeValue::S(event.into()))
+        .item("message", AttributeValue::S(message.into()))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    StagedWrite {
+        item: TransactWriteItem::builder().put(put).build(),
+        on_condition_failed: sqs_once::FailureKind::Permanent,
+    }
+}
+
+fn completion(owner: &str, writes: Vec<StagedWrite>) -> Completion {
+    Completion {
+        pk: "sim#e1".into(),
+        owner: owner.into(),
+        result: None,
+        writes,
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_table_check_passes_on_the_models_table_and_fails_on_a_missing_one() {
+    let (model, store, client) = setup();
+    store.check_table().await.unwrap();
+    let missing = DynamoStore::new(client, "nope");
+    let err = missing.check_table().await.unwrap_err();
+    assert!(matches!(err, sqs_once::dedup::dynamodb::TableCheckError::Missing(_)), "{err}");
+    assert_eq!(model.applied(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_is_exclusive_until_completed_and_then_a_duplicate() {
+    let (model, store, _) = setup();
+    let first = store.claim(&claim_request("a", "m1")).await.unwrap();
+    assert!(matches!(first, Claim::Acquired { attempt: 1 }), "{first:?}");
+    let second = store.claim(&claim_request("b", "m2")).await.unwrap();
+    assert!(matches!(second, Claim::InFlight { .. }), "{second:?}");
+    store.complete(completion("a", vec![row("e1", "m1")])).await.unwrap();
+    let third = store.claim(&claim_request("c", "m3")).await.unwrap();
+    assert!(matches!(third, Claim::Duplicate { .. }), "{third:?}");
+    let record = store.get("sim#e1").await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(model.committed().len(), 1);
+    assert!(model.fencing_breaches().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_completion_after_losing_the_lease_is_refused_and_writes_nothing() {
+    let (model, store, _) = setup();
+    store.claim(&claim_request("a", "m1")).await.unwrap();
+    tokio::time::advance(Duration::from_secs(31)).await;
+    let taken = store.claim(&claim_request("b", "m2")).await.unwrap();
+    assert!(matches!(taken, Claim::Acquired { attempt: 2 }), "{taken:?}");
+    let late = store.complete(completion("a", vec![row("e1", "m1")])).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost { .. })), "{late:?}");
+    assert!(model.committed().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_staged_writes_own_failed_condition_is_reported_with_its_index() {
+    let (model, store, _) = setup();
+    store.claim(&claim_request("a", "m1")).await.unwrap();
+    // The ledger row exists already: the staged put's own condition fails.
+    store.commit_unprotected(vec![row("e1", "m0")]).await.unwrap();
+    let out = store.complete(completion("a", vec![row("e1", "m1")])).await;
+    assert!(matches!(out, Err(StoreError::WriteConditionFailed { index: 0, .. })), "{out:?}");
+    assert_eq!(model.committed().len(), 1);
+    let record = store.get("sim#e1").await.unwrap().unwrap();
+    assert_eq!(record.status, Status::InProgress);
+}
+
+fn transaction(token: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({
+        "ClientRequestToken": token,
+        "TransactItems": [{ "Put": { "TableName": LEDGER, "Item": {
+            "pk": { "S": "e9" }, "message": { "S": message } } } }],
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_answers_a_resend_without_applying_and_refuses_another_request() {
+    let model = dynamo_model();
+    let first = model.handle("TransactWriteItems", &transaction("t1", "m1"));
+    assert_eq!(first.status, 200);
+    let again = model.handle("TransactWriteItems", &transaction("t1", "m1"));
+    assert_eq!(again, first);
+    assert_eq!(model.applied(), 1);
+    assert_eq!(model.committed().len(), 1);
+    let other = model.handle("TransactWriteItems", &transaction("t1", "m2"));
+    assert_eq!(other.status, 400);
+    assert!(other.body["__type"].as_str().unwrap().ends_with("#IdempotentParameterMismatchException"));
+    // Ten minutes on, the token is forgotten: the same request applies again.
+    tokio::time::advance(dynamodb::TOKEN_WINDOW).await;
+    let later = model.handle("TransactWriteItems", &transaction("t1", "m2"));
+    assert_eq!(later.status, 200);
+    assert_eq!(model.applied(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_token_answers_in_progress_until_applied() {
+    let model = dynamo_model();
+    let t = transaction("t2", "m1");
+    assert!(model.hold("TransactWriteItems", &t).is_none());
+    let busy = model.hold("TransactWriteItems", &t).unwrap();
+    assert!(busy.body["__type"].as_str().unwrap().ends_with("#TransactionInProgressException"));
+    assert_eq!(model.handle("TransactWriteItems", &t).status, 200);
+    assert!(model.hold("TransactWriteItems", &t).is_none());
+    assert_eq!(model.handle("TransactWriteItems", &t).status, 200);
+    assert_eq!(model.applied(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sdk_reads_the_models_errors_as_their_documented_types() {
+    let (_, store, client) = setup();
+    store.claim(&claim_request("a", "m1")).await.unwrap();
+    let err = client
+        .update_item()
+        .table_name(TABLE)
+        .key("pk", AttributeValue::S("sim#e1".into()))
+        .update_expression("SET x = :v")
+        .condition_expression("attribute_not_exists(pk)")
+        .expression_attribute_values(":v", AttributeValue::N("1".into()))
+        .return_values_on_condition_check_failure(
+            aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+        )
+        .send()
+        .await
+        .unwrap_err();
+    let service = err.into_service_error();
+    let aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) =
+        service
+    else {
+        panic!("{service:?}");
+    };
+    assert_eq!(
+        c.item().and_then(|i| i.get("owner")).and_then(|o| o.as_s().ok()).map(String::as_str),
+        Some("a")
+    );
+    let err = client
+        .update_item()
+        .table_name(TABLE)
+        .key("pk", AttributeValue::S("sim#e1".into()))
+        .update_expression("SET status = :v")
+        .expression_attribute_values(":v", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        aws_sdk_dynamodb::error::ProvideErrorMetadata::code(&err) == Some("ValidationException"),
+        "{err:?}"
+    );
+}
+
+mod sqs {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sqs_once::MemoryQueue;
+    use sqs_once::queue::memory::QueueSettings;
+    use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+
+    use crate::faults::Life;
+    use crate::wire::sqs::SqsModel;
+    use crate::wire::{Service, Wire, sqs_client};
+
+    fn setup() -> (MemoryQueue, aws_sdk_sqs::Client, String) {
+        let queue = MemoryQueue::new();
+        let url = queue
+            .create_queue(QueueSettings::new("q"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wire = Wire::new(Service::Sqs(SqsModel::new(queue.clone())), None, Life::default());
+        let clock = Arc::new(sqs_once::clock::TokioClock::starting_at(crate::hosts::epoch()));
+        (queue, sqs_client(wire, clock, Duration::from_secs(30)), url)
+    }
+
+    fn request() -> ReceiveRequest {
+        ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(30),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_adapter_reads_the_models_refusals_with_their_sqs_codes() {
+        let (_, client, url) = setup();
+        let body = OutgoingMessage {
+            body: "b".into(),
+            ..Default::default()
+        };
+        client.send(&url, body).await.unwrap();
+        let got = client.receive(&url, request()).await.unwrap();
+        let receipt = got[0].receipt_handle().unwrap().to_owned();
+        let bad = client.delete(&url, "nonsense").await.unwrap_err();
+        assert!(bad.detail.starts_with("ReceiptHandleIsInvalid"), "{bad}");
+        assert!(!bad.is_transient());
+        client
+            .change_visibility(&url, &receipt, Duration::ZERO)
+            .await
+            .unwrap();
+        let visible = client
+            .change_visibility(&url, &receipt, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(visible.detail.contains("MessageNotInflight"), "{visible}");
+        let again = client.receive(&url, request()).await.unwrap();
+        let fresh = again[0].receipt_handle().unwrap().to_owned();
+        let failed = client
+            .delete_batch(&url, &[fresh, "nonsense".into()])
+            .await
+            .unwrap();
+        assert_eq!(failed.len(), 1);
+        assert_eq!((failed[0].index, failed[0].code.as_str()), (1, "ReceiptHandleIsInvalid"));
+        let gone = client.receive(&url, request()).await.unwrap();
+        assert!(gone.is_empty(), "the batch's good entry deleted: {gone:?}");
+        let missing = client.attributes(&format!("{url}-nope")).await.unwrap_err();
+        assert!(missing.detail.contains("NonExistentQueue"), "{missing}");
+        assert!(!missing.is_transient());
+    }
+}
