@@ -23,13 +23,13 @@ fn event(id: &str, account: &str, cents: u64) -> String {
 }
 
 /// Sends the victim's event, delayed (so that the attacker's message is
-/// processed first), and answers its message id: what the attacker learns
-/// from a log line, a trace or the DLQ.
+/// processed first: the poller starts within the delay), and answers its
+/// message id: what the attacker learns from a log line, a trace or the DLQ.
 async fn send_victim(sqs: &aws_sdk_sqs::Client, l: &Ledger, body: &str) -> String {
     sqs.send_message()
         .queue_url(&l.queues.queue_url)
         .message_body(body)
-        .delay_seconds(4)
+        .delay_seconds(8)
         .send()
         .await
         .unwrap()
