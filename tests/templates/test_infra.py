@@ -96,6 +96,14 @@ class EcsTemplate(unittest.TestCase):
         self.assertEqual((st["Action"], st["Resource"]), (["secretsmanager:GetSecretValue"], {"Ref": "CarrySecretArn"}))
         self.assertEqual(self.env["SQS_ONCE_PAYLOAD_MISMATCH"], "park")
 
+    def test_the_consumer_writes_only_its_own_records(self):
+        [policy] = self.res["TaskRole"]["Properties"]["Policies"]
+        [st] = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "DedupRecords"]
+        self.assertEqual(
+            st["Condition"],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [{"Fn::Sub": "${ConsumerName}#*"}]}},
+        )
+
     def test_only_ecs_for_this_account_assumes_the_roles(self):
         for name in ("ExecutionRole", "TaskRole"):
             [st] = self.res[name]["Properties"]["AssumeRolePolicyDocument"]["Statement"]

@@ -160,6 +160,14 @@ class SamTemplate(unittest.TestCase):
         self.assertGreaterEqual(generated["PasswordLength"], 32)
         self.assertTrue(generated["ExcludePunctuation"], "no comma: a comma separates rotated secrets")
 
+    def test_the_consumer_writes_only_its_own_records(self):
+        [policy] = self.res(False, "LedgerRole")["Properties"]["Policies"]
+        [st] = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "DedupRecords"]
+        self.assertEqual(
+            st["Condition"],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [{"Fn::Sub": "${ConsumerName}#*"}]}},
+        )
+
     def test_queues_refuse_requests_without_tls(self):
         policy = self.res(False, "QueueTlsOnly")["Properties"]
         self.assertEqual(policy["Queues"], [{"Ref": "Queue"}, {"Ref": "DeadLetterQueue"}])
