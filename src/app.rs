@@ -16,7 +16,7 @@ use crate::dedup::dynamodb::TableCheckError;
 #[cfg(feature = "lambda")]
 use crate::lambda::{LambdaAdapter, LambdaConfig};
 #[cfg(feature = "s3-payloads")]
-use crate::payloads::LargePayloads;
+use crate::payloads::{LargePayloads, PayloadLocation};
 #[cfg(feature = "poller")]
 use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
@@ -123,10 +123,13 @@ pub struct SqsOnce {
 
 /// Large payloads through S3 (the SQS Extended Client's pointers).
 #[cfg(feature = "s3-payloads")]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct LargePayloadOptions {
     delete: bool,
     max_bytes: usize,
+    /// Where pointers may point: `None` until set (a start-up error), then
+    /// `Some(None)` for any bucket or `Some(Some(places))`.
+    places: Option<Option<Vec<PayloadLocation>>>,
 }
 
 impl SqsOnce {
@@ -211,13 +214,47 @@ impl SqsOnce {
         self
     }
 
-    /// Read large payloads from S3 (feature `s3-payloads`) (bodies that are an SQS Extended Client
-    /// pointer), at most `max_bytes` each; with `delete`, an object is deleted
-    /// after its message is.
+    /// Read large payloads from S3 (feature `s3-payloads`): bodies that are
+    /// an SQS Extended Client pointer, at most `max_bytes` each; with
+    /// `delete`, an object is deleted after its message is. Name the buckets
+    /// pointers may point into with [`payload_buckets`](Self::payload_buckets)
+    /// (start-up fails without them).
     #[cfg(feature = "s3-payloads")]
     pub fn large_payloads(mut self, delete: bool, max_bytes: usize) -> Self {
-        self.large_payloads = Some(LargePayloadOptions { delete, max_bytes });
+        let places = self.large_payloads.take().and_then(|o| o.places);
+        self.large_payloads = Some(LargePayloadOptions {
+            delete,
+            max_bytes,
+            places,
+        });
         self
+    }
+
+    /// The only buckets (and key prefixes) large payload pointers may name;
+    /// any other pointer is parked without calling S3
+    /// (`SQS_ONCE_LARGE_PAYLOAD_BUCKETS`).
+    #[cfg(feature = "s3-payloads")]
+    pub fn payload_buckets(mut self, places: Vec<PayloadLocation>) -> Self {
+        self.payload_places(Some(places));
+        self
+    }
+
+    /// Let large payload pointers name any object this role can read (and,
+    /// with deletion on, delete): unsafe where producers are not trusted.
+    #[cfg(feature = "s3-payloads")]
+    pub fn any_payload_bucket(mut self) -> Self {
+        self.payload_places(None);
+        self
+    }
+
+    #[cfg(feature = "s3-payloads")]
+    fn payload_places(&mut self, places: Option<Vec<PayloadLocation>>) {
+        let options = self.large_payloads.get_or_insert(LargePayloadOptions {
+            delete: false,
+            max_bytes: crate::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
+            places: None,
+        });
+        options.places = Some(places);
     }
 
     /// The AWS configuration to use instead of loading it from the environment.
@@ -389,6 +426,13 @@ impl SqsOnce {
         let mut processor = Processor::new(store, handler, self.processor)?;
         #[cfg(feature = "s3-payloads")]
         if let Some(options) = self.large_payloads {
+            let Some(places) = options.places else {
+                return Err(ConfigError {
+                    setting: "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
+                    problem: "large payloads need the buckets pointers may name (`payload_buckets`, or `any_payload_bucket`: unsafe)".into(),
+                }
+                .into());
+            };
             let s3 = aws_sdk_s3::Client::from_conf(
                 calls
                     .s3_config(&sdk)
@@ -396,9 +440,15 @@ impl SqsOnce {
                     .timeout_config(attempt_timeout(Duration::from_secs(30)))
                     .build(),
             );
-            let payloads = LargePayloads::new(s3)
+            let mut payloads = LargePayloads::new(s3)
                 .deleting(options.delete)
                 .max_bytes(options.max_bytes);
+            match places {
+                Some(places) => payloads = payloads.only_from(places),
+                None => tracing::warn!(
+                    "SQS_ONCE_LARGE_PAYLOAD_BUCKETS=*: a pointer may name any object this role can read (or delete)"
+                ),
+            }
             tracing::info!(delete = options.delete, "large payloads through S3: on");
             processor = processor.with_large_payloads(payloads);
         }

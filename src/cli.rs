@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::app::{SqsOnce, StartError};
 use crate::config::{ConfigError, MissingKey, PayloadMismatch, ProcessorConfig, parse_duration};
 use crate::lambda::LambdaConfig;
+use crate::payloads::PayloadLocation;
 use crate::poller::PollerConfig;
 use crate::{Handler, KeySource};
 
@@ -86,6 +87,13 @@ pub struct RuntimeArgs {
     /// a key): `warn` (skip it as its key says, with a warning) or `park`.
     #[arg(long, env = "SQS_ONCE_PAYLOAD_MISMATCH", default_value = "warn", value_parser = ["warn", "park"])]
     pub payload_mismatch: String,
+    /// The secret that seals the dedup key and first message id a parked copy
+    /// carries (at least 32 bytes; several separated by commas rotate: the
+    /// first seals, each verifies). Only consumers and operators hold it: a
+    /// carried key is honoured only when it verifies. Unset, nothing carried
+    /// is honoured and parked copies carry no key.
+    #[arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)]
+    pub carry_secret: Option<String>,
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
@@ -108,6 +116,11 @@ pub struct RuntimeArgs {
     /// more is parked without calling S3, and a read is cut off past it.
     #[arg(long, env = "SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", default_value_t = sqs_once_payload_max())]
     pub large_payload_max_bytes: usize,
+    /// Where large payloads may be, comma-separated: `bucket` or
+    /// `bucket/prefix`. A pointer to anything else is parked without calling
+    /// S3. Required with large payloads on; `*` allows any bucket (unsafe).
+    #[arg(long, env = "SQS_ONCE_LARGE_PAYLOAD_BUCKETS")]
+    pub large_payload_buckets: Option<String>,
 }
 
 /// The default of `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`.
@@ -138,13 +151,30 @@ impl RuntimeArgs {
             "park" => PayloadMismatch::Park,
             _ => PayloadMismatch::Warn,
         };
+        p.carry_secret = self
+            .carry_secret
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(crate::key::CarrySecret::parse)
+            .transpose()
+            .map_err(|e| ConfigError {
+                setting: "SQS_ONCE_CARRY_SECRET",
+                problem: e.to_string(),
+            })?;
         p.validate()?;
+        let carries = matches!(p.key_source, KeySource::MessageId | KeySource::DeduplicationId);
+        if carries && p.carry_secret.is_none() && self.dlq_url().is_some() {
+            tracing::warn!(
+                "no SQS_ONCE_CARRY_SECRET: parked copies carry no dedup key, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ is processed under a new key"
+            );
+        }
         if self.delete_payloads && !self.large_payloads {
             return Err(ConfigError {
                 setting: "SQS_ONCE_DELETE_PAYLOADS",
                 problem: "needs SQS_ONCE_LARGE_PAYLOADS=on".into(),
             });
         }
+        self.payload_locations()?;
         if self.concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
@@ -152,6 +182,22 @@ impl RuntimeArgs {
             });
         }
         Ok(p)
+    }
+
+    /// Where large payloads may be: `None` for anywhere (`*`).
+    fn payload_locations(&self) -> Result<Option<Vec<PayloadLocation>>, ConfigError> {
+        let bad = |problem: String| ConfigError {
+            setting: "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
+            problem,
+        };
+        match self.large_payload_buckets.as_deref().map(str::trim) {
+            _ if !self.large_payloads => Ok(None),
+            None | Some("") => Err(bad(
+                "required with SQS_ONCE_LARGE_PAYLOADS=on: the buckets (`bucket` or `bucket/prefix`, comma-separated) payloads may be read from (`*`: any, unsafe)".into(),
+            )),
+            Some("*") => Ok(None),
+            Some(list) => PayloadLocation::parse_list(list).map(Some).map_err(bad),
+        }
     }
 
     fn dlq_url(&self) -> Option<String> {
@@ -346,6 +392,10 @@ impl RuntimeArgs {
             .dynamodb_timeout(ddb_timeout);
         if self.large_payloads {
             front = front.large_payloads(self.delete_payloads, self.large_payload_max_bytes);
+            front = match self.payload_locations()? {
+                Some(places) => front.payload_buckets(places),
+                None => front.any_payload_bucket(),
+            };
         }
         Ok(front)
     }
@@ -524,12 +574,45 @@ mod tests {
         assert!(!off.large_payloads && !off.delete_payloads);
         let on = parse(&["--large-payloads", "on", "--delete-payloads", "on"]).unwrap();
         assert!(on.large_payloads && on.delete_payloads);
+        let e = on.poller_configs().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_LARGE_PAYLOAD_BUCKETS", "required when on");
+        let buckets = |list: &str| {
+            let mut args = on.clone();
+            args.large_payload_buckets = Some(list.to_owned());
+            args
+        };
+        let on = buckets("payloads-1, shared/tenant-a/");
         assert!(on.poller_configs().is_ok() && on.lambda_configs().is_ok());
+        assert_eq!(
+            on.payload_locations().unwrap().unwrap()[1],
+            crate::payloads::PayloadLocation {
+                bucket: "shared".into(),
+                prefix: "tenant-a/".into()
+            }
+        );
+        assert_eq!(buckets("*").payload_locations().unwrap(), None);
+        let e = buckets("Bad_Bucket").poller_configs().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_LARGE_PAYLOAD_BUCKETS");
+        assert!(e.problem.contains("Bad_Bucket"), "{e}");
         let alone = parse(&["--delete-payloads", "on"]).unwrap();
         let e = alone.poller_configs().unwrap_err();
         assert_eq!(e.setting, "SQS_ONCE_DELETE_PAYLOADS");
         assert!(alone.lambda_configs().is_err());
         assert!(parse(&["--large-payloads", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn the_carry_secret_is_parsed_with_a_clear_error_that_never_quotes_it() {
+        let none = parse(&[]).unwrap().poller_configs().unwrap().0;
+        assert!(none.carry_secret.is_none());
+        let long = "k".repeat(40);
+        let set = parse(&["--carry-secret", &long]).unwrap();
+        assert!(set.poller_configs().unwrap().0.carry_secret.is_some());
+        let short = parse(&["--carry-secret", "hunter2-hunter2"]).unwrap();
+        let e = short.poller_configs().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_CARRY_SECRET");
+        assert!(e.problem.contains("at least 32 bytes"), "{e}");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 
     #[test]

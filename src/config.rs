@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::KeySource;
+use crate::key::{CarrySecret, KeyError};
 
 /// SQS's cap on a message's visibility timeout, and so on any retry delay.
 pub const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
@@ -71,6 +72,11 @@ pub struct ProcessorConfig {
     /// the recorded one (`SQS_ONCE_PAYLOAD_MISMATCH`: `warn`, the default, or
     /// `park`).
     pub payload_mismatch: PayloadMismatch,
+    /// Seals the dedup key and first message id a parked copy carries, and
+    /// verifies them on a copy brought back (`SQS_ONCE_CARRY_SECRET`). Without
+    /// it nothing carried is honoured: under `message-id` and `dedup-id` keys a
+    /// copy brought back from the DLQ is processed under a new key.
+    pub carry_secret: Option<CarrySecret>,
 }
 
 impl ProcessorConfig {
@@ -90,7 +96,15 @@ impl ProcessorConfig {
             max_result_bytes: 32 * 1024,
             fast_path: true,
             payload_mismatch: PayloadMismatch::Warn,
+            carry_secret: None,
         }
+    }
+
+    /// The dedup key of `message` (a carried key honoured when it verifies
+    /// under [`Self::carry_secret`]).
+    pub fn dedup_key(&self, message: &crate::Message) -> Result<String, KeyError> {
+        self.key_source
+            .extract_with(message, self.carry_secret.as_ref())
     }
 
     /// Rejects invalid combinations with a message naming the setting.

@@ -72,16 +72,28 @@ pub enum KeyError {
 }
 
 impl KeySource {
-    /// Takes the dedup key from a message.
+    /// Takes the dedup key from a message, honouring no carried key (see
+    /// [`Self::extract_with`]).
     pub fn extract(&self, message: &Message) -> Result<String, KeyError> {
+        self.extract_with(message, None)
+    }
+
+    /// Takes the dedup key from a message: under `message-id` and `dedup-id`,
+    /// the key a copy brought back from the DLQ carries when it is sealed under
+    /// `secret` for the message's body.
+    pub fn extract_with(
+        &self,
+        message: &Message,
+        secret: Option<&CarrySecret>,
+    ) -> Result<String, KeyError> {
         let key = match self {
             // A copy brought back from the DLQ has a new message id (and maybe
             // no deduplication id): it carries the original's key instead.
-            KeySource::MessageId => match carried_key(message) {
+            KeySource::MessageId => match carried_key(message, secret) {
                 Some(original) => original.to_owned(),
                 None => message.id().to_owned(),
             },
-            KeySource::DeduplicationId => match carried_key(message) {
+            KeySource::DeduplicationId => match carried_key(message, secret) {
                 Some(original) => original.to_owned(),
                 None => message
                     .deduplication_id()
@@ -105,23 +117,176 @@ impl KeySource {
 /// The message attribute a parked copy carries with the dedup key its consumer
 /// used, so that a copy brought back from the DLQ (with a new message id) is
 /// processed under the same key. Read by the `message-id` and `dedup-id`
-/// sources only: the other sources find their key in the body or attributes,
-/// which parking keeps exactly. Its value is bound to the body (see
-/// [`carry_key`]): copied onto another message it is ignored.
+/// sources only, and only when it verifies under the consumer's
+/// [`CarrySecret`] (see [`carry_key`]): the other sources find their key in
+/// the body or attributes, which parking keeps exactly.
 pub const DEDUP_KEY_ATTRIBUTE: &str = "sqs_once_dedup_key";
 
-/// The value of [`DEDUP_KEY_ATTRIBUTE`] for `key` on a message with `body`:
-/// the first 16 hex digits of the body's SHA-256, a colon, then the key.
-pub fn carry_key(body: &str, key: &str) -> String {
-    format!("{}:{key}", &sha256_hex(body.as_bytes())[..16])
+/// The message attribute that carries the id of a parked message's first
+/// delivery (kept through later parks, and the key redrive gives a copy that
+/// has no [`DEDUP_KEY_ATTRIBUTE`]). Sealed like it.
+pub const MESSAGE_ID_ATTRIBUTE: &str = "sqs_once_message_id";
+
+/// The attributes sqs-once seals: honoured only when their seal verifies.
+pub const SEALED_ATTRIBUTES: [&str; 2] = [DEDUP_KEY_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE];
+
+/// The shortest secret accepted, in bytes.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// What starts every sealed value's MAC input: the format's version.
+const SEAL_DOMAIN: &[u8] = b"sqs-once/carry/v1";
+
+type HmacSha256 = hmac::Hmac<Sha256>;
+use hmac::{KeyInit, Mac};
+
+/// The secret that seals what parking and redrive make a message carry
+/// (`SQS_ONCE_CARRY_SECRET`): the dedup key and the first delivery's id. Only
+/// the consumers of a queue and its operators hold it, so a producer, who
+/// can set any message attribute, cannot make a message carry a key (a
+/// victim's message id, say) that a consumer honours.
+///
+/// A value is sealed as `{tag}:{value}`, the tag the 64 hex digits of
+/// HMAC-SHA256 over the format's version, the attribute's name, the body's
+/// SHA-256 and the value: bound to its attribute and its body, so neither
+/// copied onto another message nor moved to the other attribute does it
+/// verify. Several secrets, separated by commas, rotate: the first seals,
+/// every one verifies.
+#[derive(Clone)]
+pub struct CarrySecret {
+    keys: Vec<Vec<u8>>,
 }
 
-/// The key a parked copy carries, if it carries one made for its own body (a
-/// handler or bridge that forwards received attributes onto other messages
-/// must not give them all one key).
-pub(crate) fn carried_key(message: &Message) -> Option<&str> {
-    let (tag, key) = message.attribute(DEDUP_KEY_ATTRIBUTE)?.split_once(':')?;
-    (tag == &sha256_hex(message.body().as_bytes())[..16] && !key.is_empty()).then_some(key)
+impl fmt::Debug for CarrySecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CarrySecret(<{} redacted>)", self.keys.len())
+    }
+}
+
+/// A secret that cannot seal: it never quotes the secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CarrySecretError {
+    /// No secret at all.
+    #[error("empty: set at least one secret of {MIN_SECRET_BYTES} bytes or more")]
+    Empty,
+    /// One of the secrets is too short.
+    #[error(
+        "secret {position} of the list is {bytes} bytes long: each must be at least {MIN_SECRET_BYTES} bytes (e.g. 64 hex digits of random)"
+    )]
+    TooShort {
+        /// 1-based place in the comma-separated list.
+        position: usize,
+        /// Its length.
+        bytes: usize,
+    },
+}
+
+impl CarrySecret {
+    /// One secret.
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, CarrySecretError> {
+        Self::from_keys([secret.as_ref().to_vec()])
+    }
+
+    /// Secrets separated by commas (surrounding white space dropped): the
+    /// first seals, each verifies.
+    pub fn parse(text: &str) -> Result<Self, CarrySecretError> {
+        Self::from_keys(text.split(',').map(|s| s.trim().as_bytes().to_vec()))
+    }
+
+    fn from_keys(keys: impl IntoIterator<Item = Vec<u8>>) -> Result<Self, CarrySecretError> {
+        let keys: Vec<Vec<u8>> = keys.into_iter().collect();
+        if keys.iter().all(Vec::is_empty) {
+            return Err(CarrySecretError::Empty);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            if k.len() < MIN_SECRET_BYTES {
+                return Err(CarrySecretError::TooShort {
+                    position: i + 1,
+                    bytes: k.len(),
+                });
+            }
+        }
+        Ok(Self { keys })
+    }
+
+    fn mac(key: &[u8], attribute: &str, body: &str, value: &str) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+        mac.update(SEAL_DOMAIN);
+        mac.update(b"\0");
+        mac.update(attribute.as_bytes());
+        mac.update(b"\0");
+        mac.update(&Sha256::digest(body.as_bytes()));
+        mac.update(value.as_bytes());
+        mac
+    }
+
+    /// `value` sealed for `attribute` on a message with `body`.
+    pub fn seal(&self, attribute: &str, body: &str, value: &str) -> String {
+        let tag = Self::mac(&self.keys[0], attribute, body, value).finalize();
+        format!("{}:{value}", hex::encode(tag.into_bytes()))
+    }
+
+    /// The value of `sealed` when it was sealed for `attribute` on a message
+    /// with `body` under one of the secrets (compared in constant time).
+    pub fn open<'a>(&self, attribute: &str, body: &str, sealed: &'a str) -> Option<&'a str> {
+        let (tag, value) = sealed.split_once(':')?;
+        let tag = hex::decode(tag).ok().filter(|t| t.len() == 32)?;
+        self.keys
+            .iter()
+            .any(|k| Self::mac(k, attribute, body, value).verify_slice(&tag).is_ok())
+            .then_some(value)
+    }
+}
+
+/// The value of [`DEDUP_KEY_ATTRIBUTE`] for `key` on a message with `body`.
+pub fn carry_key(secret: &CarrySecret, body: &str, key: &str) -> String {
+    secret.seal(DEDUP_KEY_ATTRIBUTE, body, key)
+}
+
+/// The value of [`MESSAGE_ID_ATTRIBUTE`] for the first delivery's `id` on a
+/// message with `body`.
+pub fn carry_message_id(secret: &CarrySecret, body: &str, id: &str) -> String {
+    secret.seal(MESSAGE_ID_ATTRIBUTE, body, id)
+}
+
+/// The value of the sealed attribute `name` of `message`, if it carries one
+/// sealed under `secret` for its own body. Without a secret nothing is
+/// honoured.
+pub fn carried<'a>(
+    message: &'a Message,
+    name: &str,
+    secret: Option<&CarrySecret>,
+) -> Option<&'a str> {
+    let sealed = message.attribute(name)?;
+    secret?
+        .open(name, message.body(), sealed)
+        .filter(|v| !v.is_empty())
+}
+
+/// The key a parked copy carries, if sealed for its own body (a handler or
+/// bridge that forwards received attributes onto other messages must not give
+/// them all one key, and a producer must not name another message's key).
+pub fn carried_key<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> Option<&'a str> {
+    carried(message, DEDUP_KEY_ATTRIBUTE, secret)
+}
+
+/// The first delivery's id a parked copy carries, if sealed for its own body.
+pub fn carried_message_id<'a>(
+    message: &'a Message,
+    secret: Option<&CarrySecret>,
+) -> Option<&'a str> {
+    carried(message, MESSAGE_ID_ATTRIBUTE, secret)
+}
+
+/// The sealed attributes `message` has that do not verify (set by a
+/// producer, forwarded from another message, sealed under a secret no longer
+/// configured, or any at all without a secret): ignored, and to be counted.
+pub fn unverified_attributes(message: &Message, secret: Option<&CarrySecret>) -> Vec<&'static str> {
+    SEALED_ATTRIBUTES
+        .into_iter()
+        .filter(|name| {
+            message.attribute(name).is_some() && carried(message, name, secret).is_none()
+        })
+        .collect()
 }
 
 /// The key at a JSON pointer, numbers as their exact text: the body is walked
@@ -396,25 +561,108 @@ mod tests {
         assert_ne!(record_key("c", lookalike), hashed);
     }
 
+    fn secret() -> CarrySecret {
+        CarrySecret::new("s".repeat(MIN_SECRET_BYTES)).unwrap()
+    }
+
     #[test]
     fn a_copy_back_from_the_dlq_keeps_the_original_message_id_and_dedup_id_keys() {
+        let secret = secret();
         let copy = Message::new("new-id", "body")
             .with_deduplication_id("new-dedup")
-            .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key("body", "orig:inal"));
-        assert_eq!(KeySource::MessageId.extract(&copy).unwrap(), "orig:inal");
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key(&secret, "body", "orig:inal"));
+        let s = Some(&secret);
+        assert_eq!(KeySource::MessageId.extract_with(&copy, s).unwrap(), "orig:inal");
         assert_eq!(
-            KeySource::DeduplicationId.extract(&copy).unwrap(),
+            KeySource::DeduplicationId.extract_with(&copy, s).unwrap(),
             "orig:inal"
         );
-        // Forwarded onto another body, or bare, it is ignored.
-        for forged in [carry_key("other body", "orig:inal"), "original".to_owned()] {
-            let m = Message::new("id-2", "body").with_attribute(DEDUP_KEY_ATTRIBUTE, forged);
-            assert_eq!(KeySource::MessageId.extract(&m).unwrap(), "id-2");
-        }
+        // Without the secret a carried key is not honoured at all.
+        assert_eq!(KeySource::MessageId.extract(&copy).unwrap(), "new-id");
+        assert_eq!(KeySource::MessageId.extract_with(&copy, None).unwrap(), "new-id");
         // Sources that read the body or a producer's attribute ignore it.
         assert_eq!(
-            KeySource::BodySha256.extract(&copy).unwrap(),
+            KeySource::BodySha256.extract_with(&copy, s).unwrap(),
             sha256_hex(b"body")
         );
+    }
+
+    #[test]
+    fn a_producer_cannot_make_a_message_carry_another_messages_key() {
+        let secret = secret();
+        let s = Some(&secret);
+        let body = r#"{"attacker":1}"#;
+        let other = CarrySecret::new("o".repeat(MIN_SECRET_BYTES)).unwrap();
+        let forgeries = [
+            // What the body's own hash used to be enough for.
+            format!("{}:victim-id", &sha256_hex(body.as_bytes())[..16]),
+            format!("{}:victim-id", sha256_hex(body.as_bytes())),
+            // Sealed under a secret the consumer does not hold.
+            carry_key(&other, body, "victim-id"),
+            // Sealed for another body (forwarded from a parked copy).
+            carry_key(&secret, "the victim's body", "victim-id"),
+            // Sealed as the other attribute.
+            carry_message_id(&secret, body, "victim-id"),
+            // A valid seal with its value changed.
+            carry_key(&secret, body, "own-key").replace("own-key", "victim-id"),
+            "victim-id".to_owned(),
+            ":victim-id".to_owned(),
+        ];
+        for forged in forgeries {
+            // Each forgery in both attributes (a seal made for the one in the other).
+            let swapped = carry_key(&secret, body, "victim-id");
+            let as_id = if forged == carry_message_id(&secret, body, "victim-id") {
+                swapped
+            } else {
+                forged.clone()
+            };
+            let m = Message::new("own-id", body)
+                .with_deduplication_id("own-dedup")
+                .with_attribute(DEDUP_KEY_ATTRIBUTE, forged.clone())
+                .with_attribute(MESSAGE_ID_ATTRIBUTE, as_id);
+            assert_eq!(KeySource::MessageId.extract_with(&m, s).unwrap(), "own-id", "{forged}");
+            assert_eq!(
+                KeySource::DeduplicationId.extract_with(&m, s).unwrap(),
+                "own-dedup",
+                "{forged}"
+            );
+            assert_eq!(carried_message_id(&m, s), None, "{forged}");
+            assert_eq!(
+                unverified_attributes(&m, s),
+                vec![DEDUP_KEY_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE],
+                "{forged}"
+            );
+        }
+        // A sealed message id moved into the key's place does not verify either.
+        let m = Message::new("own-id", body)
+            .with_attribute(MESSAGE_ID_ATTRIBUTE, carry_message_id(&secret, body, "first"));
+        assert_eq!(carried_message_id(&m, s), Some("first"));
+        assert!(unverified_attributes(&m, s).is_empty());
+        assert_eq!(unverified_attributes(&m, None), vec![MESSAGE_ID_ATTRIBUTE]);
+    }
+
+    #[test]
+    fn secrets_rotate_and_are_never_shown() {
+        let old = "o".repeat(40);
+        let new = "n".repeat(40);
+        let before = CarrySecret::parse(&old).unwrap();
+        let during = CarrySecret::parse(&format!("{new}, {old}")).unwrap();
+        let after = CarrySecret::parse(&new).unwrap();
+        let sealed_before = carry_key(&before, "b", "k");
+        let sealed_during = carry_key(&during, "b", "k");
+        assert_eq!(during.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_before), Some("k"));
+        assert_eq!(after.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_during), Some("k"));
+        assert_eq!(after.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_before), None);
+        assert!(!format!("{during:?}").contains(&old));
+        assert_eq!(CarrySecret::parse(" , ").err(), Some(CarrySecretError::Empty));
+        assert_eq!(
+            CarrySecret::parse(&format!("{new},short")).err(),
+            Some(CarrySecretError::TooShort {
+                position: 2,
+                bytes: 5
+            })
+        );
+        let err = CarrySecret::parse("short-secret").unwrap_err().to_string();
+        assert!(!err.contains("short-secret"), "{err}");
     }
 }

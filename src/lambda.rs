@@ -392,7 +392,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         done: &std::sync::Mutex<Vec<usize>>,
         finished: &Finished,
     ) -> Vec<(usize, String)> {
-        let keys = &self.inner.processor.config().key_source;
+        let keys = self.inner.processor.config();
         // A record we cannot read has no group or key we can trust: its own lane.
         let lanes = lanes::split(records, |r| {
             r.parsed

@@ -33,6 +33,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "Takeovers",
     "UnknownOutcomesResolved",
     "PayloadMismatches",
+    "UnverifiedAttributes",
     "HandlerLatency",
 ];
 
@@ -51,6 +52,7 @@ pub struct Metrics {
     takeovers: AtomicU64,
     unknown_resolved: AtomicU64,
     payload_mismatches: AtomicU64,
+    unverified_attributes: AtomicU64,
     latency: Histogram,
 }
 
@@ -156,6 +158,11 @@ pub struct Snapshot {
     /// Messages whose dedup key was recorded for a different body: a producer
     /// bug (`SQS_ONCE_PAYLOAD_MISMATCH` says whether they are parked).
     pub payload_mismatches: u64,
+    /// `sqs_once_dedup_key` / `sqs_once_message_id` attributes that did not
+    /// verify under `SQS_ONCE_CARRY_SECRET` and were ignored: set by a producer
+    /// (an attempt to take another message's key), forwarded from another
+    /// message, or sealed under a secret no longer configured.
+    pub unverified_attributes: u64,
     /// Handler run times.
     pub handler_latency: Latencies,
 }
@@ -193,6 +200,11 @@ impl Metrics {
         self.payload_mismatches.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a carried attribute that did not verify and was ignored.
+    pub fn unverified_attribute(&self) {
+        self.unverified_attributes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a successful heartbeat extension.
     pub fn heartbeat_extension(&self) {
         self.heartbeat_extensions.fetch_add(1, Ordering::Relaxed);
@@ -217,6 +229,7 @@ impl Metrics {
             takeovers: t(&self.takeovers),
             unknown_resolved: t(&self.unknown_resolved),
             payload_mismatches: t(&self.payload_mismatches),
+            unverified_attributes: t(&self.unverified_attributes),
             handler_latency: self.latency.take(),
         }
     }
@@ -238,6 +251,7 @@ impl Snapshot {
             ("Takeovers", self.takeovers),
             ("UnknownOutcomesResolved", self.unknown_resolved),
             ("PayloadMismatches", self.payload_mismatches),
+            ("UnverifiedAttributes", self.unverified_attributes),
         ];
         let latency = &self.handler_latency.0;
         let histogram = (!latency.is_empty()).then(|| {

@@ -912,7 +912,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         let queue = crate::trace::queue_name(&self.shared.config.queue_url);
         let messages: Vec<Message> = messages.into_iter().map(|m| m.with_queue(queue)).collect();
         let _receive = crate::trace::receive_span(queue, &messages).entered();
-        let keys = &self.shared.processor.config().key_source;
+        let keys = self.shared.processor.config();
         // (The `fifo-parallel` mutant, for the chaos harness only, runs a
         // FIFO group's messages in parallel.)
         let by_group = self.shared.config.is_fifo() && !crate::mutants::active("fifo-parallel");

@@ -196,6 +196,21 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         &self.metrics
     }
 
+    /// Warns of and counts the carried attributes of `message` that do not
+    /// verify (they are ignored): see [`crate::key::CarrySecret`].
+    fn count_unverified(&self, message: &Message) {
+        let secret = self.config.carry_secret.as_ref();
+        for attribute in crate::key::unverified_attributes(message, secret) {
+            let why = if secret.is_some() {
+                "its seal does not verify under SQS_ONCE_CARRY_SECRET"
+            } else {
+                "no SQS_ONCE_CARRY_SECRET is set"
+            };
+            warn!(message_id = message.id(), attribute, "a carried attribute is ignored: {why} (set by a producer, forwarded from another message, or sealed under another secret)");
+            self.metrics.unverified_attribute();
+        }
+    }
+
     /// Processes one message with no visibility extension.
     pub async fn process(&self, message: Message) -> Outcome {
         self.process_with(message, ProcessOptions::default()).await
@@ -212,7 +227,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             {
                 return outcome;
             }
-            let key = match self.config.key_source.extract(&message) {
+            self.count_unverified(&message);
+            let key = match self.config.dedup_key(&message) {
                 Ok(key) => key,
                 Err(e) => match self.config.missing_key {
                     MissingKey::Park => {
@@ -389,7 +405,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// `SQS_ONCE_PAYLOAD_MISMATCH=park` says so.
     #[cfg(feature = "poller")]
     pub(crate) async fn known_completed(&self, message: &Message) -> bool {
-        let Ok(key) = self.config.key_source.extract(message) else {
+        let Ok(key) = self.config.dedup_key(message) else {
             return false;
         };
         self.completed_record(message, &key).await.is_some_and(|r| {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use sqs_once::key::CarrySecret;
 use sqs_once_cli::ops::RedriveOptions;
 use sqs_once_cli::setup::{Change, QueueSpec};
 
@@ -123,6 +124,10 @@ pub(crate) struct InitArgs {
     /// if missing), after --max-receive-count receives (else its current count, else 5).
     #[arg(long)]
     pub(crate) set_redrive_policy: bool,
+    /// Create tables without deletion protection and point-in-time recovery
+    /// (both on by default for the tables init creates, as in the templates).
+    #[arg(long)]
+    pub(crate) no_protection: bool,
 }
 
 impl InitArgs {
@@ -168,6 +173,10 @@ pub(crate) struct ForgetArgs {
     /// Delete even a record under a live claim.
     #[arg(long)]
     pub(crate) force: bool,
+    /// Show the record that would be forgotten (and whether a live claim
+    /// holds it); delete nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
 #[derive(clap::Args)]
@@ -196,6 +205,12 @@ pub(crate) struct RedriveArgs {
     /// messages are moved by receive, send, delete, each carrying its key.
     #[arg(long)]
     pub(crate) move_task: bool,
+    /// The consumers' secret (comma-separated for rotation: the first
+    /// seals): each copy carries its dedup key sealed with it, as consumers
+    /// honour a carried key only when it verifies. Without it copies carry
+    /// no key.
+    #[arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)]
+    pub(crate) carry_secret: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -233,6 +248,11 @@ pub(crate) struct DemoArgs {
     /// one-transaction fast path the ledger handler qualifies for.
     #[arg(long)]
     pub(crate) general_path: bool,
+    /// Run even when the AWS endpoint is not local (the demo creates
+    /// tables and queues, and leaves them): by default it refuses anything
+    /// but an `AWS_ENDPOINT_URL` on localhost or LocalStack.
+    #[arg(long)]
+    pub(crate) allow_remote: bool,
 }
 
 #[derive(clap::Args)]
@@ -259,13 +279,21 @@ pub(crate) struct LocalLambdaArgs {
 
 impl RedriveArgs {
     /// How the redrive runs.
-    pub(crate) fn options(&self) -> RedriveOptions {
-        RedriveOptions {
+    pub(crate) fn options(&self) -> Result<RedriveOptions, String> {
+        let carry_secret = self
+            .carry_secret
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(CarrySecret::parse)
+            .transpose()
+            .map_err(|e| format!("invalid setting SQS_ONCE_CARRY_SECRET (--carry-secret): {e}"))?;
+        Ok(RedriveOptions {
             max: self.max,
             dry_run: self.dry_run,
             skip_redrive_check: self.skip_redrive_check,
             move_task: self.move_task,
-        }
+            carry_secret,
+        })
     }
 }
 

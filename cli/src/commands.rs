@@ -20,6 +20,9 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let mut outcome = Outcome::default();
     let o = setup::init_dedup_table(&ddb, table, &allow).await?;
+    if o.created.iter().any(|c| c == &format!("table {table}")) && !args.no_protection {
+        protect(&ddb, table).await?;
+    }
     if o.differences.is_empty() {
         DynamoStore::new(ddb.clone(), table.as_str())
             .check_table()
@@ -30,6 +33,9 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
     if let Some(ledger) = &args.ledger_table {
         if setup::init_table(&ddb, ledger).await? {
             outcome.created.push(format!("table {ledger}"));
+            if !args.no_protection {
+                protect(&ddb, ledger).await?;
+            }
         }
         println!("ledger table {ledger}: ok");
     }
@@ -59,6 +65,34 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
         outcome.differences.len()
     )
     .into())
+}
+
+/// Turns on deletion protection and point-in-time recovery (35 days) on a
+/// table init created: losing the dedup records makes every redelivery apply
+/// again.
+async fn protect(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), BoxError> {
+    use aws_sdk_dynamodb::types::PointInTimeRecoverySpecification;
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        format!("table {table} was created, but {what} could not be turned on ({e}); turn it on by hand, or run init with --no-protection on a new table")
+    };
+    ddb.update_table()
+        .table_name(table)
+        .deletion_protection_enabled(true)
+        .send()
+        .await
+        .map_err(|e| failed("deletion protection", &aws_smithy_types::error::display::DisplayErrorContext(e)))?;
+    let pitr = PointInTimeRecoverySpecification::builder()
+        .point_in_time_recovery_enabled(true)
+        .build()
+        .map_err(|e| failed("point-in-time recovery", &e))?;
+    ddb.update_continuous_backups()
+        .table_name(table)
+        .point_in_time_recovery_specification(pitr)
+        .send()
+        .await
+        .map_err(|e| failed("point-in-time recovery", &aws_smithy_types::error::display::DisplayErrorContext(e)))?;
+    println!("table {table}: deletion protection and point-in-time recovery on (--no-protection: off)");
+    Ok(())
 }
 
 /// `init --check`: reports every problem, changes nothing.
@@ -115,6 +149,30 @@ pub(crate) async fn inspect(sdk: &aws_config::SdkConfig, k: &KeyArgs) -> Result<
 pub(crate) async fn forget(sdk: &aws_config::SdkConfig, args: &ForgetArgs) -> Result<(), BoxError> {
     let (k, force) = (&args.key, args.force);
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    if args.dry_run {
+        let pk = sqs_once::key::record_key(&k.consumer, &k.key);
+        return match ops::inspect(&ddb, &k.table, &k.consumer, &k.key).await? {
+            None => {
+                println!("dry run: no record for key {:?}: nothing to forget", k.key);
+                Ok(())
+            }
+            Some(r) => {
+                let live = r.status == sqs_once::Status::InProgress
+                    && r.lease_until_ms >= ops::now_ms();
+                let verdict = match (live, force) {
+                    (true, false) => "would NOT be forgotten: IN_PROGRESS under a live claim (needs --force)",
+                    (true, true) => "would be forgotten although a live claim holds it (--force)",
+                    _ => "would be forgotten: the next delivery of this key is processed again",
+                };
+                println!(
+                    "dry run: {pk} (now {}, {} attempt(s)) {verdict}",
+                    r.status.as_str(),
+                    r.attempts
+                );
+                Ok(())
+            }
+        };
+    }
     match ops::forget(&ddb, &k.table, &k.consumer, &k.key, force).await? {
         ops::Forgotten::Deleted(r) => {
             println!(
@@ -161,7 +219,8 @@ pub(crate) async fn redrive(
     sdk: &aws_config::SdkConfig,
     args: &RedriveArgs,
 ) -> Result<(), BoxError> {
-    let (dlq_url, queue_url, options) = (&args.dlq_url, &args.queue_url, &args.options());
+    let options = &args.options()?;
+    let (dlq_url, queue_url) = (&args.dlq_url, &args.queue_url);
     let sqs = sqs_with_timeouts(sdk);
     let report = ops::redrive(&sqs, dlq_url, queue_url, options, |moved| {
         eprintln!("moved {moved}...");

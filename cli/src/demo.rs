@@ -21,6 +21,13 @@ const MALFORMED: [&str; 2] = ["not json", r#"{"id":"evt-bad","account":"acct-0"}
 
 /// Runs the demo; an error when a balance or a count is not what was sent.
 pub(crate) async fn demo(sdk: &aws_config::SdkConfig, args: &DemoArgs) -> Result<(), BoxError> {
+    if !args.allow_remote && !is_local(sdk.endpoint_url()) {
+        return Err(format!(
+            "demo: refusing to create tables and queues at {}: the demo is for LocalStack (set AWS_ENDPOINT_URL=http://localhost:4566), or pass --allow-remote to run it against this account",
+            sdk.endpoint_url().unwrap_or("AWS's own endpoints")
+        )
+        .into());
+    }
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let resources = Resources::create(&ddb, &sqs).await?;
@@ -393,4 +400,51 @@ fn calls_per_message(calls: &serde_json::Value, messages: u64, empty_receives: u
         "\nAWS calls per message: {total:.2} ({}; plus {empty_receives} empty receives while idle)",
         detail.join(", ")
     )
+}
+
+/// Whether `endpoint` is on this machine or LocalStack's (no endpoint: AWS).
+fn is_local(endpoint: Option<&str>) -> bool {
+    let Some(endpoint) = endpoint else {
+        return false;
+    };
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    }
+    .to_ascii_lowercase();
+    host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || host == "localhost"
+        || host == "localstack"
+        || host.ends_with(".localhost")
+        || host == "localhost.localstack.cloud"
+        || host.ends_with(".localhost.localstack.cloud")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_local;
+
+    #[test]
+    fn only_local_endpoints_are_local() {
+        for local in [
+            "http://localhost:4566",
+            "http://127.0.0.1:4566/",
+            "http://[::1]:4566",
+            "http://localstack:4566",
+            "https://s3.localhost.localstack.cloud:4566",
+        ] {
+            assert!(is_local(Some(local)), "{local}");
+        }
+        for remote in [
+            "https://sqs.us-east-1.amazonaws.com",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.example.com",
+            "https://localstack.example.com",
+        ] {
+            assert!(!is_local(Some(remote)), "{remote}");
+        }
+        assert!(!is_local(None), "no endpoint is AWS");
+    }
 }

@@ -16,7 +16,7 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use sqs_once::cli::escape;
 use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use sqs_once::dedup::{Record, Status, StoredResult};
-use sqs_once::key::{DEDUP_KEY_ATTRIBUTE, carry_key, record_key};
+use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key, record_key};
 use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
 
 type GetItemError = aws_sdk_dynamodb::operation::get_item::GetItemError;
@@ -188,7 +188,8 @@ fn malformed(pk: &str, reason: impl ToString) -> OpsError {
     }
 }
 
-fn now_ms() -> i64 {
+/// Milliseconds since the epoch by this host's clock.
+pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -560,6 +561,10 @@ pub struct RedriveOptions {
     /// redrive policy moved (rather than sqs-once parked) loses its key under
     /// `message-id` keys and runs again.
     pub move_task: bool,
+    /// Seals the key each copy carries (`SQS_ONCE_CARRY_SECRET`, the
+    /// consumers' secret). Without it copies carry no key: under `message-id`
+    /// keys each is processed under a new one.
+    pub carry_secret: Option<CarrySecret>,
 }
 
 /// The source queue's settings redrive needs: its maximum message size (the
@@ -666,7 +671,7 @@ pub async fn redrive(
         taken += got.len() as u64;
         let got: Vec<Message> = got
             .into_iter()
-            .map(|m| carrying_key(m, max_size, &mut report))
+            .map(|m| carrying_key(m, max_size, options.carry_secret.as_ref(), &mut report))
             .collect();
         for batch in size_batches(&got, max_size) {
             move_batch(sqs, dlq_url, source_url, fifo, batch, &mut report).await?;
@@ -692,33 +697,43 @@ pub fn next_receive(limit: u64, taken: u64) -> Option<i32> {
     (left > 0).then(|| i32::try_from(left.min(10)).unwrap_or(10))
 }
 
-/// `m` carrying the dedup key a `message-id` consumer gave it. A copy
-/// sqs-once parked carries its key already (or, when it had no room for it,
-/// the first delivery's id); a message SQS's redrive policy moved carries
-/// nothing but keeps its message id in the DLQ (the key such a consumer used),
-/// while the copy sent back gets a new one: without the key its effect,
-/// already made or not, would be made again under a new key. Other key
-/// sources ignore the attribute. A message with no room left for it (10
-/// attributes, or the source's `max_size`) is sent as it is and reported.
-fn carrying_key(mut m: Message, max_size: usize, report: &mut Redriven) -> Message {
-    let size = message_size(&m);
-    let attrs = m.message_attributes.get_or_insert_with(HashMap::new);
-    if attrs.contains_key(DEDUP_KEY_ATTRIBUTE) {
+/// `m` carrying the dedup key a `message-id` consumer gave it, sealed under
+/// `secret` (see [`CarrySecret`]). A copy sqs-once parked carries its key
+/// already (or, when it had no room for it, the first delivery's id); a
+/// message SQS's redrive policy moved carries nothing but keeps its message
+/// id in the DLQ (the key such a consumer used), while the copy sent back
+/// gets a new one: without the key its effect, already made or not, would be
+/// made again under a new key. A key or first id that does not verify (a
+/// producer's) is not honoured: the key is replaced by one from the DLQ
+/// message's own id. Other key sources ignore the attribute. A message with
+/// no room left for it (10 attributes, or the source's `max_size`), or with
+/// no secret to seal it, is sent as it is and reported.
+fn carrying_key(
+    mut m: Message,
+    max_size: usize,
+    secret: Option<&CarrySecret>,
+    report: &mut Redriven,
+) -> Message {
+    let body = m.body.clone().unwrap_or_default();
+    let id = m.message_id.clone().unwrap_or_default();
+    let sealed = |name: &str| {
+        let value = m.message_attributes.as_ref()?.get(name)?.string_value()?;
+        secret?.open(name, &body, value).map(str::to_owned)
+    };
+    if sealed(DEDUP_KEY_ATTRIBUTE).is_some() {
         return m;
     }
-    let id = m.message_id.clone().unwrap_or_default();
-    let parked = attrs.contains_key(REASON_ATTRIBUTE) || attrs.contains_key(MESSAGE_ID_ATTRIBUTE);
-    let original = if parked {
-        attrs
-            .get(MESSAGE_ID_ATTRIBUTE)
-            .and_then(|v| v.string_value())
-            .map(str::to_owned)
-    } else {
-        Some(id.clone())
+    let original = sealed(MESSAGE_ID_ATTRIBUTE).unwrap_or_else(|| id.clone());
+    let Some(secret) = secret else {
+        report.without_key.push(id);
+        return m;
     };
-    let key = original
-        .filter(|k| !k.is_empty())
-        .map(|k| carry_key(m.body.as_deref().unwrap_or_default(), &k));
+    if let Some(attrs) = m.message_attributes.as_mut() {
+        attrs.remove(DEDUP_KEY_ATTRIBUTE);
+    }
+    let size = message_size(&m);
+    let attrs = m.message_attributes.get_or_insert_with(HashMap::new);
+    let key = (!original.is_empty()).then(|| carry_key(secret, &body, &original));
     let fits = |key: &String| {
         attrs.len() < 10
             && size + DEDUP_KEY_ATTRIBUTE.len() + "String".len() + key.len() <= max_size

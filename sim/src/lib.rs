@@ -409,6 +409,7 @@ async fn redrive(world: &World) -> u64 {
         &world.url,
         world::MAX_MESSAGE_BYTES,
         limit,
+        None,
     )
     .await;
     match done {

@@ -218,6 +218,56 @@ pub struct LargePayloads {
     delete: bool,
     /// The largest payload read (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
     max_bytes: usize,
+    /// Where payloads may be (`SQS_ONCE_LARGE_PAYLOAD_BUCKETS`); `None`: anywhere.
+    allowed: Option<Vec<PayloadLocation>>,
+}
+
+/// A place payloads may be read from (and deleted in): a bucket, and
+/// optionally a key prefix within it. Parsed from `bucket` or
+/// `bucket/prefix` (the prefix as it is, e.g. `payloads/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadLocation {
+    /// The bucket's name.
+    pub bucket: String,
+    /// What each key must start with (empty: any key).
+    pub prefix: String,
+}
+
+impl PayloadLocation {
+    /// Whether `pointer` is in this place.
+    pub fn holds(&self, pointer: &S3Pointer) -> bool {
+        pointer.bucket == self.bucket && pointer.key.starts_with(&self.prefix)
+    }
+
+    /// A comma-separated list of `bucket` or `bucket/prefix`.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        let list: Vec<Self> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|item| {
+                let (bucket, prefix) = item.split_once('/').unwrap_or((item, ""));
+                let valid = (3..=63).contains(&bucket.len())
+                    && bucket
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+                if valid {
+                    Ok(Self {
+                        bucket: bucket.to_owned(),
+                        prefix: prefix.to_owned(),
+                    })
+                } else {
+                    Err(format!(
+                        "{item:?} is not `bucket` or `bucket/prefix` (a bucket name is 3 to 63 lower-case letters, digits, dots and hyphens)"
+                    ))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if list.is_empty() {
+            return Err("names no bucket".to_owned());
+        }
+        Ok(list)
+    }
 }
 
 /// The largest payload read by default: 64 MiB (the extended clients allow
@@ -240,7 +290,25 @@ impl LargePayloads {
             store: Arc::new(store),
             delete: false,
             max_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            allowed: None,
         }
+    }
+
+    /// Reads (and deletes) payloads only in these places: a pointer to any
+    /// other bucket or key is parked without calling S3. Without it a
+    /// pointer may name any object the role can read (or delete): a
+    /// producer's message could make the consumer read another's objects
+    /// into its handler, or delete them.
+    #[must_use]
+    pub fn only_from(mut self, allowed: Vec<PayloadLocation>) -> Self {
+        self.allowed = Some(allowed);
+        self
+    }
+
+    fn allows(&self, pointer: &S3Pointer) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|places| places.iter().any(|p| p.holds(pointer)))
     }
 
     /// Reads no payload larger than `max_bytes`: one whose pointer declares
@@ -270,7 +338,7 @@ impl LargePayloads {
         if !self.delete {
             return None;
         }
-        S3Pointer::of(message)?.ok()
+        S3Pointer::of(message)?.ok().filter(|p| self.allows(p))
     }
 
     /// Deletes these objects (their messages are deleted). A failure is
@@ -300,6 +368,13 @@ impl LargePayloads {
         let pointer = pointer.map_err(|e| Outcome::Park {
             reason: format!("large payload: {e}"),
         })?;
+        if !self.allows(&pointer) {
+            return Err(Outcome::Park {
+                reason: format!(
+                    "large payload: {pointer} is outside the payload buckets (SQS_ONCE_LARGE_PAYLOAD_BUCKETS); not read"
+                ),
+            });
+        }
         let declared = size_attribute(message)
             .and_then(|name| message.attribute(name))
             .and_then(|v| v.trim().parse::<usize>().ok());
@@ -322,7 +397,7 @@ impl LargePayloads {
         };
         check_size(message, payload.len());
         info!(object = %pointer, bytes = payload.len(), "large payload read");
-        *message = with_body(message, payload);
+        *message = with_body(message, payload, config.carry_secret.as_ref());
         Ok(())
     }
 }
@@ -381,7 +456,7 @@ async fn missing<S: DedupStore>(
         KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_)
     );
     let key = body_free
-        .then(|| config.key_source.extract(message).ok())
+        .then(|| config.dedup_key(message).ok())
         .flatten();
     let Some(key) = key else {
         return Outcome::Park { reason };
@@ -407,11 +482,29 @@ async fn missing<S: DedupStore>(
 
 /// The message as an extended client's receive hands it over: the payload as
 /// its body, without the size attribute.
-fn with_body(received: &Message, payload: String) -> Message {
-    // A copy brought back from the DLQ carries its key bound to the body it
-    // was parked with, the pointer: bound again to the payload, so that the
-    // key holds for the body the key is read from.
-    let carried = crate::key::carried_key(received).map(|k| crate::key::carry_key(&payload, k));
+fn with_body(
+    received: &Message,
+    payload: String,
+    secret: Option<&crate::key::CarrySecret>,
+) -> Message {
+    use crate::key::{MESSAGE_ID_ATTRIBUTE, carried, carry_key, carry_message_id};
+    // A copy brought back from the DLQ carries its key and first id sealed
+    // for the body it was parked with, the pointer: sealed again for the
+    // payload when they verify, so that they hold for the body the key is
+    // read from (and those that do not verify stay as they are: unverified).
+    let reseal = |name: &str| {
+        let value = carried(received, name, secret)?;
+        let secret = secret?;
+        Some(if name == MESSAGE_ID_ATTRIBUTE {
+            carry_message_id(secret, &payload, value)
+        } else {
+            carry_key(secret, &payload, value)
+        })
+    };
+    let resealed: Vec<(&str, String)> = crate::key::SEALED_ATTRIBUTES
+        .into_iter()
+        .filter_map(|name| Some((name, reseal(name)?)))
+        .collect();
     let mut m = Message::new(received.id(), payload).with_receive_count(received.receive_count());
     if let Some(r) = received.receipt_handle() {
         m = m.with_receipt_handle(r);
@@ -423,11 +516,10 @@ fn with_body(received: &Message, payload: String) -> Message {
         m = m.with_deduplication_id(d);
     }
     for (name, attribute) in received.attributes() {
-        match (name.as_str(), &carried) {
+        let resealed = resealed.iter().find(|(n, _)| n == name);
+        match (name.as_str(), resealed) {
             (SIZE_ATTRIBUTE | LEGACY_SIZE_ATTRIBUTE, _) => {}
-            (crate::key::DEDUP_KEY_ATTRIBUTE, Some(carried)) => {
-                m = m.with_attribute(name, carried.clone());
-            }
+            (_, Some((_, value))) => m = m.with_attribute(name, value.clone()),
             _ => m = m.with_typed_attribute(name, attribute.clone()),
         }
     }

@@ -103,10 +103,15 @@ fn processor(
     });
     let mut config = crate::ProcessorConfig::new("test");
     config.key_source = key.parse().unwrap();
+    config.carry_secret = Some(test_secret());
     let p = Processor::new(store, handler, config)
         .unwrap()
         .with_large_payloads(LargePayloads::new(objects.clone()));
     (p, seen)
+}
+
+fn test_secret() -> crate::key::CarrySecret {
+    crate::key::CarrySecret::new([3u8; 32]).unwrap()
 }
 
 #[tokio::test]
@@ -275,7 +280,7 @@ async fn copies_brought_back_from_the_dlq_keep_their_carried_key_and_apply_once(
     // The parked copy carries the key of its first delivery, bound to the
     // body it was parked with: the pointer.
     let parked = pointer_message("orig", "big", "k1", 12);
-    let carried = crate::key::carry_key(parked.body(), "orig");
+    let carried = crate::key::carry_key(&test_secret(), parked.body(), "orig");
     let copy = |id: &str| {
         Message::new(id, parked.body())
             .with_typed_attribute(
@@ -337,4 +342,44 @@ async fn a_payload_above_the_maximum_is_parked_and_one_that_declares_it_is_never
         "{reason}"
     );
     assert!(seen.lock().unwrap().is_empty(), "the handler never ran");
+}
+
+#[tokio::test]
+async fn a_pointer_outside_the_payload_buckets_is_parked_without_reading_it() {
+    let objects = MemoryPayloads::default();
+    objects.put("foreign", "k1", r#"{"id":"x"}"#);
+    objects.put("payloads", "other/k2", r#"{"id":"y"}"#);
+    objects.put("payloads", "in/k3", r#"{"id":"z"}"#);
+    let (p, seen) = processor("json:/id", &objects, MemoryStore::default());
+    let allowed = PayloadLocation::parse_list("payloads/in/").unwrap();
+    let payloads = LargePayloads::new(objects.clone())
+        .only_from(allowed)
+        .deleting(true);
+    let p = p.with_large_payloads(payloads.clone());
+    for (bucket, key) in [("foreign", "k1"), ("payloads", "other/k2")] {
+        let m = pointer_message("m", bucket, key, 10);
+        match p.process(m.clone()).await {
+            Outcome::Park { reason } => assert!(
+                reason.contains("outside the payload buckets (SQS_ONCE_LARGE_PAYLOAD_BUCKETS)"),
+                "{reason}"
+            ),
+            other => panic!("{bucket}/{key}: {other:?}"),
+        }
+        assert_eq!(payloads.to_delete(&m), None, "never deleted");
+    }
+    assert_eq!(objects.gets(), 0, "S3 was not called");
+    let inside = p.process(pointer_message("m3", "payloads", "in/k3", 10)).await;
+    assert!(matches!(inside, Outcome::Completed { .. }), "{inside:?}");
+    assert_eq!(objects.gets(), 1);
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    for bad in ["", " , ", "UPPER", "ab", "b@d/x"] {
+        assert!(PayloadLocation::parse_list(bad).is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        PayloadLocation::parse_list("a-b.c, d12/p/q").unwrap(),
+        vec![
+            PayloadLocation { bucket: "a-b.c".into(), prefix: String::new() },
+            PayloadLocation { bucket: "d12".into(), prefix: "p/q".into() },
+        ]
+    );
 }

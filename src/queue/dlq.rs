@@ -6,14 +6,12 @@ use tracing::{error, warn};
 
 use super::{OutgoingMessage, QueueClient, QueueError, is_fifo};
 use crate::Message;
-use crate::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
+pub use crate::key::MESSAGE_ID_ATTRIBUTE;
+use crate::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carried_message_id, carry_key, carry_message_id};
 use crate::message::Attribute;
 
 /// The message attribute that carries a parked message's reason.
 pub const REASON_ATTRIBUTE: &str = "sqs_once_reason";
-/// The message attribute that carries the id of a parked message's first
-/// delivery (kept through later parks).
-pub const MESSAGE_ID_ATTRIBUTE: &str = "sqs_once_message_id";
 
 /// SQS allows this many message attributes per message.
 const MAX_ATTRIBUTES: usize = 10;
@@ -95,14 +93,18 @@ impl<Q: QueueClient> Dlq<Q> {
     /// reason, replacing an earlier one) and `sqs_once_message_id` (the first
     /// delivery's id), as far as SQS's attribute count and the DLQ's size limit
     /// allow; the reason is shortened to fit, the body is never altered. The
-    /// caller deletes the original after this succeeds.
+    /// key and the first id are sealed under `secret` (see [`CarrySecret`]);
+    /// without one no key is carried and the id is this delivery's, unsealed
+    /// (for people to read: nothing honours it). The caller deletes the
+    /// original after this succeeds.
     pub async fn park(
         &self,
         message: &Message,
         reason: &str,
         dedup_key: Option<&str>,
+        secret: Option<&CarrySecret>,
     ) -> Result<(), ParkError> {
-        let copy = ParkedCopy::new(message, reason, dedup_key, self.max_bytes().await)?;
+        let copy = ParkedCopy::new(message, reason, dedup_key, secret, self.max_bytes().await)?;
         // On a FIFO DLQ the same delivery parked twice within five minutes
         // is delivered once.
         let fifo = is_fifo(&self.url);
@@ -129,6 +131,7 @@ impl ParkedCopy {
         message: &Message,
         reason: &str,
         dedup_key: Option<&str>,
+        secret: Option<&CarrySecret>,
         limit: usize,
     ) -> Result<Self, ParkError> {
         let ours = |name: &str| name.starts_with("sqs_once_");
@@ -146,10 +149,12 @@ impl ParkedCopy {
             .iter()
             .map(|(name, a)| ((*name).clone(), (*a).clone()))
             .collect();
-        let first_id = message
-            .attribute(MESSAGE_ID_ATTRIBUTE)
-            .unwrap_or(message.id())
-            .to_owned();
+        // A first id that does not verify (a producer's) is not kept.
+        let first_id = carried_message_id(message, secret).unwrap_or(message.id());
+        let first_id = match secret {
+            Some(secret) => carry_message_id(secret, message.body(), first_id),
+            None => first_id.to_owned(),
+        };
         let mut add = |name: &str, value: String, shorten: bool| {
             if attributes.len() >= MAX_ATTRIBUTES {
                 return;
@@ -164,8 +169,9 @@ impl ParkedCopy {
             bytes += overhead + value.len();
             attributes.insert(name.to_owned(), Attribute::string(value));
         };
-        if let Some(key) = dedup_key {
-            add(DEDUP_KEY_ATTRIBUTE, carry_key(message.body(), key), false);
+        let dedup_key = dedup_key.zip(secret);
+        if let Some((key, secret)) = dedup_key {
+            add(DEDUP_KEY_ATTRIBUTE, carry_key(secret, message.body(), key), false);
         }
         add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
         add(MESSAGE_ID_ATTRIBUTE, first_id, false);

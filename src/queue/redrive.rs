@@ -8,12 +8,9 @@
 
 use std::time::Duration;
 
-use super::{
-    MESSAGE_ID_ATTRIBUTE, OutgoingMessage, QueueClient, QueueError, REASON_ATTRIBUTE,
-    ReceiveRequest,
-};
+use super::{OutgoingMessage, QueueClient, QueueError, ReceiveRequest};
 use crate::Message;
-use crate::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
+use crate::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carried_key, carried_message_id, carry_key};
 use crate::message::Attribute;
 
 /// SQS's limit on message attributes per message.
@@ -31,27 +28,28 @@ pub struct Redriven {
 }
 
 /// The copy of DLQ message `m` to send to its source queue: its body and
-/// attributes, plus the dedup key a `message-id` consumer gave it when it
-/// does not carry one (the parked copy's first delivery id, or the DLQ
-/// message's own id for a message SQS's redrive policy moved, which keeps its
-/// id there); on a FIFO source its group, and a deduplication id from the DLQ
-/// message id (a resend after a crash is deduplicated by SQS). `None` as the
-/// second value when the key had no room (`max_bytes`, or 10 attributes).
-pub fn copy_for_source(m: &Message, fifo: bool, max_bytes: usize) -> (OutgoingMessage, bool) {
+/// attributes, with the dedup key a `message-id` consumer gave it sealed
+/// under `secret` when it does not carry one that verifies (the parked copy's
+/// first delivery id when that verifies, else the DLQ message's own id: the
+/// original's for a message SQS's redrive policy moved, which keeps its id
+/// there); an `sqs_once_dedup_key` that does not verify is replaced (or
+/// dropped). On a FIFO source its group, and a deduplication id from the DLQ
+/// message id (a resend after a crash is deduplicated by SQS). The second
+/// value is false when the copy carries no key: no secret, or no room
+/// (`max_bytes`, or 10 attributes).
+pub fn copy_for_source(
+    m: &Message,
+    fifo: bool,
+    max_bytes: usize,
+    secret: Option<&CarrySecret>,
+) -> (OutgoingMessage, bool) {
     let mut attributes = m.attributes().clone();
-    let mut carries = attributes.contains_key(DEDUP_KEY_ATTRIBUTE);
-    if !carries {
-        let parked = attributes.contains_key(REASON_ATTRIBUTE)
-            || attributes.contains_key(MESSAGE_ID_ATTRIBUTE);
-        let original = if parked {
-            m.attribute(MESSAGE_ID_ATTRIBUTE).map(str::to_owned)
-        } else {
-            Some(m.id().to_owned())
-        };
-        if let Some(key) = original
-            .filter(|k| !k.is_empty())
-            .map(|k| carry_key(m.body(), &k))
-        {
+    let mut carries = carried_key(m, secret).is_some();
+    if let (false, Some(secret)) = (carries, secret) {
+        attributes.remove(DEDUP_KEY_ATTRIBUTE);
+        let original = carried_message_id(m, Some(secret)).unwrap_or(m.id());
+        if !original.is_empty() {
+            let key = carry_key(secret, m.body(), original);
             let size: usize =
                 m.body().len() + attributes.iter().map(|(n, a)| a.size(n)).sum::<usize>();
             let attribute = Attribute::string(key);
@@ -85,6 +83,7 @@ pub async fn redrive<Q: QueueClient>(
     source_url: &str,
     max_bytes: usize,
     limit: u64,
+    secret: Option<&CarrySecret>,
 ) -> Result<Redriven, QueueError> {
     let fifo = source_url.ends_with(".fifo");
     let mut report = Redriven::default();
@@ -104,7 +103,7 @@ pub async fn redrive<Q: QueueClient>(
         }
         taken += got.len() as u64;
         for m in got {
-            let (copy, carries) = copy_for_source(&m, fifo, max_bytes);
+            let (copy, carries) = copy_for_source(&m, fifo, max_bytes, secret);
             if !carries {
                 report.without_key.push(m.id().to_owned());
             }
@@ -124,30 +123,53 @@ pub async fn redrive<Q: QueueClient>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::{MESSAGE_ID_ATTRIBUTE, carry_message_id};
+    use crate::queue::REASON_ATTRIBUTE;
+
+    fn secret() -> CarrySecret {
+        CarrySecret::new([7u8; 32]).unwrap()
+    }
+
+    fn key_of(copy: &OutgoingMessage) -> Option<&Attribute> {
+        copy.attributes.get(DEDUP_KEY_ATTRIBUTE)
+    }
 
     #[test]
     fn a_message_sqs_moved_carries_its_dlq_id_as_key_and_a_parked_copy_its_first_delivery_id() {
+        let s = secret();
         let moved = Message::new("dlq-1", "{}").with_group_id("g");
-        let (copy, carries) = copy_for_source(&moved, true, 262_144);
+        let (copy, carries) = copy_for_source(&moved, true, 262_144, Some(&s));
         assert!(carries);
-        assert_eq!(
-            copy.attributes.get(DEDUP_KEY_ATTRIBUTE),
-            Some(&Attribute::string(carry_key("{}", "dlq-1")))
-        );
+        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&s, "{}", "dlq-1"))));
         assert_eq!(copy.group_id.as_deref(), Some("g"));
         assert_eq!(copy.deduplication_id.as_deref(), Some("redrive-dlq-1"));
         let parked = Message::new("dlq-2", "{}")
             .with_attribute(REASON_ATTRIBUTE, "bad")
-            .with_attribute(MESSAGE_ID_ATTRIBUTE, "first");
-        let (copy, _) = copy_for_source(&parked, false, 262_144);
-        assert_eq!(
-            copy.attributes.get(DEDUP_KEY_ATTRIBUTE),
-            Some(&Attribute::string(carry_key("{}", "first")))
-        );
+            .with_attribute(MESSAGE_ID_ATTRIBUTE, carry_message_id(&s, "{}", "first"));
+        let (copy, _) = copy_for_source(&parked, false, 262_144, Some(&s));
+        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&s, "{}", "first"))));
         assert_eq!(copy.group_id, None);
         // No room: sent as it is.
-        let (copy, carries) = copy_for_source(&moved, false, 3);
+        let (copy, carries) = copy_for_source(&moved, false, 3, Some(&s));
         assert!(!carries);
         assert!(!copy.attributes.contains_key(DEDUP_KEY_ATTRIBUTE));
+        // No secret: nothing is sealed.
+        let (copy, carries) = copy_for_source(&moved, false, 262_144, None);
+        assert!(!carries);
+        assert!(!copy.attributes.contains_key(DEDUP_KEY_ATTRIBUTE));
+    }
+
+    #[test]
+    fn a_producers_message_id_or_key_is_not_sealed_by_redrive() {
+        let s = secret();
+        // A producer's message that SQS's redrive policy moved, naming a
+        // victim's id in both attributes: the copy is keyed by its own id.
+        let forged = Message::new("own-id", "{}")
+            .with_attribute(REASON_ATTRIBUTE, "x")
+            .with_attribute(MESSAGE_ID_ATTRIBUTE, "victim")
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, "44136fa355b3678a:victim");
+        let (copy, carries) = copy_for_source(&forged, false, 262_144, Some(&s));
+        assert!(carries);
+        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&s, "{}", "own-id"))));
     }
 }

@@ -10,15 +10,16 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::{KeySource, Message};
+use crate::Message;
+use crate::config::ProcessorConfig;
 
 /// The lane a message belongs to: its group on a FIFO queue, else its dedup
 /// key; `None` when it has none (it then runs in a lane of its own).
-pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &KeySource) -> Option<String> {
+pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> Option<String> {
     if fifo {
         Some(format!("group:{}", message.group_id().unwrap_or_default()))
     } else {
-        keys.extract(message).ok().map(|key| format!("key:{key}"))
+        keys.dedup_key(message).ok().map(|key| format!("key:{key}"))
     }
 }
 
@@ -63,7 +64,8 @@ mod tests {
 
     #[test]
     fn fifo_lanes_are_groups_in_order_and_standard_lanes_are_keys() {
-        let keys: KeySource = "json:/id".parse().unwrap();
+        let mut keys = ProcessorConfig::new("c");
+        keys.key_source = "json:/id".parse().unwrap();
         let m = |id: &str, body: &str, group: &str| Message::new(id, body).with_group_id(group);
         let batch = vec![
             m("1", r#"{"id":"a"}"#, "g1"),

@@ -248,8 +248,9 @@ impl<Q: QueueClient> Settler<Q> {
             error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: it comes back until the queue's redrive policy parks it");
             return self.again(at, config.backoff_max).await;
         };
-        let key = config.key_source.extract(message).ok();
-        match dlq.park(message, reason, key.as_deref()).await {
+        let key = config.dedup_key(message).ok();
+        let secret = config.carry_secret.as_ref();
+        match dlq.park(message, reason, key.as_deref(), secret).await {
             Ok(()) => {
                 warn!(message_id = message.id(), %reason, dlq = dlq.url(), "parked in the DLQ");
                 Settled::Parked

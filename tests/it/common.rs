@@ -18,6 +18,14 @@ use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use sqs_once_cli::setup::{QueuePair, ensure_queue_with_dlq};
 
+/// The consumers' and operators' `SQS_ONCE_CARRY_SECRET` in these tests.
+pub const CARRY_SECRET: &str = "test-carry-secret-0123456789abcdef0123456789abcdef";
+
+/// [`CARRY_SECRET`] parsed.
+pub fn carry_secret() -> sqs_once::key::CarrySecret {
+    sqs_once::key::CarrySecret::parse(CARRY_SECRET).unwrap()
+}
+
 /// The LocalStack endpoint: `AWS_ENDPOINT_URL`, else 127.0.0.1:4566.
 pub fn endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned())
@@ -157,6 +165,7 @@ impl Ledger {
             .env("SQS_ONCE_TABLE", &self.dedup)
             .env("SQS_ONCE_CONSUMER", "ledger")
             .env("SQS_ONCE_DEDUP_KEY", "json:/id")
+            .env("SQS_ONCE_CARRY_SECRET", CARRY_SECRET)
             .env("SQS_ONCE_WAIT", "1s")
             .env("SQS_ONCE_CONCURRENCY", "5")
             .env("LEDGER_TABLE", &self.ledger)

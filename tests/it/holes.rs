@@ -17,7 +17,7 @@ use sqs_once::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{ddb, dedup_table, depth, sqs, unique};
+use crate::common::{carry_secret, ddb, dedup_table, depth, sqs, unique};
 
 fn string_attr(v: &str) -> MessageAttributeValue {
     MessageAttributeValue::builder()
@@ -211,6 +211,7 @@ async fn poll_until_empty<H: Handler>(
 ) {
     let mut pc = ProcessorConfig::new(unique("c"));
     pc.key_source = key.parse().unwrap();
+    pc.carry_secret = Some(carry_secret());
     let store = DynamoStore::new(ddb.clone(), dedup_table(ddb).await);
     let processor = Processor::new(store, handler, pc).unwrap();
     let mut config = PollerConfig::new(&q.queue_url);
@@ -287,7 +288,7 @@ async fn a_parked_copy_keeps_every_attribute_with_its_type_and_the_latest_reason
     assert!(reason.contains("card declined"), "{reason}");
     assert_eq!(
         attrs["sqs_once_dedup_key"].string_value(),
-        Some(sqs_once::key::carry_key("the body", "o-1").as_str())
+        Some(sqs_once::key::carry_key(&carry_secret(), "the body", "o-1").as_str())
     );
     assert_eq!(parked[0].body(), Some("the body"));
 }
@@ -491,6 +492,7 @@ async fn a_redelivered_parked_message_is_not_run_and_a_copy_brought_back_is_run_
         };
         let mut pc = ProcessorConfig::new(unique("c"));
         pc.key_source = key.parse().unwrap();
+        pc.carry_secret = Some(carry_secret());
         let p = Processor::new(
             DynamoStore::new(ddb.clone(), dedup_table(&ddb).await),
             handler,
@@ -501,8 +503,9 @@ async fn a_redelivered_parked_message_is_not_run_and_a_copy_brought_back_is_run_
         let park = |m: Message, reason: String| {
             let (dlq, p) = (&dlq, &p);
             async move {
-                let key = p.config().key_source.extract(&m).unwrap();
-                dlq.park(&m, &reason, Some(&key)).await.unwrap();
+                let key = p.config().dedup_key(&m).unwrap();
+                let secret = p.config().carry_secret.as_ref();
+                dlq.park(&m, &reason, Some(&key), secret).await.unwrap();
             }
         };
 

@@ -285,6 +285,7 @@ async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
     let env = [
         ("SQS_ONCE_LARGE_PAYLOADS", "on"),
         ("SQS_ONCE_DELETE_PAYLOADS", on_off),
+        ("SQS_ONCE_LARGE_PAYLOAD_BUCKETS", bucket.as_str()),
     ];
     consume(runtime, &l, &sqs, &env).await;
 
@@ -347,4 +348,67 @@ async fn off_a_pointer_body_is_processed_as_it_is() {
     assert_eq!(parked.len(), 1);
     S3Pointer::parse(&parked[0].body).unwrap();
     assert_eq!(objects(&s3, &bucket).await.len(), 1);
+}
+
+/// Issue 31: a pointer may name any bucket and key. One outside
+/// `SQS_ONCE_LARGE_PAYLOAD_BUCKETS` (another bucket, or the payload bucket
+/// outside its prefix) is parked with the reason without calling S3, and
+/// with deletion on its object is not deleted.
+#[tokio::test]
+async fn a_pointer_outside_the_payload_buckets_is_parked_without_calling_s3() {
+    let (sqs, ddb, s3) = (sqs().await, ddb().await, s3().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let (payloads, foreign) = (bucket(&s3).await, bucket(&s3).await);
+    for (b, key) in [(&foreign, "secret-report"), (&payloads, "elsewhere/k")] {
+        s3.put_object()
+            .bucket(b)
+            .key(key)
+            .body(large_event("e-f", "acct-f", 1).into_bytes().into())
+            .send()
+            .await
+            .unwrap();
+        let pointer = format!(
+            r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{{"s3BucketName":"{b}","s3Key":"{key}"}}]"#
+        );
+        sqs.send_message()
+            .queue_url(&l.queues.queue_url)
+            .message_body(pointer)
+            .message_attributes(
+                "ExtendedPayloadSize",
+                aws_sdk_sqs::types::MessageAttributeValue::builder()
+                    .data_type("Number")
+                    .string_value("60")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    let allowed = format!("{payloads}/in/");
+    let env = [
+        ("SQS_ONCE_LARGE_PAYLOADS", "on"),
+        ("SQS_ONCE_DELETE_PAYLOADS", "on"),
+        ("SQS_ONCE_LARGE_PAYLOAD_BUCKETS", allowed.as_str()),
+    ];
+    let stats = run_until_drained(&l, &sqs, 1, &env).await;
+    let s = &stats[0];
+    assert_eq!(s["parked"], 2, "{s}");
+    assert_eq!(s["completed"], 0, "{s}");
+    assert!(
+        s["calls"].get("S3.GetObject").is_none_or(|n| n == 0),
+        "S3 was called: {s}"
+    );
+    assert!(ledger_rows(&ddb, &l.ledger).await.is_empty());
+    let parked = parked(&sqs, &l.queues.dlq_url).await;
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    for p in &parked {
+        assert!(
+            p.reason
+                .contains("is outside the payload buckets (SQS_ONCE_LARGE_PAYLOAD_BUCKETS); not read"),
+            "{p:?}"
+        );
+    }
+    assert_eq!(objects(&s3, &foreign).await, vec!["secret-report".to_owned()]);
+    assert_eq!(objects(&s3, &payloads).await, vec!["elsewhere/k".to_owned()]);
 }

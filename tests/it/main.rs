@@ -17,4 +17,5 @@ mod large_payloads;
 mod payments;
 mod poller;
 mod queue_contract;
+mod security;
 mod trace;

@@ -72,15 +72,43 @@ class EcsTemplate(unittest.TestCase):
                     "sqs:ChangeMessageVisibility",
                     "sqs:GetQueueAttributes",
                 },
-                "${DeadLetterQueueName}": {"sqs:SendMessage"},
+                "${DeadLetterQueueName}": {"sqs:SendMessage", "sqs:GetQueueAttributes"},
                 "table/${DedupTableName}": {
                     "dynamodb:UpdateItem",
+                    "dynamodb:GetItem",
                     "dynamodb:DescribeTable",
                     "dynamodb:DescribeTimeToLive",
                 },
                 "table/${LedgerTableName}": {"dynamodb:UpdateItem"},
             },
         )
+
+    def test_carry_secret_comes_from_secrets_manager_through_the_execution_role(self):
+        self.assertEqual(
+            self.container["Secrets"],
+            {"Fn::If": ["HasCarrySecret", [{"Name": "SQS_ONCE_CARRY_SECRET", "ValueFrom": {"Ref": "CarrySecretArn"}}], {"Ref": "AWS::NoValue"}]},
+        )
+        self.assertNotIn("SQS_ONCE_CARRY_SECRET", self.env)
+        read = self.res["CarrySecretRead"]
+        self.assertEqual(read["Condition"], "HasCarrySecret")
+        self.assertEqual(read["Properties"]["RoleName"], {"Ref": "ExecutionRole"})
+        [st] = read["Properties"]["PolicyDocument"]["Statement"]
+        self.assertEqual((st["Action"], st["Resource"]), (["secretsmanager:GetSecretValue"], {"Ref": "CarrySecretArn"}))
+        self.assertEqual(self.env["SQS_ONCE_PAYLOAD_MISMATCH"], "park")
+
+    def test_the_consumer_writes_only_its_own_records(self):
+        [policy] = self.res["TaskRole"]["Properties"]["Policies"]
+        [st] = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "DedupRecords"]
+        self.assertEqual(
+            st["Condition"],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [{"Fn::Sub": "${ConsumerName}#*"}]}},
+        )
+
+    def test_only_ecs_for_this_account_assumes_the_roles(self):
+        for name in ("ExecutionRole", "TaskRole"):
+            [st] = self.res[name]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+            self.assertEqual(st["Condition"]["StringEquals"], {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}, name)
+            self.assertIn("aws:SourceArn", st["Condition"]["ArnLike"], name)
 
     def test_scaling_follows_the_queue_backlog(self):
         target = self.res["ScalableTarget"]["Properties"]

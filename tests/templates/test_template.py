@@ -134,11 +134,46 @@ class SamTemplate(unittest.TestCase):
                     "sqs:GetQueueAttributes",
                     "sqs:ChangeMessageVisibility",
                 },
-                "DeadLetterQueue": {"sqs:SendMessage"},
-                "DedupTable": {"dynamodb:UpdateItem", "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive"},
+                # Parking reads the DLQ's MaximumMessageSize; start-up its retention.
+                "DeadLetterQueue": {"sqs:SendMessage", "sqs:GetQueueAttributes"},
+                # GetItem: a completed key whose large payload is gone.
+                "DedupTable": {
+                    "dynamodb:UpdateItem",
+                    "dynamodb:GetItem",
+                    "dynamodb:DescribeTable",
+                    "dynamodb:DescribeTimeToLive",
+                },
                 "LedgerTable": {"dynamodb:UpdateItem"},
             },
         )
+
+    def test_carried_keys_are_sealed_and_key_reuse_is_parked(self):
+        env = self.function()["Properties"]["Environment"]["Variables"]
+        self.assertEqual(env["SQS_ONCE_PAYLOAD_MISMATCH"], "park")
+        self.assertEqual(
+            env["SQS_ONCE_CARRY_SECRET"],
+            {"Fn::Sub": "{{resolve:secretsmanager:${CarrySecret}:SecretString}}"},
+        )
+        secret = self.res(False, "CarrySecret")
+        self.assertEqual(secret["Type"], "AWS::SecretsManager::Secret")
+        generated = secret["Properties"]["GenerateSecretString"]
+        self.assertGreaterEqual(generated["PasswordLength"], 32)
+        self.assertTrue(generated["ExcludePunctuation"], "no comma: a comma separates rotated secrets")
+
+    def test_the_consumer_writes_only_its_own_records(self):
+        [policy] = self.res(False, "LedgerRole")["Properties"]["Policies"]
+        [st] = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "DedupRecords"]
+        self.assertEqual(
+            st["Condition"],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [{"Fn::Sub": "${ConsumerName}#*"}]}},
+        )
+
+    def test_queues_refuse_requests_without_tls(self):
+        policy = self.res(False, "QueueTlsOnly")["Properties"]
+        self.assertEqual(policy["Queues"], [{"Ref": "Queue"}, {"Ref": "DeadLetterQueue"}])
+        [st] = policy["PolicyDocument"]["Statement"]
+        self.assertEqual((st["Effect"], st["Action"]), ("Deny", "sqs:*"))
+        self.assertEqual(st["Condition"], {"Bool": {"aws:SecureTransport": "false"}})
 
     def test_log_group_is_the_functions(self):
         name = self.function()["Properties"]["FunctionName"]["Fn::Sub"]

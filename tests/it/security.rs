@@ -1,0 +1,140 @@
+//! What a producer, who can set any message attribute and any body, must not
+//! be able to do to another producer's messages, black-box against
+//! LocalStack with the `ledger` consumer and the operator tool.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::types::MessageAttributeValue;
+use sqs_once::key::sha256_hex;
+
+use crate::common::{Ledger, ddb, depth, ledger_rows, run_until_drained, sqs};
+
+fn string_attr(v: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .unwrap()
+}
+
+/// A ledger event's body.
+fn event(id: &str, account: &str, cents: u64) -> String {
+    format!(r#"{{"id":"{id}","account":"{account}","amount_cents":{cents}}}"#)
+}
+
+/// Sends the victim's event, delayed (so that the attacker's message is
+/// processed first: the poller starts within the delay), and answers its
+/// message id: what the attacker learns from a log line, a trace or the DLQ.
+async fn send_victim(sqs: &aws_sdk_sqs::Client, l: &Ledger, body: &str) -> String {
+    sqs.send_message()
+        .queue_url(&l.queues.queue_url)
+        .message_body(body)
+        .delay_seconds(8)
+        .send()
+        .await
+        .unwrap()
+        .message_id
+        .unwrap()
+}
+
+/// The sum of one EMF metric over the pollers' stats.
+fn metric(stats: &[serde_json::Value], name: &str) -> u64 {
+    stats
+        .iter()
+        .flat_map(|s| s["emf"].as_array().cloned().unwrap_or_default())
+        .filter_map(|line| line.get(name).and_then(serde_json::Value::as_u64))
+        .sum()
+}
+
+/// Issue 31: under `message-id` keys (the default) a producer set
+/// `sqs_once_dedup_key` to the first 16 hex digits of its own body's SHA-256,
+/// a colon and a victim's message id. Its message was processed under the
+/// victim's key; the victim's, arriving later, was skipped as a duplicate
+/// and deleted (`SQS_ONCE_PAYLOAD_MISMATCH=warn`): its effect never happened.
+/// The forged attribute is now ignored and counted, and both effects happen
+/// exactly once.
+#[tokio::test]
+async fn a_forged_carried_key_naming_a_victims_message_id_does_not_skip_the_victim() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let victim = send_victim(&sqs, &l, &event("evt-victim", "acct-victim", 500)).await;
+    let own = event("evt-attacker", "acct-attacker", 1);
+    let forged = format!("{}:{victim}", &sha256_hex(own.as_bytes())[..16]);
+    sqs.send_message()
+        .queue_url(&l.queues.queue_url)
+        .message_body(&own)
+        .message_attributes("sqs_once_dedup_key", string_attr(&forged))
+        .message_attributes("sqs_once_message_id", string_attr(&victim))
+        .send()
+        .await
+        .unwrap();
+
+    let env = [("SQS_ONCE_DEDUP_KEY", "message-id")];
+    let stats = run_until_drained(&l, &sqs, 1, &env).await;
+    let rows = ledger_rows(&ddb, &l.ledger).await;
+    assert_eq!(
+        rows.get("acct-victim"),
+        Some(&(500, 1)),
+        "the victim's effect happened exactly once: {stats:?}"
+    );
+    assert_eq!(rows.get("acct-attacker"), Some(&(1, 1)));
+    assert_eq!(stats[0]["completed"], 2, "{stats:?}");
+    assert_eq!(stats[0]["duplicates"], 0, "{stats:?}");
+    assert_eq!(metric(&stats, "UnverifiedAttributes"), 2, "{stats:?}");
+    assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0);
+}
+
+/// Issue 31, through the DLQ: a producer's message that reached the DLQ (its
+/// receives ran out, or it was parked) with `sqs_once_message_id` naming a
+/// victim's message id. `redrive` took that as the first delivery's id and
+/// gave the copy the victim's key, sealed: the copy then took the victim's
+/// key. The forged id is now not honoured by parking or redrive.
+#[tokio::test]
+async fn a_forged_first_message_id_in_the_dlq_does_not_give_a_redriven_copy_the_victims_key() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let own = event("evt-attacker-2", "acct-attacker", 1);
+    let victim = send_victim(&sqs, &l, &event("evt-victim-2", "acct-victim", 700)).await;
+    // As SQS's redrive policy leaves it: body and the producer's attributes.
+    sqs.send_message()
+        .queue_url(&l.queues.dlq_url)
+        .message_body(&own)
+        .message_attributes("sqs_once_message_id", string_attr(&victim))
+        .message_attributes("sqs_once_reason", string_attr("handler failed"))
+        .send()
+        .await
+        .unwrap();
+    let out = tokio::process::Command::new(crate::common::binary("sqs-once"))
+        .args([
+            "redrive",
+            "--dlq-url",
+            &l.queues.dlq_url,
+            "--queue-url",
+            &l.queues.queue_url,
+        ])
+        .env("AWS_ENDPOINT_URL", crate::common::endpoint())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("SQS_ONCE_CARRY_SECRET", crate::common::CARRY_SECRET)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let env = [("SQS_ONCE_DEDUP_KEY", "message-id")];
+    let stats = run_until_drained(&l, &sqs, 1, &env).await;
+    let rows = ledger_rows(&ddb, &l.ledger).await;
+    assert_eq!(
+        rows.get("acct-victim"),
+        Some(&(700, 1)),
+        "the victim's effect happened exactly once: {stats:?}"
+    );
+    assert_eq!(rows.get("acct-attacker"), Some(&(1, 1)));
+    assert_eq!(stats[0]["duplicates"], 0, "{stats:?}");
+}
