@@ -216,6 +216,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 payload: None,
                 invisible_until: held.invisible_until,
+                retry_until: held.invisible_at_most,
             })
             .await;
         }
@@ -267,6 +268,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
             invisible_until,
+            retry_until: visibility
+                .extended_at_most()
+                .map_or(held.invisible_at_most, |e| e.max(held.invisible_at_most))
+                .max(invisible_until),
         })
         .await;
         None
@@ -397,6 +402,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
 struct Held {
     received_at: Instant,
     invisible_until: Instant,
+    /// Until when, at the latest, the receive may keep it invisible (its
+    /// answer's arrival plus the timeout asked for): SQS applied the
+    /// receive somewhere between the send and the answer.
+    invisible_at_most: Instant,
 }
 
 /// The messages of a lane not yet started (a FIFO message group, or the
@@ -420,6 +429,8 @@ struct Lane<Q, S, H> {
     waiting: Waiting,
     /// When the receive was sent: SQS counts its 12-hour cap from it.
     received_at: Instant,
+    /// When the receive's answer arrived.
+    answered_at: Instant,
     permits: Vec<OwnedSemaphorePermit>,
     fifo: bool,
 }
@@ -437,6 +448,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         Self {
             shared,
             received_at,
+            answered_at: Instant::now(),
             waiting: tokio::sync::Mutex::new(Pending {
                 messages: messages.into(),
                 running: None,
@@ -489,6 +501,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
             let held = Held {
                 received_at: self.received_at,
                 invisible_until,
+                invisible_at_most: self.answered_at + self.shared.processor.config().lease,
             };
             let failed = self.shared.handle(m, held).await;
             self.waiting.lock().await.running = None;
@@ -574,6 +587,7 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
                     payload: None,
                     // Not known here: sent at once.
                     invisible_until: Instant::now(),
+                    retry_until: Instant::now(),
                 })
                 .await;
             continue;
@@ -607,6 +621,9 @@ struct Finished {
     /// invisible: its delete must land before, or the receipt no longer
     /// deletes (and a message on its last allowed receive goes to the DLQ).
     invisible_until: Instant,
+    /// Until when, at the latest, it may stay invisible: a failed delete is
+    /// tried again until then (landing late costs nothing).
+    retry_until: Instant,
 }
 
 /// Deletes finished messages in batches of up to 10, each entry with a unique
@@ -720,18 +737,20 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
 
 /// Deletes one message, trying transient failures again with backoff (at
 /// most [`DELETE_RETRY_PAUSE`] apart) for [`DELETE_RETRY_FOR`] or until its
-/// known visibility ends, whichever is later: a message on its last allowed
+/// visibility may end at the latest, whichever is later: a message on its last allowed
 /// receive that is not deleted goes to the DLQ at the next receive, its
 /// effect made, and a delete that lands while the receipt still holds the
 /// message keeps it out (simulator seed 112055: SQS out of reach for 38 s
 /// while the message stayed invisible for 45 s; the retries had stopped
-/// after 10 s).
+/// after 10 s; and, with `maxReceiveCount` drawn, seed 530: a long poll
+/// answered 17 s after it was sent, so the visibility known from its send
+/// ended before SQS's did, and before SQS was within reach again).
 async fn delete_retrying<Q: QueueClient>(
     queue: &Q,
     url: &str,
     finished: &Finished,
 ) -> Result<(), QueueError> {
-    let give_up = (Instant::now() + DELETE_RETRY_FOR).max(finished.invisible_until);
+    let give_up = (Instant::now() + DELETE_RETRY_FOR).max(finished.retry_until);
     let mut pause = Duration::from_millis(250);
     loop {
         match queue.delete(url, &finished.receipt).await {

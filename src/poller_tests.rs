@@ -394,6 +394,7 @@ async fn a_delete_is_not_held_for_its_batch_past_its_messages_visibility() {
         receipt: m.receipt_handle().unwrap().to_owned(),
         payload: None,
         invisible_until: Instant::now() + left,
+        retry_until: Instant::now() + left,
     };
     // Plenty of visibility left: waits for the batch to fill.
     tx.send(finished(&received[0], Duration::from_secs(290)))
@@ -441,6 +442,7 @@ async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
         receipt: m.receipt_handle().unwrap().to_owned(),
         payload: None,
         invisible_until: Instant::now() + Duration::from_secs(44),
+        retry_until: Instant::now() + Duration::from_secs(44),
     };
     queue.failing_deletes.store(true, Ordering::SeqCst);
     tx.send(finished(&received[0])).await.unwrap();
@@ -518,4 +520,45 @@ async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_waits_out_of_
     );
     assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
     assert_eq!((stats.completed, stats.duplicates), (1, 1), "{stats:?}");
+}
+
+/// Seed 530 with `maxReceiveCount` drawn: a long poll answered 17 s after
+/// it was sent, so SQS kept the message invisible longer than the end known
+/// from the send, and SQS came back within reach only after that known
+/// end. A failed delete is tried again until the visibility may end at the
+/// latest (the answer's arrival plus the timeout).
+#[tokio::test(start_paused = true)]
+async fn a_failed_delete_is_tried_again_until_the_visibility_may_end_at_the_latest() {
+    let (queue, url) = queue_with(1).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(45),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let batcher = DeleteBatcher {
+        queue: queue.clone(),
+        url: url.clone(),
+        wait: Duration::ZERO,
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    queue.failing_deletes.store(true, Ordering::SeqCst);
+    tx.send(Finished {
+        receipt: received[0].receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + Duration::from_secs(5),
+        retry_until: Instant::now() + Duration::from_secs(44),
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    queue.failing_deletes.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
+    drop(tx);
+    batcher.await.unwrap();
 }

@@ -55,7 +55,7 @@ use crate::deliveries::Deliveries;
 use crate::faults::{Dice, FaultCounts, Link};
 use crate::hosts::{Command, HostReport, World};
 use crate::trace::Trace;
-use crate::world::{Action, MAX_MESSAGE_BYTES, MAX_RECEIVE_COUNT, Scenario, SimApi, VISIBILITY};
+use crate::world::{Action, MAX_MESSAGE_BYTES, Scenario, SimApi, VISIBILITY};
 
 /// When faults stop and the run settles.
 const CALM_AT: Duration = Duration::from_secs(15 * 60);
@@ -143,7 +143,12 @@ fn subscriber(trace: &Trace) -> tracing::subscriber::DefaultGuard {
     tracing::subscriber::set_default(registry)
 }
 
-fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (String, String) {
+/// Mixed into the seed for the dice of the knobs drawn apart
+/// ([`Scenario::draw_knobs`]).
+const KNOBS: u64 = 0x6b6e_6f62_735f_7631;
+
+fn create_queues(queue: &MemoryQueue, scenario: &Scenario) -> (String, String) {
+    let (fifo, might) = (scenario.fifo, scenario.might);
     let suffix = if fifo { ".fifo" } else { "" };
     let mut dlq = QueueSettings::new(format!("sim-dlq{suffix}"));
     dlq.max_message_bytes = MAX_MESSAGE_BYTES;
@@ -156,7 +161,7 @@ fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (S
     source.visibility_timeout = VISIBILITY;
     source.redrive = Some(RedrivePolicy {
         dlq_url: dlq_url.clone(),
-        max_receive_count: MAX_RECEIVE_COUNT,
+        max_receive_count: scenario.max_receive_count,
     });
     source.might = might.model();
     let url = queue
@@ -166,11 +171,15 @@ fn create_queues(queue: &MemoryQueue, fifo: bool, might: might::MightPlan) -> (S
 }
 
 /// The run's world: its scenario (drawn), queues and store (on `path`).
-fn world(dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<World> {
-    let scenario = Scenario::draw(dice);
+fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<World> {
+    let mut scenario = Scenario::draw(dice);
+    // Opt-in while the failures it finds are open (see the README).
+    if std::env::var_os("SIM_DRAW_MAX_RECEIVE").is_some() {
+        scenario.draw_knobs(&Dice::new(seed ^ KNOBS));
+    }
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
-    let (url, dlq_url) = create_queues(&queue, scenario.fifo, scenario.might);
+    let (url, dlq_url) = create_queues(&queue, &scenario);
     let store = stores::Backend::new(path);
     trace.event(format!("store path: {path:?}"));
     Arc::new(World {
@@ -192,7 +201,7 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
     let dice = Dice::new(seed);
     let trace = Trace::new(keep_trace);
     let _logs = subscriber(&trace);
-    let world = world(&dice, &trace, path);
+    let world = world(seed, &dice, &trace, path);
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
     let links = links(&world, &calm, &counts);

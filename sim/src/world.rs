@@ -136,6 +136,9 @@ pub struct Scenario {
     pub claim_stages: bool,
     /// What SQS might do besides (drawn last).
     pub might: crate::might::MightPlan,
+    /// The source queue's redrive policy's `maxReceiveCount` (drawn from a
+    /// dice of its own, see `crate::simulate`).
+    pub max_receive_count: u32,
 }
 
 /// Swarm knobs: per run, how much of each kind of trouble there is, so that
@@ -234,6 +237,17 @@ impl Scenario {
             heartbeat,
             claim_stages: dice.chance(0.5),
             might: crate::might::MightPlan::draw(dice),
+            max_receive_count: MAX_RECEIVE_COUNT,
+        }
+    }
+
+    /// Draws the knobs added after the scenario's first draws from `knobs`,
+    /// a dice of their own, so that a seed keeps the rest of its schedule:
+    /// half the runs keep SQS's `maxReceiveCount` at 10, the others draw it
+    /// from 3 to 9 (fewer receives to spend before the DLQ).
+    pub fn draw_knobs(&mut self, knobs: &Dice) {
+        if knobs.chance(0.5) {
+            self.max_receive_count = u32::try_from(knobs.int(3, 9)).unwrap_or(MAX_RECEIVE_COUNT);
         }
     }
 
@@ -262,7 +276,11 @@ impl Scenario {
             self.slow_rate,
             self.actions.len(),
             self.might.summary()
-        )
+        ) + &if self.max_receive_count == MAX_RECEIVE_COUNT {
+            String::new()
+        } else {
+            format!(", maxReceiveCount {}", self.max_receive_count)
+        }
     }
 }
 

@@ -263,6 +263,7 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         heartbeat: Duration::from_secs(10),
         claim_stages: false,
         might: sqs_once_sim::might::MightPlan::OFF,
+        max_receive_count: 10,
     }
 }
 

@@ -88,6 +88,7 @@ fn scenario() -> Scenario {
         heartbeat: Duration::from_secs(10),
         claim_stages: false,
         might: sqs_once_sim::might::MightPlan::OFF,
+        max_receive_count: 10,
     }
 }
 

@@ -28,6 +28,9 @@ pub(crate) struct QueueVisibility<'a, Q> {
     /// Until when the last successful extension keeps the message invisible
     /// (sent at an instant, plus its timeout), by this host's clock.
     pub(crate) extended_until: std::sync::Mutex<Option<Instant>>,
+    /// Until when, at the latest, the last successful extension may keep
+    /// the message invisible (answered at an instant, plus its timeout).
+    pub(crate) extended_at_most: std::sync::Mutex<Option<Instant>>,
 }
 
 impl<'a, Q> QueueVisibility<'a, Q> {
@@ -36,6 +39,7 @@ impl<'a, Q> QueueVisibility<'a, Q> {
             queue,
             url,
             extended_until: std::sync::Mutex::new(None),
+            extended_at_most: std::sync::Mutex::new(None),
         }
     }
 
@@ -43,6 +47,14 @@ impl<'a, Q> QueueVisibility<'a, Q> {
     pub(crate) fn extended_until(&self) -> Option<Instant> {
         *self
             .extended_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+    /// Until when, at the latest, the last successful extension may keep
+    /// the message invisible.
+    pub(crate) fn extended_at_most(&self) -> Option<Instant> {
+        *self
+            .extended_at_most
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
@@ -83,6 +95,13 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner());
                         *known = Some(known.map_or(until, |k| k.max(until)));
+                        drop(known);
+                        let latest = Instant::now() + timeout;
+                        let mut most = self
+                            .extended_at_most
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        *most = Some(most.map_or(latest, |k| k.max(latest)));
                         return Ok(());
                     }
                     Err(e) if e.is_transient() && tries < VISIBILITY_TRIES => {
