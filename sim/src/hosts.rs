@@ -111,6 +111,8 @@ impl Generation {
             slow_rate: world.scenario.slow_rate,
             lease: world.scenario.lease,
             claim_stages: world.scenario.claim_stages,
+            calm_cap: matches!(spec.runtime, crate::world::Runtime::Lambda { .. })
+                .then_some(crate::world::FUNCTION_TIMEOUT / 2),
         };
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))

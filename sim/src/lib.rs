@@ -58,7 +58,7 @@ use crate::trace::Trace;
 use crate::world::{Action, MAX_MESSAGE_BYTES, Scenario, SimApi, VISIBILITY};
 
 /// When faults stop and the run settles.
-const CALM_AT: Duration = Duration::from_secs(15 * 60);
+pub(crate) const CALM_AT: Duration = Duration::from_secs(15 * 60);
 /// A run that has not settled by then has lost or stuck messages.
 const SETTLE_BY: Duration = Duration::from_secs(4 * 3600);
 

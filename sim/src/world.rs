@@ -575,13 +575,24 @@ pub struct SimHandler {
     pub lease: Duration,
     /// External calls also stage a ledger row.
     pub claim_stages: bool,
+    /// Once the run is calm, no call runs longer than this (Lambda: half
+    /// the function's timeout). A handler slower than its function's
+    /// timeout on every receive is a misconfiguration no redrive mends;
+    /// before the calm point such calls are drawn, to exercise the
+    /// deadline's interruption, and the receives they spend are explained.
+    pub calm_cap: Option<Duration>,
 }
 
 impl SimHandler {
     fn duration(&self) -> Duration {
         if self.dice.chance(self.slow_rate) {
-            self.dice
-                .millis(Duration::ZERO, 2 * self.lease + Duration::from_secs(10))
+            let longest = 2 * self.lease + Duration::from_secs(10);
+            let calm = tokio::time::Instant::now() >= self.trace.start() + crate::CALM_AT;
+            let longest = match self.calm_cap {
+                Some(cap) if calm => longest.min(cap),
+                _ => longest,
+            };
+            self.dice.millis(Duration::ZERO, longest)
         } else {
             self.dice
                 .millis(Duration::ZERO, Duration::from_millis(1500))
