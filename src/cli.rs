@@ -93,7 +93,7 @@ pub struct RuntimeArgs {
     /// carried key is honoured only when it verifies. Unset, nothing carried
     /// is honoured and parked copies carry no key.
     #[arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)]
-    pub carry_secret: Option<String>,
+    pub carry_secret: Option<SecretText>,
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
@@ -153,7 +153,8 @@ impl RuntimeArgs {
         };
         p.carry_secret = self
             .carry_secret
-            .as_deref()
+            .as_ref()
+            .map(SecretText::expose)
             .filter(|s| !s.is_empty())
             .map(crate::key::CarrySecret::parse)
             .transpose()
@@ -333,6 +334,32 @@ pub fn init_logging() {
         .with(fmt.with_filter(filter))
         .with(otel)
         .init();
+}
+
+/// A secret setting's text: its `Debug` never shows it, so printing the
+/// settings (`{args:?}`) cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretText(String);
+
+impl SecretText {
+    /// The text itself, for the code that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretText(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for SecretText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
 }
 
 /// How the logs are written and filtered.
@@ -613,6 +640,7 @@ mod tests {
         assert_eq!(e.setting, "SQS_ONCE_CARRY_SECRET");
         assert!(e.problem.contains("at least 32 bytes"), "{e}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
+        assert!(!format!("{short:?}").contains("hunter2"), "the settings' Debug shows no secret");
     }
 
     #[test]
