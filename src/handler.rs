@@ -262,6 +262,32 @@ struct ContextInner {
     cancelled: CancellationToken,
     /// The message's span (current when the processor makes the context).
     span: tracing::Span,
+    /// The message's receive count.
+    receive_count: u32,
+    /// The Lambda invocation's request id (Lambda only).
+    request_id: Option<Arc<str>>,
+    /// The ends the handler must finish by: the invocation's deadline, the
+    /// claim's local lease end, the message's visibility end (each as the
+    /// runtime keeps it, moved by the heartbeat; `None` while not known).
+    ends: Mutex<Vec<tokio::sync::watch::Receiver<Option<tokio::time::Instant>>>>,
+}
+
+tokio::task_local! {
+    /// The request id of the Lambda invocation being served.
+    static REQUEST_ID: Arc<str>;
+}
+
+/// Runs `f` as part of the Lambda invocation `request_id`: the contexts made
+/// meanwhile (in this task) report it.
+#[cfg(feature = "lambda")]
+pub(crate) async fn in_invocation<F: Future>(request_id: Arc<str>, f: F) -> F::Output {
+    REQUEST_ID.scope(request_id, f).await
+}
+
+/// The request id of the Lambda invocation this task serves, if any.
+#[cfg(feature = "lambda")]
+pub(crate) fn current_request_id() -> Option<Arc<str>> {
+    REQUEST_ID.try_with(Arc::clone).ok()
 }
 
 impl Context {
@@ -269,6 +295,7 @@ impl Context {
         consumer: &str,
         dedup_key: Option<&str>,
         attempt: u32,
+        message: &Message,
         max_result_bytes: usize,
     ) -> Self {
         Self {
@@ -281,6 +308,9 @@ impl Context {
                 staged: Mutex::new(Vec::new()),
                 cancelled: CancellationToken::new(),
                 span: tracing::Span::current(),
+                receive_count: message.receive_count(),
+                request_id: REQUEST_ID.try_with(Arc::clone).ok(),
+                ends: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -332,6 +362,44 @@ impl Context {
                 item,
                 on_condition_failed,
             });
+    }
+
+    /// How many times SQS has delivered this message, this time included.
+    pub fn receive_count(&self) -> u32 {
+        self.inner.receive_count
+    }
+
+    /// The Lambda invocation's request id (`None` outside Lambda), for logs
+    /// and calls that should name the invocation.
+    pub fn lambda_request_id(&self) -> Option<&str> {
+        self.inner.request_id.as_deref()
+    }
+
+    /// How long the handler has before the runtime interrupts it, as things
+    /// stand: the nearest of the Lambda invocation's deadline, the claim's
+    /// local lease end and the message's visibility end (each less the
+    /// runtime's margin) that are known, the last two moved on by the
+    /// heartbeat while it succeeds.
+    /// `None` when nothing bounds the handler yet. A long handler can use it
+    /// to stop at a safe point, or to bound the timeouts of its own calls.
+    pub fn time_left(&self) -> Option<Duration> {
+        let now = tokio::time::Instant::now();
+        self.inner
+            .ends
+            .lock()
+            .expect("ends lock")
+            .iter()
+            .filter_map(|end| *end.borrow())
+            .min()
+            .map(|end| end.saturating_duration_since(now))
+    }
+
+    /// The handler must finish by the end `end` keeps (see [`Self::time_left`]).
+    pub(crate) fn bounded_by(
+        &self,
+        end: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
+    ) {
+        self.inner.ends.lock().expect("ends lock").push(end);
     }
 
     /// Cancelled when the claim's lease was lost (someone else owns the key now):

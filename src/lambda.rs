@@ -218,6 +218,18 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         self.handle_until(event, deadline).await
     }
 
+    /// [`Self::handle`] for the Lambda invocation `request_id`: its records'
+    /// [`Context::lambda_request_id`](crate::Context::lambda_request_id) and
+    /// the invocation span's `faas.invocation_id` name it.
+    pub async fn handle_invocation(
+        &self,
+        event: serde_json::Value,
+        deadline: SystemTime,
+        request_id: &str,
+    ) -> Result<SqsBatchResponse, EventError> {
+        crate::handler::in_invocation(request_id.into(), self.handle(event, deadline)).await
+    }
+
     /// [`Self::handle`] with the deadline on tokio's clock (no wall clock
     /// read: the simulator runs it in virtual time).
     pub async fn handle_until(
@@ -233,7 +245,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 .filter_map(|r| r.parsed.as_ref().ok().map(|(m, _)| m))
         };
         let queue = messages().find_map(Message::queue).map(str::to_owned);
-        let span = crate::trace::invocation_span(queue.as_deref(), records.len());
+        let request_id = crate::handler::current_request_id();
+        let span =
+            crate::trace::invocation_span(queue.as_deref(), records.len(), request_id.as_deref());
         crate::trace::link_producers(&span, messages());
         let total = records.len();
         let response = self
@@ -759,7 +773,7 @@ pub async fn run<S: DedupStore, H: Handler, Q: QueueClient>(
             async move {
                 let deadline = event.context.deadline();
                 adapter
-                    .handle(event.payload, deadline)
+                    .handle_invocation(event.payload, deadline, &event.context.request_id)
                     .await
                     .map_err(lambda_runtime::Error::from)
             }

@@ -270,6 +270,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             &self.config.consumer,
             None,
             message.receive_count(),
+            message,
             self.config.max_result_bytes,
         );
         match self.call_handler(message, &ctx).await {
@@ -292,6 +293,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             &self.config.consumer,
             Some(key),
             message.receive_count(),
+            message,
             self.config.max_result_bytes,
         );
         if let Some(done) = self.completed_before(message, key).await {
@@ -302,6 +304,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // duplicate at its commit), and finishing records the effect even
         // where SQS is out of reach, so the redelivery is a cheap duplicate.
         let visible = LocalEnd::visibility(opts, self.config.margin_for(self.config.lease));
+        bound(&ctx, opts, &[&visible]);
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
@@ -629,8 +632,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             &self.config.consumer,
             Some(key),
             attempt,
+            message,
             self.config.max_result_bytes,
         );
+        bound(&ctx, opts, &[&local, &visible]);
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
@@ -985,6 +990,17 @@ struct LocalEnd {
     visibility: bool,
 }
 
+/// Tells `ctx` the ends its handler must finish by: the invocation's
+/// deadline and `ends` (see [`Context::time_left`]).
+fn bound(ctx: &Context, opts: &ProcessOptions<'_>, ends: &[&LocalEnd]) {
+    if let Some(deadline) = opts.deadline {
+        ctx.bounded_by(watch::Sender::new(Some(deadline)).subscribe());
+    }
+    for end in ends {
+        ctx.bounded_by(end.end.subscribe());
+    }
+}
+
 impl LocalEnd {
     fn lease(sent: Instant, lease: Duration, margin: Duration) -> Self {
         Self {
@@ -1138,6 +1154,45 @@ mod tests {
         let mut c = ProcessorConfig::new("test");
         c.key_source = "json:/id".parse().unwrap();
         c
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_context_tells_the_receive_count_the_invocation_and_the_time_left() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let handler = handler_fn(move |_m: Message, ctx: Context| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push((
+                    ctx.receive_count(),
+                    ctx.lambda_request_id().map(str::to_owned),
+                    ctx.time_left(),
+                ));
+                Ok(None)
+            }
+        });
+        let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+        let message = Message::new("m-1", r#"{"id":"a"}"#).with_receive_count(3);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let opts = ProcessOptions {
+            deadline: Some(deadline),
+            ..ProcessOptions::default()
+        };
+        let run = crate::handler::in_invocation("req-1".into(), p.process_with(message, opts));
+        assert!(matches!(run.await, Outcome::Completed { .. }));
+        let (count, request, left) = seen.lock().unwrap()[0].clone();
+        assert_eq!(count, 3);
+        assert_eq!(request.as_deref(), Some("req-1"));
+        // The nearest end: the claim's lease, cut to end at the invocation's
+        // deadline in 20 s, less its margin (a tenth of the 20 s).
+        assert_eq!(left, Some(Duration::from_secs(18)));
+
+        let plain = Message::new("m-2", r#"{"id":"b"}"#);
+        assert!(matches!(p.process(plain).await, Outcome::Completed { .. }));
+        let (count, request, left) = seen.lock().unwrap()[1].clone();
+        assert_eq!((count, request), (1, None));
+        let lease_left = left.expect("the claim's lease bounds the handler");
+        assert!(lease_left <= Duration::from_secs(60) && lease_left >= Duration::from_secs(50), "{lease_left:?}");
     }
 
     #[tokio::test]

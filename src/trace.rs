@@ -281,12 +281,13 @@ pub(crate) fn receive_span(queue: &str, messages: &[Message]) -> Span {
 /// The span of a Lambda invocation with an SQS event of `count` records,
 /// from `queue` (a name) when known.
 #[cfg(feature = "lambda")]
-pub(crate) fn invocation_span(queue: Option<&str>, count: usize) -> Span {
+pub(crate) fn invocation_span(queue: Option<&str>, count: usize, request_id: Option<&str>) -> Span {
     tracing::info_span!(
         "invocation",
         otel.name = process_name(queue).as_str(),
         otel.kind = "consumer",
         faas.trigger = "pubsub",
+        faas.invocation_id = request_id,
         messaging.system = "aws_sqs",
         messaging.operation.type = "process",
         messaging.operation.name = "process",
