@@ -103,13 +103,28 @@ pub fn run_seed(seed: u64, keep_trace: bool) -> std::io::Result<Report> {
 
 /// Runs one seed on the given store path (a regression seed keeps the path
 /// its schedule was found on).
+///
+/// The run has a thread of its own with a large stack: the SDK's futures on
+/// the wire path are deep, and a test harness thread's 2 MiB overflow.
 pub fn run_seed_on(seed: u64, keep_trace: bool, path: stores::StorePath) -> std::io::Result<Report> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()?;
-    Ok(runtime.block_on(simulate(seed, keep_trace, path)))
+    let run = move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()?;
+        Ok(runtime.block_on(simulate(seed, keep_trace, path)))
+    };
+    let thread = std::thread::Builder::new()
+        .name(format!("seed-{seed}"))
+        .stack_size(RUN_STACK_BYTES)
+        .spawn(run)?;
+    thread
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
+
+/// The stack of a run's thread.
+const RUN_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// The run's subscriber: outcomes into the trace, and the library's logs on
 /// stdout when `RUST_LOG` is set. Scoped to this thread (the run's).
