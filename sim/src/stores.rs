@@ -104,8 +104,8 @@ impl Backend {
     }
 
     /// Every dedup record. On the wire path, the dedup table's items read as
-    /// `DynamoStore` reads them (an item that is not a record is left out and
-    /// noted in the trace by the caller's checks: it cannot be one).
+    /// `DynamoStore` reads them (`record_from_item`); an item that does not
+    /// read as a record is left out (only the store writes that table).
     pub fn records(&self) -> Vec<Record> {
         match self {
             Self::Memory(s) => s.records(),
