@@ -42,13 +42,14 @@
 //!   implements and an in-memory queue can stand behind.
 //! - Settings: [`config`] ([`ProcessorConfig`]); counters and their EMF
 //!   lines: [`metrics`]; spans and the producer's trace context: [`trace`]
-//!   (exported by OTLP with the default feature `otel`: `otel`).
+//!   (exported by OTLP with the feature `otel`: `otel`).
 //! - The front door: [`SqsOnce`] (clients, start-up checks, either runtime)
 //!   and [`calls`] (AWS calls counted by operation, with an SDK interceptor).
-//! - Process glue, behind the default feature `cli` (clap,
-//!   tracing-subscriber): `cli` (settings from the environment and flags,
-//!   logging, and `cli::run`, which hands them to the front door). A crate that builds its own process
-//!   turns it off with `default-features = false`.
+//! - Process glue, behind the feature `cli` (clap, tracing-subscriber):
+//!   `cli` (the binaries' settings from the environment and flags, logging,
+//!   and `cli::run`, which hands them to the front door).
+//! - Features: `poller` and `lambda` (the runtimes, default), `s3-payloads`,
+//!   `cli`, `otel`, and `testkit` (the in-memory store and queue, for tests).
 //!
 //! The project's other crates: the operator tool `sqs-once` (`cli/`: resource
 //! setup, inspect / forget / redrive / stats, a local Lambda runtime) and the
