@@ -200,6 +200,16 @@ impl SqsOnce {
         self
     }
 
+    /// The secret that seals the dedup key a parked copy carries, and
+    /// verifies a carried one (`SQS_ONCE_CARRY_SECRET` for the binaries).
+    /// Without it, under `message-id`/`dedup-id` keys a copy brought back
+    /// from the DLQ is processed under a new key (a warning at start-up says
+    /// so).
+    pub fn carry_secret(mut self, secret: crate::key::CarrySecret) -> Self {
+        self.processor.carry_secret = Some(secret);
+        self
+    }
+
     /// How long records are kept (must exceed the queue's retention and the
     /// redelivery window; checked at start-up).
     pub fn ttl(mut self, ttl: Duration) -> Self {
@@ -393,6 +403,15 @@ impl SqsOnce {
         sqs_timeout: Duration,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
+        let carries = matches!(
+            self.processor.key_source,
+            KeySource::MessageId | KeySource::DeduplicationId
+        );
+        if carries && self.processor.carry_secret.is_none() {
+            tracing::warn!(
+                "no carry secret (SQS_ONCE_CARRY_SECRET): parked copies carry no dedup key and carried ones are not honoured, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ (parked, or moved by the queue's redrive policy) is processed under a new key"
+            );
+        }
         if concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",

@@ -163,12 +163,6 @@ impl RuntimeArgs {
                 problem: e.to_string(),
             })?;
         p.validate()?;
-        let carries = matches!(p.key_source, KeySource::MessageId | KeySource::DeduplicationId);
-        if carries && p.carry_secret.is_none() && self.dlq_url().is_some() {
-            tracing::warn!(
-                "no SQS_ONCE_CARRY_SECRET: parked copies carry no dedup key, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ is processed under a new key"
-            );
-        }
         if self.delete_payloads && !self.large_payloads {
             return Err(ConfigError {
                 setting: "SQS_ONCE_DELETE_PAYLOADS",

@@ -377,9 +377,10 @@ impl Context {
 
     /// How long the handler has before the runtime interrupts it, as things
     /// stand: the nearest of the Lambda invocation's deadline, the claim's
-    /// local lease end and the message's visibility end (each less the
-    /// runtime's margin) that are known, the last two moved on by the
-    /// heartbeat while it succeeds.
+    /// local lease end and the message's visibility end (these two less the
+    /// runtime's margin, and moved on by the heartbeat while it succeeds)
+    /// that are known. In Lambda the runtime stops handlers half
+    /// `SQS_ONCE_LAMBDA_MARGIN` before the deadline: keep that much in hand.
     /// `None` when nothing bounds the handler yet. A long handler can use it
     /// to stop at a safe point, or to bound the timeouts of its own calls.
     pub fn time_left(&self) -> Option<Duration> {

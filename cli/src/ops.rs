@@ -720,7 +720,20 @@ fn carrying_key(
         let value = m.message_attributes.as_ref()?.get(name)?.string_value()?;
         secret?.open(name, &body, value).map(str::to_owned)
     };
-    if sealed(DEDUP_KEY_ATTRIBUTE).is_some() {
+    if let (Some(key), Some(secret)) = (sealed(DEDUP_KEY_ATTRIBUTE), secret) {
+        // Sealed again under the first secret (the same length), so a copy
+        // sealed under a secret being rotated out stays honoured.
+        let resealed = carry_key(secret, &body, &key);
+        if let Some(attrs) = m.message_attributes.as_mut() {
+            attrs.insert(
+                DEDUP_KEY_ATTRIBUTE.to_owned(),
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(resealed)
+                    .build()
+                    .expect("complete attribute"),
+            );
+        }
         return m;
     }
     let original = sealed(MESSAGE_ID_ATTRIBUTE).unwrap_or_else(|| id.clone());

@@ -80,9 +80,11 @@ pub struct Evidence<'a> {
     /// Receipt handles the model issued while another handle of the message
     /// was valid: concurrent duplicate deliveries.
     pub twins: BTreeSet<String>,
-    /// Messages a delete deleted that SQS brought back (its documented
-    /// "might": a copy on a server the delete missed).
+    /// Receipt handles whose delete deleted a message SQS then brought back
+    /// (its documented "might": a copy on a server the delete missed).
     pub back_after_delete: BTreeSet<String>,
+    /// The messages each event was sent as.
+    pub sent: BTreeMap<String, Vec<String>>,
     /// When the run started (API call times count from it).
     pub start: tokio::time::Instant,
 }
@@ -145,13 +147,15 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 .into_iter()
                 .filter(|d| learned_done(e, d))
                 .collect();
-            // Or its last delivery was deleted, and SQS brought the
-            // message back (on its last allowed receive, the next receive
-            // moves it: no consumer sees it again).
-            let deleted_then_back = e.back_after_delete.contains(&m.id)
-                && e.deliveries
-                    .last_of(&m.id)
-                    .is_some_and(|d| d.delete_reached);
+            // Or its last delivery's own delete deleted it, and SQS
+            // brought the message back (on its last allowed receive, the
+            // next receive moves it: no consumer sees it again). Judged by
+            // that delivery's receipt: an earlier delete that SQS undid
+            // excuses nothing about a later delivery.
+            let deleted_then_back = e
+                .deliveries
+                .last_of(&m.id)
+                .is_some_and(|d| d.delete_reached && e.back_after_delete.contains(&d.receipt));
             last || deleted_then_back || (!learned.is_empty() && learned.iter().all(out_of_reach))
         })
         .map(|m| m.id.clone())
@@ -219,7 +223,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         v.push(format!("fencing broken: {breach}"));
     }
     for (event, (what, released)) in &e.unfinished {
-        if *released && parked_permanent(e, event) {
+        if *released && parked_permanent(e, event) && delivered_twice_at_once(e, event) {
             // A permanent event's copy SQS delivered twice at once (two live
             // receipts): one copy was parked and its delete removed the
             // message, the other ran meanwhile (its key FAILED by another
@@ -241,6 +245,19 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         }
     }
     v
+}
+
+/// Whether SQS delivered a message of `event` while another receipt of it
+/// was valid (a twin delivery: the documented "might").
+fn delivered_twice_at_once(e: &Evidence<'_>, event: &str) -> bool {
+    e.sent.get(event).is_some_and(|messages| {
+        messages.iter().any(|m| {
+            e.deliveries
+                .all_of(m)
+                .iter()
+                .any(|d| e.twins.contains(&d.receipt))
+        })
+    })
 }
 
 /// A permanent event with a copy parked with its reason in the DLQ at the end.

@@ -51,6 +51,8 @@ pub struct World {
     pub scenario: Scenario,
     /// Every delivery the hosts saw, and what became of it.
     pub deliveries: Deliveries,
+    /// The messages each event was sent as (accepted sends).
+    pub sent: std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 /// What the scheduler tells a host.

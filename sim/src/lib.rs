@@ -192,6 +192,7 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
         trace: trace.clone(),
         scenario,
         deliveries: Deliveries::default(),
+        sent: Mutex::default(),
     })
 }
 
@@ -347,6 +348,13 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(e.id.clone());
+                world
+                    .sent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(e.id.clone())
+                    .or_default()
+                    .push(sent.message_id.clone());
                 world.trace.event(format!(
                     "{what} {} as {}{}",
                     e.id,
@@ -567,6 +575,7 @@ fn evidence<'a>(
         deliveries: &world.deliveries,
         twins: world.queue.twin_receipts(&world.url),
         back_after_delete: world.queue.back_after_delete(&world.url),
+        sent: world.sent.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         fencing_breaches: world.store.fencing_breaches(),
         lease_ends: world.store.lease_ends().map(|ends| {
             ends.into_iter()

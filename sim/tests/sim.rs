@@ -298,6 +298,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         outcome_at: BTreeMap::new(),
         twins: BTreeSet::new(),
         back_after_delete: BTreeSet::new(),
+        sent: BTreeMap::new(),
         start: tokio::time::Instant::now(),
     }
 }
@@ -512,7 +513,9 @@ fn the_checker_flags_a_call_open_past_its_attempts_stored_lease_end() {
 /// Seed 156: a released record of a permanent event whose copy is parked
 /// blocks no one and loses nothing (a twin delivery released it after the
 /// parked copy's delete removed the message). Held, or of a valid event,
-/// or with no parked copy, a record left IN_PROGRESS is a violation.
+/// or with no parked copy, or with no twin delivery of its message, a
+/// record left IN_PROGRESS is a violation (a runtime that released instead
+/// of marking FAILED, then parked, is caught).
 #[test]
 fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
     let mut ev = event(0, "g");
@@ -524,6 +527,17 @@ fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
     e.rows = vec![fx("evt-0001", "m1")];
     e.dlq = vec![in_dlq("evt-0000", "m0", Some("declined"))];
     e.dlq_before = e.dlq.clone();
+    // m0 was delivered twice at once (receipts r0 and its twin r0-twin).
+    let deliveries: &'static sqs_once_sim::deliveries::Deliveries = Box::leak(Box::default());
+    let who = ("c0", &sqs_once_sim::faults::Life::default(), &sqs_once_sim::faults::Cuts::default());
+    let copies = [
+        sqs_once::Message::new("m0", "{}").with_receipt_handle("r0"),
+        sqs_once::Message::new("m0", "{}").with_receipt_handle("r0-twin"),
+    ];
+    deliveries.received(who, "q", &copies, Duration::from_secs(30));
+    e.deliveries = deliveries;
+    e.sent = [("evt-0000".to_owned(), vec!["m0".to_owned()])].into();
+    e.twins = ["r0-twin".to_owned()].into();
     for (event, released, flagged) in [
         ("evt-0000", true, false),
         ("evt-0000", false, true),
@@ -537,8 +551,14 @@ fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
             "{event} released {released}: {v:?}"
         );
     }
-    e.dlq = Vec::new();
     e.unfinished = [("evt-0000".to_owned(), ("described".to_owned(), true))].into();
+    e.twins = BTreeSet::new();
+    assert!(
+        check(&e).iter().any(|v| v.contains("record left IN_PROGRESS")),
+        "released and parked, but never delivered twice at once"
+    );
+    e.twins = ["r0-twin".to_owned()].into();
+    e.dlq = Vec::new();
     assert!(
         check(&e)
             .iter()

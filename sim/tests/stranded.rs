@@ -135,6 +135,7 @@ fn verdict_with(
         outcome_at: BTreeMap::new(),
         twins: BTreeSet::new(),
         back_after_delete,
+        sent: BTreeMap::new(),
         start: Instant::now(),
     };
     (check(&evidence), stranded(&evidence))
@@ -215,10 +216,13 @@ async fn a_delete_that_reached_sqs_went_elsewhere_or_came_late_does_not() {
 /// came back after a delete and its last delivery's delete reached SQS.
 #[tokio::test(start_paused = true)]
 async fn a_deleted_message_sqs_brought_back_explains_it_and_one_never_deleted_does_not() {
+    // (its last delivery's delete reached SQS, whose delete SQS undid:
+    // none, that delivery's, an earlier one's; excused)
     for (deleted, back, excused) in [
-        (true, true, true),
-        (true, false, false),
-        (false, true, false),
+        (true, Some(true), true),
+        (true, None, false),
+        (false, Some(true), false),
+        (true, Some(false), false),
     ] {
         let deliveries = Deliveries::default();
         let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
@@ -228,13 +232,13 @@ async fn a_deleted_message_sqs_brought_back_explains_it_and_one_never_deleted_do
             deliveries.delete_reached(&one.queue, receipts);
         }
         let id = one.stored.id.clone();
-        let back = if back {
-            BTreeSet::from([id.clone()])
-        } else {
-            BTreeSet::new()
+        let back = match back {
+            Some(true) => BTreeSet::from([one.receipt.clone()]),
+            Some(false) => BTreeSet::from(["an-earlier-receipt".to_owned()]),
+            None => BTreeSet::new(),
         };
-        let (violations, stranded) = verdict_with(one.stored, &deliveries, back);
-        let case = format!("deleted {deleted}, brought back: {excused}");
+        let (violations, stranded) = verdict_with(one.stored, &deliveries, back.clone());
+        let case = format!("deleted {deleted}, brought back after {back:?}: excused {excused}");
         if excused {
             assert!(violations.is_empty(), "{case}: {violations:#?}");
             assert_eq!(stranded, BTreeSet::from([id]), "{case}");

@@ -385,7 +385,7 @@ struct Queue {
     /// [`Might`]: receipt handles issued while another handle of their
     /// message was valid.
     twins: BTreeSet<String>,
-    /// [`Might`]: ids of messages a delete deleted that came back.
+    /// [`Might`]: receipt handles whose delete deleted a message that came back.
     back_after_delete: BTreeSet<String>,
 }
 
@@ -939,7 +939,7 @@ impl MemoryQueue {
                 {
                     let after = Duration::from_secs(1 + might.below(120) as u64);
                     queue.counts.again_after_delete += 1;
-                    queue.back_after_delete.insert(e.id.clone());
+                    queue.back_after_delete.insert(receipt.to_owned());
                     let back = Entry {
                         visible_at: now + after,
                         receipt: None,
@@ -1048,8 +1048,8 @@ impl MemoryQueue {
         ))
     }
 
-    /// Ids of messages of `url` that a delete deleted and that came back
-    /// ([`Might::again_after_delete`]).
+    /// The receipt handles of `url` whose delete deleted a message that then
+    /// came back ([`Might::again_after_delete`]).
     pub fn back_after_delete(&self, url: &str) -> BTreeSet<String> {
         self.lock()
             .queues

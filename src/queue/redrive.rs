@@ -33,7 +33,9 @@ pub struct Redriven {
 /// first delivery id when that verifies, else the DLQ message's own id: the
 /// original's for a message SQS's redrive policy moved, which keeps its id
 /// there); an `sqs_once_dedup_key` that does not verify is replaced (or
-/// dropped). On a FIFO source its group, and a deduplication id from the DLQ
+/// dropped). A key or first id that verifies is sealed again under the
+/// first secret, so a copy sealed under a secret being rotated out carries
+/// one the next configuration still honours. On a FIFO source its group, and a deduplication id from the DLQ
 /// message id (a resend after a crash is deduplicated by SQS). The second
 /// value is false when the copy carries no key: no secret, or no room
 /// (`max_bytes`, or 10 attributes).
@@ -45,6 +47,21 @@ pub fn copy_for_source(
 ) -> (OutgoingMessage, bool) {
     let mut attributes = m.attributes().clone();
     let mut carries = carried_key(m, secret).is_some();
+    if let Some(secret) = secret {
+        // Sealed again under the first secret (same length: a rotation
+        // never makes a copy too large).
+        if let Some(key) = carried_key(m, Some(secret)) {
+            let resealed = carry_key(secret, m.body(), key);
+            attributes.insert(DEDUP_KEY_ATTRIBUTE.to_owned(), Attribute::string(resealed));
+        }
+        if let Some(first) = carried_message_id(m, Some(secret)) {
+            let resealed = crate::key::carry_message_id(secret, m.body(), first);
+            attributes.insert(
+                crate::key::MESSAGE_ID_ATTRIBUTE.to_owned(),
+                Attribute::string(resealed),
+            );
+        }
+    }
     if let (false, Some(secret)) = (carries, secret) {
         attributes.remove(DEDUP_KEY_ATTRIBUTE);
         let original = carried_message_id(m, Some(secret)).unwrap_or(m.id());
@@ -157,6 +174,24 @@ mod tests {
         let (copy, carries) = copy_for_source(&moved, false, 262_144, None);
         assert!(!carries);
         assert!(!copy.attributes.contains_key(DEDUP_KEY_ATTRIBUTE));
+    }
+
+    #[test]
+    fn redrive_seals_a_carried_key_again_under_the_first_secret() {
+        let rotating = CarrySecret::parse(&format!("{},{}", "n".repeat(32), "o".repeat(32))).unwrap();
+        let only_old = CarrySecret::parse(&"o".repeat(32)).unwrap();
+        let only_new = CarrySecret::parse(&"n".repeat(32)).unwrap();
+        let parked = Message::new("dlq-3", "{}")
+            .with_attribute(REASON_ATTRIBUTE, "bad")
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key(&only_old, "{}", "k-1"))
+            .with_attribute(MESSAGE_ID_ATTRIBUTE, carry_message_id(&only_old, "{}", "first"));
+        let (copy, carries) = copy_for_source(&parked, false, 262_144, Some(&rotating));
+        assert!(carries);
+        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&only_new, "{}", "k-1"))));
+        assert_eq!(
+            copy.attributes.get(MESSAGE_ID_ATTRIBUTE),
+            Some(&Attribute::string(carry_message_id(&only_new, "{}", "first")))
+        );
     }
 
     #[test]
