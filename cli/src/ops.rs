@@ -1138,6 +1138,33 @@ mod tests {
     }
 
     #[test]
+    fn the_operator_redrive_seals_a_carried_key_again_under_the_first_secret() {
+        let old = CarrySecret::parse(&"o".repeat(32)).unwrap();
+        let new = CarrySecret::parse(&"n".repeat(32)).unwrap();
+        let rotating = CarrySecret::parse(&format!("{},{}", "n".repeat(32), "o".repeat(32))).unwrap();
+        let parked = Message::builder()
+            .message_id("dlq-1")
+            .body("{}")
+            .message_attributes(
+                DEDUP_KEY_ATTRIBUTE,
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(carry_key(&old, "{}", "k-1"))
+                    .build()
+                    .unwrap(),
+            )
+            .build();
+        let mut report = Redriven::default();
+        let copy = carrying_key(parked, 262_144, Some(&rotating), &mut report);
+        let carried = copy.message_attributes.as_ref().unwrap()[DEDUP_KEY_ATTRIBUTE]
+            .string_value()
+            .unwrap()
+            .to_owned();
+        assert_eq!(carried, carry_key(&new, "{}", "k-1"), "sealed under the first secret");
+        assert!(report.without_key.is_empty());
+    }
+
+    #[test]
     fn message_size_counts_body_and_attribute_names_types_and_values() {
         assert_eq!(message_size(&message(100)), 100 + 15 + 6 + 3);
     }
