@@ -813,7 +813,7 @@ async fn run() -> bool {
     };
     if !cfg!(feature = "mutants") && wanted.is_none() {
         println!(
-            "chaos: not run here: every mode and mutant runs with `cargo test --features mutants --test chaos` \
+            "chaos: not run here: every mode and mutant runs with `cargo test --features mutants,testkit --test chaos` \
              (scripts/test, scripts/chaos); CHAOS_MODES=... runs some without the feature"
         );
         return true;
