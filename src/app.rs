@@ -321,7 +321,9 @@ impl SqsOnce {
     #[cfg(feature = "lambda")]
     pub async fn run_lambda<H: Handler>(self, handler: H) -> Result<(), StartError> {
         let adapter = self.lambda_adapter(handler).await?;
-        crate::lambda::run(adapter).await.map_err(StartError::Lambda)
+        crate::lambda::run(adapter)
+            .await
+            .map_err(StartError::Lambda)
     }
 
     /// Checks the table and builds the Lambda adapter, for a process that
@@ -445,37 +447,50 @@ impl SqsOnce {
         let mut processor = Processor::new(store, handler, self.processor)?;
         #[cfg(feature = "s3-payloads")]
         if let Some(options) = self.large_payloads {
-            let Some(places) = options.places else {
-                return Err(ConfigError {
-                    setting: "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
-                    problem: "large payloads need the buckets pointers may name (`payload_buckets`, or `any_payload_bucket`: unsafe)".into(),
-                }
-                .into());
-            };
-            let s3 = aws_sdk_s3::Client::from_conf(
-                calls
-                    .s3_config(&sdk)
-                    .to_builder()
-                    .timeout_config(attempt_timeout(Duration::from_secs(30)))
-                    .build(),
-            );
-            let mut payloads = LargePayloads::new(s3)
-                .deleting(options.delete)
-                .max_bytes(options.max_bytes);
-            match places {
-                Some(places) => payloads = payloads.only_from(places),
-                None => tracing::warn!(
-                    "SQS_ONCE_LARGE_PAYLOAD_BUCKETS=*: a pointer may name any object this role can read (or delete)"
-                ),
-            }
-            tracing::info!(delete = options.delete, "large payloads through S3: on");
-            processor = processor.with_large_payloads(payloads);
+            processor = processor.with_large_payloads(options.reader(&sdk, &calls)?);
         }
         Ok(Prepared {
             sqs,
             processor,
             calls,
         })
+    }
+}
+
+#[cfg(feature = "s3-payloads")]
+impl LargePayloadOptions {
+    /// The large-payload reader these options describe, its S3 client
+    /// counting into `calls`.
+    fn reader(
+        self,
+        sdk: &aws_config::SdkConfig,
+        calls: &CallCounter,
+    ) -> Result<LargePayloads, StartError> {
+        let Some(places) = self.places else {
+            return Err(ConfigError {
+                setting: "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
+                problem: "large payloads need the buckets pointers may name (`payload_buckets`, or `any_payload_bucket`: unsafe)".into(),
+            }
+            .into());
+        };
+        let s3 = aws_sdk_s3::Client::from_conf(
+            calls
+                .s3_config(sdk)
+                .to_builder()
+                .timeout_config(crate::aws::attempt_timeouts(Duration::from_secs(30)))
+                .build(),
+        );
+        let mut payloads = LargePayloads::new(s3)
+            .deleting(self.delete)
+            .max_bytes(self.max_bytes);
+        match places {
+            Some(places) => payloads = payloads.only_from(places),
+            None => tracing::warn!(
+                "SQS_ONCE_LARGE_PAYLOAD_BUCKETS=*: a pointer may name any object this role can read (or delete)"
+            ),
+        }
+        tracing::info!(delete = self.delete, "large payloads through S3: on");
+        Ok(payloads)
     }
 }
 

@@ -506,11 +506,29 @@ mod settings_tests {
 
     #[test]
     fn on_off_settings_share_one_vocabulary() {
-        for (value, on) in [("on", true), ("off", false), ("true", true), ("false", false), ("1", true), ("no", false)] {
+        for (value, on) in [
+            ("on", true),
+            ("off", false),
+            ("true", true),
+            ("false", false),
+            ("1", true),
+            ("no", false),
+        ] {
             let args = parse(&["--fast-path", value, "--large-payloads", value]);
             assert_eq!((args.fast_path, args.large_payloads), (on, on), "{value}");
         }
-        assert!(Args::try_parse_from(["consumer", "--table", "t", "--consumer", "c", "--fast-path", "maybe"]).is_err());
+        assert!(
+            Args::try_parse_from([
+                "consumer",
+                "--table",
+                "t",
+                "--consumer",
+                "c",
+                "--fast-path",
+                "maybe"
+            ])
+            .is_err()
+        );
     }
 }
 
@@ -528,7 +546,13 @@ mod log_tests {
 
     #[test]
     fn text_at_info_outside_lambda_json_inside() {
-        assert_eq!(choice(&[]), LogChoice { json: false, filter: "info".into() });
+        assert_eq!(
+            choice(&[]),
+            LogChoice {
+                json: false,
+                filter: "info".into()
+            }
+        );
         let lambda = choice(&[("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")]);
         assert!(lambda.json);
     }
@@ -540,9 +564,24 @@ mod log_tests {
             ("AWS_LAMBDA_LOG_FORMAT", "Text"),
             ("AWS_LAMBDA_LOG_LEVEL", "WARN"),
         ]);
-        assert_eq!(text, LogChoice { json: false, filter: "warn".into() });
-        let fatal = choice(&[("AWS_LAMBDA_LOG_FORMAT", "JSON"), ("AWS_LAMBDA_LOG_LEVEL", "FATAL")]);
-        assert_eq!(fatal, LogChoice { json: true, filter: "error".into() });
+        assert_eq!(
+            text,
+            LogChoice {
+                json: false,
+                filter: "warn".into()
+            }
+        );
+        let fatal = choice(&[
+            ("AWS_LAMBDA_LOG_FORMAT", "JSON"),
+            ("AWS_LAMBDA_LOG_LEVEL", "FATAL"),
+        ]);
+        assert_eq!(
+            fatal,
+            LogChoice {
+                json: true,
+                filter: "error".into()
+            }
+        );
     }
 
     #[test]
@@ -554,7 +593,13 @@ mod log_tests {
             ("SQS_ONCE_LOG_FORMAT", "text"),
             ("RUST_LOG", "sqs_once=debug"),
         ]);
-        assert_eq!(own, LogChoice { json: false, filter: "sqs_once=debug".into() });
+        assert_eq!(
+            own,
+            LogChoice {
+                json: false,
+                filter: "sqs_once=debug".into()
+            }
+        );
     }
 }
 
@@ -596,7 +641,10 @@ mod tests {
         let on = parse(&["--large-payloads", "on", "--delete-payloads", "on"]).unwrap();
         assert!(on.large_payloads && on.delete_payloads);
         let e = on.poller_configs().unwrap_err();
-        assert_eq!(e.setting, "SQS_ONCE_LARGE_PAYLOAD_BUCKETS", "required when on");
+        assert_eq!(
+            e.setting, "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
+            "required when on"
+        );
         let buckets = |list: &str| {
             let mut args = on.clone();
             args.large_payload_buckets = Some(list.to_owned());
@@ -634,7 +682,10 @@ mod tests {
         assert_eq!(e.setting, "SQS_ONCE_CARRY_SECRET");
         assert!(e.problem.contains("at least 32 bytes"), "{e}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
-        assert!(!format!("{short:?}").contains("hunter2"), "the settings' Debug shows no secret");
+        assert!(
+            !format!("{short:?}").contains("hunter2"),
+            "the settings' Debug shows no secret"
+        );
     }
 
     #[test]

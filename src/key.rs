@@ -232,7 +232,11 @@ impl CarrySecret {
         let tag = hex::decode(tag).ok().filter(|t| t.len() == 32)?;
         self.keys
             .iter()
-            .any(|k| Self::mac(k, attribute, body, value).verify_slice(&tag).is_ok())
+            .any(|k| {
+                Self::mac(k, attribute, body, value)
+                    .verify_slice(&tag)
+                    .is_ok()
+            })
             .then_some(value)
     }
 }
@@ -572,14 +576,20 @@ mod tests {
             .with_deduplication_id("new-dedup")
             .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key(&secret, "body", "orig:inal"));
         let s = Some(&secret);
-        assert_eq!(KeySource::MessageId.extract_with(&copy, s).unwrap(), "orig:inal");
+        assert_eq!(
+            KeySource::MessageId.extract_with(&copy, s).unwrap(),
+            "orig:inal"
+        );
         assert_eq!(
             KeySource::DeduplicationId.extract_with(&copy, s).unwrap(),
             "orig:inal"
         );
         // Without the secret a carried key is not honoured at all.
         assert_eq!(KeySource::MessageId.extract(&copy).unwrap(), "new-id");
-        assert_eq!(KeySource::MessageId.extract_with(&copy, None).unwrap(), "new-id");
+        assert_eq!(
+            KeySource::MessageId.extract_with(&copy, None).unwrap(),
+            "new-id"
+        );
         // Sources that read the body or a producer's attribute ignore it.
         assert_eq!(
             KeySource::BodySha256.extract_with(&copy, s).unwrap(),
@@ -620,7 +630,11 @@ mod tests {
                 .with_deduplication_id("own-dedup")
                 .with_attribute(DEDUP_KEY_ATTRIBUTE, forged.clone())
                 .with_attribute(MESSAGE_ID_ATTRIBUTE, as_id);
-            assert_eq!(KeySource::MessageId.extract_with(&m, s).unwrap(), "own-id", "{forged}");
+            assert_eq!(
+                KeySource::MessageId.extract_with(&m, s).unwrap(),
+                "own-id",
+                "{forged}"
+            );
             assert_eq!(
                 KeySource::DeduplicationId.extract_with(&m, s).unwrap(),
                 "own-dedup",
@@ -634,8 +648,10 @@ mod tests {
             );
         }
         // A sealed message id moved into the key's place does not verify either.
-        let m = Message::new("own-id", body)
-            .with_attribute(MESSAGE_ID_ATTRIBUTE, carry_message_id(&secret, body, "first"));
+        let m = Message::new("own-id", body).with_attribute(
+            MESSAGE_ID_ATTRIBUTE,
+            carry_message_id(&secret, body, "first"),
+        );
         assert_eq!(carried_message_id(&m, s), Some("first"));
         assert!(unverified_attributes(&m, s).is_empty());
         assert_eq!(unverified_attributes(&m, None), vec![MESSAGE_ID_ATTRIBUTE]);
@@ -650,11 +666,20 @@ mod tests {
         let after = CarrySecret::parse(&new).unwrap();
         let sealed_before = carry_key(&before, "b", "k");
         let sealed_during = carry_key(&during, "b", "k");
-        assert_eq!(during.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_before), Some("k"));
-        assert_eq!(after.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_during), Some("k"));
+        assert_eq!(
+            during.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_before),
+            Some("k")
+        );
+        assert_eq!(
+            after.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_during),
+            Some("k")
+        );
         assert_eq!(after.open(DEDUP_KEY_ATTRIBUTE, "b", &sealed_before), None);
         assert!(!format!("{during:?}").contains(&old));
-        assert_eq!(CarrySecret::parse(" , ").err(), Some(CarrySecretError::Empty));
+        assert_eq!(
+            CarrySecret::parse(" , ").err(),
+            Some(CarrySecretError::Empty)
+        );
         assert_eq!(
             CarrySecret::parse(&format!("{new},short")).err(),
             Some(CarrySecretError::TooShort {

@@ -206,7 +206,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             } else {
                 "no SQS_ONCE_CARRY_SECRET is set"
             };
-            warn!(message_id = message.id(), attribute, "a carried attribute is ignored: {why} (set by a producer, forwarded from another message, or sealed under another secret)");
+            warn!(
+                message_id = message.id(),
+                attribute,
+                "a carried attribute is ignored: {why} (set by a producer, forwarded from another message, or sealed under another secret)"
+            );
             self.metrics.unverified_attribute();
         }
     }
@@ -1192,7 +1196,10 @@ mod tests {
         let (count, request, left) = seen.lock().unwrap()[1].clone();
         assert_eq!((count, request), (1, None));
         let lease_left = left.expect("the claim's lease bounds the handler");
-        assert!(lease_left <= Duration::from_secs(60) && lease_left >= Duration::from_secs(50), "{lease_left:?}");
+        assert!(
+            lease_left <= Duration::from_secs(60) && lease_left >= Duration::from_secs(50),
+            "{lease_left:?}"
+        );
     }
 
     #[tokio::test]

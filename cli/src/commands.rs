@@ -73,14 +73,21 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
 async fn protect(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), BoxError> {
     use aws_sdk_dynamodb::types::PointInTimeRecoverySpecification;
     let failed = |what: &str, e: &dyn std::fmt::Display| {
-        format!("table {table} was created, but {what} could not be turned on ({e}); turn it on by hand, or run init with --no-protection on a new table")
+        format!(
+            "table {table} was created, but {what} could not be turned on ({e}); turn it on by hand, or run init with --no-protection on a new table"
+        )
     };
     ddb.update_table()
         .table_name(table)
         .deletion_protection_enabled(true)
         .send()
         .await
-        .map_err(|e| failed("deletion protection", &aws_smithy_types::error::display::DisplayErrorContext(e)))?;
+        .map_err(|e| {
+            failed(
+                "deletion protection",
+                &aws_smithy_types::error::display::DisplayErrorContext(e),
+            )
+        })?;
     let pitr = PointInTimeRecoverySpecification::builder()
         .point_in_time_recovery_enabled(true)
         .build()
@@ -90,8 +97,15 @@ async fn protect(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), BoxE
         .point_in_time_recovery_specification(pitr)
         .send()
         .await
-        .map_err(|e| failed("point-in-time recovery", &aws_smithy_types::error::display::DisplayErrorContext(e)))?;
-    println!("table {table}: deletion protection and point-in-time recovery on (--no-protection: off)");
+        .map_err(|e| {
+            failed(
+                "point-in-time recovery",
+                &aws_smithy_types::error::display::DisplayErrorContext(e),
+            )
+        })?;
+    println!(
+        "table {table}: deletion protection and point-in-time recovery on (--no-protection: off)"
+    );
     Ok(())
 }
 
@@ -157,10 +171,12 @@ pub(crate) async fn forget(sdk: &aws_config::SdkConfig, args: &ForgetArgs) -> Re
                 Ok(())
             }
             Some(r) => {
-                let live = r.status == sqs_once::Status::InProgress
-                    && r.lease_until_ms >= ops::now_ms();
+                let live =
+                    r.status == sqs_once::Status::InProgress && r.lease_until_ms >= ops::now_ms();
                 let verdict = match (live, force) {
-                    (true, false) => "would NOT be forgotten: IN_PROGRESS under a live claim (needs --force)",
+                    (true, false) => {
+                        "would NOT be forgotten: IN_PROGRESS under a live claim (needs --force)"
+                    }
                     (true, true) => "would be forgotten although a live claim holds it (--force)",
                     _ => "would be forgotten: the next delivery of this key is processed again",
                 };

@@ -414,7 +414,8 @@ fn is_local(endpoint: Option<&str>) -> bool {
         None => authority.split(':').next().unwrap_or_default(),
     }
     .to_ascii_lowercase();
-    host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
         || host == "localhost"
         || host == "localstack"
         || host.ends_with(".localhost")

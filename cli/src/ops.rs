@@ -1141,7 +1141,8 @@ mod tests {
     fn the_operator_redrive_seals_a_carried_key_again_under_the_first_secret() {
         let old = CarrySecret::parse(&"o".repeat(32)).unwrap();
         let new = CarrySecret::parse(&"n".repeat(32)).unwrap();
-        let rotating = CarrySecret::parse(&format!("{},{}", "n".repeat(32), "o".repeat(32))).unwrap();
+        let rotating =
+            CarrySecret::parse(&format!("{},{}", "n".repeat(32), "o".repeat(32))).unwrap();
         let parked = Message::builder()
             .message_id("dlq-1")
             .body("{}")
@@ -1160,7 +1161,11 @@ mod tests {
             .string_value()
             .unwrap()
             .to_owned();
-        assert_eq!(carried, carry_key(&new, "{}", "k-1"), "sealed under the first secret");
+        assert_eq!(
+            carried,
+            carry_key(&new, "{}", "k-1"),
+            "sealed under the first secret"
+        );
         assert!(report.without_key.is_empty());
     }
 

@@ -14,8 +14,14 @@ use crate::args::Cli;
 const READ_DIRECTLY: &[(&str, &str)] = &[
     ("SQS_ONCE_LOG_FORMAT", "sqs_once::cli::init_logging"),
     ("SQS_ONCE_TRACE_FILTER", "sqs_once::cli::init_logging"),
-    ("SQS_ONCE_MUTANT", "sqs_once::mutants (test builds with the deliberate bugs)"),
-    ("SQS_ONCE_TOOLS", "scripts/deny (where cargo-deny is installed)"),
+    (
+        "SQS_ONCE_MUTANT",
+        "sqs_once::mutants (test builds with the deliberate bugs)",
+    ),
+    (
+        "SQS_ONCE_TOOLS",
+        "scripts/deny (where cargo-deny is installed)",
+    ),
 ];
 
 /// The `SQS_ONCE_*` variables of every argument of `command` and its subcommands.
@@ -84,12 +90,28 @@ fn every_setting_the_project_names_exists() {
     variables(&Cli::command(), &mut known);
     let consumers = sqs_once::cli::RuntimeArgs::augment_args(clap::Command::new("consumer"));
     variables(&consumers, &mut known);
-    assert!(known.contains("SQS_ONCE_LEASE"), "the consumers' variables: {known:?}");
+    assert!(
+        known.contains("SQS_ONCE_LEASE"),
+        "the consumers' variables: {known:?}"
+    );
     known.extend(READ_DIRECTLY.iter().map(|(name, _)| (*name).to_owned()));
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut paths = Vec::new();
-    for dir in ["src", "cli", "examples", "docs", "infra", "scripts", "localstack", "sim", "tests", "bench", "benches", "tools"] {
+    for dir in [
+        "src",
+        "cli",
+        "examples",
+        "docs",
+        "infra",
+        "scripts",
+        "localstack",
+        "sim",
+        "tests",
+        "bench",
+        "benches",
+        "tools",
+    ] {
         files(&root.join(dir), &mut paths);
     }
     paths.extend(["README.md", "template.yaml"].map(|f| root.join(f)));
@@ -102,14 +124,23 @@ fn every_setting_the_project_names_exists() {
         for token in named(&text) {
             seen += 1;
             if !known.contains(&token) {
-                unknown.push(format!("{token} in {}", path.strip_prefix(&root).unwrap_or(path).display()));
+                unknown.push(format!(
+                    "{token} in {}",
+                    path.strip_prefix(&root).unwrap_or(path).display()
+                ));
             }
         }
     }
-    assert!(seen > 100, "the scan found the project's files ({seen} names)");
+    assert!(
+        seen > 100,
+        "the scan found the project's files ({seen} names)"
+    );
     unknown.sort();
     unknown.dedup();
-    assert!(unknown.is_empty(), "settings named but read by nothing: {unknown:#?}");
+    assert!(
+        unknown.is_empty(),
+        "settings named but read by nothing: {unknown:#?}"
+    );
 }
 
 #[test]

@@ -126,13 +126,8 @@ impl Generation {
             Runtime::Lambda { .. } => Duration::from_secs(10),
         };
         let sqs = HostQueue::new(world.store.path(), &world.queue, &life, &sqs_clock, attempt);
-        let queue = FaultyQueue::new(
-            sqs,
-            link.clone(),
-            life.clone(),
-            world.deliveries.clone(),
-        )
-        .with_late(world.scenario.might.late);
+        let queue = FaultyQueue::new(sqs, link.clone(), life.clone(), world.deliveries.clone())
+            .with_late(world.scenario.might.late);
         Self {
             life,
             gauge,

@@ -110,7 +110,11 @@ pub fn run_seed(seed: u64, keep_trace: bool) -> std::io::Result<Report> {
 /// nest the runtimes' deeply, more than a test thread's 2 MiB hold in a
 /// debug build. One thread still runs everything, so the run stays a
 /// function of its seed.
-pub fn run_seed_on(seed: u64, keep_trace: bool, path: stores::StorePath) -> std::io::Result<Report> {
+pub fn run_seed_on(
+    seed: u64,
+    keep_trace: bool,
+    path: stores::StorePath,
+) -> std::io::Result<Report> {
     std::thread::Builder::new()
         .name(format!("seed-{seed}"))
         .stack_size(RUN_STACK_BYTES)
@@ -405,9 +409,7 @@ async fn schedule(
 
 /// When `event`'s record in `store` was completed (ms from the run's start),
 /// if it says `COMPLETED`.
-fn completed_in(
-    store: stores::Backend,
-) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
+fn completed_in(store: stores::Backend) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     let start = Instant::now();
     move |event: &str| store.completed_ms(&format!("sim#{event}"), epoch_ms, start)

@@ -13,9 +13,12 @@ use rand::{RngExt, SeedableRng};
 use sqs_once::clock::Clock;
 use sqs_once::dedup::dynamodb::record_from_item;
 use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
-use sqs_once::queue::{EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest};
+use sqs_once::queue::{
+    EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
+};
 use sqs_once::{
-    Claim, DedupStore, DynamoStore, MemoryQueue, MemoryStore, Message, Record, StagedWrite, StoreError,
+    Claim, DedupStore, DynamoStore, MemoryQueue, MemoryStore, Message, Record, StagedWrite,
+    StoreError,
 };
 
 use crate::check::Effect;
@@ -66,7 +69,9 @@ pub enum Backend {
 
 /// An item of the model as the SDK types it.
 pub fn sdk_item(item: &Item) -> HashMap<String, AttributeValue> {
-    item.iter().map(|(k, v)| (k.clone(), sdk_value(v))).collect()
+    item.iter()
+        .map(|(k, v)| (k.clone(), sdk_value(v)))
+        .collect()
 }
 
 fn sdk_value(v: &Av) -> AttributeValue {
@@ -151,13 +156,20 @@ impl Backend {
     /// record's `completed_at` is the writer's clock when it built the
     /// request (before a pause, or a resend after an attempt timeout), so
     /// the model's own time of the change is used.
-    pub fn completed_ms(&self, pk: &str, epoch_ms: i64, start: tokio::time::Instant) -> Option<u128> {
+    pub fn completed_ms(
+        &self,
+        pk: &str,
+        epoch_ms: i64,
+        start: tokio::time::Instant,
+    ) -> Option<u128> {
         match self {
             Self::Memory(s) => s
                 .records()
                 .iter()
                 .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
-                .map(|r| u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0)),
+                .map(|r| {
+                    u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0)
+                }),
             Self::Wire(m) => m
                 .completed_at(pk)
                 .map(|at| at.saturating_duration_since(start).as_millis()),
@@ -329,7 +341,11 @@ impl HostQueue {
 }
 
 impl QueueClient for HostQueue {
-    async fn receive(&self, queue: &str, request: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
         match self {
             Self::Memory(q) => q.receive(queue, request).await,
             Self::Wire(q) => q.receive(queue, request).await,
@@ -343,14 +359,23 @@ impl QueueClient for HostQueue {
         }
     }
 
-    async fn delete_batch(&self, queue: &str, receipts: &[String]) -> Result<Vec<EntryFailure>, QueueError> {
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
         match self {
             Self::Memory(q) => q.delete_batch(queue, receipts).await,
             Self::Wire(q) => q.delete_batch(queue, receipts).await,
         }
     }
 
-    async fn change_visibility(&self, queue: &str, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
         match self {
             Self::Memory(q) => q.change_visibility(queue, receipt, timeout).await,
             Self::Wire(q) => q.change_visibility(queue, receipt, timeout).await,

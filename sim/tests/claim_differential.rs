@@ -32,7 +32,9 @@ fn offset_ms() -> impl Strategy<Value = i64> {
     ]
 }
 
-fn maybe<T: std::fmt::Debug + Clone>(s: impl Strategy<Value = T>) -> impl Strategy<Value = Option<T>> {
+fn maybe<T: std::fmt::Debug + Clone>(
+    s: impl Strategy<Value = T>,
+) -> impl Strategy<Value = Option<T>> {
     prop_oneof![1 => Just(None), 3 => s.prop_map(Some)]
 }
 
@@ -43,35 +45,44 @@ fn item() -> impl Strategy<Value = Item> {
     (
         prop_oneof![Just("IN_PROGRESS"), Just("COMPLETED"), Just("FAILED")],
         maybe(prop_oneof![Just("o1"), Just("o2")]),
-        maybe(prop_oneof![Just(0i64), offset_ms().prop_map(|o| NOW_MS + o)]),
+        maybe(prop_oneof![
+            Just(0i64),
+            offset_ms().prop_map(|o| NOW_MS + o)
+        ]),
         maybe(prop_oneof![-2i64..=2].prop_map(|o| NOW_MS / 1000 + o)),
         maybe(prop_oneof![Just("m1"), Just("m2")]),
         maybe(offset_ms().prop_map(|o| NOW_MS + o)),
         0u32..4,
         maybe(prop_oneof![Just("p1"), Just("p2")]),
     )
-        .prop_map(|(status, owner, lease, expires, mid, claimed, attempts, payload)| {
-            let mut it = Item::new();
-            it.insert("pk".into(), Av::S("sim#e".into()));
-            it.insert("status".into(), Av::S(status.into()));
-            let n = |v: i64| Av::N(v.to_string());
-            let lease = if status == "IN_PROGRESS" { lease.or(Some(0)) } else { lease };
-            let fields = [
-                ("owner", owner.map(|o| Av::S(o.into()))),
-                ("lease_until", lease.map(n)),
-                ("expires_at", expires.map(n)),
-                ("message_id", mid.map(|m| Av::S(m.into()))),
-                ("claimed_at", claimed.map(n)),
-                ("attempts", Some(n(i64::from(attempts)))),
-                ("payload_sha256", payload.map(|p| Av::S(p.into()))),
-            ];
-            for (k, v) in fields {
-                if let Some(v) = v {
-                    it.insert(k.into(), v);
+        .prop_map(
+            |(status, owner, lease, expires, mid, claimed, attempts, payload)| {
+                let mut it = Item::new();
+                it.insert("pk".into(), Av::S("sim#e".into()));
+                it.insert("status".into(), Av::S(status.into()));
+                let n = |v: i64| Av::N(v.to_string());
+                let lease = if status == "IN_PROGRESS" {
+                    lease.or(Some(0))
+                } else {
+                    lease
+                };
+                let fields = [
+                    ("owner", owner.map(|o| Av::S(o.into()))),
+                    ("lease_until", lease.map(n)),
+                    ("expires_at", expires.map(n)),
+                    ("message_id", mid.map(|m| Av::S(m.into()))),
+                    ("claimed_at", claimed.map(n)),
+                    ("attempts", Some(n(i64::from(attempts)))),
+                    ("payload_sha256", payload.map(|p| Av::S(p.into()))),
+                ];
+                for (k, v) in fields {
+                    if let Some(v) = v {
+                        it.insert(k.into(), v);
+                    }
                 }
-            }
-            it
-        })
+                it
+            },
+        )
 }
 
 fn sdk_item(item: &Item) -> HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
@@ -92,7 +103,10 @@ fn sdk_item(item: &Item) -> HashMap<String, aws_sdk_dynamodb::types::AttributeVa
 fn condition_holds(item: &Item, now_ms: i64, mid: &str) -> bool {
     let names = HashMap::from([("#status".to_owned(), "status".to_owned())]);
     let values = HashMap::from([
-        (":now_s".to_owned(), Av::N(now_ms.div_euclid(1000).to_string())),
+        (
+            ":now_s".to_owned(),
+            Av::N(now_ms.div_euclid(1000).to_string()),
+        ),
         (":now_ms".to_owned(), Av::N(now_ms.to_string())),
         (":failed".to_owned(), Av::S("FAILED".into())),
         (":in_progress".to_owned(), Av::S("IN_PROGRESS".into())),
@@ -124,7 +138,9 @@ proptest! {
 fn memory_rule(item: &Item, req: &ClaimRequest) -> Claim {
     let record = record_from_item(&sdk_item(item)).unwrap_or_else(|e| panic!("{e}"));
     if record.claimable_by(NOW_MS, &req.message_id) {
-        Claim::Acquired { attempt: record.attempts + 1 }
+        Claim::Acquired {
+            attempt: record.attempts + 1,
+        }
     } else {
         decide_conflict(&record, req, NOW_MS)
     }
@@ -145,7 +161,11 @@ fn wire_claim(item: &Item, req: &ClaimRequest) -> Claim {
         clock.set(UNIX_EPOCH + Duration::from_millis(NOW_MS as u64));
         let clock: Arc<dyn sqs_once::clock::Clock> = Arc::new(clock);
         let wire = Wire::new(Service::Dynamo(model), None, Life::default());
-        let store = DynamoStore::with_clock(wire::dynamodb_client(wire, clock.clone()), wire::TABLE, clock);
+        let store = DynamoStore::with_clock(
+            wire::dynamodb_client(wire, clock.clone()),
+            wire::TABLE,
+            clock,
+        );
         store.claim(req).await.unwrap_or_else(|e| panic!("{e}"))
     })
 }

@@ -31,7 +31,11 @@ mod common {
         tokio::time::pause();
         let model = SqsModel::new(MemoryQueue::new());
         let wire = Wire::new(Service::Sqs(model), None, Life::default());
-        wire::sqs_client(wire, Arc::new(sqs_once::clock::SystemClock), Duration::from_secs(30))
+        wire::sqs_client(
+            wire,
+            Arc::new(sqs_once::clock::SystemClock),
+            Duration::from_secs(30),
+        )
     }
 
     /// A name no other queue of this process has.

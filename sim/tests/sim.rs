@@ -11,8 +11,8 @@ use sqs_once_sim::check::{Effect, Evidence, check};
 use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
 use sqs_once_sim::stores::StorePath;
-use sqs_once_sim::{run_seed, run_seed_on};
 use sqs_once_sim::world::{ApiCall, EventSpec, Kind, Runtime, Scenario};
+use sqs_once_sim::{run_seed, run_seed_on};
 
 #[test]
 fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
@@ -37,7 +37,10 @@ fn a_seed_on_the_wire_path_replays_exactly() {
     for seed in [3, 7] {
         let a = run_seed_on(seed, false, StorePath::Wire).unwrap();
         let b = run_seed_on(seed, false, StorePath::Wire).unwrap();
-        assert_eq!(a.trace_hash, b.trace_hash, "seed {seed} ran differently twice");
+        assert_eq!(
+            a.trace_hash, b.trace_hash,
+            "seed {seed} ran differently twice"
+        );
         assert!(a.violations.is_empty(), "seed {seed}: {:#?}", a.violations);
         let memory = run_seed_on(seed, false, StorePath::Memory).unwrap();
         assert_ne!(a.trace_hash, memory.trace_hash);
@@ -47,8 +50,13 @@ fn a_seed_on_the_wire_path_replays_exactly() {
 /// About one seed in `WIRE_SHARE` runs on the wire path, drawn from the seed.
 #[test]
 fn a_share_of_seeds_runs_on_the_wire_path() {
-    let wire = (0..300).filter(|&s| StorePath::of(s) == StorePath::Wire).count();
-    assert!((70..130).contains(&wire), "{wire} of 300 seeds on the wire path");
+    let wire = (0..300)
+        .filter(|&s| StorePath::of(s) == StorePath::Wire)
+        .count();
+    assert!(
+        (70..130).contains(&wire),
+        "{wire} of 300 seeds on the wire path"
+    );
 }
 
 /// Seeds 443 and 912 fail when the simulator gives each new generation of a
@@ -529,7 +537,11 @@ fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
     e.dlq_before = e.dlq.clone();
     // m0 was delivered twice at once (receipts r0 and its twin r0-twin).
     let deliveries: &'static sqs_once_sim::deliveries::Deliveries = Box::leak(Box::default());
-    let who = ("c0", &sqs_once_sim::faults::Life::default(), &sqs_once_sim::faults::Cuts::default());
+    let who = (
+        "c0",
+        &sqs_once_sim::faults::Life::default(),
+        &sqs_once_sim::faults::Cuts::default(),
+    );
     let copies = [
         sqs_once::Message::new("m0", "{}").with_receipt_handle("r0"),
         sqs_once::Message::new("m0", "{}").with_receipt_handle("r0-twin"),
@@ -554,7 +566,9 @@ fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
     e.unfinished = [("evt-0000".to_owned(), ("described".to_owned(), true))].into();
     e.twins = BTreeSet::new();
     assert!(
-        check(&e).iter().any(|v| v.contains("record left IN_PROGRESS")),
+        check(&e)
+            .iter()
+            .any(|v| v.contains("record left IN_PROGRESS")),
         "released and parked, but never delivered twice at once"
     );
     e.twins = ["r0-twin".to_owned()].into();

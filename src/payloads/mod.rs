@@ -455,9 +455,7 @@ async fn missing<S: DedupStore>(
         config.key_source,
         KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_)
     );
-    let key = body_free
-        .then(|| config.dedup_key(message).ok())
-        .flatten();
+    let key = body_free.then(|| config.dedup_key(message).ok()).flatten();
     let Some(key) = key else {
         return Outcome::Park { reason };
     };

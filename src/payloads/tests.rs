@@ -368,7 +368,9 @@ async fn a_pointer_outside_the_payload_buckets_is_parked_without_reading_it() {
         assert_eq!(payloads.to_delete(&m), None, "never deleted");
     }
     assert_eq!(objects.gets(), 0, "S3 was not called");
-    let inside = p.process(pointer_message("m3", "payloads", "in/k3", 10)).await;
+    let inside = p
+        .process(pointer_message("m3", "payloads", "in/k3", 10))
+        .await;
     assert!(matches!(inside, Outcome::Completed { .. }), "{inside:?}");
     assert_eq!(objects.gets(), 1);
     assert_eq!(seen.lock().unwrap().len(), 1);
@@ -378,8 +380,14 @@ async fn a_pointer_outside_the_payload_buckets_is_parked_without_reading_it() {
     assert_eq!(
         PayloadLocation::parse_list("a-b.c, d12/p/q").unwrap(),
         vec![
-            PayloadLocation { bucket: "a-b.c".into(), prefix: String::new() },
-            PayloadLocation { bucket: "d12".into(), prefix: "p/q".into() },
+            PayloadLocation {
+                bucket: "a-b.c".into(),
+                prefix: String::new()
+            },
+            PayloadLocation {
+                bucket: "d12".into(),
+                prefix: "p/q".into()
+            },
         ]
     );
 }

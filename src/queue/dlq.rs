@@ -7,7 +7,9 @@ use tracing::{error, warn};
 use super::{OutgoingMessage, QueueClient, QueueError, is_fifo};
 use crate::Message;
 pub use crate::key::MESSAGE_ID_ATTRIBUTE;
-use crate::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carried_message_id, carry_key, carry_message_id};
+use crate::key::{
+    CarrySecret, DEDUP_KEY_ATTRIBUTE, carried_message_id, carry_key, carry_message_id,
+};
 use crate::message::Attribute;
 
 /// The message attribute that carries a parked message's reason.
@@ -171,7 +173,11 @@ impl ParkedCopy {
         };
         let dedup_key = dedup_key.zip(secret);
         if let Some((key, secret)) = dedup_key {
-            add(DEDUP_KEY_ATTRIBUTE, carry_key(secret, message.body(), key), false);
+            add(
+                DEDUP_KEY_ATTRIBUTE,
+                carry_key(secret, message.body(), key),
+                false,
+            );
         }
         add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
         add(MESSAGE_ID_ATTRIBUTE, first_id, false);

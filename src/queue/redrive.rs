@@ -157,14 +157,20 @@ mod tests {
         let moved = Message::new("dlq-1", "{}").with_group_id("g");
         let (copy, carries) = copy_for_source(&moved, true, 262_144, Some(&s));
         assert!(carries);
-        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&s, "{}", "dlq-1"))));
+        assert_eq!(
+            key_of(&copy),
+            Some(&Attribute::string(carry_key(&s, "{}", "dlq-1")))
+        );
         assert_eq!(copy.group_id.as_deref(), Some("g"));
         assert_eq!(copy.deduplication_id.as_deref(), Some("redrive-dlq-1"));
         let parked = Message::new("dlq-2", "{}")
             .with_attribute(REASON_ATTRIBUTE, "bad")
             .with_attribute(MESSAGE_ID_ATTRIBUTE, carry_message_id(&s, "{}", "first"));
         let (copy, _) = copy_for_source(&parked, false, 262_144, Some(&s));
-        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&s, "{}", "first"))));
+        assert_eq!(
+            key_of(&copy),
+            Some(&Attribute::string(carry_key(&s, "{}", "first")))
+        );
         assert_eq!(copy.group_id, None);
         // No room: sent as it is.
         let (copy, carries) = copy_for_source(&moved, false, 3, Some(&s));
@@ -178,19 +184,28 @@ mod tests {
 
     #[test]
     fn redrive_seals_a_carried_key_again_under_the_first_secret() {
-        let rotating = CarrySecret::parse(&format!("{},{}", "n".repeat(32), "o".repeat(32))).unwrap();
+        let rotating =
+            CarrySecret::parse(&format!("{},{}", "n".repeat(32), "o".repeat(32))).unwrap();
         let only_old = CarrySecret::parse(&"o".repeat(32)).unwrap();
         let only_new = CarrySecret::parse(&"n".repeat(32)).unwrap();
         let parked = Message::new("dlq-3", "{}")
             .with_attribute(REASON_ATTRIBUTE, "bad")
             .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key(&only_old, "{}", "k-1"))
-            .with_attribute(MESSAGE_ID_ATTRIBUTE, carry_message_id(&only_old, "{}", "first"));
+            .with_attribute(
+                MESSAGE_ID_ATTRIBUTE,
+                carry_message_id(&only_old, "{}", "first"),
+            );
         let (copy, carries) = copy_for_source(&parked, false, 262_144, Some(&rotating));
         assert!(carries);
-        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&only_new, "{}", "k-1"))));
+        assert_eq!(
+            key_of(&copy),
+            Some(&Attribute::string(carry_key(&only_new, "{}", "k-1")))
+        );
         assert_eq!(
             copy.attributes.get(MESSAGE_ID_ATTRIBUTE),
-            Some(&Attribute::string(carry_message_id(&only_new, "{}", "first")))
+            Some(&Attribute::string(carry_message_id(
+                &only_new, "{}", "first"
+            )))
         );
     }
 
@@ -205,6 +220,9 @@ mod tests {
             .with_attribute(DEDUP_KEY_ATTRIBUTE, "44136fa355b3678a:victim");
         let (copy, carries) = copy_for_source(&forged, false, 262_144, Some(&s));
         assert!(carries);
-        assert_eq!(key_of(&copy), Some(&Attribute::string(carry_key(&s, "{}", "own-id"))));
+        assert_eq!(
+            key_of(&copy),
+            Some(&Attribute::string(carry_key(&s, "{}", "own-id")))
+        );
     }
 }

@@ -16,10 +16,7 @@ use crate::lambda::receive_event;
 
 /// A handler that counts its effect per order id (a body without one is a
 /// permanent failure).
-fn counting() -> (
-    Arc<Mutex<BTreeMap<String, u32>>>,
-    impl sqs_once::Handler,
-) {
+fn counting() -> (Arc<Mutex<BTreeMap<String, u32>>>, impl sqs_once::Handler) {
     let effects = Arc::new(Mutex::new(BTreeMap::new()));
     let seen = effects.clone();
     let handler = handler_fn(move |message: Message, _ctx| {
@@ -65,17 +62,29 @@ async fn the_front_door_runs_a_poller_that_applies_each_order_once() {
         .expect("the poller starts and runs until idle");
 
     let effects = effects.lock().unwrap().clone();
-    let expected: BTreeMap<String, u32> =
-        [("o-1", 1), ("o-2", 1), ("o-3", 1)].map(|(k, v)| (k.to_owned(), v)).into();
+    let expected: BTreeMap<String, u32> = [("o-1", 1), ("o-2", 1), ("o-3", 1)]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
     assert_eq!(effects, expected, "each order applied exactly once");
     assert_eq!(report.stats.received, 6, "{report:?}");
     assert_eq!(report.stats.duplicates, 2, "{report:?}");
     assert_eq!(report.stats.parked, 1, "{report:?}");
-    assert!(report.calls.contains_key("DynamoDB.DescribeTable"), "{:?}", report.calls);
-    assert_eq!(depth(&sqs, &q.queue_url).await, 0, "nothing left in the queue");
+    assert!(
+        report.calls.contains_key("DynamoDB.DescribeTable"),
+        "{:?}",
+        report.calls
+    );
+    assert_eq!(
+        depth(&sqs, &q.queue_url).await,
+        0,
+        "nothing left in the queue"
+    );
     let parked = bodies_with_reasons(&sqs, &q.dlq_url).await;
     assert_eq!(parked.len(), 1, "{parked:?}");
-    assert!(parked[0].1.contains("order_id"), "the reason names the key: {parked:?}");
+    assert!(
+        parked[0].1.contains("order_id"),
+        "the reason names the key: {parked:?}"
+    );
 }
 
 #[tokio::test]
@@ -101,8 +110,9 @@ async fn the_front_door_builds_a_lambda_adapter_that_applies_each_order_once() {
 
     assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
     let effects = effects.lock().unwrap().clone();
-    let expected: BTreeMap<String, u32> =
-        [("o-1", 1), ("o-2", 1)].map(|(k, v)| (k.to_owned(), v)).into();
+    let expected: BTreeMap<String, u32> = [("o-1", 1), ("o-2", 1)]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
     assert_eq!(effects, expected, "each order applied exactly once");
 }
 

@@ -404,11 +404,18 @@ async fn a_pointer_outside_the_payload_buckets_is_parked_without_calling_s3() {
     assert_eq!(parked.len(), 2, "{parked:?}");
     for p in &parked {
         assert!(
-            p.reason
-                .contains("is outside the payload buckets (SQS_ONCE_LARGE_PAYLOAD_BUCKETS); not read"),
+            p.reason.contains(
+                "is outside the payload buckets (SQS_ONCE_LARGE_PAYLOAD_BUCKETS); not read"
+            ),
             "{p:?}"
         );
     }
-    assert_eq!(objects(&s3, &foreign).await, vec!["secret-report".to_owned()]);
-    assert_eq!(objects(&s3, &payloads).await, vec!["elsewhere/k".to_owned()]);
+    assert_eq!(
+        objects(&s3, &foreign).await,
+        vec!["secret-report".to_owned()]
+    );
+    assert_eq!(
+        objects(&s3, &payloads).await,
+        vec!["elsewhere/k".to_owned()]
+    );
 }

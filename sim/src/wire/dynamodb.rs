@@ -98,8 +98,16 @@ impl DdbError {
     pub fn answer(&self) -> Answer {
         let dynamo = "com.amazonaws.dynamodb.v20120810";
         let (status, kind, message) = match self {
-            Self::Validation(m) => (400, "com.amazon.coral.validate#ValidationException".to_owned(), m.clone()),
-            Self::ConditionFailed(_) => (400, format!("{dynamo}#ConditionalCheckFailedException"), "The conditional request failed".to_owned()),
+            Self::Validation(m) => (
+                400,
+                "com.amazon.coral.validate#ValidationException".to_owned(),
+                m.clone(),
+            ),
+            Self::ConditionFailed(_) => (
+                400,
+                format!("{dynamo}#ConditionalCheckFailedException"),
+                "The conditional request failed".to_owned(),
+            ),
             Self::Cancelled(reasons) => {
                 let codes: Vec<&str> = reasons.iter().map(|r| r.code).collect();
                 let message = format!(
@@ -128,12 +136,38 @@ impl DdbError {
                     }),
                 };
             }
-            Self::NotFound => (400, format!("{dynamo}#ResourceNotFoundException"), "Requested resource not found".to_owned()),
-            Self::Mismatch => (400, format!("{dynamo}#IdempotentParameterMismatchException"), "The request uses the same client token as a previous, but non-identical request.".to_owned()),
-            Self::InProgress => (400, format!("{dynamo}#TransactionInProgressException"), "The transaction with the given request token is already in progress.".to_owned()),
-            Self::Throttling => (400, "com.amazon.coral.availability#ThrottlingException".to_owned(), "Rate of requests exceeds the allowed throughput.".to_owned()),
-            Self::Provisioned => (400, format!("{dynamo}#ProvisionedThroughputExceededException"), "The level of configured provisioned throughput for the table was exceeded.".to_owned()),
-            Self::Internal => (500, format!("{dynamo}#InternalServerError"), "Internal server error".to_owned()),
+            Self::NotFound => (
+                400,
+                format!("{dynamo}#ResourceNotFoundException"),
+                "Requested resource not found".to_owned(),
+            ),
+            Self::Mismatch => (
+                400,
+                format!("{dynamo}#IdempotentParameterMismatchException"),
+                "The request uses the same client token as a previous, but non-identical request."
+                    .to_owned(),
+            ),
+            Self::InProgress => (
+                400,
+                format!("{dynamo}#TransactionInProgressException"),
+                "The transaction with the given request token is already in progress.".to_owned(),
+            ),
+            Self::Throttling => (
+                400,
+                "com.amazon.coral.availability#ThrottlingException".to_owned(),
+                "Rate of requests exceeds the allowed throughput.".to_owned(),
+            ),
+            Self::Provisioned => (
+                400,
+                format!("{dynamo}#ProvisionedThroughputExceededException"),
+                "The level of configured provisioned throughput for the table was exceeded."
+                    .to_owned(),
+            ),
+            Self::Internal => (
+                500,
+                format!("{dynamo}#InternalServerError"),
+                "Internal server error".to_owned(),
+            ),
         };
         let mut body = json!({ "__type": kind, "message": message });
         if let Self::ConditionFailed(Some(item)) = self {
@@ -211,14 +245,20 @@ fn names_of(v: &Value) -> Result<HashMap<String, String>, DdbError> {
     let Some(m) = v.get("ExpressionAttributeNames") else {
         return Ok(HashMap::new());
     };
-    let m = m.as_object().ok_or_else(|| DdbError::Validation("ExpressionAttributeNames is not a map".into()))?;
+    let m = m
+        .as_object()
+        .ok_or_else(|| DdbError::Validation("ExpressionAttributeNames is not a map".into()))?;
     if m.is_empty() {
-        return Err(DdbError::Validation("ExpressionAttributeNames must not be empty".into()));
+        return Err(DdbError::Validation(
+            "ExpressionAttributeNames must not be empty".into(),
+        ));
     }
     m.iter()
         .map(|(k, v)| match v.as_str() {
             Some(s) => Ok((k.clone(), s.to_owned())),
-            None => Err(DdbError::Validation("an attribute name is not a string".into())),
+            None => Err(DdbError::Validation(
+                "an attribute name is not a string".into(),
+            )),
         })
         .collect()
 }
@@ -227,11 +267,17 @@ fn values_of(v: &Value) -> Result<HashMap<String, Av>, DdbError> {
     let Some(m) = v.get("ExpressionAttributeValues") else {
         return Ok(HashMap::new());
     };
-    let m = m.as_object().ok_or_else(|| DdbError::Validation("ExpressionAttributeValues is not a map".into()))?;
+    let m = m
+        .as_object()
+        .ok_or_else(|| DdbError::Validation("ExpressionAttributeValues is not a map".into()))?;
     if m.is_empty() {
-        return Err(DdbError::Validation("ExpressionAttributeValues must not be empty".into()));
+        return Err(DdbError::Validation(
+            "ExpressionAttributeValues must not be empty".into(),
+        ));
     }
-    m.iter().map(|(k, v)| Ok((k.clone(), Av::from_json(v)?))).collect()
+    m.iter()
+        .map(|(k, v)| Ok((k.clone(), Av::from_json(v)?)))
+        .collect()
 }
 
 impl DynamoModel {
@@ -304,7 +350,9 @@ impl DynamoModel {
         let token = text(request, "ClientRequestToken")?;
         let mut state = self.lock();
         let now = Instant::now();
-        state.tokens.retain(|_, t| now.duration_since(t.at) < TOKEN_WINDOW || t.answer.is_none());
+        state
+            .tokens
+            .retain(|_, t| now.duration_since(t.at) < TOKEN_WINDOW || t.answer.is_none());
         match state.tokens.get(token) {
             Some(t) if t.answer.is_none() => Some(DdbError::InProgress.answer()),
             Some(_) => None,
@@ -335,14 +383,17 @@ impl DynamoModel {
             "TransactWriteItems" => transact(&mut state, request),
             "DescribeTable" => describe_table(&state, request),
             "DescribeTimeToLive" => describe_ttl(&state, request),
-            other => Err(DdbError::Validation(format!("operation {other} is not modelled"))),
+            other => Err(DdbError::Validation(format!(
+                "operation {other} is not modelled"
+            ))),
         };
         out.unwrap_or_else(|e| e.answer())
     }
 }
 
 fn table<'a>(state: &'a State, request: &Value) -> Result<(&'a str, &'a Table), DdbError> {
-    let name = text(request, "TableName").ok_or_else(|| DdbError::Validation("TableName is missing".into()))?;
+    let name = text(request, "TableName")
+        .ok_or_else(|| DdbError::Validation("TableName is missing".into()))?;
     state
         .tables
         .get_key_value(name)
@@ -355,7 +406,9 @@ fn key_of(t: &Table, key: &Value) -> Result<String, DdbError> {
     let key = expr::item_from_json(key)?;
     match (key.len(), key.get(&t.key)) {
         (1, Some(Av::S(k))) if !k.is_empty() => Ok(k.clone()),
-        _ => Err(DdbError::Validation("The provided key element does not match the schema".into())),
+        _ => Err(DdbError::Validation(
+            "The provided key element does not match the schema".into(),
+        )),
     }
 }
 
@@ -378,19 +431,31 @@ fn parse_write(state: &State, op: &str, w: &Value) -> Result<Write, DdbError> {
     let (key, kind) = match op {
         "Put" | "PutItem" => {
             let item = expr::item_from_json(w.get("Item").unwrap_or(&Value::Null))?;
-            let key = match item.get(&t.key) {
-                Some(Av::S(k)) if !k.is_empty() => k.clone(),
-                _ => return Err(DdbError::Validation("One or more parameter values were invalid: Missing the key pk in the item".into())),
-            };
+            let key =
+                match item.get(&t.key) {
+                    Some(Av::S(k)) if !k.is_empty() => k.clone(),
+                    _ => return Err(DdbError::Validation(
+                        "One or more parameter values were invalid: Missing the key pk in the item"
+                            .into(),
+                    )),
+                };
             (key, WriteKind::Put(item))
         }
         "Update" | "UpdateItem" => {
             let key = key_of(t, w.get("Key").unwrap_or(&Value::Null))?;
             let Some(u) = text(w, "UpdateExpression") else {
-                return Err(DdbError::Validation("an update without UpdateExpression is not modelled".into()));
+                return Err(DdbError::Validation(
+                    "an update without UpdateExpression is not modelled".into(),
+                ));
             };
             let u = expr::parse_update(u, &mut ph)?;
-            let touches_key = u.set.iter().map(|(p, _)| p).chain(&u.remove).chain(u.add.iter().map(|(p, _)| p)).any(|p| *p == t.key);
+            let touches_key = u
+                .set
+                .iter()
+                .map(|(p, _)| p)
+                .chain(&u.remove)
+                .chain(u.add.iter().map(|(p, _)| p))
+                .any(|p| *p == t.key);
             if touches_key {
                 return Err(DdbError::Validation(format!(
                     "One or more parameter values were invalid: Cannot update attribute {}. This attribute is part of the key",
@@ -399,14 +464,26 @@ fn parse_write(state: &State, op: &str, w: &Value) -> Result<Write, DdbError> {
             }
             (key, WriteKind::Update(u))
         }
-        "Delete" | "DeleteItem" => (key_of(t, w.get("Key").unwrap_or(&Value::Null))?, WriteKind::Delete),
-        "ConditionCheck" => (key_of(t, w.get("Key").unwrap_or(&Value::Null))?, WriteKind::Check),
-        other => return Err(DdbError::Validation(format!("unknown transaction item {other}"))),
+        "Delete" | "DeleteItem" => (
+            key_of(t, w.get("Key").unwrap_or(&Value::Null))?,
+            WriteKind::Delete,
+        ),
+        "ConditionCheck" => (
+            key_of(t, w.get("Key").unwrap_or(&Value::Null))?,
+            WriteKind::Check,
+        ),
+        other => {
+            return Err(DdbError::Validation(format!(
+                "unknown transaction item {other}"
+            )));
+        }
     };
     let condition = match text(w, "ConditionExpression") {
         Some(c) => Some(expr::parse_condition(c, &mut ph)?),
         None if op == "ConditionCheck" => {
-            return Err(DdbError::Validation("ConditionCheck without ConditionExpression".into()));
+            return Err(DdbError::Validation(
+                "ConditionCheck without ConditionExpression".into(),
+            ));
         }
         None => None,
     };
@@ -456,7 +533,9 @@ impl Write {
         if let Some(item) = &new
             && expr::item_size(item) > MAX_ITEM_BYTES
         {
-            return Err(DdbError::Validation("Item size has exceeded the maximum allowed size".into()));
+            return Err(DdbError::Validation(
+                "Item size has exceeded the maximum allowed size".into(),
+            ));
         }
         Ok(Ok(new))
     }
@@ -475,7 +554,9 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
             _ => None,
         };
         let held_by = s(old, "owner");
-        let takes_over = new.as_ref().is_some_and(|n| s(n, "owner").as_deref() == Some(owner.as_str()))
+        let takes_over = new
+            .as_ref()
+            .is_some_and(|n| s(n, "owner").as_deref() == Some(owner.as_str()))
             && held_by.as_deref() != Some(owner.as_str())
             && matches!(&w.kind, WriteKind::Update(u) if u.set.iter().any(|(p, _)| p == "owner"));
         if s(old, "status").as_deref() == Some("IN_PROGRESS")
@@ -491,7 +572,8 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
     }
     let fenced = state.fenced.as_deref() == Some(w.table.as_str());
     if fenced {
-        let completed = |i: Option<&Item>| i.and_then(|i| i.get("status")) == Some(&Av::S("COMPLETED".into()));
+        let completed =
+            |i: Option<&Item>| i.and_then(|i| i.get("status")) == Some(&Av::S("COMPLETED".into()));
         match (completed(old), completed(new.as_ref())) {
             (false, true) => {
                 state.completions.insert(w.key.clone(), Instant::now());
@@ -526,7 +608,9 @@ fn single_write(state: &mut State, op: &str, request: &Value) -> Result<Answer, 
         _ => &["NONE", "ALL_OLD"],
     };
     if !allowed.contains(&return_values) {
-        return Err(DdbError::Validation(format!("ReturnValues {return_values} is not valid for {op}")));
+        return Err(DdbError::Validation(format!(
+            "ReturnValues {return_values} is not valid for {op}"
+        )));
     }
     let old = state.tables[&w.table].items.get(&w.key).cloned();
     let new = match w.evaluate(old.as_ref())? {
@@ -565,7 +649,9 @@ fn transact(state: &mut State, request: &Value) -> Result<Answer, DdbError> {
     }
     if let Some(token) = &token {
         let now = Instant::now();
-        state.tokens.retain(|_, t| now.duration_since(t.at) < TOKEN_WINDOW || t.answer.is_none());
+        state
+            .tokens
+            .retain(|_, t| now.duration_since(t.at) < TOKEN_WINDOW || t.answer.is_none());
         if let Some(known) = state.tokens.get(token) {
             if known.request != bare {
                 return Err(DdbError::Mismatch);
@@ -601,19 +687,32 @@ fn transact(state: &mut State, request: &Value) -> Result<Answer, DdbError> {
 fn transact_apply(state: &mut State, items: &[Value]) -> Result<Answer, DdbError> {
     let mut writes = Vec::with_capacity(items.len());
     for item in items {
-        let Some((op, w)) = item.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
-            return Err(DdbError::Validation("a transaction item must have exactly one operation".into()));
+        let Some((op, w)) = item
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .and_then(|o| o.iter().next())
+        else {
+            return Err(DdbError::Validation(
+                "a transaction item must have exactly one operation".into(),
+            ));
         };
         if !TRANSACTION_OPS.contains(&op.as_str()) {
-            return Err(DdbError::Validation(format!("unknown transaction item {op}")));
+            return Err(DdbError::Validation(format!(
+                "unknown transaction item {op}"
+            )));
         }
         if op != "ConditionCheck" && text(w, "ReturnValues").is_some() {
-            return Err(DdbError::Validation("ReturnValues is not valid in a transaction".into()));
+            return Err(DdbError::Validation(
+                "ReturnValues is not valid in a transaction".into(),
+            ));
         }
         writes.push(parse_write(state, op, w)?);
     }
     for (i, a) in writes.iter().enumerate() {
-        if writes[..i].iter().any(|b| b.table == a.table && b.key == a.key) {
+        if writes[..i]
+            .iter()
+            .any(|b| b.table == a.table && b.key == a.key)
+        {
             return Err(DdbError::Validation(
                 "Transaction request cannot include multiple operations on one item".into(),
             ));

@@ -61,22 +61,36 @@ fn strings(v: &serde_json::Value) -> Result<Vec<String>, Invalid> {
 impl Av {
     /// Reads a value from its wire form.
     pub fn from_json(v: &serde_json::Value) -> Result<Self, Invalid> {
-        let Some((tag, inner)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next())
+        let Some((tag, inner)) = v
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .and_then(|o| o.iter().next())
         else {
             return invalid("Supplied AttributeValue has more or less than one datatype");
         };
-        let text = || inner.as_str().map(str::to_owned).ok_or_else(|| Invalid(format!("{tag} is not a string")));
+        let text = || {
+            inner
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| Invalid(format!("{tag} is not a string")))
+        };
         Ok(match tag.as_str() {
             "S" => Self::S(text()?),
             "N" => {
                 let n = text()?;
                 if number(&n).is_none() {
-                    return invalid(format!("The parameter cannot be converted to a numeric value: {n}"));
+                    return invalid(format!(
+                        "The parameter cannot be converted to a numeric value: {n}"
+                    ));
                 }
                 Self::N(n)
             }
             "B" => Self::B(text()?),
-            "BOOL" => Self::Bool(inner.as_bool().ok_or_else(|| Invalid("BOOL is not a boolean".into()))?),
+            "BOOL" => Self::Bool(
+                inner
+                    .as_bool()
+                    .ok_or_else(|| Invalid("BOOL is not a boolean".into()))?,
+            ),
             "NULL" => Self::Null,
             "L" => Self::L(
                 inner
@@ -151,7 +165,9 @@ pub fn item_from_json(v: &serde_json::Value) -> Result<Item, Invalid> {
     let Some(o) = v.as_object() else {
         return invalid("an item is not an object");
     };
-    o.iter().map(|(k, v)| Ok((k.clone(), Av::from_json(v)?))).collect()
+    o.iter()
+        .map(|(k, v)| Ok((k.clone(), Av::from_json(v)?)))
+        .collect()
 }
 
 /// An item's wire form.
@@ -170,7 +186,11 @@ fn number(text: &str) -> Option<Num> {
     if let Ok(i) = text.trim().parse::<i128>() {
         return Some(Num::Int(i));
     }
-    text.trim().parse::<f64>().ok().filter(|f| f.is_finite()).map(Num::Float)
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite())
+        .map(Num::Float)
 }
 
 fn num_cmp(a: &str, b: &str) -> Option<Ordering> {
@@ -224,7 +244,9 @@ fn equal(a: &Av, b: &Av) -> bool {
             x.iter().collect::<BTreeSet<_>>() == y.iter().collect::<BTreeSet<_>>()
         }
         (Av::Ns(x), Av::Ns(y)) => {
-            x.len() == y.len() && x.iter().all(|n| y.iter().any(|m| num_cmp(n, m) == Some(Ordering::Equal)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|n| y.iter().any(|m| num_cmp(n, m) == Some(Ordering::Equal)))
         }
         (Av::L(x), Av::L(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| equal(p, q)),
         (Av::M(x), Av::M(y)) => {
@@ -378,11 +400,53 @@ fn tokenize(text: &str) -> Result<Vec<Tok>, Invalid> {
 /// Words DynamoDB reserves that a bare attribute name may not be (a subset of
 /// the documented list: those near the project's own attribute names).
 const RESERVED: &[&str] = &[
-    "status", "owner", "result", "error", "name", "data", "key", "value", "values", "time",
-    "timestamp", "date", "size", "count", "type", "state", "user", "table", "ttl", "order",
-    "group", "level", "index", "year", "month", "day", "hour", "minute", "second", "number",
-    "string", "binary", "list", "map", "set", "add", "remove", "delete", "and", "or", "not",
-    "between", "in", "exists", "condition", "conflict", "commit",
+    "status",
+    "owner",
+    "result",
+    "error",
+    "name",
+    "data",
+    "key",
+    "value",
+    "values",
+    "time",
+    "timestamp",
+    "date",
+    "size",
+    "count",
+    "type",
+    "state",
+    "user",
+    "table",
+    "ttl",
+    "order",
+    "group",
+    "level",
+    "index",
+    "year",
+    "month",
+    "day",
+    "hour",
+    "minute",
+    "second",
+    "number",
+    "string",
+    "binary",
+    "list",
+    "map",
+    "set",
+    "add",
+    "remove",
+    "delete",
+    "and",
+    "or",
+    "not",
+    "between",
+    "in",
+    "exists",
+    "condition",
+    "conflict",
+    "commit",
 ];
 
 /// Placeholders an expression may use, and which it did.
@@ -407,7 +471,11 @@ impl<'a> Placeholders<'a> {
     /// After every expression of the request was parsed: an unused
     /// placeholder is refused.
     pub fn check_all_used(&self) -> Result<(), Invalid> {
-        let unused: Vec<&String> = self.names.keys().filter(|k| !self.used_names.contains(*k)).collect();
+        let unused: Vec<&String> = self
+            .names
+            .keys()
+            .filter(|k| !self.used_names.contains(*k))
+            .collect();
         if !unused.is_empty() {
             let mut unused: Vec<&str> = unused.iter().map(|s| s.as_str()).collect();
             unused.sort_unstable();
@@ -416,8 +484,12 @@ impl<'a> Placeholders<'a> {
                 unused.join(", ")
             ));
         }
-        let mut unused: Vec<&str> =
-            self.values.keys().filter(|k| !self.used_values.contains(*k)).map(String::as_str).collect();
+        let mut unused: Vec<&str> = self
+            .values
+            .keys()
+            .filter(|k| !self.used_values.contains(*k))
+            .map(String::as_str)
+            .collect();
         if !unused.is_empty() {
             unused.sort_unstable();
             return invalid(format!(
@@ -459,7 +531,10 @@ impl Parser<'_, '_> {
             self.at += 1;
             return Ok(());
         }
-        invalid(format!("Invalid expression: expected {o:?} near token {}", self.at))
+        invalid(format!(
+            "Invalid expression: expected {o:?} near token {}",
+            self.at
+        ))
     }
 
     fn path(&mut self) -> Result<String, Invalid> {
@@ -481,7 +556,11 @@ impl Parser<'_, '_> {
                 }
                 w
             }
-            other => return invalid(format!("Invalid expression: expected a path, found {other:?}")),
+            other => {
+                return invalid(format!(
+                    "Invalid expression: expected a path, found {other:?}"
+                ));
+            }
         };
         if self.op(".") || self.op("[") {
             return invalid("nested document paths are not modelled");
@@ -510,7 +589,9 @@ impl Parser<'_, '_> {
                 self.at += 1;
                 Ok(Operand::Value(self.value(&v)?))
             }
-            Some(Tok::Word(w)) if w == "size" && self.toks.get(self.at + 1) == Some(&Tok::Op("(")) => {
+            Some(Tok::Word(w))
+                if w == "size" && self.toks.get(self.at + 1) == Some(&Tok::Op("(")) =>
+            {
                 self.at += 1;
                 self.function_args()?;
                 let p = self.path()?;
@@ -555,7 +636,9 @@ impl Parser<'_, '_> {
             return Ok(c);
         }
         let function = match self.peek() {
-            Some(Tok::Word(w)) if self.toks.get(self.at + 1) == Some(&Tok::Op("(")) => Some(w.clone()),
+            Some(Tok::Word(w)) if self.toks.get(self.at + 1) == Some(&Tok::Op("(")) => {
+                Some(w.clone())
+            }
             _ => None,
         };
         if let Some(f) = function.filter(|f| f != "size") {
@@ -630,18 +713,26 @@ impl Parser<'_, '_> {
         let left = self.update_operand()?;
         if self.op("+") {
             self.at += 1;
-            return Ok(Operand::Plus(Box::new(left), Box::new(self.update_operand()?)));
+            return Ok(Operand::Plus(
+                Box::new(left),
+                Box::new(self.update_operand()?),
+            ));
         }
         if self.op("-") {
             self.at += 1;
-            return Ok(Operand::Minus(Box::new(left), Box::new(self.update_operand()?)));
+            return Ok(Operand::Minus(
+                Box::new(left),
+                Box::new(self.update_operand()?),
+            ));
         }
         Ok(left)
     }
 
     fn update_operand(&mut self) -> Result<Operand, Invalid> {
         let function = match self.peek() {
-            Some(Tok::Word(w)) if self.toks.get(self.at + 1) == Some(&Tok::Op("(")) => Some(w.clone()),
+            Some(Tok::Word(w)) if self.toks.get(self.at + 1) == Some(&Tok::Op("(")) => {
+                Some(w.clone())
+            }
             _ => None,
         };
         match function.as_deref() {
@@ -661,7 +752,9 @@ impl Parser<'_, '_> {
                 self.expect(")")?;
                 Ok(Operand::ListAppend(Box::new(a), Box::new(b)))
             }
-            Some(other) => invalid(format!("Invalid UpdateExpression: function {other} is not allowed here")),
+            Some(other) => invalid(format!(
+                "Invalid UpdateExpression: function {other} is not allowed here"
+            )),
             None => match self.next() {
                 Some(Tok::Value(v)) => Ok(Operand::Value(self.value(&v)?)),
                 Some(t) => {
@@ -698,9 +791,18 @@ impl Parser<'_, '_> {
                     "ADD" | "DELETE" => {
                         let p = self.path()?;
                         let v = self.update_operand()?;
-                        if clause == "ADD" { &mut u.add } else { &mut u.delete }.push((p, v));
+                        if clause == "ADD" {
+                            &mut u.add
+                        } else {
+                            &mut u.delete
+                        }
+                        .push((p, v));
                     }
-                    other => return invalid(format!("Invalid UpdateExpression: unknown clause {other}")),
+                    other => {
+                        return invalid(format!(
+                            "Invalid UpdateExpression: unknown clause {other}"
+                        ));
+                    }
                 }
                 if !self.op(",") {
                     break;
@@ -714,7 +816,10 @@ impl Parser<'_, '_> {
 
 fn done<T>(p: &Parser<'_, '_>, v: T) -> Result<T, Invalid> {
     if p.at < p.toks.len() {
-        return invalid(format!("Invalid expression: unexpected token {:?}", p.toks[p.at]));
+        return invalid(format!(
+            "Invalid expression: unexpected token {:?}",
+            p.toks[p.at]
+        ));
     }
     Ok(v)
 }
@@ -724,7 +829,11 @@ pub fn parse_condition(text: &str, ph: &mut Placeholders<'_>) -> Result<Cond, In
     if text.trim().is_empty() {
         return invalid("Invalid ConditionExpression: The expression can not be empty;");
     }
-    let mut p = Parser { toks: tokenize(text)?, at: 0, ph };
+    let mut p = Parser {
+        toks: tokenize(text)?,
+        at: 0,
+        ph,
+    };
     let c = p.or()?;
     done(&p, c)
 }
@@ -734,11 +843,18 @@ pub fn parse_update(text: &str, ph: &mut Placeholders<'_>) -> Result<Update, Inv
     if text.trim().is_empty() {
         return invalid("Invalid UpdateExpression: The expression can not be empty;");
     }
-    let mut p = Parser { toks: tokenize(text)?, at: 0, ph };
+    let mut p = Parser {
+        toks: tokenize(text)?,
+        at: 0,
+        ph,
+    };
     let u = p.update()?;
     let u = done(&p, u)?;
     let mut paths = BTreeSet::new();
-    let all = u.set.iter().map(|(p, _)| p)
+    let all = u
+        .set
+        .iter()
+        .map(|(p, _)| p)
         .chain(&u.remove)
         .chain(u.add.iter().map(|(p, _)| p))
         .chain(u.delete.iter().map(|(p, _)| p));
@@ -775,24 +891,36 @@ fn operand_value(o: &Operand, item: &Item) -> Result<Option<Av>, Invalid> {
             None => operand_value(v, item)?,
         },
         Operand::ListAppend(a, b) => {
-            let (Some(Av::L(mut a)), Some(Av::L(b))) = (operand_value(a, item)?, operand_value(b, item)?) else {
-                return invalid("Invalid UpdateExpression: Incorrect operand type for operator or function; operator or function: list_append");
+            let (Some(Av::L(mut a)), Some(Av::L(b))) =
+                (operand_value(a, item)?, operand_value(b, item)?)
+            else {
+                return invalid(
+                    "Invalid UpdateExpression: Incorrect operand type for operator or function; operator or function: list_append",
+                );
             };
             a.extend(b);
             Some(Av::L(a))
         }
         Operand::Plus(a, b) | Operand::Minus(a, b) => {
-            let sign = if matches!(o, Operand::Plus(..)) { 1 } else { -1 };
+            let sign = if matches!(o, Operand::Plus(..)) {
+                1
+            } else {
+                -1
+            };
             match (operand_value(a, item)?, operand_value(b, item)?) {
                 (Some(Av::N(x)), Some(Av::N(y))) => match add_numbers(&x, &y, sign) {
                     Some(n) => Some(Av::N(n)),
                     None => return invalid("Number overflow"),
                 },
                 (None, _) | (_, None) => {
-                    return invalid("The provided expression refers to an attribute that does not exist in the item");
+                    return invalid(
+                        "The provided expression refers to an attribute that does not exist in the item",
+                    );
                 }
                 _ => {
-                    return invalid("An operand in the update expression has an incorrect data type");
+                    return invalid(
+                        "An operand in the update expression has an incorrect data type",
+                    );
                 }
             }
         }
@@ -821,10 +949,16 @@ pub fn eval(c: &Cond, item: &Item) -> Result<bool, Invalid> {
             }
         }
         Cond::Between(a, lo, hi) => {
-            match (operand_value(a, item)?, operand_value(lo, item)?, operand_value(hi, item)?) {
+            match (
+                operand_value(a, item)?,
+                operand_value(lo, item)?,
+                operand_value(hi, item)?,
+            ) {
                 (Some(a), Some(lo), Some(hi)) => {
                     if compare(&lo, &hi) == Some(Ordering::Greater) {
-                        return invalid("Invalid ConditionExpression: The BETWEEN operator requires upper bound to be greater than or equal to lower bound");
+                        return invalid(
+                            "Invalid ConditionExpression: The BETWEEN operator requires upper bound to be greater than or equal to lower bound",
+                        );
                     }
                     compare(&lo, &a).is_some_and(|o| o != Ordering::Greater)
                         && compare(&a, &hi).is_some_and(|o| o != Ordering::Greater)
@@ -847,10 +981,16 @@ pub fn eval(c: &Cond, item: &Item) -> Result<bool, Invalid> {
         Cond::Type(p, t) => match (item.get(p), operand_value(t, item)?) {
             (Some(v), Some(Av::S(t))) => v.type_name() == t,
             (_, Some(Av::S(_))) => false,
-            _ => return invalid("Invalid ConditionExpression: attribute_type takes a string type name"),
+            _ => {
+                return invalid(
+                    "Invalid ConditionExpression: attribute_type takes a string type name",
+                );
+            }
         },
         Cond::BeginsWith(a, b) => match (operand_value(a, item)?, operand_value(b, item)?) {
-            (Some(Av::S(a)), Some(Av::S(b))) | (Some(Av::B(a)), Some(Av::B(b))) => a.starts_with(&b),
+            (Some(Av::S(a)), Some(Av::S(b))) | (Some(Av::B(a)), Some(Av::B(b))) => {
+                a.starts_with(&b)
+            }
             _ => false,
         },
         Cond::Contains(a, b) => match (operand_value(a, item)?, operand_value(b, item)?) {
@@ -875,7 +1015,9 @@ pub fn apply(u: &Update, item: &Item) -> Result<Item, Invalid> {
                 out.insert(p.clone(), v);
             }
             None => {
-                return invalid("The provided expression refers to an attribute that does not exist in the item");
+                return invalid(
+                    "The provided expression refers to an attribute that does not exist in the item",
+                );
             }
         }
     }
@@ -940,10 +1082,19 @@ mod tests {
         Av::N(v.to_string())
     }
 
-    fn ctx(names: &[(&str, &str)], values: &[(&str, Av)]) -> (HashMap<String, String>, HashMap<String, Av>) {
+    fn ctx(
+        names: &[(&str, &str)],
+        values: &[(&str, Av)],
+    ) -> (HashMap<String, String>, HashMap<String, Av>) {
         (
-            names.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
-            values.iter().map(|(k, v)| ((*k).into(), v.clone())).collect(),
+            names
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            values
+                .iter()
+                .map(|(k, v)| ((*k).into(), v.clone()))
+                .collect(),
         )
     }
 
@@ -955,7 +1106,10 @@ mod tests {
     }
 
     fn item(pairs: &[(&str, Av)]) -> Item {
-        pairs.iter().map(|(k, v)| ((*k).into(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), v.clone()))
+            .collect()
     }
 
     #[test]
@@ -1003,7 +1157,14 @@ mod tests {
         assert!(holds("attribute_type(pk, :t)", &it, &[(":t", s("S"))]).unwrap());
         assert!(holds("size(pk) = :n", &it, &[(":n", n(5))]).unwrap());
         assert!(holds("pk IN (:a, :b)", &it, &[(":a", s("x")), (":b", s("sim#1"))]).unwrap());
-        assert!(holds("size(pk) BETWEEN :a AND :b", &it, &[(":a", n(1)), (":b", n(5))]).unwrap());
+        assert!(
+            holds(
+                "size(pk) BETWEEN :a AND :b",
+                &it,
+                &[(":a", n(1)), (":b", n(5))]
+            )
+            .unwrap()
+        );
     }
 
     #[test]
@@ -1023,7 +1184,15 @@ mod tests {
     #[test]
     fn malformed_expressions_are_refused() {
         let it = item(&[]);
-        for bad in ["a =", "(a = :v", "a = :v)", "a == :v", "nosuch(a)", "a = :v AND", ""] {
+        for bad in [
+            "a =",
+            "(a = :v",
+            "a = :v)",
+            "a == :v",
+            "nosuch(a)",
+            "a = :v AND",
+            "",
+        ] {
             assert!(holds(bad, &it, &[(":v", n(1))]).is_err(), "{bad}");
         }
     }
@@ -1049,14 +1218,27 @@ mod tests {
         assert_eq!(out.get("status"), Some(&s("IN_PROGRESS")));
         assert_eq!(out.get("y"), Some(&s("old")));
         assert!(!out.contains_key("x"));
-        let out = update("SET attempts = if_not_exists(attempts, :zero) + :one", &item(&[]), &v[..2]).unwrap();
+        let out = update(
+            "SET attempts = if_not_exists(attempts, :zero) + :one",
+            &item(&[]),
+            &v[..2],
+        )
+        .unwrap();
         assert_eq!(out.get("attempts"), Some(&n(1)));
     }
 
     #[test]
     fn add_counts_and_unions_and_list_append_concatenates() {
-        let it = item(&[("c", n(5)), ("tags", Av::Ss(vec!["a".into()])), ("l", Av::L(vec![n(1)]))]);
-        let v = [(":d", n(-2)), (":t", Av::Ss(vec!["a".into(), "b".into()])), (":l", Av::L(vec![n(2)]))];
+        let it = item(&[
+            ("c", n(5)),
+            ("tags", Av::Ss(vec!["a".into()])),
+            ("l", Av::L(vec![n(1)])),
+        ]);
+        let v = [
+            (":d", n(-2)),
+            (":t", Av::Ss(vec!["a".into(), "b".into()])),
+            (":l", Av::L(vec![n(2)])),
+        ];
         let out = update("ADD c :d, tags :t SET l = list_append(l, :l)", &it, &v).unwrap();
         assert_eq!(out.get("c"), Some(&n(3)));
         assert_eq!(out.get("tags"), Some(&Av::Ss(vec!["a".into(), "b".into()])));

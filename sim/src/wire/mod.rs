@@ -120,8 +120,7 @@ fn sqs_response(answer: &sqs::SqsAnswer) -> HttpResponse {
         body: answer.body.clone(),
     });
     if let Some(code) = &answer.query_error {
-        r.headers_mut()
-            .insert("x-amzn-query-error", code.clone());
+        r.headers_mut().insert("x-amzn-query-error", code.clone());
     }
     r
 }
@@ -161,7 +160,11 @@ fn conflict(body: &serde_json::Value) -> Answer {
         .map_or(1, Vec::len);
     let reasons = (0..n.max(1))
         .map(|i| dynamodb::Reason {
-            code: if i == 0 { "TransactionConflict" } else { "None" },
+            code: if i == 0 {
+                "TransactionConflict"
+            } else {
+                "None"
+            },
             item: None,
             message: (i == 0).then(|| "Transaction is ongoing for the item".to_owned()),
         })
@@ -196,12 +199,18 @@ impl Wire {
                 link.draw_wire(&op, op == "TransactWriteItems")
             }
         };
-        let apply = |model: &DynamoModel| model.hold(&op, &body).unwrap_or_else(|| model.handle(&op, &body));
+        let apply = |model: &DynamoModel| {
+            model
+                .hold(&op, &body)
+                .unwrap_or_else(|| model.handle(&op, &body))
+        };
         match fault {
             WireFault::None => Ok(response(&apply(model))),
             WireFault::Cut => {
                 tokio::time::sleep(connect_timeout).await;
-                Err(ConnectorError::timeout("connect timeout (the host is cut off)".into()))
+                Err(ConnectorError::timeout(
+                    "connect timeout (the host is cut off)".into(),
+                ))
             }
             WireFault::ResetBefore => Err(reset()),
             WireFault::ResetAfter => {

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sqs_once::{Attribute, AttributeValue, MemoryQueue};
 use sqs_once::queue::memory::{QueueSettings, RedrivePolicy, SendOptions};
 use sqs_once::queue::{OutgoingMessage, QueueClient, QueueError, ReceiveRequest};
+use sqs_once::{Attribute, AttributeValue, MemoryQueue};
 
 /// An answer: HTTP status, JSON body, and the legacy error code if an error.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,11 +37,17 @@ pub fn error(code: &str, message: &str) -> SqsAnswer {
         "NonExistentQueue" => "QueueDoesNotExist",
         other => other,
     };
-    let server = matches!(short, "InternalError" | "InternalFailure" | "ServiceUnavailable");
+    let server = matches!(
+        short,
+        "InternalError" | "InternalFailure" | "ServiceUnavailable"
+    );
     SqsAnswer {
         status: if server { 500 } else { 400 },
         body: json!({ "__type": format!("com.amazonaws.sqs#{short}"), "message": message }),
-        query_error: Some(format!("{code};{}", if server { "Receiver" } else { "Sender" })),
+        query_error: Some(format!(
+            "{code};{}",
+            if server { "Receiver" } else { "Sender" }
+        )),
     }
 }
 
@@ -71,7 +77,10 @@ fn secs(v: &Value, k: &str) -> Option<Duration> {
 }
 
 fn missing(what: &str) -> SqsAnswer {
-    error("MissingParameter", &format!("The request must contain the parameter {what}."))
+    error(
+        "MissingParameter",
+        &format!("The request must contain the parameter {what}."),
+    )
 }
 
 /// The message attributes of a request or a message, in their wire form.
@@ -96,14 +105,21 @@ fn attributes_of(v: Option<&Value>) -> Result<BTreeMap<String, Attribute>, SqsAn
     };
     let mut out = BTreeMap::new();
     for (name, a) in m {
-        let data_type = text(a, "DataType").ok_or_else(|| missing("DataType"))?.to_owned();
+        let data_type = text(a, "DataType")
+            .ok_or_else(|| missing("DataType"))?
+            .to_owned();
         let value = match (text(a, "StringValue"), text(a, "BinaryValue")) {
             (Some(s), _) => AttributeValue::Text(s.to_owned()),
             (None, Some(b)) => AttributeValue::Binary(
                 aws_smithy_types::base64::decode(b)
                     .map_err(|_| error("InvalidParameterValue", "BinaryValue is not base64"))?,
             ),
-            (None, None) => return Err(error("InvalidParameterValue", "an attribute without a value")),
+            (None, None) => {
+                return Err(error(
+                    "InvalidParameterValue",
+                    "an attribute without a value",
+                ));
+            }
         };
         out.insert(name.clone(), Attribute { data_type, value });
     }
@@ -153,7 +169,9 @@ fn entries(request: &Value) -> Result<Vec<(String, String, Value)>, SqsAnswer> {
                 &format!("Id {id} repeated."),
             ));
         }
-        let receipt = text(e, "ReceiptHandle").ok_or_else(|| missing("ReceiptHandle"))?.to_owned();
+        let receipt = text(e, "ReceiptHandle")
+            .ok_or_else(|| missing("ReceiptHandle"))?
+            .to_owned();
         out.push((id, receipt, e.clone()));
     }
     Ok(out)
@@ -209,42 +227,72 @@ impl SqsModel {
             "ReceiveMessage" => self.receive(url, request).await,
             "DeleteMessage" => self.delete(url, request).await,
             "ChangeMessageVisibility" => self.change_visibility(url, request).await,
-            "DeleteMessageBatch" | "ChangeMessageVisibilityBatch" => self.batch(op, url, request).await,
+            "DeleteMessageBatch" | "ChangeMessageVisibilityBatch" => {
+                self.batch(op, url, request).await
+            }
             "SendMessage" => self.send(url, request).await,
             "GetQueueAttributes" => self.attributes(url).await,
-            other => Err(error("InvalidAction", &format!("The action {other} is not valid for this endpoint."))),
+            other => Err(error(
+                "InvalidAction",
+                &format!("The action {other} is not valid for this endpoint."),
+            )),
         };
         out.unwrap_or_else(|e| e)
     }
 
     async fn receive(&self, url: &str, request: &Value) -> Result<SqsAnswer, SqsAnswer> {
-        let max = request.get("MaxNumberOfMessages").and_then(Value::as_u64).unwrap_or(1);
+        let max = request
+            .get("MaxNumberOfMessages")
+            .and_then(Value::as_u64)
+            .unwrap_or(1);
         if !(1..=10).contains(&max) {
-            return Err(error("InvalidParameterValue", "MaxNumberOfMessages must be between 1 and 10."));
+            return Err(error(
+                "InvalidParameterValue",
+                "MaxNumberOfMessages must be between 1 and 10.",
+            ));
         }
         let visibility = match secs(request, "VisibilityTimeout") {
             Some(v) => v,
-            None => self.0.attributes(url).await.map_err(|e| from_queue_error(&e))?.visibility_timeout.unwrap_or(Duration::from_secs(30)),
+            None => self
+                .0
+                .attributes(url)
+                .await
+                .map_err(|e| from_queue_error(&e))?
+                .visibility_timeout
+                .unwrap_or(Duration::from_secs(30)),
         };
         let req = ReceiveRequest {
             max: usize::try_from(max).unwrap_or(10),
             wait: secs(request, "WaitTimeSeconds").unwrap_or(Duration::ZERO),
             visibility,
         };
-        let got = self.0.receive(url, req).await.map_err(|e| from_queue_error(&e))?;
-        Ok(ok(json!({ "Messages": got.iter().map(message_json).collect::<Vec<_>>() })))
+        let got = self
+            .0
+            .receive(url, req)
+            .await
+            .map_err(|e| from_queue_error(&e))?;
+        Ok(ok(
+            json!({ "Messages": got.iter().map(message_json).collect::<Vec<_>>() }),
+        ))
     }
 
     async fn delete(&self, url: &str, request: &Value) -> Result<SqsAnswer, SqsAnswer> {
         let receipt = text(request, "ReceiptHandle").ok_or_else(|| missing("ReceiptHandle"))?;
-        self.0.delete(url, receipt).await.map_err(|e| from_queue_error(&e))?;
+        self.0
+            .delete(url, receipt)
+            .await
+            .map_err(|e| from_queue_error(&e))?;
         Ok(ok(json!({})))
     }
 
     async fn change_visibility(&self, url: &str, request: &Value) -> Result<SqsAnswer, SqsAnswer> {
         let receipt = text(request, "ReceiptHandle").ok_or_else(|| missing("ReceiptHandle"))?;
-        let timeout = secs(request, "VisibilityTimeout").ok_or_else(|| missing("VisibilityTimeout"))?;
-        self.0.change_visibility(url, receipt, timeout).await.map_err(|e| from_queue_error(&e))?;
+        let timeout =
+            secs(request, "VisibilityTimeout").ok_or_else(|| missing("VisibilityTimeout"))?;
+        self.0
+            .change_visibility(url, receipt, timeout)
+            .await
+            .map_err(|e| from_queue_error(&e))?;
         Ok(ok(json!({})))
     }
 
@@ -260,7 +308,9 @@ impl SqsModel {
                 .first()
                 .and_then(|(_, _, e)| secs(e, "VisibilityTimeout"))
                 .unwrap_or(Duration::ZERO);
-            self.0.change_visibility_batch(url, &receipts, timeout).await
+            self.0
+                .change_visibility_batch(url, &receipts, timeout)
+                .await
         }
         .map_err(|e| from_queue_error(&e))?;
         Ok(batch_answer(&ids, &failed))
@@ -277,12 +327,21 @@ impl SqsModel {
         let options = SendOptions {
             delay: secs(request, "DelaySeconds"),
         };
-        let sent = self.0.send_with(url, message, options).map_err(|e| from_queue_error(&e))?;
-        Ok(ok(json!({ "MessageId": sent.message_id, "MD5OfMessageBody": "" })))
+        let sent = self
+            .0
+            .send_with(url, message, options)
+            .map_err(|e| from_queue_error(&e))?;
+        Ok(ok(
+            json!({ "MessageId": sent.message_id, "MD5OfMessageBody": "" }),
+        ))
     }
 
     async fn attributes(&self, url: &str) -> Result<SqsAnswer, SqsAnswer> {
-        let a = self.0.attributes(url).await.map_err(|e| from_queue_error(&e))?;
+        let a = self
+            .0
+            .attributes(url)
+            .await
+            .map_err(|e| from_queue_error(&e))?;
         let name = url.rsplit('/').next().unwrap_or_default();
         let mut attrs = json!({ "QueueArn": format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}") });
         if let Some(v) = a.visibility_timeout {
@@ -295,7 +354,9 @@ impl SqsModel {
             attrs["MaximumMessageSize"] = m.to_string().into();
         }
         if let Some(arn) = a.dead_letter_target_arn {
-            attrs["RedrivePolicy"] = json!({ "deadLetterTargetArn": arn, "maxReceiveCount": 0 }).to_string().into();
+            attrs["RedrivePolicy"] = json!({ "deadLetterTargetArn": arn, "maxReceiveCount": 0 })
+                .to_string()
+                .into();
         }
         Ok(ok(json!({ "Attributes": attrs })))
     }
@@ -318,11 +379,15 @@ impl SqsModel {
             let policy: Value = serde_json::from_str(policy).unwrap_or_default();
             let arn = text(&policy, "deadLetterTargetArn").unwrap_or_default();
             let max = policy.get("maxReceiveCount").and_then(|m| {
-                m.as_u64().or_else(|| m.as_str().and_then(|s| s.parse().ok()))
+                m.as_u64()
+                    .or_else(|| m.as_str().and_then(|s| s.parse().ok()))
             });
             let dlq = arn.rsplit(':').next().unwrap_or_default();
             let (Some(max), Ok(dlq_url)) = (max, self.0.queue_url(dlq, ACCOUNT).await) else {
-                return error("InvalidAttributeValue", "Value for parameter RedrivePolicy is invalid.");
+                return error(
+                    "InvalidAttributeValue",
+                    "Value for parameter RedrivePolicy is invalid.",
+                );
             };
             settings.redrive = Some(RedrivePolicy {
                 dlq_url,

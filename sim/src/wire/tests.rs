@@ -60,7 +60,10 @@ async fn the_table_check_passes_on_the_models_table_and_fails_on_a_missing_one()
     store.check_table().await.unwrap();
     let missing = DynamoStore::new(client, "nope");
     let err = missing.check_table().await.unwrap_err();
-    assert!(matches!(err, sqs_once::dedup::dynamodb::TableCheckError::Missing(_)), "{err}");
+    assert!(
+        matches!(err, sqs_once::dedup::dynamodb::TableCheckError::Missing(_)),
+        "{err}"
+    );
     assert_eq!(model.applied(), 0);
 }
 
@@ -71,7 +74,10 @@ async fn a_claim_is_exclusive_until_completed_and_then_a_duplicate() {
     assert!(matches!(first, Claim::Acquired { attempt: 1 }), "{first:?}");
     let second = store.claim(&claim_request("b", "m2")).await.unwrap();
     assert!(matches!(second, Claim::InFlight { .. }), "{second:?}");
-    store.complete(completion("a", vec![row("e1", "m1")])).await.unwrap();
+    store
+        .complete(completion("a", vec![row("e1", "m1")]))
+        .await
+        .unwrap();
     let third = store.claim(&claim_request("c", "m3")).await.unwrap();
     assert!(matches!(third, Claim::Duplicate { .. }), "{third:?}");
     let record = store.get("sim#e1").await.unwrap().unwrap();
@@ -88,7 +94,10 @@ async fn a_completion_after_losing_the_lease_is_refused_and_writes_nothing() {
     let taken = store.claim(&claim_request("b", "m2")).await.unwrap();
     assert!(matches!(taken, Claim::Acquired { attempt: 2 }), "{taken:?}");
     let late = store.complete(completion("a", vec![row("e1", "m1")])).await;
-    assert!(matches!(late, Err(StoreError::LeaseLost { .. })), "{late:?}");
+    assert!(
+        matches!(late, Err(StoreError::LeaseLost { .. })),
+        "{late:?}"
+    );
     assert!(model.committed().is_empty());
 }
 
@@ -97,9 +106,15 @@ async fn a_staged_writes_own_failed_condition_is_reported_with_its_index() {
     let (model, store, _) = setup();
     store.claim(&claim_request("a", "m1")).await.unwrap();
     // The ledger row exists already: the staged put's own condition fails.
-    store.commit_unprotected(vec![row("e1", "m0")]).await.unwrap();
+    store
+        .commit_unprotected(vec![row("e1", "m0")])
+        .await
+        .unwrap();
     let out = store.complete(completion("a", vec![row("e1", "m1")])).await;
-    assert!(matches!(out, Err(StoreError::WriteConditionFailed { index: 0, .. })), "{out:?}");
+    assert!(
+        matches!(out, Err(StoreError::WriteConditionFailed { index: 0, .. })),
+        "{out:?}"
+    );
     assert_eq!(model.committed().len(), 1);
     let record = store.get("sim#e1").await.unwrap().unwrap();
     assert_eq!(record.status, Status::InProgress);
@@ -124,7 +139,12 @@ async fn a_token_answers_a_resend_without_applying_and_refuses_another_request()
     assert_eq!(model.committed().len(), 1);
     let other = model.handle("TransactWriteItems", &transaction("t1", "m2"));
     assert_eq!(other.status, 400);
-    assert!(other.body["__type"].as_str().unwrap().ends_with("#IdempotentParameterMismatchException"));
+    assert!(
+        other.body["__type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#IdempotentParameterMismatchException")
+    );
     // Ten minutes on, the token is forgotten: the same request applies again.
     tokio::time::advance(dynamodb::TOKEN_WINDOW).await;
     let later = model.handle("TransactWriteItems", &transaction("t1", "m2"));
@@ -138,7 +158,12 @@ async fn a_held_token_answers_in_progress_until_applied() {
     let t = transaction("t2", "m1");
     assert!(model.hold("TransactWriteItems", &t).is_none());
     let busy = model.hold("TransactWriteItems", &t).unwrap();
-    assert!(busy.body["__type"].as_str().unwrap().ends_with("#TransactionInProgressException"));
+    assert!(
+        busy.body["__type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#TransactionInProgressException")
+    );
     assert_eq!(model.handle("TransactWriteItems", &t).status, 200);
     assert!(model.hold("TransactWriteItems", &t).is_none());
     assert_eq!(model.handle("TransactWriteItems", &t).status, 200);
@@ -163,13 +188,17 @@ async fn the_sdk_reads_the_models_errors_as_their_documented_types() {
         .await
         .unwrap_err();
     let service = err.into_service_error();
-    let aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) =
-        service
+    let aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(
+        c,
+    ) = service
     else {
         panic!("{service:?}");
     };
     assert_eq!(
-        c.item().and_then(|i| i.get("owner")).and_then(|o| o.as_s().ok()).map(String::as_str),
+        c.item()
+            .and_then(|i| i.get("owner"))
+            .and_then(|o| o.as_s().ok())
+            .map(String::as_str),
         Some("a")
     );
     let err = client
@@ -204,8 +233,14 @@ mod sqs {
         let url = queue
             .create_queue(QueueSettings::new("q"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let wire = Wire::new(Service::Sqs(SqsModel::new(queue.clone())), None, Life::default());
-        let clock = Arc::new(sqs_once::clock::TokioClock::starting_at(crate::hosts::epoch()));
+        let wire = Wire::new(
+            Service::Sqs(SqsModel::new(queue.clone())),
+            None,
+            Life::default(),
+        );
+        let clock = Arc::new(sqs_once::clock::TokioClock::starting_at(
+            crate::hosts::epoch(),
+        ));
         (queue, sqs_client(wire, clock, Duration::from_secs(30)), url)
     }
 
@@ -246,7 +281,10 @@ mod sqs {
             .await
             .unwrap();
         assert_eq!(failed.len(), 1);
-        assert_eq!((failed[0].index, failed[0].code.as_str()), (1, "ReceiptHandleIsInvalid"));
+        assert_eq!(
+            (failed[0].index, failed[0].code.as_str()),
+            (1, "ReceiptHandleIsInvalid")
+        );
         let gone = client.receive(&url, request()).await.unwrap();
         assert!(gone.is_empty(), "the batch's good entry deleted: {gone:?}");
         let missing = client.attributes(&format!("{url}-nope")).await.unwrap_err();
