@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::{Value, json};
-use sqs_once::calls::CallCounter;
+use sqs_once::aws::calls::CallCounter;
 use sqs_once::config::ProcessorConfig;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
 use sqs_once::poller::PollerConfig;

@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::calls::CallCounter;
-use crate::config::{ConfigError, ProcessorConfig};
-use crate::dedup::dynamodb::TableCheckError;
-#[cfg(feature = "lambda")]
-use crate::lambda::{LambdaAdapter, LambdaConfig};
+use crate::aws::calls::CallCounter;
+use crate::aws::dynamodb::TableCheckError;
+use crate::protocol::config::{ConfigError, ProcessorConfig};
 #[cfg(feature = "s3-payloads")]
-use crate::payloads::{LargePayloads, PayloadLocation};
+use crate::protocol::payloads::{LargePayloads, PayloadLocation};
+#[cfg(feature = "lambda")]
+use crate::runtime::lambda::{LambdaAdapter, LambdaConfig};
 #[cfg(feature = "poller")]
-use crate::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
+use crate::runtime::poller::{PollerConfig, QueueCheckError, RunStats, check_queue};
 use crate::{DynamoStore, Handler, KeySource, Processor};
 
 /// How long one SQS request may take beyond its long-poll wait.
@@ -51,8 +51,8 @@ pub enum StartError {
     NotCompiledIn(&'static str),
 }
 
-impl From<crate::key::KeySourceParseError> for StartError {
-    fn from(e: crate::key::KeySourceParseError) -> Self {
+impl From<crate::protocol::key::KeySourceParseError> for StartError {
+    fn from(e: crate::protocol::key::KeySourceParseError) -> Self {
         Self::Config(ConfigError {
             setting: "SQS_ONCE_DEDUP_KEY",
             problem: e.to_string(),
@@ -205,7 +205,7 @@ impl SqsOnce {
     /// Without it, under `message-id`/`dedup-id` keys a copy brought back
     /// from the DLQ is processed under a new key (a warning at start-up says
     /// so).
-    pub fn carry_secret(mut self, secret: crate::key::CarrySecret) -> Self {
+    pub fn carry_secret(mut self, secret: crate::protocol::key::CarrySecret) -> Self {
         self.processor.carry_secret = Some(secret);
         self
     }
@@ -261,7 +261,7 @@ impl SqsOnce {
     fn payload_places(&mut self, places: Option<Vec<PayloadLocation>>) {
         let options = self.large_payloads.get_or_insert(LargePayloadOptions {
             delete: false,
-            max_bytes: crate::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
+            max_bytes: crate::protocol::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
             places: None,
         });
         options.places = Some(places);
@@ -321,13 +321,13 @@ impl SqsOnce {
     #[cfg(feature = "lambda")]
     pub async fn run_lambda<H: Handler>(self, handler: H) -> Result<(), StartError> {
         let adapter = self.lambda_adapter(handler).await?;
-        crate::lambda::run(adapter)
+        crate::runtime::lambda::run(adapter)
             .await
             .map_err(StartError::Lambda)
     }
 
     /// Checks the table and builds the Lambda adapter, for a process that
-    /// drives `lambda_runtime` itself (see [`crate::lambda::run`]).
+    /// drives `lambda_runtime` itself (see [`crate::runtime::lambda::run`]).
     #[cfg(feature = "lambda")]
     pub async fn lambda_adapter<H: Handler>(
         self,
@@ -387,7 +387,8 @@ impl SqsOnce {
             }
         };
         tracing::info!(queue = %poller.queue_url, concurrency = poller.concurrency, "polling");
-        let stats = crate::poller::run(prepared.sqs, prepared.processor, poller, shutdown).await;
+        let stats =
+            crate::runtime::poller::run(prepared.sqs, prepared.processor, poller, shutdown).await;
         tracing::info!(?stats, "stopped");
         Ok(PollerReport {
             stats,

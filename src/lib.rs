@@ -59,57 +59,53 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+// The layers, bottom up (docs/DESIGN.md, "Layers"); `tests/layers.rs`
+// fails on an import that runs back up.
 #[cfg(any(feature = "poller", feature = "lambda"))]
 mod app;
 pub mod aws;
-pub mod calls;
-#[cfg(feature = "cli")]
-pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod dedup;
-mod handler;
-pub mod key;
-#[cfg(feature = "lambda")]
-pub mod lambda;
-mod message;
-pub mod metrics;
-#[doc(hidden)]
-pub mod mutants;
-#[cfg(feature = "otel")]
-pub mod otel;
-pub mod payloads;
-#[cfg(feature = "poller")]
-pub mod poller;
-pub mod processor;
-pub mod queue;
+#[cfg(feature = "env")]
+pub mod env;
+mod protocol;
 #[cfg(any(feature = "poller", feature = "lambda"))]
 mod runtime;
-pub mod trace;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+#[doc(hidden)]
+pub use protocol::mutants;
+#[cfg(feature = "otel")]
+pub use protocol::otel;
+pub use protocol::{
+    clock, config, key, limits, metrics, parking, payloads, queue, redrive, store, trace,
+};
+#[cfg(feature = "lambda")]
+pub use runtime::lambda;
+#[cfg(feature = "poller")]
+pub use runtime::poller;
 
 #[cfg(feature = "poller")]
 pub use app::PollerReport;
 #[cfg(any(feature = "poller", feature = "lambda"))]
 pub use app::{SqsOnce, StartError, shutdown_on_signals};
-pub use config::{MissingKey, PayloadMismatch, ProcessorConfig};
-pub use dedup::dynamodb::DynamoStore;
-#[cfg(any(test, feature = "testkit"))]
-pub use dedup::memory::MemoryStore;
-pub use dedup::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
-pub use handler::{
+pub use aws::dynamodb::DynamoStore;
+pub use protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
+pub use protocol::handler::{
     Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,
     StagedWrite, handler_fn, staged_only,
 };
-pub use key::KeySource;
+pub use protocol::key::KeySource;
+pub use protocol::message::{Attribute, AttributeValue, Message};
+pub use protocol::outcome::Outcome;
+pub use protocol::processor::Processor;
+pub use protocol::queue::{QueueClient, QueueError};
+pub use protocol::store::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
 #[cfg(feature = "lambda")]
-pub use lambda::{LambdaAdapter, LambdaConfig};
-pub use message::{Attribute, AttributeValue, Message};
+pub use runtime::lambda::{LambdaAdapter, LambdaConfig};
 #[cfg(feature = "poller")]
-pub use poller::PollerConfig;
-pub use processor::{Outcome, Processor};
+pub use runtime::poller::PollerConfig;
 #[cfg(any(test, feature = "testkit"))]
-pub use queue::memory::MemoryQueue;
-pub use queue::{QueueClient, QueueError};
+pub use testkit::{MemoryQueue, MemoryStore};
 
 /// The README's code, compiled as a doctest so it stays true.
 #[cfg(doctest)]

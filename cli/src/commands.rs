@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use sqs_once::DynamoStore;
-use sqs_once::cli::escape;
 use sqs_once::config::parse_duration;
+use sqs_once::env::escape;
 use sqs_once_cli::local_lambda::{LocalLambda, run_event_source};
 use sqs_once_cli::ops;
 use sqs_once_cli::setup::{self, Outcome};

@@ -55,6 +55,6 @@ fn init_logging() {
                 .unwrap_or_else(|_| "warn,sqs_once=warn".into()),
         )
         .with_writer(std::io::stderr)
-        .fmt_fields(sqs_once::cli::escaped_fields())
+        .fmt_fields(sqs_once::env::escaped_fields())
         .init();
 }

@@ -1,6 +1,6 @@
 //! Every `SQS_ONCE_*` variable the project names (in its docs, templates,
 //! error messages and code) is one that something reads: a flag's variable
-//! of the consumers (`sqs_once::cli::RuntimeArgs`) or of this tool, or one of
+//! of the consumers (`sqs_once::env::RuntimeArgs`) or of this tool, or one of
 //! the few read directly (listed below with their reader).
 
 use std::collections::BTreeSet;
@@ -12,8 +12,8 @@ use crate::args::Cli;
 
 /// Variables read without a flag, and who reads them.
 const READ_DIRECTLY: &[(&str, &str)] = &[
-    ("SQS_ONCE_LOG_FORMAT", "sqs_once::cli::init_logging"),
-    ("SQS_ONCE_TRACE_FILTER", "sqs_once::cli::init_logging"),
+    ("SQS_ONCE_LOG_FORMAT", "sqs_once::env::init_logging"),
+    ("SQS_ONCE_TRACE_FILTER", "sqs_once::env::init_logging"),
     (
         "SQS_ONCE_MUTANT",
         "sqs_once::mutants (test builds with the deliberate bugs)",
@@ -88,7 +88,7 @@ fn named(text: &str) -> Vec<String> {
 fn every_setting_the_project_names_exists() {
     let mut known = BTreeSet::new();
     variables(&Cli::command(), &mut known);
-    let consumers = sqs_once::cli::RuntimeArgs::augment_args(clap::Command::new("consumer"));
+    let consumers = sqs_once::env::RuntimeArgs::augment_args(clap::Command::new("consumer"));
     variables(&consumers, &mut known);
     assert!(
         known.contains("SQS_ONCE_LEASE"),

@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
+use sqs_once::aws::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
 
 type DescribeTableError = aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 type CreateTableError = aws_sdk_dynamodb::operation::create_table::CreateTableError;

@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sqs_once::Status;
-use sqs_once::queue::memory::StoredMessage;
-use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
+use sqs_once::parking::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
+use sqs_once::testkit::queue::StoredMessage;
 
 use crate::deliveries::Deliveries;
 use crate::hosts::HostReport;

@@ -14,10 +14,10 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use sqs_once::clock::Clock;
-use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::queue::{
     EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
 };
+use sqs_once::store::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::{Claim, DedupStore, Message, Record, StagedWrite, StoreError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

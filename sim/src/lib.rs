@@ -46,7 +46,7 @@ use std::time::Duration;
 use sqs_once::MemoryQueue;
 use sqs_once::clock::TokioClock;
 use sqs_once::queue::OutgoingMessage;
-use sqs_once::queue::memory::{QueueSettings, RedrivePolicy, SendOptions};
+use sqs_once::testkit::queue::{QueueSettings, RedrivePolicy, SendOptions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing_subscriber::Layer;
@@ -422,7 +422,7 @@ async fn redrive(world: &World) -> u64 {
     if limit == 0 {
         return 0;
     }
-    let done = sqs_once::queue::redrive::redrive(
+    let done = sqs_once::redrive::redrive(
         &world.queue,
         &world.dlq_url,
         &world.url,
@@ -468,7 +468,7 @@ async fn settle(world: &World) -> bool {
 
 /// What the run looked like when it first settled, before the redrive.
 struct Before {
-    dlq: Vec<sqs_once::queue::memory::StoredMessage>,
+    dlq: Vec<sqs_once::testkit::queue::StoredMessage>,
     records: std::collections::BTreeMap<String, sqs_once::Status>,
     completed_by: BTreeSet<String>,
     confirmed: BTreeSet<String>,

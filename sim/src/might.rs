@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use sqs_once::queue::memory::Might;
+use sqs_once::testkit::queue::Might;
 
 use crate::faults::Dice;
 

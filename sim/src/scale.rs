@@ -25,11 +25,11 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use sqs_once::clock::TokioClock;
-use sqs_once::dedup::{FastCommit, FastCommitted};
 use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
 use sqs_once::poller::{PollerConfig, RunStats};
-use sqs_once::queue::memory::{QueueSettings, SendOptions};
 use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+use sqs_once::store::{FastCommit, FastCommitted};
+use sqs_once::testkit::queue::{QueueSettings, SendOptions};
 use sqs_once::{
     Context, DedupStore, Effects, FailureKind, Handler, HandlerError, HandlerResult, MemoryQueue,
     MemoryStore, Message, Processor, ProcessorConfig, StagedWrite,

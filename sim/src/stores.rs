@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use rand::{RngExt, SeedableRng};
+use sqs_once::aws::dynamodb::record_from_item;
 use sqs_once::clock::Clock;
-use sqs_once::dedup::dynamodb::record_from_item;
-use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::queue::{
     EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
 };
+use sqs_once::store::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::{
     Claim, DedupStore, DynamoStore, MemoryQueue, MemoryStore, Message, Record, StagedWrite,
     StoreError,

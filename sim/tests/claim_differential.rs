@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
+use sqs_once::aws::dynamodb::{CLAIM_CONDITION, record_from_item};
 use sqs_once::clock::ManualClock;
-use sqs_once::dedup::dynamodb::{CLAIM_CONDITION, record_from_item};
-use sqs_once::dedup::{ClaimRequest, decide_conflict};
+use sqs_once::store::{ClaimRequest, decide_conflict};
 use sqs_once::{Claim, DedupStore, DynamoStore};
 use sqs_once_sim::faults::Life;
 use sqs_once_sim::wire::expr::{self, Av, Item, Placeholders};

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use sqs_once::Status;
-use sqs_once::queue::REASON_ATTRIBUTE;
-use sqs_once::queue::memory::{MessageState, StoredMessage};
+use sqs_once::parking::REASON_ATTRIBUTE;
+use sqs_once::testkit::queue::{MessageState, StoredMessage};
 use sqs_once_sim::check::{Effect, Evidence, check};
 use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use sqs_once::queue::memory::{QueueSettings, StoredMessage};
 use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+use sqs_once::testkit::queue::{QueueSettings, StoredMessage};
 use sqs_once::{MemoryQueue, Status};
 use sqs_once_sim::check::{Effect, Evidence, check, stranded};
 use sqs_once_sim::deliveries::Deliveries;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::Message;
-use crate::config::ProcessorConfig;
+use crate::protocol::config::ProcessorConfig;
 
 /// The lane a message belongs to: its group on a FIFO queue, else its dedup
 /// key; `None` when it has none (it then runs in a lane of its own).

@@ -8,7 +8,14 @@
 //!
 //! See the project's `docs/DESIGN.md` ("The runtimes").
 
+#[cfg(feature = "lambda")]
+pub mod lambda;
 pub(crate) mod lanes;
+#[cfg(feature = "poller")]
+pub mod poller;
+
+#[cfg(all(test, feature = "poller"))]
+mod payload_tests;
 
 use std::time::Duration;
 
@@ -16,9 +23,10 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::config::SQS_MAX_VISIBILITY;
-use crate::processor::VisibilityExtender;
-use crate::queue::{Dlq, QueueClient, QueueError};
+use crate::protocol::limits::SQS_MAX_VISIBILITY;
+use crate::protocol::parking::Dlq;
+use crate::protocol::processor::VisibilityExtender;
+use crate::protocol::queue::{QueueClient, QueueError};
 use crate::{Message, Outcome, ProcessorConfig};
 
 /// Extends visibility with the message's receipt handle on one queue.
@@ -172,7 +180,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
     timeout: Duration,
 ) -> bool {
     let mut all = true;
-    for chunk in receipts.chunks(crate::queue::BATCH) {
+    for chunk in receipts.chunks(crate::protocol::queue::SQS_BATCH) {
         match queue.change_visibility_batch(url, chunk, timeout).await {
             Ok(failed) => {
                 for f in failed {
@@ -307,13 +315,13 @@ mod tests {
     /// receive is accepted (cut), and the message stays away until then.
     #[tokio::test(start_paused = true)]
     async fn a_long_retry_delay_late_in_a_receive_is_accepted_not_lost() {
-        use crate::queue::ReceiveRequest;
-        use crate::queue::memory::{MemoryQueue, QueueSettings};
+        use crate::protocol::queue::ReceiveRequest;
+        use crate::testkit::queue::{MemoryQueue, QueueSettings};
         let q = MemoryQueue::new();
         let url = q.create_queue(QueueSettings::new("cap")).unwrap();
         q.send(
             &url,
-            crate::queue::OutgoingMessage {
+            crate::protocol::queue::OutgoingMessage {
                 body: "m".into(),
                 ..Default::default()
             },

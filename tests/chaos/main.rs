@@ -16,7 +16,7 @@
 //! - `mutant-lost`, `mutant-doubled`, `mutant-reordered`: the fast mode with a
 //!   deliberate bug (a delete before the effect, a dedup key re-sent events do
 //!   not share, FIFO messages run in parallel); each must FAIL with the right
-//!   check, or the harness fails. `mutant-reordered` needs `--features mutants`.
+//!   check, or the harness fails. `mutant-reordered` needs a build with `SQS_ONCE_MUTANTS=1`.
 //!
 //! Each mode sends `CHAOS_EVENTS` events (default: a quick size per mode; half
 //! to a standard queue, half to a FIFO queue in `CHAOS_FIFO_GROUPS` groups,
@@ -811,9 +811,9 @@ async fn run() -> bool {
         ddb: aws_sdk_dynamodb::Client::new(&sdk),
         endpoint,
     };
-    if !cfg!(feature = "mutants") && wanted.is_none() {
+    if !cfg!(sqs_once_mutants) && wanted.is_none() {
         println!(
-            "chaos: not run here: every mode and mutant runs with `cargo test --features mutants,testkit --test chaos` \
+            "chaos: not run here: every mode and mutant runs with `SQS_ONCE_MUTANTS=1 cargo test --features testkit --test chaos` \
              (scripts/test, scripts/chaos); CHAOS_MODES=... runs some without the feature"
         );
         return true;
@@ -826,8 +826,11 @@ async fn run() -> bool {
         {
             continue;
         }
-        if mode.name == "mutant-reordered" && !cfg!(feature = "mutants") {
-            println!("chaos {}: NOT RUN: it needs --features mutants", mode.name);
+        if mode.name == "mutant-reordered" && !cfg!(sqs_once_mutants) {
+            println!(
+                "chaos {}: NOT RUN: it needs a build with SQS_ONCE_MUTANTS=1",
+                mode.name
+            );
             ok = false;
             continue;
         }

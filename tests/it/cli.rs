@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
-use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::store::{ClaimRequest, Completion};
 use sqs_once::{DedupStore, DynamoStore, StoredResult};
 
 use crate::common::{ddb, dedup_table, depth, queues, sqs, unique};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqs_once::clock::{Clock, ManualClock};
-use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
+use sqs_once::store::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::{Claim, DedupStore, Status, StoreError, StoredResult};
 
 const LEASE: Duration = Duration::from_secs(30);

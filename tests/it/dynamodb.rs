@@ -10,9 +10,9 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, KeySchemaElement, KeyType,
     ScalarAttributeType, TransactWriteItem, Update,
 };
+use sqs_once::aws::dynamodb::TableCheckError;
 use sqs_once::config::ProcessorConfig;
-use sqs_once::dedup::dynamodb::TableCheckError;
-use sqs_once::dedup::{ClaimRequest, Completion, FastCommit, FastCommitted};
+use sqs_once::store::{ClaimRequest, Completion, FastCommit, FastCommitted};
 use sqs_once::{
     Claim, Context, DedupStore, DynamoStore, FailureKind, Handler, HandlerError, HandlerResult,
     Message, Outcome, Processor, Status, StoreError, StoredResult,

@@ -9,8 +9,8 @@ use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use sqs_once::config::ProcessorConfig;
 use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
+use sqs_once::parking::Dlq;
 use sqs_once::poller::PollerConfig;
-use sqs_once::queue::Dlq;
 use sqs_once::{
     Context, DynamoStore, Handler, HandlerError, HandlerResult, Message, Outcome, Processor,
     handler_fn,
@@ -451,7 +451,7 @@ async fn receive_one(sqs: &aws_sdk_sqs::Client, url: &str) -> Message {
             .messages
             .unwrap_or_default();
         if let Some(m) = got.into_iter().next() {
-            return sqs_once::queue::sqs::to_message(m).unwrap();
+            return sqs_once::aws::sqs::to_message(m).unwrap();
         }
         assert!(tokio::time::Instant::now() < deadline, "nothing to receive");
     }

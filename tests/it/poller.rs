@@ -745,7 +745,7 @@ async fn receive_ahead_receives_ten_at_a_time_with_uneven_handlers() {
         ProcessorConfig::new("ahead"),
     )
     .unwrap();
-    let calls = sqs_once::calls::CallCounter::default();
+    let calls = sqs_once::aws::calls::CallCounter::default();
     let counted = aws_sdk_sqs::Client::from_conf(calls.sqs_config(&sdk_config().await));
     let mut qc = PollerConfig::new(&q.queue_url);
     qc.concurrency = 4;

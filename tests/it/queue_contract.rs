@@ -435,7 +435,7 @@ mod memory {
     use std::time::Duration;
 
     use sqs_once::MemoryQueue;
-    use sqs_once::queue::memory::{QueueSettings, RedrivePolicy, SendOptions};
+    use sqs_once::testkit::queue::{QueueSettings, RedrivePolicy, SendOptions};
 
     use super::{Fixture, Spec, plain};
 

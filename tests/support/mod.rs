@@ -16,9 +16,8 @@ use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 ///
 /// The root package's tests cannot name another package's binary with
 /// `CARGO_BIN_EXE_*`, so the first call in a process runs `$CARGO build
-/// --workspace --bins` (with `--features sqs-once/mutants` when this test is
-/// built with the `mutants` feature, so the chaos harness's `ledger` has the
-/// mutants); later calls reuse it. Every binary comes from that one build so
+/// --workspace --bins` (it inherits `SQS_ONCE_MUTANTS`, so the chaos
+/// harness's `ledger` has the mutants when the harness has); later calls reuse it. Every binary comes from that one build so
 /// that they share one feature resolution: `cargo build -p
 /// sqs-once-example-ledger` alone resolves `hyper` without the CLI's `server`
 /// feature, and so builds the whole AWS SDK a second time. Panics with the
@@ -64,9 +63,6 @@ fn build_binaries() -> PathBuf {
             build.arg("--release");
         }
         other => panic!("a test in {other:?}: not a debug or release build"),
-    }
-    if cfg!(feature = "mutants") {
-        build.args(["--features", "sqs-once/mutants"]);
     }
     let out = build
         .output()

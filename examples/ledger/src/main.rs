@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sqs_once::cli::RuntimeArgs;
+use sqs_once::env::RuntimeArgs;
 use sqs_once::{Context, Effects, Handler, HandlerResult, Message};
 use sqs_once_example_ledger::LedgerHandler;
 
@@ -68,11 +68,11 @@ impl Handler for DeleteFirst {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    sqs_once::cli::init_logging();
+    sqs_once::env::init_logging();
     let args = Args::parse();
     if std::env::var_os("SQS_ONCE_MUTANT").is_some() && !sqs_once::mutants::COMPILED {
         eprintln!(
-            "SQS_ONCE_MUTANT is set but this build has no mutants (build with --features mutants); not started"
+            "SQS_ONCE_MUTANT is set but this build has no mutants (build with SQS_ONCE_MUTANTS=1); not started"
         );
         return ExitCode::from(2);
     }
@@ -88,7 +88,7 @@ async fn main() -> ExitCode {
         .with_slow_percent(args.slow_percent)
         .with_panics(args.panic_percent);
     match args.mutant.as_deref() {
-        None | Some("") => sqs_once::cli::run(args.runtime, handler).await,
+        None | Some("") => sqs_once::env::run(args.runtime, handler).await,
         Some("delete-first") => {
             let Some(queue_url) = args.runtime.queue_url.clone() else {
                 eprintln!("LEDGER_MUTANT=delete-first needs SQS_ONCE_QUEUE_URL; not started");
@@ -100,7 +100,7 @@ async fn main() -> ExitCode {
                 sqs,
                 queue_url,
             };
-            sqs_once::cli::run(args.runtime, handler).await
+            sqs_once::env::run(args.runtime, handler).await
         }
         Some(other) => {
             eprintln!("LEDGER_MUTANT={other} is not a known mutant (delete-first); not started");

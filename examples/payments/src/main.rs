@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sqs_once::cli::RuntimeArgs;
+use sqs_once::env::RuntimeArgs;
 use sqs_once_example_payments::PaymentHandler;
 
 #[derive(Parser)]
@@ -28,7 +28,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    sqs_once::cli::init_logging();
+    sqs_once::env::init_logging();
     let args = Args::parse();
     let pause =
         match sqs_once::config::parse_duration("PAYMENTS_PAUSE_AFTER_CALL", &args.pause_after_call)
@@ -40,5 +40,5 @@ async fn main() -> ExitCode {
             }
         };
     let handler = PaymentHandler::new(&args.payments_url).with_pause_after_call(pause);
-    sqs_once::cli::run(args.runtime, handler).await
+    sqs_once::env::run(args.runtime, handler).await
 }

@@ -1,5 +1,5 @@
 //! The wire path (issue 26): the real `aws-sdk-dynamodb` client, configured
-//! as production configures it (`sqs_once::calls` interceptor, standard
+//! as production configures it (`sqs_once::aws::calls` interceptor, standard
 //! retries, attempt timeouts from `sqs_once::aws::attempt_timeouts`), sends
 //! its HTTP requests to [`Wire`], an in-process connector whose other end is
 //! [`dynamodb::DynamoModel`]. Faults strike on the wire, per request, drawn
@@ -350,7 +350,7 @@ pub const DYNAMODB_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 pub fn dynamodb_client(wire: Wire, clock: Arc<dyn Clock>) -> aws_sdk_dynamodb::Client {
     use aws_sdk_dynamodb::config::retry::{RetryPartition, TokenBucket};
     let sdk = sdk_config(wire, clock);
-    let calls = sqs_once::calls::CallCounter::default();
+    let calls = sqs_once::aws::calls::CallCounter::default();
     let partition = RetryPartition::custom("dynamodb")
         .token_bucket(TokenBucket::default())
         .build();
@@ -369,7 +369,7 @@ pub fn dynamodb_client(wire: Wire, clock: Arc<dyn Clock>) -> aws_sdk_dynamodb::C
 pub fn sqs_client(wire: Wire, clock: Arc<dyn Clock>, attempt: Duration) -> aws_sdk_sqs::Client {
     use aws_sdk_sqs::config::retry::{RetryPartition, TokenBucket};
     let sdk = sdk_config(wire, clock);
-    let calls = sqs_once::calls::CallCounter::default();
+    let calls = sqs_once::aws::calls::CallCounter::default();
     let partition = RetryPartition::custom("sqs")
         .token_bucket(TokenBucket::default())
         .build();
@@ -389,8 +389,8 @@ pub fn dynamo_model() -> DynamoModel {
     let model = DynamoModel::new();
     model.create_table(
         TABLE,
-        sqs_once::dedup::dynamodb::KEY_ATTRIBUTE,
-        Some(sqs_once::dedup::dynamodb::TTL_ATTRIBUTE),
+        sqs_once::aws::dynamodb::KEY_ATTRIBUTE,
+        Some(sqs_once::aws::dynamodb::TTL_ATTRIBUTE),
     );
     model.create_table(LEDGER, "pk", None);
     model.watch_fencing(TABLE);

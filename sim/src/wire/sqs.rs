@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sqs_once::queue::memory::{QueueSettings, RedrivePolicy, SendOptions};
 use sqs_once::queue::{OutgoingMessage, QueueClient, QueueError, ReceiveRequest};
+use sqs_once::testkit::queue::{QueueSettings, RedrivePolicy, SendOptions};
 use sqs_once::{Attribute, AttributeValue, MemoryQueue};
 
 /// An answer: HTTP status, JSON body, and the legacy error code if an error.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use sqs_once::clock::{Clock, TokioClock};
-use sqs_once::dedup::{ClaimRequest, Completion};
+use sqs_once::store::{ClaimRequest, Completion};
 use sqs_once::{Claim, DedupStore, DynamoStore, StagedWrite, Status, StoreError};
 
 use super::*;
@@ -61,7 +61,7 @@ async fn the_table_check_passes_on_the_models_table_and_fails_on_a_missing_one()
     let missing = DynamoStore::new(client, "nope");
     let err = missing.check_table().await.unwrap_err();
     assert!(
-        matches!(err, sqs_once::dedup::dynamodb::TableCheckError::Missing(_)),
+        matches!(err, sqs_once::aws::dynamodb::TableCheckError::Missing(_)),
         "{err}"
     );
     assert_eq!(model.applied(), 0);
@@ -221,8 +221,8 @@ mod sqs {
     use std::time::Duration;
 
     use sqs_once::MemoryQueue;
-    use sqs_once::queue::memory::QueueSettings;
     use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+    use sqs_once::testkit::queue::QueueSettings;
 
     use crate::faults::Life;
     use crate::wire::sqs::SqsModel;

@@ -1,0 +1,1039 @@
+//! The claim protocol on DynamoDB: conditional writes, fencing tokens, TTL.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TimeToLiveStatus, TransactWriteItem, Update,
+};
+
+use crate::protocol::clock::{Clock, SystemClock};
+use crate::protocol::handler::StagedWrite;
+use crate::protocol::metrics::Metrics;
+use crate::protocol::store::{
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
+    StoreError, StoredResult, bounded_error, check_transaction_limits, decide_conflict, describe,
+    record_bytes,
+};
+
+/// The name of the TTL attribute the dedup table must have enabled.
+pub const TTL_ATTRIBUTE: &str = "expires_at";
+/// The partition key attribute (string).
+pub const KEY_ATTRIBUTE: &str = "pk";
+
+/// Who may take a record (see [`Record::claimable_by`]): nobody has it, it
+/// expired, it failed in another delivery (a redriven copy, a re-send), or its
+/// lease ran out.
+/// A `FAILED` record is taken only by another delivery, and only by a claim
+/// made no earlier than the failing delivery's own claim (a claim that lands
+/// late must not erase the failure it never saw).
+/// [`Record::claimable_by`] is the same predicate in Rust (the simulator
+/// checks that the two agree).
+pub const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
+     OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) \
+         AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) \
+     OR (#status = :in_progress AND lease_until < :now_ms)";
+const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
+/// An extension also needs the lease to be live (one that lands after a release,
+/// or after the lease ran out, must not hold the key again) and only moves it
+/// forward (an earlier extension that lands after a later one must not shorten
+/// it below what the holder counts on).
+const LIVE_LEASE_CONDITION: &str = "#owner = :owner AND #status = :in_progress \
+     AND lease_until > :now_ms AND lease_until < :lease_until";
+
+/// How many times an operation whose outcome is unknown is sent again (with the
+/// same token) before the message is given back to the queue.
+const UNKNOWN_OUTCOME_ATTEMPTS: u32 = 4;
+
+/// The DynamoDB dedup store. Build the client once and pass it in.
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: Arc<str>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
+}
+
+/// Why a table cannot serve as the dedup table. Reported at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum TableCheckError {
+    /// No such table.
+    #[error(
+        "dedup table `{0}` does not exist (setting SQS_ONCE_TABLE); create it with `sqs-once init`"
+    )]
+    Missing(String),
+    /// Wrong keys.
+    #[error(
+        "dedup table `{table}` has key schema {found}; expected exactly one string partition key `pk` (setting SQS_ONCE_TABLE)"
+    )]
+    KeySchema {
+        /// The table.
+        table: String,
+        /// What it has.
+        found: String,
+    },
+    /// TTL not enabled on `expires_at`.
+    #[error(
+        "dedup table `{table}` has TTL {found}; expected TTL enabled on `expires_at`, or the table grows without bound (setting SQS_ONCE_TABLE; fix with `sqs-once init`)"
+    )]
+    Ttl {
+        /// The table.
+        table: String,
+        /// What it has.
+        found: String,
+    },
+    /// The check itself failed.
+    #[error("could not describe dedup table `{table}`: {reason}")]
+    Unreachable {
+        /// The table.
+        table: String,
+        /// Whether it may pass when tried again (no answer, throttled, 5xx)
+        /// rather than a refusal (access denied, bad request).
+        transient: bool,
+        /// The SDK's message.
+        reason: String,
+    },
+}
+
+impl TableCheckError {
+    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable {
+                transient: true,
+                ..
+            }
+        )
+    }
+}
+
+enum Attempt {
+    /// A transient failure that wrote nothing (throttled, a transaction
+    /// conflict): send again, same token.
+    Again(String),
+    /// No answer, or a server error: the write may have applied. Sent again
+    /// with the same token, it applies at most once.
+    Unknown(String),
+    /// A definite answer.
+    Done(StoreError),
+}
+
+fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
+    err: &SdkError<E, R>,
+) -> Attempt {
+    match err {
+        SdkError::ServiceError(se) => {
+            let e = se.err();
+            let code = e.code().unwrap_or("Unknown");
+            let msg = format!("{code}: {}", e.message().unwrap_or_default());
+            // Told apart by the error code, not the HTTP status: a
+            // ValidationException (HTTP 400) can never succeed, so the message
+            // is a permanent failure. An HTTP 500 is retried even when it hides
+            // a malformed request (LocalStack answers some malformed expressions
+            // with 500): such a message ends in the DLQ by the redrive policy.
+            match code {
+                "ValidationException" | "SerializationException" => {
+                    Attempt::Done(StoreError::Invalid(msg))
+                }
+                // A missing table is a deployment problem, not the message's:
+                // retried (the table is checked at start-up).
+                "ResourceNotFoundException" => Attempt::Done(StoreError::Unavailable(format!(
+                    "{msg} (is SQS_ONCE_TABLE right, and the table created?)"
+                ))),
+                "AccessDeniedException" | "UnrecognizedClientException" => {
+                    Attempt::Done(StoreError::Unavailable(msg))
+                }
+                "InternalServerError" | "InternalFailure" | "ServiceUnavailable" => {
+                    Attempt::Unknown(msg)
+                }
+                _ => Attempt::Again(msg),
+            }
+        }
+        other => Attempt::Unknown(
+            aws_smithy_types::error::display::DisplayErrorContext(other).to_string(),
+        ),
+    }
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 2)
+}
+
+fn names(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+impl DynamoStore {
+    /// A store on `table` using the system clock.
+    pub fn new(client: Client, table: impl Into<Arc<str>>) -> Self {
+        Self::with_clock(client, table, Arc::new(SystemClock))
+    }
+
+    /// A store with an injected clock (tests).
+    pub fn with_clock(client: Client, table: impl Into<Arc<str>>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+            clock,
+            metrics: Arc::default(),
+        }
+    }
+
+    /// Counts on the processor's metrics, once attached.
+    fn count(&self, f: impl FnOnce(&Metrics)) {
+        if let Some(m) = self.metrics.get() {
+            f(m);
+        }
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Checks at start-up that the table has the expected key schema and TTL.
+    pub async fn check_table(&self) -> Result<(), TableCheckError> {
+        // Both descriptions at once: one round trip of start-up (which a
+        // Lambda cold start pays) instead of two.
+        let (desc, ttl) = tokio::join!(
+            self.client.describe_table().table_name(&*self.table).send(),
+            self.client
+                .describe_time_to_live()
+                .table_name(&*self.table)
+                .send(),
+        );
+        let desc = match desc {
+            Ok(d) => d,
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                return Err(TableCheckError::Missing(self.table.to_string()));
+            }
+            Err(e) => return Err(self.unreachable(&e)),
+        };
+        let t = desc.table().ok_or_else(|| TableCheckError::Unreachable {
+            table: self.table.to_string(),
+            transient: true,
+            reason: "empty DescribeTable answer".into(),
+        })?;
+        self.check_key_schema(t)?;
+        self.check_ttl(&ttl.map_err(|e| self.unreachable(&e))?)
+    }
+
+    /// The table check could not be made.
+    fn unreachable<E, R>(&self, e: &SdkError<E, R>) -> TableCheckError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
+    {
+        TableCheckError::Unreachable {
+            table: self.table.to_string(),
+            transient: crate::aws::is_transient(e),
+            reason: aws_smithy_types::error::display::DisplayErrorContext(e).to_string(),
+        }
+    }
+
+    /// Exactly one string partition key, `pk`.
+    fn check_key_schema(
+        &self,
+        t: &aws_sdk_dynamodb::types::TableDescription,
+    ) -> Result<(), TableCheckError> {
+        let pk_is_string = t.attribute_definitions().iter().any(|d| {
+            d.attribute_name() == KEY_ATTRIBUTE && *d.attribute_type() == ScalarAttributeType::S
+        });
+        let schema_ok = t.key_schema().len() == 1
+            && t.key_schema()[0].attribute_name() == KEY_ATTRIBUTE
+            && *t.key_schema()[0].key_type() == KeyType::Hash
+            && pk_is_string;
+        if schema_ok {
+            return Ok(());
+        }
+        let keys: Vec<String> = t
+            .key_schema()
+            .iter()
+            .map(|k| format!("{}:{}", k.attribute_name(), k.key_type().as_str()))
+            .collect();
+        let types: Vec<String> = t
+            .attribute_definitions()
+            .iter()
+            .map(|d| format!("{}({})", d.attribute_name(), d.attribute_type().as_str()))
+            .collect();
+        Err(TableCheckError::KeySchema {
+            table: self.table.to_string(),
+            found: format!("[{}] with types [{}]", keys.join(", "), types.join(", ")),
+        })
+    }
+
+    /// TTL enabled (or being enabled) on `expires_at`.
+    fn check_ttl(
+        &self,
+        ttl: &aws_sdk_dynamodb::operation::describe_time_to_live::DescribeTimeToLiveOutput,
+    ) -> Result<(), TableCheckError> {
+        let desc = ttl.time_to_live_description();
+        let status = desc.and_then(|d| d.time_to_live_status());
+        let attr = desc.and_then(|d| d.attribute_name());
+        let enabled = matches!(
+            status,
+            Some(TimeToLiveStatus::Enabled) | Some(TimeToLiveStatus::Enabling)
+        );
+        if enabled && attr == Some(TTL_ATTRIBUTE) {
+            return Ok(());
+        }
+        Err(TableCheckError::Ttl {
+            table: self.table.to_string(),
+            found: format!(
+                "{} on {}",
+                status.map_or("DISABLED", |s| s.as_str()),
+                attr.unwrap_or("no attribute")
+            ),
+        })
+    }
+
+    /// Runs `op` until it gives a definite answer, at most
+    /// [`UNKNOWN_OUTCOME_ATTEMPTS`] times. Callers make `op` idempotent by
+    /// sending the same owner token each time.
+    async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
+        let mut delay = Duration::from_millis(50);
+        let mut last = String::new();
+        let mut unknown = false;
+        for attempt in 1..=UNKNOWN_OUTCOME_ATTEMPTS {
+            match op().await {
+                Ok(v) => {
+                    if unknown {
+                        // The answer to an earlier send was lost; this one
+                        // (or that one, found by the same token) applied once.
+                        self.count(Metrics::unknown_outcome_resolved);
+                    }
+                    return Ok(v);
+                }
+                Err(Attempt::Done(e)) => return Err(e),
+                Err(Attempt::Unknown(reason)) => {
+                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB outcome unknown; sending again with the same token");
+                    unknown = true;
+                    last = reason;
+                    if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+                Err(Attempt::Again(reason)) => {
+                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB call failed transiently; sending again with the same token");
+                    last = reason;
+                    if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!("{what}: {last}")))
+    }
+
+    /// An owner-guarded update of our record (`condition`: [`OWNED_CONDITION`]
+    /// or a stricter one). When the condition fails, the old record decides:
+    /// `accept(old)` true means an earlier attempt of ours already did it.
+    #[allow(clippy::too_many_arguments)]
+    async fn owned_update(
+        &self,
+        what: &str,
+        pk: &str,
+        owner: &str,
+        set: &str,
+        condition: &str,
+        mut values: HashMap<String, AttributeValue>,
+        accept: impl Fn(&Record) -> bool,
+    ) -> Result<(), StoreError> {
+        values.insert(":owner".into(), s(owner));
+        values.insert(":in_progress".into(), s(Status::InProgress.as_str()));
+        let attr_names = used_names(
+            &names(&[
+                ("#owner", "owner"),
+                ("#status", "status"),
+                ("#error", "error"),
+            ]),
+            &format!("{set} {condition}"),
+        );
+        self.retrying(what, || async {
+            let res = self
+                .client
+                .update_item()
+                .table_name(&*self.table)
+                .key(KEY_ATTRIBUTE, s(pk))
+                .update_expression(set)
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(attr_names.clone()))
+                .set_expression_attribute_values(Some(values.clone()))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            match res {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if let Some(ccf) = conditional_failure(&e) {
+                        let old = ccf.item().map(record_from_item).transpose();
+                        let old =
+                            old.map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+                        if old
+                            .as_ref()
+                            .is_some_and(|r| r.owner.as_deref() == Some(owner) && accept(r))
+                        {
+                            return Ok(());
+                        }
+                        return Err(Attempt::Done(StoreError::LeaseLost {
+                            pk: pk.to_owned(),
+                            found: describe(old.as_ref()),
+                        }));
+                    }
+                    Err(classify(&e))
+                }
+            }
+        })
+        .await
+    }
+
+    fn completed_update(&self, c: &Completion) -> Result<Update, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let mut values = HashMap::from([
+            (":owner".to_owned(), s(&c.owner)),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":completed".to_owned(), s(Status::Completed.as_str())),
+            (":completed_at".to_owned(), n(now_ms)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(c.ttl)),
+            ),
+        ]);
+        let mut set =
+            "SET #status = :completed, completed_at = :completed_at, expires_at = :expires_at"
+                .to_owned();
+        let mut remove = vec!["lease_until"];
+        set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
+        let expr = format!("{set} REMOVE {}", remove.join(", "));
+        self.record_update(&c.pk, expr, OWNED_CONDITION, values)
+    }
+
+    /// A conditional update of the record `pk` (the old item returned when the
+    /// condition fails), for use in a transaction or on its own.
+    fn record_update(
+        &self,
+        pk: &str,
+        expr: String,
+        condition: &str,
+        values: HashMap<String, AttributeValue>,
+    ) -> Result<Update, StoreError> {
+        let all = names(&[
+            ("#owner", "owner"),
+            ("#status", "status"),
+            ("#result", "result"),
+            ("#error", "error"),
+        ]);
+        Update::builder()
+            .table_name(&*self.table)
+            .key(KEY_ATTRIBUTE, s(pk))
+            .set_expression_attribute_names(Some(used_names(&all, &format!("{expr} {condition}"))))
+            .update_expression(expr)
+            .condition_expression(condition)
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+
+    async fn complete_plain(&self, c: &Completion, update: Update) -> Result<(), StoreError> {
+        let pk = c.pk.clone();
+        self.retrying("complete", || async {
+            let res = self
+                .client
+                .update_item()
+                .table_name(update.table_name())
+                .set_key(Some(update.key().clone()))
+                .update_expression(update.update_expression())
+                .set_condition_expression(update.condition_expression().map(str::to_owned))
+                .set_expression_attribute_names(update.expression_attribute_names().cloned())
+                .set_expression_attribute_values(update.expression_attribute_values().cloned())
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            match res {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if let Some(ccf) = conditional_failure(&e) {
+                        return completion_conflict(&pk, &c.owner, ccf.item());
+                    }
+                    Err(classify(&e))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn complete_transact(&self, c: &Completion, update: Update) -> Result<(), StoreError> {
+        // DynamoDB makes a TransactWriteItems with the same token idempotent for ten
+        // minutes; the fencing check below covers a retry after that.
+        let (items, token) = transaction("complete", update, &c.writes, &c.pk, &c.owner);
+        let token = token.as_str();
+        self.retrying("complete (transaction)", || async {
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(token)
+                .send()
+                .await;
+            match res {
+                Ok(_) => Ok(()),
+                Err(e) => match transaction_failure(&e, &c.writes) {
+                    TransactionFailure::Record(item) => completion_conflict(&c.pk, &c.owner, item),
+                    TransactionFailure::Other(attempt) => Err(attempt),
+                },
+            }
+        })
+        .await
+    }
+}
+
+/// The `ConditionalCheckFailedException` of a failed `UpdateItem`, if that is
+/// what it was: a result of the protocol, not an error.
+fn conditional_failure<R>(
+    e: &SdkError<UpdateItemError, R>,
+) -> Option<&aws_sdk_dynamodb::types::error::ConditionalCheckFailedException> {
+    // (The `conditional-as-transient` mutant, for the simulator only, misses
+    // it: `classify` then takes it for a transient error.)
+    if crate::protocol::mutants::active("conditional-as-transient") {
+        return None;
+    }
+    match e.as_service_error()? {
+        UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// The record's update (item 0) and the staged writes as one transaction, with
+/// a `ClientRequestToken` derived from `kind`, key and owner: every resend of
+/// the same attempt carries the same token.
+fn transaction(
+    kind: &str,
+    record: Update,
+    writes: &[StagedWrite],
+    pk: &str,
+    owner: &str,
+) -> (Vec<TransactWriteItem>, String) {
+    let mut items = Vec::with_capacity(writes.len() + 1);
+    items.push(TransactWriteItem::builder().update(record).build());
+    items.extend(writes.iter().map(|w| w.item.clone()));
+    let mut token = crate::protocol::key::sha256_hex(format!("{kind}#{pk}#{owner}").as_bytes());
+    token.truncate(36);
+    (items, token)
+}
+
+/// Why a transaction of the dedup record (item 0) and staged writes failed.
+enum TransactionFailure<'a> {
+    /// The record's own condition failed; the old item, when returned.
+    Record(Option<&'a HashMap<String, AttributeValue>>),
+    /// Anything else: a staged write's condition, a validation error (both
+    /// final), or a cancellation or error that wrote nothing (sent again).
+    Other(Attempt),
+}
+
+fn transaction_failure<'a, R: std::fmt::Debug>(
+    e: &'a SdkError<TransactWriteItemsError, R>,
+    writes: &[StagedWrite],
+) -> TransactionFailure<'a> {
+    let Some(TransactWriteItemsError::TransactionCanceledException(tc)) = e.as_service_error()
+    else {
+        return TransactionFailure::Other(classify(e));
+    };
+    let reasons = tc.cancellation_reasons();
+    let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+    if code(0) == "ConditionalCheckFailed"
+        && !crate::protocol::mutants::active("conditional-as-transient")
+    {
+        return TransactionFailure::Record(reasons[0].item());
+    }
+    if let Some(i) = (1..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
+        return TransactionFailure::Other(Attempt::Done(StoreError::WriteConditionFailed {
+            index: i - 1,
+            kind: writes[i - 1].on_condition_failed,
+        }));
+    }
+    if let Some(i) = (0..reasons.len()).find(|&i| code(i) == "ValidationError") {
+        return TransactionFailure::Other(Attempt::Done(StoreError::Invalid(format!(
+            "transaction item #{i}: {}",
+            reasons[i].message().unwrap_or("validation error")
+        ))));
+    }
+    // TransactionConflict, ThrottlingError, ...: nothing was written.
+    let all: Vec<&str> = (0..reasons.len()).map(code).collect();
+    TransactionFailure::Other(Attempt::Again(format!("transaction cancelled: {all:?}")))
+}
+
+/// The completion's fencing check failed: done already by an earlier attempt of
+/// ours (response lost), or the lease was lost.
+fn completion_conflict(
+    pk: &str,
+    owner: &str,
+    item: Option<&HashMap<String, AttributeValue>>,
+) -> Result<(), Attempt> {
+    let old = item
+        .map(record_from_item)
+        .transpose()
+        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+    if old
+        .as_ref()
+        .is_some_and(|r| r.status == Status::Completed && r.owner.as_deref() == Some(owner))
+    {
+        return Ok(());
+    }
+    Err(Attempt::Done(StoreError::LeaseLost {
+        pk: pk.to_owned(),
+        found: describe(old.as_ref()),
+    }))
+}
+
+/// Adds the result (value or digest) to an update's SET, and what it replaces to
+/// its REMOVE.
+fn set_result(
+    result: Option<&StoredResult>,
+    set: &mut String,
+    remove: &mut Vec<&'static str>,
+    values: &mut HashMap<String, AttributeValue>,
+) {
+    match result {
+        None => remove.extend(["#result", "result_sha256", "result_bytes"]),
+        Some(StoredResult::Value(v)) => {
+            set.push_str(", #result = :result");
+            values.insert(":result".into(), s(v.to_string()));
+            remove.extend(["result_sha256", "result_bytes"]);
+        }
+        Some(StoredResult::Digest { sha256, bytes }) => {
+            set.push_str(", result_sha256 = :rsha, result_bytes = :rbytes");
+            values.insert(":rsha".into(), s(sha256));
+            values.insert(
+                ":rbytes".into(),
+                n(i64::try_from(*bytes).unwrap_or(i64::MAX)),
+            );
+            remove.push("#result");
+        }
+    }
+}
+
+/// Only the `#names` an expression uses (DynamoDB rejects unused ones).
+fn used_names(all: &HashMap<String, String>, expr: &str) -> HashMap<String, String> {
+    all.iter()
+        .filter(|(k, _)| expr.contains(k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+impl DedupStore for DynamoStore {
+    fn report_to(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let values = HashMap::from([
+            (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
+            (":now_ms".to_owned(), n(now_ms)),
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":owner".to_owned(), s(&req.owner)),
+            (":lease_until".to_owned(), n(now_ms + ms(req.lease))),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(req.ttl)),
+            ),
+            (":payload".to_owned(), s(&req.payload_sha256)),
+            (":mid".to_owned(), s(&req.message_id)),
+            (":zero".to_owned(), n(0)),
+            (":one".to_owned(), n(1)),
+        ]);
+        let update = "SET #status = :in_progress, #owner = :owner, lease_until = :lease_until, \
+             expires_at = :expires_at, payload_sha256 = :payload, message_id = :mid, \
+             claimed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one \
+             REMOVE #result, result_sha256, result_bytes, completed_at";
+        let attr_names = names(&[
+            ("#status", "status"),
+            ("#owner", "owner"),
+            ("#result", "result"),
+        ]);
+        self.retrying("claim", || async {
+            let res = self
+                .client
+                .update_item()
+                .table_name(&*self.table)
+                .key(KEY_ATTRIBUTE, s(&req.pk))
+                .update_expression(update)
+                .condition_expression(CLAIM_CONDITION)
+                .set_expression_attribute_names(Some(attr_names.clone()))
+                .set_expression_attribute_values(Some(values.clone()))
+                .return_values(ReturnValue::AllOld)
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .send()
+                .await;
+            match res {
+                Ok(out) => {
+                    let (attempts, taken_over) = replaced(out.attributes(), &req.owner);
+                    if taken_over {
+                        self.count(Metrics::takeover);
+                    }
+                    Ok(Claim::Acquired {
+                        attempt: attempts + 1,
+                    })
+                }
+                Err(e) => {
+                    if let Some(ccf) = conditional_failure(&e) {
+                        let Some(item) = ccf.item() else {
+                            return Err(Attempt::Done(StoreError::Invalid(
+                                "conditional check failed without the old item (ALL_OLD not honoured)".into(),
+                            )));
+                        };
+                        let old = record_from_item(item).map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+                        return Ok(decide_conflict(&old, req, now_ms));
+                    }
+                    Err(classify(&e))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        let update = self.completed_update(&c)?;
+        if c.writes.is_empty() {
+            self.complete_plain(&c, update).await
+        } else {
+            self.complete_transact(&c, update).await
+        }
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        let values = HashMap::from([
+            (":zero".to_owned(), n(0)),
+            (":error".to_owned(), s(bounded_error(error))),
+        ]);
+        self.owned_update(
+            "release",
+            pk,
+            owner,
+            "SET lease_until = :zero, #error = :error",
+            OWNED_CONDITION,
+            values,
+            |r| r.status == Status::InProgress,
+        )
+        .await
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        let values = HashMap::from([
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":error".to_owned(), s(bounded_error(error))),
+            (":zero".to_owned(), n(0)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(ttl)),
+            ),
+        ]);
+        self.owned_update(
+            "mark failed",
+            pk,
+            owner,
+            "SET #status = :failed, #error = :error, lease_until = :zero, expires_at = :expires_at",
+            OWNED_CONDITION,
+            values,
+            |r| r.status == Status::Failed,
+        )
+        .await
+    }
+
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        let lease_until = now_ms + ms(lease);
+        let values = HashMap::from([
+            (":now_ms".to_owned(), n(now_ms)),
+            (":lease_until".to_owned(), n(lease_until)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(ttl)),
+            ),
+        ]);
+        self.owned_update(
+            "extend lease",
+            pk,
+            owner,
+            "SET lease_until = :lease_until, expires_at = :expires_at",
+            LIVE_LEASE_CONDITION,
+            values,
+            // An earlier send of this very extension, or a later extension of
+            // ours, landed first: the lease already reaches at least as far.
+            |r| r.status == Status::InProgress && r.lease_until_ms >= lease_until,
+        )
+        .await
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        check_transaction_limits(&writes, 0)?;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<TransactWriteItem> = writes.iter().map(|w| w.item.clone()).collect();
+        let res = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(tc)) => {
+                    let reasons = tc.cancellation_reasons();
+                    match reasons
+                        .iter()
+                        .position(|r| r.code() == Some("ConditionalCheckFailed"))
+                    {
+                        Some(i) => Err(StoreError::WriteConditionFailed {
+                            index: i,
+                            kind: writes[i].on_condition_failed,
+                        }),
+                        None => Err(StoreError::Unavailable(format!(
+                            "transaction cancelled: {tc}"
+                        ))),
+                    }
+                }
+                // Without a dedup record there is no way to tell whether an unknown
+                // outcome committed; the message comes back and may apply twice.
+                _ => match classify(&e) {
+                    Attempt::Done(err) => Err(err),
+                    Attempt::Again(reason) | Attempt::Unknown(reason) => {
+                        Err(StoreError::Unavailable(reason))
+                    }
+                },
+            },
+        }
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        let now_ms = self.clock.now_ms();
+        let mut values = HashMap::from([
+            (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
+            (":now_ms".to_owned(), n(now_ms)),
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":completed".to_owned(), s(Status::Completed.as_str())),
+            (":owner".to_owned(), s(&c.owner)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(c.ttl)),
+            ),
+            (":payload".to_owned(), s(&c.payload_sha256)),
+            (":mid".to_owned(), s(&c.message_id)),
+            (":zero".to_owned(), n(0)),
+            (":one".to_owned(), n(1)),
+        ]);
+        let mut set = "SET #status = :completed, #owner = :owner, expires_at = :expires_at, \
+             payload_sha256 = :payload, message_id = :mid, claimed_at = :now_ms, \
+             completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one"
+            .to_owned();
+        let mut remove = vec!["lease_until", "#error"];
+        set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
+        let expr = format!("{set} REMOVE {}", remove.join(", "));
+        let record = self.record_update(&c.pk, expr, CLAIM_CONDITION, values)?;
+        let (items, token) = transaction("fast", record, &c.writes, &c.pk, &c.owner);
+        let token = token.as_str();
+        self.retrying("commit (fast path)", || async {
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(token)
+                .send()
+                .await;
+            let Err(e) = res else {
+                return Ok(FastCommitted::Committed);
+            };
+            match transaction_failure(&e, &c.writes) {
+                TransactionFailure::Record(item) => {
+                    let Some(item) = item else {
+                        return Err(Attempt::Done(StoreError::Invalid(
+                            "conditional check failed without the old item (ALL_OLD not honoured)"
+                                .into(),
+                        )));
+                    };
+                    let old = record_from_item(item)
+                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+                    Ok(c.conflict(&old, now_ms))
+                }
+                TransactionFailure::Other(attempt) => Err(attempt),
+            }
+        })
+        .await
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(KEY_ATTRIBUTE, s(pk))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| match classify(&e) {
+                Attempt::Done(err) => err,
+                Attempt::Again(reason) | Attempt::Unknown(reason) => {
+                    StoreError::Unavailable(reason)
+                }
+            })?;
+        out.item()
+            .map(record_from_item)
+            .transpose()
+            .map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+}
+
+/// What a committed claim replaced (its `ALL_OLD` item): the attempts so far,
+/// and whether it was another consumer's claim left to expire. Read field by
+/// field and leniently: the claim is ours whatever the old item held (a
+/// status from a newer version, say), and must not fail after it committed.
+fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &str) -> (u32, bool) {
+    let Some(old) = old else {
+        return (0, false);
+    };
+    let text = |k: &str| old.get(k).and_then(|v| v.as_s().ok()).map(String::as_str);
+    let number = |k: &str| -> Option<i64> { old.get(k)?.as_n().ok()?.parse().ok() };
+    let attempts = number("attempts")
+        .and_then(|a| u32::try_from(a).ok())
+        .unwrap_or(0);
+    let taken_over = text("status") == Some(Status::InProgress.as_str())
+        && number("lease_until").is_some_and(|l| l > 0)
+        && text("owner") != Some(owner);
+    (attempts, taken_over)
+}
+
+/// A DynamoDB item that is not a dedup record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// No partition key.
+    #[error("dedup record without `pk`")]
+    NoKey,
+    /// No status.
+    #[error("dedup record {pk} without `status`")]
+    NoStatus {
+        /// The record's key.
+        pk: String,
+    },
+    /// A status this version does not know.
+    #[error("dedup record {pk} has unknown status {status:?}")]
+    UnknownStatus {
+        /// The record's key.
+        pk: String,
+        /// What it has.
+        status: String,
+    },
+    /// A stored result that is not JSON.
+    #[error("dedup record {pk}: result is not JSON: {source}")]
+    ResultNotJson {
+        /// The record's key.
+        pk: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads a dedup record from a DynamoDB item.
+pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, RecordError> {
+    let str_of = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num_of = |k: &str| -> Option<i64> {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+    };
+    let pk = str_of(KEY_ATTRIBUTE).ok_or(RecordError::NoKey)?;
+    let Some(status_s) = str_of("status") else {
+        return Err(RecordError::NoStatus { pk });
+    };
+    let Some(status) = Status::parse(&status_s) else {
+        return Err(RecordError::UnknownStatus {
+            pk,
+            status: status_s,
+        });
+    };
+    let result = if let Some(text) = str_of("result") {
+        match serde_json::from_str(&text) {
+            Ok(value) => Some(StoredResult::Value(value)),
+            Err(source) => return Err(RecordError::ResultNotJson { pk, source }),
+        }
+    } else {
+        str_of("result_sha256").map(|sha256| StoredResult::Digest {
+            sha256,
+            bytes: num_of("result_bytes")
+                .and_then(|b| u64::try_from(b).ok())
+                .unwrap_or(0),
+        })
+    };
+    Ok(Record {
+        status,
+        owner: str_of("owner"),
+        lease_until_ms: num_of("lease_until").unwrap_or(0),
+        expires_at_s: num_of(TTL_ATTRIBUTE).unwrap_or(i64::MAX),
+        attempts: num_of("attempts")
+            .and_then(|a| u32::try_from(a).ok())
+            .unwrap_or(0),
+        payload_sha256: str_of("payload_sha256"),
+        result,
+        message_id: str_of("message_id"),
+        claimed_at_ms: num_of("claimed_at"),
+        completed_at_ms: num_of("completed_at"),
+        error: str_of("error"),
+        pk,
+    })
+}

@@ -1,0 +1,99 @@
+//! [`PayloadStore`] for [`aws_sdk_s3::Client`]: payloads in S3.
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use futures::future::BoxFuture;
+
+use crate::protocol::payloads::{PayloadError, PayloadErrorKind, PayloadStore, S3Pointer};
+
+/// Sorts a failed S3 call: missing, may pass, denied, or refused.
+fn kind<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> PayloadErrorKind {
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let code = e.as_service_error().and_then(|se| se.code()).unwrap_or("");
+    match (code, status) {
+        ("NoSuchKey" | "NoSuchBucket" | "NotFound", _) | (_, Some(404)) => {
+            PayloadErrorKind::NotFound
+        }
+        ("AccessDenied", _) | (_, Some(403)) => PayloadErrorKind::Denied,
+        ("SlowDown" | "RequestTimeout" | "InternalError" | "ServiceUnavailable", _)
+        | (_, Some(429 | 500..=599)) => PayloadErrorKind::Transient,
+        _ if crate::aws::is_transient(e) => PayloadErrorKind::Transient,
+        _ => PayloadErrorKind::Refused,
+    }
+}
+
+/// A failed SDK call as a [`PayloadError`], keeping the SDK error as its source.
+fn payload_error<E>(
+    operation: &'static str,
+    pointer: &S3Pointer,
+    e: SdkError<E, HttpResponse>,
+) -> PayloadError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let kind = kind(&e);
+    let detail = crate::aws::error_detail(&e);
+    PayloadError::new(operation, pointer.clone(), kind, detail).with_source(e)
+}
+
+impl PayloadStore for Client {
+    fn get<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        max_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
+        Box::pin(async move {
+            let out = self
+                .get_object()
+                .bucket(&pointer.bucket)
+                .key(&pointer.key)
+                .send()
+                .await
+                .map_err(|e| payload_error("GetObject", pointer, e))?;
+            let too_large = |what: String| {
+                PayloadError::new(
+                    "GetObject",
+                    pointer.clone(),
+                    PayloadErrorKind::TooLarge,
+                    format!("{what}, above the maximum of {max_bytes} bytes"),
+                )
+            };
+            let length = out.content_length().and_then(|n| usize::try_from(n).ok());
+            if let Some(n) = length.filter(|n| *n > max_bytes) {
+                return Err(too_large(format!("the object is {n} bytes")));
+            }
+            let mut body = out.body;
+            let mut bytes = Vec::with_capacity(length.unwrap_or(0).min(max_bytes));
+            loop {
+                let chunk = body.try_next().await.map_err(|e| {
+                    PayloadError::new(
+                        "GetObject",
+                        pointer.clone(),
+                        PayloadErrorKind::Transient,
+                        format!("reading the object failed: {e}"),
+                    )
+                    .with_source(e)
+                })?;
+                let Some(chunk) = chunk else { break };
+                if bytes.len() + chunk.len() > max_bytes {
+                    return Err(too_large("the object's body runs past it".to_owned()));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
+        })
+    }
+
+    fn delete<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<(), PayloadError>> {
+        Box::pin(async move {
+            self.delete_object()
+                .bucket(&pointer.bucket)
+                .key(&pointer.key)
+                .send()
+                .await
+                .map_err(|e| payload_error("DeleteObject", pointer, e))?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,288 @@
+//! [`QueueClient`] for [`aws_sdk_sqs::Client`]: the production queue.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{
+    BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
+};
+use tracing::error;
+
+use crate::Message;
+use crate::protocol::limits::visibility_secs;
+use crate::protocol::message::{Attribute, AttributeValue};
+use crate::protocol::queue::{
+    EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
+};
+
+/// A failed SDK call as a [`QueueError`], keeping the SDK error as its source.
+fn queue_error<E, R>(operation: &'static str, queue: &str, e: SdkError<E, R>) -> QueueError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let transient = crate::aws::is_transient(&e);
+    let detail = crate::aws::error_detail(&e);
+    QueueError::new(operation, queue, detail, transient).with_source(e)
+}
+
+/// The failed entries of a batch of `entries`, by index. An id that is not
+/// one of ours (`m{i}`) cannot be told apart: then every entry counts as
+/// failed, never one that failed as done.
+fn failures(failed: &[BatchResultErrorEntry], entries: usize) -> Vec<EntryFailure> {
+    let index = |id: &str| {
+        id.strip_prefix('m')
+            .and_then(|i| i.parse::<usize>().ok())
+            .filter(|i| *i < entries)
+    };
+    if failed.iter().any(|f| index(&f.id).is_none()) {
+        return (0..entries)
+            .map(|index| EntryFailure {
+                index,
+                code: "UnknownEntry".into(),
+                message: Some("a failed entry's id is not one this batch sent".into()),
+            })
+            .collect();
+    }
+    failed
+        .iter()
+        .filter_map(|f| {
+            Some(EntryFailure {
+                index: index(&f.id)?,
+                code: f.code.clone(),
+                message: f.message.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Converts a received SQS message (received with all system and message
+/// attributes); `None` (logged) for one without id or receipt handle.
+pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
+    let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
+        error!("received a message without id or receipt handle; left to its visibility timeout");
+        return None;
+    };
+    let sys = m.attributes.unwrap_or_default();
+    let mut msg = Message::new(id, m.body.unwrap_or_default()).with_receipt_handle(receipt);
+    if let Some(n) = sys
+        .get(&MessageSystemAttributeName::ApproximateReceiveCount)
+        .and_then(|v| v.parse().ok())
+    {
+        msg = msg.with_receive_count(n);
+    }
+    if let Some(g) = sys.get(&MessageSystemAttributeName::MessageGroupId) {
+        msg = msg.with_group_id(g);
+    }
+    if let Some(d) = sys.get(&MessageSystemAttributeName::MessageDeduplicationId) {
+        msg = msg.with_deduplication_id(d);
+    }
+    if let Some(t) = sys.get(&MessageSystemAttributeName::AwsTraceHeader) {
+        msg = msg.with_aws_trace_header(t);
+    }
+    for (name, value) in m.message_attributes.unwrap_or_default() {
+        let binary = value.binary_value.map(|b| b.into_inner());
+        msg = msg.with_received_attribute(name, value.data_type, value.string_value, binary);
+    }
+    Some(msg)
+}
+
+/// An attribute as the SDK sends it.
+pub fn sdk_attribute(a: &Attribute) -> MessageAttributeValue {
+    let b = MessageAttributeValue::builder().data_type(&a.data_type);
+    match &a.value {
+        AttributeValue::Text(t) => b.string_value(t),
+        AttributeValue::Binary(bytes) => b.binary_value(Blob::new(bytes.clone())),
+    }
+    .build()
+    .expect("data type is set")
+}
+
+/// `DeleteMessageBatch` entries for these receipt handles, with ids `m0`, `m1`, ...
+/// (unique within the batch; `m{i}` maps a failed entry back to its receipt).
+pub fn delete_entries<'a>(
+    receipts: impl IntoIterator<Item = &'a str>,
+) -> Vec<DeleteMessageBatchRequestEntry> {
+    receipts
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .receipt_handle(r)
+                .build()
+                .expect("complete entry")
+        })
+        .collect()
+}
+
+fn visibility_entries(
+    receipts: &[String],
+    secs: i32,
+) -> Vec<ChangeMessageVisibilityBatchRequestEntry> {
+    receipts
+        .iter()
+        .enumerate()
+        .map(|(i, receipt)| {
+            ChangeMessageVisibilityBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .receipt_handle(receipt)
+                .visibility_timeout(secs)
+                .build()
+                .expect("complete entry")
+        })
+        .collect()
+}
+
+fn attribute_secs(
+    attrs: &HashMap<QueueAttributeName, String>,
+    n: &QueueAttributeName,
+) -> Option<Duration> {
+    attrs
+        .get(n)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+impl QueueClient for Client {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
+        let out = self
+            .receive_message()
+            .queue_url(queue)
+            .visibility_timeout(visibility_secs(request.visibility))
+            .max_number_of_messages(i32::try_from(request.max.clamp(1, 10)).unwrap_or(10))
+            .wait_time_seconds(i32::try_from(request.wait.as_secs().min(20)).unwrap_or(20))
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| queue_error("ReceiveMessage", queue, e))?;
+        Ok(out
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(to_message)
+            .collect())
+    }
+
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.delete_message()
+            .queue_url(queue)
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| queue_error("DeleteMessage", queue, e))
+    }
+
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let out = self
+            .delete_message_batch()
+            .queue_url(queue)
+            .set_entries(Some(delete_entries(receipts.iter().map(String::as_str))))
+            .send()
+            .await
+            .map_err(|e| queue_error("DeleteMessageBatch", queue, e))?;
+        Ok(failures(&out.failed, receipts.len()))
+    }
+
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
+        self.change_message_visibility()
+            .queue_url(queue)
+            .receipt_handle(receipt)
+            .visibility_timeout(visibility_secs(timeout))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| queue_error("ChangeMessageVisibility", queue, e))
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let out = self
+            .change_message_visibility_batch()
+            .queue_url(queue)
+            .set_entries(Some(visibility_entries(receipts, visibility_secs(timeout))))
+            .send()
+            .await
+            .map_err(|e| queue_error("ChangeMessageVisibilityBatch", queue, e))?;
+        Ok(failures(&out.failed, receipts.len()))
+    }
+
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        let attributes = message
+            .attributes
+            .iter()
+            .map(|(name, a)| (name.clone(), sdk_attribute(a)))
+            .collect();
+        self.send_message()
+            .queue_url(queue)
+            .message_body(message.body)
+            .set_message_attributes(Some(attributes))
+            .set_message_group_id(message.group_id)
+            .set_message_deduplication_id(message.deduplication_id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| queue_error("SendMessage", queue, e))
+    }
+
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        let out = self
+            .get_queue_attributes()
+            .queue_url(queue)
+            .attribute_names(QueueAttributeName::VisibilityTimeout)
+            .attribute_names(QueueAttributeName::MessageRetentionPeriod)
+            .attribute_names(QueueAttributeName::MaximumMessageSize)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| queue_error("GetQueueAttributes", queue, e))?;
+        let attrs = out.attributes.unwrap_or_default();
+        let dead_letter_target_arn = attrs
+            .get(&QueueAttributeName::RedrivePolicy)
+            .and_then(|p| crate::protocol::queue::dead_letter_target_arn(p));
+        Ok(QueueAttributes {
+            visibility_timeout: attribute_secs(&attrs, &QueueAttributeName::VisibilityTimeout),
+            retention: attribute_secs(&attrs, &QueueAttributeName::MessageRetentionPeriod),
+            max_message_bytes: attrs
+                .get(&QueueAttributeName::MaximumMessageSize)
+                .and_then(|v| v.parse().ok()),
+            dead_letter_target_arn,
+        })
+    }
+
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        let out = self
+            .get_queue_url()
+            .queue_name(name)
+            .queue_owner_aws_account_id(account)
+            .send()
+            .await
+            .map_err(|e| queue_error("GetQueueUrl", name, e))?;
+        out.queue_url
+            .ok_or_else(|| QueueError::new("GetQueueUrl", name, "no QueueUrl in the answer", true))
+    }
+}

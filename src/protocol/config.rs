@@ -1,0 +1,251 @@
+//! Processor settings, validated once at start-up.
+
+use std::time::Duration;
+
+use crate::KeySource;
+use crate::protocol::key::{CarrySecret, KeyError};
+use crate::protocol::limits::SQS_MAX_VISIBILITY;
+
+/// What to do with a message from which no dedup key can be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Permanent failure: park it in the DLQ with the reason (the default).
+    #[default]
+    Park,
+    /// Run the handler without dedup protection, with a warning.
+    ProcessUnprotected,
+}
+
+/// What to do with a message whose dedup key was recorded for a different
+/// body: a producer reusing a key for other content. Either way it is counted
+/// (`PayloadMismatches`) and logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PayloadMismatch {
+    /// Treat it as the duplicate its key says it is (the default).
+    #[default]
+    Warn,
+    /// Park it in the DLQ with the reason, for someone to look at. The record
+    /// of the first body is left as it is.
+    Park,
+}
+
+/// How the processor claims, retries and records. Every runtime builds one.
+#[derive(Debug, Clone)]
+pub struct ProcessorConfig {
+    /// The namespace of this consumer's records (`SQS_ONCE_CONSUMER`).
+    pub consumer: String,
+    /// Where the dedup key comes from (`SQS_ONCE_DEDUP_KEY`).
+    pub key_source: KeySource,
+    /// What a keyless message gets.
+    pub missing_key: MissingKey,
+    /// How long a claim holds the key before another consumer may take over
+    /// (`SQS_ONCE_LEASE`, default 60 s).
+    pub lease: Duration,
+    /// How long records are kept (`SQS_ONCE_TTL`, default 7 days); must exceed the
+    /// queue's retention plus the redelivery window.
+    pub ttl: Duration,
+    /// How often a running handler's lease (and visibility) is extended
+    /// (`SQS_ONCE_HEARTBEAT`, default 20 s); must be below the lease.
+    pub heartbeat: Duration,
+    /// How long before its lease ends, by this host's clock, a handler whose
+    /// lease could not be extended is interrupted (`SQS_ONCE_LEASE_MARGIN`,
+    /// default 5 s): room for clock skew between consumers, so that the handler
+    /// has stopped before another consumer can take the key over. Never more
+    /// than a tenth of the lease actually granted.
+    pub lease_margin: Duration,
+    /// The longest a handler's lease and visibility are extended in total (default
+    /// and cap: SQS's 12 hours).
+    pub max_extension: Duration,
+    /// The first retry delay; doubled per receive (default 2 s).
+    pub backoff_base: Duration,
+    /// The longest retry delay (default 15 min).
+    pub backoff_max: Duration,
+    /// Results whose JSON is larger are stored as a digest (default 32 KiB).
+    pub max_result_bytes: usize,
+    /// Use the one-transaction fast path for handlers whose effects are
+    /// [`Effects::StagedOnly`](crate::Effects::StagedOnly) (`SQS_ONCE_FAST_PATH`,
+    /// default true). Off, every handler is claimed first.
+    pub fast_path: bool,
+    /// A duplicate (or a message in flight elsewhere) whose body differs from
+    /// the recorded one (`SQS_ONCE_PAYLOAD_MISMATCH`: `warn`, the default, or
+    /// `park`).
+    pub payload_mismatch: PayloadMismatch,
+    /// Seals the dedup key and first message id a parked copy carries, and
+    /// verifies them on a copy brought back (`SQS_ONCE_CARRY_SECRET`). Without
+    /// it nothing carried is honoured: under `message-id` and `dedup-id` keys a
+    /// copy brought back from the DLQ is processed under a new key.
+    pub carry_secret: Option<CarrySecret>,
+}
+
+impl ProcessorConfig {
+    /// Defaults for a consumer name.
+    pub fn new(consumer: impl Into<String>) -> Self {
+        Self {
+            consumer: consumer.into(),
+            key_source: KeySource::default(),
+            missing_key: MissingKey::default(),
+            lease: Duration::from_secs(60),
+            ttl: Duration::from_secs(7 * 24 * 60 * 60),
+            heartbeat: Duration::from_secs(20),
+            lease_margin: Duration::from_secs(5),
+            max_extension: SQS_MAX_VISIBILITY,
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(15 * 60),
+            max_result_bytes: 32 * 1024,
+            fast_path: true,
+            payload_mismatch: PayloadMismatch::Warn,
+            carry_secret: None,
+        }
+    }
+
+    /// The dedup key of `message` (a carried key honoured when it verifies
+    /// under [`Self::carry_secret`]).
+    pub fn dedup_key(&self, message: &crate::Message) -> Result<String, KeyError> {
+        self.key_source
+            .extract_with(message, self.carry_secret.as_ref())
+    }
+
+    /// Rejects invalid combinations with a message naming the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |setting: &'static str, problem: String| Err(ConfigError { setting, problem });
+        if self.consumer.is_empty() || self.consumer.contains('#') {
+            return bad(
+                "SQS_ONCE_CONSUMER",
+                format!("{:?}: must be non-empty and contain no `#`", self.consumer),
+            );
+        }
+        if self.lease < Duration::from_secs(1) {
+            return bad("SQS_ONCE_LEASE", format!("{:?} is below 1s", self.lease));
+        }
+        if self.heartbeat.is_zero() || self.heartbeat >= self.lease {
+            return bad(
+                "SQS_ONCE_HEARTBEAT",
+                format!(
+                    "{} must be above zero and below the lease ({}), or the lease runs out between beats",
+                    humantime::format_duration(self.heartbeat),
+                    humantime::format_duration(self.lease)
+                ),
+            );
+        }
+        if self.heartbeat + self.margin_for(self.lease) >= self.lease {
+            return bad(
+                "SQS_ONCE_HEARTBEAT",
+                format!(
+                    "{} plus the lease margin ({}) must be below the lease ({}), or a handler is interrupted before its first extension",
+                    humantime::format_duration(self.heartbeat),
+                    humantime::format_duration(self.margin_for(self.lease)),
+                    humantime::format_duration(self.lease)
+                ),
+            );
+        }
+        if self.ttl <= self.lease {
+            return bad(
+                "SQS_ONCE_TTL",
+                format!(
+                    "{} must be longer than the lease ({})",
+                    humantime::format_duration(self.ttl),
+                    humantime::format_duration(self.lease)
+                ),
+            );
+        }
+        if self.max_extension > SQS_MAX_VISIBILITY {
+            return bad(
+                "ProcessorConfig::max_extension",
+                "must be at most 12h (SQS's visibility cap)".to_owned(),
+            );
+        }
+        if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
+            return bad(
+                "SQS_ONCE_BACKOFF",
+                "base must be above zero and not above the maximum".to_owned(),
+            );
+        }
+        if self.max_result_bytes > 350 * 1024 {
+            return bad(
+                "ProcessorConfig::max_result_bytes",
+                format!(
+                    "{} leaves no room in DynamoDB's 400 KB item limit; use at most 358400",
+                    self.max_result_bytes
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The safety margin for a granted lease: [`Self::lease_margin`], at most a
+    /// tenth of the lease (a lease cut short by a Lambda deadline keeps most of
+    /// its time).
+    pub fn margin_for(&self, lease: Duration) -> Duration {
+        self.lease_margin.min(lease / 10)
+    }
+
+    /// How often a lease of this length (and the visibility of what is held
+    /// with it) is extended: the heartbeat, at most half the lease.
+    pub fn beat_for(&self, lease: Duration) -> Duration {
+        self.heartbeat
+            .min(lease / 2)
+            .max(Duration::from_millis(100))
+    }
+
+    /// The retry delay for the given receive count: exponential, capped.
+    pub fn backoff(&self, receive_count: u32) -> Duration {
+        let exp = receive_count.saturating_sub(1).min(20);
+        self.backoff_base
+            .saturating_mul(1 << exp)
+            .min(self.backoff_max)
+            .min(SQS_MAX_VISIBILITY)
+    }
+}
+
+/// An invalid setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting {setting}: {problem}")]
+pub struct ConfigError {
+    /// The setting at fault: its environment variable (`SQS_ONCE_LEASE`), or
+    /// the config field (`ProcessorConfig::max_extension`) where no variable
+    /// sets it.
+    pub setting: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Parses a duration like `500ms`, `30s`, `5m`, `7d`, naming the setting on error.
+pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.trim()).map_err(|e| ConfigError {
+        setting,
+        problem: format!("{value:?} is not a duration like 30s, 5m or 7d ({e})"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_combinations_name_the_setting() {
+        ProcessorConfig::new("c").validate().unwrap();
+        let mut c = ProcessorConfig::new("c");
+        c.heartbeat = c.lease;
+        assert_eq!(c.validate().unwrap_err().setting, "SQS_ONCE_HEARTBEAT");
+        let mut c = ProcessorConfig::new("c");
+        c.ttl = Duration::from_secs(30);
+        assert_eq!(c.validate().unwrap_err().setting, "SQS_ONCE_TTL");
+        assert_eq!(
+            ProcessorConfig::new("a#b").validate().unwrap_err().setting,
+            "SQS_ONCE_CONSUMER"
+        );
+        assert!(parse_duration("SQS_ONCE_TTL", "7d").unwrap() == Duration::from_secs(604_800));
+        assert_eq!(
+            parse_duration("SQS_ONCE_TTL", "soon").unwrap_err().setting,
+            "SQS_ONCE_TTL"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let c = ProcessorConfig::new("c");
+        assert_eq!(c.backoff(1), Duration::from_secs(2));
+        assert_eq!(c.backoff(3), Duration::from_secs(8));
+        assert_eq!(c.backoff(1000), Duration::from_secs(900));
+    }
+}

@@ -1,0 +1,482 @@
+//! The user's side: the [`Handler`] trait, its [`Context`] and its error kinds.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::TransactWriteItem;
+use tokio_util::sync::CancellationToken;
+
+use crate::Message;
+
+/// What a handler returns: an optional small result, recorded with the dedup
+/// record and handed back to duplicates.
+pub type HandlerResult = Result<Option<serde_json::Value>, HandlerError>;
+
+/// The code that makes a message's effect.
+///
+/// It never deletes, acknowledges or retries: the runtime does that from the
+/// returned [`HandlerResult`]. The same handler runs unchanged under the Lambda
+/// adapter and the long-polling runtime.
+///
+/// ```
+/// use sqs_once::{Context, Handler, HandlerResult, Message};
+///
+/// struct Greeter;
+///
+/// impl Handler for Greeter {
+///     async fn handle(&self, message: &Message, _ctx: &Context) -> HandlerResult {
+///         println!("hello {}", message.body());
+///         Ok(None)
+///     }
+/// }
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// Makes the effect of one message.
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send;
+
+    /// What this handler's effects are, which decides the protocol. The default,
+    /// [`Effects::External`], is always safe.
+    fn effects(&self) -> Effects {
+        Effects::External
+    }
+}
+
+/// Which protocol a handler's effects need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Effects {
+    /// Anything, including calls outside DynamoDB (a payment API, e-mail): the
+    /// key is claimed before the handler runs, so at most one attempt runs at a
+    /// time, and completed after it (two DynamoDB calls per message).
+    #[default]
+    External,
+    /// Only DynamoDB writes staged on the [`Context`]: no claim; the handler runs
+    /// and one `TransactWriteItems` commits the `COMPLETED` record with its writes,
+    /// or finds the key done and writes nothing (one call per message). A
+    /// duplicate still runs the handler, whose staged writes are then dropped, so
+    /// the handler must have no other side effect.
+    StagedOnly,
+}
+
+/// Declares a handler [`Effects::StagedOnly`]: see [`staged_only`].
+#[derive(Debug, Clone)]
+pub struct StagedOnly<H>(pub H);
+
+/// Declares that `handler`'s only effects are the DynamoDB writes it stages, so
+/// the one-transaction fast path applies.
+///
+/// ```
+/// use sqs_once::{handler_fn, staged_only};
+///
+/// let handler = staged_only(handler_fn(|_message, _ctx| async move { Ok(None) }));
+/// # let _ = handler;
+/// ```
+pub fn staged_only<H: Handler>(handler: H) -> StagedOnly<H> {
+    StagedOnly(handler)
+}
+
+impl<H: Handler> Handler for StagedOnly<H> {
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send {
+        self.0.handle(message, ctx)
+    }
+
+    fn effects(&self) -> Effects {
+        Effects::StagedOnly
+    }
+}
+
+/// A handler made from a closure; see [`handler_fn`].
+#[derive(Debug, Clone)]
+pub struct HandlerFn<F>(F);
+
+/// Makes a [`Handler`] from an async closure taking owned copies of the message
+/// and context (both are cheap to clone).
+///
+/// ```
+/// use sqs_once::{handler_fn, HandlerError};
+///
+/// let handler = handler_fn(|message, _ctx| async move {
+///     if message.body().is_empty() {
+///         return Err(HandlerError::permanent("empty body"));
+///     }
+///     Ok(None)
+/// });
+/// # let _ = handler;
+/// ```
+pub fn handler_fn<F, Fut>(f: F) -> HandlerFn<F>
+where
+    F: Fn(Message, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    HandlerFn(f)
+}
+
+impl<F, Fut> Handler for HandlerFn<F>
+where
+    F: Fn(Message, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send {
+        (self.0)(message.clone(), ctx.clone())
+    }
+}
+
+/// What should happen to a message whose handler failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Try again later, with backoff from the receive count.
+    Retry,
+    /// Try again after this delay (capped at SQS's 12 hours).
+    RetryAfter(Duration),
+    /// Never retry: record `FAILED` and park the message in the DLQ with the reason.
+    Permanent,
+}
+
+/// A handler's failure, saying what happens next.
+///
+/// Any `std::error::Error` converts into a `HandlerError` with `?`. It is
+/// retryable (retrying is the safe default, and the queue's redrive policy
+/// parks a message that keeps failing) except for a request the handler could
+/// not even build: an AWS SDK `BuildError` (a required field left out of
+/// `Update::builder()...build()`) or `SerializationError`, found anywhere in
+/// the error's source chain (so also inside an `SdkError`'s construction
+/// failure). Those are programming errors that no retry mends, so they are
+/// permanent: the message is parked with the reason at once.
+///
+/// A service's refusal of a well-formed request (DynamoDB's
+/// `ValidationException`, an access denied) cannot be told apart through the
+/// generic error and stays retryable: map it with [`HandlerError::permanent`]
+/// where the handler knows it will never pass.
+#[derive(Debug)]
+pub struct HandlerError {
+    kind: FailureKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl HandlerError {
+    /// A retryable failure.
+    pub fn retry(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::new(FailureKind::Retry, error)
+    }
+
+    /// A failure to retry after `delay`.
+    pub fn retry_after(
+        delay: Duration,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::new(FailureKind::RetryAfter(delay), error)
+    }
+
+    /// A permanent failure: the message is parked, never retried.
+    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::new(FailureKind::Permanent, error)
+    }
+
+    /// A failure of the given kind.
+    pub fn new(
+        kind: FailureKind,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind,
+            source: error.into(),
+        }
+    }
+
+    /// What happens next.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        let error = error.into();
+        if unbuildable(&*error) {
+            Self::permanent(error)
+        } else {
+            Self::retry(error)
+        }
+    }
+}
+
+/// Whether `error`, or any error in its source chain, says the request could
+/// not be built or serialized (no retry can mend it).
+fn unbuildable(error: &(dyn std::error::Error + 'static)) -> bool {
+    use aws_smithy_types::error::operation::{BuildError, SerializationError};
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<BuildError>() || e.is::<SerializationError>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// A DynamoDB write staged by the handler, committed in the same
+/// `TransactWriteItems` call as the `COMPLETED` dedup record.
+#[derive(Debug, Clone)]
+pub struct StagedWrite {
+    /// The write (put, update, delete or condition check).
+    pub item: TransactWriteItem,
+    /// What a failure of this write's own condition means.
+    pub on_condition_failed: FailureKind,
+}
+
+/// What the runtime tells a handler about the message being processed, and where
+/// the handler stages DynamoDB writes.
+///
+/// Cheap to clone: clones share the staged writes and the cancellation signal.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+#[derive(Debug)]
+struct ContextInner {
+    consumer: String,
+    dedup_key: Option<String>,
+    idempotency_key: Option<String>,
+    attempt: u32,
+    max_result_bytes: usize,
+    staged: Mutex<Vec<StagedWrite>>,
+    cancelled: CancellationToken,
+    /// The message's span (current when the processor makes the context).
+    span: tracing::Span,
+    /// The message's receive count.
+    receive_count: u32,
+    /// The Lambda invocation's request id (Lambda only).
+    request_id: Option<Arc<str>>,
+    /// The ends the handler must finish by: the invocation's deadline, the
+    /// claim's local lease end, the message's visibility end (each as the
+    /// runtime keeps it, moved by the heartbeat; `None` while not known).
+    ends: Mutex<Vec<tokio::sync::watch::Receiver<Option<tokio::time::Instant>>>>,
+}
+
+tokio::task_local! {
+    /// The request id of the Lambda invocation being served.
+    static REQUEST_ID: Arc<str>;
+}
+
+/// Runs `f` as part of the Lambda invocation `request_id`: the contexts made
+/// meanwhile (in this task) report it.
+#[cfg(feature = "lambda")]
+pub(crate) async fn in_invocation<F: Future>(request_id: Arc<str>, f: F) -> F::Output {
+    REQUEST_ID.scope(request_id, f).await
+}
+
+/// The request id of the Lambda invocation this task serves, if any.
+#[cfg(feature = "lambda")]
+pub(crate) fn current_request_id() -> Option<Arc<str>> {
+    REQUEST_ID.try_with(Arc::clone).ok()
+}
+
+impl Context {
+    pub(crate) fn new(
+        consumer: &str,
+        dedup_key: Option<&str>,
+        attempt: u32,
+        message: &Message,
+        max_result_bytes: usize,
+    ) -> Self {
+        Self {
+            inner: Arc::new(ContextInner {
+                consumer: consumer.to_owned(),
+                dedup_key: dedup_key.map(str::to_owned),
+                idempotency_key: dedup_key
+                    .map(|k| crate::protocol::key::idempotency_key(consumer, k)),
+                attempt,
+                max_result_bytes,
+                staged: Mutex::new(Vec::new()),
+                cancelled: CancellationToken::new(),
+                span: tracing::Span::current(),
+                receive_count: message.receive_count(),
+                request_id: REQUEST_ID.try_with(Arc::clone).ok(),
+                ends: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The consumer name (the namespace of the dedup records).
+    pub fn consumer(&self) -> &str {
+        &self.inner.consumer
+    }
+
+    /// The message's dedup key; `None` only when the processor was configured to
+    /// run messages without a key unprotected.
+    pub fn dedup_key(&self) -> Option<&str> {
+        self.inner.dedup_key.as_deref()
+    }
+
+    /// A stable key derived from consumer and dedup key, the same on every
+    /// redelivery: send it downstream as `Idempotency-Key` so an external API
+    /// applies a retried call once.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.inner.idempotency_key.as_deref()
+    }
+
+    /// How many claims this key has seen, this one included (1 on the first run).
+    /// On the fast path, which makes no claim: the message's receive count.
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// The largest result (as JSON text) that is stored as is; a larger one is
+    /// stored as its SHA-256 and size, and duplicates get that digest back.
+    pub fn max_result_bytes(&self) -> usize {
+        self.inner.max_result_bytes
+    }
+
+    /// Stages a DynamoDB write that commits together with the dedup record, or not
+    /// at all. A failure of its own condition is retried.
+    pub fn stage(&self, item: TransactWriteItem) {
+        self.stage_with(item, FailureKind::Retry);
+    }
+
+    /// Stages a DynamoDB write, saying what a failure of its own condition means
+    /// (e.g. [`FailureKind::Permanent`] for "insufficient funds").
+    pub fn stage_with(&self, item: TransactWriteItem, on_condition_failed: FailureKind) {
+        self.inner
+            .staged
+            .lock()
+            .expect("staged writes lock")
+            .push(StagedWrite {
+                item,
+                on_condition_failed,
+            });
+    }
+
+    /// How many times SQS has delivered this message, this time included.
+    pub fn receive_count(&self) -> u32 {
+        self.inner.receive_count
+    }
+
+    /// The Lambda invocation's request id (`None` outside Lambda), for logs
+    /// and calls that should name the invocation.
+    pub fn lambda_request_id(&self) -> Option<&str> {
+        self.inner.request_id.as_deref()
+    }
+
+    /// How long the handler has before the runtime interrupts it, as things
+    /// stand: the nearest of the Lambda invocation's deadline, the claim's
+    /// local lease end and the message's visibility end (these two less the
+    /// runtime's margin, and moved on by the heartbeat while it succeeds)
+    /// that are known. In Lambda the runtime stops handlers half
+    /// `SQS_ONCE_LAMBDA_MARGIN` before the deadline: keep that much in hand.
+    /// `None` when nothing bounds the handler yet. A long handler can use it
+    /// to stop at a safe point, or to bound the timeouts of its own calls.
+    pub fn time_left(&self) -> Option<Duration> {
+        let now = tokio::time::Instant::now();
+        self.inner
+            .ends
+            .lock()
+            .expect("ends lock")
+            .iter()
+            .filter_map(|end| *end.borrow())
+            .min()
+            .map(|end| end.saturating_duration_since(now))
+    }
+
+    /// The handler must finish by the end `end` keeps (see [`Self::time_left`]).
+    pub(crate) fn bounded_by(
+        &self,
+        end: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
+    ) {
+        self.inner.ends.lock().expect("ends lock").push(end);
+    }
+
+    /// Cancelled when the claim's lease was lost (someone else owns the key now):
+    /// a long handler should stop; its result would not be recorded.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.inner.cancelled
+    }
+
+    /// The trace context of this message's span, for outgoing calls: see
+    /// [`Context::traceparent`].
+    pub fn trace_context(&self) -> Option<crate::protocol::trace::TraceParent> {
+        crate::protocol::trace::context_of(&self.inner.span)
+    }
+
+    /// The W3C `traceparent` of this message's span: send it as a
+    /// `traceparent` header (or message attribute) so that what the call
+    /// does joins the message's trace. `None` unless spans are OpenTelemetry
+    /// spans (the `otel` feature with its layer installed, as
+    /// `cli::init_logging` does when an OTLP endpoint is set).
+    pub fn traceparent(&self) -> Option<String> {
+        self.trace_context().map(|t| t.w3c())
+    }
+
+    /// The same context as an X-Ray trace header, for the `X-Amzn-Trace-Id`
+    /// header or an `AWSTraceHeader` system attribute.
+    pub fn xray_trace_header(&self) -> Option<String> {
+        self.trace_context().map(|t| t.xray())
+    }
+
+    pub(crate) fn take_staged(&self) -> Vec<StagedWrite> {
+        std::mem::take(&mut *self.inner.staged.lock().expect("staged writes lock"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::types::Update;
+
+    use super::*;
+
+    fn build_update() -> Result<Update, HandlerError> {
+        // No key, table or update expression: the builder refuses.
+        Ok(Update::builder().build()?)
+    }
+
+    #[test]
+    fn an_unbuildable_request_is_permanent() {
+        let err = build_update().expect_err("an update without its required fields");
+        assert_eq!(err.kind(), FailureKind::Permanent, "{err}");
+    }
+
+    #[test]
+    fn an_unbuildable_request_inside_another_error_is_permanent() {
+        #[derive(Debug)]
+        struct Wrapped(aws_smithy_types::error::operation::BuildError);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "staging the ledger row")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let inner = aws_smithy_types::error::operation::BuildError::missing_field("key", "the key");
+        let err = HandlerError::from(Wrapped(inner));
+        assert_eq!(err.kind(), FailureKind::Permanent);
+    }
+
+    #[test]
+    fn other_errors_are_retried() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(HandlerError::from(io).kind(), FailureKind::Retry);
+        let parse = "x".parse::<u32>().expect_err("not a number");
+        assert_eq!(HandlerError::from(parse).kind(), FailureKind::Retry);
+    }
+}

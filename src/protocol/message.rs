@@ -1,0 +1,231 @@
+//! The message a handler sees: plain data, no SDK types.
+
+use std::collections::BTreeMap;
+
+/// One SQS message as the handler sees it, whichever runtime received it.
+///
+/// Built by the runtimes from an SQS `ReceiveMessage` result or a Lambda SQS
+/// record; tests build it with [`Message::new`] and the `with_*` setters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    id: String,
+    body: String,
+    attributes: BTreeMap<String, Attribute>,
+    group_id: Option<String>,
+    deduplication_id: Option<String>,
+    receive_count: u32,
+    receipt_handle: Option<String>,
+    dedup_key: Option<String>,
+    aws_trace_header: Option<String>,
+    queue: Option<String>,
+}
+
+impl Message {
+    /// A message with an SQS message id and a body; receive count 1.
+    pub fn new(id: impl Into<String>, body: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            body: body.into(),
+            attributes: BTreeMap::new(),
+            group_id: None,
+            deduplication_id: None,
+            receive_count: 1,
+            receipt_handle: None,
+            dedup_key: None,
+            aws_trace_header: None,
+            queue: None,
+        }
+    }
+
+    /// Adds a string message attribute (SQS `MessageAttributes`, type `String`).
+    pub fn with_attribute(self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.with_typed_attribute(name, Attribute::string(value))
+    }
+
+    /// Adds an attribute as a runtime received it (data type and raw values);
+    /// one without a value of its type is logged and left out.
+    pub(crate) fn with_received_attribute(
+        self,
+        name: String,
+        data_type: String,
+        text: Option<String>,
+        binary: Option<Vec<u8>>,
+    ) -> Self {
+        match Attribute::typed(data_type, text, binary) {
+            Some(a) => self.with_typed_attribute(name, a),
+            None => {
+                tracing::warn!(message_id = self.id(), attribute = %name, "message attribute without a value of its type; ignored");
+                self
+            }
+        }
+    }
+
+    /// Adds a message attribute of any type (`Number`, `Binary`, `String.x`, ...).
+    pub fn with_typed_attribute(mut self, name: impl Into<String>, attribute: Attribute) -> Self {
+        self.attributes.insert(name.into(), attribute);
+        self
+    }
+
+    /// Sets the FIFO message group id.
+    pub fn with_group_id(mut self, group: impl Into<String>) -> Self {
+        self.group_id = Some(group.into());
+        self
+    }
+
+    /// Sets the FIFO deduplication id.
+    pub fn with_deduplication_id(mut self, id: impl Into<String>) -> Self {
+        self.deduplication_id = Some(id.into());
+        self
+    }
+
+    /// Sets how many times SQS has delivered this message (`ApproximateReceiveCount`).
+    pub fn with_receive_count(mut self, count: u32) -> Self {
+        self.receive_count = count.max(1);
+        self
+    }
+
+    /// Sets the receipt handle of this delivery.
+    pub fn with_receipt_handle(mut self, handle: impl Into<String>) -> Self {
+        self.receipt_handle = Some(handle.into());
+        self
+    }
+
+    /// Sets the `AWSTraceHeader` system attribute (the producer's X-Ray trace
+    /// header): see [`crate::protocol::trace`].
+    pub fn with_aws_trace_header(mut self, header: impl Into<String>) -> Self {
+        self.aws_trace_header = Some(header.into());
+        self
+    }
+
+    /// Sets the name of the queue the message was received from.
+    pub fn with_queue(mut self, name: impl Into<String>) -> Self {
+        self.queue = Some(name.into());
+        self
+    }
+
+    pub(crate) fn set_dedup_key(&mut self, key: String) {
+        self.dedup_key = Some(key);
+    }
+
+    /// The SQS message id (stable across redeliveries of one send).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The raw body.
+    pub fn body(&self) -> &str {
+        &self.body
+    }
+
+    /// Parses the body as JSON into `T`.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.body)
+    }
+
+    /// Every message attribute by name, with its data type, exactly as received.
+    pub fn attributes(&self) -> &BTreeMap<String, Attribute> {
+        &self.attributes
+    }
+
+    /// The text of one attribute of a `String` or `Number` type (custom types
+    /// such as `String.id` included); `None` for an absent or binary one.
+    pub fn attribute(&self, name: &str) -> Option<&str> {
+        match &self.attributes.get(name)?.value {
+            AttributeValue::Text(t) => Some(t),
+            AttributeValue::Binary(_) => None,
+        }
+    }
+
+    /// The FIFO message group id, `None` on a standard queue.
+    pub fn group_id(&self) -> Option<&str> {
+        self.group_id.as_deref()
+    }
+
+    /// The FIFO deduplication id, `None` on a standard queue.
+    pub fn deduplication_id(&self) -> Option<&str> {
+        self.deduplication_id.as_deref()
+    }
+
+    /// How many times SQS has delivered this message, 1 on the first delivery.
+    pub fn receive_count(&self) -> u32 {
+        self.receive_count
+    }
+
+    /// The receipt handle of this delivery (needed to delete or extend it).
+    pub fn receipt_handle(&self) -> Option<&str> {
+        self.receipt_handle.as_deref()
+    }
+
+    /// The `AWSTraceHeader` system attribute: the producer's X-Ray trace
+    /// header, as SQS delivered it.
+    pub fn aws_trace_header(&self) -> Option<&str> {
+        self.aws_trace_header.as_deref()
+    }
+
+    /// The name of the queue the message was received from, when the runtime
+    /// knows it (the spans' destination).
+    pub fn queue(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
+    /// The dedup key extracted for this message, once the processor has done so.
+    pub fn dedup_key(&self) -> Option<&str> {
+        self.dedup_key.as_deref()
+    }
+}
+
+/// One SQS message attribute: its data type and value, kept exactly so that a
+/// parked copy carries it unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attribute {
+    /// `String`, `Number`, `Binary`, or one of those with a custom suffix
+    /// (`Number.float`, `String.id`, ...).
+    pub data_type: String,
+    /// The value.
+    pub value: AttributeValue,
+}
+
+/// An attribute's value: text for `String` and `Number` types, bytes for `Binary`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttributeValue {
+    /// `StringValue` (String and Number types).
+    Text(String),
+    /// `BinaryValue` (Binary types).
+    Binary(Vec<u8>),
+}
+
+impl Attribute {
+    /// A `String` attribute.
+    pub fn string(value: impl Into<String>) -> Self {
+        Self {
+            data_type: "String".to_owned(),
+            value: AttributeValue::Text(value.into()),
+        }
+    }
+
+    /// An attribute of the given data type; its value is binary when the type
+    /// is `Binary` or `Binary.*`, else text.
+    pub fn typed(
+        data_type: impl Into<String>,
+        text: Option<String>,
+        binary: Option<Vec<u8>>,
+    ) -> Option<Self> {
+        let data_type = data_type.into();
+        let value = if data_type.starts_with("Binary") {
+            AttributeValue::Binary(binary?)
+        } else {
+            AttributeValue::Text(text?)
+        };
+        Some(Self { data_type, value })
+    }
+
+    /// The bytes SQS counts toward the message size: name, data type and value.
+    pub fn size(&self, name: &str) -> usize {
+        name.len()
+            + self.data_type.len()
+            + match &self.value {
+                AttributeValue::Text(t) => t.len(),
+                AttributeValue::Binary(b) => b.len(),
+            }
+    }
+}

@@ -1,0 +1,390 @@
+//! Counters of what the processor did, emitted as CloudWatch Embedded Metric
+//! Format (EMF) log lines: one JSON object per line whose `_aws` member tells
+//! CloudWatch which fields are metrics. In Lambda the function's log stream is
+//! extracted as is (one line per invocation); the poller prints one every
+//! `SQS_ONCE_METRICS_INTERVAL`.
+//!
+//! A jump of `DuplicatesSkipped` against `Processed` is the sign of an upstream
+//! producer re-sending: graph the two together.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use crate::Outcome;
+
+/// The CloudWatch namespace of the metrics.
+pub const NAMESPACE: &str = "sqs-once";
+
+/// The one dimension every metric carries: the consumer's name.
+pub const DIMENSION: &str = "Consumer";
+
+/// Every metric name the EMF lines can carry (the templates' alarms and
+/// dashboards are checked against this list).
+pub const METRIC_NAMES: &[&str] = &[
+    "Processed",
+    "DuplicatesSkipped",
+    "InFlightDuplicates",
+    "Retries",
+    "PermanentFailures",
+    "LeaseLost",
+    "HeartbeatExtensions",
+    "Takeovers",
+    "UnknownOutcomesResolved",
+    "PayloadMismatches",
+    "UnverifiedAttributes",
+    "HandlerLatency",
+];
+
+/// Live counters; shared by every task of a runtime. Memory is fixed: handler
+/// latencies go into a histogram of [`LATENCY_BUCKETS`] counters, whatever the
+/// number of samples and whether anyone ever reads them.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    processed: AtomicU64,
+    duplicates: AtomicU64,
+    in_flight: AtomicU64,
+    retries: AtomicU64,
+    permanent_failures: AtomicU64,
+    lease_lost: AtomicU64,
+    heartbeat_extensions: AtomicU64,
+    takeovers: AtomicU64,
+    unknown_resolved: AtomicU64,
+    payload_mismatches: AtomicU64,
+    unverified_attributes: AtomicU64,
+    latency: Histogram,
+}
+
+/// Buckets of the latency histogram: bucket 0 holds everything up to 1 ms,
+/// bucket `i` up to `1.25^i` ms; the last one (about 21 minutes and above)
+/// everything longer. Fewer than EMF's 100 values per metric, so one line
+/// carries the whole histogram.
+pub const LATENCY_BUCKETS: usize = 64;
+const BUCKET_RATIO: f64 = 1.25;
+
+/// A fixed-size histogram of durations with log-spaced buckets (about 12%
+/// precision), lock-free to record.
+#[derive(Debug)]
+struct Histogram([AtomicU64; LATENCY_BUCKETS]);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Histogram {
+    fn bucket(ms: f64) -> usize {
+        if ms <= 1.0 {
+            return 0;
+        }
+        let i = (ms.ln() / BUCKET_RATIO.ln()).ceil();
+        (i as usize).min(LATENCY_BUCKETS - 1)
+    }
+
+    /// The value a bucket reports: its upper bound (bucket 0: 1 ms).
+    fn value(i: usize) -> f64 {
+        let v = BUCKET_RATIO.powi(i32::try_from(i).unwrap_or(i32::MAX));
+        (v * 1000.0).round() / 1000.0
+    }
+
+    fn record(&self, d: Duration) {
+        self.0[Self::bucket(d.as_secs_f64() * 1000.0)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> Latencies {
+        Latencies(
+            self.0
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| {
+                    let n = c.swap(0, Ordering::Relaxed);
+                    (n > 0).then(|| (Self::value(i), n))
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Handler latencies since the last [`Metrics::take`], as (bucket upper bound
+/// in milliseconds, count) pairs in increasing order: EMF's `Values` and
+/// `Counts`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Latencies(pub Vec<(f64, u64)>);
+
+impl Latencies {
+    /// How many samples.
+    pub fn count(&self) -> u64 {
+        self.0.iter().map(|(_, n)| n).sum()
+    }
+
+    /// The bucket bound below which a fraction `q` (0..=1) of samples fall.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        self.0.iter().find_map(|(v, n)| {
+            seen += n;
+            (seen >= want).then_some(*v)
+        })
+    }
+}
+
+/// The counters since the last [`Metrics::take`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Messages whose effect was recorded now.
+    pub processed: u64,
+    /// Duplicates of completed work, skipped.
+    pub duplicates: u64,
+    /// Messages another consumer held; sent back for later.
+    pub in_flight: u64,
+    /// Retryable failures (handler errors, panics, store unavailable, shutdown).
+    pub retries: u64,
+    /// Permanent failures (parked, or left to the redrive policy).
+    pub permanent_failures: u64,
+    /// Claims lost while the handler ran: taken over by another consumer, or
+    /// not extended in time (the handler was interrupted).
+    pub lease_lost: u64,
+    /// Successful lease or visibility extensions.
+    pub heartbeat_extensions: u64,
+    /// Claims taken over from another consumer whose lease had expired
+    /// unreleased (it crashed, was cut off, or its handler outran the lease).
+    pub takeovers: u64,
+    /// DynamoDB writes whose answer was lost, sent again with the same token
+    /// and found applied once (by the first send or the retry).
+    pub unknown_resolved: u64,
+    /// Messages whose dedup key was recorded for a different body: a producer
+    /// bug (`SQS_ONCE_PAYLOAD_MISMATCH` says whether they are parked).
+    pub payload_mismatches: u64,
+    /// `sqs_once_dedup_key` / `sqs_once_message_id` attributes that did not
+    /// verify under `SQS_ONCE_CARRY_SECRET` and were ignored: set by a producer
+    /// (an attempt to take another message's key), forwarded from another
+    /// message, or sealed under a secret no longer configured.
+    pub unverified_attributes: u64,
+    /// Handler run times.
+    pub handler_latency: Latencies,
+}
+
+impl Metrics {
+    /// Counts a message's outcome.
+    pub fn outcome(&self, outcome: &Outcome) {
+        let counter = match outcome {
+            Outcome::Completed { .. } => &self.processed,
+            Outcome::Duplicate { .. } => &self.duplicates,
+            Outcome::InFlight { .. } => &self.in_flight,
+            Outcome::Retry { .. } => &self.retries,
+            Outcome::Park { .. } => &self.permanent_failures,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a lease lost to another consumer.
+    pub fn lease_lost(&self) {
+        self.lease_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a claim taken over from an expired, unreleased one.
+    pub fn takeover(&self) {
+        self.takeovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a write whose lost answer was resolved by sending it again.
+    pub fn unknown_outcome_resolved(&self) {
+        self.unknown_resolved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a duplicate whose body differs from the recorded one.
+    pub fn payload_mismatch(&self) {
+        self.payload_mismatches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a carried attribute that did not verify and was ignored.
+    pub fn unverified_attribute(&self) {
+        self.unverified_attributes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a successful heartbeat extension.
+    pub fn heartbeat_extension(&self) {
+        self.heartbeat_extensions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records how long a handler ran (a histogram bucket; no allocation).
+    pub fn handler_latency(&self, d: Duration) {
+        self.latency.record(d);
+    }
+
+    /// The counters since the last call, which resets them.
+    pub fn take(&self) -> Snapshot {
+        let t = |c: &AtomicU64| c.swap(0, Ordering::Relaxed);
+        Snapshot {
+            processed: t(&self.processed),
+            duplicates: t(&self.duplicates),
+            in_flight: t(&self.in_flight),
+            retries: t(&self.retries),
+            permanent_failures: t(&self.permanent_failures),
+            lease_lost: t(&self.lease_lost),
+            heartbeat_extensions: t(&self.heartbeat_extensions),
+            takeovers: t(&self.takeovers),
+            unknown_resolved: t(&self.unknown_resolved),
+            payload_mismatches: t(&self.payload_mismatches),
+            unverified_attributes: t(&self.unverified_attributes),
+            handler_latency: self.latency.take(),
+        }
+    }
+}
+
+impl Snapshot {
+    /// The EMF line for these counters with dimension `Consumer`, timestamped
+    /// `timestamp_ms`: every counter, and the latency histogram as `Values` and
+    /// `Counts` (at most [`LATENCY_BUCKETS`] values, within EMF's 100).
+    pub fn emf_lines(&self, consumer: &str, timestamp_ms: i64) -> Vec<Value> {
+        let counters = [
+            ("Processed", self.processed),
+            ("DuplicatesSkipped", self.duplicates),
+            ("InFlightDuplicates", self.in_flight),
+            ("Retries", self.retries),
+            ("PermanentFailures", self.permanent_failures),
+            ("LeaseLost", self.lease_lost),
+            ("HeartbeatExtensions", self.heartbeat_extensions),
+            ("Takeovers", self.takeovers),
+            ("UnknownOutcomesResolved", self.unknown_resolved),
+            ("PayloadMismatches", self.payload_mismatches),
+            ("UnverifiedAttributes", self.unverified_attributes),
+        ];
+        let latency = &self.handler_latency.0;
+        let histogram = (!latency.is_empty()).then(|| {
+            (
+                "HandlerLatency",
+                "Milliseconds",
+                json!({
+                    "Values": latency.iter().map(|(v, _)| v).collect::<Vec<_>>(),
+                    "Counts": latency.iter().map(|(_, n)| n).collect::<Vec<_>>(),
+                }),
+            )
+        });
+        vec![line(
+            consumer,
+            timestamp_ms,
+            counters
+                .iter()
+                .map(|(name, v)| (*name, "Count", json!(v)))
+                .chain(histogram)
+                .collect(),
+        )]
+    }
+}
+
+fn line(consumer: &str, timestamp_ms: i64, metrics: Vec<(&str, &str, Value)>) -> Value {
+    let definitions: Vec<Value> = metrics
+        .iter()
+        .map(|(name, unit, _)| json!({"Name": name, "Unit": unit}))
+        .collect();
+    let mut root = Map::new();
+    root.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [[DIMENSION]],
+                "Metrics": definitions,
+            }],
+        }),
+    );
+    root.insert(DIMENSION.into(), json!(consumer));
+    for (name, _, value) in metrics {
+        root.insert(name.into(), value);
+    }
+    Value::Object(root)
+}
+
+/// Prints the snapshot's EMF lines to stdout (where Lambda and the awslogs
+/// driver pick them up), unless nothing happened.
+pub fn print_emf(snapshot: &Snapshot, consumer: &str) {
+    if *snapshot == Snapshot::default() {
+        return;
+    }
+    let now_ms = crate::protocol::clock::Clock::now_ms(&crate::protocol::clock::SystemClock);
+    for line in snapshot.emf_lines(consumer, now_ms) {
+        println!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emf_line_declares_every_metric_it_carries() {
+        let m = Metrics::default();
+        m.outcome(&Outcome::Completed { result: None });
+        m.outcome(&Outcome::Duplicate {
+            result: None,
+            payload_matches: true,
+        });
+        m.outcome(&Outcome::Duplicate {
+            result: None,
+            payload_matches: true,
+        });
+        for i in 0..150 {
+            m.handler_latency(Duration::from_millis(i));
+        }
+        let lines = m.take().emf_lines("ledger", 1_700_000_000_000);
+        assert_eq!(lines.len(), 1, "the histogram fits one line");
+        let first = &lines[0];
+        assert_eq!(first["_aws"]["Timestamp"], 1_700_000_000_000_i64);
+        let directive = &first["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(directive["Namespace"], "sqs-once");
+        assert_eq!(directive["Dimensions"], json!([["Consumer"]]));
+        for def in directive["Metrics"].as_array().unwrap() {
+            let name = def["Name"].as_str().unwrap();
+            assert!(!first[name].is_null(), "{name} declared but missing");
+            assert!(METRIC_NAMES.contains(&name), "{name} not in METRIC_NAMES");
+        }
+        assert_eq!(first["Consumer"], "ledger");
+        assert_eq!(first["Processed"], 1);
+        assert_eq!(first["DuplicatesSkipped"], 2);
+        let values = first["HandlerLatency"]["Values"].as_array().unwrap();
+        let counts = first["HandlerLatency"]["Counts"].as_array().unwrap();
+        assert_eq!(values.len(), counts.len());
+        assert!(values.len() <= 100, "EMF allows 100 values");
+        let total: u64 = counts.iter().map(|c| c.as_u64().unwrap()).sum();
+        assert_eq!(total, 150);
+        assert_eq!(m.take(), Snapshot::default(), "take resets");
+    }
+
+    #[test]
+    fn a_million_latencies_with_no_reader_stay_in_fixed_memory() {
+        let m = Metrics::default();
+        let before = std::mem::size_of_val(&m);
+        for i in 0..1_000_000u64 {
+            m.handler_latency(Duration::from_micros(i * 997 % 3_600_000_000));
+        }
+        // No heap: the histogram is a fixed array inside the struct.
+        assert_eq!(std::mem::size_of_val(&m), before);
+        assert!(before <= 1024, "{before} bytes");
+        let snap = m.take();
+        assert_eq!(snap.handler_latency.count(), 1_000_000);
+        assert!(snap.handler_latency.0.len() <= LATENCY_BUCKETS);
+    }
+
+    #[test]
+    fn histogram_buckets_are_within_a_quarter_of_the_sample() {
+        for ms in [0.5, 1.0, 3.0, 20.0, 123.0, 2_000.0, 60_000.0] {
+            let b = Histogram::value(Histogram::bucket(ms));
+            assert!(
+                b >= ms && b <= ms.max(1.0) * BUCKET_RATIO + 1e-9,
+                "{ms} -> {b}"
+            );
+        }
+        let m = Metrics::default();
+        for i in 1..=100 {
+            m.handler_latency(Duration::from_millis(i));
+        }
+        let l = m.take().handler_latency;
+        let p50 = l.quantile(0.5).unwrap();
+        assert!((50.0..=63.0).contains(&p50), "{p50}");
+    }
+}

@@ -1,0 +1,48 @@
+//! Deliberate bugs for the chaos harness to catch (the check of the checker).
+//! Compiled in only when the crate is built with `SQS_ONCE_MUTANTS=1` in the
+//! environment (build.rs sets the cfg `sqs_once_mutants`; no feature can);
+//! without it [`active`] is always false and costs nothing.
+//!
+//! `SQS_ONCE_MUTANT=<name>` switches one on:
+//! - `fifo-parallel`: the poller runs each FIFO message in its own lane, so a
+//!   group's messages run at once instead of in order.
+//! - `no-fencing`: the in-memory store's guarded operations (complete,
+//!   release, mark failed, extend) ignore the owner token (the simulator).
+//! - `lease-not-enforced`: a claimed handler is never interrupted at its
+//!   local lease end (the simulator).
+//! - `delete-before-effect`: the poller deletes a message before processing
+//!   it (the simulator).
+//! - `always-in-flight`: every claim (and fast-path commit) of the in-memory
+//!   store answers "held elsewhere": a consumer that processes nothing.
+//! - `transient-as-permanent`: every handler or store failure is taken as
+//!   permanent, so a panic or an outage parks a valid message.
+//! - `rerun-completed`: the in-memory store claims a `COMPLETED` key again.
+//! - `no-redelivery-read`: a redelivery on the fast path runs its handler
+//!   without reading its record first, and a drain gives back a completed
+//!   message instead of deleting it.
+//! - `visibility-not-kept`: a handler runs on after its message's visibility
+//!   could not be kept (SQS may deliver it to another consumer meanwhile).
+//! - `bounce-in-flight`: a copy of a key in flight elsewhere comes back at
+//!   the holder's lease end instead of waiting for it, spending a receive
+//!   per lease (the poller's unit tests).
+//! - `conditional-as-transient`: `DynamoStore` misses a failed condition on
+//!   the dedup record (`ConditionalCheckFailedException`, or a cancelled
+//!   transaction's first reason) and classifies it as a transient error, so
+//!   a duplicate or a key held elsewhere is retried instead of decided (the
+//!   simulator's wire path).
+
+/// Whether this build has the mutants in it (built with `SQS_ONCE_MUTANTS=1`).
+pub const COMPILED: bool = cfg!(sqs_once_mutants);
+
+/// Whether the mutant `name` is switched on by `SQS_ONCE_MUTANT`.
+#[cfg(sqs_once_mutants)]
+pub fn active(name: &str) -> bool {
+    std::env::var("SQS_ONCE_MUTANT").is_ok_and(|v| v == name)
+}
+
+/// Whether the mutant `name` is switched on (never: built without the mutants).
+#[cfg(not(sqs_once_mutants))]
+#[inline(always)]
+pub fn active(_name: &str) -> bool {
+    false
+}

@@ -1,0 +1,201 @@
+//! Parking: a permanent failure's copy, with its reason, in the DLQ.
+
+use std::collections::BTreeMap;
+
+use tracing::{error, warn};
+
+use crate::Message;
+pub use crate::protocol::key::MESSAGE_ID_ATTRIBUTE;
+use crate::protocol::key::{
+    CarrySecret, DEDUP_KEY_ATTRIBUTE, carried_message_id, carry_key, carry_message_id,
+};
+use crate::protocol::limits::{SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_ATTRIBUTES};
+use crate::protocol::message::Attribute;
+use crate::protocol::queue::{OutgoingMessage, QueueClient, QueueError, is_fifo};
+
+/// The message attribute that carries a parked message's reason.
+pub const REASON_ATTRIBUTE: &str = "sqs_once_reason";
+
+/// A reason shorter than this is dropped rather than cut to nothing useful.
+const MIN_REASON_BYTES: usize = 64;
+
+/// Why a message could not be parked. It then comes back (and, failing
+/// again, ends in the DLQ by the queue's redrive policy, without a reason).
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    /// The body and the original attributes alone exceed the DLQ's limit.
+    #[error(
+        "the message ({bytes} bytes with its attributes) is larger than the DLQ's MaximumMessageSize ({limit} bytes); left to the queue's redrive policy"
+    )]
+    TooLarge {
+        /// Body and original attributes.
+        bytes: usize,
+        /// The DLQ's limit.
+        limit: usize,
+    },
+    /// `SendMessage` to the DLQ failed.
+    #[error("sending to the DLQ failed: {0}")]
+    Send(#[source] QueueError),
+}
+
+/// The DLQ where permanent failures are parked, with its size limit read once.
+/// Both runtimes park through it.
+#[derive(Debug)]
+pub struct Dlq<Q> {
+    queue: Q,
+    url: String,
+    max_bytes: tokio::sync::OnceCell<usize>,
+}
+
+impl<Q: QueueClient> Dlq<Q> {
+    /// The DLQ at `url`.
+    pub fn new(queue: Q, url: impl Into<String>) -> Self {
+        Self {
+            queue,
+            url: url.into(),
+            max_bytes: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The DLQ's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The DLQ's `MaximumMessageSize` (read once; SQS's default when it cannot
+    /// be read, and then read again next time).
+    async fn max_bytes(&self) -> usize {
+        let read = self
+            .max_bytes
+            .get_or_try_init(|| async {
+                let attributes = self.queue.attributes(&self.url).await?;
+                attributes.max_message_bytes.ok_or_else(|| {
+                    QueueError::new(
+                        "GetQueueAttributes",
+                        &self.url,
+                        "no MaximumMessageSize in the answer",
+                        false,
+                    )
+                })
+            })
+            .await;
+        read.copied().unwrap_or_else(|e| {
+            warn!(dlq = %self.url, error = %e, "cannot read the DLQ's MaximumMessageSize; assuming SQS's default");
+            SQS_DEFAULT_MAX_MESSAGE_BYTES
+        })
+    }
+
+    /// Sends a copy of the message to the DLQ: the body and every message
+    /// attribute exactly as received (data types included), plus
+    /// `sqs_once_dedup_key` (the key it was processed under, so a copy brought
+    /// back is processed under the same key), `sqs_once_reason` (this park's
+    /// reason, replacing an earlier one) and `sqs_once_message_id` (the first
+    /// delivery's id), as far as SQS's attribute count and the DLQ's size limit
+    /// allow; the reason is shortened to fit, the body is never altered. The
+    /// key and the first id are sealed under `secret` (see [`CarrySecret`]);
+    /// without one no key is carried and the id is this delivery's, unsealed
+    /// (for people to read: nothing honours it). The caller deletes the
+    /// original after this succeeds.
+    pub async fn park(
+        &self,
+        message: &Message,
+        reason: &str,
+        dedup_key: Option<&str>,
+        secret: Option<&CarrySecret>,
+    ) -> Result<(), ParkError> {
+        let copy = ParkedCopy::new(message, reason, dedup_key, secret, self.max_bytes().await)?;
+        // On a FIFO DLQ the same delivery parked twice within five minutes
+        // is delivered once.
+        let fifo = is_fifo(&self.url);
+        let outgoing = OutgoingMessage {
+            body: message.body().to_owned(),
+            attributes: copy.attributes,
+            group_id: fifo.then(|| message.group_id().unwrap_or("sqs-once-parked").to_owned()),
+            deduplication_id: fifo.then(|| message.id().to_owned()),
+        };
+        self.queue
+            .send(&self.url, outgoing)
+            .await
+            .map_err(ParkError::Send)
+    }
+}
+
+/// The attributes of a parked copy, fitted to SQS's limits.
+struct ParkedCopy {
+    attributes: BTreeMap<String, Attribute>,
+}
+
+impl ParkedCopy {
+    fn new(
+        message: &Message,
+        reason: &str,
+        dedup_key: Option<&str>,
+        secret: Option<&CarrySecret>,
+        limit: usize,
+    ) -> Result<Self, ParkError> {
+        let ours = |name: &str| name.starts_with("sqs_once_");
+        let original: Vec<(&String, &Attribute)> = message
+            .attributes()
+            .iter()
+            .filter(|(name, _)| !ours(name))
+            .collect();
+        let mut bytes =
+            message.body().len() + original.iter().map(|(name, a)| a.size(name)).sum::<usize>();
+        if bytes > limit {
+            return Err(ParkError::TooLarge { bytes, limit });
+        }
+        let mut attributes: BTreeMap<String, Attribute> = original
+            .iter()
+            .map(|(name, a)| ((*name).clone(), (*a).clone()))
+            .collect();
+        // A first id that does not verify (a producer's) is not kept.
+        let first_id = carried_message_id(message, secret).unwrap_or(message.id());
+        let first_id = match secret {
+            Some(secret) => carry_message_id(secret, message.body(), first_id),
+            None => first_id.to_owned(),
+        };
+        let mut add = |name: &str, value: String, shorten: bool| {
+            if attributes.len() >= SQS_MAX_ATTRIBUTES {
+                return;
+            }
+            let overhead = name.len() + "String".len();
+            let room = limit.saturating_sub(bytes + overhead);
+            let value = match (value.len() <= room, shorten) {
+                (true, _) => value,
+                (false, true) if room >= MIN_REASON_BYTES => truncate(&value, room),
+                _ => return,
+            };
+            bytes += overhead + value.len();
+            attributes.insert(name.to_owned(), Attribute::string(value));
+        };
+        let dedup_key = dedup_key.zip(secret);
+        if let Some((key, secret)) = dedup_key {
+            add(
+                DEDUP_KEY_ATTRIBUTE,
+                carry_key(secret, message.body(), key),
+                false,
+            );
+        }
+        add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
+        add(MESSAGE_ID_ATTRIBUTE, first_id, false);
+        if dedup_key.is_some() && !attributes.contains_key(DEDUP_KEY_ATTRIBUTE) {
+            error!(
+                message_id = message.id(),
+                "parked without its dedup key (no attribute slot or size left): with `message-id` or `dedup-id` keys a copy brought back is processed under a new key"
+            );
+        }
+        Ok(Self { attributes })
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}

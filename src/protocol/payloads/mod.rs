@@ -1,0 +1,523 @@
+//! Large payloads through S3, as the Amazon SQS Extended Client Libraries
+//! (Java and Python) send them.
+//!
+//! An extended client stores a body too large for SQS (or every body, with
+//! "always through S3") as an S3 object and sends a pointer instead:
+//!
+//! ```text
+//! body:       ["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": "b", "s3Key": "k"}]
+//! attribute:  ExtendedPayloadSize (Number) = the payload's size in bytes
+//! ```
+//!
+//! (`SQSLargePayloadSize` and the class `com.amazon.sqs.javamessaging.MessageS3Pointer`
+//! are the names of the Java client's 1.x releases, which the Python client
+//! still writes with `use_legacy_attribute`.) With [`LargePayloads`] on the
+//! [`Processor`](crate::Processor), a message carrying either size attribute
+//! has its body replaced by the object's content, and the attribute removed,
+//! before its dedup key is read and its handler runs, exactly as an extended
+//! client's receive would hand it over. The runtimes keep the message as
+//! received: a parked copy carries the pointer, not the payload.
+//!
+//! What cannot be read is an [`Outcome`]: a missing object (`NoSuchKey`), a
+//! body that is not a pointer, or a payload that is not UTF-8 text is parked
+//! with its reason; an S3 failure that may pass (no answer, throttling, 5xx) or
+//! a refusal (access denied: a permission that may yet be granted) is retried
+//! after the backoff. A missing object whose message is already completed (its
+//! object was deleted after an earlier copy finished; dedup keys that do not
+//! come from the body only) is a duplicate, not a failure.
+//!
+//! With deletion on ([`LargePayloads::deleting`]), the object of a message
+//! that is finished with (completed now or a duplicate, never a parked one)
+//! is deleted after the message itself is: see the project's `docs/DESIGN.md`
+//! ("Large payloads").
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use tracing::{info, warn};
+
+use crate::protocol::config::ProcessorConfig;
+use crate::protocol::key::record_key;
+use crate::protocol::store::{DedupStore, Status};
+use crate::{KeySource, Message, Outcome};
+
+/// The extended clients' size attribute: the payload's size in bytes (`Number`).
+pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
+/// Its name in the Java extended client's 1.x releases (still read by both).
+pub const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
+/// The class name that opens a pointer body.
+pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+/// The class name of the Java extended client's 1.x pointers.
+pub const LEGACY_POINTER_CLASS: &str = "com.amazon.sqs.javamessaging.MessageS3Pointer";
+
+/// Where a payload is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct S3Pointer {
+    /// `s3BucketName`.
+    pub bucket: String,
+    /// `s3Key`.
+    pub key: String,
+}
+
+impl std::fmt::Display for S3Pointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+/// Why a body marked as a pointer is not one. Permanent: the message is parked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PointerError {
+    /// Not JSON at all.
+    #[error("the body is not JSON ({0})")]
+    NotJson(String),
+    /// JSON, but not `[class, {"s3BucketName", "s3Key"}]`.
+    #[error("the body is not an S3 pointer ([class, {{\"s3BucketName\": ..., \"s3Key\": ...}}])")]
+    NotAPointer,
+    /// A pointer of a class no extended client writes.
+    #[error("unknown pointer class {0:?}")]
+    UnknownClass(String),
+    /// A field missing, empty or not a string.
+    #[error("the pointer has no {0}")]
+    Missing(&'static str),
+}
+
+impl S3Pointer {
+    /// Parses an extended client's pointer body.
+    pub fn parse(body: &str) -> Result<Self, PointerError> {
+        let value: serde_json::Value =
+            serde_json::from_str(body).map_err(|e| PointerError::NotJson(e.to_string()))?;
+        let serde_json::Value::Array(parts) = value else {
+            return Err(PointerError::NotAPointer);
+        };
+        let [
+            serde_json::Value::String(class),
+            serde_json::Value::Object(fields),
+        ] = parts.as_slice()
+        else {
+            return Err(PointerError::NotAPointer);
+        };
+        if class != POINTER_CLASS && class != LEGACY_POINTER_CLASS {
+            return Err(PointerError::UnknownClass(class.clone()));
+        }
+        let field = |name: &'static str| {
+            fields
+                .get(name)
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .ok_or(PointerError::Missing(name))
+        };
+        Ok(Self {
+            bucket: field("s3BucketName")?,
+            key: field("s3Key")?,
+        })
+    }
+
+    /// The pointer of a message sent through an extended client's S3 path
+    /// (one that carries [`SIZE_ATTRIBUTE`] or [`LEGACY_SIZE_ATTRIBUTE`]);
+    /// `None` for an ordinary message.
+    pub fn of(message: &Message) -> Option<Result<Self, PointerError>> {
+        size_attribute(message)?;
+        Some(Self::parse(message.body()))
+    }
+}
+
+/// The size attribute a message carries, if any (the current name first).
+fn size_attribute(message: &Message) -> Option<&'static str> {
+    [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE]
+        .into_iter()
+        .find(|name| message.attributes().contains_key(*name))
+}
+
+/// How an S3 call failed, which decides what becomes of the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadErrorKind {
+    /// No such key or bucket: it will not appear later (parked).
+    NotFound,
+    /// No answer, throttling, a 5xx: may pass when tried again (retried).
+    Transient,
+    /// Access denied: may pass once the permission is granted (retried).
+    Denied,
+    /// Any other refusal (a wrong region, an archived object, a disabled
+    /// KMS key): an operator can fix it, so it is retried, and ends in the
+    /// DLQ by the redrive policy if it lasts.
+    Refused,
+    /// Larger than the configured maximum: never read past it (parked).
+    TooLarge,
+}
+
+/// A failed S3 call, with the SDK's error as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} {pointer} failed: {detail}")]
+pub struct PayloadError {
+    /// `GetObject` or `DeleteObject`.
+    pub operation: &'static str,
+    /// The object.
+    pub pointer: S3Pointer,
+    /// What S3 or the transport said.
+    pub detail: String,
+    /// What kind of failure.
+    pub kind: PayloadErrorKind,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl PayloadError {
+    /// A failure of `operation` on `pointer`.
+    pub fn new(
+        operation: &'static str,
+        pointer: S3Pointer,
+        kind: PayloadErrorKind,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            operation,
+            pointer,
+            detail: detail.into(),
+            kind,
+            source: None,
+        }
+    }
+
+    /// Keeps the underlying error as the source.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+}
+
+/// The object store payloads are read from and deleted in: S3
+/// ([`aws_sdk_s3::Client`]), or [`memory::MemoryPayloads`] in tests.
+pub trait PayloadStore: Send + Sync + 'static {
+    /// `GetObject`: the object's bytes, read as a stream and given up with
+    /// [`PayloadErrorKind::TooLarge`] as soon as they pass `max_bytes` (so a
+    /// poison object costs at most that much memory).
+    fn get<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        max_bytes: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>>;
+
+    /// `DeleteObject` (deleting an absent object succeeds).
+    fn delete<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<(), PayloadError>>;
+}
+
+/// Large payload support for a [`Processor`](crate::Processor)
+/// (`SQS_ONCE_LARGE_PAYLOADS=on`), and whether the runtimes delete the
+/// objects of finished messages (`SQS_ONCE_DELETE_PAYLOADS=on`).
+#[derive(Clone)]
+pub struct LargePayloads {
+    store: Arc<dyn PayloadStore>,
+    delete: bool,
+    /// The largest payload read (`SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`).
+    max_bytes: usize,
+    /// Where payloads may be (`SQS_ONCE_LARGE_PAYLOAD_BUCKETS`); `None`: anywhere.
+    allowed: Option<Vec<PayloadLocation>>,
+}
+
+/// A place payloads may be read from (and deleted in): a bucket, and
+/// optionally a key prefix within it. Parsed from `bucket` or
+/// `bucket/prefix` (the prefix as it is, e.g. `payloads/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadLocation {
+    /// The bucket's name.
+    pub bucket: String,
+    /// What each key must start with (empty: any key).
+    pub prefix: String,
+}
+
+impl PayloadLocation {
+    /// Whether `pointer` is in this place.
+    pub fn holds(&self, pointer: &S3Pointer) -> bool {
+        pointer.bucket == self.bucket && pointer.key.starts_with(&self.prefix)
+    }
+
+    /// A comma-separated list of `bucket` or `bucket/prefix`.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        let list: Vec<Self> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|item| {
+                let (bucket, prefix) = item.split_once('/').unwrap_or((item, ""));
+                let valid = (3..=63).contains(&bucket.len())
+                    && bucket
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+                if valid {
+                    Ok(Self {
+                        bucket: bucket.to_owned(),
+                        prefix: prefix.to_owned(),
+                    })
+                } else {
+                    Err(format!(
+                        "{item:?} is not `bucket` or `bucket/prefix` (a bucket name is 3 to 63 lower-case letters, digits, dots and hyphens)"
+                    ))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if list.is_empty() {
+            return Err("names no bucket".to_owned());
+        }
+        Ok(list)
+    }
+}
+
+/// The largest payload read by default: 64 MiB (the extended clients allow
+/// up to 2 GB; a handler holding that much per message is rarely intended).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
+
+impl std::fmt::Debug for LargePayloads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LargePayloads")
+            .field("delete", &self.delete)
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LargePayloads {
+    /// Reads payloads from `store`; deletes none.
+    pub fn new(store: impl PayloadStore) -> Self {
+        Self {
+            store: Arc::new(store),
+            delete: false,
+            max_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            allowed: None,
+        }
+    }
+
+    /// Reads (and deletes) payloads only in these places: a pointer to any
+    /// other bucket or key is parked without calling S3. Without it a
+    /// pointer may name any object the role can read (or delete): a
+    /// producer's message could make the consumer read another's objects
+    /// into its handler, or delete them.
+    #[must_use]
+    pub fn only_from(mut self, allowed: Vec<PayloadLocation>) -> Self {
+        self.allowed = Some(allowed);
+        self
+    }
+
+    fn allows(&self, pointer: &S3Pointer) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|places| places.iter().any(|p| p.holds(pointer)))
+    }
+
+    /// Reads no payload larger than `max_bytes`: one whose pointer declares
+    /// more is parked without calling S3, and a read is cut off as soon as
+    /// it passes the bound (memory per message stays within it, so a poller
+    /// holds at most concurrency x `max_bytes` of payloads at once).
+    #[must_use]
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// Deletes the object of each finished message after the message is deleted.
+    pub fn deleting(mut self, delete: bool) -> Self {
+        self.delete = delete;
+        self
+    }
+
+    /// Whether objects of finished messages are deleted.
+    pub fn deletes(&self) -> bool {
+        self.delete
+    }
+
+    /// The object to delete once `message` (as received) is deleted: its
+    /// pointer, when deletion is on and it has one.
+    pub fn to_delete(&self, message: &Message) -> Option<S3Pointer> {
+        if !self.delete {
+            return None;
+        }
+        S3Pointer::of(message)?.ok().filter(|p| self.allows(p))
+    }
+
+    /// Deletes these objects (their messages are deleted). A failure is
+    /// logged: the object is left behind (a lifecycle rule on the bucket
+    /// removes such leftovers), the message is not affected.
+    pub async fn delete_objects(&self, pointers: Vec<S3Pointer>) {
+        let deletes = pointers.iter().map(|p| async move {
+            match self.store.delete(p).await {
+                Ok(()) => info!(object = %p, "large payload deleted"),
+                Err(e) => warn!(error = %e, "could not delete a large payload; it is left behind"),
+            }
+        });
+        futures::future::join_all(deletes).await;
+    }
+
+    /// Replaces a pointer body by its payload (and drops the size attribute);
+    /// leaves an ordinary message as it is. What cannot be read is the outcome.
+    pub(crate) async fn resolve<S: DedupStore>(
+        &self,
+        message: &mut Message,
+        config: &ProcessorConfig,
+        records: &S,
+    ) -> Result<(), Outcome> {
+        let Some(pointer) = S3Pointer::of(message) else {
+            return Ok(());
+        };
+        let pointer = pointer.map_err(|e| Outcome::Park {
+            reason: format!("large payload: {e}"),
+        })?;
+        if !self.allows(&pointer) {
+            return Err(Outcome::Park {
+                reason: format!(
+                    "large payload: {pointer} is outside the payload buckets (SQS_ONCE_LARGE_PAYLOAD_BUCKETS); not read"
+                ),
+            });
+        }
+        let declared = size_attribute(message)
+            .and_then(|name| message.attribute(name))
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if let Some(declared) = declared.filter(|d| *d > self.max_bytes) {
+            return Err(Outcome::Park {
+                reason: format!(
+                    "large payload: {pointer} declares {declared} bytes, above the maximum of {} (SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES); not read",
+                    self.max_bytes
+                ),
+            });
+        }
+        let bytes = match self.store.get(&pointer, self.max_bytes).await {
+            Ok(bytes) => bytes,
+            Err(e) => return Err(failure(e, message, config, records).await),
+        };
+        let Ok(payload) = String::from_utf8(bytes) else {
+            return Err(Outcome::Park {
+                reason: format!("large payload: {pointer} is not UTF-8 text"),
+            });
+        };
+        check_size(message, payload.len());
+        info!(object = %pointer, bytes = payload.len(), "large payload read");
+        *message = with_body(message, payload, config.carry_secret.as_ref());
+        Ok(())
+    }
+}
+
+/// Warns when the payload's size is not the one the sender declared.
+fn check_size(message: &Message, actual: usize) {
+    let declared = size_attribute(message)
+        .and_then(|name| message.attribute(name))
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if declared.is_some_and(|d| d != actual) {
+        warn!(
+            declared,
+            actual, "large payload size differs from the size attribute"
+        );
+    }
+}
+
+/// What becomes of a message whose payload could not be read.
+async fn failure<S: DedupStore>(
+    e: PayloadError,
+    message: &Message,
+    config: &ProcessorConfig,
+    records: &S,
+) -> Outcome {
+    match e.kind {
+        PayloadErrorKind::NotFound => missing(e, message, config, records).await,
+        // An object never shrinks under its key: parked with the reason.
+        PayloadErrorKind::TooLarge => Outcome::Park {
+            reason: format!("large payload: {e}"),
+        },
+        // Nothing is claimed yet, so no park here could be recognised on a
+        // redelivery: only what can never change (a missing object) parks.
+        PayloadErrorKind::Transient | PayloadErrorKind::Denied | PayloadErrorKind::Refused => {
+            Outcome::Retry {
+                after: config.backoff(message.receive_count()),
+                reason: format!("large payload: {e}"),
+            }
+        }
+    }
+}
+
+/// A missing object: a duplicate when the message's key (taken without the
+/// body) is already completed (its object was deleted after that), else parked.
+async fn missing<S: DedupStore>(
+    e: PayloadError,
+    message: &Message,
+    config: &ProcessorConfig,
+    records: &S,
+) -> Outcome {
+    let reason = format!(
+        "large payload {} is missing ({}): deleted, expired by a lifecycle rule, or never stored",
+        e.pointer, e.detail
+    );
+    let body_free = matches!(
+        config.key_source,
+        KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_)
+    );
+    let key = body_free.then(|| config.dedup_key(message).ok()).flatten();
+    let Some(key) = key else {
+        return Outcome::Park { reason };
+    };
+    let now_s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    match records.get(&record_key(&config.consumer, &key)).await {
+        Ok(Some(r)) if r.status == Status::Completed && r.expires_at_s >= now_s => {
+            info!(object = %e.pointer, "large payload gone, but the message is already completed: a duplicate");
+            Outcome::Duplicate {
+                result: r.result,
+                payload_matches: true,
+            }
+        }
+        Ok(_) => Outcome::Park { reason },
+        Err(store) => Outcome::Retry {
+            after: config.backoff(message.receive_count()),
+            reason: format!("{reason}; its dedup record could not be read: {store}"),
+        },
+    }
+}
+
+/// The message as an extended client's receive hands it over: the payload as
+/// its body, without the size attribute.
+fn with_body(
+    received: &Message,
+    payload: String,
+    secret: Option<&crate::protocol::key::CarrySecret>,
+) -> Message {
+    use crate::protocol::key::{MESSAGE_ID_ATTRIBUTE, carried, carry_key, carry_message_id};
+    // A copy brought back from the DLQ carries its key and first id sealed
+    // for the body it was parked with, the pointer: sealed again for the
+    // payload when they verify, so that they hold for the body the key is
+    // read from (and those that do not verify stay as they are: unverified).
+    let reseal = |name: &str| {
+        let value = carried(received, name, secret)?;
+        let secret = secret?;
+        Some(if name == MESSAGE_ID_ATTRIBUTE {
+            carry_message_id(secret, &payload, value)
+        } else {
+            carry_key(secret, &payload, value)
+        })
+    };
+    let resealed: Vec<(&str, String)> = crate::protocol::key::SEALED_ATTRIBUTES
+        .into_iter()
+        .filter_map(|name| Some((name, reseal(name)?)))
+        .collect();
+    let mut m = Message::new(received.id(), payload).with_receive_count(received.receive_count());
+    if let Some(r) = received.receipt_handle() {
+        m = m.with_receipt_handle(r);
+    }
+    if let Some(g) = received.group_id() {
+        m = m.with_group_id(g);
+    }
+    if let Some(d) = received.deduplication_id() {
+        m = m.with_deduplication_id(d);
+    }
+    for (name, attribute) in received.attributes() {
+        let resealed = resealed.iter().find(|(n, _)| n == name);
+        match (name.as_str(), resealed) {
+            (SIZE_ATTRIBUTE | LEGACY_SIZE_ATTRIBUTE, _) => {}
+            (_, Some((_, value))) => m = m.with_attribute(name, value.clone()),
+            _ => m = m.with_typed_attribute(name, attribute.clone()),
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests;

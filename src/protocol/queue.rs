@@ -1,0 +1,312 @@
+//! The queue seam: the few calls the runtimes make to SQS.
+//!
+//! The poller and the Lambda adapter never hold an SQS client directly; they
+//! talk to a [`QueueClient`]: receive, delete (one or a batch), change
+//! visibility (one or a batch), send (to park in the DLQ), the queue's
+//! attributes, and a queue URL from a name. [`aws_sdk_sqs::Client`] is the
+//! production implementation ([`sqs`]); an in-memory model of SQS can stand
+//! behind the same trait, so the runtimes run unchanged in a simulation.
+//!
+//! Queues are named by URL in every call, as in SQS: one client serves the
+//! source queue and its DLQ. Batch calls take at most [`SQS_BATCH`] entries and
+//! answer with the entries that failed.
+//!
+//! See the project's `docs/DESIGN.md` ("The runtimes", "Parking").
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::Message;
+use crate::protocol::message::Attribute;
+
+/// Entries in one SQS batch request.
+pub const SQS_BATCH: usize = 10;
+
+/// A receive: up to `max` messages (at most [`SQS_BATCH`]), waiting up to `wait`
+/// for the first, made invisible for `visibility`. Messages come with all
+/// their system and message attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveRequest {
+    /// Messages at most (1 to 10).
+    pub max: usize,
+    /// Long-poll wait (whole seconds, at most 20).
+    pub wait: Duration,
+    /// Visibility timeout of what is received.
+    pub visibility: Duration,
+}
+
+/// A message to send.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OutgoingMessage {
+    /// The body, unchanged.
+    pub body: String,
+    /// Message attributes with their data types.
+    pub attributes: BTreeMap<String, Attribute>,
+    /// FIFO queues: the message group.
+    pub group_id: Option<String>,
+    /// FIFO queues: the deduplication id (sends with the same id within five
+    /// minutes are accepted but delivered once).
+    pub deduplication_id: Option<String>,
+}
+
+/// The attributes of a queue the runtimes read (`None` when not answered).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueAttributes {
+    /// `VisibilityTimeout`.
+    pub visibility_timeout: Option<Duration>,
+    /// `MessageRetentionPeriod`.
+    pub retention: Option<Duration>,
+    /// `MaximumMessageSize`, in bytes.
+    pub max_message_bytes: Option<usize>,
+    /// The ARN of the DLQ its `RedrivePolicy` names.
+    pub dead_letter_target_arn: Option<String>,
+}
+
+/// The DLQ ARN a queue's `RedrivePolicy` attribute (JSON) names.
+pub fn dead_letter_target_arn(redrive_policy: &str) -> Option<String> {
+    let policy: serde_json::Value = serde_json::from_str(redrive_policy).ok()?;
+    policy
+        .get("deadLetterTargetArn")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// (name, account) of a queue ARN (`arn:aws:sqs:region:account:name`).
+pub fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
+    let mut parts = arn.rsplitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), Some(account), Some(_)) if !name.is_empty() && !account.is_empty() => {
+            Some((name, account))
+        }
+        _ => None,
+    }
+}
+
+/// Warns when a message could come back after its dedup record expired, and
+/// so run again: `ttl` (`SQS_ONCE_TTL`) not above the source queue's retention
+/// plus that of the DLQ its redrive policy names (a message can wait its
+/// retention in the source, then in the DLQ, before it is brought back; on a
+/// FIFO queue the source's counts twice, as a move restarts it). The
+/// DLQ is looked up only for this warning: a failed lookup is logged and
+/// ignored. Returns the retention the TTL should exceed, when it warned.
+pub async fn check_retention<Q: QueueClient>(
+    queue: &Q,
+    queue_url: &str,
+    source: &QueueAttributes,
+    ttl: Duration,
+) -> Option<Duration> {
+    let retention = source.retention?;
+    let dlq = match source
+        .dead_letter_target_arn
+        .as_deref()
+        .and_then(queue_arn_parts)
+    {
+        Some((name, account)) => match queue.queue_url(name, account).await {
+            Ok(url) => queue.attributes(&url).await.map(|a| (url, a.retention)),
+            Err(e) => Err(e),
+        },
+        None => Ok((String::new(), None)),
+    };
+    let (dlq_url, dlq_retention) = dlq.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "cannot read the DLQ's retention for the TTL check");
+        (String::new(), None)
+    });
+    // A standard queue's message keeps its first enqueue time in the DLQ, so
+    // the DLQ's retention bounds its whole age; a FIFO queue's starts again
+    // when it is moved (SQS Developer Guide, dead-letter queues), and a copy
+    // brought back starts again in the source.
+    let total = if is_fifo(queue_url) {
+        retention * 2 + dlq_retention.unwrap_or_default()
+    } else {
+        retention + dlq_retention.unwrap_or_default()
+    };
+    if total >= ttl {
+        tracing::warn!(
+            queue = queue_url,
+            ?retention,
+            dlq = dlq_url,
+            ?dlq_retention,
+            ?ttl,
+            "SQS_ONCE_TTL is not longer than the queue's retention plus its DLQ's: a message brought back late (redelivered, or redriven from the DLQ) could find its record expired and run again; raise SQS_ONCE_TTL above {}",
+            humantime::format_duration(total)
+        );
+        return Some(total);
+    }
+    None
+}
+
+/// One entry of a batch call that failed; the others succeeded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryFailure {
+    /// The entry's position in the request.
+    pub index: usize,
+    /// The error code (e.g. `ReceiptHandleIsInvalid`).
+    pub code: String,
+    /// SQS's message, if any.
+    pub message: Option<String>,
+}
+
+/// A queue call that failed as a whole.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} on {queue} failed: {detail}")]
+pub struct QueueError {
+    /// The SQS operation (`ReceiveMessage`, ...).
+    pub operation: &'static str,
+    /// The queue's URL (or name, for a lookup).
+    pub queue: String,
+    /// What the service or the transport said.
+    pub detail: String,
+    transient: bool,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl QueueError {
+    /// A failure of `operation` on `queue`; `transient` when it may pass if
+    /// tried again (no answer, throttling, 5xx).
+    pub fn new(
+        operation: &'static str,
+        queue: impl Into<String>,
+        detail: impl Into<String>,
+        transient: bool,
+    ) -> Self {
+        Self {
+            operation,
+            queue: queue.into(),
+            detail: detail.into(),
+            transient,
+            source: None,
+        }
+    }
+
+    /// Keeps the underlying error as the source.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Whether the call may pass when tried again.
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+}
+
+/// The SQS calls the runtimes make. Cheap to clone (a client handle).
+///
+/// Every future is `Send`, so calls can run in spawned tasks.
+pub trait QueueClient: Clone + Send + Sync + 'static {
+    /// `ReceiveMessage`. Messages without an id or receipt handle are left out
+    /// (and logged).
+    fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> impl Future<Output = Result<Vec<Message>, QueueError>> + Send;
+
+    /// `DeleteMessage` by receipt handle.
+    fn delete(
+        &self,
+        queue: &str,
+        receipt: &str,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// `DeleteMessageBatch` (at most [`SQS_BATCH`] receipts): the entries that failed.
+    fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> impl Future<Output = Result<Vec<EntryFailure>, QueueError>> + Send;
+
+    /// `ChangeMessageVisibility`: the message becomes visible `timeout` from now.
+    fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// `ChangeMessageVisibilityBatch` (at most [`SQS_BATCH`] receipts): the
+    /// entries that failed.
+    fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Vec<EntryFailure>, QueueError>> + Send;
+
+    /// `SendMessage`.
+    fn send(
+        &self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// `GetQueueAttributes` (visibility timeout, retention, size limit).
+    fn attributes(
+        &self,
+        queue: &str,
+    ) -> impl Future<Output = Result<QueueAttributes, QueueError>> + Send;
+
+    /// `GetQueueUrl` of the queue `name` owned by `account`.
+    fn queue_url(
+        &self,
+        name: &str,
+        account: &str,
+    ) -> impl Future<Output = Result<String, QueueError>> + Send;
+}
+
+/// Whether a queue URL (or name) is a FIFO queue's.
+pub fn is_fifo(queue: &str) -> bool {
+    queue.ends_with(".fifo")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::queue::{QueueSettings, RedrivePolicy};
+
+    #[test]
+    fn a_queue_arn_gives_its_name_and_account() {
+        assert_eq!(
+            queue_arn_parts("arn:aws:sqs:eu-west-1:123456789012:orders.fifo"),
+            Some(("orders.fifo", "123456789012"))
+        );
+        assert_eq!(queue_arn_parts("orders"), None);
+        assert_eq!(queue_arn_parts("arn:aws:sqs:eu-west-1:123:"), None);
+    }
+
+    /// A source queue keeping messages 4 days whose DLQ keeps them 14.
+    async fn source_with_dlq() -> (crate::MemoryQueue, String, QueueAttributes) {
+        let queue = crate::MemoryQueue::new();
+        let mut dlq = QueueSettings::new("orders-dlq");
+        dlq.retention = Duration::from_secs(14 * 86_400);
+        let dlq_url = queue.create_queue(dlq).unwrap();
+        let mut source = QueueSettings::new("orders");
+        source.retention = Duration::from_secs(4 * 86_400);
+        source.redrive = Some(RedrivePolicy {
+            dlq_url,
+            max_receive_count: 5,
+        });
+        let url = queue.create_queue(source).unwrap();
+        let attributes = queue.attributes(&url).await.unwrap();
+        (queue, url, attributes)
+    }
+
+    #[tokio::test]
+    async fn a_ttl_below_the_source_and_dlq_retention_together_is_warned_about() {
+        let (queue, url, attributes) = source_with_dlq().await;
+        assert!(attributes.dead_letter_target_arn.is_some());
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(
+            check_retention(&queue, &url, &attributes, week).await,
+            Some(Duration::from_secs(18 * 86_400)),
+            "7 days is above the source's 4 but not above 4 + 14"
+        );
+        let three_weeks = Duration::from_secs(21 * 86_400);
+        assert_eq!(
+            check_retention(&queue, &url, &attributes, three_weeks).await,
+            None
+        );
+    }
+}

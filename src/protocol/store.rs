@@ -1,0 +1,528 @@
+//! The dedup store: the claim protocol (docs/DESIGN.md), behind one trait.
+//!
+//! One record per logical message, keyed `{consumer}#{dedup_key}`:
+//!
+//! 1. **Claim** before any side effect. A conditional write takes the key when it
+//!    is absent, expired (by the clock), `FAILED`, or `IN_PROGRESS` with a lease
+//!    that has run out; otherwise the old record says what the message is:
+//!    [`Claim::Duplicate`] (completed), [`Claim::InFlight`] (someone else holds a
+//!    live lease). Every claim attempt carries a fresh random `owner` token: the
+//!    fencing token.
+//! 2. **Complete** (status `COMPLETED`, the result, staged writes in the same
+//!    transaction), **release** (lease ended so a redelivery can run) and
+//!    **mark failed** only succeed while `owner` is still our token.
+//! 3. **Unknown outcomes** (a timeout after the write may have committed) are
+//!    retried with the *same* token; a conditional failure whose old record
+//!    carries our token means the first attempt won.
+//!
+//! [`DynamoStore`](dynamodb::DynamoStore) is the real implementation;
+//! [`MemoryStore`](memory::MemoryStore) has the same semantics for fast tests.
+//! Both share [`decide_conflict`], so the outcome of a lost race is decided in
+//! one place.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::protocol::handler::{FailureKind, StagedWrite};
+use crate::protocol::limits::{
+    DYNAMODB_MAX_ITEM_BYTES, DYNAMODB_MAX_TRANSACTION_BYTES, DYNAMODB_MAX_TRANSACTION_ITEMS,
+    write_size,
+};
+
+/// `IN_PROGRESS`, `COMPLETED` or `FAILED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Claimed; the owner's lease says until when.
+    InProgress,
+    /// Done; duplicates are skipped.
+    Completed,
+    /// Failed permanently; kept for inspection; does not block a redriven message.
+    Failed,
+}
+
+impl Status {
+    /// The stored string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "IN_PROGRESS",
+            Status::Completed => "COMPLETED",
+            Status::Failed => "FAILED",
+        }
+    }
+
+    /// Parses the stored string.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "IN_PROGRESS" => Some(Status::InProgress),
+            "COMPLETED" => Some(Status::Completed),
+            "FAILED" => Some(Status::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// A handler result as recorded: the value itself, or its digest when larger
+/// than the configured bound.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredResult {
+    /// The result, as JSON.
+    Value(serde_json::Value),
+    /// A result too large to store: its SHA-256 and size.
+    Digest {
+        /// Hex SHA-256 of the JSON text.
+        sha256: String,
+        /// Size of the JSON text in bytes.
+        bytes: u64,
+    },
+}
+
+impl StoredResult {
+    /// Stores `value` as is when its JSON text is at most `max_bytes`, else as a digest.
+    pub fn bounded(value: &serde_json::Value, max_bytes: usize) -> Self {
+        let text = value.to_string();
+        if text.len() <= max_bytes {
+            StoredResult::Value(value.clone())
+        } else {
+            StoredResult::Digest {
+                sha256: crate::protocol::key::sha256_hex(text.as_bytes()),
+                bytes: text.len() as u64,
+            }
+        }
+    }
+}
+
+/// One dedup record, as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// `{consumer}#{dedup_key}` (hashed when too long).
+    pub pk: String,
+    /// The state.
+    pub status: Status,
+    /// The fencing token of the latest claim.
+    pub owner: Option<String>,
+    /// Lease end, epoch milliseconds.
+    pub lease_until_ms: i64,
+    /// The TTL attribute, epoch seconds.
+    pub expires_at_s: i64,
+    /// Claims this key has seen.
+    pub attempts: u32,
+    /// SHA-256 of the body that claimed it.
+    pub payload_sha256: Option<String>,
+    /// The recorded result.
+    pub result: Option<StoredResult>,
+    /// The SQS message id of the claiming delivery.
+    pub message_id: Option<String>,
+    /// When it was claimed, epoch ms.
+    pub claimed_at_ms: Option<i64>,
+    /// When it was completed, epoch ms.
+    pub completed_at_ms: Option<i64>,
+    /// The last error (release or permanent failure).
+    pub error: Option<String>,
+}
+
+impl Record {
+    /// Whether a claim by `owner` that replaces this record takes over a
+    /// claim that expired unreleased (a release sets the lease to 0).
+    pub fn taken_over_by(&self, owner: &str) -> bool {
+        self.status == Status::InProgress
+            && self.lease_until_ms > 0
+            && self.owner.as_deref() != Some(owner)
+    }
+
+    /// Whether a claim at `now_ms` by a delivery other than the one that
+    /// failed (a copy brought back from the DLQ, a producer's re-send) may take
+    /// this record.
+    pub fn claimable(&self, now_ms: i64) -> bool {
+        self.claimable_by(now_ms, "")
+    }
+
+    /// Whether a claim at `now_ms` by the delivery with `message_id` may take
+    /// this record: the same predicate as the DynamoDB condition expression.
+    /// A `FAILED` record is not claimable by the message that failed: that is a
+    /// redelivery of a parked message (its delete after the park failed), and
+    /// running it again could apply it after later messages of its group.
+    ///
+    /// A `FAILED` record is taken only by a claim made no earlier than the
+    /// failing delivery's own claim: a claim that lands late (sent before the
+    /// failure, applied after it) must not erase a failure it never saw.
+    pub fn claimable_by(&self, now_ms: i64, message_id: &str) -> bool {
+        self.expires_at_s < now_ms.div_euclid(1000)
+            || (self.status == Status::Failed
+                && !self.failed_by(message_id)
+                && self.claimed_at_ms.is_none_or(|c| c <= now_ms))
+            || (self.status == Status::InProgress && self.lease_until_ms < now_ms)
+    }
+
+    /// Whether this is a `FAILED` record of the delivery with `message_id`.
+    pub fn failed_by(&self, message_id: &str) -> bool {
+        self.status == Status::Failed && self.message_id.as_deref() == Some(message_id)
+    }
+}
+
+/// The longest error text a record keeps: a huge handler error must not push
+/// the record past DynamoDB's 400 KB item limit (release and mark-failed would
+/// then fail).
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary, saying how long
+/// it was.
+pub fn bounded_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error.to_owned();
+    }
+    let mut end = MAX_ERROR_BYTES - 64;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &error[..end], error.len())
+}
+
+/// A claim attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The record key.
+    pub pk: String,
+    /// The fresh fencing token of this attempt.
+    pub owner: String,
+    /// The delivery's message id (for operators).
+    pub message_id: String,
+    /// SHA-256 of the body.
+    pub payload_sha256: String,
+    /// How long nobody else may claim.
+    pub lease: Duration,
+    /// Retention of the record (`expires_at = now + ttl`).
+    pub ttl: Duration,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// We own the key: run the handler.
+    Acquired {
+        /// Claims this key has seen, this one included.
+        attempt: u32,
+    },
+    /// Already completed: skip the handler.
+    Duplicate {
+        /// The recorded result.
+        result: Option<StoredResult>,
+        /// False when the record was made by a different body: a producer bug.
+        payload_matches: bool,
+    },
+    /// Another consumer holds a live lease: do not run; try again when it ends.
+    InFlight {
+        /// The other lease's end, epoch ms.
+        lease_until_ms: i64,
+        /// False when the record was made by a different body.
+        payload_matches: bool,
+    },
+    /// This very delivery failed permanently before and was parked: a
+    /// redelivery (the delete after the park failed). Do not run it; park it
+    /// again.
+    Parked {
+        /// The recorded reason.
+        reason: Option<String>,
+    },
+}
+
+/// How a claim that lost its condition is answered, given the record that won.
+/// Shared by every store so the protocol is decided in one place.
+pub fn decide_conflict(old: &Record, req: &ClaimRequest, now_ms: i64) -> Claim {
+    let payload_matches = old
+        .payload_sha256
+        .as_deref()
+        .is_none_or(|p| p == req.payload_sha256);
+    match old.status {
+        // Our own earlier attempt committed and only its response was lost.
+        Status::InProgress if old.owner.as_deref() == Some(req.owner.as_str()) => Claim::Acquired {
+            attempt: old.attempts,
+        },
+        Status::Completed => Claim::Duplicate {
+            result: old.result.clone(),
+            payload_matches,
+        },
+        Status::Failed if old.failed_by(&req.message_id) => Claim::Parked {
+            reason: old.error.clone(),
+        },
+        // A live lease, or (clock skew between us and the writer) one that looks
+        // claimable now: either way someone else holds it; come back when it ends.
+        _ => Claim::InFlight {
+            lease_until_ms: old.lease_until_ms.max(now_ms),
+            payload_matches,
+        },
+    }
+}
+
+/// A record's state in words, for [`StoreError::LeaseLost`].
+pub(crate) fn describe(r: Option<&Record>) -> String {
+    match r {
+        None => "absent".to_owned(),
+        Some(r) => format!(
+            "{} owned by {}",
+            r.status.as_str(),
+            r.owner.as_deref().unwrap_or("nobody")
+        ),
+    }
+}
+
+/// A completion: status `COMPLETED`, the result, and the staged writes, all or nothing.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The record key.
+    pub pk: String,
+    /// Our fencing token.
+    pub owner: String,
+    /// The result to record.
+    pub result: Option<StoredResult>,
+    /// Retention from now.
+    pub ttl: Duration,
+    /// DynamoDB writes that commit in the same transaction.
+    pub writes: Vec<StagedWrite>,
+}
+
+/// A fast-path commit: the `COMPLETED` record and the staged writes in one
+/// transaction, with no claim before it. The record is written only where a claim
+/// would have been taken (absent, expired, `FAILED`, or a lease that ran out).
+#[derive(Debug, Clone)]
+pub struct FastCommit {
+    /// The record key.
+    pub pk: String,
+    /// A fresh token for this attempt, stored as `owner`: an unknown outcome is
+    /// sent again with it, and a record carrying it is our own earlier commit.
+    pub owner: String,
+    /// The delivery's message id (for operators).
+    pub message_id: String,
+    /// SHA-256 of the body.
+    pub payload_sha256: String,
+    /// The result to record.
+    pub result: Option<StoredResult>,
+    /// Retention from now.
+    pub ttl: Duration,
+    /// DynamoDB writes that commit in the same transaction.
+    pub writes: Vec<StagedWrite>,
+}
+
+/// The answer to a [`FastCommit`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum FastCommitted {
+    /// The record and the writes committed.
+    Committed,
+    /// Already completed: nothing was written.
+    Duplicate {
+        /// The recorded result.
+        result: Option<StoredResult>,
+        /// False when the record was made by a different body: a producer bug.
+        payload_matches: bool,
+    },
+    /// Another consumer holds a live claim (general-path consumers of the same
+    /// records): nothing was written; try again when it ends.
+    InFlight {
+        /// The other lease's end, epoch ms.
+        lease_until_ms: i64,
+        /// False when the record was made by a different body.
+        payload_matches: bool,
+    },
+    /// This very delivery failed permanently before and was parked: nothing
+    /// was written; park it again (see [`Claim::Parked`]).
+    Parked {
+        /// The recorded reason.
+        reason: Option<String>,
+    },
+}
+
+impl FastCommit {
+    /// How a commit that lost the record's condition is answered, given the
+    /// record that was there. Shared by every store.
+    pub fn conflict(&self, old: &Record, now_ms: i64) -> FastCommitted {
+        let payload_matches = old
+            .payload_sha256
+            .as_deref()
+            .is_none_or(|p| p == self.payload_sha256);
+        match old.status {
+            // Our own earlier attempt committed; only its response was lost.
+            Status::Completed if old.owner.as_deref() == Some(self.owner.as_str()) => {
+                FastCommitted::Committed
+            }
+            Status::Completed => FastCommitted::Duplicate {
+                result: old.result.clone(),
+                payload_matches,
+            },
+            Status::Failed if old.failed_by(&self.message_id) => FastCommitted::Parked {
+                reason: old.error.clone(),
+            },
+            // A live lease of a general-path consumer (or, with clock skew, one
+            // that only looks claimable to us).
+            _ => FastCommitted::InFlight {
+                lease_until_ms: old.lease_until_ms.max(now_ms),
+                payload_matches,
+            },
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the same request can never succeed, so the message is a
+    /// permanent failure (parked with this error) rather than retried.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            StoreError::TransactionTooLarge { .. }
+                | StoreError::ItemTooLarge { .. }
+                | StoreError::Invalid(_)
+        )
+    }
+}
+
+/// A store operation that did not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Someone else owns the key now (the fencing check failed): our lease ran out
+    /// and another consumer took over. Our effect must not be recorded.
+    #[error("lease lost on {pk}: the record is now {found}")]
+    LeaseLost {
+        /// The record key.
+        pk: String,
+        /// What the record holds now.
+        found: String,
+    },
+    /// A staged write's own condition failed; nothing was written.
+    #[error("staged write #{index} failed its condition; nothing was written")]
+    WriteConditionFailed {
+        /// Index among the staged writes.
+        index: usize,
+        /// What the handler declared this means.
+        kind: FailureKind,
+    },
+    /// The staged writes exceed DynamoDB's transaction limits; nothing was written.
+    #[error(
+        "the handler staged {items} writes / ~{bytes} bytes with the dedup record; a transaction holds at most {} items (one is the dedup record) and {} bytes",
+        DYNAMODB_MAX_TRANSACTION_ITEMS - 1,
+        DYNAMODB_MAX_TRANSACTION_BYTES
+    )]
+    TransactionTooLarge {
+        /// Staged writes.
+        items: usize,
+        /// Estimated size, the dedup record included.
+        bytes: usize,
+    },
+    /// A staged item is over DynamoDB's 400 KB item limit; nothing was written.
+    #[error(
+        "staged write #{index} is ~{bytes} bytes; DynamoDB items hold at most 400 KB ({DYNAMODB_MAX_ITEM_BYTES} bytes)"
+    )]
+    ItemTooLarge {
+        /// Index among the staged writes.
+        index: usize,
+        /// Estimated size.
+        bytes: usize,
+    },
+    /// DynamoDB rejected the request as invalid (`ValidationException`: an item
+    /// over 400 KB, two operations on one item, a malformed expression). The
+    /// same request can never succeed: a permanent failure of the message.
+    #[error("DynamoDB rejected the request: {0}")]
+    Invalid(String),
+    /// Throttled, unavailable, or the outcome stayed unknown after retries with the
+    /// same token. Nothing can be assumed; the message comes back.
+    #[error("DynamoDB unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The dedup store. Every method is safe to call again with the same token after
+/// an error: implementations retry unknown outcomes themselves.
+pub trait DedupStore: Send + Sync + 'static {
+    /// Claims a key before any side effect.
+    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Completes a claim we own, with its staged writes in the same transaction.
+    fn complete(&self, c: Completion) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Ends our lease so a redelivery can claim again; keeps `attempts` and `error`.
+    fn release(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records a permanent failure (`FAILED`, with the reason).
+    fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Extends our lease to `now + lease` and the record's retention to `now +
+    /// ttl`. Only a live lease is extended: [`StoreError::LeaseLost`] when the
+    /// record is not ours, or our lease has ended or was released (so an
+    /// extension that lands late cannot hold a released key). A lease is only
+    /// moved forward: an extension that reaches less far than the stored lease
+    /// (an earlier one that landed late) changes nothing and succeeds.
+    fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Commits staged writes without a dedup record (keyless messages processed
+    /// unprotected by configuration).
+    fn commit_unprotected(
+        &self,
+        writes: Vec<StagedWrite>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The fast path: writes the `COMPLETED` record together with the staged
+    /// writes in one transaction, where a claim would have been taken.
+    fn commit_fast(
+        &self,
+        c: FastCommit,
+    ) -> impl Future<Output = Result<FastCommitted, StoreError>> + Send;
+
+    /// Reads a record.
+    fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Where the store counts what only it sees (takeovers of expired claims,
+    /// lost answers resolved by sending again). The [`Processor`](crate::Processor)
+    /// calls it once with its metrics; stores that see nothing ignore it.
+    fn report_to(&self, metrics: std::sync::Arc<crate::protocol::metrics::Metrics>) {
+        let _ = metrics;
+    }
+}
+
+/// Checks staged writes, with the dedup record (`record_bytes`), against
+/// DynamoDB's item and transaction limits before anything is sent.
+pub(crate) fn check_transaction_limits(
+    writes: &[StagedWrite],
+    record_bytes: usize,
+) -> Result<(), StoreError> {
+    let sizes: Vec<usize> = writes.iter().map(|w| write_size(&w.item)).collect();
+    if let Some((index, &bytes)) = sizes
+        .iter()
+        .enumerate()
+        .find(|(_, b)| **b > DYNAMODB_MAX_ITEM_BYTES)
+    {
+        return Err(StoreError::ItemTooLarge { index, bytes });
+    }
+    let bytes = record_bytes + sizes.iter().sum::<usize>();
+    if writes.len() + 1 > DYNAMODB_MAX_TRANSACTION_ITEMS || bytes > DYNAMODB_MAX_TRANSACTION_BYTES {
+        return Err(StoreError::TransactionTooLarge {
+            items: writes.len(),
+            bytes,
+        });
+    }
+    Ok(())
+}
+
+/// An estimate of the dedup record's size in a completion or fast commit:
+/// its fixed attributes plus the result.
+pub(crate) fn record_bytes(pk: &str, result: Option<&StoredResult>) -> usize {
+    const FIXED: usize = 512;
+    let result = match result {
+        None => 0,
+        Some(StoredResult::Value(v)) => v.to_string().len(),
+        Some(StoredResult::Digest { .. }) => 96,
+    };
+    FIXED + pk.len() + result
+}

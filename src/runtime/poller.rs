@@ -1,0 +1,1073 @@
+//! The long-polling runtime (ECS or any host): receive, process, delete.
+//!
+//! # Backpressure
+//! At most `concurrency` handlers run, and at most `concurrency + prefetch`
+//! messages are held (received, not yet finished): the poller receives ahead
+//! up to `prefetch` messages more than it can run, in batches of ten, so a
+//! slot that comes free starts a waiting message at once and receives stay at
+//! 0.1 per message whatever the handlers' durations. What it receives is made
+//! invisible for a lease (whatever the queue's visibility timeout), and
+//! messages that wait (for a free slot, or behind an earlier message of their
+//! FIFO group or dedup key) are extended every heartbeat while they wait, and
+//! before they start if need be, so none becomes visible again while this
+//! poller still holds it; one whose extension fails until it would reappear is
+//! let go, not run.
+//!
+//! Finished messages wait for their delete in batches of ten; while
+//! [`PENDING_DELETES`] already wait (deletes failing slowly or not answering
+//! while receives still work), a finished handler keeps its slot until there
+//! is room, so no receive brings more messages (nor redelivered duplicates of
+//! the undeleted ones) until deletes catch up.
+//!
+//! # Shutdown
+//! [`run`] takes a [`CancellationToken`]; only binaries know about signals. When
+//! it is cancelled the poller stops receiving, gives back at once what was
+//! received ahead and waits for a slot, lets running handlers finish within
+//! the drain deadline, interrupts and releases the rest (their messages
+//! become visible again at once), flushes pending deletes and returns.
+//!
+//! The protocol this runtime follows is in the project's `docs/DESIGN.md`
+//! ("The runtimes").
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::protocol::limits::SQS_BATCH;
+use crate::protocol::payloads::{LargePayloads, S3Pointer};
+use crate::protocol::processor::ProcessOptions;
+use crate::protocol::queue::{QueueClient, QueueError, ReceiveRequest};
+use crate::protocol::store::DedupStore;
+use crate::runtime::{QueueVisibility, Settled, Settler, lanes};
+use crate::{Handler, Message, Outcome, Processor};
+
+/// Settings of the long-polling runtime.
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    /// The source queue (`SQS_ONCE_QUEUE_URL`).
+    pub queue_url: String,
+    /// Where permanent failures are parked (`SQS_ONCE_DLQ_URL`). Without one, a
+    /// permanent failure is retried until the queue's redrive policy parks it.
+    pub dlq_url: Option<String>,
+    /// Handlers running at once at most (`SQS_ONCE_CONCURRENCY`, default 10).
+    pub concurrency: usize,
+    /// Messages received ahead beyond the running ones, at most
+    /// (`SQS_ONCE_PREFETCH`, default 10; 0: receive only for free slots).
+    /// They wait, invisible, for a slot; with 10 or more every receive asks
+    /// for a full batch and a freed slot never waits for a receive.
+    pub prefetch: usize,
+    /// Long-poll wait (default 20 s).
+    pub wait_time: Duration,
+    /// How long in-flight work may finish after shutdown (`SQS_ONCE_DRAIN`,
+    /// default 20 s); releases and the last deletes then get [`CLEANUP`] (5 s)
+    /// more at most, so a stop takes under 25 s, below ECS's 30 s stop timeout.
+    pub drain: Duration,
+    /// Return once nothing was received for this long and nothing is in flight
+    /// (`SQS_ONCE_EXIT_WHEN_IDLE`; for batch jobs, demos and tests).
+    pub exit_when_idle: Option<Duration>,
+    /// The longest wait to fill a batch of 10 (`SQS_ONCE_BATCH_WAIT`, default
+    /// 1 s): a receive, once one message can be held, waits this long at most
+    /// for room to hold ten (`concurrency + prefetch` at most); a delete waits
+    /// this long for ten receipts once one is pending. Batches of ten make
+    /// receive and delete cost 0.1 calls per message each.
+    pub batch_wait: Duration,
+    /// Print the processor's counters as EMF lines on stdout this often, and
+    /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
+    pub metrics_interval: Option<Duration>,
+}
+
+impl PollerConfig {
+    /// Defaults for a queue.
+    pub fn new(queue_url: impl Into<String>) -> Self {
+        Self {
+            queue_url: queue_url.into(),
+            dlq_url: None,
+            concurrency: 10,
+            prefetch: 10,
+            wait_time: Duration::from_secs(20),
+            drain: Duration::from_secs(20),
+            exit_when_idle: None,
+            batch_wait: Duration::from_secs(1),
+            metrics_interval: None,
+        }
+    }
+
+    /// Whether the queue is FIFO (its name ends in `.fifo`).
+    pub fn is_fifo(&self) -> bool {
+        crate::protocol::queue::is_fifo(&self.queue_url)
+    }
+}
+
+/// What a poller run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Messages received.
+    pub received: u64,
+    /// Receives that returned no message (long polls that timed out).
+    pub empty_receives: u64,
+    /// Handlers completed (effects recorded).
+    pub completed: u64,
+    /// Duplicates of completed work skipped.
+    pub duplicates: u64,
+    /// Messages held by another consumer's claim, made visible again later.
+    pub in_flight: u64,
+    /// Retryable failures (made visible again after a backoff).
+    pub retried: u64,
+    /// Messages parked in the DLQ.
+    pub parked: u64,
+    /// Messages released unprocessed: after an earlier failure in their FIFO
+    /// group, or received but not started before shutdown.
+    pub held_back: u64,
+}
+
+/// The queue could not be read at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueCheckError {
+    /// `GetQueueAttributes` failed.
+    #[error("cannot read queue {queue} (setting SQS_ONCE_QUEUE_URL): {source}")]
+    Unreachable {
+        /// The queue's URL.
+        queue: String,
+        /// The failed call.
+        #[source]
+        source: QueueError,
+    },
+}
+
+impl QueueCheckError {
+    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Unreachable { source, .. } => source.is_transient(),
+        }
+    }
+}
+
+/// Reads the queue's attributes and warns about settings that defeat the
+/// protocol: a visibility timeout below the heartbeat, a retention longer than
+/// the records are kept.
+pub async fn check_queue<Q: QueueClient>(
+    queue: &Q,
+    queue_url: &str,
+    heartbeat: Duration,
+    ttl: Duration,
+) -> Result<(), QueueCheckError> {
+    let attributes =
+        queue
+            .attributes(queue_url)
+            .await
+            .map_err(|source| QueueCheckError::Unreachable {
+                queue: queue_url.to_owned(),
+                source,
+            })?;
+    if let Some(vis) = attributes.visibility_timeout
+        && vis <= heartbeat
+    {
+        warn!(
+            visibility_timeout = ?vis, ?heartbeat,
+            "the queue's visibility timeout is not above the heartbeat interval: messages may be redelivered while their handler runs (lower SQS_ONCE_HEARTBEAT or raise the queue's VisibilityTimeout)"
+        );
+    }
+    crate::protocol::queue::check_retention(queue, queue_url, &attributes, ttl).await;
+    Ok(())
+}
+
+/// What the poller's tasks share: the queue, the processor, where finished
+/// messages go to be deleted, and the counters.
+struct Shared<Q, S, H> {
+    queue: Q,
+    processor: Processor<S, H>,
+    config: PollerConfig,
+    settler: Settler<Q>,
+    /// Finished messages, for the [`DeleteBatcher`]: at most
+    /// [`PENDING_DELETES`] wait in it.
+    deletes: mpsc::Sender<Finished>,
+    /// Set while [`Self::deletes`] is full (warned about once per episode).
+    deletes_behind: AtomicBool,
+    /// Cancelled at the drain deadline: running handlers are interrupted.
+    stop: CancellationToken,
+    /// The caller's shutdown: lanes still waiting for a slot give their
+    /// messages back.
+    shutdown: CancellationToken,
+    /// One permit per running handler (`concurrency`).
+    running: Arc<Semaphore>,
+    stats: std::sync::Mutex<RunStats>,
+}
+
+impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
+    fn count(&self, f: impl FnOnce(&mut RunStats)) {
+        f(&mut self.stats.lock().expect("stats lock"));
+    }
+
+    /// Processes one message (`held` says since when and until when) and
+    /// acts on the outcome: `None` when it is finished with, else the delay
+    /// after which it comes back.
+    async fn handle(&self, message: Message, held: Held) -> Option<Duration> {
+        let url = self.config.queue_url.as_str();
+        // (The `delete-before-effect` mutant, for the simulator only, deletes
+        // the message before its effect is recorded.)
+        if crate::protocol::mutants::active("delete-before-effect") {
+            self.to_delete(Finished {
+                receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+                payload: None,
+                invisible_until: held.invisible_until,
+                retry_until: held.invisible_at_most,
+            })
+            .await;
+        }
+        let visibility = QueueVisibility::new(&self.queue, url);
+        let outcome = self
+            .processor
+            .process_with(
+                message.clone(),
+                ProcessOptions {
+                    visibility: Some(&visibility),
+                    deadline: None,
+                    stop: Some(self.stop.clone()),
+                    invisible_until: Some(held.invisible_until),
+                    received_at: Some(held.received_at),
+                },
+            )
+            .await;
+        match &outcome {
+            Outcome::Completed { .. } => self.count(|s| s.completed += 1),
+            Outcome::Duplicate { .. } => self.count(|s| s.duplicates += 1),
+            Outcome::InFlight { .. } => self.count(|s| s.in_flight += 1),
+            Outcome::Retry { .. } => self.count(|s| s.retried += 1),
+            Outcome::Park { .. } => {}
+        }
+        let config = self.processor.config();
+        // A parked message keeps its payload: its copy in the DLQ points to it.
+        let payload = match self
+            .settler
+            .settle(config, Some(url), &message, held.received_at, outcome)
+            .await
+        {
+            Settled::Done => self
+                .processor
+                .large_payloads()
+                .and_then(|p| p.to_delete(&message)),
+            Settled::Parked => {
+                self.count(|s| s.parked += 1);
+                None
+            }
+            Settled::Again(after) => return Some(after),
+        };
+        // Known to stay invisible until the later of the lane's and the
+        // handler's last extension (the lane keeper's of a running message
+        // is not counted: an earlier end only sends its delete sooner).
+        let invisible_until = visibility
+            .extended_until()
+            .map_or(held.invisible_until, |e| e.max(held.invisible_until));
+        self.to_delete(Finished {
+            receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+            payload,
+            invisible_until,
+            retry_until: visibility
+                .extended_at_most()
+                .map_or(held.invisible_at_most, |e| e.max(held.invisible_at_most))
+                .max(invisible_until),
+        })
+        .await;
+        None
+    }
+
+    /// Hands a finished message to the [`DeleteBatcher`]. While
+    /// [`PENDING_DELETES`] are already waiting (deletes failing slowly or not
+    /// answering while receives still work) this waits for room, holding the
+    /// message's slot and place: no receive brings more messages while
+    /// deletes are that far behind, and the backlog stays bounded instead of
+    /// growing by every redelivered duplicate. Given up at the drain deadline:
+    /// the message then comes back and is skipped as a duplicate.
+    async fn to_delete(&self, finished: Finished) {
+        let finished = match self.deletes.try_send(finished) {
+            Ok(()) => {
+                self.deletes_behind.store(false, Ordering::Relaxed);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(f)) => f,
+        };
+        if !self.deletes_behind.swap(true, Ordering::Relaxed) {
+            warn!(
+                pending = PENDING_DELETES,
+                "deletes are behind; no more messages are received until they catch up"
+            );
+        }
+        tokio::select! {
+            biased;
+            _ = self.deletes.send(finished) => {}
+            () = self.stop.cancelled() => {
+                warn!("drain deadline reached with deletes behind; the message comes back and is skipped as a duplicate");
+            }
+        }
+    }
+
+    /// Makes a message received at or after `received_at` visible again
+    /// after `after` (cut to SQS's 12 hours from the receive).
+    async fn retry_later(&self, message: &Message, after: Duration, received_at: Instant) {
+        let url = &self.config.queue_url;
+        crate::runtime::retry_later(&self.queue, url, message, after, received_at).await;
+    }
+
+    /// Every heartbeat, extends the visibility of the lane's waiting messages,
+    /// with the running one's, by the lease, and notes until when they are
+    /// invisible. When extensions fail until the next one would come too late,
+    /// the waiting messages are let go (dropped from the lane, not run): they
+    /// reappear for another receive instead of running while another consumer
+    /// may hold them. Never returns.
+    async fn keep_waiting_invisible(&self, waiting: &Waiting) {
+        let config = self.processor.config();
+        let interval = config.beat_for(config.lease);
+        loop {
+            tokio::time::sleep(interval).await;
+            let mut w = waiting.lock().await;
+            if w.messages.is_empty() {
+                continue;
+            }
+            // The running message too, and in one call: the waiting ones must
+            // never stay invisible longer than the one before them (a queue
+            // that re-opens a group whenever one of its messages reappears
+            // would otherwise hand out a later message first after a crash).
+            let receipts: Vec<String> = w
+                .running
+                .iter()
+                .cloned()
+                .chain(
+                    w.messages
+                        .iter()
+                        .filter_map(|m| m.receipt_handle().map(str::to_owned)),
+                )
+                .collect();
+            let sent = Instant::now();
+            let url = &self.config.queue_url;
+            if crate::runtime::extend_many(&self.queue, url, &receipts, config.lease).await {
+                w.invisible_until = sent + config.lease;
+            } else if Instant::now() + interval >= w.invisible_until {
+                let let_go = w.messages.len() as u64;
+                w.messages.clear();
+                warn!(
+                    messages = let_go,
+                    "waiting messages could not be kept invisible; let go unprocessed (they come back when their visibility ends)"
+                );
+                self.count(|s| s.held_back += let_go);
+            }
+        }
+    }
+
+    /// Before a waiting message starts: extends its visibility now unless the
+    /// keeper's last extension still covers it until the processor's first
+    /// heartbeat (with room to spare), so it never becomes visible while held.
+    /// Answers until when it is known to stay invisible, or `None` when it
+    /// could not be extended and its visibility has run out: it may be another
+    /// consumer's now, and must not start.
+    async fn cover_until_first_beat(
+        &self,
+        message: &Message,
+        invisible_until: Instant,
+    ) -> Option<Instant> {
+        let config = self.processor.config();
+        let interval = config.beat_for(config.lease);
+        if invisible_until > Instant::now() + interval + interval / 2 {
+            return Some(invisible_until);
+        }
+        let Some(receipt) = message.receipt_handle() else {
+            return Some(invisible_until);
+        };
+        let url = &self.config.queue_url;
+        let sent = Instant::now();
+        match self
+            .queue
+            .change_visibility(url, receipt, config.lease)
+            .await
+        {
+            Ok(()) => Some(invisible_until.max(sent + config.lease)),
+            Err(e) => {
+                let covered = invisible_until > Instant::now();
+                warn!(message_id = message.id(), error = %e, covered, "could not extend a waiting message before it starts");
+                covered.then_some(invisible_until)
+            }
+        }
+    }
+}
+
+/// What the runtime knows of a message it holds, by this host's clock: when
+/// the receive that delivered it was sent, and until when it stays invisible.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    received_at: Instant,
+    invisible_until: Instant,
+    /// Until when, at the latest, the receive may keep it invisible (its
+    /// answer's arrival plus the timeout asked for): SQS applied the
+    /// receive somewhere between the send and the answer.
+    invisible_at_most: Instant,
+}
+
+/// The messages of a lane not yet started (a FIFO message group, or the
+/// copies of one dedup key, from one receive), and until when, by this host's
+/// clock, all of them are known to stay invisible.
+struct Pending {
+    messages: std::collections::VecDeque<Message>,
+    /// The running message's receipt handle, extended with the waiting ones.
+    running: Option<String>,
+    invisible_until: Instant,
+}
+
+type Waiting = tokio::sync::Mutex<Pending>;
+
+/// One lane of a receive, run by its own task: its messages one at a time in
+/// order, each holding one of the places taken for the receive until it is
+/// finished, the lane holding one running slot from its first start to its
+/// end.
+struct Lane<Q, S, H> {
+    shared: Arc<Shared<Q, S, H>>,
+    waiting: Waiting,
+    /// When the receive was sent: SQS counts its 12-hour cap from it.
+    received_at: Instant,
+    /// When the receive's answer arrived.
+    answered_at: Instant,
+    permits: Vec<OwnedSemaphorePermit>,
+    fifo: bool,
+}
+
+impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
+    fn new(
+        shared: Arc<Shared<Q, S, H>>,
+        messages: Vec<Message>,
+        permits: Vec<OwnedSemaphorePermit>,
+        received_at: Instant,
+    ) -> Self {
+        let fifo = shared.config.is_fifo();
+        // Received with the lease as their visibility timeout.
+        let invisible_until = received_at + shared.processor.config().lease;
+        Self {
+            shared,
+            received_at,
+            answered_at: Instant::now(),
+            waiting: tokio::sync::Mutex::new(Pending {
+                messages: messages.into(),
+                running: None,
+                invisible_until,
+            }),
+            permits,
+            fifo,
+        }
+    }
+
+    /// Runs the lane's messages in order while keeping the ones that wait
+    /// invisible. On a FIFO queue a failure stops the lane: the rest come back
+    /// unprocessed, a second before the failed message (or at once at shutdown).
+    async fn run(mut self) {
+        let permits = std::mem::take(&mut self.permits);
+        tokio::select! {
+            biased;
+            () = self.work(permits) => {}
+            () = self.shared.keep_waiting_invisible(&self.waiting) => unreachable!("never returns"),
+        }
+    }
+
+    async fn work(&self, mut permits: Vec<OwnedSemaphorePermit>) {
+        // A lane that must wait for a slot at shutdown gives its messages
+        // back at once; one that can start runs within the drain.
+        let _slot = tokio::select! {
+            biased;
+            p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
+            () = self.shared.shutdown.cancelled() => {
+                let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
+                give_back(&self.shared, messages, self.received_at).await;
+                return;
+            }
+        };
+        // At shutdown the rest of the lane comes back at once.
+        let mut rest_after = Duration::ZERO;
+        while let Some((m, invisible_until)) = self.next().await {
+            let Some(invisible_until) = self
+                .shared
+                .cover_until_first_beat(&m, invisible_until)
+                .await
+            else {
+                // Visible again, maybe received elsewhere: let it and the
+                // rest of the lane go.
+                self.waiting.lock().await.running = None;
+                self.shared.count(|s| s.held_back += 1);
+                break;
+            };
+            let first = self.fifo.then(|| m.clone());
+            let held = Held {
+                received_at: self.received_at,
+                invisible_until,
+                invisible_at_most: self.answered_at + self.shared.processor.config().lease,
+            };
+            let failed = self.shared.handle(m, held).await;
+            self.waiting.lock().await.running = None;
+            permits.pop();
+            if let (Some(delay), Some(first)) = (failed, first) {
+                let more = !self.waiting.lock().await.messages.is_empty();
+                let (again, rest) = lanes::hold_behind(delay, more);
+                if let Some(again) = again {
+                    self.shared
+                        .retry_later(&first, again, self.received_at)
+                        .await;
+                }
+                rest_after = rest;
+                break;
+            }
+        }
+        // Taken under the lock, so no extension of the keeper lands after this.
+        let rest: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
+        for m in rest {
+            self.shared.count(|s| s.held_back += 1);
+            self.shared
+                .retry_later(&m, rest_after, self.received_at)
+                .await;
+        }
+    }
+
+    /// The next message to start, marked running, and until when it is known
+    /// to be invisible; `None` when the lane is done or the poller stops.
+    async fn next(&self) -> Option<(Message, Instant)> {
+        let mut w = self.waiting.lock().await;
+        if self.shared.stop.is_cancelled() {
+            return None;
+        }
+        let next = w.messages.pop_front()?;
+        w.running = next.receipt_handle().map(str::to_owned);
+        Some((next, w.invisible_until))
+    }
+}
+
+/// Gives back whatever a receive abandoned at shutdown returns: at once on a
+/// standard queue. On a FIFO queue the first message of each group comes back
+/// a second after the rest of its group: SQS blocks a group while any of its
+/// messages is in flight, and an emulator that re-opens a group whenever one
+/// of its messages reappears then still hands the group out in order.
+async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
+    shared: Arc<Shared<Q, S, H>>,
+    receive: tokio::task::JoinHandle<Result<Vec<Message>, QueueError>>,
+    received_at: Instant,
+) {
+    let Ok(Ok(messages)) = receive.await else {
+        return;
+    };
+    give_back(&shared, messages, received_at).await;
+}
+
+/// Gives back messages held but not started, at shutdown: at once on a
+/// standard queue; on a FIFO queue each group's first message a second after
+/// the rest of its group (see [`give_back_when_received`]).
+async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
+    shared: &Shared<Q, S, H>,
+    messages: Vec<Message>,
+    received_at: Instant,
+) {
+    let fifo = shared.config.is_fifo();
+    // Each group as if its first message had failed with no delay.
+    let (first_after, rest_after) = lanes::hold_behind(Duration::ZERO, true);
+    let mut groups = std::collections::HashSet::new();
+    for m in messages {
+        // A read per message that came back, bounded so that a slow
+        // DynamoDB cannot hold the give-back (and its FIFO group) up.
+        let completed = !shared.stop.is_cancelled()
+            && tokio::time::timeout(GIVE_BACK_READ, shared.processor.known_completed(&m))
+                .await
+                .unwrap_or(false);
+        if completed {
+            info!(
+                message_id = m.id(),
+                "not started before shutdown, but already completed: deleted instead of given back"
+            );
+            shared
+                .to_delete(Finished {
+                    receipt: m.receipt_handle().unwrap_or_default().to_owned(),
+                    payload: None,
+                    // Not known here: sent at once.
+                    invisible_until: Instant::now(),
+                    retry_until: Instant::now(),
+                })
+                .await;
+            continue;
+        }
+        let after = match (fifo, m.group_id()) {
+            (false, _) => Duration::ZERO,
+            (true, g) if groups.insert(g.unwrap_or_default().to_owned()) => {
+                first_after.unwrap_or_default()
+            }
+            (true, _) => rest_after,
+        };
+        info!(
+            message_id = m.id(),
+            ?after,
+            "not started before shutdown; given back"
+        );
+        shared.count(|s| s.held_back += 1);
+        shared.retry_later(&m, after, received_at).await;
+    }
+}
+
+/// How long a drain waits for the record of a message it gives back.
+const GIVE_BACK_READ: Duration = Duration::from_secs(2);
+
+/// A finished message for the [`DeleteBatcher`]: its receipt handle, and its
+/// large payload's object when that is to be deleted after it.
+struct Finished {
+    receipt: String,
+    payload: Option<S3Pointer>,
+    /// Until when, by this host's clock, the message is known to stay
+    /// invisible: its delete must land before, or the receipt no longer
+    /// deletes (and a message on its last allowed receive goes to the DLQ).
+    invisible_until: Instant,
+    /// Until when, at the latest, it may stay invisible: a failed delete is
+    /// tried again until then (landing late costs nothing).
+    retry_until: Instant,
+}
+
+/// Deletes finished messages in batches of up to 10, each entry with a unique
+/// id; receipts repeated within a batch are sent once. A batch is sent when it
+/// is full, `wait` after its first receipt, or as soon as one of its messages
+/// has less than [`DELETE_RETRY_FOR`] of known visibility left (so its
+/// delete and the retries of a failed one land before SQS can receive it
+/// again: seed 114264, a commit that returned a second before the visibility
+/// end, whose delete waited a second for its batch); when the channel
+/// closes, what is pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
+/// one holds up the handlers that finish (see `Shared::to_delete`). Failed
+/// entries are deleted alone, beside the loop, transient failures tried
+/// again until the message's visibility ends (at least [`DELETE_RETRY_FOR`],
+/// see [`delete_retrying`]), then logged (the message then comes back and is
+/// skipped as a duplicate). The large payloads of the messages deleted are
+/// deleted after them.
+struct DeleteBatcher<Q> {
+    queue: Q,
+    url: String,
+    wait: Duration,
+    receipts: mpsc::Receiver<Finished>,
+    payloads: Option<LargePayloads>,
+    /// The retries of failed deletes and the deletes of large-payload
+    /// objects after them, run beside the loop.
+    retries: TaskTracker,
+}
+
+impl<Q: QueueClient> DeleteBatcher<Q> {
+    async fn run(mut self) {
+        while let Some(first) = self.receipts.recv().await {
+            let mut deadline = (Instant::now() + self.wait).min(send_by(&first));
+            let mut batch = vec![first];
+            while batch.len() < SQS_BATCH && deadline > Instant::now() {
+                match tokio::time::timeout_at(deadline, self.receipts.recv()).await {
+                    Ok(Some(f)) => {
+                        if !batch.iter().any(|b| b.receipt == f.receipt) {
+                            deadline = deadline.min(send_by(&f));
+                            batch.push(f);
+                        }
+                    }
+                    // Closed or timed out: send what we have.
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let failed = self.send(&batch).await;
+            // Off the loop: the retries of a failed delete (which may go on
+            // while SQS is out of reach) and a slow S3 must not hold up the
+            // next batches (an object left behind only costs storage until
+            // the bucket's lifecycle rule).
+            let (queue, url, payloads) =
+                (self.queue.clone(), self.url.clone(), self.payloads.clone());
+            self.retries.spawn(async move {
+                let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
+                    let (queue, url) = (&queue, url.as_str());
+                    async move {
+                        match delete_retrying(queue, url, f).await {
+                            Ok(()) => None,
+                            Err(e) => {
+                                error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
+                                Some(f.receipt.clone())
+                            }
+                        }
+                    }
+                });
+                let undeleted: Vec<String> = futures::future::join_all(tries)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let Some(payloads) = payloads else {
+                    return;
+                };
+                let objects = batch
+                    .into_iter()
+                    .filter(|f| !undeleted.contains(&f.receipt))
+                    .filter_map(|f| f.payload)
+                    .collect::<Vec<_>>();
+                if objects.is_empty() {
+                    return;
+                }
+                let deleting = payloads.delete_objects(objects);
+                if tokio::time::timeout(OBJECT_DELETE_TIME, deleting).await.is_err() {
+                    warn!(?OBJECT_DELETE_TIME, "large-payload objects not deleted in time; left to the bucket's lifecycle rule");
+                }
+            });
+        }
+        self.retries.close();
+        self.retries.wait().await;
+    }
+
+    /// Deletes the messages in one call; returns those whose delete failed
+    /// (the whole call, or their entries) by their place in `batch`, to be
+    /// tried again alone.
+    async fn send(&self, batch: &[Finished]) -> Vec<usize> {
+        let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
+        match self.queue.delete_batch(&self.url, &receipts).await {
+            Ok(failed) => failed
+                .iter()
+                .map(|f| {
+                    warn!(code = f.code, message = ?f.message, "delete failed in batch");
+                    f.index
+                })
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
+                (0..batch.len()).collect()
+            }
+        }
+    }
+}
+
+/// Deletes one message, trying transient failures again with backoff (at
+/// most [`DELETE_RETRY_PAUSE`] apart) for [`DELETE_RETRY_FOR`] or until its
+/// visibility may end at the latest, whichever is later: a message on its last allowed
+/// receive that is not deleted goes to the DLQ at the next receive, its
+/// effect made, and a delete that lands while the receipt still holds the
+/// message keeps it out (simulator seed 112055: SQS out of reach for 38 s
+/// while the message stayed invisible for 45 s; the retries had stopped
+/// after 10 s; and, with `maxReceiveCount` drawn, seed 530: a long poll
+/// answered 17 s after it was sent, so the visibility known from its send
+/// ended before SQS's did, and before SQS was within reach again).
+async fn delete_retrying<Q: QueueClient>(
+    queue: &Q,
+    url: &str,
+    finished: &Finished,
+) -> Result<(), QueueError> {
+    let give_up = (Instant::now() + DELETE_RETRY_FOR).max(finished.retry_until);
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match queue.delete(url, &finished.receipt).await {
+            Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
+                warn!(error = %e, "delete failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(DELETE_RETRY_PAUSE);
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The longest pause between two tries of a failed delete.
+const DELETE_RETRY_PAUSE: Duration = Duration::from_secs(4);
+
+/// How long a failed delete is tried again (transient failures).
+const DELETE_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// The latest a finished message's delete is sent: [`DELETE_RETRY_FOR`]
+/// before its known visibility ends (at once when that has passed).
+fn send_by(f: &Finished) -> Instant {
+    f.invisible_until
+        .checked_sub(DELETE_RETRY_FOR)
+        .unwrap_or(f.invisible_until)
+}
+
+/// What one turn of the receive loop got.
+enum Received {
+    /// Messages, with the places held for them and when the receive was sent.
+    Messages(Vec<Message>, Vec<OwnedSemaphorePermit>, Instant),
+    /// Nothing: a long poll that timed out, or a failure already waited out.
+    Nothing,
+    /// Stop receiving: shutdown, or idle as configured.
+    Stop,
+}
+
+/// The receive loop: takes free places, receives as many messages, and
+/// starts one task per lane.
+struct ReceiveLoop<Q, S, H> {
+    shared: Arc<Shared<Q, S, H>>,
+    /// One permit per message held, received and not yet finished.
+    places: Arc<Semaphore>,
+    /// `concurrency + prefetch`: the places.
+    capacity: usize,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    error_backoff: Duration,
+    idle_since: Instant,
+}
+
+impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
+    async fn run(mut self) -> TaskTracker {
+        loop {
+            match self.turn().await {
+                Received::Messages(messages, held, received_at) => {
+                    self.start_lanes(messages, held, received_at);
+                    self.idle_since = Instant::now();
+                }
+                Received::Nothing => {}
+                Received::Stop => return self.tasks,
+            }
+        }
+    }
+
+    async fn turn(&mut self) -> Received {
+        let Some(held) = self.free_places().await else {
+            return Received::Stop;
+        };
+        self.receive(held).await
+    }
+
+    /// Waits until one more message can be held, then up to `batch_wait` for
+    /// room to hold a full batch (ten, or all the places if fewer). With
+    /// `prefetch` of ten or more, a slot can only idle (no message waiting
+    /// for it) once eleven places are free, so the wait never leaves a slot
+    /// idle: the received batch waits for slots instead, and each receive
+    /// brings ten. `None` at shutdown.
+    async fn free_places(&self) -> Option<Vec<OwnedSemaphorePermit>> {
+        let first = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return None,
+            p = self.places.clone().acquire_owned() => p.expect("semaphore open"),
+        };
+        let mut held = vec![first];
+        let batch = self.capacity.min(SQS_BATCH);
+        let fill_by = Instant::now() + self.shared.config.batch_wait;
+        while held.len() < batch {
+            let more = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return None,
+                p = tokio::time::timeout_at(fill_by, self.places.clone().acquire_owned()) => p,
+            };
+            match more {
+                Ok(p) => held.push(p.expect("semaphore open")),
+                Err(_) => break,
+            }
+        }
+        Some(held)
+    }
+
+    /// One receive for the places held. What is received stays invisible for
+    /// a lease (whatever the queue's own visibility timeout), so the heartbeat,
+    /// at most half a lease, always extends it in time.
+    async fn receive(&mut self, held: Vec<OwnedSemaphorePermit>) -> Received {
+        let config = &self.shared.config;
+        let wait = match config.exit_when_idle {
+            Some(idle) => config.wait_time.min(idle).max(Duration::from_secs(1)),
+            None => config.wait_time,
+        };
+        let request = ReceiveRequest {
+            max: held.len(),
+            wait,
+            visibility: self.shared.processor.config().lease,
+        };
+        let received_at = Instant::now();
+        let (queue, url) = (self.shared.queue.clone(), config.queue_url.clone());
+        let mut receive = tokio::spawn(async move { queue.receive(&url, request).await });
+        let out = tokio::select! {
+            biased;
+            r = &mut receive => r.expect("the receive task does not panic"),
+            () = self.shutdown.cancelled() => {
+                // The receive may already have taken messages: give them back
+                // as soon as it answers (within the drain), rather than leave
+                // them (and their FIFO groups) invisible.
+                let giving_back = give_back_when_received(self.shared.clone(), receive, received_at);
+                self.tasks.spawn(giving_back);
+                return Received::Stop;
+            }
+        };
+        match out {
+            Ok(messages) if messages.is_empty() => self.nothing_received(held.len()),
+            Ok(messages) => {
+                self.error_backoff = Duration::from_millis(200);
+                Received::Messages(messages, held, received_at)
+            }
+            Err(e) => self.back_off(e).await,
+        }
+    }
+
+    /// An empty receive: stop if idle as configured, else go on.
+    fn nothing_received(&mut self, held: usize) -> Received {
+        self.error_backoff = Duration::from_millis(200);
+        self.shared.count(|s| s.empty_receives += 1);
+        if let Some(idle) = self.shared.config.exit_when_idle
+            && self.places.available_permits() + held == self.capacity
+            && self.idle_since.elapsed() >= idle
+        {
+            info!("idle; exiting as configured");
+            return Received::Stop;
+        }
+        Received::Nothing
+    }
+
+    /// A failed receive: wait, doubling the wait up to 20 s.
+    async fn back_off(&mut self, e: QueueError) -> Received {
+        warn!(error = %e, retry_in = ?self.error_backoff, "receive failed; backing off");
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return Received::Stop,
+            () = tokio::time::sleep(self.error_backoff) => {}
+        }
+        self.error_backoff = (self.error_backoff * 2).min(Duration::from_secs(20));
+        Received::Nothing
+    }
+
+    /// One task per lane, messages in receive order within it: on a FIFO
+    /// queue a lane is a message group (stopped by a failure); on a standard
+    /// queue it is a dedup key, so a duplicate within one receive runs after
+    /// the first copy and is skipped instead of found in flight.
+    fn start_lanes(
+        &self,
+        messages: Vec<Message>,
+        mut held: Vec<OwnedSemaphorePermit>,
+        received_at: Instant,
+    ) {
+        self.shared.count(|s| s.received += messages.len() as u64);
+        let queue = crate::protocol::trace::queue_name(&self.shared.config.queue_url);
+        let messages: Vec<Message> = messages.into_iter().map(|m| m.with_queue(queue)).collect();
+        let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
+        let keys = self.shared.processor.config();
+        // (The `fifo-parallel` mutant, for the chaos harness only, runs a
+        // FIFO group's messages in parallel.)
+        let by_group =
+            self.shared.config.is_fifo() && !crate::protocol::mutants::active("fifo-parallel");
+        for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
+            let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
+            let lane = Lane::new(self.shared.clone(), lane, permits, received_at);
+            self.tasks.spawn(lane.run());
+        }
+    }
+}
+
+/// Prints the processor's counters as EMF every `every`, until aborted.
+fn spawn_metrics<S: DedupStore, H: Handler>(
+    processor: Processor<S, H>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            let consumer = &processor.config().consumer;
+            crate::protocol::metrics::print_emf(&processor.metrics().take(), consumer);
+        }
+    })
+}
+
+/// Lets running lanes finish within `drain`, then interrupts them (their
+/// claims are released). Returns the instant by which releases and the last
+/// deletes must be done: [`CLEANUP`] later at most, so the whole stop takes
+/// no longer than drain + CLEANUP even when AWS does not answer; what is left
+/// then comes back when its lease and visibility run out.
+async fn drain(tasks: &TaskTracker, stop: &CancellationToken, drain: Duration) -> Instant {
+    tasks.close();
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+        warn!(
+            ?drain,
+            "drain deadline reached; interrupting and releasing unfinished work"
+        );
+        stop.cancel();
+    }
+    let cleanup_by = Instant::now() + CLEANUP;
+    if tokio::time::timeout_at(cleanup_by, tasks.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            ?CLEANUP,
+            "releases did not finish in time; those claims end with their leases"
+        );
+    }
+    cleanup_by
+}
+
+/// Runs the poller until `shutdown` is cancelled (or it has been idle for
+/// `exit_when_idle`). Returns what it did.
+///
+/// `queue` is any [`QueueClient`]; pass an [`aws_sdk_sqs::Client`] in production.
+pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
+    queue: Q,
+    processor: Processor<S, H>,
+    config: PollerConfig,
+    shutdown: CancellationToken,
+) -> RunStats {
+    let (deletes, receipts) = mpsc::channel(PENDING_DELETES);
+    let deleter = tokio::spawn(
+        DeleteBatcher {
+            queue: queue.clone(),
+            url: config.queue_url.clone(),
+            wait: config.batch_wait,
+            receipts,
+            payloads: processor.large_payloads().filter(|p| p.deletes()).cloned(),
+            retries: TaskTracker::new(),
+        }
+        .run(),
+    );
+    let concurrency = config.concurrency.max(1);
+    let capacity = concurrency + config.prefetch;
+    let metrics = config
+        .metrics_interval
+        .map(|every| spawn_metrics(processor.clone(), every));
+    let shared = Arc::new(Shared {
+        settler: Settler::new(queue.clone(), config.dlq_url.as_deref()),
+        queue,
+        processor,
+        config,
+        deletes,
+        deletes_behind: AtomicBool::new(false),
+        stop: CancellationToken::new(),
+        shutdown: shutdown.clone(),
+        running: Arc::new(Semaphore::new(concurrency)),
+        stats: Default::default(),
+    });
+    let tasks = ReceiveLoop {
+        shared: shared.clone(),
+        places: Arc::new(Semaphore::new(capacity)),
+        capacity,
+        tasks: TaskTracker::new(),
+        shutdown,
+        error_backoff: Duration::from_millis(200),
+        idle_since: Instant::now(),
+    }
+    .run()
+    .await;
+    let cleanup_by = drain(&tasks, &shared.stop, shared.config.drain).await;
+    if let Some(task) = metrics {
+        task.abort();
+        let consumer = &shared.processor.config().consumer;
+        crate::protocol::metrics::print_emf(&shared.processor.metrics().take(), consumer);
+    }
+    let stats = shared.stats.lock().expect("stats lock").clone();
+    // The last sender of finished receipts: the batcher flushes and ends.
+    drop(shared);
+    match tokio::time::timeout_at(cleanup_by, deleter).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "delete task failed"),
+        Err(_) => warn!(
+            "the last deletes did not finish in time; those messages come back and are skipped as duplicates"
+        ),
+    }
+    crate::protocol::trace::flush().await;
+    stats
+}
+
+/// Finished messages waiting for the [`DeleteBatcher`], at most (ten full
+/// batches): beyond this, finishing handlers wait for room and keep their
+/// slots, so receives stop until deletes catch up.
+const PENDING_DELETES: usize = 10 * SQS_BATCH;
+
+/// How long the deletes of one batch's large-payload objects may take.
+const OBJECT_DELETE_TIME: Duration = Duration::from_secs(10);
+
+/// How long releases and the last deletes may take after the drain.
+pub const CLEANUP: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+#[path = "poller_tests.rs"]
+mod tests;

@@ -1,0 +1,564 @@
+//! The poller's receive ahead, on the in-memory SQS model and dedup store in
+//! virtual time: how many messages it holds and runs, how often it receives,
+//! and what becomes of the messages it holds before they start.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+use crate::protocol::clock::TokioClock;
+use crate::protocol::queue::{EntryFailure, OutgoingMessage, QueueAttributes};
+use crate::testkit::queue::{MemoryQueue, QueueSettings};
+use crate::{MemoryStore, ProcessorConfig, handler_fn};
+
+/// What the handler and the queue saw.
+#[derive(Default)]
+struct Seen {
+    /// Handlers running now, and the most at once.
+    running: usize,
+    max_running: usize,
+    /// Messages received so far, and handlers finished.
+    received: usize,
+    finished: usize,
+    /// The most messages held (received, handler not finished) by a receive.
+    max_held: usize,
+    /// Receives that returned messages.
+    receives: usize,
+    /// (when, body) of every handler start and end.
+    starts: Vec<(Instant, String)>,
+    ends: Vec<(Instant, String)>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+/// The in-memory queue, counting what is held at each receive; with
+/// `fail_batch_extensions` set, every `ChangeMessageVisibilityBatch` fails;
+/// while `cut_deletes` holds true, every delete hangs, and fails once it is
+/// set back to false (a request that timed out), while receives still work.
+#[derive(Clone)]
+struct Watched {
+    inner: MemoryQueue,
+    seen: Shared,
+    fail_batch_extensions: Arc<AtomicBool>,
+    cut_deletes: Arc<tokio::sync::watch::Sender<bool>>,
+    /// While set, every delete fails at once (transient), as with SQS out
+    /// of reach.
+    failing_deletes: Arc<AtomicBool>,
+}
+
+impl Watched {
+    /// Hangs while deletes are cut; then an error, as for a timed-out call.
+    async fn delete_cut(&self, operation: &'static str, queue: &str) -> Result<(), QueueError> {
+        if self.failing_deletes.load(Ordering::SeqCst) {
+            return Err(QueueError::new(operation, queue, "unreachable", true));
+        }
+        let mut cut = self.cut_deletes.subscribe();
+        if !*cut.borrow_and_update() {
+            return Ok(());
+        }
+        cut.wait_for(|c| !*c).await.unwrap();
+        Err(QueueError::new(operation, queue, "timed out", true))
+    }
+}
+
+impl QueueClient for Watched {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
+        {
+            let mut s = self.seen.lock().unwrap();
+            let held = s.received - s.finished + request.max;
+            s.max_held = s.max_held.max(held);
+        }
+        let messages = self.inner.receive(queue, request).await?;
+        let mut s = self.seen.lock().unwrap();
+        s.received += messages.len();
+        s.receives += usize::from(!messages.is_empty());
+        Ok(messages)
+    }
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        self.delete_cut("DeleteMessage", queue).await?;
+        self.inner.delete(queue, receipt).await
+    }
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.delete_cut("DeleteMessageBatch", queue).await?;
+        self.inner.delete_batch(queue, receipts).await
+    }
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.change_visibility(queue, receipt, timeout).await
+    }
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        if self.fail_batch_extensions.load(Ordering::SeqCst) {
+            return Err(QueueError::new(
+                "ChangeMessageVisibilityBatch",
+                queue,
+                "unavailable",
+                true,
+            ));
+        }
+        self.inner
+            .change_visibility_batch(queue, receipts, timeout)
+            .await
+    }
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        self.inner.send(queue, message).await
+    }
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        self.inner.attributes(queue).await
+    }
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        self.inner.queue_url(name, account).await
+    }
+}
+
+/// A queue holding `n` messages with bodies "0" .. "n-1".
+async fn queue_with(n: usize) -> (Watched, String) {
+    let inner = MemoryQueue::new();
+    let url = inner.create_queue(QueueSettings::new("ahead")).unwrap();
+    for i in 0..n {
+        let m = OutgoingMessage {
+            body: i.to_string(),
+            ..Default::default()
+        };
+        inner.send(&url, m).await.unwrap();
+    }
+    let queue = Watched {
+        inner,
+        seen: Shared::default(),
+        fail_batch_extensions: Arc::default(),
+        cut_deletes: Arc::new(tokio::sync::watch::Sender::new(false)),
+        failing_deletes: Arc::default(),
+    };
+    (queue, url)
+}
+
+/// A processor whose handler sleeps `duration(body)` and notes what runs.
+fn processor(
+    seen: &Shared,
+    lease: Duration,
+    duration: fn(usize) -> Duration,
+) -> Processor<MemoryStore, impl Handler> {
+    let seen = seen.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let seen = seen.clone();
+        async move {
+            let body = m.body().to_owned();
+            {
+                let mut s = seen.lock().unwrap();
+                s.running += 1;
+                s.max_running = s.max_running.max(s.running);
+                s.starts.push((Instant::now(), body.clone()));
+            }
+            tokio::time::sleep(duration(body.parse().unwrap())).await;
+            let mut s = seen.lock().unwrap();
+            s.running -= 1;
+            s.finished += 1;
+            s.ends.push((Instant::now(), body));
+            Ok(None)
+        }
+    });
+    let mut config = ProcessorConfig::new("ahead");
+    config.lease = lease;
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    Processor::new(MemoryStore::new(clock), handler, config).unwrap()
+}
+
+/// From 20 ms to 2 s, spread unevenly (log-uniform, a fixed sequence).
+fn uneven(i: usize) -> Duration {
+    let step = (i * 37) % 100;
+    Duration::from_secs_f64(0.02 * 100f64.powf(step as f64 / 100.0))
+}
+
+fn config(url: &str, concurrency: usize, prefetch: usize) -> PollerConfig {
+    let mut config = PollerConfig::new(url);
+    config.concurrency = concurrency;
+    config.prefetch = prefetch;
+    config.exit_when_idle = Some(Duration::from_secs(5));
+    config
+}
+
+/// 200 uneven messages, concurrency 8, prefetch 10, a batch wait long enough
+/// for ten places to come free.
+async fn uneven_run() -> (Seen, RunStats) {
+    let (queue, url) = queue_with(200).await;
+    let seen = queue.seen.clone();
+    let p = processor(&seen, Duration::from_secs(60), uneven);
+    let mut config = config(&url, 8, 10);
+    config.batch_wait = Duration::from_secs(10);
+    let stats = run(queue, p, config, CancellationToken::new()).await;
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    (seen, stats)
+}
+
+#[tokio::test(start_paused = true)]
+async fn holds_at_most_concurrency_plus_prefetch_and_runs_at_most_concurrency() {
+    let (seen, stats) = uneven_run().await;
+    assert_eq!(stats.completed, 200, "{stats:?}");
+    assert_eq!(seen.max_running, 8);
+    assert_eq!(seen.max_held, 18);
+}
+
+#[tokio::test(start_paused = true)]
+async fn receives_full_batches_of_ten_with_uneven_handlers() {
+    let (seen, stats) = uneven_run().await;
+    assert_eq!((stats.completed, seen.received), (200, 200), "{stats:?}");
+    assert_eq!(seen.receives, 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_freed_slot_starts_a_waiting_message_at_once() {
+    let (seen, _) = uneven_run().await;
+    let last_start = seen.starts.iter().map(|s| s.0).max().unwrap();
+    let starts: Vec<Instant> = seen.starts.iter().map(|s| s.0).collect();
+    for (end, body) in seen.ends.iter().filter(|e| e.0 < last_start) {
+        assert!(
+            starts.contains(end),
+            "message {body} ended at {end:?} and no message started then"
+        );
+    }
+}
+
+/// Handlers of 20 s, one at a time: the last of a batch of ten received
+/// ahead waits over three minutes, past its 30 s lease.
+fn twenty_seconds(_: usize) -> Duration {
+    Duration::from_secs(20)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_waiting_longer_than_its_lease_stays_invisible_and_is_received_once() {
+    let (queue, url) = queue_with(12).await;
+    let (seen, inner) = (queue.seen.clone(), queue.inner.clone());
+    let p = processor(&seen, Duration::from_secs(30), twenty_seconds);
+    let stats = run(queue, p, config(&url, 1, 10), CancellationToken::new()).await;
+    assert_eq!(stats.completed, 12, "{stats:?}");
+    let counts = inner.counts(&url).unwrap();
+    assert_eq!((counts.received, counts.deleted), (12, 12), "{counts:?}");
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for (_, body) in &seen.lock().unwrap().starts {
+        *runs.entry(body.clone()).or_default() += 1;
+    }
+    assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_shutdown_messages_waiting_for_a_slot_are_given_back_at_once() {
+    let (queue, url) = queue_with(20).await;
+    let (seen, inner) = (queue.seen.clone(), queue.inner.clone());
+    let p = processor(&seen, Duration::from_secs(60), |_| Duration::from_secs(10));
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue, p, config(&url, 1, 10), shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // One running; the 9 received with it back with the 10 never received.
+    let counts = inner.counts(&url).unwrap();
+    assert_eq!((counts.visible, counts.in_flight), (19, 1), "{counts:?}");
+    let stats = poller.await.unwrap();
+    assert_eq!((stats.completed, stats.held_back), (1, 9), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_message_that_could_not_be_kept_invisible_is_let_go_not_run() {
+    let (queue, url) = queue_with(11).await;
+    queue.fail_batch_extensions.store(true, Ordering::SeqCst);
+    let (seen, inner) = (queue.seen.clone(), queue.inner.clone());
+    // The first message runs 40 s; the ten received with it wait, and their
+    // 30 s visibility cannot be extended.
+    let p = processor(&seen, Duration::from_secs(30), |i| {
+        Duration::from_secs(if i == 0 { 40 } else { 1 })
+    });
+    let poller = tokio::spawn(run(queue, p, config(&url, 1, 10), CancellationToken::new()));
+    // Another consumer takes them once they reappear.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(600),
+    };
+    let taken = inner.receive(&url, request).await.unwrap();
+    assert_eq!(taken.len(), 10);
+    let stats = poller.await.unwrap();
+    let started: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .starts
+        .iter()
+        .map(|s| s.1.clone())
+        .collect();
+    assert_eq!(started, vec!["0".to_owned()]);
+    assert_eq!((stats.completed, stats.held_back), (1, 10), "{stats:?}");
+}
+
+/// Waits (in virtual time) until `done` holds, failing after `within`.
+async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "not reached within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_that_do_not_answer_stop_receives_and_every_effect_is_made_once() {
+    let (queue, url) = queue_with(30).await;
+    queue.cut_deletes.send_replace(true);
+    let (seen, inner, cut) = (
+        queue.seen.clone(),
+        queue.inner.clone(),
+        queue.cut_deletes.clone(),
+    );
+    let lease = Duration::from_secs(30);
+    let p = processor(&seen, lease, |_| Duration::from_millis(10));
+    let mut config = config(&url, 4, 10);
+    config.exit_when_idle = None;
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue, p, config, shutdown.clone()));
+    // Undeleted, every message comes back each lease as a duplicate, and its
+    // delete joins the ones pending: the hand-off fills, then the handlers
+    // that finish hold their slots and nothing more is received. Held at
+    // most: the batch being sent, the pending ones, and the places.
+    let bound = SQS_BATCH + PENDING_DELETES + 14;
+    tokio::time::sleep(lease * 20).await;
+    let received = seen.lock().unwrap().received;
+    assert!(received > PENDING_DELETES, "{received} received");
+    assert!(received <= bound, "{received} received, more than {bound}");
+    tokio::time::sleep(lease * 10).await;
+    assert_eq!(
+        seen.lock().unwrap().received,
+        received,
+        "received again while deletes were far behind"
+    );
+    // Deletes answer again: everything is deleted, each effect made once.
+    cut.send_replace(false);
+    wait_until(lease * 20, || {
+        let c = inner.counts(&url).unwrap();
+        c.visible + c.in_flight + c.delayed == 0
+    })
+    .await;
+    shutdown.cancel();
+    let stats = poller.await.unwrap();
+    assert_eq!(inner.counts(&url).unwrap().deleted, 30);
+    assert_eq!(stats.completed, 30, "{stats:?}");
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for (_, body) in &seen.lock().unwrap().ends {
+        *runs.entry(body.clone()).or_default() += 1;
+    }
+    assert_eq!(runs.len(), 30, "{runs:?}");
+    assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+}
+
+/// Simulator seed 114264 (FIFO): a commit returned less than a second
+/// before the message's visibility ended, on its last allowed receive; its
+/// delete waited a second for its batch to fill, reached SQS after the
+/// visibility had run out, and SQS moved the message, effect recorded, to
+/// the DLQ. A delete with less than [`DELETE_RETRY_FOR`] of known
+/// visibility left is sent at once; one with more waits for its batch.
+#[tokio::test(start_paused = true)]
+async fn a_delete_is_not_held_for_its_batch_past_its_messages_visibility() {
+    let (queue, url) = queue_with(2).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(300),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    assert_eq!(received.len(), 2);
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let batcher = DeleteBatcher {
+        queue: queue.inner.clone(),
+        url: url.clone(),
+        wait: Duration::from_secs(30),
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    let finished = |m: &Message, left: Duration| Finished {
+        receipt: m.receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + left,
+        retry_until: Instant::now() + left,
+    };
+    // Plenty of visibility left: waits for the batch to fill.
+    tx.send(finished(&received[0], Duration::from_secs(290)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 0);
+    // Little visibility left: the batch goes at once, both deleted.
+    tx.send(finished(&received[1], Duration::from_secs(3)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 2);
+    drop(tx);
+    batcher.await.unwrap();
+}
+
+/// Simulator seed 112055 (FIFO): SQS was out of reach for 38 s after a
+/// message on its last allowed receive completed, while it stayed invisible
+/// for 45 s; its delete was given up on after 10 s, and SQS moved the
+/// message, effect recorded, to the DLQ. A failed delete is tried again
+/// until the message's visibility ends, beside the loop: the next batch is
+/// not held up meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
+    let (queue, url) = queue_with(2).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(45),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    assert_eq!(received.len(), 2);
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let batcher = DeleteBatcher {
+        queue: queue.clone(),
+        url: url.clone(),
+        wait: Duration::ZERO,
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    let finished = |m: &Message| Finished {
+        receipt: m.receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + Duration::from_secs(44),
+        retry_until: Instant::now() + Duration::from_secs(44),
+    };
+    queue.failing_deletes.store(true, Ordering::SeqCst);
+    tx.send(finished(&received[0])).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 0);
+    // SQS within reach again: the next batch goes at once, and the retries
+    // of the first land before its visibility ends.
+    queue.failing_deletes.store(false, Ordering::SeqCst);
+    tx.send(finished(&received[1])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 2);
+    drop(tx);
+    batcher.await.unwrap();
+}
+
+/// Issue 27, part 2: a producer's re-send of a key whose first delivery
+/// runs for minutes. The copy found the key in flight and came back at the
+/// holder's lease end, which the holder's heartbeat kept moving: a receive
+/// spent per lease, and after `maxReceiveCount` (3 here) SQS moved the copy
+/// to the DLQ though its key completed. The copy now waits for the holder,
+/// kept invisible, and is deleted as a duplicate once the holder completes.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_waits_out_of_the_dlq() {
+    use crate::testkit::queue::RedrivePolicy;
+    let queue = MemoryQueue::new();
+    let dlq = queue
+        .create_queue(QueueSettings::new("copies-dlq"))
+        .unwrap();
+    let mut settings = QueueSettings::new("copies");
+    settings.redrive = Some(RedrivePolicy {
+        dlq_url: dlq.clone(),
+        max_receive_count: 3,
+    });
+    let url = queue.create_queue(settings).unwrap();
+    let runs = Arc::new(Mutex::new(0u32));
+    let r = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx| {
+        let r = r.clone();
+        async move {
+            *r.lock().unwrap() += 1;
+            // Twelve leases.
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("copies");
+    pc.lease = Duration::from_secs(10);
+    pc.heartbeat = Duration::from_secs(4);
+    pc.key_source = "json:/id".parse().unwrap();
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let processor = Processor::new(MemoryStore::new(clock), handler, pc).unwrap();
+    let mut config = config(&url, 2, 0);
+    config.exit_when_idle = Some(Duration::from_secs(30));
+    let body = || OutgoingMessage {
+        body: r#"{"id":"e1"}"#.into(),
+        ..Default::default()
+    };
+    queue.send(&url, body()).await.unwrap();
+    let poller = tokio::spawn(run(
+        queue.clone(),
+        processor,
+        config,
+        CancellationToken::new(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    queue.send(&url, body()).await.unwrap();
+    let stats = poller.await.unwrap();
+    assert_eq!(*runs.lock().unwrap(), 1, "{stats:?}");
+    assert_eq!(
+        queue.counts(&dlq).unwrap().stored(),
+        0,
+        "a copy reached the DLQ: {stats:?}"
+    );
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!((stats.completed, stats.duplicates), (1, 1), "{stats:?}");
+}
+
+/// Seed 530 with `maxReceiveCount` drawn: a long poll answered 17 s after
+/// it was sent, so SQS kept the message invisible longer than the end known
+/// from the send, and SQS came back within reach only after that known
+/// end. A failed delete is tried again until the visibility may end at the
+/// latest (the answer's arrival plus the timeout).
+#[tokio::test(start_paused = true)]
+async fn a_failed_delete_is_tried_again_until_the_visibility_may_end_at_the_latest() {
+    let (queue, url) = queue_with(1).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(45),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let batcher = DeleteBatcher {
+        queue: queue.clone(),
+        url: url.clone(),
+        wait: Duration::ZERO,
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    queue.failing_deletes.store(true, Ordering::SeqCst);
+    tx.send(Finished {
+        receipt: received[0].receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + Duration::from_secs(5),
+        retry_until: Instant::now() + Duration::from_secs(44),
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    queue.failing_deletes.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
+    drop(tx);
+    batcher.await.unwrap();
+}

@@ -1,0 +1,401 @@
+//! An in-memory [`DedupStore`] with the protocol's semantics, for fast tests.
+//!
+//! Staged writes are recorded (see [`MemoryStore::for_each_committed`]) atomically
+//! with the completion, but their own conditions are not evaluated: behaviour
+//! that depends on DynamoDB's condition semantics is tested against DynamoDB.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
+use crate::protocol::clock::{Clock, SystemClock};
+use crate::protocol::handler::StagedWrite;
+use crate::protocol::metrics::Metrics;
+use crate::protocol::store::{
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
+    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
+};
+
+/// The in-memory store. Clones share state.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    clock: Arc<dyn Clock>,
+    state: Arc<Mutex<State>>,
+    unavailable: Arc<AtomicBool>,
+    metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<String, Record>,
+    committed: Vec<Vec<TransactWriteItem>>,
+    /// Guarded writes applied to a record another owner held (never, with
+    /// fencing intact): what the simulator's checker reads.
+    fencing_breaches: Vec<String>,
+    /// Each claim's lease end as stored, by (key, attempt), as an instant of
+    /// the tokio clock: the latest end its claim and extensions set (the
+    /// stored `lease_until` less the writer's clock plus the instant the
+    /// write applied), cut to the instant its release or failure applied.
+    /// What the simulator's checker compares external calls with.
+    lease_ends: HashMap<(String, u32), tokio::time::Instant>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the given clock.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: Arc::default(),
+            unavailable: Arc::default(),
+            metrics: Arc::default(),
+        }
+    }
+
+    /// A view of the same records judged by another clock: each consumer of a
+    /// simulation reads time from its own (skewed) clock, as each host's
+    /// `DynamoStore` does.
+    pub fn with_clock(&self, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: self.state.clone(),
+            unavailable: self.unavailable.clone(),
+            metrics: Arc::default(),
+        }
+    }
+
+    /// Guarded writes (complete, release, mark failed, extend) that applied
+    /// to a record another owner held, described: none while fencing holds.
+    pub fn fencing_breaches(&self) -> Vec<String> {
+        self.lock().fencing_breaches.clone()
+    }
+
+    /// Each claim's lease end as stored, by (key, attempt), as an instant
+    /// of the tokio clock (see `State::lease_ends`).
+    pub fn lease_ends(&self) -> Vec<(String, u32, tokio::time::Instant)> {
+        let mut ends: Vec<_> = self
+            .lock()
+            .lease_ends
+            .iter()
+            .map(|((pk, attempt), end)| (pk.clone(), *attempt, *end))
+            .collect();
+        ends.sort();
+        ends
+    }
+
+    /// Every record, by key.
+    pub fn records(&self) -> Vec<Record> {
+        let mut records: Vec<Record> = self.lock().records.values().cloned().collect();
+        records.sort_by(|a, b| a.pk.cmp(&b.pk));
+        records
+    }
+
+    /// Calls `f` with every committed transaction's staged writes, in commit
+    /// order, without copying them (for checks over millions of commits).
+    /// The store is locked meanwhile: `f` must not call it.
+    pub fn for_each_committed(&self, mut f: impl FnMut(&[TransactWriteItem])) {
+        for writes in &self.lock().committed {
+            f(writes);
+        }
+    }
+
+    /// Makes every call fail with [`StoreError::Unavailable`] until set back.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.unavailable.store(unavailable, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("memory store lock")
+    }
+
+    fn check_available(&self) -> Result<(), StoreError> {
+        if self.unavailable.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable(
+                "memory store set unavailable".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies `f` to our record if `owner` still holds it in progress; a no-op
+    /// when `done` says an earlier call of ours already did it.
+    fn with_owned(
+        &self,
+        pk: &str,
+        owner: &str,
+        done: impl FnOnce(&Record) -> bool,
+        f: impl FnOnce(&mut Record, &mut Vec<Vec<TransactWriteItem>>),
+    ) -> Result<(), StoreError> {
+        self.check_available()?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        // (The `no-fencing` mutant, for the simulator only, ignores the owner.)
+        let fenced = !crate::protocol::mutants::active("no-fencing");
+        match state.records.get_mut(pk) {
+            Some(r)
+                if (r.owner.as_deref() == Some(owner) || !fenced)
+                    && r.status == Status::InProgress =>
+            {
+                if r.owner.as_deref() != Some(owner) {
+                    state.fencing_breaches.push(format!(
+                        "{pk}: a write of owner {owner} applied while {} held it",
+                        r.owner.as_deref().unwrap_or("nobody")
+                    ));
+                }
+                f(r, &mut state.committed);
+                if r.lease_until_ms == 0 || r.status != Status::InProgress {
+                    // Released, failed or completed: the attempt's lease ends now.
+                    let now = tokio::time::Instant::now();
+                    if let Some(end) = state.lease_ends.get_mut(&(pk.to_owned(), r.attempts)) {
+                        *end = (*end).min(now);
+                    }
+                }
+                Ok(())
+            }
+            Some(r) if r.owner.as_deref() == Some(owner) && done(r) => Ok(()),
+            other => Err(StoreError::LeaseLost {
+                pk: pk.to_owned(),
+                found: describe(other.map(|r| &*r)),
+            }),
+        }
+    }
+}
+
+/// The items of staged writes, in an allocation of their own size: kept for
+/// the store's life, they would otherwise keep the staging vector's spare
+/// capacity (a `TransactWriteItem` is close to 1 KB inline).
+fn items_of(writes: Vec<StagedWrite>) -> Vec<TransactWriteItem> {
+    let mut items: Vec<TransactWriteItem> = writes.into_iter().map(|w| w.item).collect();
+    items.shrink_to_fit();
+    items
+}
+
+fn expires_at(now_ms: i64, ttl: Duration) -> i64 {
+    now_ms.div_euclid(1000) + i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2)
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+impl DedupStore for MemoryStore {
+    fn report_to(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.check_available()?;
+        let now_ms = self.clock.now_ms();
+        let mut state = self.lock();
+        let old = state.records.get(&req.pk);
+        // (The `always-in-flight` mutant, for the simulator only, answers
+        // every claim as held elsewhere: a consumer that processes nothing.)
+        if crate::protocol::mutants::active("always-in-flight") {
+            return Ok(Claim::InFlight {
+                lease_until_ms: now_ms + ms(req.lease),
+                payload_matches: true,
+            });
+        }
+        // (The `rerun-completed` mutant, for the simulator only, claims a
+        // `COMPLETED` key again instead of answering a duplicate.)
+        let rerun = crate::protocol::mutants::active("rerun-completed")
+            && old.is_some_and(|o| o.status == Status::Completed);
+        if let Some(old) = old
+            && !rerun
+            && !old.claimable_by(now_ms, &req.message_id)
+        {
+            return Ok(decide_conflict(old, req, now_ms));
+        }
+        if old.is_some_and(|o| o.taken_over_by(&req.owner))
+            && let Some(m) = self.metrics.get()
+        {
+            m.takeover();
+        }
+        let attempts = old.map_or(0, |o| o.attempts) + 1;
+        let error = old.and_then(|o| o.error.clone());
+        state.lease_ends.insert(
+            (req.pk.clone(), attempts),
+            tokio::time::Instant::now() + req.lease,
+        );
+        state.records.insert(
+            req.pk.clone(),
+            Record {
+                pk: req.pk.clone(),
+                status: Status::InProgress,
+                owner: Some(req.owner.clone()),
+                lease_until_ms: now_ms + ms(req.lease),
+                expires_at_s: expires_at(now_ms, req.ttl),
+                attempts,
+                payload_sha256: Some(req.payload_sha256.clone()),
+                result: None,
+                message_id: Some(req.message_id.clone()),
+                claimed_at_ms: Some(now_ms),
+                completed_at_ms: None,
+                error,
+            },
+        );
+        Ok(Claim::Acquired { attempt: attempts })
+    }
+
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        let now_ms = self.clock.now_ms();
+        self.with_owned(
+            &c.pk,
+            &c.owner,
+            |r| r.status == Status::Completed,
+            |r, committed| {
+                r.status = Status::Completed;
+                r.result = c.result;
+                r.completed_at_ms = Some(now_ms);
+                r.expires_at_s = expires_at(now_ms, c.ttl);
+                if !c.writes.is_empty() {
+                    committed.push(items_of(c.writes));
+                }
+            },
+        )
+    }
+
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        self.with_owned(
+            pk,
+            owner,
+            |_| false,
+            |r, _| {
+                r.lease_until_ms = 0;
+                r.error = Some(bounded_error(error));
+            },
+        )
+    }
+
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        self.with_owned(
+            pk,
+            owner,
+            |r| r.status == Status::Failed,
+            |r, _| {
+                r.status = Status::Failed;
+                r.lease_until_ms = 0;
+                r.error = Some(bounded_error(error));
+                r.expires_at_s = expires_at(now_ms, ttl);
+            },
+        )
+    }
+
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.check_available()?;
+        let now_ms = self.clock.now_ms();
+        let lease_until = now_ms + ms(lease);
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        match state.records.get_mut(pk) {
+            // Only a live lease of ours is extended, and only forward (see
+            // the trait).
+            Some(r)
+                if (r.owner.as_deref() == Some(owner)
+                    || crate::protocol::mutants::active("no-fencing"))
+                    && r.status == Status::InProgress
+                    && r.lease_until_ms > now_ms =>
+            {
+                if r.owner.as_deref() != Some(owner) {
+                    let holder = r.owner.clone().unwrap_or_else(|| "nobody".into());
+                    state.fencing_breaches.push(format!(
+                        "{pk}: an extension of owner {owner} applied while {holder} held it"
+                    ));
+                }
+                if r.lease_until_ms < lease_until {
+                    r.lease_until_ms = lease_until;
+                    r.expires_at_s = expires_at(now_ms, ttl);
+                    let end = tokio::time::Instant::now() + lease;
+                    let stored = state
+                        .lease_ends
+                        .entry((pk.to_owned(), r.attempts))
+                        .or_insert(end);
+                    *stored = (*stored).max(end);
+                }
+                Ok(())
+            }
+            other => Err(StoreError::LeaseLost {
+                pk: pk.to_owned(),
+                found: describe(other.map(|r| &*r)),
+            }),
+        }
+    }
+
+    async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
+        check_transaction_limits(&writes, 0)?;
+        self.check_available()?;
+        if !writes.is_empty() {
+            self.lock().committed.push(items_of(writes));
+        }
+        Ok(())
+    }
+
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        self.check_available()?;
+        let now_ms = self.clock.now_ms();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let old = state.records.get(&c.pk);
+        if crate::protocol::mutants::active("always-in-flight") {
+            return Ok(FastCommitted::InFlight {
+                lease_until_ms: now_ms + 30_000,
+                payload_matches: true,
+            });
+        }
+        if let Some(old) = old
+            && !old.claimable_by(now_ms, &c.message_id)
+        {
+            return Ok(c.conflict(old, now_ms));
+        }
+        let attempts = old.map_or(0, |o| o.attempts) + 1;
+        state.records.insert(
+            c.pk.clone(),
+            Record {
+                pk: c.pk.clone(),
+                status: Status::Completed,
+                owner: Some(c.owner.clone()),
+                lease_until_ms: 0,
+                expires_at_s: expires_at(now_ms, c.ttl),
+                attempts,
+                payload_sha256: Some(c.payload_sha256.clone()),
+                result: c.result,
+                message_id: Some(c.message_id.clone()),
+                claimed_at_ms: Some(now_ms),
+                completed_at_ms: Some(now_ms),
+                error: None,
+            },
+        );
+        if !c.writes.is_empty() {
+            state.committed.push(items_of(c.writes));
+        }
+        Ok(FastCommitted::Committed)
+    }
+
+    async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
+        self.check_available()?;
+        Ok(self.lock().records.get(pk).cloned())
+    }
+}
