@@ -91,15 +91,15 @@ pub use app::{SqsOnce, StartError, shutdown_on_signals};
 pub use aws::dynamodb::DynamoStore;
 pub use protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use protocol::handler::{
-    Context, Effects, FailureKind, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly,
-    StagedWrite, handler_fn, staged_only,
+    Context, Effects, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly, handler_fn,
+    staged_only,
 };
 pub use protocol::key::KeySource;
 pub use protocol::message::{Attribute, AttributeValue, Message};
-pub use protocol::outcome::Outcome;
+pub use protocol::outcome::{FailureKind, Outcome, StagedWrite, StoredResult};
 pub use protocol::processor::Processor;
 pub use protocol::queue::{QueueClient, QueueError};
-pub use protocol::store::{Claim, DedupStore, Record, Status, StoreError, StoredResult};
+pub use protocol::store::{Claim, DedupStore, Record, Status, StoreError};
 #[cfg(feature = "lambda")]
 pub use runtime::lambda::{LambdaAdapter, LambdaConfig};
 #[cfg(feature = "poller")]

@@ -17,7 +17,7 @@ use sqs_once::aws::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use sqs_once::env::escape;
 use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key, record_key};
 use sqs_once::parking::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
-use sqs_once::store::{Record, Status, StoredResult};
+use sqs_once::{Record, Status, StoredResult};
 
 type GetItemError = aws_sdk_dynamodb::operation::get_item::GetItemError;
 type DeleteItemError = aws_sdk_dynamodb::operation::delete_item::DeleteItemError;

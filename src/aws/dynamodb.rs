@@ -15,12 +15,11 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::protocol::clock::{Clock, SystemClock};
-use crate::protocol::handler::StagedWrite;
 use crate::protocol::metrics::Metrics;
+use crate::protocol::outcome::{StagedWrite, StoredResult};
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, StoredResult, bounded_error, check_transaction_limits, decide_conflict, describe,
-    record_bytes,
+    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
 };
 
 /// The name of the TTL attribute the dedup table must have enabled.

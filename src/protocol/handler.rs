@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use tokio_util::sync::CancellationToken;
 
 use crate::Message;
+use crate::protocol::outcome::{FailureKind, StagedWrite};
 
 /// What a handler returns: an optional small result, recorded with the dedup
 /// record and handed back to duplicates.
@@ -133,17 +134,6 @@ where
     }
 }
 
-/// What should happen to a message whose handler failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// Try again later, with backoff from the receive count.
-    Retry,
-    /// Try again after this delay (capped at SQS's 12 hours).
-    RetryAfter(Duration),
-    /// Never retry: record `FAILED` and park the message in the DLQ with the reason.
-    Permanent,
-}
-
 /// A handler's failure, saying what happens next.
 ///
 /// Any `std::error::Error` converts into a `HandlerError` with `?`. It is
@@ -230,16 +220,6 @@ fn unbuildable(error: &(dyn std::error::Error + 'static)) -> bool {
         next = e.source();
     }
     false
-}
-
-/// A DynamoDB write staged by the handler, committed in the same
-/// `TransactWriteItems` call as the `COMPLETED` dedup record.
-#[derive(Debug, Clone)]
-pub struct StagedWrite {
-    /// The write (put, update, delete or condition check).
-    pub item: TransactWriteItem,
-    /// What a failure of this write's own condition means.
-    pub on_condition_failed: FailureKind,
 }
 
 /// What the runtime tells a handler about the message being processed, and where

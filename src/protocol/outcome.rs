@@ -1,9 +1,63 @@
-//! What processing decided for one message: the protocol's answer to the
-//! runtimes, which turn it into a delete, a later retry or a park.
+//! The vocabulary of what one message's processing comes to: the handler's
+//! staged writes and failure kinds, the result as recorded, and the
+//! [`Outcome`] the runtimes turn into a delete, a later retry or a park.
+//! It sits at the bottom of the protocol core: the store, the handler's
+//! context, the metrics and the traces all speak it.
 
 use std::time::Duration;
 
-use crate::protocol::store::StoredResult;
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
+/// What should happen to a message whose handler failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Try again later, with backoff from the receive count.
+    Retry,
+    /// Try again after this delay (capped at SQS's 12 hours).
+    RetryAfter(Duration),
+    /// Never retry: record `FAILED` and park the message in the DLQ with the reason.
+    Permanent,
+}
+
+/// A DynamoDB write staged by the handler, committed in the same
+/// `TransactWriteItems` call as the `COMPLETED` dedup record.
+#[derive(Debug, Clone)]
+pub struct StagedWrite {
+    /// The write (put, update, delete or condition check).
+    pub item: TransactWriteItem,
+    /// What a failure of this write's own condition means.
+    pub on_condition_failed: FailureKind,
+}
+
+/// A handler result as recorded: the value itself, or its digest when larger
+/// than the configured bound.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredResult {
+    /// The result, as JSON.
+    Value(serde_json::Value),
+    /// A result too large to store: its SHA-256 and size.
+    Digest {
+        /// Hex SHA-256 of the JSON text.
+        sha256: String,
+        /// Size of the JSON text in bytes.
+        bytes: u64,
+    },
+}
+
+impl StoredResult {
+    /// Stores `value` as is when its JSON text is at most `max_bytes`, else as a digest.
+    pub fn bounded(value: &serde_json::Value, max_bytes: usize) -> Self {
+        let text = value.to_string();
+        if text.len() <= max_bytes {
+            StoredResult::Value(value.clone())
+        } else {
+            StoredResult::Digest {
+                sha256: crate::protocol::key::sha256_hex(text.as_bytes()),
+                bytes: text.len() as u64,
+            }
+        }
+    }
+}
 
 /// What the runtime must do with a message after processing.
 #[derive(Debug, Clone, PartialEq)]

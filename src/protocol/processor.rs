@@ -15,15 +15,14 @@ use tokio::time::Instant;
 use tracing::{Instrument, error, info, warn};
 
 use crate::protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
-use crate::protocol::handler::{Context, Effects, FailureKind, Handler, HandlerError};
+use crate::protocol::handler::{Context, Effects, Handler, HandlerError};
 use crate::protocol::key::{record_key, sha256_hex};
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::metrics::Metrics;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{FailureKind, Outcome, StoredResult};
 use crate::protocol::payloads::LargePayloads;
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, StoreError,
-    StoredResult,
 };
 use crate::{Message, clock};
 

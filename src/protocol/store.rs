@@ -23,11 +23,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::protocol::handler::{FailureKind, StagedWrite};
 use crate::protocol::limits::{
     DYNAMODB_MAX_ITEM_BYTES, DYNAMODB_MAX_TRANSACTION_BYTES, DYNAMODB_MAX_TRANSACTION_ITEMS,
     write_size,
 };
+use crate::protocol::outcome::{FailureKind, StagedWrite, StoredResult};
 
 /// `IN_PROGRESS`, `COMPLETED` or `FAILED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,36 +57,6 @@ impl Status {
             "COMPLETED" => Some(Status::Completed),
             "FAILED" => Some(Status::Failed),
             _ => None,
-        }
-    }
-}
-
-/// A handler result as recorded: the value itself, or its digest when larger
-/// than the configured bound.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StoredResult {
-    /// The result, as JSON.
-    Value(serde_json::Value),
-    /// A result too large to store: its SHA-256 and size.
-    Digest {
-        /// Hex SHA-256 of the JSON text.
-        sha256: String,
-        /// Size of the JSON text in bytes.
-        bytes: u64,
-    },
-}
-
-impl StoredResult {
-    /// Stores `value` as is when its JSON text is at most `max_bytes`, else as a digest.
-    pub fn bounded(value: &serde_json::Value, max_bytes: usize) -> Self {
-        let text = value.to_string();
-        if text.len() <= max_bytes {
-            StoredResult::Value(value.clone())
-        } else {
-            StoredResult::Digest {
-                sha256: crate::protocol::key::sha256_hex(text.as_bytes()),
-                bytes: text.len() as u64,
-            }
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::protocol::clock::{Clock, SystemClock};
-use crate::protocol::handler::StagedWrite;
 use crate::protocol::metrics::Metrics;
+use crate::protocol::outcome::StagedWrite;
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
     StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
