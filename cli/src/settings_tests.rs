@@ -19,6 +19,14 @@ const READ_DIRECTLY: &[(&str, &str)] = &[
         "sqs_once::mutants (test builds with the deliberate bugs)",
     ),
     (
+        "SQS_ONCE_MUTANTS",
+        "build.rs (at build time: compiles the deliberate bugs in)",
+    ),
+    (
+        "SQS_ONCE_LOCALSTACK",
+        "tests/it/common.rs (`required`: a LocalStack suite fails, not skips, without it)",
+    ),
+    (
         "SQS_ONCE_TOOLS",
         "scripts/deny (where cargo-deny is installed)",
     ),

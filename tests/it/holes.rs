@@ -114,6 +114,9 @@ async fn pollers_until_empty<H: Handler + Clone>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifo_messages_waiting_in_a_lane_longer_than_the_visibility_timeout_are_applied_once_in_order()
  {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queue_pair(&sqs, true, 5, 3).await;
     let table = dedup_table(&ddb).await;
@@ -237,6 +240,9 @@ async fn poll_until_empty<H: Handler>(
 /// custom types included) and carries this park's reason, not an old one.
 #[tokio::test]
 async fn a_parked_copy_keeps_every_attribute_with_its_type_and_the_latest_reason() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queue_pair(&sqs, false, 30, 5).await;
     let typed = |t: &str, v: &str| {
@@ -297,6 +303,9 @@ async fn a_parked_copy_keeps_every_attribute_with_its_type_and_the_latest_reason
 /// is shortened to fit the DLQ's MaximumMessageSize; the body is unchanged.
 #[tokio::test]
 async fn a_body_near_the_size_limit_is_parked_with_the_reason_shortened_to_fit() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let limit = 262_144;
     let long_reason: &'static str = Box::leak("insufficient funds; ".repeat(200).into_boxed_str());
@@ -379,6 +388,9 @@ fn put(table: &str, pk: &str, pad: usize) -> TransactWriteItem {
 /// is parked with the service's message, not retried until the redrive policy.
 #[tokio::test]
 async fn requests_dynamodb_rejects_as_invalid_are_parked_not_retried() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let ledger = unique("ledger");
     sqs_once_cli::setup::ensure_table(&ddb, &ledger)
@@ -463,6 +475,9 @@ async fn receive_one(sqs: &aws_sdk_sqs::Client, url: &str) -> Message {
 /// `message-id` and `dedup-id` keys too, and a second copy is a duplicate.
 #[tokio::test]
 async fn a_redelivered_parked_message_is_not_run_and_a_copy_brought_back_is_run_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     for (fifo, key) in [(false, "message-id"), (true, "dedup-id")] {
         let q = queue_pair(&sqs, fifo, 30, 10).await;
@@ -606,6 +621,9 @@ impl aws_sdk_sqs::config::Intercept for ReceiveSent {
 /// visibility timeout (which on FIFO would also hold their groups).
 #[tokio::test]
 async fn messages_a_long_poll_takes_after_shutdown_are_given_back_at_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (plain, ddb) = (sqs().await, ddb().await);
     let q = queue_pair(&plain, false, 120, 5).await;
     let sent = Arc::new(tokio::sync::Notify::new());
@@ -665,6 +683,9 @@ async fn messages_a_long_poll_takes_after_shutdown_are_given_back_at_once() {
 /// other poller while this one applied it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_heartbeat() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     // Visibility 5 s; a 3 s message, then an 8 s one whose first heartbeat
     // comes 4 s after it starts (7 s after the receive).
@@ -725,6 +746,9 @@ async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_hear
 /// by `ChangeMessageVisibility`, and is deleted as a duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_stays_out_of_the_dlq() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queue_pair(&sqs, false, 5, 2).await;
     let table = dedup_table(&ddb).await;

@@ -117,6 +117,9 @@ fn recording(f: fn(&str) -> sqs_once::HandlerResult) -> (impl Handler, Arc<Mutex
 
 #[tokio::test]
 async fn standard_event_applies_each_event_once_and_parks_bad_bodies() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let a = adapter(
@@ -172,6 +175,9 @@ async fn standard_event_applies_each_event_once_and_parks_bad_bodies() {
 
 #[tokio::test]
 async fn exactly_the_records_that_must_come_back_are_listed() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let (handler, calls) = recording(|body| match body.split(':').next().unwrap() {
@@ -226,6 +232,9 @@ async fn exactly_the_records_that_must_come_back_are_listed() {
 
 #[tokio::test]
 async fn not_an_sqs_event_fails_the_invocation() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let a = adapter(
@@ -247,6 +256,9 @@ async fn not_an_sqs_event_fails_the_invocation() {
 
 #[tokio::test]
 async fn standard_records_run_concurrently_within_the_bound() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     // All ten handlers must be inside at once to pass the barrier.
@@ -314,6 +326,9 @@ async fn standard_records_run_concurrently_within_the_bound() {
 
 #[tokio::test]
 async fn fifo_failure_stops_its_group_only_and_keeps_order() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let (handler, calls) = recording(|body| match body {
@@ -353,6 +368,9 @@ async fn fifo_failure_stops_its_group_only_and_keeps_order() {
 
 #[tokio::test]
 async fn no_record_starts_with_too_little_time_left() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -395,6 +413,9 @@ async fn no_record_starts_with_too_little_time_left() {
 /// quarter of its time as the margin instead (and logs an error).
 #[tokio::test]
 async fn a_function_timeout_near_the_margin_still_runs_its_records() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let calls = Arc::new(AtomicUsize::new(0));
@@ -428,6 +449,9 @@ async fn a_function_timeout_near_the_margin_still_runs_its_records() {
 /// listed response), or, configured so, with the full list.
 #[tokio::test]
 async fn a_batch_whose_every_record_fails_is_answered_with_an_error() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let handler = || handler_fn(|_m, _c| async { Err(HandlerError::retry("not yet")) });
@@ -461,6 +485,9 @@ async fn a_batch_whose_every_record_fails_is_answered_with_an_error() {
 
 #[tokio::test]
 async fn lease_ends_by_the_deadline_and_a_late_handler_is_interrupted_and_released() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let ddb = ddb().await;
     let dedup = dedup_table(&ddb).await;
     let store = DynamoStore::new(ddb.clone(), dedup.as_str());
@@ -566,6 +593,9 @@ pub(crate) async fn receive_event(sqs: &aws_sdk_sqs::Client, url: &str, n: usize
 
 #[tokio::test]
 async fn heartbeat_extends_the_records_visibility_in_lambda() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     // A 2 s visibility timeout and a handler that takes 5 s.
     let l = Ledger::with_visibility(&sqs, &ddb, 2).await;
@@ -619,6 +649,9 @@ async fn heartbeat_extends_the_records_visibility_in_lambda() {
 
 #[tokio::test]
 async fn a_retried_record_comes_back_after_its_backoff() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::with_visibility(&sqs, &ddb, 300).await;
     let handler = handler_fn(|_m, _c| async { Err(HandlerError::retry("not yet")) });
@@ -676,6 +709,9 @@ async fn ledger_function(l: &Ledger, extra: &[(&str, &str)]) -> LocalLambda {
 
 #[tokio::test]
 async fn ledger_binary_as_a_lambda_function_answers_exact_batch_item_failures() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let function = ledger_function(&l, &[]).await;
@@ -741,6 +777,9 @@ async fn ledger_binary_as_a_lambda_function_answers_exact_batch_item_failures() 
 
 #[tokio::test]
 async fn ledger_function_behind_a_local_event_source_drains_the_queue_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let mut bodies = Vec::new();
@@ -778,6 +817,9 @@ async fn ledger_function_behind_a_local_event_source_drains_the_queue_once() {
 
 #[tokio::test]
 async fn ledger_function_with_a_bad_setting_fails_its_invocations_and_loses_nothing() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let function = ledger_function(&l, &[("SQS_ONCE_TABLE", &unique("missing"))]).await;
@@ -797,6 +839,9 @@ async fn ledger_function_with_a_bad_setting_fails_its_invocations_and_loses_noth
 /// changes (no backoff, no heartbeat) for that queue.
 #[tokio::test]
 async fn a_failed_queue_url_lookup_is_tried_again_by_the_next_invocation() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let name = unique("late-queue");
     let handler = handler_fn(|_m, _c| async { Err(HandlerError::retry("not yet")) });

@@ -310,21 +310,33 @@ async fn large_payloads_end_to_end(runtime: Runtime, delete: bool) {
 
 #[tokio::test]
 async fn poller_reads_large_payloads_and_deletes_their_objects_when_asked() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     large_payloads_end_to_end(Runtime::Poller, true).await;
 }
 
 #[tokio::test]
 async fn poller_reads_large_payloads_and_keeps_their_objects_by_default() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     large_payloads_end_to_end(Runtime::Poller, false).await;
 }
 
 #[tokio::test]
 async fn lambda_reads_large_payloads_and_deletes_their_objects_when_asked() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     large_payloads_end_to_end(Runtime::Lambda, true).await;
 }
 
 #[tokio::test]
 async fn lambda_reads_large_payloads_and_keeps_their_objects_by_default() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     large_payloads_end_to_end(Runtime::Lambda, false).await;
 }
 
@@ -332,6 +344,9 @@ async fn lambda_reads_large_payloads_and_keeps_their_objects_by_default() {
 /// it and parks it, and nothing is read from S3.
 #[tokio::test]
 async fn off_a_pointer_body_is_processed_as_it_is() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb, s3) = (sqs().await, ddb().await, s3().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let bucket = bucket(&s3).await;
@@ -356,6 +371,9 @@ async fn off_a_pointer_body_is_processed_as_it_is() {
 /// with deletion on its object is not deleted.
 #[tokio::test]
 async fn a_pointer_outside_the_payload_buckets_is_parked_without_calling_s3() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb, s3) = (sqs().await, ddb().await, s3().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let (payloads, foreign) = (bucket(&s3).await, bucket(&s3).await);

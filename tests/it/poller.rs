@@ -66,21 +66,33 @@ async fn pollers_apply_each_event_once(k: usize, env: &[(&str, &str)]) {
 
 #[tokio::test]
 async fn two_pollers_apply_every_event_exactly_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     pollers_apply_each_event_once(2, &[]).await;
 }
 
 #[tokio::test]
 async fn four_pollers_on_the_fast_path_apply_every_event_exactly_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     pollers_apply_each_event_once(4, &[]).await;
 }
 
 #[tokio::test]
 async fn four_pollers_on_the_general_path_apply_every_event_exactly_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     pollers_apply_each_event_once(4, &[("SQS_ONCE_FAST_PATH", "false")]).await;
 }
 
 #[tokio::test]
 async fn malformed_bodies_end_in_the_dlq_with_a_reason() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let bodies = vec![
@@ -180,6 +192,9 @@ async fn finish_and_check(
 
 #[tokio::test]
 async fn sigterm_drains_in_flight_work_and_exits_zero() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let (bodies, expected) = events(12);
@@ -207,6 +222,9 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
 
 #[tokio::test]
 async fn sigterm_past_the_drain_deadline_releases_unfinished_work() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let (bodies, expected) = events(6);
@@ -272,6 +290,9 @@ async fn sigterm_past_the_drain_deadline_releases_unfinished_work() {
 
 #[tokio::test]
 async fn start_up_rejects_a_bad_setting_naming_it() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let run = |env: Vec<(&'static str, String)>| {
@@ -307,6 +328,9 @@ async fn start_up_rejects_a_bad_setting_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_keeps_a_slow_handler_from_redelivery() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queues(&sqs, false, 2).await; // visibility 2 s, handler takes 6 s
     send_all(&sqs, &q.queue_url, &["slow".to_owned()]).await;
@@ -344,6 +368,9 @@ async fn heartbeat_keeps_a_slow_handler_from_redelivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_keeps_group_order_and_a_failure_holds_only_its_group() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queues(&sqs, true, 30).await;
     for i in 0..5 {
@@ -416,6 +443,9 @@ async fn fifo_keeps_group_order_and_a_failure_holds_only_its_group() {
 
 #[tokio::test]
 async fn sigkill_mid_handler_loses_nothing_and_applies_once_after_restart() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::with_visibility(&sqs, &ddb, 3).await;
     let slow = [
@@ -470,6 +500,9 @@ async fn sigkill_mid_handler_loses_nothing_and_applies_once_after_restart() {
 
 #[tokio::test]
 async fn fast_path_sigkill_before_the_commit_loses_nothing_and_applies_once() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::with_visibility(&sqs, &ddb, 3).await;
     // Visibility is extended by the lease each heartbeat: keep both short so the
@@ -523,6 +556,9 @@ async fn in_flight(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
 
 #[tokio::test]
 async fn emf_lines_count_what_the_poller_did() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let (mut bodies, _) = events(30);
@@ -570,6 +606,9 @@ async fn emf_lines_count_what_the_poller_did() {
 /// cleanly, because its handler was installed only once polling began.
 #[tokio::test]
 async fn sigterm_during_start_up_exits_zero() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     // An endpoint that accepts connections and never answers: the start-up
     // checks hang there.
     let blackhole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -607,6 +646,9 @@ async fn sigterm_during_start_up_exits_zero() {
 /// during its connection-refusal windows.
 #[tokio::test]
 async fn start_up_waits_out_an_unreachable_endpoint() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     send_all(
@@ -676,6 +718,9 @@ async fn start_up_waits_out_an_unreachable_endpoint() {
 
 #[tokio::test]
 async fn sigterm_stops_within_drain_and_cleanup_even_when_aws_stops_answering() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let aws = crate::common::Forwarder::start(0).await;
@@ -722,6 +767,9 @@ async fn sigterm_stops_within_drain_and_cleanup_even_when_aws_stops_answering() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receive_ahead_receives_ten_at_a_time_with_uneven_handlers() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queues(&sqs, false, 30).await;
     let bodies: Vec<String> = (0..100).map(|i| i.to_string()).collect();

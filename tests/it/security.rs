@@ -55,6 +55,9 @@ fn metric(stats: &[serde_json::Value], name: &str) -> u64 {
 /// exactly once.
 #[tokio::test]
 async fn a_forged_carried_key_naming_a_victims_message_id_does_not_skip_the_victim() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let victim = send_victim(&sqs, &l, &event("evt-victim", "acct-victim", 500)).await;
@@ -91,6 +94,9 @@ async fn a_forged_carried_key_naming_a_victims_message_id_does_not_skip_the_vict
 /// key. The forged id is now not honoured by parking or redrive.
 #[tokio::test]
 async fn a_forged_first_message_id_in_the_dlq_does_not_give_a_redriven_copy_the_victims_key() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
     let own = event("evt-attacker-2", "acct-attacker", 1);

@@ -227,6 +227,9 @@ fn sent_traces() -> Vec<TraceId> {
 
 #[tokio::test]
 async fn the_poller_continues_each_message_s_trace() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     for (id, carrier) in CARRIERS {
@@ -283,6 +286,9 @@ fn keyed_by_id() -> ProcessorConfig {
 
 #[tokio::test]
 async fn the_lambda_adapter_continues_each_message_s_trace() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let sqs = sqs().await;
     let q = queues(&sqs, false, 30).await;
     for (id, carrier) in CARRIERS {
@@ -383,6 +389,9 @@ async fn otlp_receiver() -> (String, Received) {
 
 #[tokio::test]
 async fn the_payments_binary_exports_by_otlp_and_carries_the_trace_to_the_api() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let api = StubApi::start().await;
     let (otlp, received) = otlp_receiver().await;
