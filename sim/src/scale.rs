@@ -9,7 +9,7 @@
 //!   waits its handler time and stages the event's ledger row, committed with
 //!   the record in one transaction;
 //! - [`Consumer::Loop`]: the hand-written transactional loop of
-//!   `bench/handwritten` in the same model, `pollers x concurrency / 10`
+//!   `bench/localstack/src/handwritten.rs` in the same model, `pollers x concurrency / 10`
 //!   workers that receive 10, run the same handler time for each message and
 //!   make one conditional transaction per message (the store's fast commit:
 //!   the record and the ledger row, or nothing for a duplicate), then delete

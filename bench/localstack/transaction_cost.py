@@ -8,7 +8,7 @@ under the loop's condition. The emulator serves DynamoDB one request at a time, 
 this per-call time bounds each consumer's throughput there; on DynamoDB a call's
 latency does not depend on the expression's length in this way.
 
-Usage: AWS_ENDPOINT_URL=... python bench/transaction_cost.py [N]  (default 200)
+Usage: AWS_ENDPOINT_URL=... python bench/localstack/transaction_cost.py [N]  (default 200)
 Prints one JSON line: median ms per call by shape.
 """
 

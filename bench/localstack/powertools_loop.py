@@ -1,4 +1,4 @@
-"""The Powertools baseline for bench/run: an SQS consumer in Python (boto3) whose
+"""The Powertools baseline for bench/localstack/run: an SQS consumer in Python (boto3) whose
 ledger update runs under Powertools for AWS Lambda's `idempotent_function` with
 its DynamoDB persistence layer. Same queue, same effect, CONCURRENCY threads.
 

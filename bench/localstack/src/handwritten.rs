@@ -1,4 +1,4 @@
-//! The baselines `bench/run` compares sqs-once with, each in its own process
+//! The baselines `bench/localstack/run` compares sqs-once with, each in its own process
 //! (so the OS tells their CPU time apart), on the same SDK and runtime:
 //!
 //! - `BENCH_LOOP=transactional` (the default): the idempotent-consumer pattern

@@ -1,4 +1,4 @@
-//! Side-by-side benchmarks on the same LocalStack, in one run: `bench/run`.
+//! Side-by-side benchmarks on the same LocalStack, in one run: `bench/localstack/run`.
 //!
 //! Absolute times on a shared 2-core machine are noise; what is reported is
 //! ratios of runs made alternately, and counts that do not depend on speed
@@ -24,7 +24,7 @@ use sqs_once_cli::setup::{QueuePair, ensure_dedup_table, ensure_queue_with_dlq, 
 use sqs_once_example_ledger::LedgerHandler;
 use tokio_util::sync::CancellationToken;
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../../../tests/support/mod.rs"]
 mod support;
 use support::{depth, env_or, ledger_rows, send_all, unique};
 
@@ -197,7 +197,7 @@ fn descendants(pid: u32) -> Vec<u32> {
 
 fn localstack_cpu() -> f64 {
     let pidfile = format!(
-        "{}/localstack/.state/localstack.pid",
+        "{}/../../localstack/.state/localstack.pid",
         env!("CARGO_MANIFEST_DIR")
     );
     let Some(pid) = std::fs::read_to_string(pidfile)
@@ -582,7 +582,7 @@ fn children_cpu() -> f64 {
     ticks / 100.0
 }
 
-/// The baselines' binary (`bench/handwritten`).
+/// The baselines' binary (`bench/localstack/src/handwritten.rs`).
 fn handwritten() -> std::path::PathBuf {
     support::binary("handwritten")
 }
@@ -615,12 +615,9 @@ fn consumer_command(bench: &Bench, kind: &str, s: &Setup) -> tokio::process::Com
         }
         "powertools" => {
             let mut c = tokio::process::Command::new(bench.python.as_deref().unwrap());
-            c.arg(format!(
-                "{}/bench/powertools_loop.py",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .env("IDEMPOTENCY_TABLE", format!("{}-pt", s.dedup))
-            .env("AWS_DEFAULT_REGION", "us-east-1");
+            c.arg(format!("{}/powertools_loop.py", env!("CARGO_MANIFEST_DIR")))
+                .env("IDEMPOTENCY_TABLE", format!("{}-pt", s.dedup))
+                .env("AWS_DEFAULT_REGION", "us-east-1");
             c
         }
         other => panic!("no consumer {other}"),
