@@ -1,4 +1,4 @@
-//! Deterministic simulation of sqs-once (issue 14): the real runtimes (poller
+//! Deterministic simulation of sqs-once: the real runtimes (poller
 //! and Lambda adapter) and processor run against simulated SQS
 //! ([`sqs_once::MemoryQueue`]), DynamoDB ([`sqs_once::MemoryStore`]) and an
 //! external API, on one thread in tokio's paused virtual time, with every

@@ -1,4 +1,4 @@
-//! At scale, in virtual time (issue 16, item 5): many pollers and a large
+//! At scale, in virtual time: many pollers and a large
 //! queue on one single-threaded runtime with paused time, every AWS call
 //! delayed by a latency from [`crate::latency`]'s model of published figures.
 //!

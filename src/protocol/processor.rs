@@ -611,7 +611,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// the holder's heartbeat keeps moving that end, so a copy bounced each
     /// lease would spend a receive per lease, and one whose holder runs for
     /// longer than `maxReceiveCount` leases would reach the DLQ though its
-    /// key completes (issue 27). Waits until the holder's lease end or a
+    /// key completes. Waits until the holder's lease end or a
     /// heartbeat interval, whichever is first, then the claim is tried
     /// again (a duplicate once the holder completed; acquired if it
     /// failed). `None`: try the claim again. `Some(left)`: stop waiting

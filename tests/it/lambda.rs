@@ -834,7 +834,7 @@ async fn ledger_function_with_a_bad_setting_fails_its_invocations_and_loses_noth
     function.shutdown().await;
 }
 
-/// Regression (holes review): a failed `GetQueueUrl` was cached for the life
+/// Regression: a failed `GetQueueUrl` was cached for the life
 /// of the environment, so every later invocation ran without visibility
 /// changes (no backoff, no heartbeat) for that queue.
 #[tokio::test]

@@ -8,10 +8,10 @@
 mod cli;
 mod common;
 mod contract;
+mod delivery_edges;
 mod dynamodb;
 mod emulator;
 mod front_door;
-mod holes;
 mod lambda;
 mod large_payloads;
 mod payments;

@@ -528,7 +528,7 @@ async fn scaling(bench: &Bench, r: &mut Report) {
     }
 }
 
-// --- what transfers to AWS (issue 16) ----------------------------------------
+// --- what transfers to AWS --------------------------------------------------
 
 /// DynamoDB's size of an attribute value, bytes (the documented rules:
 /// strings and binaries their length, numbers one byte per two significant

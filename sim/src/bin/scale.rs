@@ -1,4 +1,4 @@
-//! At scale, in virtual time (issue 16, item 5): the library's pollers and
+//! At scale, in virtual time: the library's pollers and
 //! the hand-written transactional loop drain the same messages, one after
 //! the other, each on its own paused runtime, every AWS call delayed by the
 //! latency model of `sqs_once_sim::latency`. Prints both runs, their ratios

@@ -1,4 +1,4 @@
-//! The wire path (issue 26): the real `aws-sdk-dynamodb` client, configured
+//! The wire path: the real `aws-sdk-dynamodb` client, configured
 //! as production configures it (`sqs_once::aws::calls` interceptor, standard
 //! retries, attempt timeouts from `sqs_once::aws::attempt_timeouts`), sends
 //! its HTTP requests to [`Wire`], an in-process connector whose other end is

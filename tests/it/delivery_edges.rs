@@ -1,5 +1,8 @@
-//! Regression tests of the holes an adversarial review found in the
-//! exactly-once promise, against LocalStack (SQS and DynamoDB semantics).
+//! The edges of delivery, against LocalStack (SQS and DynamoDB semantics):
+//! messages held longer than their visibility timeout (waiting in a FIFO
+//! lane, a copy of a key in flight elsewhere), parking (every attribute kept,
+//! a body near the size limit, requests DynamoDB rejects, a parked message
+//! redelivered and a copy brought back), and shutdown.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,7 +39,7 @@ async fn queue_pair(
 ) -> sqs_once_cli::setup::QueuePair {
     sqs_once_cli::setup::ensure_queue_with_dlq(
         sqs,
-        &unique("holes"),
+        &unique("edges"),
         fifo,
         Duration::from_secs(visibility),
         max_receives,
