@@ -5,7 +5,6 @@
 // for the library and the binaries.
 #![allow(clippy::too_many_lines)]
 
-mod cli;
 mod common;
 mod contract;
 mod delivery_edges;
