@@ -5,7 +5,7 @@
 // A test reads as one story from set-up to assertions.
 #![allow(clippy::too_many_lines)]
 
+mod commands;
 #[allow(dead_code, unused_imports)]
 #[path = "../../../tests/it/common.rs"]
 mod common;
-mod commands;

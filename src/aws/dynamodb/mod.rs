@@ -1,4 +1,16 @@
 //! The claim protocol on DynamoDB: conditional writes, fencing tokens, TTL.
+//!
+//! - this module: [`DynamoStore`], the requests the protocol makes and how
+//!   their failures are read;
+//! - [`table`]: the start-up check of the table's key schema and TTL;
+//! - [`item`]: a record read from its item.
+
+mod item;
+mod table;
+
+use item::replaced;
+pub use item::{RecordError, record_from_item};
+pub use table::TableCheckError;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,8 +22,7 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeyType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-    TimeToLiveStatus, TransactWriteItem, Update,
+    AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
 use crate::protocol::clock::{Clock, SystemClock};
@@ -58,60 +69,6 @@ pub struct DynamoStore {
     table: Arc<str>,
     clock: Arc<dyn Clock>,
     metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
-}
-
-/// Why a table cannot serve as the dedup table. Reported at start-up.
-#[derive(Debug, thiserror::Error)]
-pub enum TableCheckError {
-    /// No such table.
-    #[error(
-        "dedup table `{0}` does not exist (setting SQS_ONCE_TABLE); create it with `sqs-once init`"
-    )]
-    Missing(String),
-    /// Wrong keys.
-    #[error(
-        "dedup table `{table}` has key schema {found}; expected exactly one string partition key `pk` (setting SQS_ONCE_TABLE)"
-    )]
-    KeySchema {
-        /// The table.
-        table: String,
-        /// What it has.
-        found: String,
-    },
-    /// TTL not enabled on `expires_at`.
-    #[error(
-        "dedup table `{table}` has TTL {found}; expected TTL enabled on `expires_at`, or the table grows without bound (setting SQS_ONCE_TABLE; fix with `sqs-once init`)"
-    )]
-    Ttl {
-        /// The table.
-        table: String,
-        /// What it has.
-        found: String,
-    },
-    /// The check itself failed.
-    #[error("could not describe dedup table `{table}`: {reason}")]
-    Unreachable {
-        /// The table.
-        table: String,
-        /// Whether it may pass when tried again (no answer, throttled, 5xx)
-        /// rather than a refusal (access denied, bad request).
-        transient: bool,
-        /// The SDK's message.
-        reason: String,
-    },
-}
-
-impl TableCheckError {
-    /// Whether the check may pass when tried again (no answer, throttled, 5xx).
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Self::Unreachable {
-                transient: true,
-                ..
-            }
-        )
-    }
 }
 
 enum Attempt {
@@ -211,105 +168,6 @@ impl DynamoStore {
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table
-    }
-
-    /// Checks at start-up that the table has the expected key schema and TTL.
-    pub async fn check_table(&self) -> Result<(), TableCheckError> {
-        // Both descriptions at once: one round trip of start-up (which a
-        // Lambda cold start pays) instead of two.
-        let (desc, ttl) = tokio::join!(
-            self.client.describe_table().table_name(&*self.table).send(),
-            self.client
-                .describe_time_to_live()
-                .table_name(&*self.table)
-                .send(),
-        );
-        let desc = match desc {
-            Ok(d) => d,
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
-            {
-                return Err(TableCheckError::Missing(self.table.to_string()));
-            }
-            Err(e) => return Err(self.unreachable(&e)),
-        };
-        let t = desc.table().ok_or_else(|| TableCheckError::Unreachable {
-            table: self.table.to_string(),
-            transient: true,
-            reason: "empty DescribeTable answer".into(),
-        })?;
-        self.check_key_schema(t)?;
-        self.check_ttl(&ttl.map_err(|e| self.unreachable(&e))?)
-    }
-
-    /// The table check could not be made.
-    fn unreachable<E, R>(&self, e: &SdkError<E, R>) -> TableCheckError
-    where
-        E: ProvideErrorMetadata + std::error::Error + 'static,
-        R: std::fmt::Debug,
-    {
-        TableCheckError::Unreachable {
-            table: self.table.to_string(),
-            transient: crate::aws::is_transient(e),
-            reason: aws_smithy_types::error::display::DisplayErrorContext(e).to_string(),
-        }
-    }
-
-    /// Exactly one string partition key, `pk`.
-    fn check_key_schema(
-        &self,
-        t: &aws_sdk_dynamodb::types::TableDescription,
-    ) -> Result<(), TableCheckError> {
-        let pk_is_string = t.attribute_definitions().iter().any(|d| {
-            d.attribute_name() == KEY_ATTRIBUTE && *d.attribute_type() == ScalarAttributeType::S
-        });
-        let schema_ok = t.key_schema().len() == 1
-            && t.key_schema()[0].attribute_name() == KEY_ATTRIBUTE
-            && *t.key_schema()[0].key_type() == KeyType::Hash
-            && pk_is_string;
-        if schema_ok {
-            return Ok(());
-        }
-        let keys: Vec<String> = t
-            .key_schema()
-            .iter()
-            .map(|k| format!("{}:{}", k.attribute_name(), k.key_type().as_str()))
-            .collect();
-        let types: Vec<String> = t
-            .attribute_definitions()
-            .iter()
-            .map(|d| format!("{}({})", d.attribute_name(), d.attribute_type().as_str()))
-            .collect();
-        Err(TableCheckError::KeySchema {
-            table: self.table.to_string(),
-            found: format!("[{}] with types [{}]", keys.join(", "), types.join(", ")),
-        })
-    }
-
-    /// TTL enabled (or being enabled) on `expires_at`.
-    fn check_ttl(
-        &self,
-        ttl: &aws_sdk_dynamodb::operation::describe_time_to_live::DescribeTimeToLiveOutput,
-    ) -> Result<(), TableCheckError> {
-        let desc = ttl.time_to_live_description();
-        let status = desc.and_then(|d| d.time_to_live_status());
-        let attr = desc.and_then(|d| d.attribute_name());
-        let enabled = matches!(
-            status,
-            Some(TimeToLiveStatus::Enabled) | Some(TimeToLiveStatus::Enabling)
-        );
-        if enabled && attr == Some(TTL_ATTRIBUTE) {
-            return Ok(());
-        }
-        Err(TableCheckError::Ttl {
-            table: self.table.to_string(),
-            found: format!(
-                "{} on {}",
-                status.map_or("DISABLED", |s| s.as_str()),
-                attr.unwrap_or("no attribute")
-            ),
-        })
     }
 
     /// Runs `op` until it gives a definite answer, at most
@@ -936,103 +794,4 @@ impl DedupStore for DynamoStore {
             .transpose()
             .map_err(|e| StoreError::Invalid(e.to_string()))
     }
-}
-
-/// What a committed claim replaced (its `ALL_OLD` item): the attempts so far,
-/// and whether it was another consumer's claim left to expire. Read field by
-/// field and leniently: the claim is ours whatever the old item held (a
-/// status from a newer version, say), and must not fail after it committed.
-fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &str) -> (u32, bool) {
-    let Some(old) = old else {
-        return (0, false);
-    };
-    let text = |k: &str| old.get(k).and_then(|v| v.as_s().ok()).map(String::as_str);
-    let number = |k: &str| -> Option<i64> { old.get(k)?.as_n().ok()?.parse().ok() };
-    let attempts = number("attempts")
-        .and_then(|a| u32::try_from(a).ok())
-        .unwrap_or(0);
-    let taken_over = text("status") == Some(Status::InProgress.as_str())
-        && number("lease_until").is_some_and(|l| l > 0)
-        && text("owner") != Some(owner);
-    (attempts, taken_over)
-}
-
-/// A DynamoDB item that is not a dedup record.
-#[derive(Debug, thiserror::Error)]
-pub enum RecordError {
-    /// No partition key.
-    #[error("dedup record without `pk`")]
-    NoKey,
-    /// No status.
-    #[error("dedup record {pk} without `status`")]
-    NoStatus {
-        /// The record's key.
-        pk: String,
-    },
-    /// A status this version does not know.
-    #[error("dedup record {pk} has unknown status {status:?}")]
-    UnknownStatus {
-        /// The record's key.
-        pk: String,
-        /// What it has.
-        status: String,
-    },
-    /// A stored result that is not JSON.
-    #[error("dedup record {pk}: result is not JSON: {source}")]
-    ResultNotJson {
-        /// The record's key.
-        pk: String,
-        /// The parse error.
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-/// Reads a dedup record from a DynamoDB item.
-pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, RecordError> {
-    let str_of = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
-    let num_of = |k: &str| -> Option<i64> {
-        item.get(k)
-            .and_then(|v| v.as_n().ok())
-            .and_then(|v| v.parse().ok())
-    };
-    let pk = str_of(KEY_ATTRIBUTE).ok_or(RecordError::NoKey)?;
-    let Some(status_s) = str_of("status") else {
-        return Err(RecordError::NoStatus { pk });
-    };
-    let Some(status) = Status::parse(&status_s) else {
-        return Err(RecordError::UnknownStatus {
-            pk,
-            status: status_s,
-        });
-    };
-    let result = if let Some(text) = str_of("result") {
-        match serde_json::from_str(&text) {
-            Ok(value) => Some(StoredResult::Value(value)),
-            Err(source) => return Err(RecordError::ResultNotJson { pk, source }),
-        }
-    } else {
-        str_of("result_sha256").map(|sha256| StoredResult::Digest {
-            sha256,
-            bytes: num_of("result_bytes")
-                .and_then(|b| u64::try_from(b).ok())
-                .unwrap_or(0),
-        })
-    };
-    Ok(Record {
-        status,
-        owner: str_of("owner"),
-        lease_until_ms: num_of("lease_until").unwrap_or(0),
-        expires_at_s: num_of(TTL_ATTRIBUTE).unwrap_or(i64::MAX),
-        attempts: num_of("attempts")
-            .and_then(|a| u32::try_from(a).ok())
-            .unwrap_or(0),
-        payload_sha256: str_of("payload_sha256"),
-        result,
-        message_id: str_of("message_id"),
-        claimed_at_ms: num_of("claimed_at"),
-        completed_at_ms: num_of("completed_at"),
-        error: str_of("error"),
-        pk,
-    })
 }

@@ -1,0 +1,108 @@
+//! A dedup record read from its DynamoDB item.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
+use crate::protocol::outcome::StoredResult;
+use crate::protocol::store::{Record, Status};
+
+/// What a committed claim replaced (its `ALL_OLD` item): the attempts so far,
+/// and whether it was another consumer's claim left to expire. Read field by
+/// field and leniently: the claim is ours whatever the old item held (a
+/// status from a newer version, say), and must not fail after it committed.
+pub(super) fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &str) -> (u32, bool) {
+    let Some(old) = old else {
+        return (0, false);
+    };
+    let text = |k: &str| old.get(k).and_then(|v| v.as_s().ok()).map(String::as_str);
+    let number = |k: &str| -> Option<i64> { old.get(k)?.as_n().ok()?.parse().ok() };
+    let attempts = number("attempts")
+        .and_then(|a| u32::try_from(a).ok())
+        .unwrap_or(0);
+    let taken_over = text("status") == Some(Status::InProgress.as_str())
+        && number("lease_until").is_some_and(|l| l > 0)
+        && text("owner") != Some(owner);
+    (attempts, taken_over)
+}
+
+/// A DynamoDB item that is not a dedup record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// No partition key.
+    #[error("dedup record without `pk`")]
+    NoKey,
+    /// No status.
+    #[error("dedup record {pk} without `status`")]
+    NoStatus {
+        /// The record's key.
+        pk: String,
+    },
+    /// A status this version does not know.
+    #[error("dedup record {pk} has unknown status {status:?}")]
+    UnknownStatus {
+        /// The record's key.
+        pk: String,
+        /// What it has.
+        status: String,
+    },
+    /// A stored result that is not JSON.
+    #[error("dedup record {pk}: result is not JSON: {source}")]
+    ResultNotJson {
+        /// The record's key.
+        pk: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads a dedup record from a DynamoDB item.
+pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, RecordError> {
+    let str_of = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num_of = |k: &str| -> Option<i64> {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+    };
+    let pk = str_of(KEY_ATTRIBUTE).ok_or(RecordError::NoKey)?;
+    let Some(status_s) = str_of("status") else {
+        return Err(RecordError::NoStatus { pk });
+    };
+    let Some(status) = Status::parse(&status_s) else {
+        return Err(RecordError::UnknownStatus {
+            pk,
+            status: status_s,
+        });
+    };
+    let result = if let Some(text) = str_of("result") {
+        match serde_json::from_str(&text) {
+            Ok(value) => Some(StoredResult::Value(value)),
+            Err(source) => return Err(RecordError::ResultNotJson { pk, source }),
+        }
+    } else {
+        str_of("result_sha256").map(|sha256| StoredResult::Digest {
+            sha256,
+            bytes: num_of("result_bytes")
+                .and_then(|b| u64::try_from(b).ok())
+                .unwrap_or(0),
+        })
+    };
+    Ok(Record {
+        status,
+        owner: str_of("owner"),
+        lease_until_ms: num_of("lease_until").unwrap_or(0),
+        expires_at_s: num_of(TTL_ATTRIBUTE).unwrap_or(i64::MAX),
+        attempts: num_of("attempts")
+            .and_then(|a| u32::try_from(a).ok())
+            .unwrap_or(0),
+        payload_sha256: str_of("payload_sha256"),
+        result,
+        message_id: str_of("message_id"),
+        claimed_at_ms: num_of("claimed_at"),
+        completed_at_ms: num_of("completed_at"),
+        error: str_of("error"),
+        pk,
+    })
+}
