@@ -9,7 +9,7 @@ use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName,
+    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
 };
 use tracing::error;
 
@@ -90,6 +90,25 @@ pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
         msg = msg.with_received_attribute(name, value.data_type, value.string_value, binary);
     }
     Some(msg)
+}
+
+/// A per-message delay as SQS takes it: whole seconds, rounded up (a
+/// part-second delay must not become 0), at most 900.
+fn delay_secs(delay: Duration) -> i32 {
+    let secs = delay.as_millis().div_ceil(1000).min(900);
+    i32::try_from(secs).unwrap_or(900)
+}
+
+/// The `AWSTraceHeader` system attribute of a send.
+fn trace_header(
+    header: String,
+) -> HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue> {
+    let value = MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header)
+        .build()
+        .expect("data type set");
+    HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])
 }
 
 /// An attribute as the SDK sends it.
@@ -243,6 +262,8 @@ impl QueueClient for Client {
             .set_message_attributes(Some(attributes))
             .set_message_group_id(message.group_id)
             .set_message_deduplication_id(message.deduplication_id)
+            .set_delay_seconds(message.delay.map(delay_secs))
+            .set_message_system_attributes(message.trace_header.map(trace_header))
             .send()
             .await
             .map(|_| ())
