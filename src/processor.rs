@@ -221,16 +221,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     /// Processes one message.
-    pub async fn process_with(&self, mut message: Message, opts: ProcessOptions<'_>) -> Outcome {
+    pub async fn process_with(&self, message: Message, opts: ProcessOptions<'_>) -> Outcome {
         let span = crate::trace::message_span(&message, &self.config.consumer);
         let outcome = async {
-            if let Some(payloads) = &self.payloads
-                && let Err(outcome) = payloads
-                    .resolve(&mut message, &self.config, &*self.store)
-                    .await
-            {
-                return outcome;
-            }
+            // The message is kept invisible from here on, a large payload's
+            // download included.
+            let lease = lease_within(self.config.lease, opts.deadline);
+            let visible = LocalEnd::visibility(&opts, self.config.margin_for(lease));
+            let mut message = match self.resolve_payload(message, &opts, &visible).await {
+                Ok(message) => message,
+                Err(outcome) => return outcome,
+            };
             self.count_unverified(&message);
             let key = match self.config.dedup_key(&message) {
                 Ok(key) => key,
@@ -256,10 +257,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
-                self.run_fast(&message, &opts).await
+                self.run_fast(&message, &opts, &visible).await
             } else {
                 span.record("sqs_once.path", "claim");
-                self.run_claimed(&message, &opts).await
+                self.run_claimed(&message, &opts, &visible).await
             }
         }
         .instrument(span.clone())
@@ -267,6 +268,40 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         crate::trace::record_outcome(&span, &outcome);
         self.metrics.outcome(&outcome);
         outcome
+    }
+
+    /// The message with a large payload's pointer replaced by the payload
+    /// (see [`crate::payloads`]); what cannot be read is the outcome. The
+    /// download runs under the same visibility keeping as a handler: the
+    /// message is extended while it lasts, so a slow download does not let
+    /// SQS hand it to another consumer, and it stops (the message not run)
+    /// when its visibility could not be kept, or when the runtime stops.
+    async fn resolve_payload(
+        &self,
+        message: Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Result<Message, Outcome> {
+        let Some(payloads) = &self.payloads else {
+            return Ok(message);
+        };
+        let resolved = tokio::select! {
+            biased;
+            r = payloads.resolve(&message, &self.config, &*self.store) => r,
+            () = visible.passed() => {
+                error!("the message's visibility could not be kept during its large payload's download: not run");
+                Err(Outcome::Retry {
+                    after: Duration::ZERO,
+                    reason: "visibility could not be kept during the large payload's download".into(),
+                })
+            }
+            () = stopped(opts) => Err(Outcome::Retry {
+                after: Duration::ZERO,
+                reason: "interrupted by shutdown during the large payload's download".into(),
+            }),
+            () = self.keep_visible(&message, opts, visible) => unreachable!("never returns"),
+        };
+        Ok(resolved?.unwrap_or(message))
     }
 
     async fn run_unprotected(&self, message: &Message) -> Outcome {
@@ -291,7 +326,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// The fast path: run the handler without a claim, then commit the
     /// `COMPLETED` record and the staged writes in one transaction (or find the
     /// key done and write nothing).
-    async fn run_fast(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
+    async fn run_fast(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
         let ctx = Context::new(
             &self.config.consumer,
@@ -307,12 +347,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // condition makes a late finish harmless (a copy run meanwhile is a
         // duplicate at its commit), and finishing records the effect even
         // where SQS is out of reach, so the redelivery is a cheap duplicate.
-        let visible = LocalEnd::visibility(opts, self.config.margin_for(self.config.lease));
-        bound(&ctx, opts, &[&visible]);
+        bound(&ctx, opts, &[visible]);
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
-            () = self.keep_visible(message, opts, &visible) => unreachable!("never returns"),
+            () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted before its commit");
@@ -588,7 +627,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// The claim path: claim the key, run the handler only while the lease
     /// holds (extended by the heartbeat), then complete, release or mark failed.
-    async fn run_claimed(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
+    async fn run_claimed(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
         let lease = lease_within(self.config.lease, opts.deadline);
         if lease < Duration::from_secs(1) {
@@ -597,7 +641,6 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 reason: "too little time left to start".into(),
             };
         }
-        let visible = LocalEnd::visibility(opts, self.config.margin_for(lease));
         if visible.passed_already() {
             return visibility_lost_before_claim();
         }
@@ -610,7 +653,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 Ok(attempt) => break (sent, attempt),
                 Err(Outcome::InFlight { retry_after }) => {
                     if let Some(left) = self
-                        .wait_for_holder(message, opts, &visible, retry_after, lease)
+                        .wait_for_holder(message, opts, visible, retry_after, lease)
                         .await
                     {
                         return Outcome::InFlight { retry_after: left };
@@ -639,11 +682,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message,
             self.config.max_result_bytes,
         );
-        bound(&ctx, opts, &[&local, &visible]);
+        bound(&ctx, opts, &[&local, visible]);
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
-            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible: &visible }) => {
+            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
                 return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
             }
             () = local.passed() => {
