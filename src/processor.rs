@@ -116,6 +116,11 @@ pub struct ProcessOptions<'a> {
     /// visibility cap counts from the receive, so the extensions stop in time
     /// for it. `None`: counted from the start of processing.
     pub received_at: Option<Instant>,
+    /// A copy of a key in flight elsewhere waits for its holder until this
+    /// instant at the latest, then comes back as [`Outcome::InFlight`]
+    /// (Lambda: the margin before the invocation's deadline, which leaves
+    /// the runtime time to send the copy again). `None`: until `stop`.
+    pub wait_until: Option<Instant>,
 }
 
 /// Takes messages through the claim protocol around a handler.
@@ -644,24 +649,14 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if visible.passed_already() {
             return visibility_lost_before_claim();
         }
-        let req = self.claim_request(message, key, lease);
-        let (sent, attempt) = loop {
-            // The lease is counted from before the claim was sent: the store
-            // sets `lease_until` from a clock read no earlier than this.
-            let sent = Instant::now();
-            match self.claim(message, &req).await {
-                Ok(attempt) => break (sent, attempt),
-                Err(Outcome::InFlight { retry_after }) => {
-                    if let Some(left) = self
-                        .wait_for_holder(message, opts, visible, retry_after, lease)
-                        .await
-                    {
-                        return Outcome::InFlight { retry_after: left };
-                    }
-                }
-                Err(outcome) => return outcome,
-            }
+        let mut req = self.claim_request(message, key, lease);
+        let (sent, attempt) = match self.claim_or_wait(message, opts, visible, &mut req).await {
+            Ok(claimed) => claimed,
+            Err(outcome) => return outcome,
         };
+        // A wait for a holder shortened the time to the deadline: the lease
+        // the claim took.
+        let lease = req.lease;
         tracing::Span::current().record("sqs_once.attempt", attempt);
         let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
         if local.remaining() < lease / 2 || visible.passed_already() {
@@ -705,6 +700,46 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         self.finish_claimed(message, &req, &ctx, handled).await
     }
 
+    /// Claims the key, waiting for another attempt that holds it (see
+    /// [`Self::wait_for_holder`]): when the claim was sent and the attempt
+    /// number, or the outcome when it was not acquired. Each claim after a
+    /// wait asks for a lease cut again to end by the deadline, which the
+    /// wait brought closer (Lambda), so that it never outlives the
+    /// invocation.
+    async fn claim_or_wait(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        req: &mut ClaimRequest,
+    ) -> Result<(Instant, u32), Outcome> {
+        loop {
+            // The lease is counted from before the claim was sent: the store
+            // sets `lease_until` from a clock read no earlier than this.
+            let sent = Instant::now();
+            match self.claim(message, req).await {
+                Ok(attempt) => return Ok((sent, attempt)),
+                Err(Outcome::InFlight { retry_after }) => {
+                    let holder_end = Instant::now() + retry_after;
+                    if let Some(left) = self
+                        .wait_for_holder(message, opts, visible, retry_after, req.lease)
+                        .await
+                    {
+                        return Err(Outcome::InFlight { retry_after: left });
+                    }
+                    req.lease = lease_within(self.config.lease, opts.deadline);
+                    if req.lease < Duration::from_secs(1) {
+                        let left = holder_end.saturating_duration_since(Instant::now());
+                        return Err(Outcome::InFlight {
+                            retry_after: left.max(Duration::from_secs(1)),
+                        });
+                    }
+                }
+                Err(outcome) => return Err(outcome),
+            }
+        }
+    }
+
     /// A copy of a key another attempt holds waits for it here, its message
     /// kept invisible, instead of coming back at the holder's lease end:
     /// the holder's heartbeat keeps moving that end, so a copy bounced each
@@ -715,8 +750,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// again (a duplicate once the holder completed; acquired if it
     /// failed). `None`: try the claim again. `Some(left)`: stop waiting
     /// (no way to keep the message invisible, its visibility could not be
-    /// kept, or the runtime stops: shutdown, a Lambda deadline), and come
-    /// back after `left`, when the holder's lease ends.
+    /// kept, the runtime stops at shutdown, or `wait_until` passed: a
+    /// Lambda invocation's margin before its deadline, where the runtime
+    /// sends the copy again), and come back after `left`, when the
+    /// holder's lease ends.
     async fn wait_for_holder(
         &self,
         message: &Message,
@@ -741,10 +778,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             ?retry_after,
             "in flight elsewhere: waiting for that attempt, the message kept invisible"
         );
+        let wait_until = async {
+            match opts.wait_until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             () = stopped(opts) => Some(left()),
             () = visible.passed() => Some(left()),
+            () = wait_until => Some(left()),
             () = tokio::time::sleep(step) => None,
             () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
         }
