@@ -561,7 +561,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// record is then done with (Lambda deletes it). Listed instead, it
     /// would spend a receive per invocation, and a holder that outlasts
     /// `maxReceiveCount` invocations would push a copy whose key completes
-    /// into the DLQ (issue 27). False where a copy would not keep its key
+    /// into the DLQ. False where a copy would not keep its key
     /// ([`copy_to_send_again`]: FIFO, `message-id` or `dedup-id` keys
     /// without a carry secret) or the send failed: the record is then
     /// listed, back at the holder's lease end, as before. A crash between

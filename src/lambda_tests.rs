@@ -140,7 +140,7 @@ fn adapter<H: Handler>(
     LambdaAdapter::new(queue.clone(), processor, config)
 }
 
-/// Issue 27, part 2, in Lambda: a producer's re-send of a key whose first
+/// In Lambda: a producer's re-send of a key whose first
 /// delivery runs 200 s, processed by a function with a 25 s timeout and a
 /// queue whose `maxReceiveCount` is 2. The copy waited for the holder
 /// within each invocation and was then listed, back at the holder's lease
@@ -294,7 +294,7 @@ fn a_copy_sent_again_keeps_its_dedup_key_or_is_not_made() {
     }
 }
 
-/// Issue 27, part 3, in Lambda: a large payload's download ran before
+/// In Lambda: a large payload's download ran before
 /// anything kept the record invisible, so one slower than the queue's
 /// visibility timeout let SQS hand the record to another consumer while
 /// this one went on with it. The download is now covered by the heartbeat.

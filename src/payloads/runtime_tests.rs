@@ -279,7 +279,7 @@ async fn lambda_deletes_the_messages_with_objects_itself_then_their_objects() {
     );
 }
 
-/// Issue 27, part 3: a large payload's download ran before the heartbeat,
+/// A large payload's download ran before the heartbeat,
 /// so a download slower than the visibility a receive set (the lease) let
 /// SQS hand the message to another poller while this one went on with it
 /// (and, its visibility gone, this one then left it unclaimed). The

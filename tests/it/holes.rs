@@ -836,7 +836,7 @@ async fn lambda_invocation<H: Handler>(
     Some((counts, failed))
 }
 
-/// Issue 27, part 2, in Lambda: a re-send of a key whose first delivery
+/// In Lambda: a re-send of a key whose first delivery
 /// runs 20 s, while the function's timeout is 8 s and the queue's
 /// `maxReceiveCount` 2. The copy, found in flight, waited within its
 /// invocation and was then listed, back at the holder's lease end: a
