@@ -9,12 +9,12 @@ use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName,
+    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
 };
 use tracing::error;
 
 use crate::Message;
-use crate::protocol::limits::visibility_secs;
+use crate::protocol::limits::{SQS_MAX_DELAY, visibility_secs};
 use crate::protocol::message::{Attribute, AttributeValue};
 use crate::protocol::queue::{
     EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
@@ -90,6 +90,24 @@ pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
         msg = msg.with_received_attribute(name, value.data_type, value.string_value, binary);
     }
     Some(msg)
+}
+
+/// A per-message delay as SQS takes it: whole seconds, rounded up (a
+/// part-second delay must not become 0), at most [`SQS_MAX_DELAY`].
+fn delay_secs(delay: Duration) -> i32 {
+    visibility_secs(delay.min(SQS_MAX_DELAY))
+}
+
+/// The `AWSTraceHeader` system attribute of a send.
+fn trace_header(
+    header: String,
+) -> HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue> {
+    let value = MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header)
+        .build()
+        .expect("data type set");
+    HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])
 }
 
 /// An attribute as the SDK sends it.
@@ -243,6 +261,8 @@ impl QueueClient for Client {
             .set_message_attributes(Some(attributes))
             .set_message_group_id(message.group_id)
             .set_message_deduplication_id(message.deduplication_id)
+            .set_delay_seconds(message.delay.map(delay_secs))
+            .set_message_system_attributes(message.trace_header.map(trace_header))
             .send()
             .await
             .map(|_| ())

@@ -23,8 +23,9 @@
 //! - `visibility-not-kept`: a handler runs on after its message's visibility
 //!   could not be kept (SQS may deliver it to another consumer meanwhile).
 //! - `bounce-in-flight`: a copy of a key in flight elsewhere comes back at
-//!   the holder's lease end instead of waiting for it, spending a receive
-//!   per lease (the poller's unit tests).
+//!   the holder's lease end instead of waiting for it (and, in Lambda,
+//!   instead of being sent again as a new message), spending a receive per
+//!   lease (the poller's and the Lambda runtime's unit tests).
 //! - `conditional-as-transient`: `DynamoStore` misses a failed condition on
 //!   the dedup record (`ConditionalCheckFailedException`, or a cancelled
 //!   transaction's first reason) and classifies it as a transient error, so

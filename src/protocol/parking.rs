@@ -112,6 +112,7 @@ impl<Q: QueueClient> Dlq<Q> {
             attributes: copy.attributes,
             group_id: fifo.then(|| message.group_id().unwrap_or("sqs-once-parked").to_owned()),
             deduplication_id: fifo.then(|| message.id().to_owned()),
+            ..OutgoingMessage::default()
         };
         self.queue
             .send(&self.url, outgoing)

@@ -60,6 +60,11 @@ pub struct ProcessOptions<'a> {
     /// visibility cap counts from the receive, so the extensions stop in time
     /// for it. `None`: counted from the start of processing.
     pub received_at: Option<Instant>,
+    /// A copy of a key in flight elsewhere waits for its holder until this
+    /// instant at the latest, then comes back as [`Outcome::InFlight`]
+    /// (Lambda: the margin before the invocation's deadline, which leaves
+    /// the runtime time to send the copy again). `None`: until `stop`.
+    pub wait_until: Option<Instant>,
 }
 
 /// Takes messages through the claim protocol around a handler.
@@ -165,16 +170,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     /// Processes one message.
-    pub async fn process_with(&self, mut message: Message, opts: ProcessOptions<'_>) -> Outcome {
+    pub async fn process_with(&self, message: Message, opts: ProcessOptions<'_>) -> Outcome {
         let span = crate::protocol::trace::message_span(&message, &self.config.consumer);
         let outcome = async {
-            if let Some(payloads) = &self.payloads
-                && let Err(outcome) = payloads
-                    .resolve(&mut message, &self.config, &*self.store)
-                    .await
-            {
-                return outcome;
-            }
+            // The message is kept invisible from here on, a large payload's
+            // download included.
+            let lease = lease_within(self.config.lease, opts.deadline);
+            let visible = LocalEnd::visibility(&opts, self.config.margin_for(lease));
+            let mut message = match self.resolve_payload(message, &opts, &visible).await {
+                Ok(message) => message,
+                Err(outcome) => return outcome,
+            };
             self.count_unverified(&message);
             let key = match self.config.dedup_key(&message) {
                 Ok(key) => key,
@@ -200,10 +206,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
-                self.run_fast(&message, &opts).await
+                self.run_fast(&message, &opts, &visible).await
             } else {
                 span.record("sqs_once.path", "claim");
-                self.run_claimed(&message, &opts).await
+                self.run_claimed(&message, &opts, &visible).await
             }
         }
         .instrument(span.clone())
@@ -211,6 +217,40 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         crate::protocol::trace::record_outcome(&span, &outcome);
         self.metrics.outcome(&outcome);
         outcome
+    }
+
+    /// The message with a large payload's pointer replaced by the payload
+    /// (see [`crate::protocol::payloads`]); what cannot be read is the outcome. The
+    /// download runs under the same visibility keeping as a handler: the
+    /// message is extended while it lasts, so a slow download does not let
+    /// SQS hand it to another consumer, and it stops (the message not run)
+    /// when its visibility could not be kept, or when the runtime stops.
+    async fn resolve_payload(
+        &self,
+        message: Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Result<Message, Outcome> {
+        let Some(payloads) = &self.payloads else {
+            return Ok(message);
+        };
+        let resolved = tokio::select! {
+            biased;
+            r = payloads.resolve(&message, &self.config, &*self.store) => r,
+            () = visible.passed() => {
+                error!("the message's visibility could not be kept during its large payload's download: not run");
+                Err(Outcome::Retry {
+                    after: Duration::ZERO,
+                    reason: "visibility could not be kept during the large payload's download".into(),
+                })
+            }
+            () = stopped(opts) => Err(Outcome::Retry {
+                after: Duration::ZERO,
+                reason: "interrupted by shutdown during the large payload's download".into(),
+            }),
+            () = self.keep_visible(&message, opts, visible) => unreachable!("never returns"),
+        };
+        Ok(resolved?.unwrap_or(message))
     }
 
     async fn run_unprotected(&self, message: &Message) -> Outcome {
@@ -235,7 +275,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// The fast path: run the handler without a claim, then commit the
     /// `COMPLETED` record and the staged writes in one transaction (or find the
     /// key done and write nothing).
-    async fn run_fast(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
+    async fn run_fast(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
         let ctx = Context::new(
             &self.config.consumer,
@@ -251,12 +296,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // condition makes a late finish harmless (a copy run meanwhile is a
         // duplicate at its commit), and finishing records the effect even
         // where SQS is out of reach, so the redelivery is a cheap duplicate.
-        let visible = LocalEnd::visibility(opts, self.config.margin_for(self.config.lease));
-        bound(&ctx, opts, &[&visible]);
+        bound(&ctx, opts, &[visible]);
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
-            () = self.keep_visible(message, opts, &visible) => unreachable!("never returns"),
+            () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted before its commit");
@@ -532,7 +576,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// The claim path: claim the key, run the handler only while the lease
     /// holds (extended by the heartbeat), then complete, release or mark failed.
-    async fn run_claimed(&self, message: &Message, opts: &ProcessOptions<'_>) -> Outcome {
+    async fn run_claimed(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
         let lease = lease_within(self.config.lease, opts.deadline);
         if lease < Duration::from_secs(1) {
@@ -541,28 +590,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 reason: "too little time left to start".into(),
             };
         }
-        let visible = LocalEnd::visibility(opts, self.config.margin_for(lease));
         if visible.passed_already() {
             return visibility_lost_before_claim();
         }
-        let req = self.claim_request(message, key, lease);
-        let (sent, attempt) = loop {
-            // The lease is counted from before the claim was sent: the store
-            // sets `lease_until` from a clock read no earlier than this.
-            let sent = Instant::now();
-            match self.claim(message, &req).await {
-                Ok(attempt) => break (sent, attempt),
-                Err(Outcome::InFlight { retry_after }) => {
-                    if let Some(left) = self
-                        .wait_for_holder(message, opts, &visible, retry_after, lease)
-                        .await
-                    {
-                        return Outcome::InFlight { retry_after: left };
-                    }
-                }
-                Err(outcome) => return outcome,
-            }
+        let mut req = self.claim_request(message, key, lease);
+        let (sent, attempt) = match self.claim_or_wait(message, opts, visible, &mut req).await {
+            Ok(claimed) => claimed,
+            Err(outcome) => return outcome,
         };
+        // A wait for a holder shortened the time to the deadline: the lease
+        // the claim took.
+        let lease = req.lease;
         tracing::Span::current().record("sqs_once.attempt", attempt);
         let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
         if local.remaining() < lease / 2 || visible.passed_already() {
@@ -583,11 +621,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message,
             self.config.max_result_bytes,
         );
-        bound(&ctx, opts, &[&local, &visible]);
+        bound(&ctx, opts, &[&local, visible]);
         let handled = tokio::select! {
             biased;
             r = self.call_handler(message, &ctx) => r,
-            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible: &visible }) => {
+            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
                 return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
             }
             () = local.passed() => {
@@ -606,6 +644,46 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         self.finish_claimed(message, &req, &ctx, handled).await
     }
 
+    /// Claims the key, waiting for another attempt that holds it (see
+    /// [`Self::wait_for_holder`]): when the claim was sent and the attempt
+    /// number, or the outcome when it was not acquired. Each claim after a
+    /// wait asks for a lease cut again to end by the deadline, which the
+    /// wait brought closer (Lambda), so that it never outlives the
+    /// invocation.
+    async fn claim_or_wait(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        req: &mut ClaimRequest,
+    ) -> Result<(Instant, u32), Outcome> {
+        loop {
+            // The lease is counted from before the claim was sent: the store
+            // sets `lease_until` from a clock read no earlier than this.
+            let sent = Instant::now();
+            match self.claim(message, req).await {
+                Ok(attempt) => return Ok((sent, attempt)),
+                Err(Outcome::InFlight { retry_after }) => {
+                    let holder_end = Instant::now() + retry_after;
+                    if let Some(left) = self
+                        .wait_for_holder(message, opts, visible, retry_after, req.lease)
+                        .await
+                    {
+                        return Err(Outcome::InFlight { retry_after: left });
+                    }
+                    req.lease = lease_within(self.config.lease, opts.deadline);
+                    if req.lease < Duration::from_secs(1) {
+                        let left = holder_end.saturating_duration_since(Instant::now());
+                        return Err(Outcome::InFlight {
+                            retry_after: left.max(Duration::from_secs(1)),
+                        });
+                    }
+                }
+                Err(outcome) => return Err(outcome),
+            }
+        }
+    }
+
     /// A copy of a key another attempt holds waits for it here, its message
     /// kept invisible, instead of coming back at the holder's lease end:
     /// the holder's heartbeat keeps moving that end, so a copy bounced each
@@ -616,8 +694,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// again (a duplicate once the holder completed; acquired if it
     /// failed). `None`: try the claim again. `Some(left)`: stop waiting
     /// (no way to keep the message invisible, its visibility could not be
-    /// kept, or the runtime stops: shutdown, a Lambda deadline), and come
-    /// back after `left`, when the holder's lease ends.
+    /// kept, the runtime stops at shutdown, or `wait_until` passed: a
+    /// Lambda invocation's margin before its deadline, where the runtime
+    /// sends the copy again), and come back after `left`, when the
+    /// holder's lease ends.
     async fn wait_for_holder(
         &self,
         message: &Message,
@@ -642,10 +722,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             ?retry_after,
             "in flight elsewhere: waiting for that attempt, the message kept invisible"
         );
+        let wait_until = async {
+            match opts.wait_until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             () = stopped(opts) => Some(left()),
             () = visible.passed() => Some(left()),
+            () = wait_until => Some(left()),
             () = tokio::time::sleep(step) => None,
             () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
         }

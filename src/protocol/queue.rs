@@ -48,6 +48,13 @@ pub struct OutgoingMessage {
     /// FIFO queues: the deduplication id (sends with the same id within five
     /// minutes are accepted but delivered once).
     pub deduplication_id: Option<String>,
+    /// Standard queues: how long the message stays hidden after the send
+    /// (`DelaySeconds`, whole seconds rounded up, at most 15 minutes);
+    /// `None`: the queue's own delay.
+    pub delay: Option<Duration>,
+    /// The `AWSTraceHeader` system attribute (a producer's X-Ray trace
+    /// header), kept on a message sent again in its stead.
+    pub trace_header: Option<String>,
 }
 
 /// The attributes of a queue the runtimes read (`None` when not answered).

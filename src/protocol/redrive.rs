@@ -89,6 +89,7 @@ pub fn copy_for_source(
             None
         },
         deduplication_id: fifo.then(|| format!("redrive-{}", m.id())),
+        ..OutgoingMessage::default()
     };
     (copy, carries)
 }

@@ -11,7 +11,7 @@
 //! | permanent failure parked in the DLQ with its reason | no |
 //! | permanent failure that could not be parked (no DLQ URL, send failed) | yes |
 //! | retryable failure, panic, claim or store failure | yes, visible again after the backoff |
-//! | in flight in another consumer | yes, visible again when that lease ends (or the backoff) |
+//! | in flight in another consumer | waits within the invocation; then, on a standard queue, no: sent again as a new message (same dedup key) that comes back when that lease ends; FIFO (or no carry secret under `message-id` keys): yes, visible again when that lease ends |
 //! | not started: too little time left, or after a failure in its FIFO group | yes |
 //! | malformed record (not an SQS message) | yes |
 //!
@@ -29,6 +29,18 @@
 //! visibility timeout (the event source mapping requires a queue visibility
 //! timeout of at least the function timeout; the SAM template uses six times),
 //! and every record still unfinished at the deadline is listed.
+//!
+//! # A key in flight elsewhere
+//! A record whose key another attempt holds waits for it within the
+//! invocation, kept invisible, until the margin before the deadline. Listed
+//! then, it would spend a receive per invocation while the holder runs, and
+//! reach the DLQ after `maxReceiveCount` invocations though its key
+//! completes. So on a standard queue it is sent again (`SendMessage`, its
+//! body, attributes and trace header, delayed to the holder's lease end,
+//! at most 15 minutes; under `message-id` and `dedup-id` keys with the key
+//! sealed in `sqs_once_dedup_key`) and answered as done. Where the copy
+//! could not keep its key or place (FIFO, those keys without a carry
+//! secret) or the send fails, it is listed as before.
 //!
 //! # Deadline
 //! The claim lease never outlives the invocation: it and every heartbeat
@@ -55,12 +67,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, warn};
 
+use crate::protocol::limits::{SQS_MAX_ATTRIBUTES, SQS_MAX_DELAY};
 use crate::protocol::payloads::{LargePayloads, S3Pointer};
 use crate::protocol::processor::{ProcessOptions, VisibilityExtender};
 use crate::protocol::queue::QueueClient;
 use crate::protocol::store::DedupStore;
 use crate::runtime::{QueueVisibility, Settled, Settler, lanes, retry_later};
-use crate::{Handler, Message, Processor};
+use crate::{Handler, Message, Outcome, Processor};
 
 /// Settings of the Lambda runtime.
 #[derive(Debug, Clone)]
@@ -514,9 +527,17 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     // extension on (see docs/DESIGN.md, "Visibility").
                     invisible_until: None,
                     received_at: None,
+                    // Time left to send a copy of a key in flight again.
+                    wait_until: budget.deadline.checked_sub(budget.margin),
                 },
             )
             .await;
+        if let (Outcome::InFlight { retry_after }, Some(queue)) = (&outcome, queue)
+            && self.send_again(queue, message, *retry_after).await
+        {
+            self.delete_redelivery(queue, message).await;
+            return Disposition::Done;
+        }
         let config = inner.processor.config();
         match inner
             .settler
@@ -538,6 +559,49 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             }
             Settled::Parked => Disposition::Done,
             Settled::Again(after) => Disposition::Again { after: Some(after) },
+        }
+    }
+
+    /// A record whose key is still in flight elsewhere when it can wait no
+    /// longer in this invocation: sent again as a new message that comes
+    /// back `after` (when the holder's lease ends, at most 15 minutes), to
+    /// be processed under the same dedup key; true when it was sent, and the
+    /// record is then done with (Lambda deletes it). Listed instead, it
+    /// would spend a receive per invocation, and a holder that outlasts
+    /// `maxReceiveCount` invocations would push a copy whose key completes
+    /// into the DLQ. False where a copy would not keep its key
+    /// ([`copy_to_send_again`]: FIFO, `message-id` or `dedup-id` keys
+    /// without a carry secret) or the send failed: the record is then
+    /// listed, back at the holder's lease end, as before. A crash between
+    /// the send and Lambda's delete leaves two copies of one key: one
+    /// applies, the other is a duplicate. (The `bounce-in-flight` mutant
+    /// never sends.)
+    async fn send_again(&self, queue: &str, message: &Message, after: Duration) -> bool {
+        if crate::protocol::mutants::active("bounce-in-flight") {
+            return false;
+        }
+        let config = self.inner.processor.config();
+        let Some(copy) = copy_to_send_again(message, queue, config, after) else {
+            info!(
+                message_id = message.id(),
+                "in flight elsewhere: comes back when that lease ends, spending a receive (a copy sent again would not keep its dedup key: a FIFO queue, or message-id/dedup-id keys without SQS_ONCE_CARRY_SECRET)"
+            );
+            return false;
+        };
+        let delay = copy.delay;
+        match self.inner.queue.send(queue, copy).await {
+            Ok(()) => {
+                info!(
+                    message_id = message.id(),
+                    ?delay,
+                    "in flight elsewhere past this invocation: sent again as a new message under the same dedup key, back when that lease ends; this delivery is done"
+                );
+                true
+            }
+            Err(e) => {
+                warn!(message_id = message.id(), error = %e, "could not send a copy of a key in flight again; it comes back when that lease ends, spending a receive");
+                false
+            }
         }
     }
 
@@ -737,6 +801,53 @@ async fn delete_messages<Q: QueueClient>(
         .collect()
 }
 
+/// The message to send in place of `message`, a record of the standard
+/// queue `queue` whose key is in flight elsewhere, to come back `after` (cut
+/// to SQS's 15-minute delay): its body, every message attribute as received
+/// and its `AWSTraceHeader`, so that a key read from the body or an
+/// attribute (`json:`, `attribute:`, `body-sha256`) is read again, and the
+/// producer's trace goes on. Under `message-id` and `dedup-id` keys the
+/// copy has a new id: the key goes with it sealed in `sqs_once_dedup_key`
+/// ([`crate::protocol::key::carry_key`]), which needs the carry secret. `None` where
+/// the copy would not keep its place or its key: a FIFO queue (a copy
+/// would join the end of its group, and per-message delays are refused),
+/// those key sources without a carry secret or with 10 attributes already,
+/// no key.
+fn copy_to_send_again(
+    message: &Message,
+    queue: &str,
+    config: &crate::ProcessorConfig,
+    after: Duration,
+) -> Option<crate::protocol::queue::OutgoingMessage> {
+    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, KeySource, carry_key};
+    if crate::protocol::queue::is_fifo(queue) || message.group_id().is_some() {
+        return None;
+    }
+    let mut attributes = message.attributes().clone();
+    if matches!(
+        config.key_source,
+        KeySource::MessageId | KeySource::DeduplicationId
+    ) {
+        let secret = config.carry_secret.as_ref()?;
+        let key = config.dedup_key(message).ok()?;
+        let sealed = carry_key(secret, message.body(), &key);
+        attributes.insert(
+            DEDUP_KEY_ATTRIBUTE.to_owned(),
+            crate::protocol::message::Attribute::string(sealed),
+        );
+        if attributes.len() > SQS_MAX_ATTRIBUTES {
+            return None;
+        }
+    }
+    Some(crate::protocol::queue::OutgoingMessage {
+        body: message.body().to_owned(),
+        attributes,
+        delay: Some(after.min(SQS_MAX_DELAY)),
+        trace_header: message.aws_trace_header().map(str::to_owned),
+        ..Default::default()
+    })
+}
+
 /// Converts an event record (its id already read).
 fn to_message(id: &str, m: SqsMessage) -> Message {
     let mut msg = Message::new(id, m.body.unwrap_or_default());
@@ -788,6 +899,10 @@ pub async fn run<S: DedupStore, H: Handler, Q: QueueClient>(
     ))
     .await
 }
+
+#[cfg(test)]
+#[path = "lambda_tests.rs"]
+mod queue_tests;
 
 #[cfg(test)]
 mod tests {

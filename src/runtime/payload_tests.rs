@@ -279,3 +279,68 @@ async fn lambda_deletes_the_messages_with_objects_itself_then_their_objects() {
         "off: Lambda deletes the batch, the function nothing: {log:?}"
     );
 }
+
+/// A large payload's download ran before the heartbeat,
+/// so a download slower than the visibility a receive set (the lease) let
+/// SQS hand the message to another poller while this one went on with it
+/// (and, its visibility gone, this one then left it unclaimed). The
+/// download is now covered by the heartbeat: the message is received once,
+/// read once and applied once.
+#[tokio::test(start_paused = true)]
+async fn a_download_slower_than_the_visibility_keeps_the_message_from_other_pollers() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use crate::protocol::clock::TokioClock;
+    use crate::testkit::queue::{MemoryQueue, QueueSettings};
+    let queue = MemoryQueue::new();
+    let url = queue.create_queue(QueueSettings::new("slow")).unwrap();
+    let objects = MemoryPayloads::default();
+    objects.put("b", "k1", r#"{"id":"e1"}"#);
+    objects.slow_gets(Duration::from_secs(45));
+    let pointer = OutgoingMessage {
+        body: format!(r#"["{POINTER_CLASS}",{{"s3BucketName":"b","s3Key":"k1"}}]"#),
+        attributes: [(SIZE_ATTRIBUTE.to_owned(), crate::Attribute::string("11"))].into(),
+        ..OutgoingMessage::default()
+    };
+    queue.send(&url, pointer).await.unwrap();
+    let effects = Arc::new(AtomicU32::new(0));
+    let handler = handler_fn({
+        let effects = effects.clone();
+        move |_m: Message, _ctx| {
+            let effects = effects.clone();
+            async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            }
+        }
+    });
+    let mut config = crate::ProcessorConfig::new("slow");
+    config.key_source = "json:/id".parse().unwrap();
+    config.lease = Duration::from_secs(10);
+    config.heartbeat = Duration::from_secs(4);
+    let clock = Arc::new(TokioClock::starting_at(SystemTime::UNIX_EPOCH));
+    let processor = Processor::new(MemoryStore::new(clock.clone()), handler, config)
+        .unwrap()
+        .with_clock(clock)
+        .with_large_payloads(LargePayloads::new(objects.clone()));
+    let mut config = PollerConfig::new(&url);
+    config.exit_when_idle = Some(Duration::from_secs(60));
+    let pollers = [0, 1].map(|_| {
+        let run = crate::runtime::poller::run(
+            queue.clone(),
+            processor.clone(),
+            config.clone(),
+            CancellationToken::new(),
+        );
+        tokio::spawn(run)
+    });
+    let mut stats = Vec::new();
+    for p in pollers {
+        stats.push(p.await.unwrap());
+    }
+    let received: u64 = stats.iter().map(|s| s.received).sum();
+    assert_eq!(received, 1, "received again elsewhere: {stats:?}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    assert_eq!(objects.gets(), 1);
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0);
+}

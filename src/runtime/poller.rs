@@ -232,6 +232,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                     stop: Some(self.stop.clone()),
                     invisible_until: Some(held.invisible_until),
                     received_at: Some(held.received_at),
+                    // A copy of a key in flight waits until the drain
+                    // deadline (`stop`) at the latest.
+                    wait_until: None,
                 },
             )
             .await;

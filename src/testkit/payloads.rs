@@ -15,6 +15,8 @@ struct State {
     deletes: Vec<S3Pointer>,
     /// The next `GetObject` calls fail with these kinds, first to last.
     get_failures: Vec<PayloadErrorKind>,
+    /// How long every `GetObject` takes.
+    get_time: std::time::Duration,
 }
 
 /// Objects in memory. Cheap to clone: clones share the objects.
@@ -57,6 +59,12 @@ impl MemoryPayloads {
     pub fn fail_next_get(&self, kind: PayloadErrorKind) {
         self.state().get_failures.push(kind);
     }
+
+    /// Makes every `GetObject` take `time` (on tokio's clock) before it
+    /// answers: a slow download.
+    pub fn slow_gets(&self, time: std::time::Duration) {
+        self.state().get_time = time;
+    }
 }
 
 impl PayloadStore for MemoryPayloads {
@@ -66,6 +74,10 @@ impl PayloadStore for MemoryPayloads {
         max_bytes: usize,
     ) -> BoxFuture<'a, Result<Vec<u8>, PayloadError>> {
         Box::pin(async move {
+            let time = self.state().get_time;
+            if !time.is_zero() {
+                tokio::time::sleep(time).await;
+            }
             let mut s = self.state();
             s.gets += 1;
             if !s.get_failures.is_empty() {

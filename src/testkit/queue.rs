@@ -1269,8 +1269,10 @@ impl QueueClient for MemoryQueue {
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
-        self.send_with(queue, message, SendOptions::default())
-            .map(|_| ())
+        let options = SendOptions {
+            delay: message.delay,
+        };
+        self.send_with(queue, message, options).map(|_| ())
     }
 
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {

@@ -5,6 +5,7 @@
 //! redelivered and a copy brought back), and shutdown.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -806,4 +807,169 @@ async fn a_copy_of_a_key_held_longer_than_max_receive_count_leases_stays_out_of_
     let duplicates: u64 = stats.iter().map(|s| s.duplicates).sum();
     let completed: u64 = stats.iter().map(|s| s.completed).sum();
     assert_eq!((completed, duplicates), (1, 1), "{stats:?}");
+}
+
+/// One invocation of `adapter` as Lambda's event source mapping makes it:
+/// up to ten messages of `url` received, the function invoked with
+/// `timeout`, the records it did not list deleted. The receive counts of the
+/// records and the ids listed; `None` when nothing came within a second.
+async fn lambda_invocation<H: Handler>(
+    sqs: &aws_sdk_sqs::Client,
+    adapter: &sqs_once::LambdaAdapter<DynamoStore, H>,
+    (url, arn): (&str, &str),
+    timeout: Duration,
+) -> Option<(Vec<u32>, Vec<String>)> {
+    let messages = sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    if messages.is_empty() {
+        return None;
+    }
+    let event = sqs_once_cli::local_lambda::sqs_event(arn, &messages);
+    let deadline = std::time::SystemTime::now() + timeout;
+    let failed: Vec<String> = match adapter.handle(event, deadline).await {
+        Ok(r) => r
+            .batch_item_failures
+            .into_iter()
+            .map(|f| f.item_identifier)
+            .collect(),
+        Err(sqs_once::lambda::EventError::WholeBatch(ids)) => ids,
+        Err(e) => panic!("{e}"),
+    };
+    let mut counts = Vec::new();
+    for m in &messages {
+        let count = m.attributes().unwrap()[&MessageSystemAttributeName::ApproximateReceiveCount]
+            .parse()
+            .unwrap();
+        counts.push(count);
+        if !failed.iter().any(|f| Some(f.as_str()) == m.message_id()) {
+            sqs.delete_message()
+                .queue_url(url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    Some((counts, failed))
+}
+
+/// In Lambda: a re-send of a key whose first delivery
+/// runs 20 s, while the function's timeout is 8 s and the queue's
+/// `maxReceiveCount` 2. The copy, found in flight, waited within its
+/// invocation and was then listed, back at the holder's lease end: a
+/// receive spent per invocation, and it reached the DLQ though its key
+/// completed. It is now sent again as a new message under the same key
+/// (`SendMessage` with a delay up to the holder's lease end) and answered as
+/// done, each copy received once, until the holder completes and the last
+/// copy is deleted as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_key_held_longer_than_max_receive_count_invocations_stays_out_of_the_dlq() {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&sqs, false, 30, 2).await;
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&q.queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    let (runs, effects) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (runs, effects, started) = (runs.clone(), effects.clone(), started.clone());
+        handler_fn(move |_m: Message, _ctx| {
+            let (runs, effects, started) = (runs.clone(), effects.clone(), started.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            }
+        })
+    };
+    let mut pc = ProcessorConfig::new("long-holder-lambda");
+    pc.key_source = "json:/id".parse().unwrap();
+    pc.lease = Duration::from_secs(4);
+    pc.heartbeat = Duration::from_secs(1);
+    let store = DynamoStore::new(ddb.clone(), dedup_table(&ddb).await);
+    let config = sqs_once::LambdaConfig {
+        queue_url: Some(q.queue_url.clone()),
+        dlq_url: Some(q.dlq_url.clone()),
+        margin: Duration::from_secs(2),
+        ..sqs_once::LambdaConfig::default()
+    };
+    let adapter = sqs_once::LambdaAdapter::new(
+        sqs.clone(),
+        Processor::new(store, handler, pc).unwrap(),
+        config,
+    );
+    let send = || {
+        sqs.send_message()
+            .queue_url(&q.queue_url)
+            .message_body(r#"{"id":"held"}"#)
+            .send()
+    };
+    send().await.unwrap();
+    // The holder: an invocation with time enough for its handler.
+    let holder = tokio::spawn({
+        let (sqs, adapter, url, arn) = (
+            sqs.clone(),
+            adapter.clone(),
+            q.queue_url.clone(),
+            arn.clone(),
+        );
+        async move {
+            loop {
+                let at = (url.as_str(), arn.as_str());
+                let timeout = Duration::from_secs(40);
+                if let Some(done) = lambda_invocation(&sqs, &adapter, at, timeout).await {
+                    return done;
+                }
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(20), started.notified())
+        .await
+        .expect("the holder starts");
+    send().await.unwrap();
+    let (mut copies, mut listed) = (Vec::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while !holder.is_finished() || depth(&sqs, &q.queue_url).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not settled: {copies:?}"
+        );
+        let at = (q.queue_url.as_str(), arn.as_str());
+        let invocation = lambda_invocation(&sqs, &adapter, at, Duration::from_secs(8)).await;
+        if let Some((counts, failed)) = invocation {
+            copies.extend(counts);
+            listed.extend(failed);
+        }
+    }
+    let (held, failed) = holder.await.unwrap();
+    assert_eq!((held, failed), (vec![1], vec![]));
+    assert_eq!(
+        depth(&sqs, &q.dlq_url).await,
+        0,
+        "the copy reached the DLQ: receive counts {copies:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran again");
+    assert!(listed.is_empty(), "listed: {listed:?}");
+    assert!(copies.iter().all(|n| *n == 1), "receive counts {copies:?}");
+    assert!(copies.len() >= 2, "never sent again: {copies:?}");
 }

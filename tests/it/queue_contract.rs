@@ -63,6 +63,7 @@ fn in_group(body: &str, group: &str, dedup: Option<&str>) -> OutgoingMessage {
         attributes: BTreeMap::new(),
         group_id: Some(group.to_owned()),
         deduplication_id: dedup.map(str::to_owned),
+        ..OutgoingMessage::default()
     }
 }
 
@@ -210,6 +211,24 @@ pub async fn a_delayed_message_is_hidden_until_its_delay_ends<F: Fixture>(f: &F)
     let (url, _) = f.queue(Spec::default()).await;
     let sent = Instant::now();
     f.send_delayed(&url, "later", Duration::from_secs(2)).await;
+    let early = q.receive(&url, req(10, 0, 30)).await.unwrap();
+    assert!(early.is_empty(), "delivered during its delay: {early:?}");
+    let got = receive_within(q, &url, 10, 30, Duration::from_secs(10)).await;
+    assert_eq!(bodies(&got), ["later"]);
+    assert!(sent.elapsed() >= Duration::from_secs(1), "too early");
+}
+
+/// The delay a client's send carries (a copy of a key in flight sent again
+/// by the Lambda runtime): a part-second delay rounds up, not down to none.
+pub async fn a_send_with_a_delay_is_hidden_until_it_ends<F: Fixture>(f: &F) {
+    let q = f.client();
+    let (url, _) = f.queue(Spec::default()).await;
+    let sent = Instant::now();
+    let later = OutgoingMessage {
+        delay: Some(Duration::from_millis(1500)),
+        ..plain("later")
+    };
+    q.send(&url, later).await.unwrap();
     let early = q.receive(&url, req(10, 0, 30)).await.unwrap();
     assert!(early.is_empty(), "delivered during its delay: {early:?}");
     let got = receive_within(q, &url, 10, 30, Duration::from_secs(10)).await;
@@ -410,6 +429,7 @@ macro_rules! queue_contract {
             a_visibility_change_needs_the_message_in_flight,
             a_long_poll_returns_as_soon_as_a_message_is_sent,
             a_delayed_message_is_hidden_until_its_delay_ends,
+            a_send_with_a_delay_is_hidden_until_it_ends,
             a_send_above_the_maximum_size_fails,
             a_message_received_max_receive_count_times_moves_to_the_dlq,
             a_batch_takes_at_most_ten_entries,

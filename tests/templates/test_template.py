@@ -128,11 +128,13 @@ class SamTemplate(unittest.TestCase):
             granted,
             {
                 "${LedgerLogGroup.Arn}": {"logs:CreateLogStream", "logs:PutLogEvents"},
+                # SendMessage: a copy of a key in flight sent again.
                 "Queue": {
                     "sqs:ReceiveMessage",
                     "sqs:DeleteMessage",
                     "sqs:GetQueueAttributes",
                     "sqs:ChangeMessageVisibility",
+                    "sqs:SendMessage",
                 },
                 # Parking reads the DLQ's MaximumMessageSize; start-up its retention.
                 "DeadLetterQueue": {"sqs:SendMessage", "sqs:GetQueueAttributes"},

@@ -323,6 +323,9 @@ impl SqsModel {
             attributes: attributes_of(request.get("MessageAttributes"))?,
             group_id: text(request, "MessageGroupId").map(str::to_owned),
             deduplication_id: text(request, "MessageDeduplicationId").map(str::to_owned),
+            // The delay is a send option of the model; the trace header is
+            // not modelled.
+            ..OutgoingMessage::default()
         };
         let options = SendOptions {
             delay: secs(request, "DelaySeconds"),

@@ -349,16 +349,17 @@ impl LargePayloads {
         futures::future::join_all(deletes).await;
     }
 
-    /// Replaces a pointer body by its payload (and drops the size attribute);
-    /// leaves an ordinary message as it is. What cannot be read is the outcome.
+    /// The message with its pointer body replaced by the payload (and
+    /// without the size attribute); `None` for an ordinary message. What
+    /// cannot be read is the outcome.
     pub(crate) async fn resolve<S: DedupStore>(
         &self,
-        message: &mut Message,
+        message: &Message,
         config: &ProcessorConfig,
         records: &S,
-    ) -> Result<(), Outcome> {
+    ) -> Result<Option<Message>, Outcome> {
         let Some(pointer) = S3Pointer::of(message) else {
-            return Ok(());
+            return Ok(None);
         };
         let pointer = pointer.map_err(|e| Outcome::Park {
             reason: format!("large payload: {e}"),
@@ -392,8 +393,11 @@ impl LargePayloads {
         };
         check_size(message, payload.len());
         info!(object = %pointer, bytes = payload.len(), "large payload read");
-        *message = with_body(message, payload, config.carry_secret.as_ref());
-        Ok(())
+        Ok(Some(with_body(
+            message,
+            payload,
+            config.carry_secret.as_ref(),
+        )))
     }
 }
 
