@@ -95,7 +95,33 @@ pub enum Outcome {
     },
 }
 
+/// An [`Outcome`]'s variant, without its data (for counting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutcomeKind {
+    /// [`Outcome::Completed`].
+    Completed,
+    /// [`Outcome::Duplicate`].
+    Duplicate,
+    /// [`Outcome::InFlight`].
+    InFlight,
+    /// [`Outcome::Retry`].
+    Retry,
+    /// [`Outcome::Park`].
+    Park,
+}
+
 impl Outcome {
+    /// The variant, without its data.
+    pub(crate) fn kind(&self) -> OutcomeKind {
+        match self {
+            Outcome::Completed { .. } => OutcomeKind::Completed,
+            Outcome::Duplicate { .. } => OutcomeKind::Duplicate,
+            Outcome::InFlight { .. } => OutcomeKind::InFlight,
+            Outcome::Retry { .. } => OutcomeKind::Retry,
+            Outcome::Park { .. } => OutcomeKind::Park,
+        }
+    }
+
     /// Whether the message is finished with (delete it; for `Park`, after the DLQ send).
     pub fn is_final(&self) -> bool {
         matches!(

@@ -67,13 +67,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, warn};
 
-use crate::protocol::limits::{SQS_MAX_ATTRIBUTES, SQS_MAX_DELAY};
 use crate::protocol::payloads::{LargePayloads, S3Pointer};
-use crate::protocol::processor::{ProcessOptions, VisibilityExtender};
+use crate::protocol::processor::ProcessOptions;
 use crate::protocol::queue::QueueClient;
 use crate::protocol::store::DedupStore;
-use crate::runtime::{QueueVisibility, Settled, Settler, lanes, retry_later};
-use crate::{Handler, Message, Outcome, Processor};
+use crate::runtime::{Delivery, Settled, Settler, hold_group, lanes, retry_later};
+use crate::{Handler, Message, Processor};
 
 /// Settings of the Lambda runtime.
 #[derive(Debug, Clone)]
@@ -161,15 +160,6 @@ struct Inner<S, H, Q> {
     retention_checked: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
-/// What happened to one record.
-enum Disposition {
-    /// Finished with: Lambda deletes it.
-    Done,
-    /// Listed as a failure; `after` is the delay already set on its visibility
-    /// (`None`: left as it was, e.g. not started).
-    Again { after: Option<Duration> },
-}
-
 /// One record of the event, parsed.
 struct Record {
     index: usize,
@@ -207,7 +197,8 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     pub fn new(queue: Q, processor: Processor<S, H>, config: LambdaConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                settler: Settler::new(queue.clone(), config.dlq_url.as_deref()),
+                settler: Settler::new(queue.clone(), config.dlq_url.as_deref())
+                    .sending_in_flight_again(),
                 queue,
                 processor,
                 config,
@@ -440,23 +431,34 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 let mut rest = lane.into_iter().peekable();
                 let mut hold = None;
                 while let Some(r) = rest.next() {
-                    let disposition = self.run_one(&r, budget, stop, finished).await;
-                    if let Disposition::Done = disposition {
+                    let settled = self.run_one(&r, budget, stop, finished).await;
+                    if settled.lets_go() {
                         done.lock().unwrap_or_else(|e| e.into_inner()).push(r.index);
+                        continue;
                     }
-                    if let Disposition::Again { after } = disposition {
-                        if fifo {
+                    if fifo {
+                        // Held only when the failure set a delay; else the
+                        // rest is left as received.
+                        if let (Settled::Again { after: Some(after) }, Ok((m, queue))) =
+                            (settled, &r.parsed)
+                        {
+                            let failed_at = Delivery {
+                                source: queue.as_deref(),
+                                message: m,
+                                received_at: budget.received_at,
+                            };
                             let more = rest.peek().is_some();
-                            hold = self.hold_group(&r, after, more, budget.received_at).await;
-                            failed.push((r.index, r.id));
-                            break;
+                            hold =
+                                Some(hold_group(&self.inner.queue, failed_at, after, more).await);
                         }
                         failed.push((r.index, r.id));
+                        break;
                     }
+                    failed.push((r.index, r.id));
                 }
                 // FIFO: after a failure the rest of the group is listed without
-                // running, coming back a second before the failed record (see
-                // `hold_group`).
+                // running, coming back a second before the failed record
+                // (`hold_group`, as in the poller).
                 for r in rest {
                     info!(message_id = %r.id, "not started: an earlier message of its group failed");
                     if let (Some(after), Ok((m, Some(queue)))) = (hold, &r.parsed) {
@@ -472,36 +474,21 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .await
     }
 
-    /// After a FIFO record failed with a delay (`after`): the delay for the
-    /// rest of its group ([`lanes::hold_behind`]), setting the failed
-    /// record's again where it must wait longer. `None` (the rest left as
-    /// received) when the failure set no delay.
-    async fn hold_group(
-        &self,
-        failed: &Record,
-        after: Option<Duration>,
-        more: bool,
-        received_at: Instant,
-    ) -> Option<Duration> {
-        let (again, rest) = lanes::hold_behind(after?, more);
-        if let (Some(again), Ok((m, Some(queue)))) = (again, &failed.parsed) {
-            retry_later(&self.inner.queue, queue, m, again, received_at).await;
-        }
-        Some(rest)
-    }
-
+    /// Runs one record through the shared step and acts on what became of
+    /// it: a finished record's large payload is noted for deletion, and a
+    /// redelivery let go is deleted at once ([`Self::delete_redelivery`]).
     async fn run_one(
         &self,
         record: &Record,
         budget: Budget,
         stop: &CancellationToken,
         finished: &Finished,
-    ) -> Disposition {
+    ) -> Settled {
         let (message, queue) = match &record.parsed {
             Ok(p) => p,
             Err(e) => {
                 error!(message_id = %record.id, error = %e, "record cannot be read; reported as failed");
-                return Disposition::Again { after: None };
+                return Settled::Again { after: None };
             }
         };
         let inner = &self.inner;
@@ -509,100 +496,39 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             || budget.deadline.saturating_duration_since(Instant::now()) <= budget.margin
         {
             warn!(message_id = %record.id, "too little time left in the invocation; not started");
-            return Disposition::Again { after: None };
+            return Settled::Again { after: None };
         }
-        let visibility = queue
-            .as_deref()
-            .map(|url| QueueVisibility::new(&inner.queue, url));
-        let outcome = inner
-            .processor
-            .process_with(
-                message.clone(),
-                ProcessOptions {
-                    visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
-                    deadline: Some(budget.deadline),
-                    stop: Some(stop.clone()),
-                    // When the event source mapping received the record is
-                    // not known: its visibility is kept from the first
-                    // extension on (see docs/DESIGN.md, "Visibility").
-                    invisible_until: None,
-                    received_at: None,
-                    // Time left to send a copy of a key in flight again.
-                    wait_until: budget.deadline.checked_sub(budget.margin),
-                },
-            )
-            .await;
-        if let (Outcome::InFlight { retry_after }, Some(queue)) = (&outcome, queue)
-            && self.send_again(queue, message, *retry_after).await
-        {
-            self.delete_redelivery(queue, message).await;
-            return Disposition::Done;
-        }
-        let config = inner.processor.config();
-        match inner
-            .settler
-            .settle(
-                config,
-                queue.as_deref(),
-                message,
-                budget.received_at,
-                outcome,
-            )
-            .await
-        {
-            Settled::Done => {
-                finished.note(inner.processor.large_payloads(), queue.as_deref(), message);
-                if let Some(queue) = queue {
-                    self.delete_redelivery(queue, message).await;
-                }
-                Disposition::Done
-            }
-            Settled::Parked => Disposition::Done,
-            Settled::Again(after) => Disposition::Again { after: Some(after) },
-        }
-    }
-
-    /// A record whose key is still in flight elsewhere when it can wait no
-    /// longer in this invocation: sent again as a new message that comes
-    /// back `after` (when the holder's lease ends, at most 15 minutes), to
-    /// be processed under the same dedup key; true when it was sent, and the
-    /// record is then done with (Lambda deletes it). Listed instead, it
-    /// would spend a receive per invocation, and a holder that outlasts
-    /// `maxReceiveCount` invocations would push a copy whose key completes
-    /// into the DLQ. False where a copy would not keep its key
-    /// ([`copy_to_send_again`]: FIFO, `message-id` or `dedup-id` keys
-    /// without a carry secret) or the send failed: the record is then
-    /// listed, back at the holder's lease end, as before. A crash between
-    /// the send and Lambda's delete leaves two copies of one key: one
-    /// applies, the other is a duplicate. (The `bounce-in-flight` mutant
-    /// never sends.)
-    async fn send_again(&self, queue: &str, message: &Message, after: Duration) -> bool {
-        if crate::protocol::mutants::active("bounce-in-flight") {
-            return false;
-        }
-        let config = self.inner.processor.config();
-        let Some(copy) = copy_to_send_again(message, queue, config, after) else {
-            info!(
-                message_id = message.id(),
-                "in flight elsewhere: comes back when that lease ends, spending a receive (a copy sent again would not keep its dedup key: a FIFO queue, or message-id/dedup-id keys without SQS_ONCE_CARRY_SECRET)"
-            );
-            return false;
+        let at = Delivery {
+            source: queue.as_deref(),
+            message,
+            received_at: budget.received_at,
         };
-        let delay = copy.delay;
-        match self.inner.queue.send(queue, copy).await {
-            Ok(()) => {
-                info!(
-                    message_id = message.id(),
-                    ?delay,
-                    "in flight elsewhere past this invocation: sent again as a new message under the same dedup key, back when that lease ends; this delivery is done"
-                );
-                true
-            }
-            Err(e) => {
-                warn!(message_id = message.id(), error = %e, "could not send a copy of a key in flight again; it comes back when that lease ends, spending a receive");
-                false
-            }
+        let options = ProcessOptions {
+            visibility: None,
+            deadline: Some(budget.deadline),
+            stop: Some(stop.clone()),
+            // When the event source mapping received the record is not
+            // known: its visibility is kept from the first extension on
+            // (see docs/DESIGN.md, "Visibility").
+            invisible_until: None,
+            received_at: None,
+            // Time left to send a copy of a key in flight again.
+            wait_until: budget.deadline.checked_sub(budget.margin),
+        };
+        let settled = inner
+            .settler
+            .process_and_settle(&inner.processor, at, options)
+            .await
+            .settled;
+        // A parked record's copy in the DLQ, and a copy sent again, point to
+        // its large payload: only a finished one's is deleted.
+        if settled == Settled::Done {
+            finished.note(inner.processor.large_payloads(), queue.as_deref(), message);
         }
+        if let (Settled::Done | Settled::SentAgain, Some(queue)) = (settled, queue) {
+            self.delete_redelivery(queue, message).await;
+        }
+        settled
     }
 
     /// Deletes a finished redelivery (receive count above one) at once
@@ -799,53 +725,6 @@ async fn delete_messages<Q: QueueClient>(
         .filter(|(i, _)| !failed.contains(i))
         .map(|(_, (_, object))| object.clone())
         .collect()
-}
-
-/// The message to send in place of `message`, a record of the standard
-/// queue `queue` whose key is in flight elsewhere, to come back `after` (cut
-/// to SQS's 15-minute delay): its body, every message attribute as received
-/// and its `AWSTraceHeader`, so that a key read from the body or an
-/// attribute (`json:`, `attribute:`, `body-sha256`) is read again, and the
-/// producer's trace goes on. Under `message-id` and `dedup-id` keys the
-/// copy has a new id: the key goes with it sealed in `sqs_once_dedup_key`
-/// ([`crate::protocol::key::carry_key`]), which needs the carry secret. `None` where
-/// the copy would not keep its place or its key: a FIFO queue (a copy
-/// would join the end of its group, and per-message delays are refused),
-/// those key sources without a carry secret or with 10 attributes already,
-/// no key.
-fn copy_to_send_again(
-    message: &Message,
-    queue: &str,
-    config: &crate::ProcessorConfig,
-    after: Duration,
-) -> Option<crate::protocol::queue::OutgoingMessage> {
-    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, KeySource, carry_key};
-    if crate::protocol::queue::is_fifo(queue) || message.group_id().is_some() {
-        return None;
-    }
-    let mut attributes = message.attributes().clone();
-    if matches!(
-        config.key_source,
-        KeySource::MessageId | KeySource::DeduplicationId
-    ) {
-        let secret = config.carry_secret.as_ref()?;
-        let key = config.dedup_key(message).ok()?;
-        let sealed = carry_key(secret, message.body(), &key);
-        attributes.insert(
-            DEDUP_KEY_ATTRIBUTE.to_owned(),
-            crate::protocol::message::Attribute::string(sealed),
-        );
-        if attributes.len() > SQS_MAX_ATTRIBUTES {
-            return None;
-        }
-    }
-    Some(crate::protocol::queue::OutgoingMessage {
-        body: message.body().to_owned(),
-        attributes,
-        delay: Some(after.min(SQS_MAX_DELAY)),
-        trace_header: message.aws_trace_header().map(str::to_owned),
-        ..Default::default()
-    })
 }
 
 /// Converts an event record (its id already read).

@@ -8,9 +8,10 @@ use super::*;
 use crate::protocol::clock::{Clock, TokioClock};
 use crate::protocol::payloads::{POINTER_CLASS, SIZE_ATTRIBUTE};
 use crate::protocol::queue::{OutgoingMessage, ReceiveRequest};
+use crate::runtime::settle::copy_to_send_again;
 use crate::testkit::payloads::MemoryPayloads;
 use crate::testkit::queue::{MemoryQueue, QueueSettings, RedrivePolicy};
-use crate::{HandlerError, MemoryStore, ProcessorConfig, handler_fn};
+use crate::{HandlerError, MemoryStore, Outcome, ProcessorConfig, handler_fn};
 
 /// The visibility timeout the event source mapping receives with.
 const VISIBILITY: Duration = Duration::from_secs(30);

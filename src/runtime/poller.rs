@@ -40,12 +40,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::protocol::limits::SQS_BATCH;
+use crate::protocol::outcome::OutcomeKind;
 use crate::protocol::payloads::{LargePayloads, S3Pointer};
 use crate::protocol::processor::ProcessOptions;
 use crate::protocol::queue::{QueueClient, QueueError, ReceiveRequest};
 use crate::protocol::store::DedupStore;
-use crate::runtime::{QueueVisibility, Settled, Settler, lanes};
-use crate::{Handler, Message, Outcome, Processor};
+use crate::runtime::{Delivery, Settled, Settler, hold_group, lanes};
+use crate::{Handler, Message, Processor};
 
 /// Settings of the long-polling runtime.
 #[derive(Debug, Clone)]
@@ -205,10 +206,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         f(&mut self.stats.lock().expect("stats lock"));
     }
 
-    /// Processes one message (`held` says since when and until when) and
-    /// acts on the outcome: `None` when it is finished with, else the delay
-    /// after which it comes back.
-    async fn handle(&self, message: Message, held: Held) -> Option<Duration> {
+    /// Runs one message (`held` says since when and until when) through the
+    /// shared step, counts what became of it, and hands a message let go to
+    /// the [`DeleteBatcher`].
+    async fn handle(&self, message: Message, held: Held) -> Settled {
         let url = self.config.queue_url.as_str();
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
@@ -221,37 +222,32 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             })
             .await;
         }
-        let visibility = QueueVisibility::new(&self.queue, url);
-        let outcome = self
-            .processor
-            .process_with(
-                message.clone(),
-                ProcessOptions {
-                    visibility: Some(&visibility),
-                    deadline: None,
-                    stop: Some(self.stop.clone()),
-                    invisible_until: Some(held.invisible_until),
-                    received_at: Some(held.received_at),
-                    // A copy of a key in flight waits until the drain
-                    // deadline (`stop`) at the latest.
-                    wait_until: None,
-                },
-            )
-            .await;
-        match &outcome {
-            Outcome::Completed { .. } => self.count(|s| s.completed += 1),
-            Outcome::Duplicate { .. } => self.count(|s| s.duplicates += 1),
-            Outcome::InFlight { .. } => self.count(|s| s.in_flight += 1),
-            Outcome::Retry { .. } => self.count(|s| s.retried += 1),
-            Outcome::Park { .. } => {}
-        }
-        let config = self.processor.config();
-        // A parked message keeps its payload: its copy in the DLQ points to it.
-        let payload = match self
+        let at = Delivery {
+            source: Some(url),
+            message: &message,
+            received_at: held.received_at,
+        };
+        let options = ProcessOptions {
+            visibility: None,
+            deadline: None,
+            stop: Some(self.stop.clone()),
+            invisible_until: Some(held.invisible_until),
+            received_at: Some(held.received_at),
+            wait_until: None,
+        };
+        let step = self
             .settler
-            .settle(config, Some(url), &message, held.received_at, outcome)
-            .await
-        {
+            .process_and_settle(&self.processor, at, options)
+            .await;
+        self.count(|s| match step.outcome {
+            OutcomeKind::Completed => s.completed += 1,
+            OutcomeKind::Duplicate => s.duplicates += 1,
+            OutcomeKind::InFlight => s.in_flight += 1,
+            OutcomeKind::Retry => s.retried += 1,
+            OutcomeKind::Park => {}
+        });
+        // A parked message keeps its payload: its copy in the DLQ points to it.
+        let payload = match step.settled {
             Settled::Done => self
                 .processor
                 .large_payloads()
@@ -260,25 +256,27 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 self.count(|s| s.parked += 1);
                 None
             }
-            Settled::Again(after) => return Some(after),
+            // (The poller waits for a key held elsewhere: never sent again.)
+            Settled::SentAgain => None,
+            Settled::Again { .. } => return step.settled,
         };
         // Known to stay invisible until the later of the lane's and the
         // handler's last extension (the lane keeper's of a running message
         // is not counted: an earlier end only sends its delete sooner).
-        let invisible_until = visibility
-            .extended_until()
+        let invisible_until = step
+            .invisible_until
             .map_or(held.invisible_until, |e| e.max(held.invisible_until));
         self.to_delete(Finished {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
             invisible_until,
-            retry_until: visibility
-                .extended_at_most()
+            retry_until: step
+                .invisible_at_most
                 .map_or(held.invisible_at_most, |e| e.max(held.invisible_at_most))
                 .max(invisible_until),
         })
         .await;
-        None
+        step.settled
     }
 
     /// Hands a finished message to the [`DeleteBatcher`]. While
@@ -507,18 +505,17 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 invisible_until,
                 invisible_at_most: self.answered_at + self.shared.processor.config().lease,
             };
-            let failed = self.shared.handle(m, held).await;
+            let settled = self.shared.handle(m, held).await;
             self.waiting.lock().await.running = None;
             permits.pop();
-            if let (Some(delay), Some(first)) = (failed, first) {
+            if let (Settled::Again { after: Some(after) }, Some(first)) = (settled, first) {
                 let more = !self.waiting.lock().await.messages.is_empty();
-                let (again, rest) = lanes::hold_behind(delay, more);
-                if let Some(again) = again {
-                    self.shared
-                        .retry_later(&first, again, self.received_at)
-                        .await;
-                }
-                rest_after = rest;
+                let failed = Delivery {
+                    source: Some(self.shared.config.queue_url.as_str()),
+                    message: &first,
+                    received_at: self.received_at,
+                };
+                rest_after = hold_group(&self.shared.queue, failed, after, more).await;
                 break;
             }
         }

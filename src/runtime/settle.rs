@@ -1,0 +1,308 @@
+//! The step both runtimes take for each message they start
+//! ([`Settler::process_and_settle`]): processed with its visibility kept,
+//! and its [`Outcome`] turned into what happens to the message ([`Settled`]:
+//! done, parked, sent again, or back after a delay). And the FIFO hold
+//! ([`hold_group`]): what the rest of a group does after a failure.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::lanes;
+use super::visibility::{QueueVisibility, retry_later, within_visibility_cap};
+use crate::protocol::limits::{SQS_MAX_ATTRIBUTES, SQS_MAX_DELAY};
+use crate::protocol::outcome::OutcomeKind;
+use crate::protocol::parking::Dlq;
+use crate::protocol::processor::{ProcessOptions, VisibilityExtender};
+use crate::protocol::queue::{OutgoingMessage, QueueClient};
+use crate::{DedupStore, Handler, Message, Outcome, Processor, ProcessorConfig};
+
+/// What became of a message once its outcome was acted on: the one answer
+/// both runtimes act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Finished with (completed now or before): let it go, and its large
+    /// payload with it.
+    Done,
+    /// Its copy is in the DLQ with the reason: let it go (its large payload
+    /// stays: the copy points to it).
+    Parked,
+    /// Its key is held elsewhere past what this runtime can wait: sent again
+    /// as a new message under the same dedup key (Lambda, see
+    /// [`Settler::sending_in_flight_again`]); let this delivery go, its large
+    /// payload kept for the copy.
+    SentAgain,
+    /// Not finished: it comes back after `after` (set on its visibility when
+    /// the source queue is known, cut to SQS's 12 hours from the receive),
+    /// or, `None`, when its visibility ends as received (not started, or
+    /// unreadable).
+    Again {
+        /// The delay set, if any.
+        after: Option<Duration>,
+    },
+}
+
+impl Settled {
+    /// Whether the message is let go: the poller deletes it, Lambda leaves
+    /// it out of the batch's failures.
+    pub(crate) fn lets_go(self) -> bool {
+        !matches!(self, Settled::Again { .. })
+    }
+}
+
+/// One message's step: what processing decided, what became of the message,
+/// and until when the handler's visibility extensions keep it invisible.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settlement {
+    /// What processing decided.
+    pub(crate) outcome: OutcomeKind,
+    /// What became of the message.
+    pub(crate) settled: Settled,
+    /// The last extension's end counted from when it was sent (`None`
+    /// without one).
+    pub(crate) invisible_until: Option<Instant>,
+    /// The last extension's end counted from when it was answered: the
+    /// latest the message may stay invisible.
+    pub(crate) invisible_at_most: Option<Instant>,
+}
+
+/// A message as received: from where (`None` when the source queue is not
+/// known: delays are then not set) and at or after when (delays end by
+/// SQS's 12 hours from the receive).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivery<'a> {
+    /// The source queue's URL.
+    pub(crate) source: Option<&'a str>,
+    /// The message.
+    pub(crate) message: &'a Message,
+    /// When it was received, by this host's clock (at the latest).
+    pub(crate) received_at: Instant,
+}
+
+/// Acts on outcomes: retries later, parks, sends again, or lets go.
+#[derive(Debug)]
+pub(crate) struct Settler<Q> {
+    pub(crate) queue: Q,
+    dlq: Option<Dlq<Q>>,
+    send_in_flight_again: bool,
+}
+
+impl<Q: QueueClient> Settler<Q> {
+    /// A settler parking in `dlq_url`, if any.
+    pub(crate) fn new(queue: Q, dlq_url: Option<&str>) -> Self {
+        Self {
+            dlq: dlq_url.map(|url| Dlq::new(queue.clone(), url)),
+            queue,
+            send_in_flight_again: false,
+        }
+    }
+
+    /// A settler that sends a message whose key is held elsewhere again as
+    /// a new message under the same key ([`Settled::SentAgain`]) where it can,
+    /// instead of letting it come back: for a runtime that cannot hold a
+    /// message until the holder finishes (Lambda: an invocation ends; the
+    /// poller waits instead, invisible).
+    pub(crate) fn sending_in_flight_again(mut self) -> Self {
+        self.send_in_flight_again = true;
+        self
+    }
+
+    /// The step: processes the message with `options`, its visibility kept
+    /// on its source queue, and settles the outcome.
+    pub(crate) async fn process_and_settle<S: DedupStore, H: Handler>(
+        &self,
+        processor: &Processor<S, H>,
+        at: Delivery<'_>,
+        options: ProcessOptions<'_>,
+    ) -> Settlement {
+        let visibility = at.source.map(|url| QueueVisibility::new(&self.queue, url));
+        let options = ProcessOptions {
+            visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
+            ..options
+        };
+        let outcome = processor.process_with(at.message.clone(), options).await;
+        let kind = outcome.kind();
+        let settled = self.settle(processor.config(), at, outcome).await;
+        Settlement {
+            outcome: kind,
+            settled,
+            invisible_until: visibility
+                .as_ref()
+                .and_then(QueueVisibility::extended_until),
+            invisible_at_most: visibility
+                .as_ref()
+                .and_then(QueueVisibility::extended_at_most),
+        }
+    }
+
+    /// Acts on `outcome` for the message received as `at` says.
+    pub(crate) async fn settle(
+        &self,
+        config: &ProcessorConfig,
+        at: Delivery<'_>,
+        outcome: Outcome,
+    ) -> Settled {
+        match outcome {
+            Outcome::Completed { .. } | Outcome::Duplicate { .. } => Settled::Done,
+            Outcome::InFlight { retry_after } => {
+                if let Some(source) = at.source
+                    && self.send_in_flight_again
+                    && self
+                        .send_again(config, source, at.message, retry_after)
+                        .await
+                {
+                    return Settled::SentAgain;
+                }
+                self.again(&at, retry_after).await
+            }
+            Outcome::Retry { after, reason } => {
+                info!(message_id = at.message.id(), %reason, ?after, "will retry");
+                self.again(&at, after).await
+            }
+            Outcome::Park { reason } => self.park(config, &at, &reason).await,
+        }
+    }
+
+    async fn again(&self, at: &Delivery<'_>, after: Duration) -> Settled {
+        let after = match at.source {
+            Some(url) => retry_later(&self.queue, url, at.message, after, at.received_at).await,
+            None => within_visibility_cap(after, at.received_at),
+        };
+        Settled::Again { after: Some(after) }
+    }
+
+    /// Sends the message with its reason to the DLQ. Without a DLQ, or when
+    /// the send fails, the message comes back (and, failing again, ends in the
+    /// DLQ by the queue's redrive policy).
+    async fn park(&self, config: &ProcessorConfig, at: &Delivery<'_>, reason: &str) -> Settled {
+        let message = at.message;
+        let Some(dlq) = &self.dlq else {
+            error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: it comes back until the queue's redrive policy parks it");
+            return self.again(at, config.backoff_max).await;
+        };
+        let key = config.dedup_key(message).ok();
+        let secret = config.carry_secret.as_ref();
+        match dlq.park(message, reason, key.as_deref(), secret).await {
+            Ok(()) => {
+                warn!(message_id = message.id(), %reason, dlq = dlq.url(), "parked in the DLQ");
+                Settled::Parked
+            }
+            Err(e) => {
+                error!(message_id = message.id(), error = %e, "could not park the message; it comes back");
+                let delay = config.backoff(message.receive_count());
+                self.again(at, delay).await
+            }
+        }
+    }
+
+    /// A message whose key is still in flight elsewhere when it can wait no
+    /// longer here: sent again as a new message that comes back `after`
+    /// (when the holder's lease ends, at most 15 minutes), to be processed
+    /// under the same dedup key; true when it was sent. Let come back
+    /// instead, it would spend a receive each time, and a holder that
+    /// outlasts `maxReceiveCount` of them would push a copy whose key
+    /// completes into the DLQ. False where a copy would not keep its key
+    /// ([`copy_to_send_again`]: FIFO, `message-id` or `dedup-id` keys
+    /// without a carry secret) or the send failed: the message then comes
+    /// back at the holder's lease end, as before. A crash between the send
+    /// and the delete leaves two copies of one key: one applies, the other
+    /// is a duplicate. (The `bounce-in-flight` mutant never sends.)
+    async fn send_again(
+        &self,
+        config: &ProcessorConfig,
+        queue: &str,
+        message: &Message,
+        after: Duration,
+    ) -> bool {
+        if crate::protocol::mutants::active("bounce-in-flight") {
+            return false;
+        }
+        let Some(copy) = copy_to_send_again(message, queue, config, after) else {
+            info!(
+                message_id = message.id(),
+                "in flight elsewhere: comes back when that lease ends, spending a receive (a copy sent again would not keep its dedup key: a FIFO queue, or message-id/dedup-id keys without SQS_ONCE_CARRY_SECRET)"
+            );
+            return false;
+        };
+        let delay = copy.delay;
+        match self.queue.send(queue, copy).await {
+            Ok(()) => {
+                info!(
+                    message_id = message.id(),
+                    ?delay,
+                    "in flight elsewhere past this invocation: sent again as a new message under the same dedup key, back when that lease ends; this delivery is done"
+                );
+                true
+            }
+            Err(e) => {
+                warn!(message_id = message.id(), error = %e, "could not send a copy of a key in flight again; it comes back when that lease ends, spending a receive");
+                false
+            }
+        }
+    }
+}
+
+/// After a FIFO message failed with a delay `after` while `more` of its
+/// group wait behind it: sets the failed message's delay again where it must
+/// wait longer ([`lanes::hold_behind`]), and answers the delay for the rest
+/// of the group. Both runtimes hold a group this way.
+pub(crate) async fn hold_group<Q: QueueClient>(
+    queue: &Q,
+    failed: Delivery<'_>,
+    after: Duration,
+    more: bool,
+) -> Duration {
+    let (again, rest) = lanes::hold_behind(after, more);
+    if let (Some(again), Some(url)) = (again, failed.source) {
+        retry_later(queue, url, failed.message, again, failed.received_at).await;
+    }
+    rest
+}
+
+/// The message to send in place of `message`, a record of the standard
+/// queue `queue` whose key is in flight elsewhere, to come back `after` (cut
+/// to SQS's 15-minute delay): its body, every message attribute as received
+/// and its `AWSTraceHeader`, so that a key read from the body or an
+/// attribute (`json:`, `attribute:`, `body-sha256`) is read again, and the
+/// producer's trace goes on. Under `message-id` and `dedup-id` keys the
+/// copy has a new id: the key goes with it sealed in `sqs_once_dedup_key`
+/// ([`crate::protocol::key::carry_key`]), which needs the carry secret. `None` where
+/// the copy would not keep its place or its key: a FIFO queue (a copy
+/// would join the end of its group, and per-message delays are refused),
+/// those key sources without a carry secret or with 10 attributes already,
+/// no key.
+pub(crate) fn copy_to_send_again(
+    message: &Message,
+    queue: &str,
+    config: &ProcessorConfig,
+    after: Duration,
+) -> Option<OutgoingMessage> {
+    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, KeySource, carry_key};
+    if crate::protocol::queue::is_fifo(queue) || message.group_id().is_some() {
+        return None;
+    }
+    let mut attributes = message.attributes().clone();
+    if matches!(
+        config.key_source,
+        KeySource::MessageId | KeySource::DeduplicationId
+    ) {
+        let secret = config.carry_secret.as_ref()?;
+        let key = config.dedup_key(message).ok()?;
+        let sealed = carry_key(secret, message.body(), &key);
+        attributes.insert(
+            DEDUP_KEY_ATTRIBUTE.to_owned(),
+            crate::protocol::message::Attribute::string(sealed),
+        );
+        if attributes.len() > SQS_MAX_ATTRIBUTES {
+            return None;
+        }
+    }
+    Some(OutgoingMessage {
+        body: message.body().to_owned(),
+        attributes,
+        delay: Some(after.min(SQS_MAX_DELAY)),
+        trace_header: message.aws_trace_header().map(str::to_owned),
+        ..Default::default()
+    })
+}

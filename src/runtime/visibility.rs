@@ -1,0 +1,248 @@
+//! Keeping a message invisible through the queue: the handler's extensions
+//! ([`QueueVisibility`]), a retry delay cut to SQS's 12 hours from the
+//! receive ([`retry_later`]), and a lane's waiting messages ([`extend_many`]).
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::Message;
+use crate::protocol::limits::SQS_MAX_VISIBILITY;
+use crate::protocol::processor::VisibilityExtender;
+use crate::protocol::queue::{QueueClient, QueueError};
+
+/// Extends visibility with the message's receipt handle on one queue.
+pub(crate) struct QueueVisibility<'a, Q> {
+    pub(crate) queue: &'a Q,
+    pub(crate) url: &'a str,
+    /// Until when the last successful extension keeps the message invisible
+    /// (sent at an instant, plus its timeout), by this host's clock.
+    pub(crate) extended_until: std::sync::Mutex<Option<Instant>>,
+    /// Until when, at the latest, the last successful extension may keep
+    /// the message invisible (answered at an instant, plus its timeout).
+    pub(crate) extended_at_most: std::sync::Mutex<Option<Instant>>,
+}
+
+impl<'a, Q> QueueVisibility<'a, Q> {
+    pub(crate) fn new(queue: &'a Q, url: &'a str) -> Self {
+        Self {
+            queue,
+            url,
+            extended_until: std::sync::Mutex::new(None),
+            extended_at_most: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Until when the last successful extension keeps the message invisible.
+    pub(crate) fn extended_until(&self) -> Option<Instant> {
+        *self
+            .extended_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+    /// Until when, at the latest, the last successful extension may keep
+    /// the message invisible.
+    pub(crate) fn extended_at_most(&self) -> Option<Instant> {
+        *self
+            .extended_at_most
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
+    fn extend<'a>(
+        &'a self,
+        message: &'a Message,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), QueueError>> {
+        Box::pin(async move {
+            let Some(receipt) = message.receipt_handle() else {
+                return Err(QueueError::new(
+                    "ChangeMessageVisibility",
+                    self.url,
+                    format!("message {} has no receipt handle", message.id()),
+                    false,
+                ));
+            };
+            // A transient failure is tried again at once, a few times: one lost
+            // extension would otherwise let the message reappear (and be
+            // received, counting towards the redrive policy's maxReceiveCount)
+            // before the next heartbeat.
+            let mut pause = Duration::from_millis(250);
+            let mut tries = 1;
+            loop {
+                let sent = Instant::now();
+                match self
+                    .queue
+                    .change_visibility(self.url, receipt, timeout)
+                    .await
+                {
+                    Ok(()) => {
+                        let until = sent + timeout;
+                        let mut known = self
+                            .extended_until
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        *known = Some(known.map_or(until, |k| k.max(until)));
+                        drop(known);
+                        let latest = Instant::now() + timeout;
+                        let mut most = self
+                            .extended_at_most
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        *most = Some(most.map_or(latest, |k| k.max(latest)));
+                        return Ok(());
+                    }
+                    Err(e) if e.is_transient() && tries < VISIBILITY_TRIES => {
+                        warn!(message_id = message.id(), error = %e, "visibility extension failed; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                        tries += 1;
+                    }
+                    done => return done,
+                }
+            }
+        })
+    }
+}
+
+/// Attempts of one visibility extension (transient failures only).
+const VISIBILITY_TRIES: u32 = 4;
+
+/// How long before the end of SQS's 12 hours from a message's receive a
+/// retry delay is made to end: room for the whole-second rounding of the
+/// visibility timeout and for the call's own time on the wire.
+pub(crate) const VISIBILITY_CAP_MARGIN: Duration = Duration::from_secs(60);
+
+/// `after`, cut so that the message is visible again by 12 hours after its
+/// receive (at or after `received_at`, by this host's clock), less
+/// [`VISIBILITY_CAP_MARGIN`]: SQS counts its 12-hour cap on a message's
+/// visibility from the receive, not from the call, and refuses a timeout
+/// beyond it (the message would then come back when its current visibility
+/// ends, a lease later, instead of after the delay).
+pub(crate) fn within_visibility_cap(after: Duration, received_at: Instant) -> Duration {
+    let last = received_at + SQS_MAX_VISIBILITY;
+    let left = last
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(VISIBILITY_CAP_MARGIN);
+    after.min(left)
+}
+
+/// Makes a message, received at or after `received_at`, visible again after
+/// `after`, cut to SQS's 12 hours from the receive
+/// ([`within_visibility_cap`]); returns the delay set. Best effort: on
+/// failure it returns when its current visibility timeout ends.
+pub(crate) async fn retry_later<Q: QueueClient>(
+    queue: &Q,
+    url: &str,
+    message: &Message,
+    after: Duration,
+    received_at: Instant,
+) -> Duration {
+    let after = within_visibility_cap(after, received_at);
+    let Some(receipt) = message.receipt_handle() else {
+        return after;
+    };
+    if let Err(e) = queue.change_visibility(url, receipt, after).await {
+        warn!(message_id = message.id(), error = %e, "could not set the retry delay; the message returns after its visibility timeout");
+    }
+    after
+}
+
+/// Sets the visibility timeout of several messages of one queue at once
+/// (10 per call, by receipt handle): keeps received messages that wait for
+/// their turn invisible. Failures are logged; those messages return when their
+/// current visibility ends. True when every one was extended.
+#[cfg(feature = "poller")]
+pub(crate) async fn extend_many<Q: QueueClient>(
+    queue: &Q,
+    url: &str,
+    receipts: &[String],
+    timeout: Duration,
+) -> bool {
+    let mut all = true;
+    for chunk in receipts.chunks(crate::protocol::limits::SQS_BATCH) {
+        match queue.change_visibility_batch(url, chunk, timeout).await {
+            Ok(failed) => {
+                for f in failed {
+                    all = false;
+                    warn!(code = f.code, message = ?f.message, "could not keep a waiting message invisible");
+                }
+            }
+            Err(e) => {
+                all = false;
+                warn!(error = %e, "could not keep waiting messages invisible");
+            }
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_ends_by_twelve_hours_after_the_receive_less_the_margin() {
+        let received_at = Instant::now();
+        let hour = Duration::from_secs(3600);
+        // Shorter delays are kept.
+        assert_eq!(within_visibility_cap(hour, received_at), hour);
+        tokio::time::advance(hour * 3).await;
+        let cap = hour * 9 - VISIBILITY_CAP_MARGIN;
+        assert_eq!(within_visibility_cap(hour * 12, received_at), cap);
+        assert_eq!(within_visibility_cap(hour * 5, received_at), hour * 5);
+        // Past the cap: visible again at once.
+        tokio::time::advance(hour * 9).await;
+        assert_eq!(within_visibility_cap(hour, received_at), Duration::ZERO);
+    }
+
+    /// On the in-memory SQS, which refuses a visibility beyond 12 hours from
+    /// the receive as SQS does: a 12-hour retry delay set 3 hours after the
+    /// receive is accepted (cut), and the message stays away until then.
+    #[tokio::test(start_paused = true)]
+    async fn a_long_retry_delay_late_in_a_receive_is_accepted_not_lost() {
+        use crate::protocol::queue::ReceiveRequest;
+        use crate::testkit::queue::{MemoryQueue, QueueSettings};
+        let q = MemoryQueue::new();
+        let url = q.create_queue(QueueSettings::new("cap")).unwrap();
+        q.send(
+            &url,
+            crate::protocol::queue::OutgoingMessage {
+                body: "m".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let request = ReceiveRequest {
+            max: 1,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(30),
+        };
+        let received_at = Instant::now();
+        let got = q.receive(&url, request).await.unwrap();
+        // The handler ran three hours (its visibility extended meanwhile).
+        for _ in 0..(3 * 3600 / 20) {
+            tokio::time::advance(Duration::from_secs(20)).await;
+            q.change_visibility(
+                &url,
+                got[0].receipt_handle().unwrap(),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+        }
+        let hour = Duration::from_secs(3600);
+        let set = retry_later(&q, &url, &got[0], hour * 12, received_at).await;
+        tokio::time::advance(hour * 8).await;
+        let again = q.receive(&url, request).await.unwrap();
+        assert!(again.is_empty(), "back after a lease, not after the delay");
+        tokio::time::advance(hour).await;
+        assert_eq!(q.receive(&url, request).await.unwrap().len(), 1);
+        assert_eq!(set, hour * 9 - VISIBILITY_CAP_MARGIN);
+    }
+}
