@@ -1,0 +1,408 @@
+//! The claim path: claim the key (or wait for its holder), run the handler
+//! under the heartbeat, then complete, release or mark failed.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::Message;
+use crate::protocol::handler::{Context, Handler, HandlerError};
+use crate::protocol::key::{record_key, sha256_hex};
+use crate::protocol::limits::SQS_MAX_VISIBILITY;
+use crate::protocol::outcome::{FailureKind, Outcome};
+use crate::protocol::store::{Claim, ClaimRequest, Completion, DedupStore, StoreError};
+
+use super::lease::*;
+use super::*;
+
+impl<S: DedupStore, H: Handler> Processor<S, H> {
+    pub(super) fn claim_request(
+        &self,
+        message: &Message,
+        key: &str,
+        lease: Duration,
+    ) -> ClaimRequest {
+        ClaimRequest {
+            pk: record_key(&self.config.consumer, key),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: message.id().to_owned(),
+            payload_sha256: sha256_hex(message.body().as_bytes()),
+            lease,
+            ttl: self.config.ttl,
+        }
+    }
+
+    /// The claim path: claim the key, run the handler only while the lease
+    /// holds (extended by the heartbeat), then complete, release or mark failed.
+    pub(super) async fn run_claimed(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Outcome {
+        let key = message.dedup_key().expect("set by process_with");
+        let lease = lease_within(self.config.lease, opts.deadline);
+        if lease < Duration::from_secs(1) {
+            return Outcome::Retry {
+                after: Duration::ZERO,
+                reason: "too little time left to start".into(),
+            };
+        }
+        if visible.passed_already() {
+            return visibility_lost_before_claim();
+        }
+        let mut req = self.claim_request(message, key, lease);
+        let (sent, attempt) = match self.claim_or_wait(message, opts, visible, &mut req).await {
+            Ok(claimed) => claimed,
+            Err(outcome) => return outcome,
+        };
+        // A wait for a holder shortened the time to the deadline: the lease
+        // the claim took.
+        let lease = req.lease;
+        tracing::Span::current().record("sqs_once.attempt", attempt);
+        let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
+        if local.remaining() < lease / 2 || visible.passed_already() {
+            // The claim's own retries used most of the lease: running now would
+            // leave the handler too little time before it must be interrupted.
+            warn!(remaining = ?local.remaining(), ?lease, "claim committed too late to be useful; released");
+            self.release(&req, "claim committed too late to be useful")
+                .await;
+            return Outcome::Retry {
+                after: self.config.backoff(message.receive_count()),
+                reason: "claim committed with too little of its lease left".into(),
+            };
+        }
+        let ctx = Context::new(
+            &self.config.consumer,
+            Some(key),
+            attempt,
+            message,
+            self.config.max_result_bytes,
+        );
+        bound(&ctx, opts, &[&local, visible]);
+        let handled = tokio::select! {
+            biased;
+            r = self.call_handler(message, &ctx) => r,
+            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
+                return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
+            }
+            () = local.passed() => {
+                return self.lease_ended(message, &req, &ctx, LeaseEnd::NotExtended).await;
+            }
+            () = visible.passed() => {
+                return self.lease_ended(message, &req, &ctx, LeaseEnd::VisibilityLost).await;
+            }
+            () = stopped(opts) => {
+                ctx.cancelled().cancel();
+                warn!("stopping: handler interrupted, claim released");
+                self.release(&req, "interrupted by shutdown").await;
+                return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
+            }
+        };
+        self.finish_claimed(message, &req, &ctx, handled).await
+    }
+
+    /// Claims the key, waiting for another attempt that holds it (see
+    /// [`Self::wait_for_holder`]): when the claim was sent and the attempt
+    /// number, or the outcome when it was not acquired. Each claim after a
+    /// wait asks for a lease cut again to end by the deadline, which the
+    /// wait brought closer (Lambda), so that it never outlives the
+    /// invocation.
+    pub(super) async fn claim_or_wait(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        req: &mut ClaimRequest,
+    ) -> Result<(Instant, u32), Outcome> {
+        loop {
+            // The lease is counted from before the claim was sent: the store
+            // sets `lease_until` from a clock read no earlier than this.
+            let sent = Instant::now();
+            match self.claim(message, req).await {
+                Ok(attempt) => return Ok((sent, attempt)),
+                Err(Outcome::InFlight { retry_after }) => {
+                    let holder_end = Instant::now() + retry_after;
+                    if let Some(left) = self
+                        .wait_for_holder(message, opts, visible, retry_after, req.lease)
+                        .await
+                    {
+                        return Err(Outcome::InFlight { retry_after: left });
+                    }
+                    req.lease = lease_within(self.config.lease, opts.deadline);
+                    if req.lease < Duration::from_secs(1) {
+                        let left = holder_end.saturating_duration_since(Instant::now());
+                        return Err(Outcome::InFlight {
+                            retry_after: left.max(Duration::from_secs(1)),
+                        });
+                    }
+                }
+                Err(outcome) => return Err(outcome),
+            }
+        }
+    }
+
+    /// A copy of a key another attempt holds waits for it here, its message
+    /// kept invisible, instead of coming back at the holder's lease end:
+    /// the holder's heartbeat keeps moving that end, so a copy bounced each
+    /// lease would spend a receive per lease, and one whose holder runs for
+    /// longer than `maxReceiveCount` leases would reach the DLQ though its
+    /// key completes. Waits until the holder's lease end or a
+    /// heartbeat interval, whichever is first, then the claim is tried
+    /// again (a duplicate once the holder completed; acquired if it
+    /// failed). `None`: try the claim again. `Some(left)`: stop waiting
+    /// (no way to keep the message invisible, its visibility could not be
+    /// kept, the runtime stops at shutdown, or `wait_until` passed: a
+    /// Lambda invocation's margin before its deadline, where the runtime
+    /// sends the copy again), and come back after `left`, when the
+    /// holder's lease ends.
+    pub(super) async fn wait_for_holder(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        retry_after: Duration,
+        lease: Duration,
+    ) -> Option<Duration> {
+        // (The `bounce-in-flight` mutant, for the simulator only, sends the
+        // copy back at once, as before.)
+        if opts.visibility.is_none() || crate::protocol::mutants::active("bounce-in-flight") {
+            return Some(retry_after);
+        }
+        let started = Instant::now();
+        let step = retry_after.min(self.config.beat_for(lease));
+        let left = || {
+            retry_after
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_secs(1))
+        };
+        info!(
+            ?retry_after,
+            "in flight elsewhere: waiting for that attempt, the message kept invisible"
+        );
+        let wait_until = async {
+            match opts.wait_until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = stopped(opts) => Some(left()),
+            () = visible.passed() => Some(left()),
+            () = wait_until => Some(left()),
+            () = tokio::time::sleep(step) => None,
+            () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
+        }
+    }
+
+    /// Claims the key: the attempt number, or the outcome when the claim
+    /// was not acquired (a duplicate, in flight elsewhere, parked before, or
+    /// the claim failed).
+    pub(super) async fn claim(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+    ) -> Result<u32, Outcome> {
+        match self.store.claim(req).await {
+            Ok(Claim::Acquired { attempt }) => Ok(attempt),
+            Ok(Claim::Duplicate {
+                result,
+                payload_matches,
+            }) => Err(self.duplicate(message, result, payload_matches)),
+            Ok(Claim::InFlight {
+                lease_until_ms,
+                payload_matches,
+            }) => Err(self.in_flight(lease_until_ms, payload_matches)),
+            Ok(Claim::Parked { reason }) => Err(already_parked(reason)),
+            Err(e) if e.is_permanent() => Err(Outcome::Park {
+                reason: format!("the dedup record cannot be written: {e}"),
+            }),
+            Err(e) => {
+                warn!(error = %e, "claim failed; the handler does not run without a claim");
+                Err(Outcome::Retry {
+                    after: self.config.backoff(message.receive_count()),
+                    reason: format!("claim failed: {e}"),
+                })
+            }
+        }
+    }
+
+    /// The handler was interrupted because its lease ended: taken over by
+    /// another consumer, or not extended in time (this host is cut off from
+    /// DynamoDB, or the maximum extension was reached). Its effect is not
+    /// recorded; the message comes back.
+    pub(super) async fn lease_ended(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        ctx: &Context,
+        why: LeaseEnd,
+    ) -> Outcome {
+        ctx.cancelled().cancel();
+        self.metrics.lease_lost();
+        let reason = match why {
+            LeaseEnd::TakenOver(found) => {
+                error!(pk = %req.pk, %found, "lease lost while the handler ran; handler interrupted, its effect not recorded");
+                "lease lost to another consumer while the handler ran".to_owned()
+            }
+            LeaseEnd::NotExtended => {
+                error!(pk = %req.pk, "the lease could not be extended in time; handler interrupted before it ran out, its effect not recorded");
+                // Best effort: if the record is still ours, the key is free at once.
+                self.release(req, "lease could not be extended; handler interrupted")
+                    .await;
+                "lease could not be extended in time; handler interrupted".to_owned()
+            }
+            LeaseEnd::VisibilityLost => {
+                error!(pk = %req.pk, "the message's visibility could not be kept: handler interrupted before SQS can deliver it again, its effect not recorded");
+                // Released before the message can reach another consumer,
+                // which then claims the key at once instead of bouncing on
+                // this lease (each bounce spends one of its receives).
+                self.release(req, "visibility could not be kept; handler interrupted")
+                    .await;
+                "visibility could not be kept; handler interrupted".to_owned()
+            }
+        };
+        Outcome::Retry {
+            after: self.config.backoff(message.receive_count()),
+            reason,
+        }
+    }
+
+    /// After the handler returned: complete (with the staged writes), or
+    /// release for a retry, or record `FAILED` and park.
+    pub(super) async fn finish_claimed(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        ctx: &Context,
+        handled: Result<Option<serde_json::Value>, HandlerError>,
+    ) -> Outcome {
+        let failure = match handled {
+            Ok(value) => {
+                let result = value.map(|v| self.bounded(&v));
+                let completion = Completion {
+                    pk: req.pk.clone(),
+                    owner: req.owner.clone(),
+                    result: result.clone(),
+                    ttl: self.config.ttl,
+                    writes: ctx.take_staged(),
+                };
+                match self.store.complete(completion).await {
+                    Ok(()) => return Outcome::Completed { result },
+                    Err(StoreError::WriteConditionFailed { index, kind }) => HandlerError::new(
+                        kind,
+                        format!("staged write #{index} failed its condition; nothing was written"),
+                    ),
+                    Err(e) if e.is_permanent() => HandlerError::permanent(e.to_string()),
+                    Err(e @ StoreError::LeaseLost { .. }) => {
+                        self.metrics.lease_lost();
+                        error!(error = %e, "complete failed the fencing check: lease lost; the effect was not recorded");
+                        return Outcome::Retry {
+                            after: self.config.backoff(message.receive_count()),
+                            reason: e.to_string(),
+                        };
+                    }
+                    Err(e) => {
+                        // Unknown after retries: release (best effort) and let the
+                        // redelivery find out whether it committed.
+                        self.release(req, &format!("complete failed: {e}")).await;
+                        return self.unrecorded_failure(message, e);
+                    }
+                }
+            }
+            Err(e) => e,
+        };
+        match failure_kind(&failure) {
+            FailureKind::Permanent => {
+                let reason = format!("handler failed permanently: {failure}");
+                self.mark_failed(message, req, reason).await
+            }
+            kind => {
+                self.release(req, &failure.to_string()).await;
+                Outcome::Retry {
+                    after: self.retry_delay(message, kind),
+                    reason: failure.to_string(),
+                }
+            }
+        }
+    }
+
+    /// Records `FAILED` (with the reason) on our claim, then parks. A message
+    /// is parked only once its failure is recorded, so a redelivery of it is
+    /// recognised; when the record cannot be written the message comes back
+    /// instead.
+    pub(super) async fn mark_failed(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        reason: String,
+    ) -> Outcome {
+        match self
+            .store
+            .mark_failed(&req.pk, &req.owner, &reason, self.config.ttl)
+            .await
+        {
+            Ok(()) => Outcome::Park { reason },
+            Err(e) => {
+                warn!(error = %e, %reason, "could not record FAILED; the message comes back instead of being parked");
+                if !matches!(e, StoreError::LeaseLost { .. }) {
+                    self.release(req, &reason).await;
+                }
+                Outcome::Retry {
+                    after: self.config.backoff(message.receive_count()),
+                    reason: format!("permanent failure not recorded ({e}): {reason}"),
+                }
+            }
+        }
+    }
+
+    pub(super) fn retry_delay(&self, message: &Message, kind: FailureKind) -> Duration {
+        match kind {
+            FailureKind::RetryAfter(d) => d.min(SQS_MAX_VISIBILITY),
+            _ => self.config.backoff(message.receive_count()),
+        }
+    }
+
+    /// Recording the effect failed (unknown after retries): the message comes back.
+    pub(super) fn unrecorded_failure(&self, message: &Message, e: StoreError) -> Outcome {
+        Outcome::Retry {
+            after: self.config.backoff(message.receive_count()),
+            reason: format!("recording the result failed: {e}"),
+        }
+    }
+
+    pub(super) async fn release(&self, req: &ClaimRequest, reason: &str) {
+        if let Err(e) = self.store.release(&req.pk, &req.owner, reason).await {
+            warn!(error = %e, "release failed; the key stays claimed until its lease ends");
+        }
+    }
+
+    /// The handler, with panics turned into retryable failures.
+    pub(super) async fn call_handler(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> Result<Option<serde_json::Value>, HandlerError> {
+        let started = tokio::time::Instant::now();
+        let handled = AssertUnwindSafe(self.handler.handle(message, ctx))
+            .catch_unwind()
+            .await;
+        self.metrics.handler_latency(started.elapsed());
+        match handled {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic".to_owned());
+                error!(panic = %what, "handler panicked; retrying");
+                Err(HandlerError::retry(format!("handler panicked: {what}")))
+            }
+        }
+    }
+}

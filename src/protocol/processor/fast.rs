@@ -1,0 +1,216 @@
+//! The fast path: no claim; the handler's staged writes commit with the
+//! `COMPLETED` record in one transaction, or it runs unprotected.
+
+use std::time::Duration;
+
+use tracing::warn;
+
+use crate::Message;
+use crate::protocol::handler::{Context, Handler, HandlerError};
+use crate::protocol::key::{record_key, sha256_hex};
+use crate::protocol::outcome::{FailureKind, Outcome};
+use crate::protocol::store::{Claim, DedupStore, FastCommit, FastCommitted, StoreError};
+
+use super::lease::bound;
+use super::*;
+
+impl<S: DedupStore, H: Handler> Processor<S, H> {
+    pub(super) async fn run_unprotected(&self, message: &Message) -> Outcome {
+        let ctx = Context::new(
+            &self.config.consumer,
+            None,
+            message.receive_count(),
+            message,
+            self.config.max_result_bytes,
+        );
+        match self.call_handler(message, &ctx).await {
+            Ok(value) => match self.store.commit_unprotected(ctx.take_staged()).await {
+                Ok(()) => Outcome::Completed {
+                    result: value.map(|v| self.bounded(&v)),
+                },
+                Err(e) => self.unrecorded_failure(message, e),
+            },
+            Err(e) => self.failure_without_record(message, &e),
+        }
+    }
+
+    /// The fast path: run the handler without a claim, then commit the
+    /// `COMPLETED` record and the staged writes in one transaction (or find the
+    /// key done and write nothing).
+    pub(super) async fn run_fast(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) -> Outcome {
+        let key = message.dedup_key().expect("set by process_with");
+        let ctx = Context::new(
+            &self.config.consumer,
+            Some(key),
+            message.receive_count(),
+            message,
+            self.config.max_result_bytes,
+        );
+        if let Some(done) = self.completed_before(message, key).await {
+            return done;
+        }
+        // No claim, so no visibility end enforced here: the commit's
+        // condition makes a late finish harmless (a copy run meanwhile is a
+        // duplicate at its commit), and finishing records the effect even
+        // where SQS is out of reach, so the redelivery is a cheap duplicate.
+        bound(&ctx, opts, &[visible]);
+        let handled = tokio::select! {
+            biased;
+            r = self.call_handler(message, &ctx) => r,
+            () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
+            () = stopped(opts) => {
+                ctx.cancelled().cancel();
+                warn!("stopping: handler interrupted before its commit");
+                return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
+            }
+        };
+        let value = match handled {
+            Ok(value) => value,
+            Err(e) => return self.fast_failure(message, &e).await,
+        };
+        let result = value.map(|v| self.bounded(&v));
+        let commit = FastCommit {
+            pk: record_key(&self.config.consumer, key),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: message.id().to_owned(),
+            payload_sha256: sha256_hex(message.body().as_bytes()),
+            result: result.clone(),
+            ttl: self.config.ttl,
+            writes: ctx.take_staged(),
+        };
+        match self.store.commit_fast(commit).await {
+            Ok(FastCommitted::Committed) => Outcome::Completed { result },
+            Ok(FastCommitted::Duplicate {
+                result,
+                payload_matches,
+            }) => self.duplicate(message, result, payload_matches),
+            Ok(FastCommitted::InFlight {
+                lease_until_ms,
+                payload_matches,
+            }) => self.in_flight(lease_until_ms, payload_matches),
+            Ok(FastCommitted::Parked { reason }) => already_parked(reason),
+            Err(StoreError::WriteConditionFailed { index, kind }) => {
+                let e = HandlerError::new(
+                    kind,
+                    format!("staged write #{index} failed its condition; nothing was written"),
+                );
+                self.fast_failure(message, &e).await
+            }
+            Err(e) if e.is_permanent() => {
+                let e = HandlerError::permanent(e.to_string());
+                self.fast_failure(message, &e).await
+            }
+            Err(e) => self.unrecorded_failure(message, e),
+        }
+    }
+
+    /// A message that came back (receive count above one) may have completed
+    /// on an earlier delivery whose answer was lost, or whose invocation ran
+    /// out of time after the commit: its record is read before the handler
+    /// runs again, so a completed message is let go as a duplicate even when
+    /// its handler could never finish again in time (a slow handler on a
+    /// short Lambda timeout would otherwise run it out of receives into the
+    /// DLQ). One read per redelivery; a first delivery costs nothing more. A
+    /// failed read only skips the shortcut.
+    pub(super) async fn completed_before(&self, message: &Message, key: &str) -> Option<Outcome> {
+        let r = self.completed_record(message, key).await?;
+        let payload_matches = r
+            .payload_sha256
+            .as_deref()
+            .is_none_or(|p| p == sha256_hex(message.body().as_bytes()));
+        Some(self.duplicate(message, r.result, payload_matches))
+    }
+
+    /// The `COMPLETED` record of a message that came back (receive count
+    /// above one) under `key`, if its read answers one.
+    pub(super) async fn completed_record(
+        &self,
+        message: &Message,
+        key: &str,
+    ) -> Option<crate::Record> {
+        // (The `no-redelivery-read` mutant, for the simulator only, skips the read.)
+        if message.receive_count() <= 1 || crate::protocol::mutants::active("no-redelivery-read") {
+            return None;
+        }
+        let pk = record_key(&self.config.consumer, key);
+        // A record past its TTL counts as absent, as the claim condition
+        // says (DynamoDB deletes expired items late, by days at times).
+        let now_ms = self.clock.now_ms();
+        match self.store.get(&pk).await {
+            Ok(Some(r))
+                if r.status == crate::Status::Completed
+                    && !r.claimable_by(now_ms, message.id()) =>
+            {
+                Some(r)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                warn!(error = %e, "could not read the record of a redelivery");
+                None
+            }
+        }
+    }
+
+    /// Whether a message that came back is known done: its key's record says
+    /// `COMPLETED`. The poller asks before giving a received message back
+    /// unprocessed at shutdown: a completed one is deleted instead, so a
+    /// drain does not spend the receive of a message that is done (on its
+    /// last allowed receive that would move it to the DLQ).
+    /// Only a record of the same body counts: a message that reuses a key
+    /// with another body goes through the processor, which parks it where
+    /// `SQS_ONCE_PAYLOAD_MISMATCH=park` says so.
+    #[cfg(feature = "poller")]
+    pub(crate) async fn known_completed(&self, message: &Message) -> bool {
+        let Ok(key) = self.config.dedup_key(message) else {
+            return false;
+        };
+        self.completed_record(message, &key).await.is_some_and(|r| {
+            r.payload_sha256
+                .is_none_or(|p| p == sha256_hex(message.body().as_bytes()))
+        })
+    }
+
+    /// A failure on the fast path. A permanent one is recorded as a `FAILED`
+    /// record (a claim, then mark-failed) before it is parked, so that a
+    /// redelivery of the parked message is recognised and never run; a
+    /// duplicate of completed work found on the way is just a duplicate.
+    pub(super) async fn fast_failure(&self, message: &Message, e: &HandlerError) -> Outcome {
+        let outcome = self.failure_without_record(message, e);
+        let Outcome::Park { reason } = outcome else {
+            return outcome;
+        };
+        let key = message.dedup_key().expect("set by process_with");
+        let req = self.claim_request(message, key, self.config.lease);
+        match self.store.claim(&req).await {
+            Ok(Claim::Acquired { .. }) => self.mark_failed(message, &req, reason).await,
+            Ok(Claim::Duplicate {
+                result,
+                payload_matches,
+            }) => self.duplicate(message, result, payload_matches),
+            Ok(Claim::InFlight {
+                lease_until_ms,
+                payload_matches,
+            }) => self.in_flight(lease_until_ms, payload_matches),
+            Ok(Claim::Parked { reason }) => already_parked(reason),
+            Err(e) => self.unrecorded_failure(message, e),
+        }
+    }
+
+    /// A handler failure where no claim is held (fast path, unprotected).
+    pub(super) fn failure_without_record(&self, message: &Message, e: &HandlerError) -> Outcome {
+        match failure_kind(e) {
+            FailureKind::Permanent => Outcome::Park {
+                reason: format!("handler failed permanently: {e}"),
+            },
+            kind => Outcome::Retry {
+                after: self.retry_delay(message, kind),
+                reason: e.to_string(),
+            },
+        }
+    }
+}

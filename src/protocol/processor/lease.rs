@@ -1,0 +1,239 @@
+//! The local lease and visibility ends a handler never runs past, and the
+//! heartbeat that moves them.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::Message;
+use crate::protocol::handler::{Context, Handler};
+use crate::protocol::limits::SQS_MAX_VISIBILITY;
+use crate::protocol::store::{ClaimRequest, DedupStore, StoreError};
+
+use super::*;
+
+impl<S: DedupStore, H: Handler> Processor<S, H> {
+    /// Extends the message's visibility every heartbeat while a handler without a
+    /// claim runs (fast path), moving the local visibility end after each
+    /// extension. Never returns.
+    pub(super) async fn keep_visible(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+    ) {
+        let Some(v) = opts.visibility else {
+            return std::future::pending().await;
+        };
+        let lease = self.config.lease;
+        let margin = self.config.margin_for(lease);
+        let interval = self.config.beat_for(lease);
+        let counted_from = opts.received_at.unwrap_or_else(Instant::now);
+        loop {
+            tokio::time::sleep(visible.next_beat(interval)).await;
+            if counted_from.elapsed() + lease > self.config.max_extension {
+                return std::future::pending().await;
+            }
+            let sent = Instant::now();
+            match v.extend(message, lease).await {
+                Ok(()) => {
+                    visible.move_to(sent + lease.saturating_sub(margin));
+                    self.metrics.heartbeat_extension();
+                }
+                Err(e) => warn!(error = %e, "visibility extension failed"),
+            }
+        }
+    }
+
+    /// Extends the lease (and the visibility) every heartbeat until the total
+    /// (counted from the receive, as SQS counts its 12 hours) reaches the
+    /// maximum, moving the local lease and visibility ends forward after each
+    /// extension; beats sooner when the visibility would end before the next
+    /// beat. Returns only when another consumer holds the key (what the
+    /// record holds now); a failed extension is tried again at the next beat,
+    /// and if none succeeds in time the local ends interrupt the handler.
+    pub(super) async fn heartbeat(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        lease: Duration,
+        opts: &ProcessOptions<'_>,
+        ends: Ends<'_>,
+    ) -> String {
+        let interval = self.config.beat_for(lease);
+        let counted_from = opts.received_at.unwrap_or_else(Instant::now);
+        loop {
+            tokio::time::sleep(ends.visible.next_beat(interval)).await;
+            if counted_from.elapsed() + lease > self.config.max_extension {
+                warn!(
+                    "maximum extension reached: the lease is no longer extended and the handler is interrupted when it ends"
+                );
+                return std::future::pending().await;
+            }
+            let lease = lease_within(lease, opts.deadline);
+            if lease.is_zero() {
+                // At the deadline: the runtime stops the handler, not the heartbeat.
+                return std::future::pending().await;
+            }
+            let margin = self.config.margin_for(lease);
+            // Visibility and lease together: a slow DynamoDB must not delay
+            // the message's extension past its visibility timeout.
+            let sent = Instant::now();
+            let visibility = async {
+                if let Some(v) = opts.visibility {
+                    match v.extend(message, lease).await {
+                        Ok(()) => ends.visible.move_to(sent + lease.saturating_sub(margin)),
+                        Err(e) => warn!(error = %e, "visibility extension failed"),
+                    }
+                }
+            };
+            let extended = self
+                .store
+                .extend_lease(&req.pk, &req.owner, lease, self.config.ttl);
+            match futures::join!(extended, visibility).0 {
+                Ok(()) => {
+                    ends.lease.move_to(sent + lease.saturating_sub(margin));
+                    self.metrics.heartbeat_extension();
+                }
+                Err(StoreError::LeaseLost { found, .. }) => return found,
+                Err(e) => warn!(error = %e, "lease extension failed; will try again"),
+            }
+        }
+    }
+}
+
+/// A running claim's two local ends, both moved by the heartbeat.
+#[derive(Clone, Copy)]
+pub(super) struct Ends<'a> {
+    pub(super) lease: &'a LocalEnd,
+    pub(super) visible: &'a LocalEnd,
+}
+
+/// Why a running handler's lease ended.
+pub(super) enum LeaseEnd {
+    /// Another consumer took the key over (what the record holds now).
+    TakenOver(String),
+    /// No extension succeeded before the local lease end.
+    NotExtended,
+    /// The message's visibility was not extended before its local end: SQS
+    /// may hand it to another consumer.
+    VisibilityLost,
+}
+
+/// An end this host keeps by its own clock, moved later by extensions.
+///
+/// For the claim's lease: it ends `margin` before the lease the store holds,
+/// counted from before the claim (or the last successful extension) was sent,
+/// so the handler has stopped before another consumer can take the key, even
+/// with some clock skew between them. For the message's visibility: `margin`
+/// before SQS can deliver it again, counted from before the receive (or the
+/// last successful extension) was sent; `None` while it is not known.
+pub(super) struct LocalEnd {
+    end: watch::Sender<Option<Instant>>,
+    /// The message's visibility (else the claim's lease).
+    visibility: bool,
+}
+
+/// Tells `ctx` the ends its handler must finish by: the invocation's
+/// deadline and `ends` (see [`Context::time_left`]).
+pub(super) fn bound(ctx: &Context, opts: &ProcessOptions<'_>, ends: &[&LocalEnd]) {
+    if let Some(deadline) = opts.deadline {
+        ctx.bounded_by(watch::Sender::new(Some(deadline)).subscribe());
+    }
+    for end in ends {
+        ctx.bounded_by(end.end.subscribe());
+    }
+}
+
+impl LocalEnd {
+    pub(super) fn lease(sent: Instant, lease: Duration, margin: Duration) -> Self {
+        Self {
+            end: watch::Sender::new(Some(sent + lease.saturating_sub(margin))),
+            visibility: false,
+        }
+    }
+
+    /// The visibility end the runtime knows of, less `margin`.
+    pub(super) fn visibility(opts: &ProcessOptions<'_>, margin: Duration) -> Self {
+        let end = opts
+            .invisible_until
+            .map(|until| until.checked_sub(margin).unwrap_or(until));
+        Self {
+            end: watch::Sender::new(end),
+            visibility: true,
+        }
+    }
+
+    /// Time left before the handler must be interrupted (a long time if not known).
+    pub(super) fn remaining(&self) -> Duration {
+        self.end.borrow().map_or(SQS_MAX_VISIBILITY, |end| {
+            end.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// The end is known and has passed.
+    pub(super) fn passed_already(&self) -> bool {
+        self.end.borrow().is_some_and(|end| end <= Instant::now())
+    }
+
+    /// How long to wait before the next extension: the heartbeat's interval,
+    /// or less when the end would come first (half the time left, so that an
+    /// extension and its retries land before it).
+    pub(super) fn next_beat(&self, interval: Duration) -> Duration {
+        interval
+            .min(self.remaining() / 2)
+            .max(Duration::from_millis(50))
+    }
+
+    /// An extension moved the end to `end` (never earlier than it was).
+    pub(super) fn move_to(&self, end: Instant) {
+        self.end.send_if_modified(|current| {
+            let later = current.is_none_or(|c| end > c);
+            if later {
+                *current = Some(end);
+            }
+            later
+        });
+    }
+
+    /// Completes when the end passes without an extension.
+    pub(super) async fn passed(&self) {
+        let mut rx = self.end.subscribe();
+        loop {
+            let end = *rx.borrow_and_update();
+            let Some(end) = end.filter(|_| self.enforced()) else {
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                continue;
+            };
+            tokio::select! {
+                biased;
+                () = tokio::time::sleep_until(end) => {
+                    if rx.borrow().is_some_and(|e| e <= Instant::now()) {
+                        return;
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether this end interrupts a handler. (The `lease-not-enforced` and
+    /// `visibility-not-kept` mutants, for the simulator only, let a handler
+    /// run past its lease or its visibility.)
+    pub(super) fn enforced(&self) -> bool {
+        let mutant = if self.visibility {
+            "visibility-not-kept"
+        } else {
+            "lease-not-enforced"
+        };
+        !crate::protocol::mutants::active(mutant)
+    }
+}

@@ -1,0 +1,829 @@
+//! Unit tests of the processor on the in-memory models.
+
+use super::*;
+use crate::protocol::clock::ManualClock;
+use crate::protocol::config::{PayloadMismatch, ProcessorConfig};
+use crate::protocol::handler::{Context, Handler, HandlerError};
+use crate::protocol::key::{record_key, sha256_hex};
+use crate::protocol::outcome::{Outcome, StoredResult};
+use crate::protocol::store::{
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, StoreError,
+};
+use crate::{MemoryStore, handler_fn};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+fn config() -> ProcessorConfig {
+    let mut c = ProcessorConfig::new("test");
+    c.key_source = "json:/id".parse().unwrap();
+    c
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_context_tells_the_receive_count_the_invocation_and_the_time_left() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let handler = handler_fn(move |_m: Message, ctx: Context| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push((
+                ctx.receive_count(),
+                ctx.lambda_request_id().map(str::to_owned),
+                ctx.time_left(),
+            ));
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+    let message = Message::new("m-1", r#"{"id":"a"}"#).with_receive_count(3);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let opts = ProcessOptions {
+        deadline: Some(deadline),
+        ..ProcessOptions::default()
+    };
+    let run =
+        crate::protocol::handler::in_invocation("req-1".into(), p.process_with(message, opts));
+    assert!(matches!(run.await, Outcome::Completed { .. }));
+    let (count, request, left) = seen.lock().unwrap()[0].clone();
+    assert_eq!(count, 3);
+    assert_eq!(request.as_deref(), Some("req-1"));
+    // The nearest end: the claim's lease, cut to end at the invocation's
+    // deadline in 20 s, less its margin (a tenth of the 20 s).
+    assert_eq!(left, Some(Duration::from_secs(18)));
+
+    let plain = Message::new("m-2", r#"{"id":"b"}"#);
+    assert!(matches!(p.process(plain).await, Outcome::Completed { .. }));
+    let (count, request, left) = seen.lock().unwrap()[1].clone();
+    assert_eq!((count, request), (1, None));
+    let lease_left = left.expect("the claim's lease bounds the handler");
+    assert!(
+        lease_left <= Duration::from_secs(60) && lease_left >= Duration::from_secs(50),
+        "{lease_left:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_redelivery_of_a_completed_message_on_the_fast_path_is_skipped_without_running_its_handler()
+ {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = crate::staged_only(handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(serde_json::json!({"ok": true})))
+        }
+    }));
+    let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+    let first = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    // The same message back (its delete lost, or its invocation out of
+    // time after the commit): read first, never run again.
+    let again = p
+        .process(Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2))
+        .await;
+    assert_eq!(
+        again,
+        Outcome::Duplicate {
+            result: Some(StoredResult::Value(serde_json::json!({"ok": true}))),
+            payload_matches: true
+        }
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran again");
+    // A first delivery of another message with the key runs the handler
+    // (its writes are dropped at the commit): no read on the happy path.
+    let other = p.process(Message::new("m2", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(other, Outcome::Duplicate { .. }), "{other:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn runs_once_then_skips_duplicates_with_the_result() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(serde_json::json!({"ok": true})))
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+    let first = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    // A redelivery, and a producer re-send with a new message id.
+    for m in [
+        Message::new("m1", r#"{"id":"e1"}"#),
+        Message::new("m2", r#"{"id":"e1"}"#),
+    ] {
+        let o = p.process(m).await;
+        assert_eq!(
+            o,
+            Outcome::Duplicate {
+                result: Some(StoredResult::Value(serde_json::json!({"ok": true}))),
+                payload_matches: true
+            }
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_duplicate_with_another_body_is_counted_and_skipped_or_parked_as_configured() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let store = MemoryStore::default();
+    let warn = Processor::new(store.clone(), handler.clone(), config()).unwrap();
+    let mut parking = config();
+    parking.payload_mismatch = PayloadMismatch::Park;
+    let park = Processor::new(store, handler, parking).unwrap();
+    let first = warn
+        .process(Message::new("m1", r#"{"id":"e1","amount":5}"#))
+        .await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    let other_body = || Message::new("m2", r#"{"id":"e1","amount":7}"#);
+    let skipped = warn.process(other_body()).await;
+    assert!(
+        matches!(
+            skipped,
+            Outcome::Duplicate {
+                payload_matches: false,
+                ..
+            }
+        ),
+        "{skipped:?}"
+    );
+    match park.process(other_body()).await {
+        Outcome::Park { reason } => {
+            assert!(
+                reason.contains("payload mismatch") && reason.contains("e1"),
+                "{reason}"
+            )
+        }
+        o => panic!("expected a park, got {o:?}"),
+    }
+    // The same body again is an ordinary duplicate, for either setting.
+    let same = park
+        .process(Message::new("m3", r#"{"id":"e1","amount":5}"#))
+        .await;
+    assert!(
+        matches!(
+            same,
+            Outcome::Duplicate {
+                payload_matches: true,
+                ..
+            }
+        ),
+        "{same:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(warn.metrics().take().payload_mismatches, 1);
+    assert_eq!(park.metrics().take().payload_mismatches, 1);
+}
+
+#[tokio::test]
+async fn a_claim_taken_over_from_an_expired_one_is_counted_and_one_after_a_release_is_not() {
+    let clock = ManualClock::starting_now();
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let p = Processor::new(
+        store.clone(),
+        handler_fn(|_m, _c| async { Ok(None) }),
+        config(),
+    )
+    .unwrap()
+    .with_clock(Arc::new(clock.clone()));
+    let stale = |pk: &str, owner: &str| ClaimRequest {
+        pk: pk.to_owned(),
+        owner: owner.to_owned(),
+        message_id: "elsewhere".into(),
+        payload_sha256: sha256_hex(br#"{"id":"e1"}"#),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    };
+    // Another consumer claimed e1 and vanished; it released e2.
+    let (pk1, pk2) = (record_key("test", "e1"), record_key("test", "e2"));
+    assert!(matches!(
+        store.claim(&stale(&pk1, "gone")).await,
+        Ok(Claim::Acquired { .. })
+    ));
+    assert!(matches!(
+        store.claim(&stale(&pk2, "polite")).await,
+        Ok(Claim::Acquired { .. })
+    ));
+    store.release(&pk2, "polite", "gave up").await.unwrap();
+    clock.advance(Duration::from_secs(31));
+    for body in [r#"{"id":"e1"}"#, r#"{"id":"e2"}"#] {
+        let o = p.process(Message::new("m", body)).await;
+        assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    }
+    assert_eq!(p.metrics().take().takeovers, 1);
+}
+
+#[tokio::test]
+async fn missing_key_is_parked_and_the_handler_never_runs() {
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _c| async { panic!("must not run") }),
+        config(),
+    )
+    .unwrap();
+    match p.process(Message::new("m", r#"{"no_id":1}"#)).await {
+        Outcome::Park { reason } => assert!(reason.contains("/id"), "{reason}"),
+        o => panic!("{o:?}"),
+    }
+}
+
+#[tokio::test]
+async fn retryable_failure_releases_and_the_redelivery_runs_again() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, ctx: Context| {
+        let c = c.clone();
+        async move {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(ctx.attempt(), n + 1);
+            if n == 0 {
+                return Err(HandlerError::retry("downstream 503"));
+            }
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+    let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+    assert!(
+        matches!(o, Outcome::Retry { after, .. } if after == Duration::from_secs(2)),
+        "{o:?}"
+    );
+    let o = p
+        .process(Message::new("m", r#"{"id":"e"}"#).with_receive_count(2))
+        .await;
+    assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn panic_is_a_retry_and_permanent_error_parks_with_failed_record() {
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|m: Message, _c| async move {
+            if m.body().contains("boom") {
+                panic!("boom");
+            }
+            Err(HandlerError::permanent("card declined"))
+        }),
+        config(),
+    )
+    .unwrap();
+    let o = p.process(Message::new("m", r#"{"id":"a","boom":1}"#)).await;
+    assert!(
+        matches!(&o, Outcome::Retry { reason, .. } if reason.contains("panicked")),
+        "{o:?}"
+    );
+    let o = p.process(Message::new("m2", r#"{"id":"b"}"#)).await;
+    assert!(
+        matches!(&o, Outcome::Park { reason } if reason.contains("card declined")),
+        "{o:?}"
+    );
+    let rec = p.store().get("test#b").await.unwrap().unwrap();
+    assert_eq!(rec.status, crate::Status::Failed);
+    assert!(rec.error.unwrap().contains("card declined"));
+}
+
+#[tokio::test]
+async fn store_outage_means_no_handler_run_and_a_retry() {
+    let store = MemoryStore::new(Arc::new(ManualClock::starting_now()));
+    store.set_unavailable(true);
+    let p = Processor::new(
+        store,
+        handler_fn(|_m, _c| async { panic!("must not run without a claim") }),
+        config(),
+    )
+    .unwrap();
+    let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+    assert!(
+        matches!(&o, Outcome::Retry { reason, .. } if reason.contains("claim failed")),
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
+async fn oversized_result_is_stored_as_digest() {
+    let mut c = config();
+    c.max_result_bytes = 16;
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _c| async { Ok(Some(serde_json::json!({"big": "x".repeat(100)}))) }),
+        c,
+    )
+    .unwrap();
+    let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+    assert!(
+        matches!(o, Outcome::Completed { result: Some(StoredResult::Digest { bytes, .. }) } if bytes > 100),
+        "{o:?}"
+    );
+}
+
+/// A store that delegates to a [`MemoryStore`] but can be cut off: extends
+/// (and, when `releases` too, releases) fail as unavailable; a claim's
+/// answer can be held back after it committed.
+#[derive(Clone)]
+struct Faulty {
+    inner: MemoryStore,
+    extends_fail: Arc<std::sync::atomic::AtomicBool>,
+    releases_fail: Arc<std::sync::atomic::AtomicBool>,
+    claim_answer_delay: Duration,
+}
+
+impl Faulty {
+    fn new(inner: MemoryStore) -> Self {
+        Self {
+            inner,
+            extends_fail: Arc::default(),
+            releases_fail: Arc::default(),
+            claim_answer_delay: Duration::ZERO,
+        }
+    }
+}
+
+impl DedupStore for Faulty {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let c = self.inner.claim(req).await;
+        tokio::time::sleep(self.claim_answer_delay).await;
+        c
+    }
+    async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        self.inner.complete(c).await
+    }
+    async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
+        if self.releases_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("cut off".into()));
+        }
+        self.inner.release(pk, owner, error).await
+    }
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.mark_failed(pk, owner, error, ttl).await
+    }
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        if self.extends_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("cut off".into()));
+        }
+        self.inner.extend_lease(pk, owner, lease, ttl).await
+    }
+    async fn commit_unprotected(&self, w: Vec<crate::StagedWrite>) -> Result<(), StoreError> {
+        self.inner.commit_unprotected(w).await
+    }
+    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        self.inner.commit_fast(c).await
+    }
+    async fn get(&self, pk: &str) -> Result<Option<crate::Record>, StoreError> {
+        self.inner.get(pk).await
+    }
+}
+
+/// Counts live handler attempts of one key: each attempt holds a guard
+/// that is dropped when the handler ends or is interrupted.
+#[derive(Default)]
+struct Live {
+    now: AtomicU32,
+    max: AtomicU32,
+    started: AtomicU32,
+}
+
+struct LiveGuard(Arc<Live>);
+
+impl Live {
+    fn enter(self: &Arc<Self>) -> LiveGuard {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        LiveGuard(self.clone())
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn lease_config() -> ProcessorConfig {
+    let mut c = config();
+    c.lease = Duration::from_secs(10);
+    c.heartbeat = Duration::from_secs(3);
+    c.lease_margin = Duration::from_secs(1);
+    c
+}
+
+/// A handler with an external effect that takes `work` (virtual time).
+fn slow_external(live: Arc<Live>, work: Duration) -> impl Handler {
+    handler_fn(move |_m, _c| {
+        let live = live.clone();
+        async move {
+            let _guard = live.enter();
+            tokio::time::sleep(work).await;
+            Ok(None)
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_cut_off_from_dynamodb_is_interrupted_before_another_consumer_can_take_the_key() {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let shared = MemoryStore::new(clock.clone());
+    let cut_off = Faulty::new(shared.clone());
+    let live = Arc::new(Live::default());
+    let a = Processor::new(
+        cut_off.clone(),
+        slow_external(live.clone(), Duration::from_secs(60)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    let b = Processor::new(
+        shared.clone(),
+        slow_external(live.clone(), Duration::from_millis(10)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    // A claims, then loses DynamoDB entirely: no extension, no release.
+    cut_off.extends_fail.store(true, Ordering::SeqCst);
+    cut_off.releases_fail.store(true, Ordering::SeqCst);
+    let msg = Message::new("m", r#"{"id":"k"}"#);
+    let a_run = tokio::spawn({
+        let (a, msg) = (a.clone(), msg.clone());
+        async move {
+            let o = a.process(msg).await;
+            (o, tokio::time::Instant::now())
+        }
+    });
+    // B tries every 100 ms until it gets the key.
+    let started = tokio::time::Instant::now();
+    let b_outcome = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match b.process(msg.clone()).await {
+            Outcome::InFlight { .. } => continue,
+            o => break o,
+        }
+    };
+    let (a_outcome, a_stopped) = a_run.await.unwrap();
+    assert!(
+        matches!(b_outcome, Outcome::Completed { .. }),
+        "{b_outcome:?}"
+    );
+    assert!(
+        matches!(&a_outcome, Outcome::Retry { reason, .. } if reason.contains("could not be extended")),
+        "{a_outcome:?}"
+    );
+    assert_eq!(
+        live.max.load(Ordering::SeqCst),
+        1,
+        "two live attempts of one key"
+    );
+    // A stopped by its local lease end (lease minus margin), not later.
+    assert!(a_stopped - started <= Duration::from_secs(9) + Duration::from_millis(50));
+    assert_eq!(a.metrics().take().lease_lost, 1);
+}
+
+/// Extends visibility, or fails to (SQS cut off), counting the calls.
+#[derive(Default)]
+struct Visibility {
+    fails: std::sync::atomic::AtomicBool,
+    calls: AtomicU32,
+}
+
+impl VisibilityExtender for Visibility {
+    fn extend<'a>(
+        &'a self,
+        _message: &'a Message,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), crate::protocol::queue::QueueError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let fails = self.fails.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if fails {
+                Err(crate::protocol::queue::QueueError::new(
+                    "ChangeMessageVisibility",
+                    "q",
+                    "cut off",
+                    true,
+                ))
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claimed_handler_cut_off_from_sqs_only_is_interrupted_before_its_visibility_ends_and_its_claim_released()
+ {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let store = MemoryStore::new(clock.clone());
+    let live = Arc::new(Live::default());
+    let a = Processor::new(
+        store.clone(),
+        slow_external(live.clone(), Duration::from_secs(120)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    // DynamoDB works (the lease is extended), SQS does not: the message
+    // becomes visible again 12 s after its receive whatever the lease.
+    let sqs = Visibility::default();
+    sqs.fails.store(true, Ordering::SeqCst);
+    let received_at = tokio::time::Instant::now();
+    let invisible_until = received_at + Duration::from_secs(12);
+    let o = a
+        .process_with(
+            Message::new("m", r#"{"id":"k"}"#),
+            ProcessOptions {
+                visibility: Some(&sqs),
+                invisible_until: Some(invisible_until),
+                received_at: Some(received_at),
+                ..ProcessOptions::default()
+            },
+        )
+        .await;
+    let stopped = tokio::time::Instant::now();
+    assert!(
+        matches!(&o, Outcome::Retry { reason, .. } if reason.contains("visibility could not be kept")),
+        "{o:?}"
+    );
+    assert_eq!(
+        live.now.load(Ordering::SeqCst),
+        0,
+        "the handler was dropped"
+    );
+    // Interrupted a margin (1 s) before SQS can deliver it again, not at
+    // the lease end the heartbeat kept moving.
+    assert!(
+        stopped <= invisible_until - Duration::from_secs(1),
+        "{:?}",
+        stopped - received_at
+    );
+    assert!(
+        sqs.calls.load(Ordering::SeqCst) >= 1,
+        "an extension was tried"
+    );
+    // The claim is released: another consumer takes the key at once,
+    // not after the lease the heartbeat kept extending.
+    let b = Processor::new(
+        store,
+        slow_external(live.clone(), Duration::ZERO),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock);
+    let o = b.process(Message::new("m", r#"{"id":"k"}"#)).await;
+    assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_whose_visibility_ended_before_it_started_is_not_claimed_or_run() {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let store = MemoryStore::new(clock.clone());
+    let live = Arc::new(Live::default());
+    let a = Processor::new(
+        store.clone(),
+        slow_external(live.clone(), Duration::from_secs(1)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock);
+    let received_at = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let o = a
+        .process_with(
+            Message::new("m", r#"{"id":"k"}"#),
+            ProcessOptions {
+                invisible_until: Some(received_at + Duration::from_secs(10)),
+                received_at: Some(received_at),
+                ..ProcessOptions::default()
+            },
+        )
+        .await;
+    assert!(
+        matches!(&o, Outcome::Retry { after, .. } if after.is_zero()),
+        "{o:?}"
+    );
+    assert_eq!(live.started.load(Ordering::SeqCst), 0, "never run");
+    assert!(
+        store.get(&record_key("test", "k")).await.unwrap().is_none(),
+        "never claimed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_visibility_is_extended_before_it_ends_not_at_the_next_heartbeat() {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let store = MemoryStore::new(clock.clone());
+    let live = Arc::new(Live::default());
+    let mut config = lease_config();
+    config.heartbeat = Duration::from_secs(5);
+    let a = Processor::new(
+        store,
+        slow_external(live.clone(), Duration::from_secs(20)),
+        config,
+    )
+    .unwrap()
+    .with_clock(clock);
+    let sqs = Visibility::default();
+    let received_at = tokio::time::Instant::now();
+    // Visible again 3 s after the receive: before the first 5 s beat.
+    let o = a
+        .process_with(
+            Message::new("m", r#"{"id":"k"}"#),
+            ProcessOptions {
+                visibility: Some(&sqs),
+                invisible_until: Some(received_at + Duration::from_secs(3)),
+                received_at: Some(received_at),
+                ..ProcessOptions::default()
+            },
+        )
+        .await;
+    assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
+    assert!(
+        sqs.calls.load(Ordering::SeqCst) >= 4,
+        "extended through the 20 s handler"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_whose_extensions_fail_is_interrupted_and_its_claim_released() {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let shared = MemoryStore::new(clock.clone());
+    let flaky = Faulty::new(shared.clone());
+    flaky.extends_fail.store(true, Ordering::SeqCst);
+    let live = Arc::new(Live::default());
+    let a = Processor::new(
+        flaky,
+        slow_external(live.clone(), Duration::from_secs(60)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    let o = a.process(Message::new("m", r#"{"id":"k"}"#)).await;
+    assert!(matches!(&o, Outcome::Retry { .. }), "{o:?}");
+    assert_eq!(
+        live.now.load(Ordering::SeqCst),
+        0,
+        "the handler was dropped"
+    );
+    let rec = shared.get("test#k").await.unwrap().unwrap();
+    assert_eq!(rec.status, crate::Status::InProgress);
+    assert_eq!(
+        rec.lease_until_ms, 0,
+        "released: the next delivery need not wait"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_past_the_maximum_extension_is_interrupted_not_left_running() {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let store = MemoryStore::new(clock.clone());
+    let mut c = lease_config();
+    c.max_extension = Duration::from_secs(20);
+    let live = Arc::new(Live::default());
+    let p = Processor::new(
+        store.clone(),
+        slow_external(live.clone(), Duration::from_secs(600)),
+        c,
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    let started = tokio::time::Instant::now();
+    let o = p.process(Message::new("m", r#"{"id":"k"}"#)).await;
+    assert!(matches!(&o, Outcome::Retry { .. }), "{o:?}");
+    let ran = started.elapsed();
+    assert!(
+        ran < Duration::from_secs(20),
+        "ran {ran:?} past the maximum extension"
+    );
+    assert_eq!(live.now.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_commits_with_too_little_lease_left_is_released_not_run() {
+    let clock: Arc<dyn clock::Clock> =
+        Arc::new(clock::TokioClock::starting_at(std::time::SystemTime::now()));
+    let shared = MemoryStore::new(clock.clone());
+    let mut late = Faulty::new(shared.clone());
+    late.claim_answer_delay = Duration::from_secs(6);
+    let live = Arc::new(Live::default());
+    let p = Processor::new(
+        late,
+        slow_external(live.clone(), Duration::from_millis(10)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    let o = p.process(Message::new("m", r#"{"id":"k"}"#)).await;
+    assert!(
+        matches!(&o, Outcome::Retry { reason, .. } if reason.contains("too little")),
+        "{o:?}"
+    );
+    assert_eq!(
+        live.started.load(Ordering::SeqCst),
+        0,
+        "the handler must not run"
+    );
+    let rec = shared.get("test#k").await.unwrap().unwrap();
+    assert_eq!(rec.lease_until_ms, 0, "released");
+}
+
+#[tokio::test]
+async fn a_redelivery_of_a_parked_message_is_parked_again_not_run() {
+    // "Insufficient funds" the first time, then it would pass: the
+    // redelivery after a park whose delete failed must not apply it.
+    let calls = Arc::new(AtomicU32::new(0));
+    for fast in [false, true] {
+        let c = calls.clone();
+        let handler = handler_fn(move |_m, _ctx| {
+            let c = c.clone();
+            async move {
+                if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(HandlerError::permanent("insufficient funds"));
+                }
+                Ok(None)
+            }
+        });
+        calls.store(0, Ordering::SeqCst);
+        let mut cfg = config();
+        cfg.fast_path = fast;
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let p = Processor::new(store, crate::staged_only(handler), cfg)
+            .unwrap()
+            .with_clock(Arc::new(clock.clone()));
+        let m = Message::new("m1", r#"{"id":"e"}"#);
+        let first = p.process(m.clone()).await;
+        assert!(
+            matches!(&first, Outcome::Park { reason } if reason.contains("insufficient")),
+            "{first:?}"
+        );
+        let again = p.process(m.clone().with_receive_count(2)).await;
+        assert!(
+            matches!(&again, Outcome::Park { reason } if reason.contains("redelivered after it was parked")),
+            "fast={fast}: {again:?}"
+        );
+        // A copy brought back from the DLQ (new message id) runs again:
+        // its claim is made after the failed one (a claim made in the
+        // same millisecond could be one that landed late).
+        clock.advance(Duration::from_millis(1));
+        let redriven = Message::new("m2", r#"{"id":"e"}"#);
+        let o = p.process(redriven).await;
+        assert!(matches!(o, Outcome::Completed { .. }), "fast={fast}: {o:?}");
+        let rec = p.store().get("test#e").await.unwrap().unwrap();
+        assert_eq!(rec.status, crate::Status::Completed);
+    }
+}
+
+#[tokio::test]
+async fn a_huge_handler_error_is_stored_bounded() {
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _c| async { Err(HandlerError::retry("x".repeat(1_000_000))) }),
+        config(),
+    )
+    .unwrap();
+    let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+    assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    let rec = p.store().get("test#e").await.unwrap().unwrap();
+    let error = rec.error.unwrap();
+    assert!(
+        error.len() <= crate::protocol::store::MAX_ERROR_BYTES,
+        "{}",
+        error.len()
+    );
+    assert!(
+        error.ends_with("(1000000 bytes in all)"),
+        "{}",
+        &error[error.len() - 40..]
+    );
+}
