@@ -863,6 +863,47 @@ async fn lambda_invocation<H: Handler>(
     Some((counts, failed))
 }
 
+/// The queue's ARN (an event's `eventSourceARN`).
+async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> String {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone()
+}
+
+/// A handler that takes `time` and then makes its effect: the handler, its
+/// runs, its effects, and a signal of each start.
+fn counted_slow_handler(
+    time: Duration,
+) -> (
+    impl Handler + Clone,
+    Arc<AtomicU32>,
+    Arc<AtomicU32>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (runs, effects) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (runs, effects, started) = (runs.clone(), effects.clone(), started.clone());
+        handler_fn(move |_m: Message, _ctx| {
+            let (runs, effects, started) = (runs.clone(), effects.clone(), started.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                tokio::time::sleep(time).await;
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            }
+        })
+    };
+    (handler, runs, effects, started)
+}
+
 /// In Lambda: a re-send of a key whose first delivery
 /// runs 20 s, while the function's timeout is 8 s and the queue's
 /// `maxReceiveCount` 2. The copy, found in flight, waited within its
@@ -876,31 +917,8 @@ async fn lambda_invocation<H: Handler>(
 async fn a_copy_of_a_key_held_longer_than_max_receive_count_invocations_stays_out_of_the_dlq() {
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queue_pair(&sqs, false, 30, 2).await;
-    let arn = sqs
-        .get_queue_attributes()
-        .queue_url(&q.queue_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let (runs, effects) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-    let started = Arc::new(tokio::sync::Notify::new());
-    let handler = {
-        let (runs, effects, started) = (runs.clone(), effects.clone(), started.clone());
-        handler_fn(move |_m: Message, _ctx| {
-            let (runs, effects, started) = (runs.clone(), effects.clone(), started.clone());
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                started.notify_one();
-                tokio::time::sleep(Duration::from_secs(20)).await;
-                effects.fetch_add(1, Ordering::SeqCst);
-                Ok(None)
-            }
-        })
-    };
+    let arn = queue_arn(&sqs, &q.queue_url).await;
+    let (handler, runs, effects, started) = counted_slow_handler(Duration::from_secs(20));
     let mut pc = ProcessorConfig::new("long-holder-lambda");
     pc.key_source = "json:/id".parse().unwrap();
     pc.lease = Duration::from_secs(4);
