@@ -161,10 +161,35 @@ struct Inner<S, H, Q> {
 }
 
 /// One record of the event, parsed.
-struct Record {
+struct EventRecord {
+    /// Where it is in the event (the answer keeps the event's order).
+    index: usize,
+    /// Its message id: how the answer names it.
+    id: String,
+    /// Its message and source queue, or why it cannot be read.
+    parsed: Result<Parsed, String>,
+}
+
+/// A record's message, and the URL of its source queue where known.
+struct Parsed {
+    message: Message,
+    queue: Option<String>,
+}
+
+/// A record named in the answer: where it is in the event and its id.
+#[derive(Debug, Clone)]
+struct Listed {
     index: usize,
     id: String,
-    parsed: Result<(Message, Option<String>), String>,
+}
+
+impl EventRecord {
+    fn listed(&self) -> Listed {
+        Listed {
+            index: self.index,
+            id: self.id.clone(),
+        }
+    }
 }
 
 /// SQS may deliver one message twice in one batch (two receipts, one
@@ -173,20 +198,20 @@ struct Record {
 /// finished too, whose effect is recorded. A failure whose message id also
 /// finished in the batch is dropped: the message is done.
 fn keep_finished_twins(
-    failed: &mut Vec<(usize, String)>,
-    all: &[(usize, String)],
+    failed: &mut Vec<Listed>,
+    all: &[Listed],
     done: &std::sync::Mutex<Vec<usize>>,
 ) {
     let done = done.lock().unwrap_or_else(|e| e.into_inner());
     let finished: std::collections::HashSet<&str> = all
         .iter()
-        .filter(|(i, _)| done.contains(i))
-        .map(|(_, id)| id.as_str())
+        .filter(|l| done.contains(&l.index))
+        .map(|l| l.id.as_str())
         .collect();
-    failed.retain(|(_, id)| {
-        let twin = finished.contains(id.as_str());
+    failed.retain(|l| {
+        let twin = finished.contains(l.id.as_str());
         if twin {
-            info!(message_id = %id, "a copy of this message failed while another copy in the batch finished: not listed");
+            info!(message_id = %l.id, "a copy of this message failed while another copy in the batch finished: not listed");
         }
         !twin
     });
@@ -247,7 +272,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let messages = || {
             records
                 .iter()
-                .filter_map(|r| r.parsed.as_ref().ok().map(|(m, _)| m))
+                .filter_map(|r| r.parsed.as_ref().ok().map(|p| &p.message))
         };
         let queue = messages().find_map(Message::queue).map(str::to_owned);
         let request_id = crate::protocol::handler::current_request_id();
@@ -295,13 +320,15 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// response listing those that must come back.
     async fn run_event(
         &self,
-        records: Vec<Record>,
+        records: Vec<EventRecord>,
         deadline: Instant,
         started: Instant,
     ) -> SqsBatchResponse {
-        let fifo = records
-            .iter()
-            .any(|r| r.parsed.as_ref().is_ok_and(|(m, _)| m.group_id().is_some()));
+        let fifo = records.iter().any(|r| {
+            r.parsed
+                .as_ref()
+                .is_ok_and(|p| p.message.group_id().is_some())
+        });
         let stop = CancellationToken::new();
         let budget = Budget {
             deadline,
@@ -312,9 +339,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         };
         let stop_at = deadline.checked_sub(budget.margin / 2).unwrap_or(deadline);
         let total = records.len();
-        let all: Vec<(usize, String)> = records.iter().map(|r| (r.index, r.id.clone())).collect();
+        let all: Vec<Listed> = records.iter().map(EventRecord::listed).collect();
         let done = std::sync::Mutex::new(Vec::new());
-        let finished = Finished::default();
+        let finished = PayloadsToDelete::default();
         let work = self.run_records(records, fifo, budget, &stop, &done, &finished);
         tokio::pin!(work);
         let mut failed = tokio::select! {
@@ -333,14 +360,14 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     Err(_) => {
                         warn!("cleanup did not finish before the deadline; answering with what is known");
                         let done = done.lock().unwrap_or_else(|e| e.into_inner());
-                        all.iter().filter(|(i, _)| !done.contains(i)).cloned().collect()
+                        all.iter().filter(|l| !done.contains(&l.index)).cloned().collect()
                     }
                 }
             }
         };
         self.delete_payloads(&finished, budget).await;
         keep_finished_twins(&mut failed, &all, &done);
-        failed.sort_unstable_by_key(|(index, _)| *index);
+        failed.sort_unstable_by_key(|l| l.index);
         info!(records = total, failed = failed.len(), fifo, "batch done");
         if self.inner.config.emf {
             let processor = &self.inner.processor;
@@ -352,16 +379,16 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let mut response = SqsBatchResponse::default();
         response.batch_item_failures = failed
             .into_iter()
-            .map(|(_, id)| {
+            .map(|l| {
                 let mut f = BatchItemFailure::default();
-                f.item_identifier = id;
+                f.item_identifier = l.id;
                 f
             })
             .collect();
         response
     }
 
-    async fn parse(&self, event: serde_json::Value) -> Result<Vec<Record>, EventError> {
+    async fn parse(&self, event: serde_json::Value) -> Result<Vec<EventRecord>, EventError> {
         let serde_json::Value::Object(mut event) = event else {
             return Err(EventError::NotSqs("the event is not a JSON object".into()));
         };
@@ -392,11 +419,14 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                         (None, Some(arn)) => self.queue_url(arn).await,
                         (None, None) => None,
                     };
-                    Ok((to_message(&id, m), queue))
+                    Ok(Parsed {
+                        message: to_message(&id, m),
+                        queue,
+                    })
                 }
                 Err(e) => Err(format!("malformed SQS record: {e}")),
             };
-            records.push(Record { index, id, parsed });
+            records.push(EventRecord { index, id, parsed });
         }
         Ok(records)
     }
@@ -410,20 +440,20 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// runs after the first copy and is skipped rather than found in flight.
     async fn run_records(
         &self,
-        records: Vec<Record>,
+        records: Vec<EventRecord>,
         fifo: bool,
         budget: Budget,
         stop: &CancellationToken,
         done: &std::sync::Mutex<Vec<usize>>,
-        finished: &Finished,
-    ) -> Vec<(usize, String)> {
+        finished: &PayloadsToDelete,
+    ) -> Vec<Listed> {
         let keys = self.inner.processor.config();
         // A record we cannot read has no group or key we can trust: its own lane.
         let lanes = lanes::split(records, |r| {
             r.parsed
                 .as_ref()
                 .ok()
-                .and_then(|(m, _)| lanes::lane_of(m, fifo, keys))
+                .and_then(|p| lanes::lane_of(&p.message, fifo, keys))
         });
         futures::stream::iter(lanes)
             .map(|lane| async move {
@@ -439,7 +469,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     if fifo {
                         // Held only when the failure set a delay; else the
                         // rest is left as received.
-                        if let (Settled::Again { after: Some(after) }, Ok((m, queue))) =
+                        if let (Settled::Again { after: Some(after) }, Ok(Parsed { message: m, queue })) =
                             (settled, &r.parsed)
                         {
                             let failed_at = Delivery {
@@ -451,20 +481,20 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                             hold =
                                 Some(hold_group(&self.inner.queue, failed_at, after, more).await);
                         }
-                        failed.push((r.index, r.id));
+                        failed.push(r.listed());
                         break;
                     }
-                    failed.push((r.index, r.id));
+                    failed.push(r.listed());
                 }
                 // FIFO: after a failure the rest of the group is listed without
                 // running, coming back a second before the failed record
                 // (`hold_group`, as in the poller).
                 for r in rest {
                     info!(message_id = %r.id, "not started: an earlier message of its group failed");
-                    if let (Some(after), Ok((m, Some(queue)))) = (hold, &r.parsed) {
+                    if let (Some(after), Ok(Parsed { message: m, queue: Some(queue) })) = (hold, &r.parsed) {
                         retry_later(&self.inner.queue, queue, m, after, budget.received_at).await;
                     }
-                    failed.push((r.index, r.id));
+                    failed.push(r.listed());
                 }
                 futures::stream::iter(failed)
             })
@@ -479,12 +509,12 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// redelivery let go is deleted at once ([`Self::delete_redelivery`]).
     async fn run_one(
         &self,
-        record: &Record,
+        record: &EventRecord,
         budget: Budget,
         stop: &CancellationToken,
-        finished: &Finished,
+        finished: &PayloadsToDelete,
     ) -> Settled {
-        let (message, queue) = match &record.parsed {
+        let Parsed { message, queue } = match &record.parsed {
             Ok(p) => p,
             Err(e) => {
                 error!(message_id = %record.id, error = %e, "record cannot be read; reported as failed");
@@ -572,7 +602,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// Lambda's own delete of these messages afterwards is a no-op. Bounded
     /// to end a quarter of the margin before the deadline; what is left then
     /// keeps its object.
-    async fn delete_payloads(&self, finished: &Finished, budget: Budget) {
+    async fn delete_payloads(&self, finished: &PayloadsToDelete, budget: Budget) {
         let Some(payloads) = self.inner.processor.large_payloads() else {
             return;
         };
@@ -582,7 +612,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .unwrap_or(budget.deadline);
         let work = async {
             for (queue, entries) in finished.by_queue() {
-                for chunk in entries.chunks(crate::protocol::queue::SQS_BATCH) {
+                for chunk in entries.chunks(crate::protocol::limits::SQS_BATCH) {
                     let deleted = delete_messages(&self.inner.queue, &queue, chunk).await;
                     payloads.delete_objects(deleted).await;
                 }
@@ -677,12 +707,19 @@ const RECEIVED_BEFORE_START: Duration = Duration::from_secs(300);
 /// How long the adapter's own delete of a finished redelivery may take.
 const DIRECT_DELETE_TIME: Duration = Duration::from_secs(2);
 
-/// The finished records whose large payloads are to be deleted: (queue URL,
-/// receipt handle, object).
+/// The finished records whose large payloads are to be deleted, each after
+/// its message.
 #[derive(Default)]
-struct Finished(std::sync::Mutex<Vec<(String, String, S3Pointer)>>);
+struct PayloadsToDelete(std::sync::Mutex<Vec<(String, Receipted)>>);
 
-impl Finished {
+/// A finished message (its receipt handle) and its large payload.
+#[derive(Debug, Clone)]
+struct Receipted {
+    receipt: String,
+    object: S3Pointer,
+}
+
+impl PayloadsToDelete {
     /// Notes a finished record if its payload is to be deleted (and its queue known).
     fn note(&self, payloads: Option<&LargePayloads>, queue: Option<&str>, message: &Message) {
         let object = payloads.and_then(|p| p.to_delete(message));
@@ -690,16 +727,17 @@ impl Finished {
             (object, queue, message.receipt_handle())
         {
             let mut list = self.0.lock().expect("finished lock");
-            list.push((queue.to_owned(), receipt.to_owned(), object));
+            let receipt = receipt.to_owned();
+            list.push((queue.to_owned(), Receipted { receipt, object }));
         }
     }
 
     /// Takes the records noted, by queue.
-    fn by_queue(&self) -> HashMap<String, Vec<(String, S3Pointer)>> {
+    fn by_queue(&self) -> HashMap<String, Vec<Receipted>> {
         let noted = std::mem::take(&mut *self.0.lock().expect("finished lock"));
-        let mut out: HashMap<String, Vec<(String, S3Pointer)>> = HashMap::new();
-        for (queue, receipt, object) in noted {
-            out.entry(queue).or_default().push((receipt, object));
+        let mut out: HashMap<String, Vec<Receipted>> = HashMap::new();
+        for (queue, entry) in noted {
+            out.entry(queue).or_default().push(entry);
         }
         out
     }
@@ -709,9 +747,9 @@ impl Finished {
 async fn delete_messages<Q: QueueClient>(
     queue: &Q,
     url: &str,
-    entries: &[(String, S3Pointer)],
+    entries: &[Receipted],
 ) -> Vec<S3Pointer> {
-    let receipts: Vec<String> = entries.iter().map(|(r, _)| r.clone()).collect();
+    let receipts: Vec<String> = entries.iter().map(|e| e.receipt.clone()).collect();
     let failed: Vec<usize> = match queue.delete_batch(url, &receipts).await {
         Ok(failed) => failed.into_iter().map(|f| f.index).collect(),
         Err(e) => {
@@ -723,7 +761,7 @@ async fn delete_messages<Q: QueueClient>(
         .iter()
         .enumerate()
         .filter(|(i, _)| !failed.contains(i))
-        .map(|(_, (_, object))| object.clone())
+        .map(|(_, e)| e.object.clone())
         .collect()
 }
 
