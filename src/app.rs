@@ -210,6 +210,21 @@ impl SqsOnce {
         self
     }
 
+    /// Key records by a SHA-256 of each dedup key and show only that in logs
+    /// and spans (`SQS_ONCE_HASH_KEYS`); see [`ProcessorConfig::hash_keys`].
+    /// Changing it changes every record's key: drain the queue first.
+    pub fn hash_keys(mut self, on: bool) -> Self {
+        self.processor.hash_keys = on;
+        self
+    }
+
+    /// Keep handler error text out of records, DLQ reasons, logs and span
+    /// status (`SQS_ONCE_REDACT_REASONS`); see [`ProcessorConfig::redact_reasons`].
+    pub fn redact_reasons(mut self, on: bool) -> Self {
+        self.processor.redact_reasons = on;
+        self
+    }
+
     /// How long records are kept (must exceed the queue's retention and the
     /// redelivery window; checked at start-up).
     pub fn ttl(mut self, ttl: Duration) -> Self {

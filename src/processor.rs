@@ -20,7 +20,7 @@ use crate::dedup::{
     StoredResult,
 };
 use crate::handler::{Context, Effects, FailureKind, Handler, HandlerError};
-use crate::key::{record_key, sha256_hex};
+use crate::key::sha256_hex;
 use crate::metrics::Metrics;
 use crate::payloads::LargePayloads;
 use crate::{Message, clock};
@@ -248,11 +248,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 },
             };
             let span = tracing::Span::current();
-            span.record("sqs_once.dedup_key", key.as_str());
-            span.record(
-                "sqs_once.record_key",
-                record_key(&self.config.consumer, &key).as_str(),
-            );
+            span.record("sqs_once.dedup_key", &*self.config.shown_key(&key));
+            span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
@@ -325,7 +322,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         let result = value.map(|v| self.bounded(&v));
         let commit = FastCommit {
-            pk: record_key(&self.config.consumer, key),
+            pk: self.config.record_key(key),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
             payload_sha256: sha256_hex(message.body().as_bytes()),
@@ -383,7 +380,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if message.receive_count() <= 1 || crate::mutants::active("no-redelivery-read") {
             return None;
         }
-        let pk = record_key(&self.config.consumer, key);
+        let pk = self.config.record_key(key);
         // A record past its TTL counts as absent, as the claim condition
         // says (DynamoDB deletes expired items late, by days at times).
         let now_ms = self.clock.now_ms();
@@ -507,7 +504,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return None;
         }
         self.metrics.payload_mismatch();
-        let key = message.dedup_key().unwrap_or_default();
+        let key = self
+            .config
+            .shown_key(message.dedup_key().unwrap_or_default());
         match self.config.payload_mismatch {
             PayloadMismatch::Warn => {
                 warn!(
@@ -577,7 +576,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     fn claim_request(&self, message: &Message, key: &str, lease: Duration) -> ClaimRequest {
         ClaimRequest {
-            pk: record_key(&self.config.consumer, key),
+            pk: self.config.record_key(key),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
             payload_sha256: sha256_hex(message.body().as_bytes()),
@@ -892,7 +891,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             .await;
         self.metrics.handler_latency(started.elapsed());
         match handled {
+            Ok(r) if self.config.redact_reasons => r.map_err(|e| e.redacted()),
             Ok(r) => r,
+            Err(_) if self.config.redact_reasons => {
+                let what = format!(
+                    "handler panicked, its message redacted ({})",
+                    crate::handler::REDACTED_BY
+                );
+                error!("{what}; retrying");
+                Err(HandlerError::retry(what))
+            }
             Err(panic) => {
                 let what = panic
                     .downcast_ref::<&str>()
@@ -1151,6 +1159,7 @@ fn lease_within(lease: Duration, deadline: Option<Instant>) -> Duration {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::key::record_key;
     use crate::{MemoryStore, handler_fn};
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -1969,3 +1978,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(all(test, feature = "poller"))]
+#[path = "processor_privacy_tests.rs"]
+mod privacy_tests;

@@ -16,7 +16,7 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use sqs_once::cli::escape;
 use sqs_once::dedup::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use sqs_once::dedup::{Record, Status, StoredResult};
-use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key, record_key};
+use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key, hashed_record_key, record_key};
 use sqs_once::queue::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
 
 type GetItemError = aws_sdk_dynamodb::operation::get_item::GetItemError;
@@ -285,14 +285,31 @@ pub fn describe_record(r: &Record, now: i64) -> String {
     out.join("\n")
 }
 
-/// Reads the record of `dedup_key` for `consumer`.
+/// The record key of `dedup_key` for `consumer`, as the consumers make it:
+/// hashed when they hash keys (`SQS_ONCE_HASH_KEYS`). With hashing on, a key
+/// in the form logs and spans show (`sha256:` and 64 hex digits) is taken as
+/// hashed already.
+pub fn record_key_of(consumer: &str, dedup_key: &str, hash_keys: bool) -> String {
+    let shown = dedup_key.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
+    match (hash_keys, shown) {
+        (false, _) => record_key(consumer, dedup_key),
+        (true, true) => format!("{consumer}#{dedup_key}"),
+        (true, false) => hashed_record_key(consumer, dedup_key),
+    }
+}
+
+/// Reads the record whose key is `pk` (see [`record_key_of`]).
 pub async fn inspect(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
-    consumer: &str,
-    dedup_key: &str,
+    pk: &str,
 ) -> Result<Option<Record>, OpsError> {
-    let pk = record_key(consumer, dedup_key);
+    let pk = pk.to_owned();
     let out = ddb
         .get_item()
         .table_name(table)
@@ -322,17 +339,17 @@ pub enum Forgotten {
     InProgress(Record),
 }
 
-/// Deletes the record of `dedup_key` so the event can be processed again. A
-/// record under a live claim is left alone unless `force` (its handler may be
-/// running: deleting it lets a second attempt start).
+/// Deletes the record whose key is `pk` (see [`record_key_of`]) so its event
+/// can be processed again. A record under a live claim is left alone unless
+/// `force` (its handler may be running: deleting it lets a second attempt
+/// start).
 pub async fn forget(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
-    consumer: &str,
-    dedup_key: &str,
+    pk: &str,
     force: bool,
 ) -> Result<Forgotten, OpsError> {
-    let pk = record_key(consumer, dedup_key);
+    let pk = pk.to_owned();
     let mut delete = ddb
         .delete_item()
         .table_name(table)
@@ -1045,6 +1062,36 @@ async fn move_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_record_key_is_made_as_the_consumer_makes_it_and_takes_the_logged_form() {
+        let hex = sqs_once::key::sha256_hex(b"evt-1");
+        assert_eq!(record_key_of("ledger", "evt-1", false), "ledger#evt-1");
+        assert_eq!(
+            record_key_of("ledger", "evt-1", true),
+            format!("ledger#sha256:{hex}")
+        );
+        // What logs and spans show of a hashed key, given back.
+        let shown = format!("sha256:{hex}");
+        assert_eq!(
+            record_key_of("ledger", &shown, true),
+            format!("ledger#sha256:{hex}")
+        );
+        // Anything else is a key to hash, and without hashing nothing is taken as hashed.
+        for other in [
+            format!("sha256:{}", &hex[1..]),
+            format!("sha256:{}", hex.to_uppercase()),
+        ] {
+            assert_ne!(
+                record_key_of("ledger", &other, true),
+                format!("ledger#{other}")
+            );
+        }
+        assert_eq!(
+            record_key_of("ledger", &shown, false),
+            record_key("ledger", &shown)
+        );
+    }
 
     #[test]
     fn a_redrive_takes_at_most_what_the_dlq_held_at_its_start_and_at_most_max() {
