@@ -225,6 +225,14 @@ impl SqsOnce {
         self
     }
 
+    /// Let a producer's sampled flag decide whether a message's span is
+    /// sampled (`SQS_ONCE_TRUST_PRODUCER_SAMPLING`); see
+    /// [`ProcessorConfig::trust_producer_sampling`].
+    pub fn trust_producer_sampling(mut self, on: bool) -> Self {
+        self.processor.trust_producer_sampling = on;
+        self
+    }
+
     /// How long records are kept (must exceed the queue's retention and the
     /// redelivery window; checked at start-up).
     pub fn ttl(mut self, ttl: Duration) -> Self {

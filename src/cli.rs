@@ -105,6 +105,11 @@ pub struct RuntimeArgs {
     /// error's type instead.
     #[arg(long, env = "SQS_ONCE_REDACT_REASONS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub redact_reasons: bool,
+    /// Let a producer's trace context decide whether a message's span is
+    /// sampled (`on`/`off`). Off, the span stays in the producer's trace but
+    /// this consumer's sampler (OTEL_TRACES_SAMPLER) decides.
+    #[arg(long, env = "SQS_ONCE_TRUST_PRODUCER_SAMPLING", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub trust_producer_sampling: bool,
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
@@ -160,6 +165,7 @@ impl RuntimeArgs {
         p.fast_path = self.fast_path;
         p.hash_keys = self.hash_keys;
         p.redact_reasons = self.redact_reasons;
+        p.trust_producer_sampling = self.trust_producer_sampling;
         p.payload_mismatch = match self.payload_mismatch.as_str() {
             "park" => PayloadMismatch::Park,
             _ => PayloadMismatch::Warn,
@@ -702,17 +708,29 @@ mod tests {
     }
 
     #[test]
-    fn the_key_and_reason_switches_are_off_by_default_and_reach_the_processor() {
+    fn the_key_reason_and_sampling_switches_are_off_by_default_and_reach_the_processor() {
         let off = parse(&[]).unwrap().poller_configs().unwrap().0;
-        assert!(!off.hash_keys && !off.redact_reasons);
-        let on = parse(&["--hash-keys", "on", "--redact-reasons", "yes"]).unwrap();
+        assert!(!off.hash_keys && !off.redact_reasons && !off.trust_producer_sampling);
+        let on = parse(&[
+            "--hash-keys",
+            "on",
+            "--redact-reasons",
+            "yes",
+            "--trust-producer-sampling",
+            "true",
+        ])
+        .unwrap();
         for p in [
             on.poller_configs().unwrap().0,
             on.lambda_configs().unwrap().0,
         ] {
-            assert!(p.hash_keys && p.redact_reasons);
+            assert!(p.hash_keys && p.redact_reasons && p.trust_producer_sampling);
         }
-        for flag in ["--hash-keys", "--redact-reasons"] {
+        for flag in [
+            "--hash-keys",
+            "--redact-reasons",
+            "--trust-producer-sampling",
+        ] {
             assert!(parse(&[flag, "maybe"]).is_err(), "{flag}");
         }
     }

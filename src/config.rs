@@ -90,6 +90,13 @@ pub struct ProcessorConfig {
     /// the failure's kind (permanent or transient) and the error's type
     /// instead. Panic messages are left out too.
     pub redact_reasons: bool,
+    /// Let a producer's `traceparent` (or `AWSTraceHeader`) sampled flag
+    /// decide whether a message's span is sampled
+    /// (`SQS_ONCE_TRUST_PRODUCER_SAMPLING`, default off). Off, the span stays
+    /// in the producer's trace but the consumer's own sampler decides (see
+    /// `sqs_once::otel::MessageSampler`): a producer can neither force its
+    /// messages to be traced nor keep them out of the traces.
+    pub trust_producer_sampling: bool,
 }
 
 impl ProcessorConfig {
@@ -112,6 +119,7 @@ impl ProcessorConfig {
             carry_secret: None,
             hash_keys: false,
             redact_reasons: false,
+            trust_producer_sampling: false,
         }
     }
 

@@ -222,7 +222,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// Processes one message.
     pub async fn process_with(&self, mut message: Message, opts: ProcessOptions<'_>) -> Outcome {
-        let span = crate::trace::message_span(&message, &self.config.consumer);
+        let span = crate::trace::message_span(
+            &message,
+            &self.config.consumer,
+            self.config.trust_producer_sampling,
+        );
         let outcome = async {
             if let Some(payloads) = &self.payloads
                 && let Err(outcome) = payloads
