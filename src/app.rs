@@ -210,6 +210,29 @@ impl SqsOnce {
         self
     }
 
+    /// Key records by a SHA-256 of each dedup key and show only that in logs
+    /// and spans (`SQS_ONCE_HASH_KEYS`); see [`ProcessorConfig::hash_keys`].
+    /// Changing it changes every record's key: drain the queue first.
+    pub fn hash_keys(mut self, on: bool) -> Self {
+        self.processor.hash_keys = on;
+        self
+    }
+
+    /// Keep handler error text out of records, DLQ reasons, logs and span
+    /// status (`SQS_ONCE_REDACT_REASONS`); see [`ProcessorConfig::redact_reasons`].
+    pub fn redact_reasons(mut self, on: bool) -> Self {
+        self.processor.redact_reasons = on;
+        self
+    }
+
+    /// Let a producer's sampled flag decide whether a message's span is
+    /// sampled (`SQS_ONCE_TRUST_PRODUCER_SAMPLING`); see
+    /// [`ProcessorConfig::trust_producer_sampling`].
+    pub fn trust_producer_sampling(mut self, on: bool) -> Self {
+        self.processor.trust_producer_sampling = on;
+        self
+    }
+
     /// How long records are kept (must exceed the queue's retention and the
     /// redelivery window; checked at start-up).
     pub fn ttl(mut self, ttl: Duration) -> Self {

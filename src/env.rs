@@ -96,6 +96,22 @@ pub struct RuntimeArgs {
     /// is honoured and parked copies carry no key.
     #[arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)]
     pub carry_secret: Option<SecretText>,
+    /// Hash dedup keys (`on`/`off`): records are keyed by, and logs and
+    /// spans show, `sha256:{hex}` of the key instead of the key. Turning it
+    /// on or off under a live queue makes duplicates of earlier messages run
+    /// again: drain first (docs/OPERATIONS.md).
+    #[arg(long, env = "SQS_ONCE_HASH_KEYS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub hash_keys: bool,
+    /// Keep handler error text out of records, DLQ reasons, logs and span
+    /// status (`on`/`off`): a fixed text names the failure's kind and the
+    /// error's type instead.
+    #[arg(long, env = "SQS_ONCE_REDACT_REASONS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub redact_reasons: bool,
+    /// Let a producer's trace context decide whether a message's span is
+    /// sampled (`on`/`off`). Off, the span stays in the producer's trace but
+    /// this consumer's sampler (OTEL_TRACES_SAMPLER) decides.
+    #[arg(long, env = "SQS_ONCE_TRUST_PRODUCER_SAMPLING", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub trust_producer_sampling: bool,
     /// Lambda: no record is started with less time than this left in the invocation.
     #[arg(long, env = "SQS_ONCE_LAMBDA_MARGIN", default_value = "3s")]
     pub lambda_margin: String,
@@ -149,6 +165,9 @@ impl RuntimeArgs {
         p.lease_margin = parse_duration("SQS_ONCE_LEASE_MARGIN", &self.lease_margin)?;
         p.backoff_base = parse_duration("SQS_ONCE_BACKOFF", &self.backoff)?;
         p.fast_path = self.fast_path;
+        p.hash_keys = self.hash_keys;
+        p.redact_reasons = self.redact_reasons;
+        p.trust_producer_sampling = self.trust_producer_sampling;
         p.payload_mismatch = match self.payload_mismatch.as_str() {
             "park" => PayloadMismatch::Park,
             _ => PayloadMismatch::Warn,
@@ -688,6 +707,34 @@ mod tests {
             !format!("{short:?}").contains("hunter2"),
             "the settings' Debug shows no secret"
         );
+    }
+
+    #[test]
+    fn the_key_reason_and_sampling_switches_are_off_by_default_and_reach_the_processor() {
+        let off = parse(&[]).unwrap().poller_configs().unwrap().0;
+        assert!(!off.hash_keys && !off.redact_reasons && !off.trust_producer_sampling);
+        let on = parse(&[
+            "--hash-keys",
+            "on",
+            "--redact-reasons",
+            "yes",
+            "--trust-producer-sampling",
+            "true",
+        ])
+        .unwrap();
+        for p in [
+            on.poller_configs().unwrap().0,
+            on.lambda_configs().unwrap().0,
+        ] {
+            assert!(p.hash_keys && p.redact_reasons && p.trust_producer_sampling);
+        }
+        for flag in [
+            "--hash-keys",
+            "--redact-reasons",
+            "--trust-producer-sampling",
+        ] {
+            assert!(parse(&[flag, "maybe"]).is_err(), "{flag}");
+        }
     }
 
     #[test]

@@ -164,6 +164,18 @@ pub(crate) struct KeyArgs {
     /// The consumer whose record it is.
     #[arg(long, env = "SQS_ONCE_CONSUMER")]
     pub(crate) consumer: String,
+    /// The consumer hashes its keys (`on`/`off`, as the consumer's own
+    /// setting): KEY is hashed the same way, or given as logs show it
+    /// (`sha256:` and 64 hex digits).
+    #[arg(long, env = "SQS_ONCE_HASH_KEYS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub(crate) hash_keys: bool,
+}
+
+impl KeyArgs {
+    /// The record key of KEY, as the consumer makes it.
+    pub(crate) fn pk(&self) -> String {
+        sqs_once_cli::ops::record_key_of(&self.consumer, &self.key, self.hash_keys)
+    }
 }
 
 #[derive(clap::Args)]

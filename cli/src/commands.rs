@@ -146,7 +146,7 @@ pub(crate) async fn check(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Resul
 /// `inspect`: prints the record of one key.
 pub(crate) async fn inspect(sdk: &aws_config::SdkConfig, k: &KeyArgs) -> Result<(), BoxError> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    match ops::inspect(&ddb, &k.table, &k.consumer, &k.key).await? {
+    match ops::inspect(&ddb, &k.table, &k.pk()).await? {
         Some(r) => {
             println!("{}", ops::describe_record(&r, now_ms()));
             Ok(())
@@ -164,8 +164,8 @@ pub(crate) async fn forget(sdk: &aws_config::SdkConfig, args: &ForgetArgs) -> Re
     let (k, force) = (&args.key, args.force);
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     if args.dry_run {
-        let pk = sqs_once::key::record_key(&k.consumer, &k.key);
-        return match ops::inspect(&ddb, &k.table, &k.consumer, &k.key).await? {
+        let pk = k.pk();
+        return match ops::inspect(&ddb, &k.table, &pk).await? {
             None => {
                 println!("dry run: no record for key {:?}: nothing to forget", k.key);
                 Ok(())
@@ -189,7 +189,7 @@ pub(crate) async fn forget(sdk: &aws_config::SdkConfig, args: &ForgetArgs) -> Re
             }
         };
     }
-    match ops::forget(&ddb, &k.table, &k.consumer, &k.key, force).await? {
+    match ops::forget(&ddb, &k.table, &k.pk(), force).await? {
         ops::Forgotten::Deleted(r) => {
             println!(
                 "forgot {} (was {}, {} attempt(s)): the next delivery of this key is processed again",

@@ -75,6 +75,26 @@ pub struct ProcessorConfig {
     /// it nothing carried is honoured: under `message-id` and `dedup-id` keys a
     /// copy brought back from the DLQ is processed under a new key.
     pub carry_secret: Option<CarrySecret>,
+    /// Store and show a SHA-256 of each dedup key instead of the key
+    /// (`SQS_ONCE_HASH_KEYS`, default off): the record's `pk` is
+    /// `{consumer}#sha256:{hex}` and logs and span attributes show
+    /// `sha256:{hex}`. Pseudonymisation, not anonymisation: a guessable key
+    /// (an order number) is found by hashing guesses. Turning it on or off
+    /// changes every record's key: see the operations guide before changing
+    /// it under a live queue.
+    pub hash_keys: bool,
+    /// Keep handler error text out of records, DLQ reasons, logs and span
+    /// status (`SQS_ONCE_REDACT_REASONS`, default off): a fixed text names
+    /// the failure's kind (permanent or transient) and the error's type
+    /// instead. Panic messages are left out too.
+    pub redact_reasons: bool,
+    /// Let a producer's `traceparent` (or `AWSTraceHeader`) sampled flag
+    /// decide whether a message's span is sampled
+    /// (`SQS_ONCE_TRUST_PRODUCER_SAMPLING`, default off). Off, the span stays
+    /// in the producer's trace but the consumer's own sampler decides (see
+    /// `sqs_once::otel::MessageSampler`): a producer can neither force its
+    /// messages to be traced nor keep them out of the traces.
+    pub trust_producer_sampling: bool,
 }
 
 impl ProcessorConfig {
@@ -95,6 +115,29 @@ impl ProcessorConfig {
             fast_path: true,
             payload_mismatch: PayloadMismatch::Warn,
             carry_secret: None,
+            hash_keys: false,
+            redact_reasons: false,
+            trust_producer_sampling: false,
+        }
+    }
+
+    /// The record key (`pk`) of `dedup_key`: hashed when [`Self::hash_keys`]
+    /// says so (see [`crate::protocol::key::record_key`]).
+    pub fn record_key(&self, dedup_key: &str) -> String {
+        if self.hash_keys {
+            crate::protocol::key::hashed_record_key(&self.consumer, dedup_key)
+        } else {
+            crate::protocol::key::record_key(&self.consumer, dedup_key)
+        }
+    }
+
+    /// `dedup_key` as logs, span attributes and reasons show it: as is, or
+    /// `sha256:{hex}` when [`Self::hash_keys`] says so.
+    pub fn shown_key<'a>(&self, dedup_key: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.hash_keys {
+            crate::protocol::key::hashed_key(dedup_key).into()
+        } else {
+            dedup_key.into()
         }
     }
 

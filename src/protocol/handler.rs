@@ -153,6 +153,8 @@ where
 pub struct HandlerError {
     kind: FailureKind,
     source: Box<dyn std::error::Error + Send + Sync>,
+    /// The type of the error given, as Rust names it.
+    type_name: &'static str,
 }
 
 impl HandlerError {
@@ -181,6 +183,7 @@ impl HandlerError {
     ) -> Self {
         Self {
             kind,
+            type_name: std::any::type_name_of_val(&error),
             source: error.into(),
         }
     }
@@ -189,7 +192,44 @@ impl HandlerError {
     pub fn kind(&self) -> FailureKind {
         self.kind
     }
+
+    /// The type of the error the handler gave, as Rust names it
+    /// (`serde_json::error::Error`); `None` for text (`&str`, `String`) and
+    /// boxed errors, whose type says nothing.
+    pub fn error_type(&self) -> Option<&'static str> {
+        let t = self.type_name;
+        let says_nothing = t.starts_with('&')
+            || t == "alloc::string::String"
+            || t.starts_with("alloc::boxed::Box<dyn ")
+            || t.starts_with("alloc::borrow::Cow<");
+        (!says_nothing).then_some(t)
+    }
+
+    /// The same failure with a fixed text instead of the error's: its kind
+    /// and type only (`SQS_ONCE_REDACT_REASONS`).
+    pub(crate) fn redacted(&self) -> Self {
+        let kind = match self.kind {
+            FailureKind::Permanent => "permanent error".to_owned(),
+            FailureKind::Retry => "transient error".to_owned(),
+            FailureKind::RetryAfter(d) => format!(
+                "transient error (retry after {})",
+                humantime::format_duration(d)
+            ),
+        };
+        let of_type = self
+            .error_type()
+            .map(|t| format!(" of type {t}"))
+            .unwrap_or_default();
+        Self {
+            kind: self.kind,
+            source: format!("{kind}{of_type}, its text redacted ({REDACTED_BY})").into(),
+            type_name: self.type_name,
+        }
+    }
 }
+
+/// The setting named where a text is left out.
+pub(crate) const REDACTED_BY: &str = "SQS_ONCE_REDACT_REASONS";
 
 impl std::fmt::Display for HandlerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -199,11 +239,17 @@ impl std::fmt::Display for HandlerError {
 
 impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        let error = error.into();
-        if unbuildable(&*error) {
-            Self::permanent(error)
+        let type_name = std::any::type_name::<E>();
+        let source = error.into();
+        let kind = if unbuildable(&*source) {
+            FailureKind::Permanent
         } else {
-            Self::retry(error)
+            FailureKind::Retry
+        };
+        Self {
+            kind,
+            source,
+            type_name,
         }
     }
 }

@@ -411,11 +411,21 @@ pub fn record_key(consumer: &str, dedup_key: &str) -> String {
     if plain.len() <= MAX_PLAIN_KEY_BYTES && !dedup_key.starts_with(HASHED_PREFIX) {
         plain
     } else {
-        format!(
-            "{consumer}#{HASHED_PREFIX}{}",
-            sha256_hex(dedup_key.as_bytes())
-        )
+        hashed_record_key(consumer, dedup_key)
     }
+}
+
+/// The record key of `dedup_key` when keys are hashed
+/// (`SQS_ONCE_HASH_KEYS`): always `{consumer}#sha256:{hex}`, the form
+/// [`record_key`] gives long keys, so a long key's record is the same either way.
+pub fn hashed_record_key(consumer: &str, dedup_key: &str) -> String {
+    format!("{consumer}#{}", hashed_key(dedup_key))
+}
+
+/// `sha256:{hex}` of `dedup_key`: what logs and spans show of it when keys
+/// are hashed, and the part of its record key after the consumer.
+pub fn hashed_key(dedup_key: &str) -> String {
+    format!("{HASHED_PREFIX}{}", sha256_hex(dedup_key.as_bytes()))
 }
 
 /// The stable idempotency key to pass downstream (`Idempotency-Key` header):
@@ -555,6 +565,18 @@ mod tests {
             idx.extract(&Message::new("m", r#"{"l":[1,2]}"#)),
             Err(KeyError::MissingPointer("/l/01".into()))
         );
+    }
+
+    #[test]
+    fn hashed_keys_take_the_long_keys_form_so_a_long_key_keeps_its_record() {
+        assert_eq!(
+            hashed_record_key("c", "k"),
+            format!("c#sha256:{}", sha256_hex(b"k"))
+        );
+        assert_eq!(hashed_key("k"), format!("sha256:{}", sha256_hex(b"k")));
+        let long = "x".repeat(5000);
+        assert_eq!(hashed_record_key("c", &long), record_key("c", &long));
+        assert_ne!(hashed_record_key("c", "k"), record_key("c", "k"));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! process that sets up its own subscriber adds it itself. The standard
 //! variables apply: `OTEL_SERVICE_NAME` (default: the Lambda function's name,
 //! else the executable's), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`
-//! (default: follow the producer's sampling decision, sample new traces),
+//! (default: parent-based, always on; a producer's sampled flag decides a
+//! message span only with `SQS_ONCE_TRUST_PRODUCER_SAMPLING=on`, see
+//! [`MessageSampler`]),
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TIMEOUT`, and
 //! `OTEL_SDK_DISABLED=true` to turn it off. The endpoint is plain HTTP: a
 //! collector beside the process (the ADOT Lambda layer, an ECS sidecar, the
@@ -21,10 +23,13 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{Link, SpanId, SpanKind, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample,
+};
 use tracing_opentelemetry::OpenTelemetryLayer;
 
 /// The provider [`layer`] installed, which [`flush`] and [`shutdown`] drive.
@@ -71,10 +76,78 @@ where
         .with_batch_exporter(exporter)
         .with_resource(resource())
         .with_id_generator(XrayIds::default())
+        .with_sampler(MessageSampler::from_env())
         .build();
     let tracer = provider.tracer("sqs-once");
     let _ = PROVIDER.set(provider);
     Ok(Some(tracing_opentelemetry::layer().with_tracer(tracer)))
+}
+
+/// The sampler [`layer`] installs: the one the environment names
+/// (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; by default parent-based,
+/// always on), except that a message span whose producer's sampling is to be
+/// ignored (`sqs_once.producer_sampling = ignored`, see
+/// [`crate::protocol::trace::PRODUCER_SAMPLING`]) is decided as a new trace would be
+/// (by the root sampler of a parent-based one), keeping the producer's trace
+/// id and `tracestate`. A process that builds its own tracer provider
+/// installs it with `with_sampler(MessageSampler::from_env())` for
+/// `SQS_ONCE_TRUST_PRODUCER_SAMPLING=off` to take effect.
+#[derive(Debug, Clone)]
+pub struct MessageSampler {
+    inner: Box<dyn ShouldSample>,
+}
+
+impl MessageSampler {
+    /// Around `inner`.
+    pub fn new(inner: impl ShouldSample + 'static) -> Self {
+        Self {
+            inner: Box::new(inner),
+        }
+    }
+
+    /// Around the sampler the environment names.
+    pub fn from_env() -> Self {
+        Self {
+            inner: opentelemetry_sdk::trace::Config::default().sampler,
+        }
+    }
+}
+
+impl ShouldSample for MessageSampler {
+    fn should_sample(
+        &self,
+        parent_context: Option<&opentelemetry::Context>,
+        trace_id: TraceId,
+        name: &str,
+        span_kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        let remote = parent_context
+            .map(|cx| cx.span().span_context().clone())
+            .filter(|sc| sc.is_valid() && sc.is_remote());
+        let ignored = attributes.iter().any(|kv| {
+            kv.key.as_str() == crate::protocol::trace::PRODUCER_SAMPLING
+                && kv.value.as_str() == "ignored"
+        });
+        match remote {
+            Some(producer) if ignored => {
+                let mut own = self
+                    .inner
+                    .should_sample(None, trace_id, name, span_kind, attributes, links);
+                own.trace_state = producer.trace_state().clone();
+                own
+            }
+            _ => self.inner.should_sample(
+                parent_context,
+                trace_id,
+                name,
+                span_kind,
+                attributes,
+                links,
+            ),
+        }
+    }
 }
 
 /// Random ids, but a new trace id starts with the epoch second, as X-Ray's
@@ -147,5 +220,106 @@ async fn drive(
         Ok(Ok(Err(e))) => tracing::warn!(error = %e, "trace {what} failed; spans may be lost"),
         Ok(Err(e)) => tracing::warn!(error = %e, "trace {what} panicked"),
         Err(_) => tracing::warn!(timeout = ?FLUSH_TIMEOUT, "trace {what} did not finish in time"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, Sampler, SdkTracerProvider, SpanData};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::MessageSampler;
+    use crate::protocol::trace::{TRACEPARENT, TRACESTATE, TraceParent};
+    use crate::{MemoryStore, Message, Outcome, Processor, ProcessorConfig, handler_fn};
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const SPAN: &str = "00f067aa0ba902b7";
+
+    /// The message spans exported when a message whose producer sampled it
+    /// (or not) is processed under a consumer sampler of root `root`,
+    /// trusting the producer's flag or not.
+    async fn exported(producer_sampled: bool, root: Sampler, trust: bool) -> Vec<SpanData> {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .with_sampler(MessageSampler::new(Sampler::ParentBased(Box::new(root))))
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let mut config = ProcessorConfig::new("c");
+        config.trust_producer_sampling = trust;
+        let handler = handler_fn(|_m, _ctx| async { Ok(None) });
+        let p = Processor::new(MemoryStore::default(), handler, config).unwrap();
+        let flags = if producer_sampled { "01" } else { "00" };
+        let m = Message::new("m-1", "{}")
+            .with_attribute(TRACEPARENT, format!("00-{TRACE}-{SPAN}-{flags}"))
+            .with_attribute(TRACESTATE, "vendor=x");
+        assert!(matches!(p.process(m).await, Outcome::Completed { .. }));
+        exporter.get_finished_spans().unwrap()
+    }
+
+    fn producer() -> TraceParent {
+        TraceParent::parse_w3c(&format!("00-{TRACE}-{SPAN}-01")).unwrap()
+    }
+
+    fn attr(span: &SpanData, key: &str) -> Option<String> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    }
+
+    /// The one exported span continues the producer's trace.
+    fn assert_in_producers_trace(spans: &[SpanData], applied: &str) {
+        let [span] = spans else {
+            panic!("one span: {spans:#?}")
+        };
+        assert_eq!(
+            span.span_context.trace_id(),
+            TraceId::from_bytes(producer().trace_id)
+        );
+        assert_eq!(span.parent_span_id, SpanId::from_bytes(producer().span_id));
+        assert!(span.parent_span_is_remote);
+        assert_eq!(span.span_context.trace_state().header(), "vendor=x");
+        assert_eq!(
+            attr(span, "sqs_once.producer_sampling").as_deref(),
+            Some(applied)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_producer_cannot_force_sampling_unless_trusted() {
+        let ignored = exported(true, Sampler::AlwaysOff, false).await;
+        assert!(
+            ignored.is_empty(),
+            "the consumer samples nothing: {ignored:#?}"
+        );
+        let trusted = exported(true, Sampler::AlwaysOff, true).await;
+        assert_in_producers_trace(&trusted, "trusted");
+    }
+
+    #[tokio::test]
+    async fn a_producer_cannot_keep_its_messages_out_of_the_traces_unless_trusted() {
+        let ignored = exported(false, Sampler::AlwaysOn, false).await;
+        assert_in_producers_trace(&ignored, "ignored");
+        let trusted = exported(false, Sampler::AlwaysOn, true).await;
+        assert!(
+            trusted.is_empty(),
+            "the producer's 00 was followed: {trusted:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trace_id_ratio_decides_by_the_trace_id_whatever_the_producer_says() {
+        // 4bf92f35... falls outside a ratio this small, and inside one this large.
+        for (ratio, recorded) in [(1e-9, false), (1.0 - 1e-9, true)] {
+            for producer_sampled in [false, true] {
+                let spans =
+                    exported(producer_sampled, Sampler::TraceIdRatioBased(ratio), false).await;
+                assert_eq!(!spans.is_empty(), recorded, "{ratio} {producer_sampled}");
+            }
+        }
     }
 }

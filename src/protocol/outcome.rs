@@ -96,6 +96,7 @@ pub enum Outcome {
 }
 
 /// An [`Outcome`]'s variant, without its data (for counting).
+#[cfg(any(feature = "poller", feature = "lambda"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OutcomeKind {
     /// [`Outcome::Completed`].
@@ -112,6 +113,7 @@ pub(crate) enum OutcomeKind {
 
 impl Outcome {
     /// The variant, without its data.
+    #[cfg(any(feature = "poller", feature = "lambda"))]
     pub(crate) fn kind(&self) -> OutcomeKind {
         match self {
             Outcome::Completed { .. } => OutcomeKind::Completed,

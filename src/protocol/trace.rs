@@ -8,7 +8,8 @@
 //!   `messaging.operation.type` and `.name` = `process`, and sqs-once's own
 //!   `sqs_once.consumer`, `sqs_once.dedup_key`, `sqs_once.record_key`,
 //!   `sqs_once.group`, `sqs_once.receive_count`, `sqs_once.attempt`,
-//!   `sqs_once.path` (`fast`, `claim` or `unprotected`) and `sqs_once.outcome`.
+//!   `sqs_once.path` (`fast`, `claim` or `unprotected`), `sqs_once.outcome`
+//!   and, for a message with a producer context, `sqs_once.producer_sampling`.
 //!   A retry or a park sets the span's status to error, with `error.type`.
 //! - One per poller receive that returned messages, `receive {queue}`
 //!   (`messaging.operation.type = receive`, `messaging.batch.message_count`),
@@ -29,6 +30,14 @@
 //! A malformed value is ignored (logged at debug level): the message is
 //! processed as if it had none, never failed for it. Without a context, the
 //! span starts a trace (Lambda: a child of the invocation's span).
+//!
+//! The context's sampled flag is the producer's say: unless
+//! [`ProcessorConfig::trust_producer_sampling`](crate::ProcessorConfig::trust_producer_sampling)
+//! (`SQS_ONCE_TRUST_PRODUCER_SAMPLING`), the span carries
+//! `sqs_once.producer_sampling = ignored` and the sampler `cli::init_logging`
+//! installs (`sqs_once::otel::MessageSampler`) decides as for a new trace,
+//! the span staying in the producer's trace: a producer can neither force
+//! its messages into the traces nor keep them out.
 //!
 //! # Exporting
 //! Spans are `tracing` spans. With the cargo feature `otel`, a
@@ -205,10 +214,24 @@ pub fn queue_name(url_or_arn: &str) -> &str {
     url_or_arn.rsplit(['/', ':']).next().unwrap_or(url_or_arn)
 }
 
+/// The span attribute that says whether a message's producer context
+/// decided its sampling (`trusted`) or the consumer's sampler did
+/// (`ignored`); absent when the message carries no context. Read by
+/// `sqs_once::otel::MessageSampler`.
+pub const PRODUCER_SAMPLING: &str = "sqs_once.producer_sampling";
+
 /// The span of one message, child of its producer's context (see the module
-/// documentation); the processor records the rest of its fields.
-pub(crate) fn message_span(message: &Message, consumer: &str) -> Span {
+/// documentation); the processor records the rest of its fields. Unless
+/// `trust_sampling`, the span says its producer's sampled flag is to be
+/// ignored ([`PRODUCER_SAMPLING`]).
+pub(crate) fn message_span(message: &Message, consumer: &str, trust_sampling: bool) -> Span {
     let queue = message.queue();
+    let parent = TraceParent::of_message(message);
+    let producer_sampling = match (&parent, trust_sampling) {
+        (None, _) => None,
+        (Some(_), true) => Some("trusted"),
+        (Some(_), false) => Some("ignored"),
+    };
     let span = tracing::info_span!(
         "message",
         otel.name = process_name(queue).as_str(),
@@ -229,8 +252,9 @@ pub(crate) fn message_span(message: &Message, consumer: &str) -> Span {
         sqs_once.attempt = tracing::field::Empty,
         sqs_once.path = tracing::field::Empty,
         sqs_once.outcome = tracing::field::Empty,
+        sqs_once.producer_sampling = producer_sampling,
     );
-    if let Some(parent) = TraceParent::of_message(message) {
+    if let Some(parent) = parent {
         // A `tracestate` goes with its `traceparent` only.
         let w3c = message
             .attribute(TRACEPARENT)
@@ -313,12 +337,6 @@ pub(crate) fn context_of(span: &Span) -> Option<TraceParent> {
     otel::context_of(span)
 }
 
-/// Exports the spans ended so far, when an exporter was installed by
-/// `cli::init_logging`; returns at once otherwise.
-pub async fn flush() {
-    otel::flush().await;
-}
-
 #[cfg(feature = "otel")]
 mod otel {
     use opentelemetry::trace::{
@@ -372,10 +390,6 @@ mod otel {
             sampled: sc.is_sampled(),
         })
     }
-
-    pub(super) async fn flush() {
-        crate::protocol::otel::flush().await;
-    }
 }
 
 #[cfg(not(feature = "otel"))]
@@ -392,8 +406,6 @@ mod otel {
     pub(super) fn context_of(_: &Span) -> Option<TraceParent> {
         None
     }
-
-    pub(super) async fn flush() {}
 }
 
 #[cfg(test)]

@@ -288,7 +288,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .instrument(span)
             .await;
         // The environment may be frozen once the invocation answers.
-        crate::protocol::trace::flush().await;
+        super::flush_spans().await;
         let failed = &response.batch_item_failures;
         if self.inner.config.error_on_full_failure && total > 0 && failed.len() == total {
             let ids = failed.iter().map(|f| f.item_identifier.clone()).collect();

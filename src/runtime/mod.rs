@@ -24,3 +24,12 @@ pub(crate) use settle::{Delivery, Settled, Settler, hold_group};
 #[cfg(feature = "poller")]
 pub(crate) use visibility::extend_many;
 pub(crate) use visibility::retry_later;
+
+/// Exports the spans ended so far when an OTLP exporter was installed
+/// (feature `otel`); returns at once otherwise. Lambda flushes after every
+/// invocation (the environment may be frozen until the next), the poller
+/// when it stops.
+pub(crate) async fn flush_spans() {
+    #[cfg(feature = "otel")]
+    crate::protocol::otel::flush().await;
+}

@@ -1053,7 +1053,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
             "the last deletes did not finish in time; those messages come back and are skipped as duplicates"
         ),
     }
-    crate::protocol::trace::flush().await;
+    super::flush_spans().await;
     stats
 }
 

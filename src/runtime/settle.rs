@@ -46,6 +46,7 @@ pub(crate) enum Settled {
 impl Settled {
     /// Whether the message is let go: the poller deletes it, Lambda leaves
     /// it out of the batch's failures.
+    #[cfg(feature = "lambda")]
     pub(crate) fn lets_go(self) -> bool {
         !matches!(self, Settled::Again { .. })
     }
@@ -53,7 +54,9 @@ impl Settled {
 
 /// One message's step: what processing decided, what became of the message,
 /// and until when the handler's visibility extensions keep it invisible.
+/// (The Lambda adapter reads only what became of it: Lambda deletes.)
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "poller"), allow(dead_code))]
 pub(crate) struct Settlement {
     /// What processing decided.
     pub(crate) outcome: OutcomeKind,
@@ -103,6 +106,7 @@ impl<Q: QueueClient> Settler<Q> {
     /// instead of letting it come back: for a runtime that cannot hold a
     /// message until the holder finishes (Lambda: an invocation ends; the
     /// poller waits instead, invisible).
+    #[cfg(feature = "lambda")]
     pub(crate) fn sending_in_flight_again(mut self) -> Self {
         self.send_in_flight_again = true;
         self

@@ -122,6 +122,43 @@ async fn the_front_door_builds_a_lambda_adapter_that_applies_each_order_once() {
     assert_eq!(effects, expected, "each order applied exactly once");
 }
 
+/// `hash_keys(true)`: the records are kept under `sha256:` of each order id,
+/// never under the id itself, and duplicates are still caught.
+#[tokio::test]
+async fn the_front_door_keys_records_by_a_hash_when_asked() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    use sqs_once::DedupStore;
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 30).await;
+    let table = dedup_table(&ddb).await;
+    send_all(&sqs, &q.queue_url, &["o-1", "o-1"].map(order)).await;
+    let event = receive_event(&sqs, &q.queue_url, 2).await;
+
+    let (effects, handler) = counting();
+    let adapter = SqsOnce::builder(&table, "front-door-hashed")
+        .sdk_config(sdk_config().await)
+        .key("json:/order_id".parse::<KeySource>().unwrap())
+        .hash_keys(true)
+        .lambda_config(|c| c.emf = false)
+        .lambda_adapter(handler)
+        .await
+        .expect("the table check passes");
+    let answer = adapter
+        .handle(event, SystemTime::now() + Duration::from_secs(30))
+        .await
+        .expect("the batch is answered");
+    assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+    assert_eq!(effects.lock().unwrap()["o-1"], 1, "applied once");
+    let store = sqs_once::DynamoStore::new(ddb.clone(), table.as_str());
+    let hashed = sqs_once::key::hashed_record_key("front-door-hashed", "o-1");
+    let record = store.get(&hashed).await.unwrap();
+    assert_eq!(record.map(|r| r.status), Some(sqs_once::Status::Completed));
+    let plain = sqs_once::key::record_key("front-door-hashed", "o-1");
+    assert_eq!(store.get(&plain).await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn the_front_door_names_a_missing_table_at_start_up() {
     if !crate::common::localstack_up().await {

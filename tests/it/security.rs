@@ -144,3 +144,46 @@ async fn a_forged_first_message_id_in_the_dlq_does_not_give_a_redriven_copy_the_
     assert_eq!(rows.get("acct-attacker"), Some(&(1, 1)));
     assert_eq!(stats[0]["duplicates"], 0, "{stats:?}");
 }
+
+/// Issue 31: with `SQS_ONCE_HASH_KEYS=on` and `SQS_ONCE_REDACT_REASONS=on`,
+/// an event whose amount is a card number (serde's error quotes it) is
+/// parked with a reason that names the failure's kind but quotes nothing,
+/// and its `FAILED` record is kept under the key's SHA-256, not the key.
+#[tokio::test]
+async fn a_hashing_redacting_consumer_parks_without_quoting_the_body_or_storing_the_key() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let card = "4111-1111-1111-1111";
+    let body = format!(r#"{{"id":"evt-card","account":"acct-1","amount_cents":"{card}"}}"#);
+    sqs.send_message()
+        .queue_url(&l.queues.queue_url)
+        .message_body(&body)
+        .send()
+        .await
+        .unwrap();
+    let env = [
+        ("SQS_ONCE_HASH_KEYS", "on"),
+        ("SQS_ONCE_REDACT_REASONS", "on"),
+    ];
+    let stats = run_until_drained(&l, &sqs, 1, &env).await;
+    assert_eq!(stats[0]["parked"], 1, "{stats:?}");
+    let parked = crate::common::bodies_with_reasons(&sqs, &l.queues.dlq_url).await;
+    let expected =
+        "handler failed permanently: permanent error, its text redacted (SQS_ONCE_REDACT_REASONS)";
+    assert_eq!(parked, vec![(body, expected.to_owned())]);
+    let store = sqs_once::DynamoStore::new(ddb.clone(), l.dedup.as_str());
+    use sqs_once::DedupStore;
+    let hashed = sqs_once::key::hashed_record_key("ledger", "evt-card");
+    let record = store
+        .get(&hashed)
+        .await
+        .unwrap()
+        .expect("the record under the hashed key");
+    assert_eq!(record.status, sqs_once::Status::Failed);
+    assert_eq!(record.error.as_deref(), Some(expected));
+    let plain = sqs_once::key::record_key("ledger", "evt-card");
+    assert_eq!(store.get(&plain).await.unwrap(), None);
+}

@@ -441,3 +441,71 @@ async fn the_payments_binary_exports_by_otlp_and_carries_the_trace_to_the_api() 
         "under the message's span"
     );
 }
+
+/// The `payments` binary (its sampler installed by `cli::init_logging`) with
+/// a producer that did not sample: by default the message's span is still
+/// recorded, in the producer's trace, since the consumer's sampler decides
+/// (parent-based, always on); with `SQS_ONCE_TRUST_PRODUCER_SAMPLING=on` the
+/// producer's `00` is followed and nothing of the message is exported.
+#[tokio::test]
+async fn the_payments_binary_decides_sampling_itself_unless_told_to_trust_the_producer() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let unsampled = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let sent = TraceParent::parse_w3c(unsampled).unwrap();
+    for trust in ["off", "on"] {
+        let (sqs, ddb) = (sqs().await, ddb().await);
+        let api = StubApi::start().await;
+        let (otlp, received) = otlp_receiver().await;
+        let l = Ledger::new(&sqs, &ddb).await;
+        let body = json!({"id": format!("pay-{trust}"), "customer": "cus_1", "amount_cents": 5})
+            .to_string();
+        sqs.send_message()
+            .queue_url(&l.queues.queue_url)
+            .message_body(&body)
+            .message_attributes(
+                "traceparent",
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(unsampled)
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let env = [
+            ("PAYMENTS_URL", api.url.as_str()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("SQS_ONCE_TRUST_PRODUCER_SAMPLING", trust),
+        ];
+        run_until_drained_with(&l, &sqs, 1, &crate::common::binary("payments"), &env).await;
+        let spans = received.lock().unwrap().clone();
+        let queue = sqs_once::trace::queue_name(&l.queues.queue_url);
+        let process: Vec<_> = spans
+            .iter()
+            .map(|(_, s)| s)
+            .filter(|s| s.name == format!("process {queue}"))
+            .collect();
+        if trust == "on" {
+            assert!(
+                process.is_empty(),
+                "the producer's 00 was followed: {process:#?}"
+            );
+            continue;
+        }
+        let [span] = &process[..] else {
+            panic!("one process span: {spans:#?}")
+        };
+        assert_eq!(span.trace_id, sent.trace_id);
+        assert_eq!(span.parent_span_id, sent.span_id);
+        let applied = span
+            .attributes
+            .iter()
+            .find(|kv| kv.key == "sqs_once.producer_sampling")
+            .and_then(|kv| kv.value.clone())
+            .map(|v| format!("{:?}", v.value));
+        assert!(applied.is_some_and(|v| v.contains("ignored")), "{span:#?}");
+    }
+}

@@ -15,6 +15,8 @@ TABLES = ("DedupTable", "LedgerTable")
 QUEUES = ("Queue", "DeadLetterQueue")
 # What a `*` or `?` in a name would make of an IAM resource ARN.
 WIDENING = ("*", "ledger*", "*-dedup", "led?er", "*.fifo", "ledger/*", "a:b", "")
+# A customer-managed key, as a KmsKeyArn parameter value.
+KEY_ARN = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 
 
 def sub_variables(resource):
@@ -48,13 +50,31 @@ class SamDataProtection(unittest.TestCase):
             self.assertIs(props.get("DeletionProtectionEnabled"), True, name)
             self.assertEqual(props.get("PointInTimeRecoverySpecification"), {"PointInTimeRecoveryEnabled": True}, name)
 
+    def variants(self):
+        """The resources as deployed without and with a customer-managed key."""
+        from test_large_payloads import deployed  # (it imports this module)
+
+        return deployed(self.t, {})["Resources"], deployed(self.t, {"KmsKeyArn": KEY_ARN})["Resources"]
+
     def test_tables_state_their_encryption(self):
+        default, with_key = self.variants()
         for name in TABLES:
-            self.assertEqual(self.res[name]["Properties"].get("SSESpecification"), {"SSEEnabled": True, "SSEType": "KMS"}, name)
+            self.assertEqual(default[name]["Properties"].get("SSESpecification"), {"SSEEnabled": True, "SSEType": "KMS"}, name)
+            self.assertEqual(
+                with_key[name]["Properties"].get("SSESpecification"),
+                {"SSEEnabled": True, "SSEType": "KMS", "KMSMasterKeyId": {"Ref": "KmsKeyArn"}},
+                name,
+            )
 
     def test_queues_state_their_encryption(self):
+        default, with_key = self.variants()
         for name in QUEUES:
-            self.assertIs(self.res[name]["Properties"].get("SqsManagedSseEnabled"), True, name)
+            props = default[name]["Properties"]
+            self.assertIs(props.get("SqsManagedSseEnabled"), True, name)
+            self.assertNotIn("KmsMasterKeyId", props, name)
+            props = with_key[name]["Properties"]
+            self.assertEqual(props.get("KmsMasterKeyId"), {"Ref": "KmsKeyArn"}, name)
+            self.assertNotIn("SqsManagedSseEnabled", props, "SQS takes one kind of encryption")
 
     def test_role_resources_are_the_stacks_own(self):
         """No parameter reaches the role's resources: only the stack's resources."""

@@ -19,7 +19,11 @@ class SamTemplate(unittest.TestCase):
         cls.raw = load("template.yaml")
         defaults = {k: v.get("Default") for k, v in cls.raw["Parameters"].items()}
         cls.variants = {
-            fifo: resolve(cls.raw, {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasAlarmTopicArn": False, **NO_LARGE_PAYLOADS}, defaults)
+            fifo: resolve(
+                cls.raw,
+                {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasAlarmTopicArn": False, "HasKmsKey": False, **NO_LARGE_PAYLOADS},
+                defaults,
+            )
             for fifo in (False, True)
         }
 

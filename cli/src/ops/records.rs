@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use super::error::*;
 use sqs_once::aws::dynamodb::{KEY_ATTRIBUTE, record_from_item};
 use sqs_once::env::escape;
-use sqs_once::key::record_key;
+use sqs_once::key::{hashed_record_key, record_key};
 use sqs_once::{Record, Status, StoredResult};
 
 /// Milliseconds since the epoch by this host's clock.
@@ -108,14 +108,31 @@ pub fn describe_record(r: &Record, now: i64) -> String {
     out.join("\n")
 }
 
-/// Reads the record of `dedup_key` for `consumer`.
+/// The record key of `dedup_key` for `consumer`, as the consumers make it:
+/// hashed when they hash keys (`SQS_ONCE_HASH_KEYS`). With hashing on, a key
+/// in the form logs and spans show (`sha256:` and 64 hex digits) is taken as
+/// hashed already.
+pub fn record_key_of(consumer: &str, dedup_key: &str, hash_keys: bool) -> String {
+    let shown = dedup_key.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
+    match (hash_keys, shown) {
+        (false, _) => record_key(consumer, dedup_key),
+        (true, true) => format!("{consumer}#{dedup_key}"),
+        (true, false) => hashed_record_key(consumer, dedup_key),
+    }
+}
+
+/// Reads the record whose key is `pk` (see [`record_key_of`]).
 pub async fn inspect(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
-    consumer: &str,
-    dedup_key: &str,
+    pk: &str,
 ) -> Result<Option<Record>, OpsError> {
-    let pk = record_key(consumer, dedup_key);
+    let pk = pk.to_owned();
     let out = ddb
         .get_item()
         .table_name(table)
@@ -145,17 +162,17 @@ pub enum Forgotten {
     InProgress(Record),
 }
 
-/// Deletes the record of `dedup_key` so the event can be processed again. A
-/// record under a live claim is left alone unless `force` (its handler may be
-/// running: deleting it lets a second attempt start).
+/// Deletes the record whose key is `pk` (see [`record_key_of`]) so its event
+/// can be processed again. A record under a live claim is left alone unless
+/// `force` (its handler may be running: deleting it lets a second attempt
+/// start).
 pub async fn forget(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
-    consumer: &str,
-    dedup_key: &str,
+    pk: &str,
     force: bool,
 ) -> Result<Forgotten, OpsError> {
-    let pk = record_key(consumer, dedup_key);
+    let pk = pk.to_owned();
     let mut delete = ddb
         .delete_item()
         .table_name(table)

@@ -14,6 +14,36 @@ use super::records::*;
 use super::redrive::*;
 
 #[test]
+fn the_record_key_is_made_as_the_consumer_makes_it_and_takes_the_logged_form() {
+    let hex = sqs_once::key::sha256_hex(b"evt-1");
+    assert_eq!(record_key_of("ledger", "evt-1", false), "ledger#evt-1");
+    assert_eq!(
+        record_key_of("ledger", "evt-1", true),
+        format!("ledger#sha256:{hex}")
+    );
+    // What logs and spans show of a hashed key, given back.
+    let shown = format!("sha256:{hex}");
+    assert_eq!(
+        record_key_of("ledger", &shown, true),
+        format!("ledger#sha256:{hex}")
+    );
+    // Anything else is a key to hash, and without hashing nothing is taken as hashed.
+    for other in [
+        format!("sha256:{}", &hex[1..]),
+        format!("sha256:{}", hex.to_uppercase()),
+    ] {
+        assert_ne!(
+            record_key_of("ledger", &other, true),
+            format!("ledger#{other}")
+        );
+    }
+    assert_eq!(
+        record_key_of("ledger", &shown, false),
+        sqs_once::key::record_key("ledger", &shown)
+    );
+}
+
+#[test]
 fn a_redrive_takes_at_most_what_the_dlq_held_at_its_start_and_at_most_max() {
     assert_eq!(redrive_limit(25, None), 25);
     assert_eq!(redrive_limit(25, Some(10)), 10);

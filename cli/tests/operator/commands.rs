@@ -189,6 +189,52 @@ async fn inspect_and_forget_round_trip() {
     );
 }
 
+/// A consumer that hashes its keys (`SQS_ONCE_HASH_KEYS=on`) keeps its
+/// records under `sha256:` of the key: the tool finds them with the same
+/// setting, by the key or by the form the logs show, and not without it.
+#[tokio::test]
+async fn inspect_and_forget_find_a_hashing_consumers_record_by_its_key_or_its_logged_form() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let client = ddb().await;
+    let table = dedup_table(&client).await;
+    let store = DynamoStore::new(client.clone(), table.as_str());
+    let pk = sqs_once::key::hashed_record_key("ledger", "evt-h");
+    completed(&store, &pk, None).await;
+    let shown = sqs_once::key::hashed_key("evt-h");
+    let base = ["--table", &table, "--consumer", "ledger"];
+    let with = |cmd: &'static str, key: &str, hash: &str| {
+        let mut args = vec![
+            cmd.to_owned(),
+            key.to_owned(),
+            "--hash-keys".to_owned(),
+            hash.to_owned(),
+        ];
+        args.extend(base.iter().map(|s| (*s).to_owned()));
+        args
+    };
+    let r = cli_owned(with("inspect", "evt-h", "off")).await;
+    assert!(!r.ok && r.stderr.contains("no record"), "{}", r.stderr);
+    for key in ["evt-h", shown.as_str()] {
+        let r = cli_owned(with("inspect", key, "on")).await;
+        assert!(r.ok, "{key}: {}", r.stderr);
+        assert!(
+            r.stdout.contains(&pk) && r.stdout.contains("COMPLETED"),
+            "{}",
+            r.stdout
+        );
+        assert!(
+            !r.stdout.contains("evt-h"),
+            "the raw key shown: {}",
+            r.stdout
+        );
+    }
+    let r = cli_owned(with("forget", "evt-h", "on")).await;
+    assert!(r.ok && r.stdout.contains("forgot"), "{}", r.stderr);
+    assert_eq!(store.get(&pk).await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn forget_refuses_a_live_claim_unless_forced() {
     if !crate::common::localstack_up().await {

@@ -38,7 +38,6 @@ use futures::future::BoxFuture;
 use tracing::{info, warn};
 
 use crate::protocol::config::ProcessorConfig;
-use crate::protocol::key::record_key;
 use crate::protocol::store::{DedupStore, Status};
 use crate::{KeySource, Message, Outcome};
 
@@ -461,7 +460,7 @@ async fn missing<S: DedupStore>(
     let now_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    match records.get(&record_key(&config.consumer, &key)).await {
+    match records.get(&config.record_key(&key)).await {
         Ok(Some(r)) if r.status == Status::Completed && r.expires_at_s >= now_s => {
             info!(object = %e.pointer, "large payload gone, but the message is already completed: a duplicate");
             Outcome::Duplicate {

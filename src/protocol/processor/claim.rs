@@ -10,7 +10,7 @@ use tracing::{error, info, warn};
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
-use crate::protocol::key::{record_key, sha256_hex};
+use crate::protocol::key::sha256_hex;
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::outcome::{FailureKind, Outcome};
 use crate::protocol::store::{Claim, ClaimRequest, Completion, DedupStore, StoreError};
@@ -26,7 +26,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         lease: Duration,
     ) -> ClaimRequest {
         ClaimRequest {
-            pk: record_key(&self.config.consumer, key),
+            pk: self.config.record_key(key),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
             payload_sha256: sha256_hex(message.body().as_bytes()),
@@ -393,7 +393,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             .await;
         self.metrics.handler_latency(started.elapsed());
         match handled {
+            Ok(r) if self.config.redact_reasons => r.map_err(|e| e.redacted()),
             Ok(r) => r,
+            Err(_) if self.config.redact_reasons => {
+                let what = format!(
+                    "handler panicked, its message redacted ({})",
+                    crate::protocol::handler::REDACTED_BY
+                );
+                error!("{what}; retrying");
+                Err(HandlerError::retry(what))
+            }
             Err(panic) => {
                 let what = panic
                     .downcast_ref::<&str>()

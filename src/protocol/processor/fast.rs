@@ -7,7 +7,7 @@ use tracing::warn;
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
-use crate::protocol::key::{record_key, sha256_hex};
+use crate::protocol::key::sha256_hex;
 use crate::protocol::outcome::{FailureKind, Outcome};
 use crate::protocol::store::{Claim, DedupStore, FastCommit, FastCommitted, StoreError};
 
@@ -75,7 +75,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         let result = value.map(|v| self.bounded(&v));
         let commit = FastCommit {
-            pk: record_key(&self.config.consumer, key),
+            pk: self.config.record_key(key),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
             payload_sha256: sha256_hex(message.body().as_bytes()),
@@ -137,7 +137,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if message.receive_count() <= 1 || crate::protocol::mutants::active("no-redelivery-read") {
             return None;
         }
-        let pk = record_key(&self.config.consumer, key);
+        let pk = self.config.record_key(key);
         // A record past its TTL counts as absent, as the claim condition
         // says (DynamoDB deletes expired items late, by days at times).
         let now_ms = self.clock.now_ms();

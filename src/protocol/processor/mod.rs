@@ -27,7 +27,6 @@ use tracing::{Instrument, error, info, warn};
 
 use crate::protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
 use crate::protocol::handler::{Effects, Handler, HandlerError};
-use crate::protocol::key::record_key;
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::metrics::Metrics;
 use crate::protocol::outcome::{FailureKind, Outcome, StoredResult};
@@ -180,7 +179,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// Processes one message.
     pub async fn process_with(&self, message: Message, opts: ProcessOptions<'_>) -> Outcome {
-        let span = crate::protocol::trace::message_span(&message, &self.config.consumer);
+        let span = crate::protocol::trace::message_span(
+            &message,
+            &self.config.consumer,
+            self.config.trust_producer_sampling,
+        );
         let outcome = async {
             // The message is kept invisible from here on, a large payload's
             // download included.
@@ -207,11 +210,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 },
             };
             let span = tracing::Span::current();
-            span.record("sqs_once.dedup_key", key.as_str());
-            span.record(
-                "sqs_once.record_key",
-                record_key(&self.config.consumer, &key).as_str(),
-            );
+            span.record("sqs_once.dedup_key", &*self.config.shown_key(&key));
+            span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
@@ -309,7 +309,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return None;
         }
         self.metrics.payload_mismatch();
-        let key = message.dedup_key().unwrap_or_default();
+        let key = self
+            .config
+            .shown_key(message.dedup_key().unwrap_or_default());
         match self.config.payload_mismatch {
             PayloadMismatch::Warn => {
                 warn!(
@@ -404,3 +406,6 @@ pub(super) fn lease_within(lease: Duration, deadline: Option<Instant>) -> Durati
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(all(test, feature = "poller"))]
+mod privacy_tests;
