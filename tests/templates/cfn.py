@@ -1,5 +1,5 @@
 """Helpers the template tests share: loading, resolving conditions, reading the
-metric contract from src/metrics.rs, and listing the metrics that alarms and
+metric contract from src/protocol/metrics.rs, and listing the metrics that alarms and
 dashboards use."""
 
 import json
@@ -40,16 +40,16 @@ def resolve(node, conditions, params):
 
 
 def code_metrics():
-    """(namespace, dimension, metric names) as src/metrics.rs declares them."""
-    src = (ROOT / "src/metrics.rs").read_text()
+    """(namespace, dimension, metric names) as src/protocol/metrics.rs declares them."""
+    src = (ROOT / "src/protocol/metrics.rs").read_text()
 
     def const(name):
         m = re.search(rf'pub const {name}: &str = "([^"]+)";', src)
-        assert m, f"src/metrics.rs declares no `pub const {name}: &str`"
+        assert m, f"src/protocol/metrics.rs declares no `pub const {name}: &str`"
         return m.group(1)
 
     block = re.search(r"pub const METRIC_NAMES: &\[&str\] = &\[(.*?)\];", src, re.S)
-    assert block, "src/metrics.rs declares no `pub const METRIC_NAMES`"
+    assert block, "src/protocol/metrics.rs declares no `pub const METRIC_NAMES`"
     names = re.findall(r'"([^"]+)"', block.group(1))
     assert names, "METRIC_NAMES is empty"
     return const("NAMESPACE"), const("DIMENSION"), set(names)

@@ -34,13 +34,13 @@ class EcsTemplate(unittest.TestCase):
 
     def test_stop_timeout_leaves_time_for_the_drain(self):
         drain = seconds(self.env["SQS_ONCE_DRAIN"])
-        cleanup = int(re.search(r"CLEANUP: Duration = Duration::from_secs\((\d+)\)", (ROOT / "src/poller.rs").read_text()).group(1))
+        cleanup = int(re.search(r"CLEANUP: Duration = Duration::from_secs\((\d+)\)", (ROOT / "src/runtime/poller.rs").read_text()).group(1))
         stop = int(self.container["StopTimeout"])
         self.assertLess(drain + cleanup, stop, "the poller must exit before ECS sends SIGKILL")
         self.assertLessEqual(stop, 120, "Fargate allows at most 120 s")
 
     def test_every_environment_variable_is_one_the_binary_reads(self):
-        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/cli.rs").read_text()))
+        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/env/settings.rs").read_text()))
         known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "examples/ledger/src/main.rs").read_text()))
         known.add("SQS_ONCE_LOG_FORMAT")  # read by cli::init_logging
         self.assertLessEqual(set(self.env), known, f"unknown: {set(self.env) - known}")

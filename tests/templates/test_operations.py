@@ -1,6 +1,6 @@
 """What operators look at, in both templates: the alarms, their SNS topic, the
 dashboard and the runbook they link to. The sqs-once metrics are checked
-against src/metrics.rs (namespace, dimension, names), read from the source.
+against src/protocol/metrics.rs (namespace, dimension, names), read from the source.
 
 Run with the tools venv: `scripts/check-templates`.
 """
@@ -67,7 +67,7 @@ class OperationsChecks:
                 continue
             ours += 1
             self.assertEqual(ns, NAMESPACE, f"{where}: {name} in namespace {ns!r}, the code emits {NAMESPACE!r}")
-            self.assertIn(name, METRIC_NAMES, f"{where}: src/metrics.rs emits no metric {name!r}")
+            self.assertIn(name, METRIC_NAMES, f"{where}: src/protocol/metrics.rs emits no metric {name!r}")
             self.assertEqual(dims, {DIMENSION: consumer}, f"{where}: {name} must carry exactly the {DIMENSION} dimension")
         self.assertGreater(ours, 0, "no sqs-once metric is used at all")
 

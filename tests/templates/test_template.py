@@ -69,7 +69,7 @@ class SamTemplate(unittest.TestCase):
         self.assertEqual(props["AttributeDefinitions"], [{"AttributeName": "pk", "AttributeType": "S"}])
         self.assertEqual(props["TimeToLiveSpecification"], {"AttributeName": "expires_at", "Enabled": True})
         self.assertEqual(props["BillingMode"], "PAY_PER_REQUEST")
-        src = (ROOT / "src/dedup/dynamodb.rs").read_text()
+        src = (ROOT / "src/aws/dynamodb/mod.rs").read_text()
         self.assertIn('TTL_ATTRIBUTE: &str = "expires_at"', src)
         self.assertIn('KEY_ATTRIBUTE: &str = "pk"', src)
 
@@ -104,7 +104,7 @@ class SamTemplate(unittest.TestCase):
         self.assertEqual(props["Handler"], "bootstrap")
 
     def test_every_environment_variable_is_one_the_binary_reads(self):
-        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/cli.rs").read_text()))
+        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/env/settings.rs").read_text()))
         known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "examples/ledger/src/main.rs").read_text()))
         env = self.function()["Properties"]["Environment"]["Variables"]
         self.assertLessEqual(set(env), known, f"unknown: {set(env) - known}")
