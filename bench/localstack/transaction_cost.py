@@ -33,7 +33,7 @@ for t in tables.values():
         BillingMode="PAY_PER_REQUEST",
     )
 
-# As src/dedup/dynamodb.rs has it.
+# As src/aws/dynamodb/mod.rs has it.
 CLAIM_CONDITION = (
     "attribute_not_exists(pk) OR expires_at < :now_s "
     "OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) "
