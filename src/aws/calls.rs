@@ -4,7 +4,7 @@
 //! ```no_run
 //! # async fn f() {
 //! let sdk = aws_config::load_from_env().await;
-//! let calls = sqs_once::calls::CallCounter::default();
+//! let calls = sqs_once::aws::calls::CallCounter::default();
 //! let sqs = aws_sdk_sqs::Client::from_conf(calls.sqs_config(&sdk));
 //! let ddb = aws_sdk_dynamodb::Client::from_conf(calls.dynamodb_config(&sdk));
 //! // ... run ...

@@ -46,7 +46,7 @@ fn metric(stats: &[serde_json::Value], name: &str) -> u64 {
         .sum()
 }
 
-/// Issue 31: under `message-id` keys (the default) a producer set
+/// Under `message-id` keys (the default) a producer set
 /// `sqs_once_dedup_key` to the first 16 hex digits of its own body's SHA-256,
 /// a colon and a victim's message id. Its message was processed under the
 /// victim's key; the victim's, arriving later, was skipped as a duplicate
@@ -87,7 +87,7 @@ async fn a_forged_carried_key_naming_a_victims_message_id_does_not_skip_the_vict
     assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0);
 }
 
-/// Issue 31, through the DLQ: a producer's message that reached the DLQ (its
+/// Through the DLQ: a producer's message that reached the DLQ (its
 /// receives ran out, or it was parked) with `sqs_once_message_id` naming a
 /// victim's message id. `redrive` took that as the first delivery's id and
 /// gave the copy the victim's key, sealed: the copy then took the victim's
@@ -145,7 +145,7 @@ async fn a_forged_first_message_id_in_the_dlq_does_not_give_a_redriven_copy_the_
     assert_eq!(stats[0]["duplicates"], 0, "{stats:?}");
 }
 
-/// Issue 31: with `SQS_ONCE_HASH_KEYS=on` and `SQS_ONCE_REDACT_REASONS=on`,
+/// With `SQS_ONCE_HASH_KEYS=on` and `SQS_ONCE_REDACT_REASONS=on`,
 /// an event whose amount is a card number (serde's error quotes it) is
 /// parked with a reason that names the failure's kind but quotes nothing,
 /// and its `FAILED` record is kept under the key's SHA-256, not the key.
