@@ -388,8 +388,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         ctx: &Context,
     ) -> Result<Option<serde_json::Value>, HandlerError> {
         let started = tokio::time::Instant::now();
-        let handled = AssertUnwindSafe(self.handler.handle(message, ctx))
-            .catch_unwind()
+        let redact = self.config.redact_reasons;
+        if redact {
+            install_redacting_panic_hook();
+        }
+        let handled = REDACTING
+            .scope(
+                redact,
+                AssertUnwindSafe(self.handler.handle(message, ctx)).catch_unwind(),
+            )
             .await;
         self.metrics.handler_latency(started.elapsed());
         match handled {
@@ -414,4 +421,36 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
         }
     }
+}
+
+tokio::task_local! {
+    /// Set while a handler runs whose panics are redacted
+    /// (`redact_reasons`): read by the panic hook.
+    static REDACTING: bool;
+}
+
+/// Installs, once per process, a panic hook that keeps the message of a
+/// redacting handler's panic out of stderr (Rust's default hook prints it
+/// before `catch_unwind` sees it, and stderr goes to the logs): for such a
+/// panic it prints only where it happened; every other panic goes to the
+/// hook that was installed before.
+fn install_redacting_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if REDACTING.try_with(|r| *r).unwrap_or(false) {
+                let at = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                eprintln!(
+                    "a handler panicked{at}: its message redacted ({})",
+                    crate::protocol::handler::REDACTED_BY
+                );
+            } else {
+                previous(info);
+            }
+        }));
+    });
 }
