@@ -20,12 +20,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use sqs_once::limits::DYNAMODB_MAX_ITEM_BYTES as MAX_ITEM_BYTES;
+
 use super::expr::{self, Av, Invalid, Item, Placeholders};
 
 /// How long DynamoDB remembers a transaction's client request token.
 pub const TOKEN_WINDOW: Duration = Duration::from_secs(600);
-/// The largest item DynamoDB stores.
-const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// An answer on the wire: HTTP status and JSON body.
 #[derive(Debug, Clone, PartialEq)]
