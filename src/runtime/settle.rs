@@ -141,7 +141,7 @@ impl<Q: QueueClient> Settler<Q> {
     }
 
     /// Acts on `outcome` for the message received as `at` says.
-    pub(crate) async fn settle(
+    async fn settle(
         &self,
         config: &ProcessorConfig,
         at: Delivery<'_>,
