@@ -14,8 +14,12 @@
 //!   never runs past its lease: it is interrupted when the lease cannot be
 //!   extended in time), and a stable [`Context::idempotency_key`] to pass
 //!   downstream.
-//! - Nothing is lost: a message is deleted only after its effect is recorded, or
-//!   after it is parked in a dead-letter queue with its reason.
+//! - Messages a handler sends with [`Context::send`] (the [`outbox`]) are
+//!   recorded with its effect and sent only after it committed, at least once,
+//!   each with a stable id that an sqs-once consumer downstream dedups on.
+//! - Nothing is lost: a message is deleted only after its effect is recorded
+//!   (and what it sent, sent), or after it is parked in a dead-letter queue
+//!   with its reason.
 //!
 //! This is not exactly-once *delivery*: SQS still delivers duplicates; they are
 //! recognised by key and skipped. The key must be stable: see [`KeySource`].
@@ -32,9 +36,10 @@
 //! special hosts.
 //!
 //! # Layout
-//! - The protocol: [`handler`](Handler) and [`Message`], [`key`] (dedup keys),
-//!   [`dedup`] (the record, the store trait, DynamoDB and in-memory stores),
-//!   [`processor`] (claim, heartbeat and local lease, complete / release / park).
+//! - The protocol: [`Handler`] and [`Message`], [`key`] (dedup keys),
+//!   [`store`] (the record and the store trait; [`DynamoStore`] in
+//!   production), [`Processor`] (claim, heartbeat and local lease, complete /
+//!   release / park), [`outbox`] (messages sent after the commit).
 //! - The runtimes: [`poller`] (long polling, ECS or any host) and [`lambda`]
 //!   (SQS events, partial batch responses), sharing one core (the lane split,
 //!   and settling an [`Outcome`]: delete, retry later or park) over the
@@ -45,11 +50,11 @@
 //!   (exported by OTLP with the feature `otel`: `otel`).
 //! - The front door: [`SqsOnce`] (clients, start-up checks, either runtime)
 //!   and [`calls`] (AWS calls counted by operation, with an SDK interceptor).
-//! - Process glue, behind the feature `cli` (clap, tracing-subscriber):
-//!   `cli` (the binaries' settings from the environment and flags, logging,
-//!   and `cli::run`, which hands them to the front door).
+//! - Process glue, behind the feature `env` (clap, tracing-subscriber):
+//!   `env` (the binaries' settings from the environment and flags, logging,
+//!   and `env::run`, which hands them to the front door).
 //! - Features: `poller` and `lambda` (the runtimes, default), `s3-payloads`,
-//!   `cli`, `otel`, and `testkit` (the in-memory store and queue, for tests).
+//!   `env`, `otel`, and `testkit` (the in-memory store and queue, for tests).
 //!
 //! The project's other crates: the operator tool `sqs-once` (`cli/`: resource
 //! setup, inspect / forget / redrive / stats, a local Lambda runtime) and the
@@ -77,7 +82,7 @@ pub use protocol::mutants;
 #[cfg(feature = "otel")]
 pub use protocol::otel;
 pub use protocol::{
-    clock, config, key, limits, metrics, parking, payloads, queue, redrive, store, trace,
+    clock, config, key, limits, metrics, outbox, parking, payloads, queue, redrive, store, trace,
 };
 #[cfg(feature = "lambda")]
 pub use runtime::lambda;
@@ -96,6 +101,7 @@ pub use protocol::handler::{
 };
 pub use protocol::key::KeySource;
 pub use protocol::message::{Attribute, AttributeValue, Message};
+pub use protocol::outbox::{Dispatcher, Outgoing};
 pub use protocol::outcome::{FailureKind, Outcome, StagedWrite, StoredResult};
 pub use protocol::processor::Processor;
 pub use protocol::queue::{QueueClient, QueueError};

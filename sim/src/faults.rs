@@ -915,6 +915,18 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
             .await
     }
 
+    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+        let p = pk.to_owned();
+        let land = move |inner: S| -> Landing {
+            let (inner, p) = (inner.clone(), p.clone());
+            Box::pin(async move {
+                let _ = inner.mark_dispatched(&p).await;
+            })
+        };
+        self.call("mark_dispatched", || self.inner.mark_dispatched(pk), land)
+            .await
+    }
+
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         let land = |_: S| -> Landing { Box::pin(async {}) };
         let read = self.call("get", || self.inner.get(pk), land).await;

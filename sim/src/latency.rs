@@ -416,6 +416,11 @@ impl<S: DedupStore> DedupStore for LatentStore<S> {
         self.latency.call(Op::TransactWriteItems, call).await
     }
 
+    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+        let call = self.inner.mark_dispatched(pk);
+        self.latency.call(Op::UpdateItem, call).await
+    }
+
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         self.latency.call(Op::GetItem, self.inner.get(pk)).await
     }

@@ -486,6 +486,7 @@ impl LoopWorker {
                 item,
                 on_condition_failed: FailureKind::Retry,
             }],
+            outbox: Vec::new(),
         };
         match self.store.commit_fast(commit).await {
             Ok(FastCommitted::Committed) => true,

@@ -293,6 +293,13 @@ impl DedupStore for HostStore {
         }
     }
 
+    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.mark_dispatched(pk).await,
+            Self::Wire(s, _) => s.mark_dispatched(pk).await,
+        }
+    }
+
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         match self {
             Self::Memory(s) => s.get(pk).await,

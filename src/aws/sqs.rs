@@ -10,6 +10,7 @@ use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
     MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
+    SendMessageBatchRequestEntry,
 };
 use tracing::error;
 
@@ -108,6 +109,31 @@ fn trace_header(
         .build()
         .expect("data type set");
     HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])
+}
+
+/// The entries of a `SendMessageBatch`, with ids `m{i}`.
+fn send_entries(messages: Vec<OutgoingMessage>) -> Vec<SendMessageBatchRequestEntry> {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| {
+            let attributes = message
+                .attributes
+                .iter()
+                .map(|(name, a)| (name.clone(), sdk_attribute(a)))
+                .collect();
+            SendMessageBatchRequestEntry::builder()
+                .id(format!("m{i}"))
+                .message_body(message.body)
+                .set_message_attributes(Some(attributes))
+                .set_message_group_id(message.group_id)
+                .set_message_deduplication_id(message.deduplication_id)
+                .set_delay_seconds(message.delay.map(delay_secs))
+                .set_message_system_attributes(message.trace_header.map(trace_header))
+                .build()
+                .expect("id and body set")
+        })
+        .collect()
 }
 
 /// An attribute as the SDK sends it.
@@ -267,6 +293,22 @@ impl QueueClient for Client {
             .await
             .map(|_| ())
             .map_err(|e| queue_error("SendMessage", queue, e))
+    }
+
+    async fn send_batch(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let entries = messages.len();
+        let out = self
+            .send_message_batch()
+            .queue_url(queue)
+            .set_entries(Some(send_entries(messages)))
+            .send()
+            .await
+            .map_err(|e| queue_error("SendMessageBatch", queue, e))?;
+        Ok(failures(&out.failed, entries))
     }
 
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {

@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use tokio_util::sync::CancellationToken;
 
 use crate::Message;
+use crate::protocol::outbox::{OutboxError, Outgoing, check_outbox};
 use crate::protocol::outcome::{FailureKind, StagedWrite};
 
 /// What a handler returns: an optional small result, recorded with the dedup
@@ -285,6 +286,8 @@ struct ContextInner {
     attempt: u32,
     max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
+    /// Messages sent, and the first one refused (which fails the message).
+    outbox: Mutex<(Vec<Outgoing>, Option<OutboxError>)>,
     cancelled: CancellationToken,
     /// The message's span (current when the processor makes the context).
     span: tracing::Span,
@@ -333,6 +336,7 @@ impl Context {
                 attempt,
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
+                outbox: Mutex::new((Vec::new(), None)),
                 cancelled: CancellationToken::new(),
                 span: tracing::Span::current(),
                 receive_count: message.receive_count(),
@@ -389,6 +393,46 @@ impl Context {
                 item,
                 on_condition_failed,
             });
+    }
+
+    /// Sends `body` to the queue at `queue_url` once this message's effect
+    /// commits, and never otherwise: the message is recorded with the
+    /// `COMPLETED` record (in the fast path's transaction, or in the claim
+    /// path's completion) and sent after the commit, before the incoming
+    /// message is deleted; a crash in between is recovered by the
+    /// redelivery. Each carries a stable id for downstream dedup
+    /// ([`crate::protocol::outbox`]).
+    ///
+    /// An error (a FIFO target with no group, over SQS's limits) is
+    /// permanent, and the message fails with it even if the handler goes on.
+    ///
+    /// ```
+    /// use sqs_once::{handler_fn, staged_only};
+    ///
+    /// let handler = staged_only(handler_fn(|message, ctx| async move {
+    ///     ctx.send("https://sqs.eu-west-1.amazonaws.com/123456789012/paid", message.body())?;
+    ///     Ok(None)
+    /// }));
+    /// # let _ = handler;
+    /// ```
+    pub fn send(&self, queue_url: &str, body: impl Into<String>) -> Result<(), HandlerError> {
+        self.send_message(Outgoing::new(queue_url, body))
+    }
+
+    /// Sends `message` once this message's effect commits (see [`Self::send`]),
+    /// with its attributes, group and delay.
+    pub fn send_message(&self, message: Outgoing) -> Result<(), HandlerError> {
+        let mut outbox = self.inner.outbox.lock().expect("outbox lock");
+        match message.check() {
+            Ok(()) => {
+                outbox.0.push(message);
+                Ok(())
+            }
+            Err(e) => {
+                outbox.1.get_or_insert_with(|| e.clone());
+                Err(HandlerError::permanent(e))
+            }
+        }
     }
 
     /// How many times SQS has delivered this message, this time included.
@@ -455,6 +499,17 @@ impl Context {
     /// header or an `AWSTraceHeader` system attribute.
     pub fn xray_trace_header(&self) -> Option<String> {
         self.trace_context().map(|t| t.xray())
+    }
+
+    /// The messages sent, or the first refusal.
+    pub(crate) fn take_outbox(&self) -> Result<Vec<Outgoing>, OutboxError> {
+        let mut outbox = self.inner.outbox.lock().expect("outbox lock");
+        if let Some(e) = outbox.1.take() {
+            return Err(e);
+        }
+        let sent = std::mem::take(&mut outbox.0);
+        check_outbox(&sent)?;
+        Ok(sent)
     }
 
     pub(crate) fn take_staged(&self) -> Vec<StagedWrite> {

@@ -34,6 +34,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "UnknownOutcomesResolved",
     "PayloadMismatches",
     "UnverifiedAttributes",
+    "OutboxDispatched",
+    "OutboxRecovered",
+    "OutboxDispatchFailures",
     "HandlerLatency",
 ];
 
@@ -53,6 +56,9 @@ pub struct Metrics {
     unknown_resolved: AtomicU64,
     payload_mismatches: AtomicU64,
     unverified_attributes: AtomicU64,
+    outbox_dispatched: AtomicU64,
+    outbox_recovered: AtomicU64,
+    outbox_dispatch_failures: AtomicU64,
     latency: Histogram,
 }
 
@@ -163,6 +169,16 @@ pub struct Snapshot {
     /// (an attempt to take another message's key), forwarded from another
     /// message, or sealed under a secret no longer configured.
     pub unverified_attributes: u64,
+    /// Outgoing messages ([`Context::send`](crate::Context::send)) sent
+    /// after their commit.
+    pub outbox_dispatched: u64,
+    /// Outgoing messages sent by a redelivery or duplicate because the run
+    /// that committed them did not send them (it crashed, timed out or
+    /// failed to send after its commit).
+    pub outbox_recovered: u64,
+    /// Dispatches that failed after a commit (the message came back to send
+    /// them).
+    pub outbox_dispatch_failures: u64,
     /// Handler run times.
     pub handler_latency: Latencies,
 }
@@ -205,6 +221,23 @@ impl Metrics {
         self.unverified_attributes.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts outgoing messages sent after their commit.
+    pub fn outbox_dispatched(&self, n: u64) {
+        self.outbox_dispatched.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts outgoing messages a redelivery or duplicate sent for a run
+    /// that committed them and did not send them.
+    pub fn outbox_recovered(&self, n: u64) {
+        self.outbox_recovered.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a dispatch that failed after its commit.
+    pub fn outbox_dispatch_failure(&self) {
+        self.outbox_dispatch_failures
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a successful heartbeat extension.
     pub fn heartbeat_extension(&self) {
         self.heartbeat_extensions.fetch_add(1, Ordering::Relaxed);
@@ -230,6 +263,9 @@ impl Metrics {
             unknown_resolved: t(&self.unknown_resolved),
             payload_mismatches: t(&self.payload_mismatches),
             unverified_attributes: t(&self.unverified_attributes),
+            outbox_dispatched: t(&self.outbox_dispatched),
+            outbox_recovered: t(&self.outbox_recovered),
+            outbox_dispatch_failures: t(&self.outbox_dispatch_failures),
             handler_latency: self.latency.take(),
         }
     }
@@ -252,6 +288,9 @@ impl Snapshot {
             ("UnknownOutcomesResolved", self.unknown_resolved),
             ("PayloadMismatches", self.payload_mismatches),
             ("UnverifiedAttributes", self.unverified_attributes),
+            ("OutboxDispatched", self.outbox_dispatched),
+            ("OutboxRecovered", self.outbox_recovered),
+            ("OutboxDispatchFailures", self.outbox_dispatch_failures),
         ];
         let latency = &self.handler_latency.0;
         let histogram = (!latency.is_empty()).then(|| {

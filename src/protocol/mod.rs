@@ -8,6 +8,8 @@
 //! - The seams the adapters implement: [`store`] (the dedup record and the
 //!   `DedupStore` trait), [`queue`] (`QueueClient`), [`payloads`]
 //!   (`PayloadStore`, large payloads).
+//! - [`outbox`]: messages a handler sends, recorded with its effect and
+//!   sent after the commit.
 //! - What uses them: [`processor`] (claim, heartbeat, complete, release,
 //!   park), [`parking`] (a copy in the DLQ with its reason) and [`redrive`].
 //! - [`mutants`]: deliberate-bug hooks, compiled in only for the checks of
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod mutants;
 #[cfg(feature = "otel")]
 pub mod otel;
+pub mod outbox;
 pub(crate) mod outcome;
 pub mod parking;
 pub mod payloads;

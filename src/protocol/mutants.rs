@@ -31,6 +31,11 @@
 //!   transaction's first reason) and classifies it as a transient error, so
 //!   a duplicate or a key held elsewhere is retried instead of decided (the
 //!   simulator's wire path).
+//! - `dispatch-before-commit`: the messages a handler sends
+//!   ([`Context::send`](crate::Context::send)) are sent before the commit
+//!   of its effect, and not recorded (the simulator's chained consumers).
+//! - `outbox-not-recovered`: a duplicate or redelivery that finds its
+//!   record's messages unsent lets the message go without sending them.
 
 /// Whether this build has the mutants in it (built with `SQS_ONCE_MUTANTS=1`).
 pub const COMPILED: bool = cfg!(sqs_once_mutants);

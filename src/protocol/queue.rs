@@ -21,7 +21,7 @@ use crate::Message;
 use crate::protocol::message::Attribute;
 
 /// Entries in one SQS batch request.
-pub const SQS_BATCH: usize = 10;
+pub use crate::protocol::limits::SQS_BATCH;
 
 /// A receive: up to `max` messages (at most [`SQS_BATCH`]), waiting up to `wait`
 /// for the first, made invisible for `visibility`. Messages come with all
@@ -248,6 +248,33 @@ pub trait QueueClient: Clone + Send + Sync + 'static {
         queue: &str,
         message: OutgoingMessage,
     ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// `SendMessageBatch` (at most [`SQS_BATCH`] messages, sent in their
+    /// order): the entries that failed. By default one `SendMessage` each, a
+    /// failed one reported as its entry's failure.
+    fn send_batch(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> impl Future<Output = Result<Vec<EntryFailure>, QueueError>> + Send {
+        async move {
+            let mut failed = Vec::new();
+            for (index, message) in messages.into_iter().enumerate() {
+                if let Err(e) = self.send(queue, message).await {
+                    failed.push(EntryFailure {
+                        index,
+                        code: if e.is_transient() {
+                            "InternalError".to_owned()
+                        } else {
+                            "InvalidParameterValue".to_owned()
+                        },
+                        message: Some(e.to_string()),
+                    });
+                }
+            }
+            Ok(failed)
+        }
+    }
 
     /// `GetQueueAttributes` (visibility timeout, retention, size limit).
     fn attributes(

@@ -27,6 +27,7 @@ use crate::protocol::limits::{
     DYNAMODB_MAX_ITEM_BYTES, DYNAMODB_MAX_TRANSACTION_BYTES, DYNAMODB_MAX_TRANSACTION_ITEMS,
     write_size,
 };
+use crate::protocol::outbox::{Outgoing, outbox_bytes};
 use crate::protocol::outcome::{FailureKind, StagedWrite, StoredResult};
 
 /// `IN_PROGRESS`, `COMPLETED` or `FAILED`.
@@ -88,6 +89,9 @@ pub struct Record {
     pub completed_at_ms: Option<i64>,
     /// The last error (release or permanent failure).
     pub error: Option<String>,
+    /// Messages the handler sent that are recorded but not yet marked
+    /// dispatched (see [`crate::protocol::outbox`]); empty when none.
+    pub outbox: Vec<Outgoing>,
 }
 
 impl Record {
@@ -178,6 +182,9 @@ pub enum Claim {
         result: Option<StoredResult>,
         /// False when the record was made by a different body: a producer bug.
         payload_matches: bool,
+        /// Messages the first run sent that are not yet marked dispatched:
+        /// send them before the duplicate is let go.
+        outbox: Vec<Outgoing>,
     },
     /// Another consumer holds a live lease: do not run; try again when it ends.
     InFlight {
@@ -210,6 +217,7 @@ pub fn decide_conflict(old: &Record, req: &ClaimRequest, now_ms: i64) -> Claim {
         Status::Completed => Claim::Duplicate {
             result: old.result.clone(),
             payload_matches,
+            outbox: old.outbox.clone(),
         },
         Status::Failed if old.failed_by(&req.message_id) => Claim::Parked {
             reason: old.error.clone(),
@@ -248,6 +256,8 @@ pub struct Completion {
     pub ttl: Duration,
     /// DynamoDB writes that commit in the same transaction.
     pub writes: Vec<StagedWrite>,
+    /// Messages to send once this commits, recorded with it.
+    pub outbox: Vec<Outgoing>,
 }
 
 /// A fast-path commit: the `COMPLETED` record and the staged writes in one
@@ -270,6 +280,8 @@ pub struct FastCommit {
     pub ttl: Duration,
     /// DynamoDB writes that commit in the same transaction.
     pub writes: Vec<StagedWrite>,
+    /// Messages to send once this commits, recorded with it.
+    pub outbox: Vec<Outgoing>,
 }
 
 /// The answer to a [`FastCommit`].
@@ -283,6 +295,9 @@ pub enum FastCommitted {
         result: Option<StoredResult>,
         /// False when the record was made by a different body: a producer bug.
         payload_matches: bool,
+        /// Messages the first run sent that are not yet marked dispatched:
+        /// send them before the duplicate is let go.
+        outbox: Vec<Outgoing>,
     },
     /// Another consumer holds a live claim (general-path consumers of the same
     /// records): nothing was written; try again when it ends.
@@ -316,6 +331,7 @@ impl FastCommit {
             Status::Completed => FastCommitted::Duplicate {
                 result: old.result.clone(),
                 payload_matches,
+                outbox: old.outbox.clone(),
             },
             Status::Failed if old.failed_by(&self.message_id) => FastCommitted::Parked {
                 reason: old.error.clone(),
@@ -450,6 +466,12 @@ pub trait DedupStore: Send + Sync + 'static {
         c: FastCommit,
     ) -> impl Future<Output = Result<FastCommitted, StoreError>> + Send;
 
+    /// Marks the messages recorded with the `COMPLETED` record `pk` as
+    /// dispatched (removes them), so no later duplicate sends them again. A
+    /// record that is not `COMPLETED`, or has nothing to send, is left as
+    /// it is and the call succeeds.
+    fn mark_dispatched(&self, pk: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Reads a record.
     fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
@@ -486,13 +508,13 @@ pub(crate) fn check_transaction_limits(
 }
 
 /// An estimate of the dedup record's size in a completion or fast commit:
-/// its fixed attributes plus the result.
-pub(crate) fn record_bytes(pk: &str, result: Option<&StoredResult>) -> usize {
+/// its fixed attributes plus the result and the outbox.
+pub(crate) fn record_bytes(pk: &str, result: Option<&StoredResult>, outbox: &[Outgoing]) -> usize {
     const FIXED: usize = 512;
     let result = match result {
         None => 0,
         Some(StoredResult::Value(v)) => v.to_string().len(),
         Some(StoredResult::Digest { .. }) => 96,
     };
-    FIXED + pk.len() + result
+    FIXED + pk.len() + result + outbox_bytes(outbox)
 }

@@ -220,6 +220,7 @@ fn keep_finished_twins(
 impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// An adapter that parks with, and extends visibility through, `queue`.
     pub fn new(queue: Q, processor: Processor<S, H>, config: LambdaConfig) -> Self {
+        let processor = processor.dispatching_through(&queue);
         Self {
             inner: Arc::new(Inner {
                 settler: Settler::new(queue.clone(), config.dlq_url.as_deref())
@@ -923,6 +924,9 @@ mod tests {
                 ));
             }
             answer
+        }
+        async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+            self.inner.mark_dispatched(pk).await
         }
         async fn get(&self, pk: &str) -> Result<Option<crate::Record>, StoreError> {
             self.inner.get(pk).await

@@ -997,6 +997,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     config: PollerConfig,
     shutdown: CancellationToken,
 ) -> RunStats {
+    let processor = processor.dispatching_through(&queue);
     let (deletes, receipts) = mpsc::channel(PENDING_DELETES);
     let deleter = tokio::spawn(
         DeleteBatcher {

@@ -240,13 +240,14 @@ impl DedupStore for MemoryStore {
                 claimed_at_ms: Some(now_ms),
                 completed_at_ms: None,
                 error,
+                outbox: Vec::new(),
             },
         );
         Ok(Claim::Acquired { attempt: attempts })
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
-        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         let now_ms = self.clock.now_ms();
         self.with_owned(
             &c.pk,
@@ -255,6 +256,7 @@ impl DedupStore for MemoryStore {
             |r, committed| {
                 r.status = Status::Completed;
                 r.result = c.result;
+                r.outbox = c.outbox;
                 r.completed_at_ms = Some(now_ms);
                 r.expires_at_s = expires_at(now_ms, c.ttl);
                 if !c.writes.is_empty() {
@@ -353,7 +355,7 @@ impl DedupStore for MemoryStore {
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
-        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         self.check_available()?;
         let now_ms = self.clock.now_ms();
         let mut guard = self.lock();
@@ -386,12 +388,23 @@ impl DedupStore for MemoryStore {
                 claimed_at_ms: Some(now_ms),
                 completed_at_ms: Some(now_ms),
                 error: None,
+                outbox: c.outbox,
             },
         );
         if !c.writes.is_empty() {
             state.committed.push(items_of(c.writes));
         }
         Ok(FastCommitted::Committed)
+    }
+
+    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+        self.check_available()?;
+        if let Some(r) = self.lock().records.get_mut(pk)
+            && r.status == Status::Completed
+        {
+            r.outbox.clear();
+        }
+        Ok(())
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqs_once::clock::{Clock, ManualClock};
 use sqs_once::store::{ClaimRequest, Completion, FastCommit, FastCommitted};
-use sqs_once::{Claim, DedupStore, Status, StoreError, StoredResult};
+use sqs_once::{Claim, DedupStore, Outgoing, Status, StoreError, StoredResult};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(3600);
@@ -29,6 +29,7 @@ fn completion(r: &ClaimRequest, result: Option<serde_json::Value>) -> Completion
         result: result.map(StoredResult::Value),
         ttl: TTL,
         writes: vec![],
+        outbox: vec![],
     }
 }
 
@@ -62,7 +63,8 @@ pub async fn completed_key_is_duplicate_with_result<S: DedupStore>(
         store.claim(&b).await.unwrap(),
         Claim::Duplicate {
             result: Some(StoredResult::Value(serde_json::json!({"charge": "ch_1"}))),
-            payload_matches: true
+            payload_matches: true,
+            outbox: Vec::new(),
         }
     );
     let rec = store.get("c#done").await.unwrap().unwrap();
@@ -86,7 +88,7 @@ pub async fn live_in_progress_key_is_in_flight_with_lease_end<S: DedupStore>(
         store.claim(&req("c#live", "body")).await.unwrap(),
         Claim::InFlight {
             lease_until_ms: lease_end,
-            payload_matches: true
+            payload_matches: true,
         }
     );
 }
@@ -199,7 +201,8 @@ pub async fn same_key_different_payload_is_reported<S: DedupStore>(
         store.claim(&req("c#pay", "amount=99")).await.unwrap(),
         Claim::Duplicate {
             result: None,
-            payload_matches: false
+            payload_matches: false,
+            outbox: Vec::new(),
         }
     );
 }
@@ -339,6 +342,7 @@ fn fast(pk: &str, payload: &str, result: Option<serde_json::Value>) -> FastCommi
         result: result.map(StoredResult::Value),
         ttl: TTL,
         writes: vec![],
+        outbox: vec![],
     }
 }
 
@@ -369,7 +373,8 @@ pub async fn fast_commit_records_completed_once_and_then_is_a_duplicate<S: Dedup
             .unwrap(),
         FastCommitted::Duplicate {
             result: Some(StoredResult::Value(serde_json::json!({"ok": 1}))),
-            payload_matches: true
+            payload_matches: true,
+            outbox: Vec::new(),
         }
     );
     assert!(matches!(
@@ -399,7 +404,7 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
             .unwrap(),
         FastCommitted::InFlight {
             lease_until_ms: clock.now_ms() + 30_000,
-            payload_matches: true
+            payload_matches: true,
         }
     );
     // A FAILED record (a parked message being redriven) does not block.
@@ -617,6 +622,74 @@ pub async fn a_claim_sent_before_a_failure_does_not_take_the_failed_record<S: De
     );
 }
 
+fn sent() -> Vec<Outgoing> {
+    vec![
+        Outgoing::new("http://sqs.local/000000000000/paid", "{\"order\":1}")
+            .attribute("kind", "paid"),
+        Outgoing::new("http://sqs.local/000000000000/paid.fifo", "b").group("o-1"),
+    ]
+}
+
+/// A completion records the messages to send; a duplicate's answer carries
+/// them until they are marked dispatched, and a mark is idempotent.
+pub async fn a_completion_records_its_outbox_until_marked_dispatched<S: DedupStore>(
+    store: &S,
+    _clock: &ManualClock,
+) {
+    let a = req("c#outbox", "body");
+    store.claim(&a).await.unwrap();
+    let mut c = completion(&a, None);
+    c.outbox = sent();
+    store.complete(c).await.unwrap();
+    assert_eq!(store.get(&a.pk).await.unwrap().unwrap().outbox, sent());
+    assert!(matches!(
+        store.claim(&req(&a.pk, "body")).await.unwrap(),
+        Claim::Duplicate { outbox, .. } if outbox == sent()
+    ));
+    store.mark_dispatched(&a.pk).await.unwrap();
+    store.mark_dispatched(&a.pk).await.unwrap();
+    let rec = store.get(&a.pk).await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Completed);
+    assert!(rec.outbox.is_empty(), "{:?}", rec.outbox);
+    assert!(matches!(
+        store.claim(&req(&a.pk, "body")).await.unwrap(),
+        Claim::Duplicate { outbox, .. } if outbox.is_empty()
+    ));
+    // Nothing to mark on an absent or an in-progress record.
+    store.mark_dispatched("c#absent").await.unwrap();
+    assert!(store.get("c#absent").await.unwrap().is_none());
+}
+
+/// A fast commit records its outbox; a commit that replaces an expired
+/// record with unsent messages does not inherit them.
+pub async fn a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let mut first = fast("c#fast-outbox", "body", None);
+    first.outbox = sent();
+    first.ttl = Duration::from_secs(2);
+    assert_eq!(
+        store.commit_fast(first).await.unwrap(),
+        FastCommitted::Committed
+    );
+    assert!(matches!(
+        store.commit_fast(fast("c#fast-outbox", "body", None)).await.unwrap(),
+        FastCommitted::Duplicate { outbox, .. } if outbox == sent()
+    ));
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        store
+            .commit_fast(fast("c#fast-outbox", "body", None))
+            .await
+            .unwrap(),
+        FastCommitted::Committed,
+        "the expired record is taken"
+    );
+    let rec = store.get("c#fast-outbox").await.unwrap().unwrap();
+    assert!(rec.outbox.is_empty(), "inherited {:?}", rec.outbox);
+}
+
 macro_rules! contract_suite {
     ($make:path) => {
         contract_suite!(@one $make, first_claim_acquires);
@@ -637,6 +710,8 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, an_earlier_extension_landing_late_does_not_shorten_the_lease);
         contract_suite!(@one $make, a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_others);
         contract_suite!(@one $make, a_claim_sent_before_a_failure_does_not_take_the_failed_record);
+        contract_suite!(@one $make, a_completion_records_its_outbox_until_marked_dispatched);
+        contract_suite!(@one $make, a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn fifty_concurrent_fast_commits_yield_one_committed() {

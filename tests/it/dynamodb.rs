@@ -98,6 +98,7 @@ fn completion(r: &ClaimRequest, writes: Vec<sqs_once::StagedWrite>) -> Completio
         result: None,
         ttl: TTL,
         writes,
+        outbox: vec![],
     }
 }
 
@@ -320,6 +321,7 @@ async fn lost_fast_commit_response_applies_the_effect_once() {
         result: None,
         ttl: TTL,
         writes: vec![staged(add_to(&ledger, "acct", 250), FailureKind::Retry)],
+        outbox: vec![],
     };
     assert_eq!(
         store.commit_fast(commit.clone()).await.unwrap(),
@@ -368,6 +370,7 @@ async fn fast_commit_with_a_failing_staged_condition_writes_nothing() {
             staged(add_to(&ledger, "acct", 5), FailureKind::Retry),
             staged(require_exists(&ledger, "nobody"), FailureKind::Permanent),
         ],
+        outbox: vec![],
     };
     assert!(matches!(
         store.commit_fast(commit).await,
@@ -399,6 +402,7 @@ async fn fast_path_transaction_over_the_limits_is_a_clear_error_and_writes_nothi
         result: None,
         ttl: TTL,
         writes,
+        outbox: vec![],
     };
     let err = store.commit_fast(commit).await.unwrap_err();
     assert!(

@@ -56,6 +56,7 @@ async fn completed(store: &DynamoStore, pk: &str, result: Option<serde_json::Val
             result: result.map(StoredResult::Value),
             ttl: Duration::from_secs(3600),
             writes: vec![],
+            outbox: vec![],
         })
         .await
         .unwrap();

@@ -50,6 +50,7 @@ fn completion(owner: &str, writes: Vec<StagedWrite>) -> Completion {
         owner: owner.into(),
         result: None,
         writes,
+        outbox: vec![],
         ttl: Duration::from_secs(3600),
     }
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
+use super::{KEY_ATTRIBUTE, OUTBOX_ATTRIBUTE, TTL_ATTRIBUTE};
 use crate::protocol::outcome::StoredResult;
 use crate::protocol::store::{Record, Status};
 
@@ -46,6 +46,15 @@ pub enum RecordError {
         pk: String,
         /// What it has.
         status: String,
+    },
+    /// A stored outbox that does not read back.
+    #[error("dedup record {pk}: its outbox (messages to send) does not read back: {source}")]
+    OutboxUnreadable {
+        /// The record's key.
+        pk: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
     },
     /// A stored result that is not JSON.
     #[error("dedup record {pk}: result is not JSON: {source}")]
@@ -89,8 +98,16 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record
                 .unwrap_or(0),
         })
     };
+    let outbox = match str_of(OUTBOX_ATTRIBUTE) {
+        None => Vec::new(),
+        Some(text) => match crate::protocol::outbox::from_stored(&text) {
+            Ok(outbox) => outbox,
+            Err(source) => return Err(RecordError::OutboxUnreadable { pk, source }),
+        },
+    };
     Ok(Record {
         status,
+        outbox,
         owner: str_of("owner"),
         lease_until_ms: num_of("lease_until").unwrap_or(0),
         expires_at_s: num_of(TTL_ATTRIBUTE).unwrap_or(i64::MAX),

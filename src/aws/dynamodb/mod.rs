@@ -27,6 +27,7 @@ use aws_sdk_dynamodb::types::{
 
 use crate::protocol::clock::{Clock, SystemClock};
 use crate::protocol::metrics::Metrics;
+use crate::protocol::outbox::Outgoing;
 use crate::protocol::outcome::{StagedWrite, StoredResult};
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
@@ -37,6 +38,9 @@ use crate::protocol::store::{
 pub const TTL_ATTRIBUTE: &str = "expires_at";
 /// The partition key attribute (string).
 pub const KEY_ATTRIBUTE: &str = "pk";
+/// The attribute holding a `COMPLETED` record's messages still to send
+/// (JSON text; see [`crate::protocol::outbox`]), removed once they are sent.
+pub const OUTBOX_ATTRIBUTE: &str = "outbox";
 
 /// Who may take a record (see [`Record::claimable_by`]): nobody has it, it
 /// expired, it failed in another delivery (a redriven copy, a re-send), or its
@@ -295,6 +299,7 @@ impl DynamoStore {
                 .to_owned();
         let mut remove = vec!["lease_until"];
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
+        set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
         self.record_update(&c.pk, expr, OWNED_CONDITION, values)
     }
@@ -313,6 +318,7 @@ impl DynamoStore {
             ("#status", "status"),
             ("#result", "result"),
             ("#error", "error"),
+            ("#outbox", OUTBOX_ATTRIBUTE),
         ]);
         Update::builder()
             .table_name(&*self.table)
@@ -506,6 +512,25 @@ fn set_result(
     }
 }
 
+/// Sets the record's messages to send, or removes the attribute (a record
+/// that replaces an expired one must not inherit its unsent messages).
+fn set_outbox(
+    outbox: &[Outgoing],
+    set: &mut String,
+    remove: &mut Vec<&'static str>,
+    values: &mut HashMap<String, AttributeValue>,
+) {
+    if outbox.is_empty() {
+        remove.push("#outbox");
+    } else {
+        set.push_str(", #outbox = :outbox");
+        values.insert(
+            ":outbox".into(),
+            s(crate::protocol::outbox::to_stored(outbox)),
+        );
+    }
+}
+
 /// Only the `#names` an expression uses (DynamoDB rejects unused ones).
 fn used_names(all: &HashMap<String, String>, expr: &str) -> HashMap<String, String> {
     all.iter()
@@ -588,7 +613,7 @@ impl DedupStore for DynamoStore {
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
-        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         let update = self.completed_update(&c)?;
         if c.writes.is_empty() {
             self.complete_plain(&c, update).await
@@ -717,7 +742,7 @@ impl DedupStore for DynamoStore {
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
-        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref()))?;
+        check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         let now_ms = self.clock.now_ms();
         let mut values = HashMap::from([
             (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
@@ -741,6 +766,7 @@ impl DedupStore for DynamoStore {
             .to_owned();
         let mut remove = vec!["lease_until", "#error"];
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
+        set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
         let record = self.record_update(&c.pk, expr, CLAIM_CONDITION, values)?;
         let (items, token) = transaction("fast", record, &c.writes, &c.pk, &c.owner);
@@ -772,6 +798,36 @@ impl DedupStore for DynamoStore {
             }
         })
         .await
+    }
+
+    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+        let values = HashMap::from([(":completed".to_owned(), s(Status::Completed.as_str()))]);
+        let names = HashMap::from([
+            ("#status".to_owned(), "status".to_owned()),
+            ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
+        ]);
+        let res = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .key(KEY_ATTRIBUTE, s(pk))
+            .update_expression("REMOVE #outbox")
+            .condition_expression("#status = :completed AND attribute_exists(#outbox)")
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            // Marked already, or the record is no longer a completed one.
+            Err(e) if conditional_failure(&e).is_some() => Ok(()),
+            Err(e) => Err(match classify(&e) {
+                Attempt::Done(err) => err,
+                Attempt::Again(reason) | Attempt::Unknown(reason) => {
+                    StoreError::Unavailable(reason)
+                }
+            }),
+        }
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {

@@ -12,10 +12,12 @@ use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
 use crate::protocol::key::sha256_hex;
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
-use crate::protocol::outcome::{FailureKind, Outcome};
+use crate::protocol::outbox::Outgoing;
+use crate::protocol::outcome::{FailureKind, Outcome, StoredResult};
 use crate::protocol::store::{Claim, ClaimRequest, Completion, DedupStore, StoreError};
 
 use super::lease::*;
+use super::outbox::Sending;
 use super::*;
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
@@ -212,7 +214,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::Duplicate {
                 result,
                 payload_matches,
-            }) => Err(self.duplicate(message, result, payload_matches)),
+                outbox,
+            }) => Err(self
+                .duplicate_sending(message, result, payload_matches, outbox)
+                .await),
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,
@@ -272,6 +277,62 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
+    /// Completes the claim with the staged writes and the messages sent,
+    /// then sends them: the outcome, or the failure to handle as the
+    /// handler's (a staged write's condition, a permanent store error).
+    async fn complete_sending(
+        &self,
+        message: &Message,
+        req: &ClaimRequest,
+        ctx: &Context,
+        result: Option<StoredResult>,
+        outbox: Vec<Outgoing>,
+    ) -> Result<Outcome, HandlerError> {
+        let sent_early = self.dispatch_before_commit(message, &req.pk, &outbox).await;
+        let completion = Completion {
+            pk: req.pk.clone(),
+            owner: req.owner.clone(),
+            result: result.clone(),
+            ttl: self.config.ttl,
+            writes: ctx.take_staged(),
+            outbox: if sent_early {
+                Vec::new()
+            } else {
+                outbox.clone()
+            },
+        };
+        match self.store.complete(completion).await {
+            Ok(()) => Ok(
+                match self
+                    .send_outbox(message, &req.pk, &outbox, Sending::Committed)
+                    .await
+                {
+                    Ok(()) => Outcome::Completed { result },
+                    Err(outcome) => outcome,
+                },
+            ),
+            Err(StoreError::WriteConditionFailed { index, kind }) => Err(HandlerError::new(
+                kind,
+                format!("staged write #{index} failed its condition; nothing was written"),
+            )),
+            Err(e) if e.is_permanent() => Err(HandlerError::permanent(e.to_string())),
+            Err(e @ StoreError::LeaseLost { .. }) => {
+                self.metrics.lease_lost();
+                error!(error = %e, "complete failed the fencing check: lease lost; the effect was not recorded");
+                Ok(Outcome::Retry {
+                    after: self.config.backoff(message.receive_count()),
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => {
+                // Unknown after retries: release (best effort) and let the
+                // redelivery find out whether it committed.
+                self.release(req, &format!("complete failed: {e}")).await;
+                Ok(self.unrecorded_failure(message, e))
+            }
+        }
+    }
+
     /// After the handler returned: complete (with the staged writes), or
     /// release for a retry, or record `FAILED` and park.
     pub(super) async fn finish_claimed(
@@ -282,38 +343,19 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         handled: Result<Option<serde_json::Value>, HandlerError>,
     ) -> Outcome {
         let failure = match handled {
-            Ok(value) => {
-                let result = value.map(|v| self.bounded(&v));
-                let completion = Completion {
-                    pk: req.pk.clone(),
-                    owner: req.owner.clone(),
-                    result: result.clone(),
-                    ttl: self.config.ttl,
-                    writes: ctx.take_staged(),
-                };
-                match self.store.complete(completion).await {
-                    Ok(()) => return Outcome::Completed { result },
-                    Err(StoreError::WriteConditionFailed { index, kind }) => HandlerError::new(
-                        kind,
-                        format!("staged write #{index} failed its condition; nothing was written"),
-                    ),
-                    Err(e) if e.is_permanent() => HandlerError::permanent(e.to_string()),
-                    Err(e @ StoreError::LeaseLost { .. }) => {
-                        self.metrics.lease_lost();
-                        error!(error = %e, "complete failed the fencing check: lease lost; the effect was not recorded");
-                        return Outcome::Retry {
-                            after: self.config.backoff(message.receive_count()),
-                            reason: e.to_string(),
-                        };
-                    }
-                    Err(e) => {
-                        // Unknown after retries: release (best effort) and let the
-                        // redelivery find out whether it committed.
-                        self.release(req, &format!("complete failed: {e}")).await;
-                        return self.unrecorded_failure(message, e);
+            Ok(value) => match self.outbox_of(ctx) {
+                Err(e) => e,
+                Ok(outbox) => {
+                    let result = value.map(|v| self.bounded(&v));
+                    match self
+                        .complete_sending(message, req, ctx, result, outbox)
+                        .await
+                    {
+                        Ok(outcome) => return outcome,
+                        Err(e) => e,
                     }
                 }
-            }
+            },
             Err(e) => e,
         };
         match failure_kind(&failure) {

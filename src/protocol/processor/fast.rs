@@ -12,6 +12,7 @@ use crate::protocol::outcome::{FailureKind, Outcome};
 use crate::protocol::store::{Claim, DedupStore, FastCommit, FastCommitted, StoreError};
 
 use super::lease::bound;
+use super::outbox::Sending;
 use super::*;
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
@@ -23,11 +24,26 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message,
             self.config.max_result_bytes,
         );
-        match self.call_handler(message, &ctx).await {
-            Ok(value) => match self.store.commit_unprotected(ctx.take_staged()).await {
-                Ok(()) => Outcome::Completed {
-                    result: value.map(|v| self.bounded(&v)),
-                },
+        let handled = self
+            .call_handler(message, &ctx)
+            .await
+            .and_then(|value| Ok((value, self.outbox_of(&ctx)?)));
+        match handled {
+            Ok((value, outbox)) => match self.store.commit_unprotected(ctx.take_staged()).await {
+                Ok(()) => {
+                    // No record to recover from: sent once after the commit,
+                    // and again only if the message runs again.
+                    let id = format!("{}#unprotected#{}", self.config.consumer, message.id());
+                    if let Err(outcome) = self
+                        .send_outbox(message, &id, &outbox, Sending::Committed)
+                        .await
+                    {
+                        return outcome;
+                    }
+                    Outcome::Completed {
+                        result: value.map(|v| self.bounded(&v)),
+                    }
+                }
                 Err(e) => self.unrecorded_failure(message, e),
             },
             Err(e) => self.failure_without_record(message, &e),
@@ -69,26 +85,45 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
-        let value = match handled {
-            Ok(value) => value,
+        let (value, outbox) = match handled.and_then(|v| Ok((v, self.outbox_of(&ctx)?))) {
+            Ok(done) => done,
             Err(e) => return self.fast_failure(message, &e).await,
         };
         let result = value.map(|v| self.bounded(&v));
+        let pk = self.config.record_key(key);
+        let sent_early = self.dispatch_before_commit(message, &pk, &outbox).await;
         let commit = FastCommit {
-            pk: self.config.record_key(key),
+            pk: pk.clone(),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
             payload_sha256: sha256_hex(message.body().as_bytes()),
             result: result.clone(),
             ttl: self.config.ttl,
             writes: ctx.take_staged(),
+            outbox: if sent_early {
+                Vec::new()
+            } else {
+                outbox.clone()
+            },
         };
         match self.store.commit_fast(commit).await {
-            Ok(FastCommitted::Committed) => Outcome::Completed { result },
+            Ok(FastCommitted::Committed) => {
+                match self
+                    .send_outbox(message, &pk, &outbox, Sending::Committed)
+                    .await
+                {
+                    Ok(()) => Outcome::Completed { result },
+                    Err(outcome) => outcome,
+                }
+            }
             Ok(FastCommitted::Duplicate {
                 result,
                 payload_matches,
-            }) => self.duplicate(message, result, payload_matches),
+                outbox,
+            }) => {
+                self.duplicate_sending(message, result, payload_matches, outbox)
+                    .await
+            }
             Ok(FastCommitted::InFlight {
                 lease_until_ms,
                 payload_matches,
@@ -123,7 +158,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             .payload_sha256
             .as_deref()
             .is_none_or(|p| p == sha256_hex(message.body().as_bytes()));
-        Some(self.duplicate(message, r.result, payload_matches))
+        Some(
+            self.duplicate_sending(message, r.result, payload_matches, r.outbox)
+                .await,
+        )
     }
 
     /// The `COMPLETED` record of a message that came back (receive count
@@ -169,9 +207,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let Ok(key) = self.config.dedup_key(message) else {
             return false;
         };
+        // One with messages still to send goes through the processor,
+        // which sends them.
         self.completed_record(message, &key).await.is_some_and(|r| {
-            r.payload_sha256
-                .is_none_or(|p| p == sha256_hex(message.body().as_bytes()))
+            r.outbox.is_empty()
+                && r.payload_sha256
+                    .is_none_or(|p| p == sha256_hex(message.body().as_bytes()))
         })
     }
 
@@ -191,7 +232,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(Claim::Duplicate {
                 result,
                 payload_matches,
-            }) => self.duplicate(message, result, payload_matches),
+                outbox,
+            }) => {
+                self.duplicate_sending(message, result, payload_matches, outbox)
+                    .await
+            }
             Ok(Claim::InFlight {
                 lease_until_ms,
                 payload_matches,

@@ -15,6 +15,7 @@
 mod claim;
 mod fast;
 mod lease;
+mod outbox;
 
 use lease::LocalEnd;
 
@@ -29,6 +30,7 @@ use crate::protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
 use crate::protocol::handler::{Effects, Handler, HandlerError};
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::metrics::Metrics;
+use crate::protocol::outbox::Dispatcher;
 use crate::protocol::outcome::{FailureKind, Outcome, StoredResult};
 use crate::protocol::payloads::LargePayloads;
 use crate::protocol::store::DedupStore;
@@ -76,7 +78,6 @@ pub struct ProcessOptions<'a> {
 }
 
 /// Takes messages through the claim protocol around a handler.
-#[derive(Debug)]
 pub struct Processor<S, H> {
     store: Arc<S>,
     handler: Arc<H>,
@@ -84,6 +85,19 @@ pub struct Processor<S, H> {
     clock: Arc<dyn clock::Clock>,
     metrics: Arc<Metrics>,
     payloads: Option<LargePayloads>,
+    dispatcher: Option<Arc<dyn Dispatcher>>,
+}
+
+impl<S: std::fmt::Debug, H: std::fmt::Debug> std::fmt::Debug for Processor<S, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Processor")
+            .field("store", &self.store)
+            .field("handler", &self.handler)
+            .field("config", &self.config)
+            .field("payloads", &self.payloads)
+            .field("dispatcher", &self.dispatcher.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S, H> Clone for Processor<S, H> {
@@ -95,6 +109,7 @@ impl<S, H> Clone for Processor<S, H> {
             clock: self.clock.clone(),
             metrics: self.metrics.clone(),
             payloads: self.payloads.clone(),
+            dispatcher: self.dispatcher.clone(),
         }
     }
 }
@@ -116,6 +131,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             clock: Arc::new(clock::SystemClock),
             metrics,
             payloads: None,
+            dispatcher: None,
         })
     }
 
@@ -131,6 +147,29 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     pub fn with_large_payloads(mut self, payloads: LargePayloads) -> Self {
         self.payloads = Some(payloads);
         self
+    }
+
+    /// Sends what handlers send ([`Context::send`](crate::Context::send))
+    /// through `dispatcher` after each commit: any [`QueueClient`](crate::queue::QueueClient)
+    /// (an `aws_sdk_sqs::Client`). The runtimes set their own SQS client
+    /// when none is set. Without one, a handler that sends fails permanently.
+    pub fn with_dispatcher(mut self, dispatcher: impl Dispatcher) -> Self {
+        self.dispatcher = Some(Arc::new(dispatcher));
+        self
+    }
+
+    /// This processor, sending through `queue` unless a dispatcher is set
+    /// (the runtimes give it theirs).
+    pub fn dispatching_through<Q: crate::protocol::queue::QueueClient>(self, queue: &Q) -> Self {
+        if self.dispatcher.is_some() {
+            return self;
+        }
+        self.with_dispatcher(queue.clone())
+    }
+
+    /// Whether a dispatcher is set.
+    pub fn has_dispatcher(&self) -> bool {
+        self.dispatcher.is_some()
     }
 
     /// Large payload support, when on.
@@ -259,7 +298,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }),
             () = self.keep_visible(&message, opts, visible) => unreachable!("never returns"),
         };
-        Ok(resolved?.unwrap_or(message))
+        match resolved {
+            Err(duplicate @ Outcome::Duplicate { .. }) => Err(self
+                .duplicate_without_payload(&message)
+                .await
+                .unwrap_or(duplicate)),
+            other => Ok(other?.unwrap_or(message)),
+        }
     }
 
     /// The result as recorded: as is, or its digest when over the bound.
@@ -406,6 +451,9 @@ pub(super) fn lease_within(lease: Duration, deadline: Option<Instant>) -> Durati
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod outbox_tests;
 
 #[cfg(all(test, feature = "poller"))]
 mod privacy_tests;

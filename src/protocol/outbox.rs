@@ -1,0 +1,439 @@
+//! The outbox: messages a handler sends, recorded with its effect and sent
+//! only after that effect committed.
+//!
+//! A handler calls [`Context::send`](crate::Context::send) instead of an SQS
+//! client. Nothing is sent while it runs: the messages are kept with the
+//! context and written into the `COMPLETED` dedup record (attribute
+//! `outbox`), in the same `TransactWriteItems` as the fast path's staged
+//! writes, or in the claim path's completion. After the commit the
+//! processor dispatches them (`SendMessageBatch`, ten at a time, per target
+//! queue), marks the record dispatched (`REMOVE outbox`), and only then is
+//! the incoming message deleted. A crash, a timeout or a lost answer between
+//! the commit and the mark leaves `outbox` on the record: the redelivery (or
+//! any later duplicate) finds the record `COMPLETED` with messages still to
+//! send and sends them before it is let go. A message is therefore never
+//! sent for an effect that did not commit, and sent at least once for one
+//! that did.
+//!
+//! Each outgoing message carries a stable id, [`outbox_id`] (the incoming
+//! record's key and the message's index), so that sending it twice is
+//! harmless downstream:
+//! - on every target, the message attribute [`OUTBOX_ID_ATTRIBUTE`] holds it
+//!   (a consumer that is not sqs-once dedups on it; an sqs-once consumer can
+//!   take it as its key with the key source `attribute:sqs_once_outbox_id`);
+//! - with `SQS_ONCE_CARRY_SECRET` set, [`DEDUP_KEY_ATTRIBUTE`] holds it
+//!   sealed, so an sqs-once consumer downstream that shares the secret and
+//!   keys on the message id (the default) applies it once;
+//! - on a FIFO target, the `MessageDeduplicationId` is its SHA-256, so SQS
+//!   itself drops a second send within its five-minute window.
+//!
+//! See the project's `docs/DESIGN.md` ("The outbox").
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, SEALED_ATTRIBUTES, sha256_hex};
+use crate::protocol::limits::{
+    SQS_BATCH, SQS_DEFAULT_MAX_MESSAGE_BYTES as SQS_MAX_MESSAGE_BYTES, SQS_MAX_ATTRIBUTES,
+    SQS_MAX_DELAY,
+};
+use crate::protocol::message::Attribute;
+use crate::protocol::queue::{EntryFailure, OutgoingMessage, QueueClient, QueueError, is_fifo};
+
+/// The message attribute every outgoing message carries with its
+/// [`outbox_id`]: stable across sends, the id to dedup on downstream.
+pub const OUTBOX_ID_ATTRIBUTE: &str = "sqs_once_outbox_id";
+
+/// Attributes a handler may give an outgoing message: SQS's ten less the two
+/// sqs-once adds ([`OUTBOX_ID_ATTRIBUTE`], [`DEDUP_KEY_ATTRIBUTE`]).
+pub const MAX_USER_ATTRIBUTES: usize = SQS_MAX_ATTRIBUTES - 2;
+
+/// The most outgoing messages one incoming message may send.
+pub const MAX_OUTGOING: usize = 100;
+
+/// The most bytes of outgoing messages one record may hold: what DynamoDB's
+/// 400 KB item leaves beside the record's own attributes and its result.
+pub const MAX_OUTBOX_BYTES: usize = 300 * 1024;
+
+/// A message a handler sends: see [`Context::send`](crate::Context::send).
+/// String attributes only; a FIFO target needs a message group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Outgoing {
+    /// The target queue's URL.
+    #[serde(rename = "q")]
+    pub queue_url: String,
+    /// The body.
+    #[serde(rename = "b")]
+    pub body: String,
+    /// String message attributes.
+    #[serde(rename = "a", default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+    /// The message group (required by FIFO targets, allowed on standard ones).
+    #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<String>,
+    /// `DelaySeconds` (standard targets only, at most 15 minutes).
+    #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+    pub delay_secs: Option<u32>,
+}
+
+impl Outgoing {
+    /// A message with `body` for the queue at `queue_url`.
+    pub fn new(queue_url: impl Into<String>, body: impl Into<String>) -> Self {
+        Self {
+            queue_url: queue_url.into(),
+            body: body.into(),
+            attributes: BTreeMap::new(),
+            group_id: None,
+            delay_secs: None,
+        }
+    }
+
+    /// With a string message attribute.
+    pub fn attribute(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.attributes.insert(name.into(), value.into());
+        self
+    }
+
+    /// In the message group `group_id` (required by a FIFO target).
+    pub fn group(mut self, group_id: impl Into<String>) -> Self {
+        self.group_id = Some(group_id.into());
+        self
+    }
+
+    /// Hidden for `delay` after it is sent (standard targets; whole seconds,
+    /// rounded up).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+        self.delay_secs = Some(u32::try_from(secs).unwrap_or(u32::MAX));
+        self
+    }
+
+    /// What SQS counts against its message size: the body and every
+    /// attribute's name, type and value (with the two sqs-once adds).
+    pub fn size(&self) -> usize {
+        let ours = OUTBOX_ID_ATTRIBUTE.len() + DEDUP_KEY_ATTRIBUTE.len() + 2 * (6 + 600);
+        self.body.len()
+            + ours
+            + self
+                .attributes
+                .iter()
+                .map(|(k, v)| k.len() + "String".len() + v.len())
+                .sum::<usize>()
+    }
+
+    /// Checks what SQS would refuse, before anything is recorded.
+    pub fn check(&self) -> Result<(), OutboxError> {
+        let fifo = is_fifo(&self.queue_url);
+        if self.queue_url.trim().is_empty() {
+            return Err(OutboxError::NoQueue);
+        }
+        if fifo && self.group_id.is_none() {
+            return Err(OutboxError::FifoNeedsGroup(self.queue_url.clone()));
+        }
+        if fifo && self.delay_secs.is_some() {
+            return Err(OutboxError::DelayOnFifo(self.queue_url.clone()));
+        }
+        if let Some(d) = self.delay_secs
+            && u64::from(d) > SQS_MAX_DELAY.as_secs()
+        {
+            return Err(OutboxError::DelayTooLong(d));
+        }
+        if self.attributes.len() > MAX_USER_ATTRIBUTES {
+            return Err(OutboxError::TooManyAttributes(self.attributes.len()));
+        }
+        if let Some(name) = self.attributes.keys().find(|n| reserved(n)) {
+            return Err(OutboxError::ReservedAttribute(name.clone()));
+        }
+        let bytes = self.size();
+        if bytes > SQS_MAX_MESSAGE_BYTES {
+            return Err(OutboxError::TooLarge { bytes });
+        }
+        Ok(())
+    }
+
+    /// The message as sent: the attributes with its [`outbox_id`] (sealed
+    /// as the carried key too, under `secret`), and on a FIFO target the id's
+    /// SHA-256 as the deduplication id.
+    pub fn to_send(&self, id: &str, secret: Option<&CarrySecret>) -> OutgoingMessage {
+        let mut attributes: BTreeMap<String, Attribute> = self
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), Attribute::string(v)))
+            .collect();
+        attributes.insert(OUTBOX_ID_ATTRIBUTE.to_owned(), Attribute::string(id));
+        if let Some(secret) = secret {
+            let sealed = crate::protocol::key::carry_key(secret, &self.body, id);
+            attributes.insert(DEDUP_KEY_ATTRIBUTE.to_owned(), Attribute::string(sealed));
+        }
+        OutgoingMessage {
+            body: self.body.clone(),
+            attributes,
+            group_id: self.group_id.clone(),
+            deduplication_id: is_fifo(&self.queue_url).then(|| sha256_hex(id.as_bytes())),
+            delay: self.delay_secs.map(|d| Duration::from_secs(u64::from(d))),
+            trace_header: None,
+        }
+    }
+}
+
+/// Whether SQS or sqs-once reserves the attribute name.
+fn reserved(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("aws.")
+        || lower.starts_with("amazon.")
+        || name == OUTBOX_ID_ATTRIBUTE
+        || SEALED_ATTRIBUTES.contains(&name)
+}
+
+/// The stable id of the `index`th message sent for the record `pk`.
+pub fn outbox_id(pk: &str, index: usize) -> String {
+    format!("{pk}#out-{index}")
+}
+
+/// An outgoing message refused before anything was recorded: a permanent
+/// failure of the incoming message (the same handler would send the same).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// No queue URL.
+    #[error("an outgoing message has no queue URL")]
+    NoQueue,
+    /// A FIFO target without a message group.
+    #[error("an outgoing message to the FIFO queue {0} has no message group (Outgoing::group)")]
+    FifoNeedsGroup(String),
+    /// A delay on a FIFO target.
+    #[error(
+        "an outgoing message to the FIFO queue {0} has a delay; FIFO queues take none per message"
+    )]
+    DelayOnFifo(String),
+    /// A delay above SQS's 15 minutes.
+    #[error("an outgoing message's delay of {0} s is above SQS's 900")]
+    DelayTooLong(u32),
+    /// More attributes than SQS allows with the two sqs-once adds.
+    #[error(
+        "an outgoing message has {0} attributes; at most {MAX_USER_ATTRIBUTES} (SQS takes {SQS_MAX_ATTRIBUTES}, sqs-once adds two)"
+    )]
+    TooManyAttributes(usize),
+    /// An attribute name SQS or sqs-once reserves.
+    #[error("an outgoing message's attribute {0:?} is reserved (by SQS or sqs-once)")]
+    ReservedAttribute(String),
+    /// Over SQS's message size.
+    #[error(
+        "an outgoing message is ~{bytes} bytes with its attributes; SQS takes at most {SQS_MAX_MESSAGE_BYTES}"
+    )]
+    TooLarge {
+        /// Its size as SQS counts it (with the ids sqs-once adds).
+        bytes: usize,
+    },
+    /// More messages, or more bytes, than one record holds.
+    #[error(
+        "the handler sent {count} messages / ~{bytes} bytes; one incoming message may send at most {MAX_OUTGOING} and {MAX_OUTBOX_BYTES} bytes (they are recorded in its dedup record, a DynamoDB item)"
+    )]
+    OutboxFull {
+        /// Messages sent.
+        count: usize,
+        /// Their bytes.
+        bytes: usize,
+    },
+    /// The processor has nowhere to send.
+    #[error(
+        "the handler sent a message but this processor has no dispatcher (Processor::with_dispatcher; the runtimes set their SQS client)"
+    )]
+    NoDispatcher,
+}
+
+/// Where recorded messages are sent: SQS (every [`QueueClient`] is one).
+pub trait Dispatcher: Send + Sync + 'static {
+    /// Sends up to [`SQS_BATCH`] messages to `queue`: the entries that failed.
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'a, Result<Vec<EntryFailure>, QueueError>>;
+}
+
+impl<Q: QueueClient> Dispatcher for Q {
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'a, Result<Vec<EntryFailure>, QueueError>> {
+        Box::pin(QueueClient::send_batch(self, queue, messages))
+    }
+}
+
+/// Why a dispatch did not send everything.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// A whole call failed.
+    #[error("sending the outbox failed: {0}")]
+    Call(#[from] QueueError),
+    /// Some entries failed.
+    #[error("sending the outbox: {failed} of {sent} messages to {queue} failed (first: {code})")]
+    Entries {
+        /// The target.
+        queue: String,
+        /// Entries that failed.
+        failed: usize,
+        /// Entries in all.
+        sent: usize,
+        /// The first failure's code.
+        code: String,
+    },
+}
+
+/// Sends every message recorded for `pk`, batched by target (at most
+/// [`SQS_BATCH`] per call, in their order): all sent, or the first failure.
+/// Sending again is harmless: each carries its stable [`outbox_id`].
+pub async fn dispatch(
+    dispatcher: &dyn Dispatcher,
+    pk: &str,
+    outbox: &[Outgoing],
+    secret: Option<&CarrySecret>,
+) -> Result<(), DispatchError> {
+    let mut by_queue: Vec<(&str, Vec<OutgoingMessage>)> = Vec::new();
+    for (i, out) in outbox.iter().enumerate() {
+        let message = out.to_send(&outbox_id(pk, i), secret);
+        match by_queue.iter_mut().find(|(q, _)| *q == out.queue_url) {
+            Some((_, list)) => list.push(message),
+            None => by_queue.push((&out.queue_url, vec![message])),
+        }
+    }
+    for (queue, messages) in by_queue {
+        for chunk in messages.chunks(SQS_BATCH) {
+            let failed = dispatcher.send_batch(queue, chunk.to_vec()).await?;
+            if let Some(first) = failed.first() {
+                return Err(DispatchError::Entries {
+                    queue: queue.to_owned(),
+                    failed: failed.len(),
+                    sent: chunk.len(),
+                    code: first.code.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a handler's outbox as a whole against what one record holds.
+pub fn check_outbox(outbox: &[Outgoing]) -> Result<(), OutboxError> {
+    let bytes = outbox_bytes(outbox);
+    if outbox.len() > MAX_OUTGOING || bytes > MAX_OUTBOX_BYTES {
+        return Err(OutboxError::OutboxFull {
+            count: outbox.len(),
+            bytes,
+        });
+    }
+    Ok(())
+}
+
+/// The outbox as stored in the record (JSON text).
+pub fn to_stored(outbox: &[Outgoing]) -> String {
+    serde_json::to_string(outbox).expect("outgoing messages serialize")
+}
+
+/// The outbox read back from the record.
+pub fn from_stored(text: &str) -> Result<Vec<Outgoing>, serde_json::Error> {
+    serde_json::from_str(text)
+}
+
+/// The bytes the outbox takes in the record.
+pub fn outbox_bytes(outbox: &[Outgoing]) -> usize {
+    if outbox.is_empty() {
+        0
+    } else {
+        to_stored(outbox).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_target_needs_a_group_and_takes_no_delay() {
+        let fifo = "https://sqs.eu-west-1.amazonaws.com/1/next.fifo";
+        assert_eq!(
+            Outgoing::new(fifo, "x").check(),
+            Err(OutboxError::FifoNeedsGroup(fifo.into()))
+        );
+        assert_eq!(Outgoing::new(fifo, "x").group("g").check(), Ok(()));
+        assert_eq!(
+            Outgoing::new(fifo, "x")
+                .group("g")
+                .delay(Duration::from_secs(1))
+                .check(),
+            Err(OutboxError::DelayOnFifo(fifo.into()))
+        );
+    }
+
+    #[test]
+    fn limits_are_checked_before_anything_is_recorded() {
+        let q = "https://sqs.eu-west-1.amazonaws.com/1/next";
+        let big = Outgoing::new(q, "x".repeat(SQS_MAX_MESSAGE_BYTES));
+        assert!(matches!(big.check(), Err(OutboxError::TooLarge { .. })));
+        let mut many = Outgoing::new(q, "x");
+        for i in 0..=MAX_USER_ATTRIBUTES {
+            many = many.attribute(format!("a{i}"), "v");
+        }
+        assert!(matches!(
+            many.check(),
+            Err(OutboxError::TooManyAttributes(_))
+        ));
+        let forged = Outgoing::new(q, "x").attribute(DEDUP_KEY_ATTRIBUTE, "k");
+        assert!(matches!(
+            forged.check(),
+            Err(OutboxError::ReservedAttribute(_))
+        ));
+        let late = Outgoing::new(q, "x").delay(Duration::from_secs(901));
+        assert_eq!(late.check(), Err(OutboxError::DelayTooLong(901)));
+        let full = vec![Outgoing::new(q, "x".repeat(4000)); 90];
+        assert!(matches!(
+            check_outbox(&full),
+            Err(OutboxError::OutboxFull { .. })
+        ));
+    }
+
+    #[test]
+    fn the_stored_form_reads_back() {
+        let q = "https://sqs.eu-west-1.amazonaws.com/1/next.fifo";
+        let outbox = vec![
+            Outgoing::new(q, "{\"paid\":1}")
+                .group("o-1")
+                .attribute("kind", "paid"),
+            Outgoing::new("https://sqs/1/audit", "a").delay(Duration::from_millis(1500)),
+        ];
+        let back = from_stored(&to_stored(&outbox)).unwrap();
+        assert_eq!(back, outbox);
+        assert_eq!(back[1].delay_secs, Some(2), "rounded up");
+    }
+
+    #[test]
+    fn each_message_carries_a_stable_id_and_fifo_targets_a_dedup_id() {
+        let out = Outgoing::new("https://sqs/1/next.fifo", "b").group("g");
+        let id = outbox_id("orders#o-1", 0);
+        let sent = out.to_send(&id, None);
+        assert_eq!(
+            sent.attributes.get(OUTBOX_ID_ATTRIBUTE),
+            Some(&Attribute::string(&id))
+        );
+        assert_eq!(sent.deduplication_id, Some(sha256_hex(id.as_bytes())));
+        assert!(!sent.attributes.contains_key(DEDUP_KEY_ATTRIBUTE));
+        let secret = CarrySecret::new("s".repeat(32)).unwrap();
+        let sealed = out.to_send(&id, Some(&secret));
+        let carried = sealed.attributes.get(DEDUP_KEY_ATTRIBUTE).unwrap();
+        let crate::protocol::message::AttributeValue::Text(text) = &carried.value else {
+            panic!("a string attribute");
+        };
+        assert_eq!(
+            secret.open(DEDUP_KEY_ATTRIBUTE, "b", text),
+            Some(id.as_str())
+        );
+        let standard = Outgoing::new("https://sqs/1/next", "b").to_send(&id, None);
+        assert_eq!(standard.deduplication_id, None);
+    }
+}

@@ -1,0 +1,154 @@
+//! The outbox after a commit: send what the handler sent, mark it
+//! dispatched, and only then let the incoming message be deleted; a
+//! duplicate that finds messages still to send sends them first.
+
+use tracing::{error, info, warn};
+
+use crate::Message;
+use crate::protocol::handler::{Context, Handler, HandlerError};
+use crate::protocol::outbox::{OutboxError, Outgoing, dispatch};
+use crate::protocol::outcome::{Outcome, StoredResult};
+use crate::protocol::store::DedupStore;
+
+use super::Processor;
+
+/// Whether the messages being sent were found on a record (a redelivery or
+/// duplicate recovering them) or come from the run that just committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sending {
+    /// The run that committed them.
+    Committed,
+    /// Found on a `COMPLETED` record not marked dispatched.
+    Recovered,
+}
+
+impl<S: DedupStore, H: Handler> Processor<S, H> {
+    /// The messages the handler sent, checked: a refusal, or sends with no
+    /// dispatcher to send them, fail the message permanently before
+    /// anything is recorded.
+    pub(super) fn outbox_of(&self, ctx: &Context) -> Result<Vec<Outgoing>, HandlerError> {
+        let outbox = ctx.take_outbox().map_err(HandlerError::permanent)?;
+        if !outbox.is_empty() && self.dispatcher.is_none() {
+            return Err(HandlerError::permanent(OutboxError::NoDispatcher));
+        }
+        Ok(outbox)
+    }
+
+    /// Sends the messages recorded with the `COMPLETED` record `pk`, then
+    /// marks them dispatched. `Err(outcome)`: they could not all be sent;
+    /// the incoming message must come back (not be deleted) so that its
+    /// redelivery sends them.
+    pub(super) async fn send_outbox(
+        &self,
+        message: &Message,
+        pk: &str,
+        outbox: &[Outgoing],
+        sending: Sending,
+    ) -> Result<(), Outcome> {
+        // (The `outbox-not-recovered` mutant, for the simulator only, lets a
+        // duplicate go without sending what its record left unsent.)
+        let skip = sending == Sending::Recovered
+            && crate::protocol::mutants::active("outbox-not-recovered");
+        if outbox.is_empty() || skip {
+            return Ok(());
+        }
+        let Some(dispatcher) = &self.dispatcher else {
+            error!(
+                pk,
+                messages = outbox.len(),
+                "the record has messages to send but this processor has no dispatcher (Processor::with_dispatcher): the message comes back"
+            );
+            return Err(Outcome::Retry {
+                after: self.config.backoff(message.receive_count()),
+                reason: "committed messages to send, and no dispatcher".into(),
+            });
+        };
+        let secret = self.config.carry_secret.as_ref();
+        if let Err(e) = dispatch(&**dispatcher, pk, outbox, secret).await {
+            self.metrics.outbox_dispatch_failure();
+            warn!(error = %e, pk, "the effect committed but its messages could not all be sent: the message comes back and its redelivery sends them");
+            return Err(Outcome::Retry {
+                after: self.config.backoff(message.receive_count()),
+                reason: format!("committed, but {e}; sent on redelivery"),
+            });
+        }
+        let n = outbox.len() as u64;
+        match sending {
+            Sending::Committed => self.metrics.outbox_dispatched(n),
+            Sending::Recovered => {
+                info!(
+                    pk,
+                    messages = n,
+                    "sent the messages a committed run left unsent"
+                );
+                self.metrics.outbox_recovered(n);
+            }
+        }
+        // Best effort: a mark that fails only means a later duplicate sends
+        // them again, which their stable ids make harmless.
+        if let Err(e) = self.store.mark_dispatched(pk).await {
+            warn!(error = %e, pk, "sent, but the record could not be marked dispatched: a later duplicate sends them again (each carries its stable id)");
+        }
+        Ok(())
+    }
+
+    /// The `dispatch-before-commit` mutant (for the simulator only): sends
+    /// the messages before the commit that should come first, and records
+    /// none. Whether it sent them.
+    pub(super) async fn dispatch_before_commit(
+        &self,
+        message: &Message,
+        pk: &str,
+        outbox: &[Outgoing],
+    ) -> bool {
+        if outbox.is_empty() || !crate::protocol::mutants::active("dispatch-before-commit") {
+            return false;
+        }
+        self.send_outbox(message, pk, outbox, Sending::Committed)
+            .await
+            .is_ok()
+    }
+
+    /// A duplicate of completed work: its record's unsent messages sent
+    /// first (see [`Self::send_outbox`]), then skipped as
+    /// [`Processor::duplicate`] says.
+    pub(super) async fn duplicate_sending(
+        &self,
+        message: &Message,
+        result: Option<StoredResult>,
+        payload_matches: bool,
+        outbox: Vec<Outgoing>,
+    ) -> Outcome {
+        let pk = self
+            .config
+            .record_key(message.dedup_key().expect("set by process_with"));
+        if let Err(outcome) = self
+            .send_outbox(message, &pk, &outbox, Sending::Recovered)
+            .await
+        {
+            return outcome;
+        }
+        self.duplicate(message, result, payload_matches)
+    }
+
+    /// A message whose large payload is gone but whose record is
+    /// `COMPLETED` (a duplicate, see [`crate::protocol::payloads`]): the
+    /// record's unsent messages are sent before it is let go.
+    pub(super) async fn duplicate_without_payload(&self, message: &Message) -> Option<Outcome> {
+        let key = self.config.dedup_key(message).ok()?;
+        let pk = self.config.record_key(&key);
+        let record = match self.store.get(&pk).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return None,
+            Err(e) => {
+                return Some(Outcome::Retry {
+                    after: self.config.backoff(message.receive_count()),
+                    reason: format!("its record could not be read for unsent messages: {e}"),
+                });
+            }
+        };
+        self.send_outbox(message, &pk, &record.outbox, Sending::Recovered)
+            .await
+            .err()
+    }
+}

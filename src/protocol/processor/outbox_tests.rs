@@ -1,0 +1,254 @@
+//! The outbox on the in-memory models: sent only after the commit, recovered
+//! by the redelivery when the send after the commit failed, refused before
+//! anything is recorded when SQS would refuse it.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use futures::future::BoxFuture;
+
+use super::*;
+use crate::protocol::outbox::{OUTBOX_ID_ATTRIBUTE, Outgoing, outbox_id};
+use crate::protocol::queue::{EntryFailure, OutgoingMessage, QueueError};
+use crate::testkit::queue::QueueSettings;
+use crate::{Context, MemoryQueue, MemoryStore, Status, handler_fn, staged_only};
+
+fn config() -> ProcessorConfig {
+    let mut c = ProcessorConfig::new("a");
+    c.key_source = "json:/id".parse().unwrap();
+    c
+}
+
+/// The downstream queue, and a dispatcher into it that fails while `down`.
+#[derive(Clone)]
+struct Downstream {
+    queue: MemoryQueue,
+    url: String,
+    down: Arc<AtomicBool>,
+}
+
+impl Downstream {
+    fn new() -> Self {
+        let queue = MemoryQueue::new();
+        let url = queue.create_queue(QueueSettings::new("b")).unwrap();
+        Self {
+            queue,
+            url,
+            down: Arc::default(),
+        }
+    }
+
+    /// The outbox ids of what the queue holds, in send order.
+    fn ids(&self) -> Vec<String> {
+        self.queue
+            .contents(&self.url)
+            .iter()
+            .map(|m| match &m.attributes[OUTBOX_ID_ATTRIBUTE].value {
+                crate::AttributeValue::Text(t) => t.clone(),
+                crate::AttributeValue::Binary(_) => panic!("a string attribute"),
+            })
+            .collect()
+    }
+}
+
+impl crate::Dispatcher for Downstream {
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'a, Result<Vec<EntryFailure>, QueueError>> {
+        Box::pin(async move {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(QueueError::new(
+                    "SendMessageBatch",
+                    queue,
+                    "unreachable",
+                    true,
+                ));
+            }
+            crate::QueueClient::send_batch(&self.queue, queue, messages).await
+        })
+    }
+}
+
+/// A handler that sends two messages to `url` per event and counts its runs.
+fn sender(url: String, runs: Arc<AtomicU32>, fail_after_send: bool) -> impl crate::Handler + Clone {
+    handler_fn(move |m: Message, ctx: Context| {
+        let (url, runs) = (url.clone(), runs.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            ctx.send(&url, format!("paid {}", m.body()))?;
+            ctx.send_message(Outgoing::new(&url, "audit").attribute("kind", "audit"))?;
+            if fail_after_send {
+                return Err(HandlerError::retry("declined after the sends"));
+            }
+            Ok(None)
+        }
+    })
+}
+
+fn record_outbox(store: &MemoryStore, pk: &str) -> Vec<Outgoing> {
+    futures::executor::block_on(store.get(pk))
+        .unwrap()
+        .unwrap()
+        .outbox
+}
+
+#[tokio::test]
+async fn sent_messages_go_out_after_the_commit_with_stable_ids_on_both_paths() {
+    for fast in [true, false] {
+        let down = Downstream::new();
+        let runs = Arc::new(AtomicU32::new(0));
+        let store = MemoryStore::default();
+        let handler = sender(down.url.clone(), runs.clone(), false);
+        let outcome = if fast {
+            let p = Processor::new(store.clone(), staged_only(handler), config()).unwrap();
+            let p = p.with_dispatcher(down.clone());
+            p.process(Message::new("m1", r#"{"id":"e1"}"#)).await
+        } else {
+            let p = Processor::new(store.clone(), handler, config()).unwrap();
+            let p = p.with_dispatcher(down.clone());
+            p.process(Message::new("m1", r#"{"id":"e1"}"#)).await
+        };
+        assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+        assert_eq!(down.ids(), [outbox_id("a#e1", 0), outbox_id("a#e1", 1)]);
+        assert!(
+            record_outbox(&store, "a#e1").is_empty(),
+            "marked dispatched"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_handler_sends_nothing() {
+    let down = Downstream::new();
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = staged_only(sender(down.url.clone(), runs.clone(), true));
+    let p = Processor::new(MemoryStore::default(), handler, config())
+        .unwrap()
+        .with_dispatcher(down.clone());
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    assert!(
+        down.ids().is_empty(),
+        "sent for an effect that did not commit"
+    );
+}
+
+#[tokio::test]
+async fn a_send_that_fails_after_the_commit_is_made_by_the_redelivery_without_running_again() {
+    for fast in [true, false] {
+        let down = Downstream::new();
+        down.down.store(true, Ordering::SeqCst);
+        let runs = Arc::new(AtomicU32::new(0));
+        let store = MemoryStore::default();
+        let handler = sender(down.url.clone(), runs.clone(), false);
+        let process = |m: Message| {
+            let (store, down, handler) = (store.clone(), down.clone(), handler.clone());
+            async move {
+                if fast {
+                    let p = Processor::new(store, staged_only(handler), config()).unwrap();
+                    let p = p.with_dispatcher(down);
+                    (p.process(m).await, p.metrics().take())
+                } else {
+                    let p = Processor::new(store, handler, config()).unwrap();
+                    let p = p.with_dispatcher(down);
+                    (p.process(m).await, p.metrics().take())
+                }
+            }
+        };
+        let (first, counts) = process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+        assert!(
+            matches!(first, Outcome::Retry { .. }),
+            "not deleted: {first:?}"
+        );
+        assert_eq!(counts.outbox_dispatch_failures, 1);
+        let record = futures::executor::block_on(store.get("a#e1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(record.outbox.len(), 2, "kept to send");
+        assert!(down.ids().is_empty());
+
+        down.down.store(false, Ordering::SeqCst);
+        let again = Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2);
+        let (second, counts) = process(again).await;
+        assert!(matches!(second, Outcome::Duplicate { .. }), "{second:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+        assert_eq!(counts.outbox_recovered, 2);
+        assert_eq!(down.ids(), [outbox_id("a#e1", 0), outbox_id("a#e1", 1)]);
+        assert!(record_outbox(&store, "a#e1").is_empty());
+
+        // A later duplicate finds nothing more to send.
+        let third = Message::new("m2", r#"{"id":"e1"}"#).with_receive_count(2);
+        assert!(matches!(process(third).await.0, Outcome::Duplicate { .. }));
+        assert_eq!(down.ids().len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn what_sqs_would_refuse_parks_the_message_and_records_nothing_to_send() {
+    let fifo = MemoryQueue::url_of("b.fifo");
+    let handler = staged_only(handler_fn(move |_m, ctx: Context| {
+        let fifo = fifo.clone();
+        async move {
+            // The error ignored: the message fails all the same.
+            let _ = ctx.send(&fifo, "no group");
+            Ok(None)
+        }
+    }));
+    let down = Downstream::new();
+    let store = MemoryStore::default();
+    let p = Processor::new(store.clone(), handler, config())
+        .unwrap()
+        .with_dispatcher(down.clone());
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    let Outcome::Park { reason } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(reason.contains("no message group"), "{reason}");
+    let record = store.get("a#e1").await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert!(record.outbox.is_empty());
+}
+
+#[tokio::test]
+async fn a_processor_with_nowhere_to_send_parks_a_handler_that_sends() {
+    let handler = staged_only(handler_fn(|_m, ctx: Context| async move {
+        ctx.send("https://sqs.eu-west-1.amazonaws.com/1/b", "x")?;
+        Ok(None)
+    }));
+    let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    let Outcome::Park { reason } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(reason.contains("no dispatcher"), "{reason}");
+}
+
+#[tokio::test]
+async fn the_runtimes_queue_sends_only_when_no_dispatcher_is_set() {
+    let down = Downstream::new();
+    let runtimes = Downstream::new();
+    let handler = || sender(down.url.clone(), Arc::default(), false);
+    let message = || Message::new("m1", r#"{"id":"e1"}"#);
+    // Set: the runtime's queue is not used.
+    let p = Processor::new(MemoryStore::default(), handler(), config())
+        .unwrap()
+        .with_dispatcher(down.clone())
+        .dispatching_through(&runtimes.queue);
+    assert!(matches!(
+        p.process(message()).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!((down.ids().len(), runtimes.ids().len()), (2, 0));
+    // Not set: the runtime's queue sends (its in-memory service has a
+    // queue at the same URL).
+    let p = Processor::new(MemoryStore::default(), handler(), config())
+        .unwrap()
+        .dispatching_through(&runtimes.queue);
+    assert!(matches!(
+        p.process(message()).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!((down.ids().len(), runtimes.ids().len()), (2, 2));
+}
