@@ -87,6 +87,10 @@ pub struct Evidence<'a> {
     pub sent: BTreeMap<String, Vec<String>>,
     /// When the run started (API call times count from it).
     pub start: tokio::time::Instant,
+    /// A chained run's second-stage queue: every message the outbox sent.
+    pub next: Option<Vec<StoredMessage>>,
+    /// Sends made while their event's record was not `COMPLETED`.
+    pub early_sends: Vec<String>,
 }
 
 /// The event id in a body.
@@ -217,6 +221,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         past_lease(e, &mut v);
     }
     reruns(e, &mut v);
+    downstream(e, &mut v);
     // Fencing: a write sent under a lease that another attempt has since
     // taken over never applies, however late it lands.
     for breach in &e.fencing_breaches {
@@ -245,6 +250,51 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         }
     }
     v
+}
+
+/// A chained run's second stage (the outbox): nothing sent before its
+/// effect committed; every committed event's message sent, always with its
+/// one stable id (so a consumer downstream applies it once however often it
+/// is sent); nothing for an event whose effect never committed.
+fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
+    for early in &e.early_sends {
+        v.push(format!("outbox: {early}"));
+    }
+    let Some(next) = &e.next else {
+        return;
+    };
+    let mut ids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for m in next {
+        let Some(event) = event_of(&m.body) else {
+            v.push(format!("outbox: a message without an event: {}", m.body));
+            continue;
+        };
+        let id = match m.attributes.get(sqs_once::outbox::OUTBOX_ID_ATTRIBUTE) {
+            Some(a) => format!("{:?}", a.value),
+            None => "none".to_owned(),
+        };
+        ids.entry(event).or_default().insert(id);
+    }
+    for (event, status) in &e.records {
+        if *status == Status::Completed && !ids.contains_key(event) {
+            v.push(format!(
+                "{event}: its effect committed but its outgoing message was never sent"
+            ));
+        }
+    }
+    for (event, sent) in &ids {
+        if e.records.get(event) != Some(&Status::Completed) {
+            v.push(format!(
+                "{event}: a message was sent downstream for an effect that never committed"
+            ));
+        }
+        if sent.len() != 1 {
+            v.push(format!(
+                "{event}: sent downstream under {} ids: {sent:?}",
+                sent.len()
+            ));
+        }
+    }
 }
 
 /// Whether SQS delivered a message of `event` while another receipt of it

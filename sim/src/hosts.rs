@@ -38,6 +38,12 @@ pub struct World {
     pub url: String,
     /// Its DLQ.
     pub dlq_url: String,
+    /// The second stage's queue, in a chained run: each event's handler
+    /// sends one message there with `Context::send`.
+    pub next_url: Option<String>,
+    /// Sends made while their event's record was not `COMPLETED`: a
+    /// message dispatched for an effect not (yet) committed.
+    pub early_sends: Arc<std::sync::Mutex<Vec<String>>>,
     /// The dedup records (on true time; each host views them on its own
     /// clock): the memory store or the DynamoDB model, by the seed's path.
     pub store: Backend,
@@ -113,6 +119,7 @@ impl Generation {
             slow_rate: world.scenario.slow_rate,
             lease: world.scenario.lease,
             claim_stages: world.scenario.claim_stages,
+            next_url: world.next_url.clone(),
             calm_cap: matches!(spec.runtime, crate::world::Runtime::Lambda { .. })
                 .then_some(crate::world::FUNCTION_TIMEOUT / 2),
         };
@@ -128,12 +135,63 @@ impl Generation {
         let sqs = HostQueue::new(world.store.path(), &world.queue, &life, &sqs_clock, attempt);
         let queue = FaultyQueue::new(sqs, link.clone(), life.clone(), world.deliveries.clone())
             .with_late(world.scenario.might.late);
+        // What the handler sends goes through the host's own (faulty) SQS,
+        // each send checked against the record it follows.
+        let processor = processor.with_dispatcher(Watched {
+            queue: queue.clone(),
+            store: world.store.clone(),
+            early: world.early_sends.clone(),
+        });
         Self {
             life,
             gauge,
             queue,
             processor,
         }
+    }
+}
+
+/// The hosts' dispatcher: the host's SQS, with each message's event looked
+/// up in the store (directly, on true time) when it is sent; one whose
+/// record is not `COMPLETED` then is noted as sent early.
+struct Watched {
+    queue: FaultyQueue<HostQueue>,
+    store: Backend,
+    early: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl sqs_once::Dispatcher for Watched {
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<sqs_once::queue::OutgoingMessage>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Vec<sqs_once::queue::EntryFailure>, sqs_once::QueueError>,
+    > {
+        for m in &messages {
+            let id = match m.attributes.get(sqs_once::outbox::OUTBOX_ID_ATTRIBUTE) {
+                Some(a) => match &a.value {
+                    sqs_once::AttributeValue::Text(t) => t.clone(),
+                    sqs_once::AttributeValue::Binary(_) => String::new(),
+                },
+                None => String::new(),
+            };
+            let pk = id.rsplit_once("#out-").map_or(id.as_str(), |(pk, _)| pk);
+            let status = self
+                .store
+                .records()
+                .into_iter()
+                .find(|r| r.pk == pk)
+                .map(|r| r.status);
+            if status != Some(sqs_once::Status::Completed) {
+                self.early
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!("{id} sent while its record was {status:?}"));
+            }
+        }
+        Box::pin(QueueClient::send_batch(&self.queue, queue, messages))
     }
 }
 

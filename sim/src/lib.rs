@@ -174,6 +174,16 @@ fn create_queues(queue: &MemoryQueue, scenario: &Scenario) -> (String, String) {
     (url, dlq_url)
 }
 
+/// Whether the run of `seed` chains a second stage (even seeds;
+/// `SIM_CHAIN=0|1` forces it).
+pub fn chained(seed: u64) -> bool {
+    match std::env::var("SIM_CHAIN").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => seed % 2 == 0,
+    }
+}
+
 /// The run's world: its scenario (drawn), queues and store (on `path`).
 fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<World> {
     let mut scenario = Scenario::draw(dice);
@@ -184,6 +194,15 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, &scenario);
+    // Every other run chains a second stage: each event's handler sends
+    // one message to it through the outbox ([`World::next_url`]).
+    let next_url = chained(seed).then(|| {
+        let mut next = QueueSettings::new("sim-next");
+        next.max_message_bytes = MAX_MESSAGE_BYTES;
+        queue
+            .create_queue(next)
+            .unwrap_or_else(|e| panic!("the simulator's next queue settings are valid: {e}"))
+    });
     let store = stores::Backend::new(path);
     trace.event(format!("store path: {path:?}"));
     Arc::new(World {
@@ -192,6 +211,8 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
         queue,
         url,
         dlq_url,
+        next_url,
+        early_sends: Arc::default(),
         dice: dice.clone(),
         trace: trace.clone(),
         scenario,
@@ -593,5 +614,11 @@ fn evidence<'a>(
         failed_reads: world.trace.failed_reads(),
         outcome_at: world.trace.outcome_times(),
         start: world.trace.start(),
+        next: world.next_url.as_ref().map(|url| world.queue.contents(url)),
+        early_sends: world
+            .early_sends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
     }
 }

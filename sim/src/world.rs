@@ -575,6 +575,8 @@ pub struct SimHandler {
     pub lease: Duration,
     /// External calls also stage a ledger row.
     pub claim_stages: bool,
+    /// A chained run's second stage: each event sends one message there.
+    pub next_url: Option<String>,
     /// Once the run is calm, no call runs longer than this (Lambda: half
     /// the function's timeout). A handler slower than its function's
     /// timeout on every receive is a misconfiguration no redrive mends;
@@ -621,6 +623,11 @@ impl SimHandler {
             body.id,
             ctx.attempt()
         ));
+        // Sent before the handler can still fail: nothing may go out for an
+        // effect that does not commit.
+        if let Some(next) = &self.next_url {
+            ctx.send(next, serde_json::json!({ "id": body.id }).to_string())?;
+        }
         if self.dice.chance(self.panic_rate) {
             panic!("simulated handler panic");
         }

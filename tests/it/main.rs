@@ -13,6 +13,7 @@ mod emulator;
 mod front_door;
 mod lambda;
 mod large_payloads;
+mod outbox;
 mod payments;
 mod poller;
 mod queue_contract;

@@ -1,0 +1,376 @@
+//! The outbox on LocalStack: a two-stage pipeline (consumer A sends to
+//! consumer B's queue with `Context::send`) under both runtimes, with the
+//! process killed between A's commit and its send, and a send whose answer
+//! is lost (so B receives the message twice).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::json;
+use sqs_once::config::ProcessorConfig;
+use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
+use sqs_once::outbox::OUTBOX_ID_ATTRIBUTE;
+use sqs_once::poller::{PollerConfig, run};
+use sqs_once::queue::{EntryFailure, OutgoingMessage, QueueError};
+use sqs_once::{
+    Context, DedupStore, Dispatcher, DynamoStore, Handler, Message, Processor, QueueClient,
+    handler_fn, staged_only,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{carry_secret, ddb, dedup_table, depth, queues, send_all, sqs};
+
+type Counts = Arc<Mutex<HashMap<String, u32>>>;
+
+fn id_of(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+/// Stage A: on the fast path, counts its runs and sends "paid" to `b_url`.
+fn stage_a(b_url: String, runs: Counts) -> impl Handler {
+    staged_only(handler_fn(move |m: Message, ctx: Context| {
+        let (b_url, runs) = (b_url.clone(), runs.clone());
+        async move {
+            let id = id_of(m.body());
+            *runs.lock().unwrap().entry(id.clone()).or_default() += 1;
+            ctx.send(&b_url, json!({"id": id, "paid": true}).to_string())?;
+            Ok(None)
+        }
+    }))
+}
+
+/// Stage B: its effect, counted per event (the claim path: an external
+/// effect).
+fn stage_b(applied: Counts) -> impl Handler {
+    handler_fn(move |m: Message, _ctx| {
+        let applied = applied.clone();
+        async move {
+            *applied.lock().unwrap().entry(id_of(m.body())).or_default() += 1;
+            Ok(None)
+        }
+    })
+}
+
+fn a_config() -> ProcessorConfig {
+    let mut c = ProcessorConfig::new("stage-a");
+    // Received for this long (a killed poller's message comes back after it).
+    c.lease = Duration::from_secs(6);
+    c.heartbeat = Duration::from_secs(2);
+    c.key_source = "json:/id".parse().unwrap();
+    c.carry_secret = Some(carry_secret());
+    c
+}
+
+/// B keys on the message id (the default) and shares A's secret, so the
+/// sealed outbox id each message carries is its key.
+fn b_config() -> ProcessorConfig {
+    let mut c = ProcessorConfig::new("stage-b");
+    c.carry_secret = Some(carry_secret());
+    c
+}
+
+fn poller_config(url: &str) -> PollerConfig {
+    let mut c = PollerConfig::new(url);
+    c.wait_time = Duration::from_secs(1);
+    c.drain = Duration::from_secs(2);
+    c
+}
+
+/// Sends through SQS, except that while `stuck` a send never answers
+/// (the process is killed there) and while `lose` it is made and its
+/// answer lost.
+#[derive(Clone)]
+struct Faulty {
+    sqs: aws_sdk_sqs::Client,
+    stuck: Arc<AtomicBool>,
+    reached: Arc<tokio::sync::Notify>,
+    lose: Arc<AtomicBool>,
+}
+
+impl Faulty {
+    async fn new() -> Self {
+        Self {
+            sqs: sqs().await,
+            stuck: Arc::default(),
+            reached: Arc::default(),
+            lose: Arc::default(),
+        }
+    }
+}
+
+impl Dispatcher for Faulty {
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'a, Result<Vec<EntryFailure>, QueueError>> {
+        Box::pin(async move {
+            if self.stuck.load(Ordering::SeqCst) {
+                self.reached.notify_one();
+                std::future::pending::<()>().await;
+            }
+            let sent = QueueClient::send_batch(&self.sqs, queue, messages).await;
+            if self.lose.swap(false, Ordering::SeqCst) {
+                return Err(QueueError::new(
+                    "SendMessageBatch",
+                    queue,
+                    "timed out (the send landed)",
+                    true,
+                ));
+            }
+            sent
+        })
+    }
+}
+
+/// Waits with a deadline until `done` holds.
+async fn until(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {secs} s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn events(n: usize) -> Vec<String> {
+    let mut bodies = Vec::new();
+    for i in 0..n {
+        let body = json!({"id": format!("order-{i}")}).to_string();
+        if i % 3 == 0 {
+            bodies.push(body.clone());
+        }
+        bodies.push(body);
+    }
+    bodies
+}
+
+fn exactly_once(counts: &Counts, n: usize) {
+    let counts = counts.lock().unwrap();
+    assert_eq!(counts.len(), n, "every event reached stage B: {counts:?}");
+    assert!(
+        counts.values().all(|c| *c == 1),
+        "applied more than once at B: {counts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_two_stage_pipeline_of_pollers_applies_each_event_once_downstream() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let (a, b) = (queues(&sqs, false, 5).await, queues(&sqs, false, 5).await);
+    let table = dedup_table(&ddb).await;
+    let (runs, applied): (Counts, Counts) = Default::default();
+    send_all(&sqs, &a.queue_url, &events(30)).await;
+    let store = || DynamoStore::new(ddb.clone(), table.as_str());
+    let pa = Processor::new(
+        store(),
+        stage_a(b.queue_url.clone(), runs.clone()),
+        a_config(),
+    );
+    let pb = Processor::new(store(), stage_b(applied.clone()), b_config());
+    let stop = CancellationToken::new();
+    let ra = tokio::spawn(run(
+        sqs.clone(),
+        pa.unwrap(),
+        poller_config(&a.queue_url),
+        stop.clone(),
+    ));
+    let rb = tokio::spawn(run(
+        sqs.clone(),
+        pb.unwrap(),
+        poller_config(&b.queue_url),
+        stop.clone(),
+    ));
+    until("both queues drained", 90, async || {
+        applied.lock().unwrap().len() == 30
+            && depth(&sqs, &a.queue_url).await == 0
+            && depth(&sqs, &b.queue_url).await == 0
+    })
+    .await;
+    stop.cancel();
+    let (sa, _) = (ra.await.unwrap(), rb.await.unwrap());
+    exactly_once(&applied, 30);
+    assert_eq!(sa.parked, 0, "{sa:?}");
+    assert_eq!(
+        depth(&sqs, &a.dlq_url).await + depth(&sqs, &b.dlq_url).await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_poller_killed_between_commit_and_send_sends_on_the_redelivery() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let (a, b) = (queues(&sqs, false, 2).await, queues(&sqs, false, 5).await);
+    let table = dedup_table(&ddb).await;
+    let (runs, applied): (Counts, Counts) = Default::default();
+    send_all(&sqs, &a.queue_url, &events(1)[..1]).await;
+    let store = || DynamoStore::new(ddb.clone(), table.as_str());
+
+    // The first poller commits, then hangs in its send and is killed there:
+    // it runs on a runtime of its own (with its own clients), shut down with
+    // every task on it, as a process that dies.
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    let process = {
+        let (reached, runs) = (reached.clone(), runs.clone());
+        let (b_url, a_url, table) = (b.queue_url.clone(), a.queue_url.clone(), table.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let mut faulty = Faulty::new().await;
+                faulty.stuck.store(true, Ordering::SeqCst);
+                faulty.reached = reached;
+                let store = DynamoStore::new(crate::common::ddb().await, table.as_str());
+                let processor = Processor::new(store, stage_a(b_url, runs), a_config())
+                    .unwrap()
+                    .with_dispatcher(faulty);
+                let queue = crate::common::sqs().await;
+                let config = poller_config(&a_url);
+                tokio::spawn(run(queue, processor, config, CancellationToken::new()));
+                let _ = killed.await;
+            });
+            runtime.shutdown_background();
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), reached.notified())
+        .await
+        .expect("the send after the commit is reached");
+    kill.send(()).unwrap();
+    process.join().unwrap();
+    let record = store().get("stage-a#order-0").await.unwrap().unwrap();
+    assert_eq!(record.status, sqs_once::Status::Completed);
+    assert_eq!(record.outbox.len(), 1, "recorded, not sent");
+    assert_eq!(
+        depth(&sqs, &b.queue_url).await,
+        0,
+        "nothing sent before the kill"
+    );
+
+    // A new poller (the runtime's own SQS client sends) and stage B.
+    let second = Processor::new(
+        store(),
+        stage_a(b.queue_url.clone(), runs.clone()),
+        a_config(),
+    );
+    let second = second.unwrap();
+    let metrics = second.clone();
+    let pb = Processor::new(store(), stage_b(applied.clone()), b_config()).unwrap();
+    let stop = CancellationToken::new();
+    let ra = tokio::spawn(run(
+        sqs.clone(),
+        second,
+        poller_config(&a.queue_url),
+        stop.clone(),
+    ));
+    let rb = tokio::spawn(run(
+        sqs.clone(),
+        pb,
+        poller_config(&b.queue_url),
+        stop.clone(),
+    ));
+    until(
+        "the event reached B and both queues drained",
+        60,
+        async || {
+            applied.lock().unwrap().len() == 1
+                && depth(&sqs, &a.queue_url).await == 0
+                && depth(&sqs, &b.queue_url).await == 0
+        },
+    )
+    .await;
+    stop.cancel();
+    let _ = (ra.await.unwrap(), rb.await.unwrap());
+    exactly_once(&applied, 1);
+    assert_eq!(
+        runs.lock().unwrap()["order-0"],
+        1,
+        "stage A's handler ran once"
+    );
+    assert_eq!(metrics.metrics().take().outbox_recovered, 1);
+    let record = store().get("stage-a#order-0").await.unwrap().unwrap();
+    assert!(record.outbox.is_empty(), "marked dispatched");
+}
+
+async fn lambda<H: Handler>(
+    table: &str,
+    handler: H,
+    config: ProcessorConfig,
+    dispatcher: Option<Faulty>,
+) -> LambdaAdapter<DynamoStore, H> {
+    let mut processor =
+        Processor::new(DynamoStore::new(ddb().await, table), handler, config).unwrap();
+    if let Some(d) = dispatcher {
+        processor = processor.with_dispatcher(d);
+    }
+    let config = LambdaConfig {
+        error_on_full_failure: false,
+        ..Default::default()
+    };
+    LambdaAdapter::new(sqs().await, processor, config)
+}
+
+#[tokio::test]
+async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_downstream() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let (a, b) = (queues(&sqs, false, 5).await, queues(&sqs, false, 5).await);
+    let table = dedup_table(&ddb).await;
+    let (runs, applied): (Counts, Counts) = Default::default();
+    send_all(&sqs, &a.queue_url, &events(1)[..1]).await;
+    let faulty = Faulty::new().await;
+    faulty.lose.store(true, Ordering::SeqCst);
+    let handler = stage_a(b.queue_url.clone(), runs.clone());
+    let la = lambda(&table, handler, a_config(), Some(faulty)).await;
+    let deadline = || std::time::SystemTime::now() + Duration::from_secs(60);
+
+    // First invocation: committed and sent, the answer lost: listed as failed.
+    let event = crate::lambda::receive_event(&sqs, &a.queue_url, 1).await;
+    let first = la.handle(event, deadline()).await.unwrap();
+    assert_eq!(first.batch_item_failures.len(), 1, "not deleted");
+    // The redelivery: the handler does not run again; the send is made again.
+    let event = crate::lambda::receive_event(&sqs, &a.queue_url, 1).await;
+    let second = la.handle(event, deadline()).await.unwrap();
+    assert!(second.batch_item_failures.is_empty());
+    assert_eq!(
+        runs.lock().unwrap()["order-0"],
+        1,
+        "stage A's handler ran once"
+    );
+
+    // B receives the message twice, with one outbox id, and applies it once.
+    let event = crate::lambda::receive_event(&sqs, &b.queue_url, 2).await;
+    let ids: Vec<&str> = event["Records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["messageAttributes"][OUTBOX_ID_ATTRIBUTE]["stringValue"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, ["stage-a#order-0#out-0"; 2]);
+    let lb = lambda(&table, stage_b(applied.clone()), b_config(), None).await;
+    let answer = lb.handle(event, deadline()).await.unwrap();
+    assert!(answer.batch_item_failures.is_empty());
+    exactly_once(&applied, 1);
+    // (The event source mapping, not the function, deletes what succeeded.)
+}
