@@ -2,6 +2,9 @@
 //! resources, sends ledger events with duplicates and malformed bodies, runs
 //! the real `ledger` binary (as a poller, or as a Lambda function behind the
 //! local Runtime API) until the queue is drained, and checks the balances.
+//! The ledger sends each applied event on to a second queue through its
+//! outbox; a second `ledger` poller applies them to an audit ledger, whose
+//! balances must match too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -57,6 +60,54 @@ pub(crate) async fn demo(sdk: &aws_config::SdkConfig, args: &DemoArgs) -> Result
     println!(
         "every event applied exactly once; duplicates skipped; malformed bodies parked in the DLQ"
     );
+    second_stage(&ddb, &resources, &sent, events).await
+}
+
+/// The pipeline's second stage: the events the first stage sent on through
+/// its outbox (each recorded with its effect, sent after the commit, with a
+/// stable `sqs_once_outbox_id`), applied to the audit ledger by a second
+/// `ledger` poller keyed on that id.
+async fn second_stage(
+    ddb: &aws_sdk_dynamodb::Client,
+    resources: &Resources,
+    sent: &Events,
+    events: usize,
+) -> Result<(), BoxError> {
+    let ledger_bin = std::env::current_exe()?
+        .parent()
+        .ok_or("no directory for this executable")?
+        .join("ledger");
+    let env: Vec<(String, String)> = [
+        ("SQS_ONCE_DLQ_URL", resources.next.dlq_url.as_str()),
+        ("SQS_ONCE_TABLE", &resources.dedup_table),
+        ("SQS_ONCE_CONSUMER", "demo-audit"),
+        ("SQS_ONCE_DEDUP_KEY", "attribute:sqs_once_outbox_id"),
+        ("LEDGER_TABLE", &resources.audit_table),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .chain([(
+        "RUST_LOG".to_owned(),
+        std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
+    )])
+    .collect();
+    let stats = run_ledger_poller(&ledger_bin, &resources.next.queue_url, &env).await?;
+    let n = |k: &str| stats[k].as_u64().unwrap_or(0);
+    println!(
+        "second stage (audit ledger, fed by the first stage's outbox): received {}, applied {}, duplicates skipped {}",
+        n("received"),
+        n("completed"),
+        n("duplicates"),
+    );
+    let balances_ok = check_balances(ddb, &resources.audit_table, &sent.expected).await?;
+    let applied = count_applied(ddb, &resources.audit_table).await?;
+    if !balances_ok || applied != events {
+        return Err(format!(
+            "second stage check failed: {applied} events recorded in the audit ledger for {events} sent"
+        )
+        .into());
+    }
+    println!("the second stage applied every event exactly once, as sent on by the first");
     Ok(())
 }
 
@@ -65,6 +116,10 @@ struct Resources {
     dedup_table: String,
     ledger_table: String,
     queues: QueuePair,
+    /// The second stage's queue (the first stage's outbox sends to it).
+    next: QueuePair,
+    /// The second stage's ledger.
+    audit_table: String,
 }
 
 impl Resources {
@@ -76,21 +131,24 @@ impl Resources {
         let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let (dedup_table, ledger_table) =
             (format!("demo-dedup-{run}"), format!("demo-ledger-{run}"));
+        let audit_table = format!("demo-audit-{run}");
         setup::ensure_dedup_table(ddb, &dedup_table).await?;
         setup::ensure_table(ddb, &ledger_table).await?;
-        let queues = setup::ensure_queue_with_dlq(
-            sqs,
-            &format!("demo-{run}"),
-            false,
-            Duration::from_secs(30),
-            5,
-        )
-        .await?;
-        println!("created queue, DLQ, dedup table and ledger table (run {run})");
+        setup::ensure_table(ddb, &audit_table).await?;
+        let queue = |name: String| async move {
+            setup::ensure_queue_with_dlq(sqs, &name, false, Duration::from_secs(30), 5).await
+        };
+        let queues = queue(format!("demo-{run}")).await?;
+        let next = queue(format!("demo-next-{run}")).await?;
+        println!(
+            "created two queues with DLQs (a two-stage pipeline), the dedup table and two ledger tables (run {run})"
+        );
         Ok(Self {
             dedup_table,
             ledger_table,
             queues,
+            next,
+            audit_table,
         })
     }
 }
@@ -200,6 +258,7 @@ fn ledger_env(resources: &Resources, general_path: bool) -> Vec<(String, String)
         ("SQS_ONCE_CONSUMER", "demo"),
         ("SQS_ONCE_DEDUP_KEY", "json:/id"),
         ("LEDGER_TABLE", &resources.ledger_table),
+        ("LEDGER_FORWARD_QUEUE_URL", &resources.next.queue_url),
         (
             "SQS_ONCE_FAST_PATH",
             if general_path { "false" } else { "true" },

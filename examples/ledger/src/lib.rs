@@ -15,6 +15,10 @@
 //! [`Effects::StagedOnly`] and runs on the
 //! one-transaction fast path unless `SQS_ONCE_FAST_PATH=false`.
 //!
+//! With [`LedgerHandler::with_forward`] it is the first stage of a pipeline:
+//! each applied event is also sent on to another queue through the outbox
+//! (`Context::send`), recorded with the effect and sent after its commit.
+//!
 //! Its fault-injection knobs ([`LedgerHandler::with_panics`], simulated work)
 //! are for the tests and the chaos harness.
 
@@ -48,6 +52,7 @@ pub struct LedgerHandler {
     work: std::time::Duration,
     slow_percent: u8,
     panic_percent: u8,
+    forward: Option<String>,
 }
 
 impl LedgerHandler {
@@ -58,6 +63,7 @@ impl LedgerHandler {
             work: std::time::Duration::ZERO,
             slow_percent: 100,
             panic_percent: 0,
+            forward: None,
         }
     }
 
@@ -80,6 +86,13 @@ impl LedgerHandler {
     /// one batch finish in another order than they started.
     pub fn with_slow_percent(mut self, percent: u8) -> Self {
         self.slow_percent = percent.min(100);
+        self
+    }
+
+    /// Sends each applied event on to the queue at `queue_url` (its body
+    /// unchanged), exactly when its effect commits: the next stage.
+    pub fn with_forward(mut self, queue_url: impl Into<String>) -> Self {
+        self.forward = Some(queue_url.into());
         self
     }
 
@@ -138,6 +151,9 @@ impl Handler for LedgerHandler {
         }
         let update = update.build().map_err(HandlerError::permanent)?;
         ctx.stage(TransactWriteItem::builder().update(update).build());
+        if let Some(next) = &self.forward {
+            ctx.send(next, message.body())?;
+        }
         Ok(None)
     }
 

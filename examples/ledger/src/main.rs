@@ -2,7 +2,8 @@
 //! `AWS_LAMBDA_RUNTIME_API` is set) or as a long-polling consumer (ECS or any host).
 //!
 //! Configuration: the `SQS_ONCE_*` environment variables (or the equivalent
-//! flags, see `--help`), `LEDGER_TABLE`, and the standard AWS SDK settings.
+//! flags, see `--help`), `LEDGER_TABLE`, `LEDGER_FORWARD_QUEUE_URL` (the next
+//! stage of a pipeline, optional), and the standard AWS SDK settings.
 //!
 //! `LEDGER_MUTANT=delete-first` turns it into a deliberately broken consumer
 //! that deletes each message from the queue before making its effect (so a
@@ -35,6 +36,9 @@ struct Args {
     /// Panic on about this percentage of attempts (fault injection).
     #[arg(long, env = "LEDGER_PANIC_PERCENT", default_value_t = 0)]
     panic_percent: u8,
+    /// The next stage's queue: each applied event is sent on to it (the outbox).
+    #[arg(long, env = "LEDGER_FORWARD_QUEUE_URL")]
+    forward_queue_url: Option<String>,
     /// A deliberate bug for the chaos harness to catch (`delete-first`).
     #[arg(long, env = "LEDGER_MUTANT")]
     mutant: Option<String>,
@@ -83,10 +87,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let handler = LedgerHandler::new(args.ledger_table)
+    let mut handler = LedgerHandler::new(args.ledger_table)
         .with_work(work)
         .with_slow_percent(args.slow_percent)
         .with_panics(args.panic_percent);
+    if let Some(next) = args.forward_queue_url.filter(|u| !u.is_empty()) {
+        handler = handler.with_forward(next);
+    }
     match args.mutant.as_deref() {
         None | Some("") => sqs_once::env::run(args.runtime, handler).await,
         Some("delete-first") => {
