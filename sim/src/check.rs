@@ -87,8 +87,10 @@ pub struct Evidence<'a> {
     pub sent: BTreeMap<String, Vec<String>>,
     /// When the run started (API call times count from it).
     pub start: tokio::time::Instant,
-    /// A chained run's second-stage queue: every message the outbox sent.
-    pub next: Option<Vec<StoredMessage>>,
+    /// A chained run's second stage: every message the outbox sent (before
+    /// the second stage consumed them), then what its consumer applied per
+    /// event and how many messages it left.
+    pub next: Option<(Vec<StoredMessage>, (BTreeMap<String, u32>, usize))>,
     /// Sends made while their event's record was not `COMPLETED`.
     pub early_sends: Vec<String>,
 }
@@ -254,15 +256,34 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
 
 /// A chained run's second stage (the outbox): nothing sent before its
 /// effect committed; every committed event's message sent, always with its
-/// one stable id (so a consumer downstream applies it once however often it
-/// is sent); nothing for an event whose effect never committed.
+/// one stable id, and applied exactly once by the second stage's consumer
+/// however often it was sent; nothing for an event whose effect never
+/// committed.
 fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
     for early in &e.early_sends {
         v.push(format!("outbox: {early}"));
     }
-    let Some(next) = &e.next else {
+    let Some((next, (applied, left))) = &e.next else {
         return;
     };
+    if *left > 0 {
+        v.push(format!(
+            "outbox: the second stage left {left} messages unprocessed"
+        ));
+    }
+    for (event, status) in &e.records {
+        let n = applied.get(event).copied().unwrap_or(0);
+        if *status == Status::Completed && n != 1 {
+            v.push(format!("{event}: applied {n} times by the second stage"));
+        }
+    }
+    for event in applied.keys() {
+        if e.records.get(event) != Some(&Status::Completed) {
+            v.push(format!(
+                "{event}: applied by the second stage, its upstream effect never committed"
+            ));
+        }
+    }
     let mut ids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for m in next {
         let Some(event) = event_of(&m.body) else {

@@ -256,7 +256,13 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
         reports.push(t.await.unwrap_or_default());
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let evidence = evidence(&world, &accepted, &reports, before);
+    // A chained run's second stage: what the outbox sent, then consumed.
+    let next = match &world.next_url {
+        Some(url) => Some((world.queue.contents(url), second_stage(&world, url).await)),
+        None => None,
+    };
+    let mut evidence = evidence(&world, &accepted, &reports, before);
+    evidence.next = next;
     let mut violations = check::check(&evidence);
     let exhausted = check::exhausted(&evidence).len();
     let stranded = check::stranded(&evidence).len();
@@ -487,6 +493,53 @@ async fn settle(world: &World) -> bool {
     false
 }
 
+/// The second stage of a chained run, once the first has settled: a poller
+/// (the library's, on a dedup store of its own) keyed on the outbox id each
+/// message carries, whose handler counts its effect per event. Returns the
+/// counts and how many messages it left in the queue.
+async fn second_stage(
+    world: &World,
+    url: &str,
+) -> (std::collections::BTreeMap<String, u32>, usize) {
+    use sqs_once::{Context, HandlerResult, Message};
+    let applied: Arc<Mutex<std::collections::BTreeMap<String, u32>>> = Arc::default();
+    let counts = applied.clone();
+    let handler = sqs_once::handler_fn(move |m: Message, _ctx: Context| {
+        let counts = counts.clone();
+        async move {
+            let body: serde_json::Value = serde_json::from_str(m.body()).unwrap_or_default();
+            let event = body["id"].as_str().unwrap_or("?").to_owned();
+            *counts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(event)
+                .or_default() += 1;
+            HandlerResult::Ok(None)
+        }
+    });
+    let mut config = sqs_once::ProcessorConfig::new("sim-next");
+    config.key_source = format!("attribute:{}", sqs_once::outbox::OUTBOX_ID_ATTRIBUTE)
+        .parse()
+        .unwrap_or_default();
+    // (The `next-by-message-id` mutant keys the second stage on the message
+    // id: a message the outbox sent twice is applied twice.)
+    if sqs_once::mutants::active("next-by-message-id") {
+        config.key_source = sqs_once::KeySource::MessageId;
+    }
+    let clock = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    let store = sqs_once::MemoryStore::new(clock.clone());
+    let processor = sqs_once::Processor::new(store, handler, config)
+        .unwrap_or_else(|e| panic!("the second stage's config is valid: {e}"))
+        .with_clock(clock);
+    let mut poller = sqs_once::PollerConfig::new(url);
+    poller.exit_when_idle = Some(Duration::from_secs(30));
+    let token = tokio_util::sync::CancellationToken::new();
+    sqs_once::poller::run(world.queue.clone(), processor, poller, token).await;
+    let left = world.queue.counts(url).map_or(0, |c| c.stored());
+    let applied = applied.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    (applied, left)
+}
+
 /// What the run looked like when it first settled, before the redrive.
 struct Before {
     dlq: Vec<sqs_once::testkit::queue::StoredMessage>,
@@ -614,7 +667,7 @@ fn evidence<'a>(
         failed_reads: world.trace.failed_reads(),
         outcome_at: world.trace.outcome_times(),
         start: world.trace.start(),
-        next: world.next_url.as_ref().map(|url| world.queue.contents(url)),
+        next: None,
         early_sends: world
             .early_sends
             .lock()

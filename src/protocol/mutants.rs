@@ -36,6 +36,9 @@
 //!   of its effect, and not recorded (the simulator's chained consumers).
 //! - `outbox-not-recovered`: a duplicate or redelivery that finds its
 //!   record's messages unsent lets the message go without sending them.
+//! - `next-by-message-id`: the simulator's second stage keys on the message
+//!   id instead of the outbox id each message carries, so a message the
+//!   outbox sent twice is applied twice (a check of that check).
 
 /// Whether this build has the mutants in it (built with `SQS_ONCE_MUTANTS=1`).
 pub const COMPILED: bool = cfg!(sqs_once_mutants);
