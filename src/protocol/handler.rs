@@ -422,8 +422,12 @@ impl Context {
     /// Sends `message` once this message's effect commits (see [`Self::send`]),
     /// with its attributes, group and delay.
     pub fn send_message(&self, message: Outgoing) -> Result<(), HandlerError> {
+        let id_bytes = crate::protocol::outbox::max_id_bytes(
+            &self.inner.consumer,
+            self.inner.dedup_key.as_deref(),
+        );
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
-        match message.check() {
+        match message.check(id_bytes) {
             Ok(()) => {
                 outbox.0.push(message);
                 Ok(())

@@ -113,9 +113,15 @@ impl Outgoing {
     }
 
     /// What SQS counts against its message size: the body and every
-    /// attribute's name, type and value (with the two sqs-once adds).
-    pub fn size(&self) -> usize {
-        let ours = OUTBOX_ID_ATTRIBUTE.len() + DEDUP_KEY_ATTRIBUTE.len() + 2 * (6 + 600);
+    /// attribute's name, type and value, with the two sqs-once adds for an
+    /// id of `id_bytes` (the id, and the id sealed: 64 hex digits and a
+    /// colon before it).
+    pub fn size(&self, id_bytes: usize) -> usize {
+        let ours = OUTBOX_ID_ATTRIBUTE.len()
+            + DEDUP_KEY_ATTRIBUTE.len()
+            + 2 * "String".len()
+            + id_bytes
+            + (65 + id_bytes);
         self.body.len()
             + ours
             + self
@@ -125,8 +131,9 @@ impl Outgoing {
                 .sum::<usize>()
     }
 
-    /// Checks what SQS would refuse, before anything is recorded.
-    pub fn check(&self) -> Result<(), OutboxError> {
+    /// Checks what SQS would refuse, before anything is recorded, for a
+    /// message whose [`outbox_id`] is at most `id_bytes` long.
+    pub fn check(&self, id_bytes: usize) -> Result<(), OutboxError> {
         let fifo = is_fifo(&self.queue_url);
         if self.queue_url.trim().is_empty() {
             return Err(OutboxError::NoQueue);
@@ -148,7 +155,7 @@ impl Outgoing {
         if let Some(name) = self.attributes.keys().find(|n| reserved(n)) {
             return Err(OutboxError::ReservedAttribute(name.clone()));
         }
-        let bytes = self.size();
+        let bytes = self.size(id_bytes);
         if bytes > SQS_MAX_MESSAGE_BYTES {
             return Err(OutboxError::TooLarge { bytes });
         }
@@ -192,6 +199,21 @@ fn reserved(name: &str) -> bool {
 /// The stable id of the `index`th message sent for the record `pk`.
 pub fn outbox_id(pk: &str, index: usize) -> String {
     format!("{pk}#out-{index}")
+}
+
+/// The longest [`outbox_id`] of a record of `consumer` for `dedup_key`
+/// (plain or hashed, as `SQS_ONCE_HASH_KEYS` says), or of a keyless message
+/// processed unprotected (`None`).
+pub fn max_id_bytes(consumer: &str, dedup_key: Option<&str>) -> usize {
+    let pk = match dedup_key {
+        Some(key) => crate::protocol::key::record_key(consumer, key)
+            .len()
+            .max(crate::protocol::key::hashed_record_key(consumer, key).len()),
+        // `{consumer}#unprotected#{message id}`: SQS message ids are 100
+        // characters at most.
+        None => consumer.len() + "#unprotected#".len() + 100,
+    };
+    pk + "#out-".len() + MAX_OUTGOING.to_string().len()
 }
 
 /// An outgoing message refused before anything was recorded: a permanent
@@ -358,15 +380,15 @@ mod tests {
     fn a_fifo_target_needs_a_group_and_takes_no_delay() {
         let fifo = "https://sqs.eu-west-1.amazonaws.com/1/next.fifo";
         assert_eq!(
-            Outgoing::new(fifo, "x").check(),
+            Outgoing::new(fifo, "x").check(64),
             Err(OutboxError::FifoNeedsGroup(fifo.into()))
         );
-        assert_eq!(Outgoing::new(fifo, "x").group("g").check(), Ok(()));
+        assert_eq!(Outgoing::new(fifo, "x").group("g").check(64), Ok(()));
         assert_eq!(
             Outgoing::new(fifo, "x")
                 .group("g")
                 .delay(Duration::from_secs(1))
-                .check(),
+                .check(64),
             Err(OutboxError::DelayOnFifo(fifo.into()))
         );
     }
@@ -375,27 +397,58 @@ mod tests {
     fn limits_are_checked_before_anything_is_recorded() {
         let q = "https://sqs.eu-west-1.amazonaws.com/1/next";
         let big = Outgoing::new(q, "x".repeat(SQS_MAX_MESSAGE_BYTES));
-        assert!(matches!(big.check(), Err(OutboxError::TooLarge { .. })));
+        assert!(matches!(big.check(64), Err(OutboxError::TooLarge { .. })));
         let mut many = Outgoing::new(q, "x");
         for i in 0..=MAX_USER_ATTRIBUTES {
             many = many.attribute(format!("a{i}"), "v");
         }
         assert!(matches!(
-            many.check(),
+            many.check(64),
             Err(OutboxError::TooManyAttributes(_))
         ));
         let forged = Outgoing::new(q, "x").attribute(DEDUP_KEY_ATTRIBUTE, "k");
         assert!(matches!(
-            forged.check(),
+            forged.check(64),
             Err(OutboxError::ReservedAttribute(_))
         ));
         let late = Outgoing::new(q, "x").delay(Duration::from_secs(901));
-        assert_eq!(late.check(), Err(OutboxError::DelayTooLong(901)));
+        assert_eq!(late.check(64), Err(OutboxError::DelayTooLong(901)));
         let full = vec![Outgoing::new(q, "x".repeat(4000)); 90];
         assert!(matches!(
             check_outbox(&full),
             Err(OutboxError::OutboxFull { .. })
         ));
+    }
+
+    #[test]
+    fn the_ids_sqs_once_adds_count_against_the_message_size() {
+        let q = "https://sqs.eu-west-1.amazonaws.com/1/next";
+        let long_key = "k".repeat(1000);
+        let long = max_id_bytes("orders", Some(&long_key));
+        let short = max_id_bytes("orders", Some("k"));
+        let body = "x".repeat(SQS_MAX_MESSAGE_BYTES - 1500);
+        assert_eq!(Outgoing::new(q, body.clone()).check(short), Ok(()));
+        assert!(matches!(
+            Outgoing::new(q, body).check(long),
+            Err(OutboxError::TooLarge { .. })
+        ));
+        // What is sent is within what was counted.
+        let secret = CarrySecret::new("s".repeat(32)).unwrap();
+        let out = Outgoing::new(q, "b").attribute("kind", "paid");
+        let pk = crate::protocol::key::record_key("orders", &long_key);
+        let sent = out.to_send(&outbox_id(&pk, MAX_OUTGOING - 1), Some(&secret));
+        let actual = sent.body.len()
+            + sent
+                .attributes
+                .iter()
+                .map(|(name, a)| {
+                    let crate::protocol::message::AttributeValue::Text(v) = &a.value else {
+                        panic!("string attributes");
+                    };
+                    name.len() + a.data_type.len() + v.len()
+                })
+                .sum::<usize>();
+        assert!(actual <= out.size(long), "{actual} > {}", out.size(long));
     }
 
     #[test]
