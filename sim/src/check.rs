@@ -26,6 +26,16 @@ pub struct Effect {
     pub message: String,
 }
 
+/// A chained run's second stage.
+pub struct SecondStage {
+    /// Every message the outbox sent, before the second stage ran.
+    pub sent: Vec<StoredMessage>,
+    /// What its consumer applied, per event.
+    pub applied: BTreeMap<String, u32>,
+    /// Messages it left in its queue.
+    pub left: usize,
+}
+
 /// What the checker reads.
 pub struct Evidence<'a> {
     /// The run's scenario.
@@ -90,7 +100,7 @@ pub struct Evidence<'a> {
     /// A chained run's second stage: every message the outbox sent (before
     /// the second stage consumed them), then what its consumer applied per
     /// event and how many messages it left.
-    pub next: Option<(Vec<StoredMessage>, (BTreeMap<String, u32>, usize))>,
+    pub next: Option<SecondStage>,
     /// Sends made while their event's record was not `COMPLETED`.
     pub early_sends: Vec<String>,
 }
@@ -263,7 +273,12 @@ fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
     for early in &e.early_sends {
         v.push(format!("outbox: {early}"));
     }
-    let Some((next, (applied, left))) = &e.next else {
+    let Some(SecondStage {
+        sent: next,
+        applied,
+        left,
+    }) = &e.next
+    else {
         return;
     };
     if *left > 0 {

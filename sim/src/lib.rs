@@ -180,7 +180,7 @@ pub fn chained(seed: u64) -> bool {
     match std::env::var("SIM_CHAIN").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
-        _ => seed % 2 == 0,
+        _ => seed.is_multiple_of(2),
     }
 }
 
@@ -258,7 +258,15 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
     // A chained run's second stage: what the outbox sent, then consumed.
     let next = match &world.next_url {
-        Some(url) => Some((world.queue.contents(url), second_stage(&world, url).await)),
+        Some(url) => {
+            let sent = world.queue.contents(url);
+            let (applied, left) = second_stage(&world, url).await;
+            Some(check::SecondStage {
+                sent,
+                applied,
+                left,
+            })
+        }
         None => None,
     };
     let mut evidence = evidence(&world, &accepted, &reports, before);

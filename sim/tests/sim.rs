@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqs_once::Status;
 use sqs_once::parking::REASON_ATTRIBUTE;
 use sqs_once::testkit::queue::{MessageState, StoredMessage};
-use sqs_once_sim::check::{Effect, Evidence, check};
+use sqs_once_sim::check::{Effect, Evidence, SecondStage, check};
 use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
 use sqs_once_sim::stores::StorePath;
@@ -308,6 +308,8 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         back_after_delete: BTreeSet::new(),
         sent: BTreeMap::new(),
         start: tokio::time::Instant::now(),
+        next: None,
+        early_sends: Vec::new(),
     }
 }
 
@@ -337,6 +339,74 @@ fn the_checker_flags_a_staged_effect_applied_twice_and_a_lost_event() {
         "{v:?}"
     );
     assert!(v.iter().any(|v| v.starts_with("evt-0001: lost")), "{v:?}");
+}
+
+fn sent_on(event: &str) -> StoredMessage {
+    let mut m = in_dlq(event, "next-1", None);
+    m.attributes.insert(
+        sqs_once::outbox::OUTBOX_ID_ATTRIBUTE.to_owned(),
+        sqs_once::Attribute::string(format!("sim#{event}#out-0")),
+    );
+    m
+}
+
+#[test]
+fn the_checker_flags_what_the_outbox_sent_early_lost_or_doubled() {
+    let mut declined = event(1, "g");
+    declined.permanent = true;
+    let s = scenario(Kind::Staged, false, vec![event(0, "g"), declined]);
+    let acc = accepted(&s);
+    let stage = |sent: Vec<StoredMessage>, applied: &[(&str, u32)]| SecondStage {
+        sent,
+        applied: applied.iter().map(|(e, n)| ((*e).to_owned(), *n)).collect(),
+        left: 0,
+    };
+    let clean = || {
+        let mut e = evidence(&s, &acc);
+        e.records = [
+            ("evt-0000", Status::Completed),
+            ("evt-0001", Status::Failed),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        e.rows = vec![fx("evt-0000", "m0")];
+        e.dlq = vec![in_dlq("evt-0001", "m1", Some("declined"))];
+        e.dlq_before = e.dlq.clone();
+        e
+    };
+    let mut e = clean();
+    e.next = Some(stage(vec![sent_on("evt-0000")], &[("evt-0000", 1)]));
+    assert_eq!(check(&e), Vec::<String>::new());
+
+    e.early_sends = vec!["sim#evt-0000#out-0 sent while its record was None".into()];
+    assert_eq!(check(&e).len(), 1, "a send before the commit");
+
+    let mut e = clean();
+    e.next = Some(stage(Vec::new(), &[]));
+    let v = check(&e);
+    assert!(v.iter().any(|v| v.contains("never sent")), "{v:?}");
+    assert!(v.iter().any(|v| v.contains("applied 0 times")), "{v:?}");
+
+    let mut e = clean();
+    let twice = vec![sent_on("evt-0000"), sent_on("evt-0000")];
+    e.next = Some(stage(twice, &[("evt-0000", 2)]));
+    assert_eq!(check(&e), ["evt-0000: applied 2 times by the second stage"]);
+
+    let mut e = clean();
+    let failed = vec![sent_on("evt-0000"), sent_on("evt-0001")];
+    e.next = Some(stage(failed, &[("evt-0000", 1), ("evt-0001", 1)]));
+    let v = check(&e);
+    assert!(
+        v.iter()
+            .any(|v| v.contains("evt-0001: a message was sent downstream")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("evt-0001: applied by the second stage")),
+        "{v:?}"
+    );
 }
 
 #[test]

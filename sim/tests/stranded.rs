@@ -137,6 +137,8 @@ fn verdict_with(
         back_after_delete,
         sent: BTreeMap::new(),
         start: Instant::now(),
+        next: None,
+        early_sends: Vec::new(),
     };
     (check(&evidence), stranded(&evidence))
 }

@@ -14,6 +14,7 @@ use crate::protocol::store::{Claim, DedupStore, FastCommit, FastCommitted, Store
 use super::lease::bound;
 use super::outbox::Sending;
 use super::*;
+use crate::protocol::outbox::Outgoing;
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
     pub(super) async fn run_unprotected(&self, message: &Message) -> Outcome {
@@ -85,10 +86,22 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
-        let (value, outbox) = match handled.and_then(|v| Ok((v, self.outbox_of(&ctx)?))) {
-            Ok(done) => done,
-            Err(e) => return self.fast_failure(message, &e).await,
-        };
+        match handled.and_then(|v| Ok((v, self.outbox_of(&ctx)?))) {
+            Ok((value, outbox)) => self.commit(message, key, &ctx, value, outbox).await,
+            Err(e) => self.fast_failure(message, &e).await,
+        }
+    }
+
+    /// The fast path's commit of the handler's result, staged writes and
+    /// outbox, then its outbox sent: the outcome.
+    async fn commit(
+        &self,
+        message: &Message,
+        key: &str,
+        ctx: &Context,
+        value: Option<serde_json::Value>,
+        outbox: Vec<Outgoing>,
+    ) -> Outcome {
         let result = value.map(|v| self.bounded(&v));
         let pk = self.config.record_key(key);
         let sent_early = self.dispatch_before_commit(message, &pk, &outbox).await;
