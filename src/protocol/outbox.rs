@@ -149,6 +149,33 @@ impl Outgoing {
         {
             return Err(OutboxError::DelayTooLong(d));
         }
+        if self.body.is_empty() {
+            return Err(OutboxError::EmptyBody);
+        }
+        if let Some(c) = self.body.chars().find(|c| !sqs_char(*c)) {
+            return Err(OutboxError::Character {
+                what: "body".into(),
+                found: u32::from(c),
+            });
+        }
+        if let Some(group) = &self.group_id
+            && (group.is_empty()
+                || group.len() > 128
+                || !group.chars().all(|c| c.is_ascii_graphic()))
+        {
+            return Err(OutboxError::BadGroup(group.clone()));
+        }
+        for (name, value) in &self.attributes {
+            if !attribute_name(name) {
+                return Err(OutboxError::BadAttributeName(name.clone()));
+            }
+            if let Some(c) = value.chars().find(|c| !sqs_char(*c)) {
+                return Err(OutboxError::Character {
+                    what: format!("attribute {name:?}"),
+                    found: u32::from(c),
+                });
+            }
+        }
         if self.attributes.len() > MAX_USER_ATTRIBUTES {
             return Err(OutboxError::TooManyAttributes(self.attributes.len()));
         }
@@ -185,6 +212,25 @@ impl Outgoing {
             trace_header: None,
         }
     }
+}
+
+/// A character SQS takes in a body or attribute value (#x9, #xA, #xD,
+/// #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 to #x10FFFF).
+fn sqs_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+}
+
+/// An attribute name SQS takes: up to 256 of `A-Za-z0-9_-.`, no leading,
+/// trailing or doubled period.
+fn attribute_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+        && !name.contains("..")
 }
 
 /// Whether SQS or sqs-once reserves the attribute name.
@@ -224,6 +270,27 @@ pub enum OutboxError {
     /// No queue URL.
     #[error("an outgoing message has no queue URL")]
     NoQueue,
+    /// An empty body (SQS takes at least one character).
+    #[error("an outgoing message has an empty body")]
+    EmptyBody,
+    /// A character SQS refuses.
+    #[error("an outgoing message's {what} has the character U+{found:04X}, which SQS refuses")]
+    Character {
+        /// Where.
+        what: String,
+        /// The character's code point.
+        found: u32,
+    },
+    /// A message group SQS refuses.
+    #[error(
+        "an outgoing message's group {0:?} is not 1 to 128 printable ASCII characters, as SQS takes"
+    )]
+    BadGroup(String),
+    /// An attribute name SQS refuses.
+    #[error(
+        "an outgoing message's attribute name {0:?} is not up to 256 of A-Z a-z 0-9 _ - . (no leading, trailing or doubled period)"
+    )]
+    BadAttributeName(String),
     /// A FIFO target without a message group.
     #[error("an outgoing message to the FIFO queue {0} has no message group (Outgoing::group)")]
     FifoNeedsGroup(String),
@@ -411,6 +478,25 @@ mod tests {
             forged.check(64),
             Err(OutboxError::ReservedAttribute(_))
         ));
+        assert_eq!(Outgoing::new(q, "").check(64), Err(OutboxError::EmptyBody));
+        assert!(matches!(
+            Outgoing::new(q, "a\u{0}b").check(64),
+            Err(OutboxError::Character { found: 0, .. })
+        ));
+        assert!(matches!(
+            Outgoing::new(q, "x").attribute("bad name", "v").check(64),
+            Err(OutboxError::BadAttributeName(_))
+        ));
+        assert!(matches!(
+            Outgoing::new(q, "x").group("g".repeat(129)).check(64),
+            Err(OutboxError::BadGroup(_))
+        ));
+        assert_eq!(
+            Outgoing::new(q, "naïve \u{1F600}")
+                .attribute("k.v-1_x", "é")
+                .check(64),
+            Ok(())
+        );
         let late = Outgoing::new(q, "x").delay(Duration::from_secs(901));
         assert_eq!(late.check(64), Err(OutboxError::DelayTooLong(901)));
         let full = vec![Outgoing::new(q, "x".repeat(4000)); 90];

@@ -354,6 +354,7 @@ impl StoreError {
             self,
             StoreError::TransactionTooLarge { .. }
                 | StoreError::ItemTooLarge { .. }
+                | StoreError::RecordTooLarge { .. }
                 | StoreError::Invalid(_)
         )
     }
@@ -398,6 +399,15 @@ pub enum StoreError {
     ItemTooLarge {
         /// Index among the staged writes.
         index: usize,
+        /// Estimated size.
+        bytes: usize,
+    },
+    /// The dedup record itself, with its result and outbox, is over
+    /// DynamoDB's 400 KB item limit; nothing was written.
+    #[error(
+        "the dedup record would be ~{bytes} bytes with its result and the messages sent; DynamoDB items hold at most 400 KB ({DYNAMODB_MAX_ITEM_BYTES} bytes): return a smaller result (ProcessorConfig::max_result_bytes bounds what is stored as is) or send less"
+    )]
+    RecordTooLarge {
         /// Estimated size.
         bytes: usize,
     },
@@ -489,6 +499,11 @@ pub(crate) fn check_transaction_limits(
     writes: &[StagedWrite],
     record_bytes: usize,
 ) -> Result<(), StoreError> {
+    if record_bytes > DYNAMODB_MAX_ITEM_BYTES {
+        return Err(StoreError::RecordTooLarge {
+            bytes: record_bytes,
+        });
+    }
     let sizes: Vec<usize> = writes.iter().map(|w| write_size(&w.item)).collect();
     if let Some((index, &bytes)) = sizes
         .iter()

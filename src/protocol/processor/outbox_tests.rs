@@ -252,3 +252,32 @@ async fn the_runtimes_queue_sends_only_when_no_dispatcher_is_set() {
     ));
     assert_eq!((down.ids().len(), runtimes.ids().len()), (2, 2));
 }
+
+#[tokio::test]
+async fn a_record_over_dynamodbs_item_limit_with_its_result_and_outbox_is_parked_not_written() {
+    let down = Downstream::new();
+    let url = down.url.clone();
+    let handler = staged_only(handler_fn(move |_m, ctx: Context| {
+        let url = url.clone();
+        async move {
+            for _ in 0..2 {
+                ctx.send(&url, "x".repeat(100 * 1024))?;
+            }
+            Ok(Some(serde_json::json!("r".repeat(300 * 1024))))
+        }
+    }));
+    let mut c = config();
+    c.max_result_bytes = 350 * 1024;
+    let store = MemoryStore::default();
+    let p = Processor::new(store.clone(), handler, c)
+        .unwrap()
+        .with_dispatcher(down.clone());
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    let Outcome::Park { reason } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(reason.contains("400 KB"), "{reason}");
+    assert!(down.ids().is_empty());
+    let record = store.get("a#e1").await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Failed);
+}
