@@ -915,16 +915,24 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
             .await
     }
 
-    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
-        let p = pk.to_owned();
+    async fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[sqs_once::outbox::Outgoing],
+    ) -> Result<(), StoreError> {
+        let (p, owned) = (pk.to_owned(), sent.to_vec());
         let land = move |inner: S| -> Landing {
-            let (inner, p) = (inner.clone(), p.clone());
+            let (inner, p, owned) = (inner.clone(), p.clone(), owned.clone());
             Box::pin(async move {
-                let _ = inner.mark_dispatched(&p).await;
+                let _ = inner.mark_dispatched(&p, &owned).await;
             })
         };
-        self.call("mark_dispatched", || self.inner.mark_dispatched(pk), land)
-            .await
+        self.call(
+            "mark_dispatched",
+            || self.inner.mark_dispatched(pk, sent),
+            land,
+        )
+        .await
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {

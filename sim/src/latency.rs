@@ -416,8 +416,12 @@ impl<S: DedupStore> DedupStore for LatentStore<S> {
         self.latency.call(Op::TransactWriteItems, call).await
     }
 
-    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
-        let call = self.inner.mark_dispatched(pk);
+    async fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[sqs_once::outbox::Outgoing],
+    ) -> Result<(), StoreError> {
+        let call = self.inner.mark_dispatched(pk, sent);
         self.latency.call(Op::UpdateItem, call).await
     }
 

@@ -293,10 +293,14 @@ impl DedupStore for HostStore {
         }
     }
 
-    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+    async fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[sqs_once::outbox::Outgoing],
+    ) -> Result<(), StoreError> {
         match self {
-            Self::Memory(s) => s.mark_dispatched(pk).await,
-            Self::Wire(s, _) => s.mark_dispatched(pk).await,
+            Self::Memory(s) => s.mark_dispatched(pk, sent).await,
+            Self::Wire(s, _) => s.mark_dispatched(pk, sent).await,
         }
     }
 

@@ -286,8 +286,9 @@ struct ContextInner {
     attempt: u32,
     max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
-    /// Messages sent, and the first one refused (which fails the message).
-    outbox: Mutex<(Vec<Outgoing>, Option<OutboxError>)>,
+    /// Messages sent, the first one refused (which fails the message), and
+    /// whether the outbox was taken (a send after that is refused).
+    outbox: Mutex<(Vec<Outgoing>, Option<OutboxError>, bool)>,
     cancelled: CancellationToken,
     /// The message's span (current when the processor makes the context).
     span: tracing::Span,
@@ -336,7 +337,7 @@ impl Context {
                 attempt,
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
-                outbox: Mutex::new((Vec::new(), None)),
+                outbox: Mutex::new((Vec::new(), None, false)),
                 cancelled: CancellationToken::new(),
                 span: tracing::Span::current(),
                 receive_count: message.receive_count(),
@@ -427,6 +428,10 @@ impl Context {
             self.inner.dedup_key.as_deref(),
         );
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
+        if outbox.2 {
+            tracing::error!(queue = %message.queue_url, "a message sent after the handler returned (from a task it left running) is dropped: send before returning");
+            return Err(HandlerError::permanent(OutboxError::AfterReturn));
+        }
         match message.check(id_bytes) {
             Ok(()) => {
                 outbox.0.push(message);
@@ -508,6 +513,7 @@ impl Context {
     /// The messages sent, or the first refusal.
     pub(crate) fn take_outbox(&self) -> Result<Vec<Outgoing>, OutboxError> {
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
+        outbox.2 = true;
         if let Some(e) = outbox.1.take() {
             return Err(e);
         }

@@ -25,6 +25,9 @@ pub const SQS_DEDUP_WINDOW: Duration = Duration::from_secs(5 * 60);
 pub const SQS_MAX_ATTRIBUTES: usize = 10;
 /// SQS: entries per batch call, and messages per receive.
 pub const SQS_BATCH: usize = 10;
+/// SQS: the total payload of one `SendMessageBatch` that every region takes
+/// (256 KiB; some take 1 MiB now).
+pub const SQS_MAX_BATCH_BYTES: usize = 256 * 1024;
 
 /// DynamoDB: items per transaction (the dedup record counts).
 pub const DYNAMODB_MAX_TRANSACTION_ITEMS: usize = 100;

@@ -37,6 +37,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "OutboxDispatched",
     "OutboxRecovered",
     "OutboxDispatchFailures",
+    "OutboxRefused",
     "HandlerLatency",
 ];
 
@@ -59,6 +60,7 @@ pub struct Metrics {
     outbox_dispatched: AtomicU64,
     outbox_recovered: AtomicU64,
     outbox_dispatch_failures: AtomicU64,
+    outbox_refused: AtomicU64,
     latency: Histogram,
 }
 
@@ -179,6 +181,10 @@ pub struct Snapshot {
     /// Dispatches that failed after a commit (the message came back to send
     /// them).
     pub outbox_dispatch_failures: u64,
+    /// Of those, sends SQS refused as invalid (a target's size limit, a
+    /// missing queue, no permission): no retry mends them until the target
+    /// is fixed, and the incoming message ends in the DLQ meanwhile.
+    pub outbox_refused: u64,
     /// Handler run times.
     pub handler_latency: Latencies,
 }
@@ -238,6 +244,11 @@ impl Metrics {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a send SQS refused as invalid.
+    pub fn outbox_refused(&self) {
+        self.outbox_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a successful heartbeat extension.
     pub fn heartbeat_extension(&self) {
         self.heartbeat_extensions.fetch_add(1, Ordering::Relaxed);
@@ -266,6 +277,7 @@ impl Metrics {
             outbox_dispatched: t(&self.outbox_dispatched),
             outbox_recovered: t(&self.outbox_recovered),
             outbox_dispatch_failures: t(&self.outbox_dispatch_failures),
+            outbox_refused: t(&self.outbox_refused),
             handler_latency: self.latency.take(),
         }
     }
@@ -291,6 +303,7 @@ impl Snapshot {
             ("OutboxDispatched", self.outbox_dispatched),
             ("OutboxRecovered", self.outbox_recovered),
             ("OutboxDispatchFailures", self.outbox_dispatch_failures),
+            ("OutboxRefused", self.outbox_refused),
         ];
         let latency = &self.handler_latency.0;
         let histogram = (!latency.is_empty()).then(|| {

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, SEALED_ATTRIBUTES, sha256_hex};
 use crate::protocol::limits::{
     SQS_BATCH, SQS_DEFAULT_MAX_MESSAGE_BYTES as SQS_MAX_MESSAGE_BYTES, SQS_MAX_ATTRIBUTES,
-    SQS_MAX_DELAY,
+    SQS_MAX_BATCH_BYTES, SQS_MAX_DELAY,
 };
 use crate::protocol::message::Attribute;
 use crate::protocol::queue::{EntryFailure, OutgoingMessage, QueueClient, QueueError, is_fifo};
@@ -169,6 +169,9 @@ impl Outgoing {
             if !attribute_name(name) {
                 return Err(OutboxError::BadAttributeName(name.clone()));
             }
+            if value.is_empty() {
+                return Err(OutboxError::EmptyAttribute(name.clone()));
+            }
             if let Some(c) = value.chars().find(|c| !sqs_char(*c)) {
                 return Err(OutboxError::Character {
                     what: format!("attribute {name:?}"),
@@ -273,6 +276,9 @@ pub enum OutboxError {
     /// An empty body (SQS takes at least one character).
     #[error("an outgoing message has an empty body")]
     EmptyBody,
+    /// An attribute without a value (SQS takes none empty).
+    #[error("an outgoing message's attribute {0:?} is empty; SQS takes no empty attribute value")]
+    EmptyAttribute(String),
     /// A character SQS refuses.
     #[error("an outgoing message's {what} has the character U+{found:04X}, which SQS refuses")]
     Character {
@@ -328,6 +334,11 @@ pub enum OutboxError {
         /// Their bytes.
         bytes: usize,
     },
+    /// Sent after the handler returned (from a task it left running).
+    #[error(
+        "a message was sent after the handler returned; its effect was already being recorded without it (send before returning)"
+    )]
+    AfterReturn,
     /// The processor has nowhere to send.
     #[error(
         "the handler sent a message but this processor has no dispatcher (Processor::with_dispatcher; the runtimes set their SQS client)"
@@ -372,7 +383,71 @@ pub enum DispatchError {
         sent: usize,
         /// The first failure's code.
         code: String,
+        /// Whether SQS refused one as invalid (the sender's fault: no
+        /// retry sends it; see [`refused`]).
+        refused: bool,
     },
+}
+
+impl DispatchError {
+    /// Whether SQS refused a message as invalid (a target whose
+    /// `MaximumMessageSize` is below the message, say): sending again will
+    /// not help until the target changes.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Self::Call(e) => !e.is_transient(),
+            Self::Entries { refused, .. } => *refused,
+        }
+    }
+}
+
+/// Whether a batch entry's error code says SQS refused the message itself
+/// (not throttling or an outage).
+pub fn refused(code: &str) -> bool {
+    !matches!(
+        code,
+        "InternalError"
+            | "InternalFailure"
+            | "ServiceUnavailable"
+            | "ThrottlingException"
+            | "RequestThrottled"
+            | "KmsThrottled"
+    )
+}
+
+/// `messages` in batches of at most [`SQS_BATCH`] entries and
+/// [`SQS_MAX_BATCH_BYTES`] (a message alone over it goes alone), in order.
+fn batches(messages: Vec<OutgoingMessage>) -> Vec<Vec<OutgoingMessage>> {
+    let size = |m: &OutgoingMessage| {
+        m.body.len()
+            + m.attributes
+                .iter()
+                .map(|(k, a)| {
+                    k.len()
+                        + a.data_type.len()
+                        + match &a.value {
+                            crate::protocol::message::AttributeValue::Text(t) => t.len(),
+                            crate::protocol::message::AttributeValue::Binary(b) => b.len(),
+                        }
+                })
+                .sum::<usize>()
+    };
+    let mut out: Vec<Vec<OutgoingMessage>> = Vec::new();
+    let mut bytes = 0;
+    for m in messages {
+        let n = size(&m);
+        match out.last_mut() {
+            Some(last) if last.len() < SQS_BATCH && bytes + n <= SQS_MAX_BATCH_BYTES => {
+                bytes += n;
+                last.push(m);
+            }
+            _ => {
+                bytes = n;
+                out.push(vec![m]);
+            }
+        }
+    }
+    out
 }
 
 /// Sends every message recorded for `pk`, batched by target (at most
@@ -393,14 +468,16 @@ pub async fn dispatch(
         }
     }
     for (queue, messages) in by_queue {
-        for chunk in messages.chunks(SQS_BATCH) {
-            let failed = dispatcher.send_batch(queue, chunk.to_vec()).await?;
+        for chunk in batches(messages) {
+            let sent = chunk.len();
+            let failed = dispatcher.send_batch(queue, chunk).await?;
             if let Some(first) = failed.first() {
                 return Err(DispatchError::Entries {
                     queue: queue.to_owned(),
                     failed: failed.len(),
-                    sent: chunk.len(),
+                    sent,
                     code: first.code.clone(),
+                    refused: failed.iter().any(|f| refused(&f.code)),
                 });
             }
         }
@@ -479,6 +556,10 @@ mod tests {
             Err(OutboxError::ReservedAttribute(_))
         ));
         assert_eq!(Outgoing::new(q, "").check(64), Err(OutboxError::EmptyBody));
+        assert_eq!(
+            Outgoing::new(q, "x").attribute("note", "").check(64),
+            Err(OutboxError::EmptyAttribute("note".into()))
+        );
         assert!(matches!(
             Outgoing::new(q, "a\u{0}b").check(64),
             Err(OutboxError::Character { found: 0, .. })
@@ -535,6 +616,25 @@ mod tests {
                 })
                 .sum::<usize>();
         assert!(actual <= out.size(long), "{actual} > {}", out.size(long));
+    }
+
+    #[test]
+    fn batches_hold_ten_messages_and_256_kib_at_most_in_order() {
+        let m = |n: usize| Outgoing::new("q", "x".repeat(n)).to_send("id", None);
+        let sizes =
+            |b: &Vec<Vec<OutgoingMessage>>| -> Vec<usize> { b.iter().map(Vec::len).collect() };
+        assert_eq!(
+            sizes(&batches((0..25).map(|_| m(10)).collect())),
+            [10, 10, 5]
+        );
+        let big = batches((0..4).map(|_| m(100 * 1024)).collect());
+        assert_eq!(sizes(&big), [2, 2]);
+        let order: Vec<usize> = batches((1..=12).map(m).collect())
+            .concat()
+            .iter()
+            .map(|m| m.body.len())
+            .collect();
+        assert_eq!(order, (1..=12).collect::<Vec<_>>());
     }
 
     #[test]

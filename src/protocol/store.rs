@@ -476,11 +476,17 @@ pub trait DedupStore: Send + Sync + 'static {
         c: FastCommit,
     ) -> impl Future<Output = Result<FastCommitted, StoreError>> + Send;
 
-    /// Marks the messages recorded with the `COMPLETED` record `pk` as
-    /// dispatched (removes them), so no later duplicate sends them again. A
-    /// record that is not `COMPLETED`, or has nothing to send, is left as
-    /// it is and the call succeeds.
-    fn mark_dispatched(&self, pk: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Marks the messages `sent`, recorded with the `COMPLETED` record `pk`,
+    /// as dispatched (removes them), so no later duplicate sends them again.
+    /// Only if the record still holds exactly those: a mark that lands after
+    /// the record was replaced (expired, run again, other messages recorded)
+    /// changes nothing. A record that is not `COMPLETED`, has nothing to
+    /// send or other messages, is left as it is and the call succeeds.
+    fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[Outgoing],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Reads a record.
     fn get(&self, pk: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;

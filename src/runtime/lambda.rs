@@ -925,8 +925,12 @@ mod tests {
             }
             answer
         }
-        async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
-            self.inner.mark_dispatched(pk).await
+        async fn mark_dispatched(
+            &self,
+            pk: &str,
+            sent: &[crate::protocol::outbox::Outgoing],
+        ) -> Result<(), StoreError> {
+            self.inner.mark_dispatched(pk, sent).await
         }
         async fn get(&self, pk: &str) -> Result<Option<crate::Record>, StoreError> {
             self.inner.get(pk).await

@@ -1098,6 +1098,15 @@ fn validate_send(
             ),
         );
     }
+    if let Some((name, _)) = message.attributes.iter().find(|(_, a)| match &a.value {
+        crate::AttributeValue::Text(t) => t.is_empty(),
+        crate::AttributeValue::Binary(b) => b.is_empty(),
+    }) {
+        return bad(
+            "InvalidParameterValue",
+            format!("message attribute '{name}' must contain a non-empty value"),
+        );
+    }
     let bytes = payload_bytes(&message.body, &message.attributes);
     if bytes > queue.settings.max_message_bytes {
         return bad(

@@ -397,10 +397,15 @@ impl DedupStore for MemoryStore {
         Ok(FastCommitted::Committed)
     }
 
-    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
+    async fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[crate::protocol::outbox::Outgoing],
+    ) -> Result<(), StoreError> {
         self.check_available()?;
         if let Some(r) = self.lock().records.get_mut(pk)
             && r.status == Status::Completed
+            && r.outbox == sent
         {
             r.outbox.clear();
         }

@@ -631,13 +631,17 @@ fn sent() -> Vec<Outgoing> {
 }
 
 /// A completion records the messages to send; a duplicate's answer carries
-/// them until they are marked dispatched, and a mark is idempotent.
+/// them until they are marked dispatched; a mark is idempotent, and a mark of
+/// other messages than the record holds (one that lands after the record was
+/// replaced) changes nothing.
 pub async fn a_completion_records_its_outbox_until_marked_dispatched<S: DedupStore>(
     store: &S,
     _clock: &ManualClock,
 ) {
     let a = req("c#outbox", "body");
     store.claim(&a).await.unwrap();
+    // Nothing to mark on an in-progress record.
+    store.mark_dispatched(&a.pk, &sent()).await.unwrap();
     let mut c = completion(&a, None);
     c.outbox = sent();
     store.complete(c).await.unwrap();
@@ -646,8 +650,15 @@ pub async fn a_completion_records_its_outbox_until_marked_dispatched<S: DedupSto
         store.claim(&req(&a.pk, "body")).await.unwrap(),
         Claim::Duplicate { outbox, .. } if outbox == sent()
     ));
-    store.mark_dispatched(&a.pk).await.unwrap();
-    store.mark_dispatched(&a.pk).await.unwrap();
+    let other = vec![Outgoing::new("http://sqs.local/000000000000/paid", "other")];
+    store.mark_dispatched(&a.pk, &other).await.unwrap();
+    assert_eq!(
+        store.get(&a.pk).await.unwrap().unwrap().outbox,
+        sent(),
+        "a mark of other messages leaves these to send"
+    );
+    store.mark_dispatched(&a.pk, &sent()).await.unwrap();
+    store.mark_dispatched(&a.pk, &sent()).await.unwrap();
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Completed);
     assert!(rec.outbox.is_empty(), "{:?}", rec.outbox);
@@ -655,9 +666,30 @@ pub async fn a_completion_records_its_outbox_until_marked_dispatched<S: DedupSto
         store.claim(&req(&a.pk, "body")).await.unwrap(),
         Claim::Duplicate { outbox, .. } if outbox.is_empty()
     ));
-    // Nothing to mark on an absent or an in-progress record.
-    store.mark_dispatched("c#absent").await.unwrap();
+    // Nothing to mark on an absent record.
+    store.mark_dispatched("c#absent", &sent()).await.unwrap();
     assert!(store.get("c#absent").await.unwrap().is_none());
+}
+
+/// A claim that takes an expired record with unsent messages does not keep
+/// them, whatever becomes of it.
+pub async fn a_claim_of_an_expired_record_drops_its_unsent_messages<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let mut first = fast("c#claim-outbox", "body", None);
+    first.outbox = sent();
+    first.ttl = Duration::from_secs(2);
+    store.commit_fast(first).await.unwrap();
+    clock.advance(Duration::from_secs(5));
+    let b = req("c#claim-outbox", "body");
+    assert!(matches!(
+        store.claim(&b).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let rec = store.get(&b.pk).await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::InProgress);
+    assert!(rec.outbox.is_empty(), "kept {:?}", rec.outbox);
 }
 
 /// A fast commit records its outbox; a commit that replaces an expired
@@ -712,6 +744,7 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, a_claim_sent_before_a_failure_does_not_take_the_failed_record);
         contract_suite!(@one $make, a_completion_records_its_outbox_until_marked_dispatched);
         contract_suite!(@one $make, a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit);
+        contract_suite!(@one $make, a_claim_of_an_expired_record_drops_its_unsent_messages);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn fifty_concurrent_fast_commits_yield_one_committed() {

@@ -565,11 +565,12 @@ impl DedupStore for DynamoStore {
         let update = "SET #status = :in_progress, #owner = :owner, lease_until = :lease_until, \
              expires_at = :expires_at, payload_sha256 = :payload, message_id = :mid, \
              claimed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one \
-             REMOVE #result, result_sha256, result_bytes, completed_at";
+             REMOVE #result, result_sha256, result_bytes, completed_at, #outbox";
         let attr_names = names(&[
             ("#status", "status"),
             ("#owner", "owner"),
             ("#result", "result"),
+            ("#outbox", OUTBOX_ATTRIBUTE),
         ]);
         self.retrying("claim", || async {
             let res = self
@@ -800,8 +801,14 @@ impl DedupStore for DynamoStore {
         .await
     }
 
-    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
-        let values = HashMap::from([(":completed".to_owned(), s(Status::Completed.as_str()))]);
+    async fn mark_dispatched(&self, pk: &str, sent: &[Outgoing]) -> Result<(), StoreError> {
+        let values = HashMap::from([
+            (":completed".to_owned(), s(Status::Completed.as_str())),
+            (
+                ":sent".to_owned(),
+                s(crate::protocol::outbox::to_stored(sent)),
+            ),
+        ]);
         let names = HashMap::from([
             ("#status".to_owned(), "status".to_owned()),
             ("#outbox".to_owned(), OUTBOX_ATTRIBUTE.to_owned()),
@@ -812,14 +819,15 @@ impl DedupStore for DynamoStore {
             .table_name(&*self.table)
             .key(KEY_ATTRIBUTE, s(pk))
             .update_expression("REMOVE #outbox")
-            .condition_expression("#status = :completed AND attribute_exists(#outbox)")
+            .condition_expression("#status = :completed AND #outbox = :sent")
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .send()
             .await;
         match res {
             Ok(_) => Ok(()),
-            // Marked already, or the record is no longer a completed one.
+            // Marked already, or the record is no longer the completed one
+            // whose messages were sent.
             Err(e) if conditional_failure(&e).is_some() => Ok(()),
             Err(e) => Err(match classify(&e) {
                 Attempt::Done(err) => err,

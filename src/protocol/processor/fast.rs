@@ -36,7 +36,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     // and again only if the message runs again.
                     let id = format!("{}#unprotected#{}", self.config.consumer, message.id());
                     if let Err(outcome) = self
-                        .send_outbox(message, &id, &outbox, Sending::Committed)
+                        .send_outbox(message, &id, &outbox, Sending::Unprotected)
                         .await
                     {
                         return outcome;

@@ -20,6 +20,8 @@ pub(super) enum Sending {
     Committed,
     /// Found on a `COMPLETED` record not marked dispatched.
     Recovered,
+    /// A keyless message processed unprotected: no record to mark.
+    Unprotected,
 }
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
@@ -66,7 +68,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let secret = self.config.carry_secret.as_ref();
         if let Err(e) = dispatch(&**dispatcher, pk, outbox, secret).await {
             self.metrics.outbox_dispatch_failure();
-            warn!(error = %e, pk, "the effect committed but its messages could not all be sent: the message comes back and its redelivery sends them");
+            if e.is_refusal() {
+                self.metrics.outbox_refused();
+                error!(error = %e, pk, "the effect committed but SQS refuses one of its messages (the target's size limit, a missing queue, no permission): the message comes back until its redrive policy parks it; fix the target, then redrive");
+            } else {
+                warn!(error = %e, pk, "the effect committed but its messages could not all be sent: the message comes back and its redelivery sends them");
+            }
             return Err(Outcome::Retry {
                 after: self.config.backoff(message.receive_count()),
                 reason: format!("committed, but {e}; sent on redelivery"),
@@ -75,6 +82,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let n = outbox.len() as u64;
         match sending {
             Sending::Committed => self.metrics.outbox_dispatched(n),
+            Sending::Unprotected => {
+                self.metrics.outbox_dispatched(n);
+                return Ok(());
+            }
             Sending::Recovered => {
                 info!(
                     pk,
@@ -86,7 +97,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
         // Best effort: a mark that fails only means a later duplicate sends
         // them again, which their stable ids make harmless.
-        if let Err(e) = self.store.mark_dispatched(pk).await {
+        if let Err(e) = self.store.mark_dispatched(pk, outbox).await {
             warn!(error = %e, pk, "sent, but the record could not be marked dispatched: a later duplicate sends them again (each carries its stable id)");
         }
         Ok(())
@@ -137,9 +148,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     pub(super) async fn duplicate_without_payload(&self, message: &Message) -> Option<Outcome> {
         let key = self.config.dedup_key(message).ok()?;
         let pk = self.config.record_key(&key);
+        let now_ms = self.clock.now_ms();
         let record = match self.store.get(&pk).await {
-            Ok(Some(r)) => r,
-            Ok(None) => return None,
+            Ok(Some(r))
+                if r.status == crate::Status::Completed
+                    && !r.claimable_by(now_ms, message.id()) =>
+            {
+                r
+            }
+            Ok(_) => return None,
             Err(e) => {
                 return Some(Outcome::Retry {
                     after: self.config.backoff(message.receive_count()),

@@ -281,3 +281,33 @@ async fn a_record_over_dynamodbs_item_limit_with_its_result_and_outbox_is_parked
     let record = store.get("a#e1").await.unwrap().unwrap();
     assert_eq!(record.status, Status::Failed);
 }
+
+#[tokio::test]
+async fn a_send_after_the_handler_returned_is_refused_not_silently_dropped() {
+    let down = Downstream::new();
+    let url = down.url.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel::<Context>();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let handler = staged_only(handler_fn(move |_m, ctx: Context| {
+        let tx = tx.clone();
+        async move {
+            if let Some(tx) = tx.lock().unwrap().take() {
+                let _ = tx.send(ctx);
+            }
+            Ok(None)
+        }
+    }));
+    let p = Processor::new(MemoryStore::default(), handler, config())
+        .unwrap()
+        .with_dispatcher(down.clone());
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    let late = rx.await.unwrap().send(&url, "late");
+    let err = late.expect_err("refused after the handler returned");
+    assert_eq!(err.kind(), crate::FailureKind::Permanent);
+    assert!(
+        err.to_string().contains("after the handler returned"),
+        "{err}"
+    );
+    assert!(down.ids().is_empty());
+}

@@ -394,8 +394,12 @@ impl DedupStore for Faulty {
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
         self.inner.commit_fast(c).await
     }
-    async fn mark_dispatched(&self, pk: &str) -> Result<(), StoreError> {
-        self.inner.mark_dispatched(pk).await
+    async fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[crate::protocol::outbox::Outgoing],
+    ) -> Result<(), StoreError> {
+        self.inner.mark_dispatched(pk, sent).await
     }
     async fn get(&self, pk: &str) -> Result<Option<crate::Record>, StoreError> {
         self.inner.get(pk).await
