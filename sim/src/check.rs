@@ -299,8 +299,28 @@ fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
             ));
         }
     }
+    // On the fast path each event's one ledger row names the message whose
+    // run committed: what the outbox sent must be that run's message (a
+    // duplicate that sent its own would name another message of the event).
+    let committed_by: BTreeMap<&str, &str> = match e.scenario.kind {
+        Kind::Staged => e
+            .rows
+            .iter()
+            .map(|r| (r.event.as_str(), r.message.as_str()))
+            .collect(),
+        Kind::External => BTreeMap::new(),
+    };
     let mut ids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for m in next {
+        let body: serde_json::Value = serde_json::from_str(&m.body).unwrap_or_default();
+        if let (Some(event), Some(by)) = (body["id"].as_str(), body["by"].as_str())
+            && let Some(committed) = committed_by.get(event)
+            && *committed != by
+        {
+            v.push(format!(
+                "{event}: the outbox sent the message of {by}'s run, but {committed}'s committed"
+            ));
+        }
         let Some(event) = event_of(&m.body) else {
             v.push(format!("outbox: a message without an event: {}", m.body));
             continue;

@@ -626,7 +626,10 @@ impl SimHandler {
         // Sent before the handler can still fail: nothing may go out for an
         // effect that does not commit.
         if let Some(next) = &self.next_url {
-            ctx.send(next, serde_json::json!({ "id": body.id }).to_string())?;
+            // Names the delivery that sent it: only the run whose effect
+            // committed may have its message sent.
+            let sent = serde_json::json!({ "id": body.id, "by": message.id() });
+            ctx.send(next, sent.to_string())?;
         }
         if self.dice.chance(self.panic_rate) {
             panic!("simulated handler panic");

@@ -36,6 +36,12 @@
 //!   of its effect, and not recorded (the simulator's chained consumers).
 //! - `outbox-not-recovered`: a duplicate or redelivery that finds its
 //!   record's messages unsent lets the message go without sending them.
+//! - `send-after-delete`: the messages a handler sent are sent in the
+//!   background after the commit, so the incoming message can be deleted
+//!   before they are (and a crash then loses them).
+//! - `duplicate-sends-own`: a fast-path run that finds its key completed
+//!   by another run sends its own messages, not the ones recorded with the
+//!   effect that committed.
 //! - `next-by-message-id`: the simulator's second stage keys on the message
 //!   id instead of the outbox id each message carries, so a message the
 //!   outbox sent twice is applied twice (a check of that check).

@@ -132,9 +132,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Ok(FastCommitted::Duplicate {
                 result,
                 payload_matches,
-                outbox,
+                outbox: recorded,
             }) => {
-                self.duplicate_sending(message, result, payload_matches, outbox)
+                // (The `duplicate-sends-own` mutant, for the simulator only,
+                // sends this run's messages instead of the recorded ones.)
+                let recorded = if crate::protocol::mutants::active("duplicate-sends-own") {
+                    outbox
+                } else {
+                    recorded
+                };
+                self.duplicate_sending(message, result, payload_matches, recorded)
                     .await
             }
             Ok(FastCommitted::InFlight {

@@ -66,6 +66,22 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             });
         };
         let secret = self.config.carry_secret.as_ref();
+        // (The `send-after-delete` mutant, for the simulator only, sends in
+        // the background and answers at once: the incoming message can be
+        // deleted before its messages are sent.)
+        if sending == Sending::Committed && crate::protocol::mutants::active("send-after-delete") {
+            let (dispatcher, store) = (dispatcher.clone(), self.store.clone());
+            let (pk, outbox, secret) = (pk.to_owned(), outbox.to_vec(), secret.cloned());
+            tokio::spawn(async move {
+                if dispatch(&*dispatcher, &pk, &outbox, secret.as_ref())
+                    .await
+                    .is_ok()
+                {
+                    let _ = store.mark_dispatched(&pk, &outbox).await;
+                }
+            });
+            return Ok(());
+        }
         if let Err(e) = dispatch(&**dispatcher, pk, outbox, secret).await {
             self.metrics.outbox_dispatch_failure();
             if e.is_refusal() {
