@@ -203,6 +203,12 @@ pub(crate) async fn forget(sdk: &aws_config::SdkConfig, args: &ForgetArgs) -> Re
             println!("no record for key {:?}: nothing to forget", k.key);
             Ok(())
         }
+        ops::Forgotten::Unsent(r) => Err(format!(
+            "not forgotten: {} holds {} message(s) its handler sent that are not yet sent; deleting it would lose them (the next delivery of the key sends them); use --force to delete it anyway",
+            r.pk,
+            r.outbox.len()
+        )
+        .into()),
         ops::Forgotten::InProgress(r) => Err(format!(
             "not forgotten: {} is IN_PROGRESS under a live claim until {} (a handler may be running); use --force to delete it anyway",
             r.pk,

@@ -105,6 +105,15 @@ pub fn describe_record(r: &Record, now: i64) -> String {
     if let Some(e) = &r.error {
         out.push(format!("error      {}", escape(e)));
     }
+    if !r.outbox.is_empty() {
+        let mut queues: Vec<&str> = r.outbox.iter().map(|o| o.queue_url.as_str()).collect();
+        queues.dedup();
+        out.push(format!(
+            "outbox     {} message(s) recorded, not yet sent (the next delivery or duplicate sends them), to {}",
+            r.outbox.len(),
+            escape(&queues.join(", "))
+        ));
+    }
     out.join("\n")
 }
 
@@ -160,12 +169,16 @@ pub enum Forgotten {
     Absent,
     /// Not deleted: a live claim holds it (use `force`).
     InProgress(Record),
+    /// Not deleted: it holds messages its handler sent that are not yet
+    /// sent; forgetting it would lose them (use `force`).
+    Unsent(Record),
 }
 
 /// Deletes the record whose key is `pk` (see [`record_key_of`]) so its event
 /// can be processed again. A record under a live claim is left alone unless
 /// `force` (its handler may be running: deleting it lets a second attempt
-/// start).
+/// start), and so is one holding messages not yet sent (the outbox: they
+/// would be lost).
 pub async fn forget(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -181,9 +194,11 @@ pub async fn forget(
     if !force {
         delete = delete
             .condition_expression(
-                "attribute_not_exists(pk) OR #status <> :in_progress OR lease_until < :now",
+                "(attribute_not_exists(pk) OR #status <> :in_progress OR lease_until < :now) \
+                 AND attribute_not_exists(#outbox)",
             )
             .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#outbox", "outbox")
             .expression_attribute_values(
                 ":in_progress",
                 AttributeValue::S(Status::InProgress.as_str().into()),
@@ -205,9 +220,11 @@ pub async fn forget(
                 e.as_service_error()
                 && let Some(item) = c.item()
             {
-                return Ok(Forgotten::InProgress(
-                    record_from_item(item).map_err(|e| malformed(&pk, e))?,
-                ));
+                let record = record_from_item(item).map_err(|e| malformed(&pk, e))?;
+                if !record.outbox.is_empty() {
+                    return Ok(Forgotten::Unsent(record));
+                }
+                return Ok(Forgotten::InProgress(record));
             }
             Err(OpsError::DeleteRecord {
                 pk,

@@ -281,6 +281,53 @@ async fn forget_refuses_a_live_claim_unless_forced() {
     assert_eq!(store.get(&pk).await.unwrap(), None);
 }
 
+#[tokio::test]
+async fn inspect_shows_unsent_messages_and_forget_refuses_to_lose_them_unless_forced() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    crate::common::binary("sqs-once");
+    let client = ddb().await;
+    let table = dedup_table(&client).await;
+    let store = DynamoStore::new(client.clone(), table.as_str());
+    let pk = sqs_once::key::record_key("ledger", "evt-sending");
+    let c = claim(&pk);
+    store.claim(&c).await.unwrap();
+    store
+        .complete(Completion {
+            pk: c.pk.clone(),
+            owner: c.owner.clone(),
+            result: None,
+            ttl: Duration::from_secs(3600),
+            writes: vec![],
+            outbox: vec![sqs_once::Outgoing::new(
+                "http://sqs.local/000000000000/paid",
+                "b",
+            )],
+        })
+        .await
+        .unwrap();
+    let args = ["--table", &table, "--consumer", "ledger"];
+    let r = cli(&[&["inspect", "evt-sending"][..], &args].concat()).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("1 message(s) recorded, not yet sent"),
+        "{}",
+        r.stdout
+    );
+    let r = cli(&[&["forget", "evt-sending"][..], &args].concat()).await;
+    assert!(!r.ok);
+    assert!(
+        r.stderr.contains("not yet sent") && r.stderr.contains("--force"),
+        "{}",
+        r.stderr
+    );
+    assert!(store.get(&pk).await.unwrap().is_some(), "still there");
+    let r = cli(&[&["forget", "evt-sending", "--force"][..], &args].concat()).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert_eq!(store.get(&pk).await.unwrap(), None);
+}
+
 /// Every message body in the queue, sorted, copies kept (a set would hide a
 /// message moved twice).
 async fn bodies(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<String> {
