@@ -680,6 +680,20 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             .await
     }
 
+    async fn send_batch(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let (inner, q, all) = (self.inner.clone(), queue.to_owned(), messages.clone());
+        self.late("SendMessageBatch", queue, async move {
+            let _ = inner.send_batch(&q, all).await;
+        })
+        .await?;
+        let f = self.inner.send_batch(queue, messages);
+        self.call("SendMessageBatch", queue, f).await
+    }
+
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
         self.call("GetQueueAttributes", queue, self.inner.attributes(queue))
             .await

@@ -199,6 +199,9 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
     let next_url = chained(seed).then(|| {
         let mut next = QueueSettings::new("sim-next");
         next.max_message_bytes = MAX_MESSAGE_BYTES;
+        // SQS's "might" here too: batch entries that fail alone, twin
+        // deliveries to the second stage.
+        next.might = scenario.might.model();
         queue
             .create_queue(next)
             .unwrap_or_else(|e| panic!("the simulator's next queue settings are valid: {e}"))
@@ -539,11 +542,24 @@ async fn second_stage(
     let processor = sqs_once::Processor::new(store, handler, config)
         .unwrap_or_else(|e| panic!("the second stage's config is valid: {e}"))
         .with_clock(clock);
-    let mut poller = sqs_once::PollerConfig::new(url);
-    poller.exit_when_idle = Some(Duration::from_secs(30));
+    let poller = sqs_once::PollerConfig::new(url);
     let token = tokio_util::sync::CancellationToken::new();
-    sqs_once::poller::run(world.queue.clone(), processor, poller, token).await;
-    let left = world.queue.counts(url).map_or(0, |c| c.stored());
+    let run = tokio::spawn(sqs_once::poller::run(
+        world.queue.clone(),
+        processor,
+        poller,
+        token.clone(),
+    ));
+    // Until its queue is empty (SQS may bring a deleted message back, or
+    // deliver one twice: duplicates to skip), or an hour.
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    let stored = || world.queue.counts(url).map_or(0, |c| c.stored());
+    while stored() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    token.cancel();
+    let _ = run.await;
+    let left = stored();
     let applied = applied.lock().unwrap_or_else(|e| e.into_inner()).clone();
     (applied, left)
 }

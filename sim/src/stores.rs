@@ -412,6 +412,17 @@ impl QueueClient for HostQueue {
         }
     }
 
+    async fn send_batch(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        match self {
+            Self::Memory(q) => q.send_batch(queue, messages).await,
+            Self::Wire(q) => q.send_batch(queue, messages).await,
+        }
+    }
+
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
         match self {
             Self::Memory(q) => q.attributes(queue).await,

@@ -1284,6 +1284,47 @@ impl QueueClient for MemoryQueue {
         self.send_with(queue, message, options).map(|_| ())
     }
 
+    async fn send_batch(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        const OP: &str = "SendMessageBatch";
+        Self::check_batch(OP, queue, messages.len())?;
+        let total: usize = messages
+            .iter()
+            .map(|m| payload_bytes(&m.body, &m.attributes))
+            .sum();
+        if total > crate::protocol::limits::SQS_MAX_BATCH_BYTES {
+            return Err(error(
+                OP,
+                queue,
+                "AWS.SimpleQueueService.BatchRequestTooLong",
+                format!(
+                    "{total} bytes in the batch; at most {}",
+                    crate::protocol::limits::SQS_MAX_BATCH_BYTES
+                ),
+            ));
+        }
+        let mut failed = Vec::new();
+        for (index, message) in messages.into_iter().enumerate() {
+            let drawn = {
+                let mut service = self.lock();
+                if !service.queues.contains_key(queue) {
+                    return Err(no_queue(OP, queue));
+                }
+                Self::entry_error(&mut service, OP, queue)
+            };
+            let options = SendOptions {
+                delay: message.delay,
+            };
+            if let Some(e) = drawn.or_else(|| self.send_with(queue, message, options).err()) {
+                failed.push(entry_failure(index, &e));
+            }
+        }
+        Ok(failed)
+    }
+
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
         let service = self.lock();
         let q = service

@@ -300,6 +300,36 @@ pub async fn a_batch_takes_at_most_ten_entries<F: Fixture>(f: &F) {
     q.delete(&url, &receipts[10]).await.unwrap();
 }
 
+/// `SendMessageBatch`: at most ten entries; an entry SQS refuses (an empty
+/// attribute value) fails alone, the others are sent, in their order.
+pub async fn a_send_batch_fails_a_refused_entry_alone<F: Fixture>(f: &F) {
+    let q = f.client();
+    let (url, _) = f.queue(Spec::default()).await;
+    let eleven: Vec<_> = (0..11).map(|i| plain(&format!("s{i}"))).collect();
+    assert!(
+        q.send_batch(&url, eleven).await.is_err(),
+        "11 entries accepted"
+    );
+    let mut bad = plain("bad");
+    bad.attributes
+        .insert("note".into(), sqs_once::Attribute::string(""));
+    let batch = vec![plain("s0"), bad, plain("s2")];
+    let failed = q.send_batch(&url, batch).await.unwrap();
+    assert_eq!(
+        failed.iter().map(|f| f.index).collect::<Vec<_>>(),
+        [1],
+        "{failed:?}"
+    );
+    let mut bodies = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bodies.len() < 2 && Instant::now() < deadline {
+        let got = q.receive(&url, req(10, 1, 60)).await.unwrap();
+        bodies.extend(got.iter().map(|m| m.body().to_owned()));
+    }
+    bodies.sort();
+    assert_eq!(bodies, ["s0", "s2"]);
+}
+
 /// SQS: "When you receive a message with a message group ID, no more messages
 /// for the same message group ID are returned unless you delete the message,
 /// or it becomes visible." Stock LocalStack re-opens the group when a later
@@ -433,6 +463,7 @@ macro_rules! queue_contract {
             a_send_above_the_maximum_size_fails,
             a_message_received_max_receive_count_times_moves_to_the_dlq,
             a_batch_takes_at_most_ten_entries,
+            a_send_batch_fails_a_refused_entry_alone,
             a_fifo_group_stays_blocked_while_any_of_its_messages_is_in_flight,
             a_fifo_group_does_not_block_another,
             a_fifo_send_with_a_seen_deduplication_id_is_delivered_once,
