@@ -117,15 +117,10 @@ fn send_entries(messages: Vec<OutgoingMessage>) -> Vec<SendMessageBatchRequestEn
         .into_iter()
         .enumerate()
         .map(|(i, message)| {
-            let attributes = message
-                .attributes
-                .iter()
-                .map(|(name, a)| (name.clone(), sdk_attribute(a)))
-                .collect();
             SendMessageBatchRequestEntry::builder()
                 .id(format!("m{i}"))
                 .message_body(message.body)
-                .set_message_attributes(Some(attributes))
+                .set_message_attributes(Some(sdk_attributes(&message.attributes)))
                 .set_message_group_id(message.group_id)
                 .set_message_deduplication_id(message.deduplication_id)
                 .set_delay_seconds(message.delay.map(delay_secs))
@@ -133,6 +128,16 @@ fn send_entries(messages: Vec<OutgoingMessage>) -> Vec<SendMessageBatchRequestEn
                 .build()
                 .expect("id and body set")
         })
+        .collect()
+}
+
+/// Message attributes as the SDK sends them.
+fn sdk_attributes(
+    attributes: &std::collections::BTreeMap<String, Attribute>,
+) -> HashMap<String, MessageAttributeValue> {
+    attributes
+        .iter()
+        .map(|(name, a)| (name.clone(), sdk_attribute(a)))
         .collect()
 }
 
@@ -276,15 +281,10 @@ impl QueueClient for Client {
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
-        let attributes = message
-            .attributes
-            .iter()
-            .map(|(name, a)| (name.clone(), sdk_attribute(a)))
-            .collect();
         self.send_message()
             .queue_url(queue)
             .message_body(message.body)
-            .set_message_attributes(Some(attributes))
+            .set_message_attributes(Some(sdk_attributes(&message.attributes)))
             .set_message_group_id(message.group_id)
             .set_message_deduplication_id(message.deduplication_id)
             .set_delay_seconds(message.delay.map(delay_secs))

@@ -288,18 +288,14 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         result: Option<StoredResult>,
         outbox: Vec<Outgoing>,
     ) -> Result<Outcome, HandlerError> {
-        let sent_early = self.dispatch_before_commit(message, &req.pk, &outbox).await;
+        let recorded = self.to_record(message, &req.pk, &outbox).await;
         let completion = Completion {
             pk: req.pk.clone(),
             owner: req.owner.clone(),
             result: result.clone(),
             ttl: self.config.ttl,
             writes: ctx.take_staged(),
-            outbox: if sent_early {
-                Vec::new()
-            } else {
-                outbox.clone()
-            },
+            outbox: recorded,
         };
         match self.store.complete(completion).await {
             Ok(()) => Ok(

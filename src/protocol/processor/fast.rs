@@ -104,7 +104,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     ) -> Outcome {
         let result = value.map(|v| self.bounded(&v));
         let pk = self.config.record_key(key);
-        let sent_early = self.dispatch_before_commit(message, &pk, &outbox).await;
+        let recorded = self.to_record(message, &pk, &outbox).await;
         let commit = FastCommit {
             pk: pk.clone(),
             owner: uuid::Uuid::new_v4().to_string(),
@@ -113,11 +113,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             result: result.clone(),
             ttl: self.config.ttl,
             writes: ctx.take_staged(),
-            outbox: if sent_early {
-                Vec::new()
-            } else {
-                outbox.clone()
-            },
+            outbox: recorded,
         };
         match self.store.commit_fast(commit).await {
             Ok(FastCommitted::Committed) => {

@@ -119,21 +119,26 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         Ok(())
     }
 
-    /// The `dispatch-before-commit` mutant (for the simulator only): sends
-    /// the messages before the commit that should come first, and records
-    /// none. Whether it sent them.
-    pub(super) async fn dispatch_before_commit(
+    /// The messages to record with the commit: all of them, except under
+    /// the `dispatch-before-commit` mutant (for the simulator only), which
+    /// sends them before the commit that should come first and records
+    /// none.
+    pub(super) async fn to_record(
         &self,
         message: &Message,
         pk: &str,
         outbox: &[Outgoing],
-    ) -> bool {
-        if outbox.is_empty() || !crate::protocol::mutants::active("dispatch-before-commit") {
-            return false;
+    ) -> Vec<Outgoing> {
+        if !outbox.is_empty()
+            && crate::protocol::mutants::active("dispatch-before-commit")
+            && self
+                .send_outbox(message, pk, outbox, Sending::Committed)
+                .await
+                .is_ok()
+        {
+            return Vec::new();
         }
-        self.send_outbox(message, pk, outbox, Sending::Committed)
-            .await
-            .is_ok()
+        outbox.to_vec()
     }
 
     /// A duplicate of completed work: its record's unsent messages sent
