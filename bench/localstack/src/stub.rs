@@ -9,7 +9,8 @@
 //! `ChangeMessageVisibility(Batch)`, `SendMessage`, `GetQueueAttributes`;
 //! `TransactWriteItems`, `UpdateItem`, `PutItem`, `GetItem`,
 //! `DescribeTable`, `DescribeTimeToLive`), each answer held back by the
-//! fixed delay (default 2 ms). The queue is filled with N ledger events
+//! fixed delay (default 2 ms). A receive answers only the system attributes
+//! it asked for, as SQS does. The queue is filled with N ledger events
 //! (default 20,000 messages, `RATE` of the events sent twice, default 0.3,
 //! shuffled with a fixed seed) before COMMAND starts; COMMAND gets
 //! `AWS_ENDPOINT_URL`, `QUEUE_URL`/`SQS_ONCE_QUEUE_URL`,
@@ -101,12 +102,35 @@ impl Stub {
         let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         tokio::time::sleep(self.delay).await;
         if let Some(op) = target.strip_prefix("AmazonSQS.") {
-            let a = self.sqs.handle(op, &request).await;
+            let mut a = self.sqs.handle(op, &request).await;
+            if op == "ReceiveMessage" {
+                only_asked_for(&request, &mut a.body);
+            }
             (a.status, a.body, a.query_error)
         } else {
             let op = target.rsplit_once('.').map_or(target, |(_, op)| op);
             let a = self.ddb.handle(op, &request);
             (a.status, a.body, None)
+        }
+    }
+}
+
+/// Keeps only the system attributes a receive asked for
+/// (`MessageSystemAttributeNames`, or `All`), as SQS answers.
+fn only_asked_for(request: &Value, body: &mut Value) {
+    let asked: Vec<&str> = ["MessageSystemAttributeNames", "AttributeNames"]
+        .iter()
+        .filter_map(|k| request.get(*k).and_then(Value::as_array))
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if asked.contains(&"All") {
+        return;
+    }
+    let messages = body.get_mut("Messages").and_then(Value::as_array_mut);
+    for m in messages.into_iter().flatten() {
+        if let Some(attrs) = m.get_mut("Attributes").and_then(Value::as_object_mut) {
+            attrs.retain(|k, _| asked.contains(&k.as_str()));
         }
     }
 }
