@@ -103,7 +103,8 @@ pub struct LogNormal {
 const Z99: f64 = 2.326_347_874;
 
 impl LogNormal {
-    const fn new(median_ms: f64, p99_ms: f64) -> Self {
+    /// Given by its median and 99th percentile, milliseconds.
+    pub const fn new(median_ms: f64, p99_ms: f64) -> Self {
         Self { median_ms, p99_ms }
     }
 
@@ -167,6 +168,22 @@ impl LatencyModel {
                 item,
             ],
         }
+    }
+
+    /// Every SQS call's distribution set to `d`.
+    pub fn with_sqs(mut self, d: LogNormal) -> Self {
+        for op in Op::ALL {
+            if op.index() < Op::TransactWriteItems.index() {
+                self.ops[op.index()] = d;
+            }
+        }
+        self
+    }
+
+    /// `TransactWriteItems`'s distribution set to `d`.
+    pub fn with_transaction(mut self, d: LogNormal) -> Self {
+        self.ops[Op::TransactWriteItems.index()] = d;
+        self
     }
 
     /// The distribution of `op`.

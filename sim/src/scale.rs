@@ -73,6 +73,8 @@ pub struct ScaleConfig {
     /// Messages sent per virtual second while the consumer runs (`None`: all
     /// in the queue at the start, a backlog).
     pub rate: Option<f64>,
+    /// The calls' latencies.
+    pub model: LatencyModel,
 }
 
 impl Default for ScaleConfig {
@@ -86,6 +88,7 @@ impl Default for ScaleConfig {
             handler: Duration::from_millis(5),
             seed: 1,
             rate: None,
+            model: LatencyModel::aws(),
         }
     }
 }
@@ -390,7 +393,7 @@ fn fill(config: &ScaleConfig) -> Services {
         url,
         store: MemoryStore::new(clock.clone()),
         clock,
-        latency: Latency::new(LatencyModel::aws(), config.seed),
+        latency: Latency::new(config.model.clone(), config.seed),
         handler_micros: Arc::default(),
         fed: std::sync::atomic::AtomicBool::new(to_send.is_empty()),
         to_send,

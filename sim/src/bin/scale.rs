@@ -6,15 +6,27 @@
 //! and the ledger checks; exits 1 if a ledger check fails.
 //!
 //! `scale [--pollers N] [--concurrency N] [--prefetch N] [--messages N] [--duplicates RATE]
-//! [--handler-ms MS] [--seed S] [--rate PER_S] [--only sqs-once,loop,best,best-held]`
+//! [--handler-ms MS] [--seed S] [--rate PER_S] [--sqs-ms MEDIAN,P99]
+//! [--transaction-ms MEDIAN,P99] [--only sqs-once,loop,best,best-held]`
 //! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
 //! sent twice, 5 ms handlers, seed 1). Build with `--release` for 1M.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use sqs_once_sim::latency::{LatencyModel, Op};
+use sqs_once_sim::latency::{LogNormal, Op};
 use sqs_once_sim::scale::{Consumer, RunReport, ScaleConfig, run};
+
+/// `MEDIAN,P99` in milliseconds.
+fn log_normal(value: &str) -> Result<LogNormal, String> {
+    let bad = || format!("{value}: expected MEDIAN,P99 (ms), P99 above MEDIAN");
+    let (m, p) = value.split_once(',').ok_or_else(bad)?;
+    let (m, p): (f64, f64) = (m.parse().map_err(|_| bad())?, p.parse().map_err(|_| bad())?);
+    if !(m > 0.0 && p > m) {
+        return Err(bad());
+    }
+    Ok(LogNormal::new(m, p))
+}
 
 fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
     let mut config = ScaleConfig::default();
@@ -38,6 +50,10 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
                 config.handler = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
             }
             "--seed" => config.seed = value.parse().map_err(|e| bad(&e))?,
+            "--sqs-ms" => config.model = config.model.clone().with_sqs(log_normal(&value)?),
+            "--transaction-ms" => {
+                config.model = config.model.clone().with_transaction(log_normal(&value)?);
+            }
             "--rate" => config.rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--only" => {
                 consumers = value
@@ -60,8 +76,7 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
     Ok((config, consumers))
 }
 
-fn print_model() {
-    let model = LatencyModel::aws();
+fn print_model(model: &sqs_once_sim::latency::LatencyModel) {
     println!("latency model (log-normal; ms):");
     for op in Op::ALL {
         let d = model.of(op);
@@ -128,7 +143,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    print_model();
+    print_model(&config.model);
     println!(
         "{} pollers x concurrency {} (prefetch {}), {} messages, {:.0}% of events sent twice, handler {:?}, seed {}, {}",
         config.pollers,
