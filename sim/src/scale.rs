@@ -75,6 +75,10 @@ pub struct ScaleConfig {
     pub rate: Option<f64>,
     /// The calls' latencies.
     pub model: LatencyModel,
+    /// A FIFO queue with this many message groups (events spread over them
+    /// by number), instead of a standard queue. sqs-once only: the loops do
+    /// not keep a group's order.
+    pub fifo_groups: Option<usize>,
 }
 
 impl Default for ScaleConfig {
@@ -89,6 +93,7 @@ impl Default for ScaleConfig {
             seed: 1,
             rate: None,
             model: LatencyModel::aws(),
+            fifo_groups: None,
         }
     }
 }
@@ -241,6 +246,8 @@ struct Services {
     sent: std::sync::Mutex<Vec<Option<Instant>>>,
     /// Whether every message has been sent.
     fed: std::sync::atomic::AtomicBool,
+    /// FIFO message groups, if the queue is FIFO.
+    groups: Option<usize>,
 }
 
 /// A time no run reaches: what is left then is stuck.
@@ -316,7 +323,7 @@ async fn feed(services: Arc<Services>, rate: f64) {
         let due = ((start.elapsed().as_secs_f64() * rate) as usize).min(services.to_send.len());
         while next < due {
             let event = services.to_send[next];
-            send(&services.queue, &services.url, event);
+            send(&services, next, event);
             let mut sent = services.sent.lock().unwrap_or_else(|e| e.into_inner());
             sent[event as usize].get_or_insert(Instant::now());
             next += 1;
@@ -375,44 +382,56 @@ fn shuffle(v: &mut [u32], rng: &mut StdRng) {
 /// rate), an empty store, the latencies.
 fn fill(config: &ScaleConfig) -> Services {
     let queue = MemoryQueue::new();
-    let mut settings = QueueSettings::new("scale");
+    let name = if config.fifo_groups.is_some() {
+        "scale.fifo"
+    } else {
+        "scale"
+    };
+    let mut settings = QueueSettings::new(name);
     settings.visibility_timeout = Duration::from_secs(30);
     let url = queue
         .create_queue(settings)
         .unwrap_or_else(|e| panic!("the scale queue's settings are valid: {e}"));
-    let order = send_order(config);
-    let to_send = if config.rate.is_some() {
-        order
-    } else {
-        order.iter().for_each(|e| send(&queue, &url, *e));
-        Vec::new()
-    };
     let clock = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
-    Services {
+    let mut services = Services {
         queue,
         url,
         store: MemoryStore::new(clock.clone()),
         clock,
         latency: Latency::new(config.model.clone(), config.seed),
         handler_micros: Arc::default(),
-        fed: std::sync::atomic::AtomicBool::new(to_send.is_empty()),
-        to_send,
+        fed: std::sync::atomic::AtomicBool::new(config.rate.is_none()),
+        to_send: send_order(config),
         sent: std::sync::Mutex::new(vec![None; config.events()]),
+        groups: config.fifo_groups,
+    };
+    if config.rate.is_none() {
+        for (i, e) in services.to_send.iter().enumerate() {
+            send(&services, i, *e);
+        }
+        services.to_send.clear();
     }
+    services
 }
 
-/// Sends `event`'s message.
-fn send(queue: &MemoryQueue, url: &str, event: u32) {
+/// Sends `event`'s message, the `nth` sent (on a FIFO queue: in its group,
+/// with a deduplication id of its own, so a copy is a second message).
+fn send(services: &Services, nth: usize, event: u32) {
     let message = OutgoingMessage {
         body: format!(
             r#"{{"id":"e{event}","account":"a{}","amount_cents":{}}}"#,
             event % 1000,
             100 + event % 9900
         ),
+        group_id: services
+            .groups
+            .map(|g| format!("g{}", event as usize % g.max(1))),
+        deduplication_id: services.groups.map(|_| format!("m{nth}")),
         ..Default::default()
     };
-    queue
-        .send_with(url, message, SendOptions::default())
+    services
+        .queue
+        .send_with(&services.url, message, SendOptions::default())
         .unwrap_or_else(|e| panic!("the scale queue takes every message: {e}"));
 }
 

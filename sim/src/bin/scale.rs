@@ -6,7 +6,7 @@
 //! and the ledger checks; exits 1 if a ledger check fails.
 //!
 //! `scale [--pollers N] [--concurrency N] [--prefetch N] [--messages N] [--duplicates RATE]
-//! [--handler-ms MS] [--seed S] [--rate PER_S] [--sqs-ms MEDIAN,P99]
+//! [--handler-ms MS] [--seed S] [--rate PER_S] [--fifo-groups N] [--sqs-ms MEDIAN,P99]
 //! [--transaction-ms MEDIAN,P99] [--only sqs-once,loop,best,best-held]`
 //! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
 //! sent twice, 5 ms handlers, seed 1). Build with `--release` for 1M.
@@ -54,6 +54,7 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
             "--transaction-ms" => {
                 config.model = config.model.clone().with_transaction(log_normal(&value)?);
             }
+            "--fifo-groups" => config.fifo_groups = Some(value.parse().map_err(|e| bad(&e))?),
             "--rate" => config.rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--only" => {
                 consumers = value
@@ -69,6 +70,9 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
             }
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if config.fifo_groups.is_some() && consumers != [Consumer::SqsOnce] {
+        return Err("--fifo-groups needs --only sqs-once (the loops keep no group order)".into());
     }
     if config.pollers == 0 || config.concurrency == 0 || config.messages == 0 {
         return Err("pollers, concurrency and messages must be above 0".into());
