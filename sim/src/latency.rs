@@ -103,7 +103,8 @@ pub struct LogNormal {
 const Z99: f64 = 2.326_347_874;
 
 impl LogNormal {
-    const fn new(median_ms: f64, p99_ms: f64) -> Self {
+    /// Given by its median and 99th percentile, milliseconds.
+    pub const fn new(median_ms: f64, p99_ms: f64) -> Self {
         Self { median_ms, p99_ms }
     }
 
@@ -169,6 +170,22 @@ impl LatencyModel {
         }
     }
 
+    /// Every SQS call's distribution set to `d`.
+    pub fn with_sqs(mut self, d: LogNormal) -> Self {
+        for op in Op::ALL {
+            if op.index() < Op::TransactWriteItems.index() {
+                self.ops[op.index()] = d;
+            }
+        }
+        self
+    }
+
+    /// `TransactWriteItems`'s distribution set to `d`.
+    pub fn with_transaction(mut self, d: LogNormal) -> Self {
+        self.ops[Op::TransactWriteItems.index()] = d;
+        self
+    }
+
     /// The distribution of `op`.
     pub fn of(&self, op: Op) -> LogNormal {
         self.ops[op.index()]
@@ -182,6 +199,9 @@ pub struct Calls {
     micros: [AtomicU64; 11],
     /// When the last `DeleteMessageBatch` or `DeleteMessage` answered.
     last_delete: Mutex<Option<Instant>>,
+    /// When each staged write committed, by the `pk` of its first write
+    /// (the scale run's ledger row: the event).
+    commits: Mutex<Vec<(String, Instant)>>,
 }
 
 impl Calls {
@@ -199,6 +219,27 @@ impl Calls {
     /// When the last delete answered.
     pub fn last_delete(&self) -> Option<Instant> {
         *self.last_delete.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every commit of staged writes: the first write's `pk` and when its
+    /// answer came back.
+    pub fn commits(&self) -> Vec<(String, Instant)> {
+        self.commits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn note_commit(&self, writes: &[StagedWrite]) {
+        let pk = writes
+            .first()
+            .and_then(|w| w.item.put())
+            .and_then(|p| p.item().get("pk"))
+            .and_then(|v| v.as_s().ok());
+        if let Some(pk) = pk {
+            let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
+            commits.push((pk.clone(), Instant::now()));
+        }
     }
 
     fn note(&self, op: Op, took: Duration) {
@@ -376,7 +417,12 @@ impl<S: DedupStore> DedupStore for LatentStore<S> {
         } else {
             Op::TransactWriteItems
         };
-        self.latency.call(op, self.inner.complete(c)).await
+        let writes = c.writes.clone();
+        let out = self.latency.call(op, self.inner.complete(c)).await;
+        if out.is_ok() {
+            self.latency.calls.note_commit(&writes);
+        }
+        out
     }
 
     async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
@@ -412,8 +458,13 @@ impl<S: DedupStore> DedupStore for LatentStore<S> {
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        let writes = c.writes.clone();
         let call = self.inner.commit_fast(c);
-        self.latency.call(Op::TransactWriteItems, call).await
+        let out = self.latency.call(Op::TransactWriteItems, call).await;
+        if matches!(out, Ok(FastCommitted::Committed)) {
+            self.latency.calls.note_commit(&writes);
+        }
+        out
     }
 
     async fn mark_dispatched(

@@ -2,10 +2,10 @@
 //! queue on one single-threaded runtime with paused time, every AWS call
 //! delayed by a latency from [`crate::latency`]'s model of published figures.
 //!
-//! Two consumers drain the same messages from a fresh [`MemoryQueue`] into a
+//! Each consumer drains the same messages from a fresh [`MemoryQueue`] into a
 //! fresh [`MemoryStore`], one run each:
 //! - [`Consumer::SqsOnce`]: `sqs_once::poller::run` as the library ships it,
-//!   `pollers` of them with `concurrency` slots each, a fast-path handler that
+//!   `pollers` of them with `concurrency` slots and `prefetch` each, a fast-path handler that
 //!   waits its handler time and stages the event's ledger row, committed with
 //!   the record in one transaction;
 //! - [`Consumer::Loop`]: the hand-written transactional loop of
@@ -13,7 +13,16 @@
 //!   workers that receive 10, run the same handler time for each message and
 //!   make one conditional transaction per message (the store's fast commit:
 //!   the record and the ledger row, or nothing for a duplicate), then delete
-//!   the batch.
+//!   the batch (the simple loop: it waits for its whole batch);
+//! - [`Consumer::BestLoop`] and [`Consumer::BestLoopHeld`]: the best-effort
+//!   hand-written loop (`scale/best.rs`: a slot freed per message, receives
+//!   ahead, deletes batched in the background), `pollers` of them, with
+//!   sqs-once's slots and messages held, or with as many slots as sqs-once
+//!   holds messages.
+//!
+//! Optionally the messages are sent at a fixed rate while the consumer runs
+//! (`rate`) instead of all queued at the start; either way each event's time
+//! from its first send to its commit is measured.
 //!
 //! Each run is checked: every event's ledger row committed exactly once and
 //! nothing left in the queue.
@@ -39,6 +48,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::latency::{Latency, LatencyModel, LatentQueue, LatentStore, Op};
 
+mod best;
+pub use best::{BATCH_WAIT, Places};
+
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScaleConfig {
@@ -46,6 +58,9 @@ pub struct ScaleConfig {
     pub pollers: usize,
     /// Handler slots per poller.
     pub concurrency: usize,
+    /// Messages sqs-once's poller (and the best-effort loop) receive ahead
+    /// beyond the running ones, per poller.
+    pub prefetch: usize,
     /// Messages in the queue at the start.
     pub messages: usize,
     /// Events sent twice, as a fraction of the events (0.1: 10% of events
@@ -55,6 +70,15 @@ pub struct ScaleConfig {
     pub handler: Duration,
     /// Seeds the order of the messages and the latencies.
     pub seed: u64,
+    /// Messages sent per virtual second while the consumer runs (`None`: all
+    /// in the queue at the start, a backlog).
+    pub rate: Option<f64>,
+    /// The calls' latencies.
+    pub model: LatencyModel,
+    /// A FIFO queue with this many message groups (events spread over them
+    /// by number), instead of a standard queue. sqs-once only: the loops do
+    /// not keep a group's order.
+    pub fifo_groups: Option<usize>,
 }
 
 impl Default for ScaleConfig {
@@ -62,10 +86,14 @@ impl Default for ScaleConfig {
         Self {
             pollers: 100,
             concurrency: 10,
+            prefetch: 10,
             messages: 1_000_000,
             duplicate_rate: 0.1,
             handler: Duration::from_millis(5),
             seed: 1,
+            rate: None,
+            model: LatencyModel::aws(),
+            fifo_groups: None,
         }
     }
 }
@@ -85,6 +113,12 @@ pub enum Consumer {
     SqsOnce,
     /// The hand-written transactional loop.
     Loop,
+    /// The best-effort hand-written loop at sqs-once's slots (concurrency per
+    /// poller) and messages held (concurrency + prefetch).
+    BestLoop,
+    /// The best-effort loop given as many slots as sqs-once holds messages
+    /// (concurrency + prefetch per poller, all of them running).
+    BestLoopHeld,
 }
 
 impl Consumer {
@@ -93,6 +127,16 @@ impl Consumer {
         match self {
             Consumer::SqsOnce => "sqs-once",
             Consumer::Loop => "hand-written loop",
+            Consumer::BestLoop => "best-effort loop (equal slots)",
+            Consumer::BestLoopHeld => "best-effort loop (equal messages held)",
+        }
+    }
+
+    /// Handler slots of the run.
+    pub fn slots(self, config: &ScaleConfig) -> usize {
+        match self {
+            Consumer::BestLoopHeld => config.pollers * (config.concurrency + config.prefetch),
+            _ => slots(config),
         }
     }
 }
@@ -148,6 +192,9 @@ pub struct RunReport {
     pub duplicates: u64,
     /// The ledger check.
     pub ledger: Ledger,
+    /// Each event's time from its first send until its ledger row committed:
+    /// p50, p99 and the largest, milliseconds.
+    pub commit_latency_ms: [f64; 3],
 }
 
 impl RunReport {
@@ -193,6 +240,14 @@ struct Services {
     clock: Arc<TokioClock>,
     latency: Latency,
     handler_micros: Arc<AtomicU64>,
+    /// The send order, when the queue is fed while the consumer runs.
+    to_send: Vec<u32>,
+    /// Each event's first send.
+    sent: std::sync::Mutex<Vec<Option<Instant>>>,
+    /// Whether every message has been sent.
+    fed: std::sync::atomic::AtomicBool,
+    /// FIFO message groups, if the queue is FIFO.
+    groups: Option<usize>,
 }
 
 /// A time no run reaches: what is left then is stuck.
@@ -215,9 +270,24 @@ pub fn run(config: &ScaleConfig, consumer: Consumer) -> std::io::Result<RunRepor
 async fn drain(config: &ScaleConfig, consumer: Consumer) -> RunReport {
     let services = Arc::new(fill(config));
     let start = Instant::now();
+    if let Some(rate) = config.rate {
+        tokio::spawn(feed(services.clone(), rate));
+    } else {
+        let mut sent = services.sent.lock().unwrap_or_else(|e| e.into_inner());
+        sent.iter_mut().for_each(|t| *t = Some(start));
+    }
     let duplicates = match consumer {
         Consumer::SqsOnce => sqs_once(config, &services).await,
         Consumer::Loop => hand_loop(config, &services).await,
+        Consumer::BestLoop | Consumer::BestLoopHeld => {
+            let held = config.concurrency + config.prefetch;
+            let slots = if consumer == Consumer::BestLoop {
+                config.concurrency
+            } else {
+                held
+            };
+            best::run(config, &services, best::Places { slots, held }).await
+        }
     };
     let end = services.latency.calls().last_delete().unwrap_or(start);
     let calls = services.latency.calls();
@@ -236,10 +306,52 @@ async fn drain(config: &ScaleConfig, consumer: Consumer) -> RunReport {
             .map(|op| calls.seconds(*op))
             .sum(),
         handler_secs: services.handler_micros.load(Ordering::Relaxed) as f64 / 1e6,
-        slots: slots(config),
+        slots: consumer.slots(config),
         duplicates,
         ledger: ledger(&services, config.events()),
+        commit_latency_ms: commit_latency(&services),
     }
+}
+
+/// Sends the queue's messages at `rate` per virtual second, in 1 ms ticks.
+async fn feed(services: Arc<Services>, rate: f64) {
+    let start = Instant::now();
+    let mut next = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    while next < services.to_send.len() {
+        tick.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * rate) as usize).min(services.to_send.len());
+        while next < due {
+            let event = services.to_send[next];
+            send(&services, next, event);
+            let mut sent = services.sent.lock().unwrap_or_else(|e| e.into_inner());
+            sent[event as usize].get_or_insert(Instant::now());
+            next += 1;
+        }
+    }
+    services.fed.store(true, Ordering::Relaxed);
+}
+
+/// p50, p99 and the largest of each event's first send until its commit, ms.
+fn commit_latency(services: &Services) -> [f64; 3] {
+    let sent = services.sent.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ms: Vec<f64> = services
+        .latency
+        .calls()
+        .commits()
+        .iter()
+        .filter_map(|(pk, at)| {
+            let event: usize = pk.strip_prefix('e')?.parse().ok()?;
+            let from = (*sent.get(event)?)?;
+            Some(at.duration_since(from).as_secs_f64() * 1e3)
+        })
+        .collect();
+    if ms.is_empty() {
+        return [0.0; 3];
+    }
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
+    [at(0.5), at(0.99), ms[ms.len() - 1]]
 }
 
 fn slots(config: &ScaleConfig) -> usize {
@@ -266,36 +378,61 @@ fn shuffle(v: &mut [u32], rng: &mut StdRng) {
     }
 }
 
-/// A queue holding the run's messages, an empty store, the latencies.
+/// A queue holding the run's messages (none yet when they are fed at a
+/// rate), an empty store, the latencies.
 fn fill(config: &ScaleConfig) -> Services {
     let queue = MemoryQueue::new();
-    let mut settings = QueueSettings::new("scale");
+    let name = if config.fifo_groups.is_some() {
+        "scale.fifo"
+    } else {
+        "scale"
+    };
+    let mut settings = QueueSettings::new(name);
     settings.visibility_timeout = Duration::from_secs(30);
     let url = queue
         .create_queue(settings)
         .unwrap_or_else(|e| panic!("the scale queue's settings are valid: {e}"));
-    for event in send_order(config) {
-        let message = OutgoingMessage {
-            body: format!(
-                r#"{{"id":"e{event}","account":"a{}","amount_cents":{}}}"#,
-                event % 1000,
-                100 + event % 9900
-            ),
-            ..Default::default()
-        };
-        queue
-            .send_with(&url, message, SendOptions::default())
-            .unwrap_or_else(|e| panic!("the scale queue takes every message: {e}"));
-    }
     let clock = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
-    Services {
+    let mut services = Services {
         queue,
         url,
         store: MemoryStore::new(clock.clone()),
         clock,
-        latency: Latency::new(LatencyModel::aws(), config.seed),
+        latency: Latency::new(config.model.clone(), config.seed),
         handler_micros: Arc::default(),
+        fed: std::sync::atomic::AtomicBool::new(config.rate.is_none()),
+        to_send: send_order(config),
+        sent: std::sync::Mutex::new(vec![None; config.events()]),
+        groups: config.fifo_groups,
+    };
+    if config.rate.is_none() {
+        for (i, e) in services.to_send.iter().enumerate() {
+            send(&services, i, *e);
+        }
+        services.to_send.clear();
     }
+    services
+}
+
+/// Sends `event`'s message, the `nth` sent (on a FIFO queue: in its group,
+/// with a deduplication id of its own, so a copy is a second message).
+fn send(services: &Services, nth: usize, event: u32) {
+    let message = OutgoingMessage {
+        body: format!(
+            r#"{{"id":"e{event}","account":"a{}","amount_cents":{}}}"#,
+            event % 1000,
+            100 + event % 9900
+        ),
+        group_id: services
+            .groups
+            .map(|g| format!("g{}", event as usize % g.max(1))),
+        deduplication_id: services.groups.map(|_| format!("m{nth}")),
+        ..Default::default()
+    };
+    services
+        .queue
+        .send_with(&services.url, message, SendOptions::default())
+        .unwrap_or_else(|e| panic!("the scale queue takes every message: {e}"));
 }
 
 /// Waits until the queue holds nothing (or [`GIVE_UP_AFTER`]).
@@ -303,7 +440,7 @@ async fn until_empty(services: &Services) {
     let deadline = Instant::now() + GIVE_UP_AFTER;
     while Instant::now() < deadline {
         let counts = services.queue.counts(&services.url);
-        if counts.is_none_or(|c| c.stored() == 0) {
+        if services.fed.load(Ordering::Relaxed) && counts.is_none_or(|c| c.stored() == 0) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -373,6 +510,7 @@ async fn sqs_once(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
             let queue = LatentQueue::new(services.queue.clone(), latency);
             let mut poller = PollerConfig::new(&services.url);
             poller.concurrency = config.concurrency;
+            poller.prefetch = config.prefetch;
             poller.drain = Duration::from_secs(1);
             tokio::spawn(sqs_once::poller::run(
                 queue,
@@ -399,13 +537,7 @@ async fn hand_loop(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
     let duplicates = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..slots(config).div_ceil(10).max(1))
         .map(|_| {
-            let worker = LoopWorker {
-                services: services.clone(),
-                queue: LatentQueue::new(services.queue.clone(), services.latency.clone()),
-                store: LatentStore::new(services.store.clone(), services.latency.clone()),
-                took: config.handler,
-                duplicates: duplicates.clone(),
-            };
+            let worker = LoopWorker::new(config, services, &duplicates);
             tokio::spawn(worker.run(stop.clone()))
         })
         .collect();
@@ -427,6 +559,20 @@ struct LoopWorker {
 }
 
 impl LoopWorker {
+    fn new(config: &ScaleConfig, services: &Arc<Services>, duplicates: &Arc<AtomicU64>) -> Self {
+        Self {
+            services: services.clone(),
+            queue: LatentQueue::new(services.queue.clone(), services.latency.clone()),
+            store: LatentStore::new(services.store.clone(), services.latency.clone()),
+            took: config.handler,
+            duplicates: duplicates.clone(),
+        }
+    }
+
+    fn url(&self) -> String {
+        self.services.url.clone()
+    }
+
     /// Receive 10 (20 s long poll), handle them all at once, delete the
     /// batch; until stopped.
     async fn run(self, stop: CancellationToken) {

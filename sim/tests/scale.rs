@@ -15,6 +15,7 @@ fn small() -> ScaleConfig {
         duplicate_rate: 0.1,
         handler: Duration::from_millis(5),
         seed: 3,
+        ..ScaleConfig::default()
     }
 }
 
@@ -68,6 +69,37 @@ fn the_hand_written_loop_applies_every_event_once_with_a_tenth_receive_per_messa
         assert!((0.1..=0.11).contains(&n), "{n} {} per message", op.name());
     }
     assert_only_fast_path_calls(&r);
+}
+
+#[test]
+fn the_best_effort_loop_applies_every_event_once_with_the_fast_path_calls() {
+    for consumer in [Consumer::BestLoop, Consumer::BestLoopHeld] {
+        let r = run(&small(), consumer).expect("runtime");
+        assert!(r.ledger.ok(), "{}: {:?}", consumer.name(), r.ledger);
+        assert_eq!(r.duplicates, 455);
+        assert_eq!(r.per_message(Op::TransactWriteItems), 1.0);
+        for op in [Op::ReceiveMessage, Op::DeleteMessageBatch] {
+            let n = r.per_message(op);
+            assert!((0.1..=0.2).contains(&n), "{n} {} per message", op.name());
+        }
+        assert_only_fast_path_calls(&r);
+    }
+}
+
+#[test]
+fn messages_sent_at_a_rate_are_all_applied_and_their_latency_measured() {
+    let config = ScaleConfig {
+        rate: Some(2_000.0),
+        ..small()
+    };
+    let r = run(&config, Consumer::SqsOnce).expect("runtime");
+    assert!(r.ledger.ok(), "{:?}", r.ledger);
+    let [p50, p99, max] = r.commit_latency_ms;
+    assert!(
+        0.0 < p50 && p50 <= p99 && p99 <= max,
+        "{:?}",
+        r.commit_latency_ms
+    );
 }
 
 #[test]

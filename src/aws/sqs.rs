@@ -62,8 +62,21 @@ fn failures(failed: &[BatchResultErrorEntry], entries: usize) -> Vec<EntryFailur
         .collect()
 }
 
-/// Converts a received SQS message (received with all system and message
-/// attributes); `None` (logged) for one without id or receipt handle.
+/// The system attributes a receive asks for: those [`to_message`] reads, no
+/// more (`All` would add `SentTimestamp`, `SenderId`,
+/// `ApproximateFirstReceiveTimestamp`, `SequenceNumber`, ... to every
+/// message, to be parsed and dropped). Message attributes are all asked for:
+/// key sources, trace contexts and carried keys read them, and a parked or
+/// retried copy carries them on.
+const RECEIVED_SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 4] = [
+    MessageSystemAttributeName::ApproximateReceiveCount,
+    MessageSystemAttributeName::MessageGroupId,
+    MessageSystemAttributeName::MessageDeduplicationId,
+    MessageSystemAttributeName::AwsTraceHeader,
+];
+
+/// Converts a received SQS message (received with the system attributes of
+/// [`RECEIVED_SYSTEM_ATTRIBUTES`] and all message attributes); `None` (logged) for one without id or receipt handle.
 pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
         error!("received a message without id or receipt handle; left to its visibility timeout");
@@ -210,7 +223,7 @@ impl QueueClient for Client {
             .visibility_timeout(visibility_secs(request.visibility))
             .max_number_of_messages(i32::try_from(request.max.clamp(1, 10)).unwrap_or(10))
             .wait_time_seconds(i32::try_from(request.wait.as_secs().min(20)).unwrap_or(20))
-            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .set_message_system_attribute_names(Some(RECEIVED_SYSTEM_ATTRIBUTES.to_vec()))
             .message_attribute_names("All")
             .send()
             .await

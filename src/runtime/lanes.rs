@@ -14,12 +14,14 @@ use crate::Message;
 use crate::protocol::config::ProcessorConfig;
 
 /// The lane a message belongs to: its group on a FIFO queue, else its dedup
-/// key; `None` when it has none (it then runs in a lane of its own).
+/// key; `None` when it has none (it then runs in a lane of its own). A batch
+/// is split on one kind only (`fifo` is the queue's), so the name needs no
+/// prefix to keep groups and keys apart.
 pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> Option<String> {
     if fifo {
-        Some(format!("group:{}", message.group_id().unwrap_or_default()))
+        Some(message.group_id().unwrap_or_default().to_owned())
     } else {
-        keys.dedup_key(message).ok().map(|key| format!("key:{key}"))
+        keys.dedup_key(message).ok()
     }
 }
 

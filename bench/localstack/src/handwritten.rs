@@ -11,6 +11,9 @@
 //!   one `DeleteMessageBatch` for the batch. It makes the same calls per message
 //!   as sqs-once's fast path, without leases, heartbeats, parking, FIFO lanes or
 //!   shutdown handling.
+//! - `BENCH_LOOP=best`: the same transaction per message in the best-effort
+//!   loop of `best.rs` (a slot freed per message, receives ahead, deletes
+//!   batched in the background).
 //! - `BENCH_LOOP=plain`: no dedup at all. Receive 10, one `UpdateItem` each,
 //!   delete the batch (duplicates are applied again).
 //!
@@ -31,6 +34,8 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message};
 use serde_json::{Value, json};
+
+mod best;
 
 /// What the workers count.
 #[derive(Default)]
@@ -85,9 +90,9 @@ async fn main() {
         dedup_table: env("DEDUP_TABLE", ""),
         consumer: env("CONSUMER", "bench"),
         transactional: match mode.as_str() {
-            "transactional" => true,
+            "transactional" | "best" => true,
             "plain" => false,
-            other => panic!("BENCH_LOOP={other}: transactional or plain"),
+            other => panic!("BENCH_LOOP={other}: transactional, best or plain"),
         },
         wait_secs: env("WAIT_SECS", "1").parse().expect("WAIT_SECS"),
         counts: Counts::default(),
@@ -96,11 +101,15 @@ async fn main() {
         !l.transactional || !l.dedup_table.is_empty(),
         "DEDUP_TABLE is required"
     );
-    let workers: Vec<_> = (0..concurrency.div_ceil(10).max(1))
-        .map(|_| tokio::spawn(l.clone().worker()))
-        .collect();
-    for w in workers {
-        w.await.expect("worker");
+    if mode == "best" {
+        best::run(l.clone(), concurrency).await;
+    } else {
+        let workers: Vec<_> = (0..concurrency.div_ceil(10).max(1))
+            .map(|_| tokio::spawn(l.clone().worker()))
+            .collect();
+        for w in workers {
+            w.await.expect("worker");
+        }
     }
     let c = &l.counts;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -1,23 +1,41 @@
-//! At scale, in virtual time: the library's pollers and
-//! the hand-written transactional loop drain the same messages, one after
-//! the other, each on its own paused runtime, every AWS call delayed by the
+//! At scale, in virtual time: the library's pollers, the simple
+//! hand-written transactional loop and the best-effort hand-written loop (at
+//! equal slots and at equal messages held) drain the same messages, one
+//! after the other, each on its own paused runtime, every AWS call delayed by the
 //! latency model of `sqs_once_sim::latency`. Prints both runs, their ratios
 //! and the ledger checks; exits 1 if a ledger check fails.
 //!
-//! `scale [--pollers N] [--concurrency N] [--messages N] [--duplicates RATE]
-//! [--handler-ms MS] [--seed S] [--only sqs-once|loop]`
+//! `scale [--pollers N] [--concurrency N] [--prefetch N] [--messages N] [--duplicates RATE]
+//! [--handler-ms MS] [--seed S] [--rate PER_S] [--fifo-groups N] [--sqs-ms MEDIAN,P99]
+//! [--transaction-ms MEDIAN,P99] [--only sqs-once,loop,best,best-held]`
 //! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
 //! sent twice, 5 ms handlers, seed 1). Build with `--release` for 1M.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use sqs_once_sim::latency::{LatencyModel, Op};
+use sqs_once_sim::latency::{LogNormal, Op};
 use sqs_once_sim::scale::{Consumer, RunReport, ScaleConfig, run};
+
+/// `MEDIAN,P99` in milliseconds.
+fn log_normal(value: &str) -> Result<LogNormal, String> {
+    let bad = || format!("{value}: expected MEDIAN,P99 (ms), P99 above MEDIAN");
+    let (m, p) = value.split_once(',').ok_or_else(bad)?;
+    let (m, p): (f64, f64) = (m.parse().map_err(|_| bad())?, p.parse().map_err(|_| bad())?);
+    if !(m > 0.0 && p > m) {
+        return Err(bad());
+    }
+    Ok(LogNormal::new(m, p))
+}
 
 fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
     let mut config = ScaleConfig::default();
-    let mut consumers = vec![Consumer::SqsOnce, Consumer::Loop];
+    let mut consumers = vec![
+        Consumer::SqsOnce,
+        Consumer::Loop,
+        Consumer::BestLoop,
+        Consumer::BestLoopHeld,
+    ];
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -25,21 +43,36 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
         match flag.as_str() {
             "--pollers" => config.pollers = value.parse().map_err(|e| bad(&e))?,
             "--concurrency" => config.concurrency = value.parse().map_err(|e| bad(&e))?,
+            "--prefetch" => config.prefetch = value.parse().map_err(|e| bad(&e))?,
             "--messages" => config.messages = value.parse().map_err(|e| bad(&e))?,
             "--duplicates" => config.duplicate_rate = value.parse().map_err(|e| bad(&e))?,
             "--handler-ms" => {
                 config.handler = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
             }
             "--seed" => config.seed = value.parse().map_err(|e| bad(&e))?,
+            "--sqs-ms" => config.model = config.model.clone().with_sqs(log_normal(&value)?),
+            "--transaction-ms" => {
+                config.model = config.model.clone().with_transaction(log_normal(&value)?);
+            }
+            "--fifo-groups" => config.fifo_groups = Some(value.parse().map_err(|e| bad(&e))?),
+            "--rate" => config.rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--only" => {
-                consumers = match value.as_str() {
-                    "sqs-once" => vec![Consumer::SqsOnce],
-                    "loop" => vec![Consumer::Loop],
-                    _ => return Err(bad(&"sqs-once or loop")),
-                }
+                consumers = value
+                    .split(',')
+                    .map(|c| match c {
+                        "sqs-once" => Ok(Consumer::SqsOnce),
+                        "loop" => Ok(Consumer::Loop),
+                        "best" => Ok(Consumer::BestLoop),
+                        "best-held" => Ok(Consumer::BestLoopHeld),
+                        _ => Err(bad(&"sqs-once, loop, best or best-held (comma-separated)")),
+                    })
+                    .collect::<Result<_, _>>()?;
             }
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if config.fifo_groups.is_some() && consumers != [Consumer::SqsOnce] {
+        return Err("--fifo-groups needs --only sqs-once (the loops keep no group order)".into());
     }
     if config.pollers == 0 || config.concurrency == 0 || config.messages == 0 {
         return Err("pollers, concurrency and messages must be above 0".into());
@@ -47,8 +80,7 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
     Ok((config, consumers))
 }
 
-fn print_model() {
-    let model = LatencyModel::aws();
+fn print_model(model: &sqs_once_sim::latency::LatencyModel) {
     println!("latency model (log-normal; ms):");
     for op in Op::ALL {
         let d = model.of(op);
@@ -92,6 +124,8 @@ fn print_run(r: &RunReport) {
             r.per_message(*op)
         );
     }
+    let [p50, p99, max] = r.commit_latency_ms;
+    println!("  first send to commit: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
     let l = &r.ledger;
     println!(
         "  ledger: {} of {} events applied exactly once, {} missing, {} more than once, {} foreign rows, {} messages left in the queue: {}",
@@ -113,15 +147,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    print_model();
+    print_model(&config.model);
     println!(
-        "{} pollers x concurrency {}, {} messages, {:.0}% of events sent twice, handler {:?}, seed {}",
+        "{} pollers x concurrency {} (prefetch {}), {} messages, {:.0}% of events sent twice, handler {:?}, seed {}, {}",
         config.pollers,
         config.concurrency,
+        config.prefetch,
         config.messages,
         config.duplicate_rate * 100.0,
         config.handler,
-        config.seed
+        config.seed,
+        config
+            .rate
+            .map_or("all queued at the start".into(), |r| format!(
+                "sent at {r} per second"
+            ))
     );
     let mut reports = Vec::new();
     for consumer in consumers {
@@ -136,13 +176,16 @@ fn main() -> ExitCode {
             }
         }
     }
-    if let [ours, theirs] = &reports[..] {
-        println!(
-            "sqs-once / loop: throughput {:.3}x, calls per message {:.3}x, slot use {:.3}x",
-            ours.throughput() / theirs.throughput(),
-            ours.calls_per_message() / theirs.calls_per_message(),
-            ours.slot_use() / theirs.slot_use()
-        );
+    if let Some(ours) = reports.iter().find(|r| r.consumer == Consumer::SqsOnce) {
+        for theirs in reports.iter().filter(|r| r.consumer != Consumer::SqsOnce) {
+            println!(
+                "sqs-once / {}: throughput {:.3}x, calls per message {:.3}x, slot use {:.3}x",
+                theirs.consumer.name(),
+                ours.throughput() / theirs.throughput(),
+                ours.calls_per_message() / theirs.calls_per_message(),
+                ours.slot_use() / theirs.slot_use()
+            );
+        }
     }
     if reports.iter().all(|r| r.ledger.ok()) {
         ExitCode::SUCCESS
