@@ -286,9 +286,8 @@ struct ContextInner {
     attempt: u32,
     max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
-    /// Messages sent, the first one refused (which fails the message), and
-    /// whether the outbox was taken (a send after that is refused).
-    outbox: Mutex<(Vec<Outgoing>, Option<OutboxError>, bool)>,
+    /// What the handler sent.
+    outbox: Mutex<Sent>,
     cancelled: CancellationToken,
     /// The message's span (current when the processor makes the context).
     span: tracing::Span,
@@ -300,6 +299,17 @@ struct ContextInner {
     /// claim's local lease end, the message's visibility end (each as the
     /// runtime keeps it, moved by the heartbeat; `None` while not known).
     ends: Mutex<Vec<tokio::sync::watch::Receiver<Option<tokio::time::Instant>>>>,
+}
+
+/// What a handler sent through its [`Context`].
+#[derive(Debug, Default)]
+struct Sent {
+    /// The messages, in order.
+    messages: Vec<Outgoing>,
+    /// The first one refused: the incoming message fails with it.
+    refused: Option<OutboxError>,
+    /// Whether the processor took them (a send after that is refused).
+    taken: bool,
 }
 
 tokio::task_local! {
@@ -337,7 +347,7 @@ impl Context {
                 attempt,
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
-                outbox: Mutex::new((Vec::new(), None, false)),
+                outbox: Mutex::default(),
                 cancelled: CancellationToken::new(),
                 span: tracing::Span::current(),
                 receive_count: message.receive_count(),
@@ -428,17 +438,17 @@ impl Context {
             self.inner.dedup_key.as_deref(),
         );
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
-        if outbox.2 {
+        if outbox.taken {
             tracing::error!(queue = %message.queue_url, "a message sent after the handler returned (from a task it left running) is dropped: send before returning");
             return Err(HandlerError::permanent(OutboxError::AfterReturn));
         }
         match message.check(id_bytes) {
             Ok(()) => {
-                outbox.0.push(message);
+                outbox.messages.push(message);
                 Ok(())
             }
             Err(e) => {
-                outbox.1.get_or_insert_with(|| e.clone());
+                outbox.refused.get_or_insert_with(|| e.clone());
                 Err(HandlerError::permanent(e))
             }
         }
@@ -513,11 +523,11 @@ impl Context {
     /// The messages sent, or the first refusal.
     pub(crate) fn take_outbox(&self) -> Result<Vec<Outgoing>, OutboxError> {
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
-        outbox.2 = true;
-        if let Some(e) = outbox.1.take() {
+        outbox.taken = true;
+        if let Some(e) = outbox.refused.take() {
             return Err(e);
         }
-        let sent = std::mem::take(&mut outbox.0);
+        let sent = std::mem::take(&mut outbox.messages);
         check_outbox(&sent)?;
         Ok(sent)
     }

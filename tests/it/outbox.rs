@@ -22,6 +22,7 @@ use sqs_once::{
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{carry_secret, ddb, dedup_table, depth, queues, send_all, sqs};
+use sqs_once_cli::setup::QueuePair;
 
 type Counts = Arc<Mutex<HashMap<String, u32>>>;
 
@@ -160,48 +161,87 @@ fn exactly_once(counts: &Counts, n: usize) {
     );
 }
 
+/// Two stages on LocalStack: A's queue, B's queue, one dedup table, and
+/// the counts of A's handler runs and B's effects.
+struct Pipeline {
+    sqs: aws_sdk_sqs::Client,
+    ddb: aws_sdk_dynamodb::Client,
+    a: QueuePair,
+    b: QueuePair,
+    table: String,
+    runs: Counts,
+    applied: Counts,
+}
+
+impl Pipeline {
+    /// Fresh resources (A's queue with this visibility), `bodies` sent to A.
+    async fn new(a_visibility: u64, bodies: &[String]) -> Self {
+        let (sqs, ddb) = (sqs().await, ddb().await);
+        let a = queues(&sqs, false, a_visibility).await;
+        let b = queues(&sqs, false, 5).await;
+        let table = dedup_table(&ddb).await;
+        send_all(&sqs, &a.queue_url, bodies).await;
+        Self {
+            sqs,
+            ddb,
+            a,
+            b,
+            table,
+            runs: Counts::default(),
+            applied: Counts::default(),
+        }
+    }
+
+    fn store(&self) -> DynamoStore {
+        DynamoStore::new(self.ddb.clone(), self.table.as_str())
+    }
+
+    fn stage_a(&self) -> impl Handler + use<> {
+        stage_a(self.b.queue_url.clone(), self.runs.clone())
+    }
+
+    /// Runs `a` on A's queue and stage B on B's until `n` events reached B
+    /// and both queues are empty (within `secs`); A's run.
+    async fn run_until_drained<H: Handler>(
+        &self,
+        a: Processor<DynamoStore, H>,
+        n: usize,
+        secs: u64,
+    ) -> sqs_once::poller::RunStats {
+        let pb = Processor::new(self.store(), stage_b(self.applied.clone()), b_config()).unwrap();
+        let stop = CancellationToken::new();
+        let (sqs, a_url, b_url) = (&self.sqs, &self.a.queue_url, &self.b.queue_url);
+        let ra = tokio::spawn(run(sqs.clone(), a, poller_config(a_url), stop.clone()));
+        let rb = tokio::spawn(run(sqs.clone(), pb, poller_config(b_url), stop.clone()));
+        until(
+            "the events reached B and both queues drained",
+            secs,
+            async || {
+                self.applied.lock().unwrap().len() == n
+                    && depth(sqs, a_url).await == 0
+                    && depth(sqs, b_url).await == 0
+            },
+        )
+        .await;
+        stop.cancel();
+        let stats = ra.await.unwrap();
+        rb.await.unwrap();
+        stats
+    }
+}
+
 #[tokio::test]
 async fn a_two_stage_pipeline_of_pollers_applies_each_event_once_downstream() {
     if !crate::common::localstack_up().await {
         return;
     }
-    let (sqs, ddb) = (sqs().await, ddb().await);
-    let (a, b) = (queues(&sqs, false, 5).await, queues(&sqs, false, 5).await);
-    let table = dedup_table(&ddb).await;
-    let (runs, applied): (Counts, Counts) = Default::default();
-    send_all(&sqs, &a.queue_url, &events(30)).await;
-    let store = || DynamoStore::new(ddb.clone(), table.as_str());
-    let pa = Processor::new(
-        store(),
-        stage_a(b.queue_url.clone(), runs.clone()),
-        a_config(),
-    );
-    let pb = Processor::new(store(), stage_b(applied.clone()), b_config());
-    let stop = CancellationToken::new();
-    let ra = tokio::spawn(run(
-        sqs.clone(),
-        pa.unwrap(),
-        poller_config(&a.queue_url),
-        stop.clone(),
-    ));
-    let rb = tokio::spawn(run(
-        sqs.clone(),
-        pb.unwrap(),
-        poller_config(&b.queue_url),
-        stop.clone(),
-    ));
-    until("both queues drained", 90, async || {
-        applied.lock().unwrap().len() == 30
-            && depth(&sqs, &a.queue_url).await == 0
-            && depth(&sqs, &b.queue_url).await == 0
-    })
-    .await;
-    stop.cancel();
-    let (sa, _) = (ra.await.unwrap(), rb.await.unwrap());
-    exactly_once(&applied, 30);
+    let p = Pipeline::new(5, &events(30)).await;
+    let pa = Processor::new(p.store(), p.stage_a(), a_config()).unwrap();
+    let sa = p.run_until_drained(pa, 30, 90).await;
+    exactly_once(&p.applied, 30);
     assert_eq!(sa.parked, 0, "{sa:?}");
     assert_eq!(
-        depth(&sqs, &a.dlq_url).await + depth(&sqs, &b.dlq_url).await,
+        depth(&p.sqs, &p.a.dlq_url).await + depth(&p.sqs, &p.b.dlq_url).await,
         0
     );
 }
@@ -211,12 +251,8 @@ async fn a_poller_killed_between_commit_and_send_sends_on_the_redelivery() {
     if !crate::common::localstack_up().await {
         return;
     }
-    let (sqs, ddb) = (sqs().await, ddb().await);
-    let (a, b) = (queues(&sqs, false, 2).await, queues(&sqs, false, 5).await);
-    let table = dedup_table(&ddb).await;
-    let (runs, applied): (Counts, Counts) = Default::default();
-    send_all(&sqs, &a.queue_url, &events(1)[..1]).await;
-    let store = || DynamoStore::new(ddb.clone(), table.as_str());
+    let p = Pipeline::new(2, &events(1)[..1]).await;
+    let (sqs, b, table) = (&p.sqs, &p.b, &p.table);
 
     // The first poller commits, then hangs in its send and is killed there:
     // it runs on a runtime of its own (with its own clients), shut down with
@@ -224,8 +260,8 @@ async fn a_poller_killed_between_commit_and_send_sends_on_the_redelivery() {
     let reached = Arc::new(tokio::sync::Notify::new());
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     let process = {
-        let (reached, runs) = (reached.clone(), runs.clone());
-        let (b_url, a_url, table) = (b.queue_url.clone(), a.queue_url.clone(), table.clone());
+        let (reached, runs) = (reached.clone(), p.runs.clone());
+        let (b_url, a_url, table) = (b.queue_url.clone(), p.a.queue_url.clone(), table.clone());
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -253,57 +289,27 @@ async fn a_poller_killed_between_commit_and_send_sends_on_the_redelivery() {
         .expect("the send after the commit is reached");
     kill.send(()).unwrap();
     process.join().unwrap();
-    let record = store().get("stage-a#order-0").await.unwrap().unwrap();
+    let record = p.store().get("stage-a#order-0").await.unwrap().unwrap();
     assert_eq!(record.status, sqs_once::Status::Completed);
     assert_eq!(record.outbox.len(), 1, "recorded, not sent");
     assert_eq!(
-        depth(&sqs, &b.queue_url).await,
+        depth(sqs, &b.queue_url).await,
         0,
         "nothing sent before the kill"
     );
 
     // A new poller (the runtime's own SQS client sends) and stage B.
-    let second = Processor::new(
-        store(),
-        stage_a(b.queue_url.clone(), runs.clone()),
-        a_config(),
-    );
-    let second = second.unwrap();
+    let second = Processor::new(p.store(), p.stage_a(), a_config()).unwrap();
     let metrics = second.clone();
-    let pb = Processor::new(store(), stage_b(applied.clone()), b_config()).unwrap();
-    let stop = CancellationToken::new();
-    let ra = tokio::spawn(run(
-        sqs.clone(),
-        second,
-        poller_config(&a.queue_url),
-        stop.clone(),
-    ));
-    let rb = tokio::spawn(run(
-        sqs.clone(),
-        pb,
-        poller_config(&b.queue_url),
-        stop.clone(),
-    ));
-    until(
-        "the event reached B and both queues drained",
-        60,
-        async || {
-            applied.lock().unwrap().len() == 1
-                && depth(&sqs, &a.queue_url).await == 0
-                && depth(&sqs, &b.queue_url).await == 0
-        },
-    )
-    .await;
-    stop.cancel();
-    let _ = (ra.await.unwrap(), rb.await.unwrap());
-    exactly_once(&applied, 1);
+    p.run_until_drained(second, 1, 60).await;
+    exactly_once(&p.applied, 1);
     assert_eq!(
-        runs.lock().unwrap()["order-0"],
+        p.runs.lock().unwrap()["order-0"],
         1,
         "stage A's handler ran once"
     );
     assert_eq!(metrics.metrics().take().outbox_recovered, 1);
-    let record = store().get("stage-a#order-0").await.unwrap().unwrap();
+    let record = p.store().get("stage-a#order-0").await.unwrap().unwrap();
     assert!(record.outbox.is_empty(), "marked dispatched");
 }
 
@@ -330,23 +336,20 @@ async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_do
     if !crate::common::localstack_up().await {
         return;
     }
-    let (sqs, ddb) = (sqs().await, ddb().await);
-    let (a, b) = (queues(&sqs, false, 5).await, queues(&sqs, false, 5).await);
-    let table = dedup_table(&ddb).await;
-    let (runs, applied): (Counts, Counts) = Default::default();
-    send_all(&sqs, &a.queue_url, &events(1)[..1]).await;
+    let p = Pipeline::new(5, &events(1)[..1]).await;
+    let (sqs, a, b, table) = (&p.sqs, &p.a, &p.b, &p.table);
+    let (runs, applied) = (&p.runs, &p.applied);
     let faulty = Faulty::new().await;
     faulty.lose.store(true, Ordering::SeqCst);
-    let handler = stage_a(b.queue_url.clone(), runs.clone());
-    let la = lambda(&table, handler, a_config(), Some(faulty)).await;
+    let la = lambda(table, p.stage_a(), a_config(), Some(faulty)).await;
     let deadline = || std::time::SystemTime::now() + Duration::from_secs(60);
 
     // First invocation: committed and sent, the answer lost: listed as failed.
-    let event = crate::lambda::receive_event(&sqs, &a.queue_url, 1).await;
+    let event = crate::lambda::receive_event(sqs, &a.queue_url, 1).await;
     let first = la.handle(event, deadline()).await.unwrap();
     assert_eq!(first.batch_item_failures.len(), 1, "not deleted");
     // The redelivery: the handler does not run again; the send is made again.
-    let event = crate::lambda::receive_event(&sqs, &a.queue_url, 1).await;
+    let event = crate::lambda::receive_event(sqs, &a.queue_url, 1).await;
     let second = la.handle(event, deadline()).await.unwrap();
     assert!(second.batch_item_failures.is_empty());
     assert_eq!(
@@ -356,7 +359,7 @@ async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_do
     );
 
     // B receives the message twice, with one outbox id, and applies it once.
-    let event = crate::lambda::receive_event(&sqs, &b.queue_url, 2).await;
+    let event = crate::lambda::receive_event(sqs, &b.queue_url, 2).await;
     let ids: Vec<&str> = event["Records"]
         .as_array()
         .unwrap()
@@ -368,9 +371,9 @@ async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_do
         })
         .collect();
     assert_eq!(ids, ["stage-a#order-0#out-0"; 2]);
-    let lb = lambda(&table, stage_b(applied.clone()), b_config(), None).await;
+    let lb = lambda(table, stage_b(applied.clone()), b_config(), None).await;
     let answer = lb.handle(event, deadline()).await.unwrap();
     assert!(answer.batch_item_failures.is_empty());
-    exactly_once(&applied, 1);
+    exactly_once(applied, 1);
     // (The event source mapping, not the function, deletes what succeeded.)
 }

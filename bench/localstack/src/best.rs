@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message};
+use aws_sdk_sqs::types::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
@@ -141,17 +141,7 @@ async fn delete_batches(
 }
 
 async fn delete(l: &Loop, batch: Vec<String>) {
-    let entries = batch
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(format!("m{i}"))
-                .receipt_handle(r)
-                .build()
-                .expect("id and receipt handle set")
-        })
-        .collect();
+    let entries = sqs_once::aws::sqs::delete_entries(batch.iter().map(String::as_str));
     l.counts.deletes.fetch_add(1, Ordering::Relaxed);
     match l
         .sqs

@@ -40,6 +40,8 @@ use sqs_once_sim::wire::dynamodb::DynamoModel;
 use sqs_once_sim::wire::expr::{Av, Item};
 use sqs_once_sim::wire::sqs::SqsModel;
 
+mod events;
+
 const DEDUP: &str = "stub-dedup";
 const LEDGER: &str = "stub-ledger";
 
@@ -184,37 +186,11 @@ async fn serve(listener: tokio::net::TcpListener, stub: Stub) {
     }
 }
 
-/// The events: bodies in send order and each account's expected (sum, count).
+/// The events: `messages` in all, `rate` of the distinct events sent
+/// twice (see [`events::events`]).
 fn events(messages: usize, rate: f64) -> (Vec<String>, HashMap<String, (i64, i64)>) {
     let n = ((messages as f64) / (1.0 + rate)).round() as usize;
-    let extra = messages - n;
-    let copies = |i: usize| i * extra / n.max(1);
-    let (mut bodies, mut expected) = (Vec::new(), HashMap::<String, (i64, i64)>::new());
-    for i in 0..n {
-        let account = format!("acct-{}", i % 10);
-        let amount = i as i64 + 1;
-        let e = expected.entry(account.clone()).or_default();
-        e.0 += amount;
-        e.1 += 1;
-        let body = json!({"id": format!("evt-{i}"), "account": account, "amount_cents": amount})
-            .to_string();
-        if copies(i + 1) > copies(i) {
-            bodies.push(body.clone());
-        }
-        bodies.push(body);
-    }
-    shuffle(&mut bodies, 7);
-    (bodies, expected)
-}
-
-fn shuffle<T>(v: &mut [T], mut state: u64) {
-    for i in (1..v.len()).rev() {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        v.swap(i, ((z ^ (z >> 31)) % (i as u64 + 1)) as usize);
-    }
+    events::events(n, rate)
 }
 
 /// utime + stime of `pid` (all its threads), seconds.

@@ -18,12 +18,16 @@ fn config() -> ProcessorConfig {
     c
 }
 
-/// The downstream queue, and a dispatcher into it that fails while `down`.
+/// The downstream queue, and a dispatcher into it that fails while `down`
+/// and, with a store to watch, notes each message's record status when it
+/// is sent.
 #[derive(Clone)]
 struct Downstream {
     queue: MemoryQueue,
     url: String,
     down: Arc<AtomicBool>,
+    watch: Option<MemoryStore>,
+    seen: Arc<std::sync::Mutex<Vec<Option<Status>>>>,
 }
 
 impl Downstream {
@@ -34,7 +38,20 @@ impl Downstream {
             queue,
             url,
             down: Arc::default(),
+            watch: None,
+            seen: Arc::default(),
         }
+    }
+
+    /// Notes the record status of each message it sends, read from `store`.
+    fn watching(mut self, store: &MemoryStore) -> Self {
+        self.watch = Some(store.clone());
+        self
+    }
+
+    /// The record statuses noted at the sends.
+    fn seen(&self) -> Vec<Option<Status>> {
+        self.seen.lock().unwrap().clone()
     }
 
     /// The outbox ids of what the queue holds, in send order.
@@ -64,6 +81,17 @@ impl crate::Dispatcher for Downstream {
                     "unreachable",
                     true,
                 ));
+            }
+            if let Some(store) = &self.watch {
+                for m in &messages {
+                    let crate::AttributeValue::Text(id) = &m.attributes[OUTBOX_ID_ATTRIBUTE].value
+                    else {
+                        panic!("a string attribute");
+                    };
+                    let pk = id.rsplit_once("#out-").map_or(id.as_str(), |(pk, _)| pk);
+                    let status = store.get(pk).await.unwrap().map(|r| r.status);
+                    self.seen.lock().unwrap().push(status);
+                }
             }
             crate::QueueClient::send_batch(&self.queue, queue, messages).await
         })
@@ -96,9 +124,9 @@ fn record_outbox(store: &MemoryStore, pk: &str) -> Vec<Outgoing> {
 #[tokio::test]
 async fn sent_messages_go_out_after_the_commit_with_stable_ids_on_both_paths() {
     for fast in [true, false] {
-        let down = Downstream::new();
-        let runs = Arc::new(AtomicU32::new(0));
         let store = MemoryStore::default();
+        let down = Downstream::new().watching(&store);
+        let runs = Arc::new(AtomicU32::new(0));
         let handler = sender(down.url.clone(), runs.clone(), false);
         let outcome = if fast {
             let p = Processor::new(store.clone(), staged_only(handler), config()).unwrap();
@@ -111,6 +139,11 @@ async fn sent_messages_go_out_after_the_commit_with_stable_ids_on_both_paths() {
         };
         assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
         assert_eq!(down.ids(), [outbox_id("a#e1", 0), outbox_id("a#e1", 1)]);
+        assert_eq!(
+            down.seen(),
+            [Some(Status::Completed); 2],
+            "sent only once the record said COMPLETED"
+        );
         assert!(
             record_outbox(&store, "a#e1").is_empty(),
             "marked dispatched"

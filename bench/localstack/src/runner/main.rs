@@ -14,6 +14,8 @@ use support::{depth, env_or, ledger_rows, send_all, unique};
 mod calls;
 mod common;
 mod consumers;
+#[path = "../events.rs"]
+mod events;
 mod lambda;
 mod prices;
 mod proc;
@@ -22,6 +24,7 @@ mod slots;
 use calls::*;
 use common::*;
 use consumers::*;
+use events::events;
 use lambda::*;
 use prices::*;
 use proc::*;
