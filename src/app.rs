@@ -130,6 +130,20 @@ struct LargePayloadOptions {
     /// Where pointers may point: `None` until set (a start-up error), then
     /// `Some(None)` for any bucket or `Some(Some(places))`.
     places: Option<Option<Vec<PayloadLocation>>>,
+    /// Where outgoing bodies too large for SQS are stored.
+    outgoing: Option<PayloadLocation>,
+}
+
+#[cfg(feature = "s3-payloads")]
+impl Default for LargePayloadOptions {
+    fn default() -> Self {
+        Self {
+            delete: false,
+            max_bytes: crate::protocol::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
+            places: None,
+            outgoing: None,
+        }
+    }
 }
 
 impl SqsOnce {
@@ -254,12 +268,23 @@ impl SqsOnce {
     /// (start-up fails without them).
     #[cfg(feature = "s3-payloads")]
     pub fn large_payloads(mut self, delete: bool, max_bytes: usize) -> Self {
-        let places = self.large_payloads.take().and_then(|o| o.places);
-        self.large_payloads = Some(LargePayloadOptions {
-            delete,
-            max_bytes,
-            places,
-        });
+        let options = self.large_payloads.get_or_insert_default();
+        options.delete = delete;
+        options.max_bytes = max_bytes;
+        self
+    }
+
+    /// Send outgoing messages ([`Context::send`](crate::Context::send)) whose
+    /// body is too large for SQS through S3, as the SQS Extended Client
+    /// does (feature `s3-payloads`, `SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`): the
+    /// body is stored as a new object under `location` before the effect
+    /// commits, and a pointer to it is recorded and sent. Without it such a
+    /// message fails its incoming message permanently. Unless
+    /// [`large_payloads`](Self::large_payloads) says otherwise, incoming
+    /// pointers are read too, from `location` only.
+    #[cfg(feature = "s3-payloads")]
+    pub fn send_large_through(mut self, location: PayloadLocation) -> Self {
+        self.large_payloads.get_or_insert_default().outgoing = Some(location);
         self
     }
 
@@ -282,12 +307,7 @@ impl SqsOnce {
 
     #[cfg(feature = "s3-payloads")]
     fn payload_places(&mut self, places: Option<Vec<PayloadLocation>>) {
-        let options = self.large_payloads.get_or_insert(LargePayloadOptions {
-            delete: false,
-            max_bytes: crate::protocol::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
-            places: None,
-        });
-        options.places = Some(places);
+        self.large_payloads.get_or_insert_default().places = Some(places);
     }
 
     /// The AWS configuration to use instead of loading it from the environment.
@@ -490,7 +510,11 @@ impl LargePayloadOptions {
         sdk: &aws_config::SdkConfig,
         calls: &CallCounter,
     ) -> Result<LargePayloads, StartError> {
-        let Some(places) = self.places else {
+        // Sending only: pointers are read from the outgoing location alone.
+        let places = self
+            .places
+            .or_else(|| self.outgoing.clone().map(|o| Some(vec![o])));
+        let Some(places) = places else {
             return Err(ConfigError {
                 setting: "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
                 problem: "large payloads need the buckets pointers may name (`payload_buckets`, or `any_payload_bucket`: unsafe)".into(),
@@ -507,6 +531,10 @@ impl LargePayloadOptions {
         let mut payloads = LargePayloads::new(s3)
             .deleting(self.delete)
             .max_bytes(self.max_bytes);
+        if let Some(outgoing) = self.outgoing {
+            tracing::info!(bucket = %outgoing.bucket, prefix = %outgoing.prefix, "outgoing bodies too large for SQS go through S3");
+            payloads = payloads.sending_large_to(outgoing);
+        }
         match places {
             Some(places) => payloads = payloads.only_from(places),
             None => tracing::warn!(

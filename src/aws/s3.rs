@@ -96,4 +96,21 @@ impl PayloadStore for Client {
             Ok(())
         })
     }
+
+    fn put<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), PayloadError>> {
+        Box::pin(async move {
+            self.put_object()
+                .bucket(&pointer.bucket)
+                .key(&pointer.key)
+                .body(bytes.into())
+                .send()
+                .await
+                .map_err(|e| payload_error("PutObject", pointer, e))?;
+            Ok(())
+        })
+    }
 }

@@ -37,6 +37,9 @@ impl RuntimeArgs {
                 None => front.any_payload_bucket(),
             };
         }
+        if let Some(location) = self.outbox_payload_location()? {
+            front = front.send_large_through(location);
+        }
         Ok(front)
     }
 }

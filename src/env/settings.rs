@@ -134,6 +134,12 @@ pub struct RuntimeArgs {
     /// S3. Required with large payloads on; `*` allows any bucket (unsafe).
     #[arg(long, env = "SQS_ONCE_LARGE_PAYLOAD_BUCKETS")]
     pub large_payload_buckets: Option<String>,
+    /// Where outgoing bodies too large for SQS are stored (`bucket` or
+    /// `bucket/prefix`): the handler's `ctx.send` of such a body stores it
+    /// there and sends an extended client's pointer. Unset: such a send
+    /// fails the message permanently.
+    #[arg(long, env = "SQS_ONCE_OUTBOX_PAYLOAD_BUCKET")]
+    pub outbox_payload_bucket: Option<String>,
 }
 
 /// The default of `SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES`.
@@ -186,6 +192,7 @@ impl RuntimeArgs {
             });
         }
         self.payload_locations()?;
+        self.outbox_payload_location()?;
         if self.concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
@@ -208,6 +215,24 @@ impl RuntimeArgs {
             )),
             Some("*") => Ok(None),
             Some(list) => PayloadLocation::parse_list(list).map(Some).map_err(bad),
+        }
+    }
+
+    /// Where outgoing bodies too large for SQS are stored, if anywhere.
+    pub(super) fn outbox_payload_location(&self) -> Result<Option<PayloadLocation>, ConfigError> {
+        let Some(text) = self.outbox_payload_bucket.as_deref().map(str::trim) else {
+            return Ok(None);
+        };
+        let bad = |problem: String| ConfigError {
+            setting: "SQS_ONCE_OUTBOX_PAYLOAD_BUCKET",
+            problem,
+        };
+        if text.is_empty() {
+            return Ok(None);
+        }
+        match PayloadLocation::parse_list(text).map_err(bad)?.as_slice() {
+            [one] => Ok(Some(one.clone())),
+            _ => Err(bad("one `bucket` or `bucket/prefix`, not a list".into())),
         }
     }
 

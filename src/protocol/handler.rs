@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use tokio_util::sync::CancellationToken;
 
 use crate::Message;
-use crate::protocol::outbox::{OutboxError, Outgoing, check_outbox};
+use crate::protocol::outbox::{OutboxError, Outgoing};
 use crate::protocol::outcome::{FailureKind, StagedWrite};
 
 /// What a handler returns: an optional small result, recorded with the dedup
@@ -288,6 +288,9 @@ struct ContextInner {
     staged: Mutex<Vec<StagedWrite>>,
     /// What the handler sent.
     outbox: Mutex<Sent>,
+    /// The largest outgoing body stored in S3 when one is too large for SQS
+    /// (`None`: such a message is refused).
+    offload_max: Option<usize>,
     cancelled: CancellationToken,
     /// The message's span (current when the processor makes the context).
     span: tracing::Span,
@@ -348,6 +351,7 @@ impl Context {
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
                 outbox: Mutex::default(),
+                offload_max: None,
                 cancelled: CancellationToken::new(),
                 span: tracing::Span::current(),
                 receive_count: message.receive_count(),
@@ -355,6 +359,25 @@ impl Context {
                 ends: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// Outgoing bodies too large for SQS are stored in S3, up to `max` bytes.
+    pub(crate) fn offloading(mut self, max: Option<usize>) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("a new context is not shared")
+            .offload_max = max;
+        self
+    }
+
+    /// Whether outgoing bodies too large for SQS are stored in S3.
+    pub(crate) fn offloads(&self) -> bool {
+        self.inner.offload_max.is_some()
+    }
+
+    /// The longest [`outbox_id`](crate::protocol::outbox::outbox_id) of
+    /// this message's outgoing messages.
+    pub(crate) fn outbox_id_bytes(&self) -> usize {
+        crate::protocol::outbox::max_id_bytes(&self.inner.consumer, self.inner.dedup_key.as_deref())
     }
 
     /// The consumer name (the namespace of the dedup records).
@@ -433,16 +456,17 @@ impl Context {
     /// Sends `message` once this message's effect commits (see [`Self::send`]),
     /// with its attributes, group and delay.
     pub fn send_message(&self, message: Outgoing) -> Result<(), HandlerError> {
-        let id_bytes = crate::protocol::outbox::max_id_bytes(
-            &self.inner.consumer,
-            self.inner.dedup_key.as_deref(),
-        );
+        let id_bytes = self.outbox_id_bytes();
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
         if outbox.taken {
             tracing::error!(queue = %message.queue_url, "a message sent after the handler returned (from a task it left running) is dropped: send before returning");
             return Err(HandlerError::permanent(OutboxError::AfterReturn));
         }
-        match message.check(id_bytes) {
+        let checked = match self.inner.offload_max {
+            Some(max) => message.check_offloading(id_bytes, max),
+            None => message.check(id_bytes),
+        };
+        match checked {
             Ok(()) => {
                 outbox.messages.push(message);
                 Ok(())
@@ -520,16 +544,15 @@ impl Context {
         self.trace_context().map(|t| t.xray())
     }
 
-    /// The messages sent, or the first refusal.
+    /// The messages sent, or the first refusal (the whole outbox is checked
+    /// by the processor, once large bodies are stored in S3).
     pub(crate) fn take_outbox(&self) -> Result<Vec<Outgoing>, OutboxError> {
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
         outbox.taken = true;
         if let Some(e) = outbox.refused.take() {
             return Err(e);
         }
-        let sent = std::mem::take(&mut outbox.messages);
-        check_outbox(&sent)?;
-        Ok(sent)
+        Ok(std::mem::take(&mut outbox.messages))
     }
 
     pub(crate) fn take_staged(&self) -> Vec<StagedWrite> {

@@ -33,6 +33,7 @@ pub mod outbox;
 pub(crate) mod outcome;
 pub mod parking;
 pub mod payloads;
+pub(crate) mod pointer;
 pub(crate) mod processor;
 pub mod queue;
 pub mod redrive;

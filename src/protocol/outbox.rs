@@ -41,6 +41,7 @@ use crate::protocol::limits::{
     SQS_MAX_BATCH_BYTES, SQS_MAX_DELAY,
 };
 use crate::protocol::message::Attribute;
+use crate::protocol::pointer::{LEGACY_SIZE_ATTRIBUTE, POINTER_CLASS, S3Pointer, SIZE_ATTRIBUTE};
 use crate::protocol::queue::{EntryFailure, OutgoingMessage, QueueClient, QueueError, is_fifo};
 
 /// The message attribute every outgoing message carries with its
@@ -57,6 +58,14 @@ pub const MAX_OUTGOING: usize = 100;
 /// The most bytes of outgoing messages one record may hold: what DynamoDB's
 /// 400 KB item leaves beside the record's own attributes and its result.
 pub const MAX_OUTBOX_BYTES: usize = 300 * 1024;
+
+/// The longest extended-client pointer body: the class name, a bucket name
+/// of 63 bytes and an S3 key of 1,024, in their JSON.
+pub const MAX_POINTER_BODY_BYTES: usize = POINTER_CLASS.len() + 63 + 1024 + 48;
+
+/// What the size attribute of an offloaded body adds: its name, `Number`,
+/// and up to 20 digits.
+const SIZE_ATTRIBUTE_BYTES: usize = SIZE_ATTRIBUTE.len() + "Number".len() + 20;
 
 /// A message a handler sends: see [`Context::send`](crate::Context::send).
 /// String attributes only; a FIFO target needs a message group.
@@ -185,11 +194,54 @@ impl Outgoing {
         if let Some(name) = self.attributes.keys().find(|n| reserved(n)) {
             return Err(OutboxError::ReservedAttribute(name.clone()));
         }
+        self.check_size(id_bytes, None)
+    }
+
+    /// [`Self::check`], where a body too large for SQS is stored in S3 (up
+    /// to `offload_max` bytes) and a pointer sent instead: then what must
+    /// fit in SQS is the message with the pointer as its body.
+    pub fn check_offloading(&self, id_bytes: usize, offload_max: usize) -> Result<(), OutboxError> {
+        self.check(id_bytes).or_else(|e| match e {
+            OutboxError::TooLarge { .. } => self.check_size(id_bytes, Some(offload_max)),
+            e => Err(e),
+        })
+    }
+
+    fn check_size(&self, id_bytes: usize, offload_max: Option<usize>) -> Result<(), OutboxError> {
         let bytes = self.size(id_bytes);
-        if bytes > SQS_MAX_MESSAGE_BYTES {
+        if bytes <= SQS_MAX_MESSAGE_BYTES {
+            return Ok(());
+        }
+        let Some(max) = offload_max else {
             return Err(OutboxError::TooLarge { bytes });
+        };
+        if self.body.len() > max {
+            return Err(OutboxError::TooLargeForS3 {
+                bytes: self.body.len(),
+                max,
+            });
+        }
+        let as_pointer = bytes - self.body.len() + MAX_POINTER_BODY_BYTES + SIZE_ATTRIBUTE_BYTES;
+        if as_pointer > SQS_MAX_MESSAGE_BYTES {
+            return Err(OutboxError::TooLarge { bytes: as_pointer });
         }
         Ok(())
+    }
+
+    /// Whether the message is too large for SQS as it is (its body goes
+    /// through S3 when large payloads are sent that way).
+    pub fn needs_offload(&self, id_bytes: usize) -> bool {
+        self.size(id_bytes) > SQS_MAX_MESSAGE_BYTES
+    }
+
+    /// The message with an extended client's pointer to `pointer` as its
+    /// body, and the payload's size in [`SIZE_ATTRIBUTE`] (`Number`).
+    pub fn offloaded(mut self, pointer: &S3Pointer) -> Self {
+        let size = self.body.len();
+        self.body = pointer.to_body();
+        self.attributes
+            .insert(SIZE_ATTRIBUTE.to_owned(), size.to_string());
+        self
     }
 
     /// The message as sent: the attributes with its [`outbox_id`] (sealed
@@ -199,7 +251,14 @@ impl Outgoing {
         let mut attributes: BTreeMap<String, Attribute> = self
             .attributes
             .iter()
-            .map(|(k, v)| (k.clone(), Attribute::string(v)))
+            .map(|(k, v)| {
+                let attribute = if k == SIZE_ATTRIBUTE {
+                    Attribute::typed("Number", Some(v.clone()), None).expect("a text value")
+                } else {
+                    Attribute::string(v)
+                };
+                (k.clone(), attribute)
+            })
             .collect();
         attributes.insert(OUTBOX_ID_ATTRIBUTE.to_owned(), Attribute::string(id));
         if let Some(secret) = secret {
@@ -242,6 +301,8 @@ fn reserved(name: &str) -> bool {
     lower.starts_with("aws.")
         || lower.starts_with("amazon.")
         || name == OUTBOX_ID_ATTRIBUTE
+        || name == SIZE_ATTRIBUTE
+        || name == LEGACY_SIZE_ATTRIBUTE
         || SEALED_ATTRIBUTES.contains(&name)
 }
 
@@ -318,11 +379,21 @@ pub enum OutboxError {
     ReservedAttribute(String),
     /// Over SQS's message size.
     #[error(
-        "an outgoing message is ~{bytes} bytes with its attributes; SQS takes at most {SQS_MAX_MESSAGE_BYTES}"
+        "an outgoing message is ~{bytes} bytes with its attributes; SQS takes at most {SQS_MAX_MESSAGE_BYTES} (larger bodies go through S3 with `SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`)"
     )]
     TooLarge {
         /// Its size as SQS counts it (with the ids sqs-once adds).
         bytes: usize,
+    },
+    /// A body too large for SQS and above the largest stored in S3.
+    #[error(
+        "an outgoing message's body is {bytes} bytes; bodies sent through S3 may be at most {max} (SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES)"
+    )]
+    TooLargeForS3 {
+        /// The body's size.
+        bytes: usize,
+        /// The largest body stored in S3.
+        max: usize,
     },
     /// More messages, or more bytes, than one record holds.
     #[error(

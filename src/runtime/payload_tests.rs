@@ -125,6 +125,14 @@ impl PayloadStore for Logged {
             .push(format!("DeleteObject {}", pointer.key));
         self.objects.delete(pointer)
     }
+
+    fn put<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), PayloadError>> {
+        PayloadStore::put(&self.objects, pointer, bytes)
+    }
 }
 
 /// m1 (done), m2 (done, but its delete is refused), m3 (a payload the

@@ -17,6 +17,10 @@ struct State {
     get_failures: Vec<PayloadErrorKind>,
     /// How long every `GetObject` takes.
     get_time: std::time::Duration,
+    /// The next `PutObject` calls fail with these kinds, first to last.
+    put_failures: Vec<PayloadErrorKind>,
+    /// The objects `PutObject` stored, in order.
+    puts: Vec<S3Pointer>,
 }
 
 /// Objects in memory. Cheap to clone: clones share the objects.
@@ -58,6 +62,21 @@ impl MemoryPayloads {
     /// Makes the next `GetObject` fail with `kind` (calls queue up).
     pub fn fail_next_get(&self, kind: PayloadErrorKind) {
         self.state().get_failures.push(kind);
+    }
+
+    /// Makes the next `PutObject` fail with `kind` (calls queue up).
+    pub fn fail_next_put(&self, kind: PayloadErrorKind) {
+        self.state().put_failures.push(kind);
+    }
+
+    /// The objects `PutObject` stored, in order.
+    pub fn puts(&self) -> Vec<S3Pointer> {
+        self.state().puts.clone()
+    }
+
+    /// An object's content.
+    pub fn object(&self, pointer: &S3Pointer) -> Option<Vec<u8>> {
+        self.state().objects.get(pointer).cloned()
     }
 
     /// Makes every `GetObject` take `time` (on tokio's clock) before it
@@ -117,6 +136,28 @@ impl PayloadStore for MemoryPayloads {
             let mut s = self.state();
             s.deletes.push(pointer.clone());
             s.objects.remove(pointer);
+            Ok(())
+        })
+    }
+
+    fn put<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), PayloadError>> {
+        Box::pin(async move {
+            let mut s = self.state();
+            if !s.put_failures.is_empty() {
+                let kind = s.put_failures.remove(0);
+                return Err(PayloadError::new(
+                    "PutObject",
+                    pointer.clone(),
+                    kind,
+                    format!("injected {kind:?}"),
+                ));
+            }
+            s.puts.push(pointer.clone());
+            s.objects.insert(pointer.clone(), bytes);
             Ok(())
         })
     }

@@ -21,7 +21,7 @@ fn s3_endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL_S3").unwrap_or_else(|_| endpoint())
 }
 
-async fn s3() -> aws_sdk_s3::Client {
+pub(crate) async fn s3() -> aws_sdk_s3::Client {
     let conf = aws_sdk_s3::config::Builder::from(&sdk_config().await)
         .endpoint_url(s3_endpoint())
         .force_path_style(true)
@@ -29,7 +29,7 @@ async fn s3() -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(conf)
 }
 
-async fn bucket(s3: &aws_sdk_s3::Client) -> String {
+pub(crate) async fn bucket(s3: &aws_sdk_s3::Client) -> String {
     let name = unique("payloads");
     if let Err(e) = s3.create_bucket().bucket(&name).send().await {
         panic!(
@@ -43,7 +43,7 @@ async fn bucket(s3: &aws_sdk_s3::Client) -> String {
 }
 
 /// The bucket's keys, sorted.
-async fn objects(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
+pub(crate) async fn objects(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
     let listed = s3.list_objects_v2().bucket(bucket).send().await.unwrap();
     let mut keys: Vec<String> = listed
         .contents()
@@ -72,16 +72,30 @@ fn extended_python() -> &'static str {
 /// Sends `(body, legacy)` messages through the Python extended client;
 /// returns their message ids.
 async fn send_extended(queue_url: &str, bucket: &str, messages: &[(String, bool)]) -> Vec<String> {
-    let python = extended_python();
-    let script = format!(
-        "{}/tests/support/extended_client.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
     let request = serde_json::json!({
         "queue_url": queue_url,
         "bucket": bucket,
         "messages": messages.iter().map(|(body, legacy)| serde_json::json!({"body": body, "legacy": legacy})).collect::<Vec<_>>(),
     });
+    let ids: Vec<String> = serde_json::from_value(extended_client(request).await).unwrap();
+    assert_eq!(ids.len(), messages.len());
+    ids
+}
+
+/// Receives (and deletes) `n` messages through the Python extended client:
+/// their bodies as it hands them over, payloads read from S3.
+pub(crate) async fn receive_extended(queue_url: &str, bucket: &str, n: usize) -> Vec<String> {
+    let request = serde_json::json!({"queue_url": queue_url, "bucket": bucket, "receive": n});
+    serde_json::from_value(extended_client(request).await).unwrap()
+}
+
+/// Runs `tests/support/extended_client.py` on `request`: what it printed.
+async fn extended_client(request: serde_json::Value) -> serde_json::Value {
+    let python = extended_python();
+    let script = format!(
+        "{}/tests/support/extended_client.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let mut child = tokio::process::Command::new(python)
         .arg(&script)
         .env("AWS_ENDPOINT_URL", endpoint())
@@ -105,9 +119,7 @@ async fn send_extended(queue_url: &str, bucket: &str, messages: &[(String, bool)
         "the extended client failed: {:?}",
         out.status
     );
-    let ids: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(ids.len(), messages.len());
-    ids
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A ledger event too large for SQS (300 KiB: JSON whitespace pads it).

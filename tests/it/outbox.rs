@@ -13,6 +13,7 @@ use serde_json::json;
 use sqs_once::config::ProcessorConfig;
 use sqs_once::lambda::{LambdaAdapter, LambdaConfig};
 use sqs_once::outbox::OUTBOX_ID_ATTRIBUTE;
+use sqs_once::payloads::{LargePayloads, PayloadLocation};
 use sqs_once::poller::{PollerConfig, run};
 use sqs_once::queue::{EntryFailure, OutgoingMessage, QueueError};
 use sqs_once::{
@@ -376,4 +377,122 @@ async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_do
     assert!(answer.batch_item_failures.is_empty());
     exactly_once(applied, 1);
     // (The event source mapping, not the function, deletes what succeeded.)
+}
+
+/// Stage A sending a body too large for SQS (300 KiB: JSON whitespace pads it).
+fn stage_a_large(b_url: String, runs: Counts) -> impl Handler {
+    staged_only(handler_fn(move |m: Message, ctx: Context| {
+        let (b_url, runs) = (b_url.clone(), runs.clone());
+        async move {
+            let id = id_of(m.body());
+            *runs.lock().unwrap().entry(id.clone()).or_default() += 1;
+            ctx.send(&b_url, large_paid(&id))?;
+            Ok(None)
+        }
+    }))
+}
+
+fn large_paid(id: &str) -> String {
+    let pad = " ".repeat(300 * 1024);
+    format!(r#"{{"id":"{id}",{pad}"paid":true}}"#)
+}
+
+/// A's processor, storing large outgoing bodies under `out/` in `bucket`.
+async fn a_sending_large(p: &Pipeline, bucket: &str) -> Processor<DynamoStore, impl Handler> {
+    let payloads =
+        LargePayloads::new(crate::large_payloads::s3().await).sending_large_to(PayloadLocation {
+            bucket: bucket.to_owned(),
+            prefix: "out/".to_owned(),
+        });
+    Processor::new(
+        p.store(),
+        stage_a_large(p.b.queue_url.clone(), p.runs.clone()),
+        a_config(),
+    )
+    .unwrap()
+    .with_large_payloads(payloads)
+}
+
+#[tokio::test]
+async fn a_large_outgoing_body_goes_through_s3_and_is_applied_once_downstream() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let s3 = crate::large_payloads::s3().await;
+    let bucket = crate::large_payloads::bucket(&s3).await;
+    let p = Pipeline::new(5, &events(6)).await;
+    let pa = a_sending_large(&p, &bucket).await;
+    // B reads payloads from the bucket A stores them in; its handler parses
+    // the body (a pointer would not parse as an order).
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    let pb = Processor::new(
+        p.store(),
+        handler_fn(move |m: Message, _ctx| {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push(m.body().to_owned());
+                Ok(None)
+            }
+        }),
+        b_config(),
+    )
+    .unwrap()
+    .with_large_payloads(
+        LargePayloads::new(s3.clone()).only_from(vec![PayloadLocation {
+            bucket: bucket.clone(),
+            prefix: "out/".to_owned(),
+        }]),
+    );
+    let stop = CancellationToken::new();
+    let (sqs, a_url, b_url) = (&p.sqs, &p.a.queue_url, &p.b.queue_url);
+    let ra = tokio::spawn(run(sqs.clone(), pa, poller_config(a_url), stop.clone()));
+    let rb = tokio::spawn(run(sqs.clone(), pb, poller_config(b_url), stop.clone()));
+    until(
+        "six large messages reached B and both queues drained",
+        90,
+        async || {
+            seen.lock().unwrap().len() >= 6
+                && depth(sqs, a_url).await == 0
+                && depth(sqs, b_url).await == 0
+        },
+    )
+    .await;
+    stop.cancel();
+    let (sa, sb) = (ra.await.unwrap(), rb.await.unwrap());
+    assert_eq!((sa.parked, sb.parked), (0, 0), "{sa:?} {sb:?}");
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    let mut expected: Vec<String> = (0..6).map(|i| large_paid(&format!("order-{i}"))).collect();
+    expected.sort();
+    assert!(seen == expected, "each large body applied once at B, whole");
+    let stored = crate::large_payloads::objects(&s3, &bucket).await;
+    assert!(
+        stored.len() >= 6 && stored.iter().all(|k| k.starts_with("out/")),
+        "{stored:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_large_outgoing_body_is_read_by_the_sqs_extended_client() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let s3 = crate::large_payloads::s3().await;
+    let bucket = crate::large_payloads::bucket(&s3).await;
+    let p = Pipeline::new(5, &events(2)[..2]).await;
+    let pa = a_sending_large(&p, &bucket).await;
+    let stop = CancellationToken::new();
+    let (sqs, a_url, b_url) = (&p.sqs, &p.a.queue_url, &p.b.queue_url);
+    let ra = tokio::spawn(run(sqs.clone(), pa, poller_config(a_url), stop.clone()));
+    until("A sent its message", 60, async || {
+        depth(sqs, a_url).await == 0 && depth(sqs, b_url).await >= 1
+    })
+    .await;
+    stop.cancel();
+    ra.await.unwrap();
+    // The Amazon SQS Extended Client Library for Python, receiving from B's
+    // queue, reads the body from S3.
+    let bodies = crate::large_payloads::receive_extended(b_url, &bucket, 1).await;
+    assert_eq!(bodies, [large_paid("order-0")]);
 }

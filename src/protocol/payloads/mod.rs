@@ -41,94 +41,11 @@ use crate::protocol::config::ProcessorConfig;
 use crate::protocol::store::{DedupStore, Status};
 use crate::{KeySource, Message, Outcome};
 
-/// The extended clients' size attribute: the payload's size in bytes (`Number`).
-pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
-/// Its name in the Java extended client's 1.x releases (still read by both).
-pub const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
-/// The class name that opens a pointer body.
-pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
-/// The class name of the Java extended client's 1.x pointers.
-pub const LEGACY_POINTER_CLASS: &str = "com.amazon.sqs.javamessaging.MessageS3Pointer";
-
-/// Where a payload is stored.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct S3Pointer {
-    /// `s3BucketName`.
-    pub bucket: String,
-    /// `s3Key`.
-    pub key: String,
-}
-
-impl std::fmt::Display for S3Pointer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "s3://{}/{}", self.bucket, self.key)
-    }
-}
-
-/// Why a body marked as a pointer is not one. Permanent: the message is parked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PointerError {
-    /// Not JSON at all.
-    #[error("the body is not JSON ({0})")]
-    NotJson(String),
-    /// JSON, but not `[class, {"s3BucketName", "s3Key"}]`.
-    #[error("the body is not an S3 pointer ([class, {{\"s3BucketName\": ..., \"s3Key\": ...}}])")]
-    NotAPointer,
-    /// A pointer of a class no extended client writes.
-    #[error("unknown pointer class {0:?}")]
-    UnknownClass(String),
-    /// A field missing, empty or not a string.
-    #[error("the pointer has no {0}")]
-    Missing(&'static str),
-}
-
-impl S3Pointer {
-    /// Parses an extended client's pointer body.
-    pub fn parse(body: &str) -> Result<Self, PointerError> {
-        let value: serde_json::Value =
-            serde_json::from_str(body).map_err(|e| PointerError::NotJson(e.to_string()))?;
-        let serde_json::Value::Array(parts) = value else {
-            return Err(PointerError::NotAPointer);
-        };
-        let [
-            serde_json::Value::String(class),
-            serde_json::Value::Object(fields),
-        ] = parts.as_slice()
-        else {
-            return Err(PointerError::NotAPointer);
-        };
-        if class != POINTER_CLASS && class != LEGACY_POINTER_CLASS {
-            return Err(PointerError::UnknownClass(class.clone()));
-        }
-        let field = |name: &'static str| {
-            fields
-                .get(name)
-                .and_then(|v| v.as_str())
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .ok_or(PointerError::Missing(name))
-        };
-        Ok(Self {
-            bucket: field("s3BucketName")?,
-            key: field("s3Key")?,
-        })
-    }
-
-    /// The pointer of a message sent through an extended client's S3 path
-    /// (one that carries [`SIZE_ATTRIBUTE`] or [`LEGACY_SIZE_ATTRIBUTE`]);
-    /// `None` for an ordinary message.
-    pub fn of(message: &Message) -> Option<Result<Self, PointerError>> {
-        size_attribute(message)?;
-        Some(Self::parse(message.body()))
-    }
-}
-
-/// The size attribute a message carries, if any (the current name first).
-fn size_attribute(message: &Message) -> Option<&'static str> {
-    [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE]
-        .into_iter()
-        .find(|name| message.attributes().contains_key(*name))
-}
+use crate::protocol::pointer::size_attribute;
+pub use crate::protocol::pointer::{
+    LEGACY_POINTER_CLASS, LEGACY_SIZE_ATTRIBUTE, POINTER_CLASS, PointerError, S3Pointer,
+    SIZE_ATTRIBUTE,
+};
 
 /// How an S3 call failed, which decides what becomes of the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +118,14 @@ pub trait PayloadStore: Send + Sync + 'static {
 
     /// `DeleteObject` (deleting an absent object succeeds).
     fn delete<'a>(&'a self, pointer: &'a S3Pointer) -> BoxFuture<'a, Result<(), PayloadError>>;
+
+    /// `PutObject`: stores `bytes` under `pointer` (the body of an outgoing
+    /// message too large for SQS, see [`LargePayloads::sending_large_to`]).
+    fn put<'a>(
+        &'a self,
+        pointer: &'a S3Pointer,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), PayloadError>>;
 }
 
 /// Large payload support for a [`Processor`](crate::Processor)
@@ -214,6 +139,9 @@ pub struct LargePayloads {
     max_bytes: usize,
     /// Where payloads may be (`SQS_ONCE_LARGE_PAYLOAD_BUCKETS`); `None`: anywhere.
     allowed: Option<Vec<PayloadLocation>>,
+    /// Where the bodies of outgoing messages too large for SQS are stored
+    /// (`SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`); `None`: such a message is refused.
+    outgoing: Option<PayloadLocation>,
 }
 
 /// A place payloads may be read from (and deleted in): a bucket, and
@@ -285,7 +213,52 @@ impl LargePayloads {
             delete: false,
             max_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             allowed: None,
+            outgoing: None,
         }
+    }
+
+    /// Stores the body of each outgoing message ([`crate::Context::send`])
+    /// that is too large for SQS as an object in `location` (the key is the
+    /// location's prefix and a fresh UUID), and records and sends an
+    /// extended client's pointer to it instead, with the size attribute
+    /// [`SIZE_ATTRIBUTE`], as the SQS Extended Client Libraries send: a
+    /// consumer reading large payloads (sqs-once with large payloads on, or
+    /// an extended client) receives the body. The object is stored before
+    /// the effect commits; a run that does not commit leaves its objects
+    /// behind for the bucket's lifecycle rule. Bodies up to
+    /// [`Self::max_bytes`].
+    #[must_use]
+    pub fn sending_large_to(mut self, location: PayloadLocation) -> Self {
+        self.outgoing = Some(location);
+        self
+    }
+
+    /// The largest outgoing body stored in S3, when outgoing messages too
+    /// large for SQS are (see [`Self::sending_large_to`]).
+    pub fn outgoing_max_bytes(&self) -> Option<usize> {
+        self.outgoing.as_ref().map(|_| self.max_bytes)
+    }
+
+    /// Stores `body` as a new object in the outgoing location: its pointer.
+    pub(crate) async fn store_outgoing(&self, body: &str) -> Result<S3Pointer, PayloadError> {
+        let location = self.outgoing.as_ref().ok_or_else(|| {
+            PayloadError::new(
+                "PutObject",
+                S3Pointer {
+                    bucket: String::new(),
+                    key: String::new(),
+                },
+                PayloadErrorKind::Refused,
+                "no bucket for outgoing payloads (LargePayloads::sending_large_to)",
+            )
+        })?;
+        let pointer = S3Pointer {
+            bucket: location.bucket.clone(),
+            key: format!("{}{}", location.prefix, uuid::Uuid::new_v4()),
+        };
+        self.store.put(&pointer, body.as_bytes().to_vec()).await?;
+        info!(object = %pointer, bytes = body.len(), "outgoing payload stored");
+        Ok(pointer)
     }
 
     /// Reads (and deletes) payloads only in these places: a pointer to any

@@ -77,17 +77,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 reason: "claim committed with too little of its lease left".into(),
             };
         }
-        let ctx = Context::new(
-            &self.config.consumer,
-            Some(key),
-            attempt,
-            message,
-            self.config.max_result_bytes,
-        );
+        let ctx = self.context(Some(key), attempt, message);
         bound(&ctx, opts, &[&local, visible]);
         let handled = tokio::select! {
             biased;
-            r = self.call_handler(message, &ctx) => r,
+            r = self.handle(message, &ctx) => r,
             found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
                 return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
             }
@@ -336,22 +330,19 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         message: &Message,
         req: &ClaimRequest,
         ctx: &Context,
-        handled: Result<Option<serde_json::Value>, HandlerError>,
+        handled: Result<(Option<serde_json::Value>, Vec<Outgoing>), HandlerError>,
     ) -> Outcome {
         let failure = match handled {
-            Ok(value) => match self.outbox_of(ctx) {
-                Err(e) => e,
-                Ok(outbox) => {
-                    let result = value.map(|v| self.bounded(&v));
-                    match self
-                        .complete_sending(message, req, ctx, result, outbox)
-                        .await
-                    {
-                        Ok(outcome) => return outcome,
-                        Err(e) => e,
-                    }
+            Ok((value, outbox)) => {
+                let result = value.map(|v| self.bounded(&v));
+                match self
+                    .complete_sending(message, req, ctx, result, outbox)
+                    .await
+                {
+                    Ok(outcome) => return outcome,
+                    Err(e) => e,
                 }
-            },
+            }
             Err(e) => e,
         };
         match failure_kind(&failure) {

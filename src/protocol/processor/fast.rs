@@ -18,17 +18,8 @@ use crate::protocol::outbox::Outgoing;
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
     pub(super) async fn run_unprotected(&self, message: &Message) -> Outcome {
-        let ctx = Context::new(
-            &self.config.consumer,
-            None,
-            message.receive_count(),
-            message,
-            self.config.max_result_bytes,
-        );
-        let handled = self
-            .call_handler(message, &ctx)
-            .await
-            .and_then(|value| Ok((value, self.outbox_of(&ctx)?)));
+        let ctx = self.context(None, message.receive_count(), message);
+        let handled = self.handle(message, &ctx).await;
         match handled {
             Ok((value, outbox)) => match self.store.commit_unprotected(ctx.take_staged()).await {
                 Ok(()) => {
@@ -61,13 +52,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         visible: &LocalEnd,
     ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
-        let ctx = Context::new(
-            &self.config.consumer,
-            Some(key),
-            message.receive_count(),
-            message,
-            self.config.max_result_bytes,
-        );
+        let ctx = self.context(Some(key), message.receive_count(), message);
         if let Some(done) = self.completed_before(message, key).await {
             return done;
         }
@@ -78,7 +63,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         bound(&ctx, opts, &[visible]);
         let handled = tokio::select! {
             biased;
-            r = self.call_handler(message, &ctx) => r,
+            r = self.handle(message, &ctx) => r,
             () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
@@ -86,7 +71,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
-        match handled.and_then(|v| Ok((v, self.outbox_of(&ctx)?))) {
+        match handled {
             Ok((value, outbox)) => self.commit(message, key, &ctx, value, outbox).await,
             Err(e) => self.fast_failure(message, &e).await,
         }

@@ -6,8 +6,9 @@ use tracing::{error, info, warn};
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
-use crate::protocol::outbox::{OutboxError, Outgoing, dispatch};
+use crate::protocol::outbox::{OutboxError, Outgoing, check_outbox, dispatch};
 use crate::protocol::outcome::{Outcome, StoredResult};
+use crate::protocol::payloads::PayloadErrorKind;
 use crate::protocol::store::DedupStore;
 
 use super::Processor;
@@ -25,15 +26,65 @@ pub(super) enum Sending {
 }
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
-    /// The messages the handler sent, checked: a refusal, or sends with no
-    /// dispatcher to send them, fail the message permanently before
-    /// anything is recorded.
-    pub(super) fn outbox_of(&self, ctx: &Context) -> Result<Vec<Outgoing>, HandlerError> {
+    /// A context for the handler of `message` (keyed by `key`, unless it
+    /// runs unprotected), in the processor's settings.
+    pub(super) fn context(&self, key: Option<&str>, attempt: u32, message: &Message) -> Context {
+        Context::new(
+            &self.config.consumer,
+            key,
+            attempt,
+            message,
+            self.config.max_result_bytes,
+        )
+        .offloading(self.payloads.as_ref().and_then(|p| p.outgoing_max_bytes()))
+    }
+
+    /// The handler, then the messages it sent, ready to record: one step, so
+    /// that the runtimes keep the message (and the claim) while large
+    /// outgoing bodies are stored in S3.
+    pub(super) async fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> Result<(Option<serde_json::Value>, Vec<Outgoing>), HandlerError> {
+        let value = self.call_handler(message, ctx).await?;
+        Ok((value, self.outbox_of(ctx).await?))
+    }
+
+    /// The messages the handler sent, checked, their bodies too large for
+    /// SQS stored in S3: a refusal, or sends with no dispatcher to send
+    /// them, fail the message permanently before anything is recorded; a
+    /// body S3 did not store makes it a retry.
+    async fn outbox_of(&self, ctx: &Context) -> Result<Vec<Outgoing>, HandlerError> {
         let outbox = ctx.take_outbox().map_err(HandlerError::permanent)?;
         if !outbox.is_empty() && self.dispatcher.is_none() {
             return Err(HandlerError::permanent(OutboxError::NoDispatcher));
         }
-        Ok(outbox)
+        let id_bytes = ctx.outbox_id_bytes();
+        let mut ready = Vec::with_capacity(outbox.len());
+        for message in outbox {
+            if !message.needs_offload(id_bytes) {
+                ready.push(message);
+                continue;
+            }
+            let Some(payloads) = self.payloads.as_ref().filter(|_| ctx.offloads()) else {
+                return Err(HandlerError::permanent(OutboxError::TooLarge {
+                    bytes: message.size(id_bytes),
+                }));
+            };
+            let pointer = payloads
+                .store_outgoing(&message.body)
+                .await
+                .map_err(|e| match e.kind {
+                    PayloadErrorKind::TooLarge => HandlerError::permanent(e),
+                    _ => HandlerError::retry(format!(
+                        "an outgoing message's body could not be stored in S3 (nothing recorded): {e}"
+                    )),
+                })?;
+            ready.push(message.offloaded(&pointer));
+        }
+        check_outbox(&ready).map_err(HandlerError::permanent)?;
+        Ok(ready)
     }
 
     /// Sends the messages recorded with the `COMPLETED` record `pk`, then

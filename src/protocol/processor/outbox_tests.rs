@@ -344,3 +344,171 @@ async fn a_send_after_the_handler_returned_is_refused_not_silently_dropped() {
     );
     assert!(down.ids().is_empty());
 }
+
+/// A handler that sends one body of `bytes` bytes to `url`.
+fn large_sender(url: String, bytes: usize) -> impl crate::Handler + Clone {
+    handler_fn(move |m: Message, ctx: Context| {
+        let url = url.clone();
+        async move {
+            let body = format!("{}{}", m.body(), "x".repeat(bytes));
+            ctx.send_message(Outgoing::new(&url, body).attribute("kind", "large"))?;
+            Ok(None)
+        }
+    })
+}
+
+fn offloading(objects: &crate::testkit::payloads::MemoryPayloads) -> LargePayloads {
+    LargePayloads::new(objects.clone()).sending_large_to(
+        crate::protocol::payloads::PayloadLocation {
+            bucket: "out".into(),
+            prefix: "sent/".into(),
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_body_too_large_for_sqs_goes_through_s3_and_a_reader_downstream_gets_it_once() {
+    for fast in [true, false] {
+        let objects = crate::testkit::payloads::MemoryPayloads::default();
+        let (store, down) = (MemoryStore::default(), Downstream::new());
+        let handler = large_sender(down.url.clone(), 300 * 1024);
+        let outcome = if fast {
+            let p = Processor::new(store.clone(), staged_only(handler), config()).unwrap();
+            let p = p
+                .with_dispatcher(down.clone())
+                .with_large_payloads(offloading(&objects));
+            p.process(Message::new("m1", r#"{"id":"e1"}"#)).await
+        } else {
+            let p = Processor::new(store.clone(), handler, config()).unwrap();
+            let p = p
+                .with_dispatcher(down.clone())
+                .with_large_payloads(offloading(&objects));
+            p.process(Message::new("m1", r#"{"id":"e1"}"#)).await
+        };
+        assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+        let puts = objects.puts();
+        assert_eq!(puts.len(), 1);
+        assert_eq!(puts[0].bucket, "out");
+        assert!(puts[0].key.starts_with("sent/"), "{:?}", puts[0]);
+        let sent = down.queue.contents(&down.url);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].body, puts[0].to_body(), "a pointer is sent");
+        let size = &sent[0].attributes[crate::protocol::payloads::SIZE_ATTRIBUTE];
+        assert_eq!(size.data_type, "Number");
+
+        // A consumer downstream reading large payloads gets the body, once.
+        let request = crate::protocol::queue::ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(30),
+        };
+        let received = crate::QueueClient::receive(&down.queue, &down.url, request)
+            .await
+            .unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = seen.clone();
+        // On the claim path: the handler runs only for the first copy.
+        let reader = handler_fn(move |m: Message, _ctx: Context| {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push(m.body().to_owned());
+                Ok(None)
+            }
+        });
+        let mut c = ProcessorConfig::new("b");
+        c.key_source = format!("attribute:{OUTBOX_ID_ATTRIBUTE}").parse().unwrap();
+        let p = Processor::new(MemoryStore::default(), reader, c)
+            .unwrap()
+            .with_large_payloads(LargePayloads::new(objects.clone()));
+        for m in [received[0].clone(), received[0].clone()] {
+            let outcome = p.process(m).await;
+            assert!(
+                matches!(
+                    outcome,
+                    Outcome::Completed { .. } | Outcome::Duplicate { .. }
+                ),
+                "{outcome:?}"
+            );
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "applied once");
+        assert_eq!(seen[0].len(), r#"{"id":"e1"}"#.len() + 300 * 1024);
+        assert!(seen[0].starts_with(r#"{"id":"e1"}x"#));
+    }
+}
+
+#[tokio::test]
+async fn a_large_body_with_nowhere_to_store_it_or_over_the_maximum_is_parked_with_the_reason() {
+    let down = Downstream::new();
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    let cases = [
+        (None, "SQS_ONCE_OUTBOX_PAYLOAD_BUCKET"),
+        (
+            Some(offloading(&objects).max_bytes(100 * 1024)),
+            "bodies sent through S3 may be at most",
+        ),
+    ];
+    for (payloads, expected) in cases {
+        let store = MemoryStore::default();
+        let handler = staged_only(large_sender(down.url.clone(), 300 * 1024));
+        let mut p = Processor::new(store.clone(), handler, config())
+            .unwrap()
+            .with_dispatcher(down.clone());
+        if let Some(payloads) = payloads {
+            p = p.with_large_payloads(payloads);
+        }
+        let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+        let Outcome::Park { reason } = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert!(reason.contains(expected), "{reason}");
+        assert!(store.get("a#e1").await.unwrap().unwrap().outbox.is_empty());
+    }
+    assert!(objects.puts().is_empty());
+    assert!(down.ids().is_empty());
+}
+
+#[tokio::test]
+async fn a_large_body_s3_did_not_store_is_a_retry_with_nothing_recorded() {
+    for fast in [true, false] {
+        let objects = crate::testkit::payloads::MemoryPayloads::default();
+        objects.fail_next_put(crate::protocol::payloads::PayloadErrorKind::Transient);
+        let (store, down) = (MemoryStore::default(), Downstream::new());
+        let handler = large_sender(down.url.clone(), 300 * 1024);
+        let process = |m: Message| {
+            let (store, down, handler) = (store.clone(), down.clone(), handler.clone());
+            let payloads = offloading(&objects);
+            async move {
+                if fast {
+                    let p = Processor::new(store, staged_only(handler), config()).unwrap();
+                    p.with_dispatcher(down)
+                        .with_large_payloads(payloads)
+                        .process(m)
+                        .await
+                } else {
+                    let p = Processor::new(store, handler, config()).unwrap();
+                    p.with_dispatcher(down)
+                        .with_large_payloads(payloads)
+                        .process(m)
+                        .await
+                }
+            }
+        };
+        let first = process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+        let Outcome::Retry { reason, .. } = first else {
+            panic!("{first:?}");
+        };
+        assert!(reason.contains("could not be stored in S3"), "{reason}");
+        let record = store.get("a#e1").await.unwrap();
+        assert!(
+            record
+                .as_ref()
+                .is_none_or(|r| r.status != Status::Completed),
+            "nothing committed: {record:?}"
+        );
+        let again = Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2);
+        assert!(matches!(process(again).await, Outcome::Completed { .. }));
+        assert_eq!(objects.puts().len(), 1);
+        assert_eq!(down.ids().len(), 1);
+    }
+}
