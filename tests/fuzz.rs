@@ -192,10 +192,7 @@ proptest! {
                 .build(),
         );
         // The full list even when every record fails: which ones is the point.
-        let listing = LambdaConfig {
-            error_on_full_failure: false,
-            ..LambdaConfig::default()
-        };
+        let listing = { let mut c = LambdaConfig::default(); c.error_on_full_failure = false; c };
         let adapter = LambdaAdapter::new(sqs, processor, listing);
         let answer = runtime().block_on(adapter.handle(
             serde_json::json!({"Records": events}),

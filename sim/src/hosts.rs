@@ -285,10 +285,11 @@ async fn run_lambda(
     batch: usize,
     commands: &mut mpsc::UnboundedReceiver<Command>,
 ) -> Option<Duration> {
-    let config = LambdaConfig {
-        dlq_url: Some(world.dlq_url.clone()),
-        queue_url: Some(world.url.clone()),
-        ..LambdaConfig::default()
+    let config = {
+        let mut c = LambdaConfig::default();
+        c.dlq_url = Some(world.dlq_url.clone());
+        c.queue_url = Some(world.url.clone());
+        c
     };
     let adapter = LambdaAdapter::new(generation.queue.clone(), generation.processor, config);
     // The event source mapping is the Lambda service: no crash, no partition.

@@ -8,6 +8,7 @@ use crate::protocol::limits::SQS_MAX_VISIBILITY;
 
 /// What to do with a message from which no dedup key can be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum MissingKey {
     /// Permanent failure: park it in the DLQ with the reason (the default).
     #[default]
@@ -20,6 +21,7 @@ pub enum MissingKey {
 /// body: a producer reusing a key for other content. Either way it is counted
 /// (`PayloadMismatches`) and logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum PayloadMismatch {
     /// Treat it as the duplicate its key says it is (the default).
     #[default]
@@ -31,6 +33,7 @@ pub enum PayloadMismatch {
 
 /// How the processor claims, retries and records. Every runtime builds one.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProcessorConfig {
     /// The namespace of this consumer's records (`SQS_ONCE_CONSUMER`).
     pub consumer: String,

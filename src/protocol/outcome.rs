@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 
 /// What should happen to a message whose handler failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailureKind {
     /// Try again later, with backoff from the receive count.
     Retry,
@@ -61,6 +62,7 @@ impl StoredResult {
 
 /// What the runtime must do with a message after processing.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The effect is recorded: delete the message.
     Completed {

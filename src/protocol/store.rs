@@ -32,6 +32,7 @@ use crate::protocol::outcome::{FailureKind, StagedWrite, StoredResult};
 
 /// `IN_PROGRESS`, `COMPLETED` or `FAILED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// Claimed; the owner's lease says until when.
     InProgress,
@@ -362,6 +363,7 @@ impl StoreError {
 
 /// A store operation that did not do what was asked.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Someone else owns the key now (the fencing check failed): our lease ran out
     /// and another consumer took over. Our effect must not be recorded.

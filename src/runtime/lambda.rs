@@ -76,6 +76,7 @@ use crate::{Handler, Message, Processor};
 
 /// Settings of the Lambda runtime.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LambdaConfig {
     /// Where permanent failures are parked. Without it they are listed as
     /// failures and come back until the queue's redrive policy moves them.
@@ -121,6 +122,7 @@ impl Default for LambdaConfig {
 /// An invocation answered with an error: Lambda retries the whole batch
 /// (nothing is lost; completed records are then duplicates).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EventError {
     /// The event is not an SQS event.
     #[error("not an SQS event: {0}")]

@@ -50,6 +50,7 @@ use crate::{Handler, Message, Processor};
 
 /// Settings of the long-polling runtime.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PollerConfig {
     /// The source queue (`SQS_ONCE_QUEUE_URL`).
     pub queue_url: String,
@@ -107,6 +108,7 @@ impl PollerConfig {
 
 /// What a poller run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunStats {
     /// Messages received.
     pub received: u64,
@@ -129,6 +131,7 @@ pub struct RunStats {
 
 /// The queue could not be read at start-up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum QueueCheckError {
     /// `GetQueueAttributes` failed.
     #[error("cannot read queue {queue} (setting SQS_ONCE_QUEUE_URL): {source}")]

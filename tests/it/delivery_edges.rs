@@ -927,12 +927,10 @@ async fn a_copy_of_a_key_held_longer_than_max_receive_count_invocations_stays_ou
     pc.lease = Duration::from_secs(4);
     pc.heartbeat = Duration::from_secs(1);
     let store = DynamoStore::new(ddb.clone(), dedup_table(&ddb).await);
-    let config = sqs_once::LambdaConfig {
-        queue_url: Some(q.queue_url.clone()),
-        dlq_url: Some(q.dlq_url.clone()),
-        margin: Duration::from_secs(2),
-        ..sqs_once::LambdaConfig::default()
-    };
+    let mut config = sqs_once::LambdaConfig::default();
+    config.queue_url = Some(q.queue_url.clone());
+    config.dlq_url = Some(q.dlq_url.clone());
+    config.margin = Duration::from_secs(2);
     let adapter = sqs_once::LambdaAdapter::new(
         sqs.clone(),
         Processor::new(store, handler, pc).unwrap(),

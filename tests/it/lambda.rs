@@ -73,9 +73,10 @@ fn failures(r: &SqsBatchResponse) -> Vec<String> {
 /// Answers a batch whose every record fails with the list (not an error),
 /// for tests of which records are listed.
 fn listing() -> LambdaConfig {
-    LambdaConfig {
-        error_on_full_failure: false,
-        ..Default::default()
+    {
+        let mut c = LambdaConfig::default();
+        c.error_on_full_failure = false;
+        c
     }
 }
 
@@ -122,15 +123,11 @@ async fn standard_event_applies_each_event_once_and_parks_bad_bodies() {
     }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let l = Ledger::new(&sqs, &ddb).await;
-    let a = adapter(
-        &l.dedup,
-        LedgerHandler::new(&l.ledger),
-        ledger_config(),
-        LambdaConfig {
-            dlq_url: Some(l.queues.dlq_url.clone()),
-            ..Default::default()
-        },
-    )
+    let a = adapter(&l.dedup, LedgerHandler::new(&l.ledger), ledger_config(), {
+        let mut c = LambdaConfig::default();
+        c.dlq_url = Some(l.queues.dlq_url.clone());
+        c
+    })
     .await;
     let good = [
         rec("m1", &ledger_body("e1", "acct-a", 100)),
@@ -302,15 +299,11 @@ async fn standard_records_run_concurrently_within_the_bound() {
             Ok(None)
         }
     });
-    let a = adapter(
-        &dedup,
-        handler,
-        ProcessorConfig::new("c"),
-        LambdaConfig {
-            concurrency: 3,
-            ..Default::default()
-        },
-    )
+    let a = adapter(&dedup, handler, ProcessorConfig::new("c"), {
+        let mut c = LambdaConfig::default();
+        c.concurrency = 3;
+        c
+    })
     .await;
     let response = a
         .handle(event_like("sqs-standard-event.json", &records), in_secs(60))
@@ -387,16 +380,12 @@ async fn no_record_starts_with_too_little_time_left() {
             Ok(None)
         }
     });
-    let a = adapter(
-        &dedup,
-        handler,
-        ProcessorConfig::new("c"),
-        LambdaConfig {
-            margin: Duration::from_secs(2),
-            concurrency: 1,
-            ..Default::default()
-        },
-    )
+    let a = adapter(&dedup, handler, ProcessorConfig::new("c"), {
+        let mut c = LambdaConfig::default();
+        c.margin = Duration::from_secs(2);
+        c.concurrency = 1;
+        c
+    })
     .await;
     let records = [rec("m1", "slow"), rec("m2", "y")];
     let response = a
@@ -424,15 +413,11 @@ async fn a_function_timeout_near_the_margin_still_runs_its_records() {
         c.fetch_add(1, Ordering::SeqCst);
         async { Ok(None) }
     });
-    let a = adapter(
-        &dedup,
-        handler,
-        ProcessorConfig::new("c"),
-        LambdaConfig {
-            margin: Duration::from_secs(3),
-            ..Default::default()
-        },
-    )
+    let a = adapter(&dedup, handler, ProcessorConfig::new("c"), {
+        let mut c = LambdaConfig::default();
+        c.margin = Duration::from_secs(3);
+        c
+    })
     .await;
     let records = [rec("m1", "x"), rec("m2", "y")];
     let response = a
@@ -471,9 +456,10 @@ async fn a_batch_whose_every_record_fails_is_answered_with_an_error() {
         matches!(&err, sqs_once::lambda::EventError::WholeBatch(ids) if *ids == ["m1", "m2"]),
         "{err}"
     );
-    let listing = LambdaConfig {
-        error_on_full_failure: false,
-        ..Default::default()
+    let listing = {
+        let mut c = LambdaConfig::default();
+        c.error_on_full_failure = false;
+        c
     };
     let a = adapter(&dedup, handler(), ProcessorConfig::new("c2"), listing).await;
     let response = a
@@ -503,16 +489,12 @@ async fn lease_ends_by_the_deadline_and_a_late_handler_is_interrupted_and_releas
             Ok(None)
         }
     });
-    let a = adapter(
-        &dedup,
-        handler,
-        ProcessorConfig::new("c"),
-        LambdaConfig {
-            margin: Duration::from_secs(2),
-            error_on_full_failure: false,
-            ..Default::default()
-        },
-    )
+    let a = adapter(&dedup, handler, ProcessorConfig::new("c"), {
+        let mut c = LambdaConfig::default();
+        c.margin = Duration::from_secs(2);
+        c.error_on_full_failure = false;
+        c
+    })
     .await;
     let deadline = in_secs(6);
     let deadline_ms = deadline.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;

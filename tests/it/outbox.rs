@@ -325,9 +325,10 @@ async fn lambda<H: Handler>(
     if let Some(d) = dispatcher {
         processor = processor.with_dispatcher(d);
     }
-    let config = LambdaConfig {
-        error_on_full_failure: false,
-        ..Default::default()
+    let config = {
+        let mut c = LambdaConfig::default();
+        c.error_on_full_failure = false;
+        c
     };
     LambdaAdapter::new(sqs().await, processor, config)
 }

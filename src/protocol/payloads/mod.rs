@@ -49,6 +49,7 @@ pub use crate::protocol::pointer::{
 
 /// How an S3 call failed, which decides what becomes of the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PayloadErrorKind {
     /// No such key or bucket: it will not appear later (parked).
     NotFound,

@@ -34,14 +34,11 @@ pub(crate) async fn lambda_latency(bench: &Bench, r: &mut Report) {
                 ProcessorConfig::new("bench"),
             )
             .unwrap();
-            let adapter = LambdaAdapter::new(
-                sqs.clone(),
-                p,
-                LambdaConfig {
-                    concurrency,
-                    ..Default::default()
-                },
-            );
+            let adapter = LambdaAdapter::new(sqs.clone(), p, {
+                let mut c = LambdaConfig::default();
+                c.concurrency = concurrency;
+                c
+            });
             let records: Vec<_> = (0..10)
             .map(|i| json!({"messageId": format!("m{i}"), "body": "x", "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}}))
             .collect();
@@ -80,14 +77,11 @@ pub(crate) async fn lambda_batch_ms(bench: &Bench, fast: bool) -> f64 {
         config,
     )
     .unwrap();
-    let adapter = LambdaAdapter::new(
-        sqs.clone(),
-        p,
-        LambdaConfig {
-            queue_url: Some(s.queues.queue_url.clone()),
-            ..Default::default()
-        },
-    );
+    let adapter = LambdaAdapter::new(sqs.clone(), p, {
+        let mut c = LambdaConfig::default();
+        c.queue_url = Some(s.queues.queue_url.clone());
+        c
+    });
     let (bodies, expected) = events(75, 0.3);
     assert_eq!(bodies.len(), 100);
     let mut total = 0.0;
