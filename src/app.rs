@@ -429,10 +429,7 @@ impl SqsOnce {
         sqs_timeout: Duration,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
-        let carries = matches!(
-            self.processor.key_source,
-            KeySource::MessageId | KeySource::DeduplicationId
-        );
+        let carries = self.processor.key_source.uses_ids();
         if carries && self.processor.carry_secret.is_none() {
             tracing::warn!(
                 "no carry secret (SQS_ONCE_CARRY_SECRET): parked copies carry no dedup key and carried ones are not honoured, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ (parked, or moved by the queue's redrive policy) is processed under a new key"
