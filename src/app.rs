@@ -171,6 +171,14 @@ impl SqsOnce {
         self
     }
 
+    /// What wraps the payload in each body (SNS, EventBridge, S3 event
+    /// notifications): opened before the key is read and the handler runs
+    /// (see [`crate::envelope`]).
+    pub fn envelope(mut self, envelope: crate::Envelope) -> Self {
+        self.processor.envelope = envelope;
+        self
+    }
+
     /// The source queue (required for the poller; in Lambda it is looked up
     /// from each record's queue ARN unless given).
     pub fn queue_url(mut self, url: impl Into<String>) -> Self {

@@ -23,9 +23,14 @@ pub struct RuntimeArgs {
     /// The consumer name: the namespace of its dedup records.
     #[arg(long, env = "SQS_ONCE_CONSUMER")]
     pub consumer: String,
-    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer, body-sha256.
+    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer (json:/a>/b inside a JSON string), body-sha256, or several joined by commas.
     #[arg(long, env = "SQS_ONCE_DEDUP_KEY", default_value = "message-id")]
     pub dedup_key: String,
+    /// What wraps the payload in each body: none, sns (a notification
+    /// without raw message delivery), eventbridge or s3. The dedup key and
+    /// the handler read the payload inside.
+    #[arg(long, env = "SQS_ONCE_ENVELOPE", default_value = "none", value_parser = ["none", "sns", "eventbridge", "s3"])]
+    pub envelope: String,
     /// Process messages without a dedup key unprotected instead of parking them.
     #[arg(long, env = "SQS_ONCE_ALLOW_MISSING_KEY", default_value_t = false)]
     pub allow_missing_key: bool,
@@ -151,6 +156,10 @@ impl RuntimeArgs {
                 setting: "SQS_ONCE_DEDUP_KEY",
                 problem: e.to_string(),
             })?;
+        p.envelope = self.envelope.parse().map_err(|e| ConfigError {
+            setting: "SQS_ONCE_ENVELOPE",
+            problem: format!("{e}"),
+        })?;
         if self.allow_missing_key {
             p.missing_key = MissingKey::ProcessUnprotected;
         }

@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use crate::KeySource;
+use crate::protocol::envelope::Opened;
 use crate::protocol::key::{CarrySecret, KeyError};
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
+use crate::protocol::message::Envelope;
+use crate::{KeySource, Message};
 
 /// What to do with a message from which no dedup key can be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,6 +40,9 @@ pub struct ProcessorConfig {
     pub key_source: KeySource,
     /// What a keyless message gets.
     pub missing_key: MissingKey,
+    /// What wraps the payload in a body (`SQS_ONCE_ENVELOPE`, default
+    /// none): opened before the key is read and the handler runs.
+    pub envelope: Envelope,
     /// How long a claim holds the key before another consumer may take over
     /// (`SQS_ONCE_LEASE`, default 60 s).
     pub lease: Duration,
@@ -104,6 +109,7 @@ impl ProcessorConfig {
             consumer: consumer.into(),
             key_source: KeySource::default(),
             missing_key: MissingKey::default(),
+            envelope: Envelope::default(),
             lease: Duration::from_secs(60),
             ttl: Duration::from_secs(7 * 24 * 60 * 60),
             heartbeat: Duration::from_secs(20),
@@ -142,10 +148,38 @@ impl ProcessorConfig {
     }
 
     /// The dedup key of `message` (a carried key honoured when it verifies
-    /// under [`Self::carry_secret`]).
-    pub fn dedup_key(&self, message: &crate::Message) -> Result<String, KeyError> {
+    /// under [`Self::carry_secret`]), read from the payload inside
+    /// [`Self::envelope`] (opened here when it is not yet).
+    pub fn dedup_key(&self, message: &Message) -> Result<String, KeyError> {
+        let opened = self.opened(message)?;
         self.key_source
-            .extract_with(message, self.carry_secret.as_ref())
+            .extract_with(&opened, self.carry_secret.as_ref())
+    }
+
+    /// The SHA-256 recorded with a message's key, that tells a duplicate
+    /// from a reuse of the key for another payload: of the payload inside
+    /// [`Self::envelope`].
+    pub fn payload_sha256(&self, message: &Message) -> String {
+        let body = match self.opened(message) {
+            Ok(opened) => std::borrow::Cow::Owned(opened.body().to_owned()),
+            Err(_) => std::borrow::Cow::Borrowed(message.body()),
+        };
+        crate::protocol::key::sha256_hex(body.as_bytes())
+    }
+
+    /// `message` with [`Self::envelope`] opened, borrowed when there is
+    /// nothing to open.
+    fn opened<'a>(&self, message: &'a Message) -> Result<std::borrow::Cow<'a, Message>, KeyError> {
+        if self.envelope == Envelope::None || message.envelope().is_some() {
+            return Ok(std::borrow::Cow::Borrowed(message));
+        }
+        match self.envelope.open(message.clone()) {
+            Ok(Opened::Payload(m)) => Ok(std::borrow::Cow::Owned(m)),
+            Ok(Opened::S3TestEvent) => Err(KeyError::Envelope(
+                "S3's test event (s3:TestEvent) has no payload".to_owned(),
+            )),
+            Err(e) => Err(KeyError::Envelope(e.to_string())),
+        }
     }
 
     /// Rejects invalid combinations with a message naming the setting.

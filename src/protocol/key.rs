@@ -128,6 +128,10 @@ pub enum KeyError {
         /// Why it could not be taken.
         error: Box<KeyError>,
     },
+    /// The envelope around the payload could not be opened (or holds no
+    /// payload: S3's test event).
+    #[error("{0}")]
+    Envelope(String),
     /// A custom key's closure failed.
     #[error("the custom dedup key could not be taken: {0}")]
     Custom(String),
@@ -362,7 +366,7 @@ pub fn carried<'a>(
 ) -> Option<&'a str> {
     let sealed = message.attribute(name)?;
     secret?
-        .open(name, message.body(), sealed)
+        .open(name, message.raw_body(), sealed)
         .filter(|v| !v.is_empty())
 }
 

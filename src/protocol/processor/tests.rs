@@ -834,3 +834,74 @@ async fn a_huge_handler_error_is_stored_bounded() {
         &error[error.len() - 40..]
     );
 }
+
+#[tokio::test]
+async fn one_event_in_two_sns_envelopes_runs_once_and_the_handler_sees_the_payload() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let handler = handler_fn(move |m: Message, _ctx: Context| {
+        let log = log.clone();
+        async move {
+            log.lock()
+                .unwrap()
+                .push((m.body().to_owned(), m.raw_body().to_owned()));
+            Ok(None)
+        }
+    });
+    let mut c = config();
+    c.key_source = "json:/orderId".parse().unwrap();
+    c.envelope = crate::Envelope::Sns;
+    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
+    let envelope = |sns_id: &str, order: &str| {
+        serde_json::json!({
+            "Type": "Notification", "MessageId": sns_id, "TopicArn": "arn:aws:sns:us-east-1:1:t",
+            "Message": serde_json::json!({"orderId": order}).to_string(),
+        })
+        .to_string()
+    };
+    let first = envelope("sns-1", "o-1");
+    let outcome = p.process(Message::new("m-1", first.clone())).await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    let again = p
+        .process(Message::new("m-2", envelope("sns-2", "o-1")))
+        .await;
+    assert!(
+        matches!(
+            again,
+            Outcome::Duplicate {
+                payload_matches: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    let malformed = p.process(Message::new("m-3", r#"{"orderId":"o-1"}"#)).await;
+    assert!(
+        matches!(&malformed, Outcome::Park { reason } if reason.contains("not an sns envelope")),
+        "{malformed:?}"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![(r#"{"orderId":"o-1"}"#.to_owned(), first)]);
+}
+
+#[tokio::test]
+async fn s3s_test_event_is_done_without_a_handler_run_or_a_record() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let mut config = config();
+    config.envelope = crate::Envelope::S3;
+    let store = MemoryStore::default();
+    let p = Processor::new(store.clone(), handler, config).unwrap();
+    let test = r#"{"Service":"Amazon S3","Event":"s3:TestEvent","Time":"2014-10-13T15:57:02.089Z","Bucket":"b"}"#;
+    let outcome = p.process(Message::new("t-1", test)).await;
+    assert_eq!(outcome, Outcome::Completed { result: None });
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(store.records().is_empty(), "no record");
+}
