@@ -179,6 +179,16 @@ impl SqsOnce {
         self
     }
 
+    /// JSON pointers to the parts of the payload whose hash tells "same
+    /// key, different payload" (see [`ProcessorConfig::payload_pointers`]).
+    pub fn payload_pointers<P: Into<String>>(
+        mut self,
+        pointers: impl IntoIterator<Item = P>,
+    ) -> Self {
+        self.processor.payload_pointers = pointers.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// The source queue (required for the poller; in Lambda it is looked up
     /// from each record's queue ARN unless given).
     pub fn queue_url(mut self, url: impl Into<String>) -> Self {

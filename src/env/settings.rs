@@ -89,6 +89,10 @@ pub struct RuntimeArgs {
     /// a key): `warn` (skip it as its key says, with a warning) or `park`.
     #[arg(long, env = "SQS_ONCE_PAYLOAD_MISMATCH", default_value = "warn", value_parser = ["warn", "park"])]
     pub payload_mismatch: String,
+    /// JSON pointers, comma-separated, to the parts of the payload that tell
+    /// "same key, different payload" (default: the whole payload).
+    #[arg(long, env = "SQS_ONCE_PAYLOAD_POINTERS", value_delimiter = ',')]
+    pub payload_pointers: Vec<String>,
     /// The secret that seals the dedup key and first message id a parked copy
     /// carries (at least 32 bytes; several separated by commas rotate: the
     /// first seals, each verifies). Only consumers and operators hold it: a
@@ -176,6 +180,12 @@ impl RuntimeArgs {
             "park" => PayloadMismatch::Park,
             _ => PayloadMismatch::Warn,
         };
+        p.payload_pointers = self
+            .payload_pointers
+            .iter()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
         p.carry_secret = self
             .carry_secret
             .as_ref()
@@ -345,5 +355,21 @@ mod settings_tests {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn envelope_and_payload_pointers_reach_the_processor_config() {
+        let c = parse(&["--envelope", "sns", "--payload-pointers", "/a, /b/c"])
+            .processor_config()
+            .unwrap();
+        assert_eq!(c.envelope, crate::Envelope::Sns);
+        assert_eq!(c.payload_pointers, ["/a", "/b/c"]);
+        let c = parse(&[]).processor_config().unwrap();
+        assert_eq!(c.envelope, crate::Envelope::None);
+        assert!(c.payload_pointers.is_empty());
+        let bad = parse(&["--payload-pointers", "a"])
+            .processor_config()
+            .and_then(|c| c.validate());
+        assert_eq!(bad.unwrap_err().setting, "SQS_ONCE_PAYLOAD_POINTERS");
     }
 }

@@ -75,6 +75,14 @@ pub struct ProcessorConfig {
     /// the recorded one (`SQS_ONCE_PAYLOAD_MISMATCH`: `warn`, the default, or
     /// `park`).
     pub payload_mismatch: PayloadMismatch,
+    /// JSON pointers to the parts of the payload that tell "same key,
+    /// different payload" (`SQS_ONCE_PAYLOAD_POINTERS`, comma-separated;
+    /// default none: the whole payload). When set, the recorded payload hash
+    /// covers the values at these pointers only (compared as JSON values, a
+    /// missing one apart from `null`), so fields that change between sends
+    /// of one event (a timestamp, a trace id) are not a mismatch. A payload
+    /// that is not JSON is hashed whole.
+    pub payload_pointers: Vec<String>,
     /// Seals the dedup key and first message id a parked copy carries, and
     /// verifies them on a copy brought back (`SQS_ONCE_CARRY_SECRET`). Without
     /// it nothing carried is honoured: under `message-id` and `dedup-id` keys a
@@ -120,6 +128,7 @@ impl ProcessorConfig {
             max_result_bytes: 32 * 1024,
             fast_path: true,
             payload_mismatch: PayloadMismatch::Warn,
+            payload_pointers: Vec::new(),
             carry_secret: None,
             hash_keys: false,
             redact_reasons: false,
@@ -159,12 +168,18 @@ impl ProcessorConfig {
     /// The SHA-256 recorded with a message's key, that tells a duplicate
     /// from a reuse of the key for another payload: of the payload inside
     /// [`Self::envelope`].
+    /// With [`Self::payload_pointers`], of the values at those pointers.
     pub fn payload_sha256(&self, message: &Message) -> String {
         let body = match self.opened(message) {
             Ok(opened) => std::borrow::Cow::Owned(opened.body().to_owned()),
             Err(_) => std::borrow::Cow::Borrowed(message.body()),
         };
-        crate::protocol::key::sha256_hex(body.as_bytes())
+        let selected = (!self.payload_pointers.is_empty())
+            .then(|| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .flatten()
+            .map(|payload| selected_parts(&payload, &self.payload_pointers));
+        let hashed = selected.as_deref().unwrap_or(&body);
+        crate::protocol::key::sha256_hex(hashed.as_bytes())
     }
 
     /// `message` with [`Self::envelope`] opened, borrowed when there is
@@ -237,6 +252,14 @@ impl ProcessorConfig {
                 "base must be above zero and not above the maximum".to_owned(),
             );
         }
+        if let Some(p) = self.payload_pointers.iter().find(|p| !p.starts_with('/')) {
+            return bad(
+                "SQS_ONCE_PAYLOAD_POINTERS",
+                format!(
+                    "{p:?} is not a JSON pointer: each must start with `/`, e.g. /order/amount"
+                ),
+            );
+        }
         if self.max_result_bytes > 350 * 1024 {
             return bad(
                 "ProcessorConfig::max_result_bytes",
@@ -272,6 +295,33 @@ impl ProcessorConfig {
             .min(self.backoff_max)
             .min(SQS_MAX_VISIBILITY)
     }
+}
+
+/// The values at `pointers` in `payload` as one text: a JSON array with, for
+/// each pointer, `[]` when nothing is there, else `[value]`, object keys in
+/// sorted order (the same values give the same text whatever order their
+/// keys came in).
+fn selected_parts(payload: &serde_json::Value, pointers: &[String]) -> String {
+    fn canonical(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(map) => {
+                let sorted: std::collections::BTreeMap<&String, serde_json::Value> =
+                    map.iter().map(|(k, v)| (k, canonical(v))).collect();
+                serde_json::to_value(sorted).unwrap_or_default()
+            }
+            serde_json::Value::Array(items) => items.iter().map(canonical).collect(),
+            other => other.clone(),
+        }
+    }
+    let parts: Vec<serde_json::Value> = pointers
+        .iter()
+        .map(|p| {
+            let found: Vec<serde_json::Value> =
+                payload.pointer(p).map(canonical).into_iter().collect();
+            serde_json::Value::Array(found)
+        })
+        .collect();
+    serde_json::Value::Array(parts).to_string()
 }
 
 /// An invalid setting.
@@ -315,6 +365,42 @@ mod tests {
         assert_eq!(
             parse_duration("SQS_ONCE_TTL", "soon").unwrap_err().setting,
             "SQS_ONCE_TTL"
+        );
+    }
+
+    #[test]
+    fn payload_pointers_hash_only_their_parts() {
+        let mut c = ProcessorConfig::new("c");
+        c.payload_pointers = vec!["/order/amount".into(), "/order/items".into()];
+        let hash_with =
+            |c: &ProcessorConfig, body: &str| c.payload_sha256(&Message::new("m", body));
+        let hash = |body: &str| hash_with(&c, body);
+        let base = hash(r#"{"order":{"amount":5,"items":[{"a":1,"b":2}]},"sentAt":"t1"}"#);
+        // Outside the pointers, and key order inside them: the same.
+        assert_eq!(
+            base,
+            hash(r#"{"sentAt":"t2","order":{"items":[{"b":2,"a":1}],"amount":5,"note":"x"}}"#)
+        );
+        // Inside them: different, and missing is not null.
+        assert_ne!(
+            base,
+            hash(r#"{"order":{"amount":6,"items":[{"a":1,"b":2}]}}"#)
+        );
+        let missing = hash(r#"{"order":{"items":[{"a":1,"b":2}]}}"#);
+        let null = hash(r#"{"order":{"amount":null,"items":[{"a":1,"b":2}]}}"#);
+        assert_ne!(missing, null);
+        // Not JSON: the whole body.
+        assert_eq!(hash("text"), crate::protocol::key::sha256_hex(b"text"));
+        // Without pointers: the whole body.
+        c.payload_pointers.clear();
+        assert_ne!(
+            hash_with(&c, r#"{"a":1,"t":1}"#),
+            hash_with(&c, r#"{"a":1,"t":2}"#)
+        );
+        c.payload_pointers = vec!["order".into()];
+        assert_eq!(
+            c.validate().unwrap_err().setting,
+            "SQS_ONCE_PAYLOAD_POINTERS"
         );
     }
 

@@ -905,3 +905,55 @@ async fn s3s_test_event_is_done_without_a_handler_run_or_a_record() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert!(store.records().is_empty(), "no record");
 }
+
+#[tokio::test]
+async fn payload_pointers_make_a_change_outside_them_a_duplicate_and_inside_them_a_mismatch() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let mut config = config();
+    config.payload_pointers = vec!["/amount".into()];
+    config.payload_mismatch = PayloadMismatch::Park;
+    let p = Processor::new(MemoryStore::default(), handler, config).unwrap();
+    let first = p
+        .process(Message::new(
+            "m-1",
+            r#"{"id":"k","amount":5,"sentAt":"t1"}"#,
+        ))
+        .await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    let resent = p
+        .process(Message::new(
+            "m-2",
+            r#"{"id":"k","amount":5,"sentAt":"t2"}"#,
+        ))
+        .await;
+    assert!(
+        matches!(
+            resent,
+            Outcome::Duplicate {
+                payload_matches: true,
+                ..
+            }
+        ),
+        "{resent:?}"
+    );
+    let changed = p
+        .process(Message::new(
+            "m-3",
+            r#"{"id":"k","amount":6,"sentAt":"t1"}"#,
+        ))
+        .await;
+    assert!(
+        matches!(&changed, Outcome::Park { reason } if reason.contains("payload mismatch")),
+        "{changed:?}"
+    );
+    assert_eq!(p.metrics().take().payload_mismatches, 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
