@@ -957,3 +957,56 @@ async fn payload_pointers_make_a_change_outside_them_a_duplicate_and_inside_them
     assert_eq!(p.metrics().take().payload_mismatches, 1);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_compound_key_missing_a_part_is_parked_naming_the_part_and_a_custom_key_keys_the_record()
+{
+    let mut c = config();
+    c.key_source = "attribute:tenant,json:/id".parse().unwrap();
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _ctx| async { Ok(None) }),
+        c,
+    )
+    .unwrap();
+    let parked = p.process(Message::new("m-1", r#"{"id":"o-1"}"#)).await;
+    assert!(
+        matches!(&parked, Outcome::Park { reason }
+            if reason.contains("part 1 of the compound dedup key (`attribute:tenant`)")),
+        "{parked:?}"
+    );
+    let done = p
+        .process(Message::new("m-2", r#"{"id":"o-1"}"#).with_attribute("tenant", "acme"))
+        .await;
+    assert!(matches!(done, Outcome::Completed { .. }), "{done:?}");
+    assert_eq!(
+        p.store().records()[0].pk,
+        record_key("test", "4:acme|3:o-1")
+    );
+
+    let mut c = config();
+    c.key_source = crate::KeySource::custom(|m: &Message| {
+        m.json::<serde_json::Value>()
+            .map_err(|e| e.to_string())?
+            .get("id")
+            .and_then(serde_json::Value::as_str)
+            .map(|id| format!("custom-{id}"))
+            .ok_or_else(|| "no id".to_owned())
+    });
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _ctx| async { Ok(None) }),
+        c,
+    )
+    .unwrap();
+    assert!(matches!(
+        p.process(Message::new("m-3", r#"{"id":"x"}"#)).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!(p.store().records()[0].pk, record_key("test", "custom-x"));
+    let parked = p.process(Message::new("m-4", "{}")).await;
+    assert!(
+        matches!(&parked, Outcome::Park { reason } if reason.contains("custom dedup key could not be taken: no id")),
+        "{parked:?}"
+    );
+}
