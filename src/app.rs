@@ -185,6 +185,24 @@ impl SqsOnce {
         self
     }
 
+    /// What wraps the payload in each body (SNS, EventBridge, S3 event
+    /// notifications): opened before the key is read and the handler runs
+    /// (see [`crate::envelope`]).
+    pub fn envelope(mut self, envelope: crate::Envelope) -> Self {
+        self.processor.envelope = envelope;
+        self
+    }
+
+    /// JSON pointers to the parts of the payload whose hash tells "same
+    /// key, different payload" (see [`ProcessorConfig::payload_pointers`]).
+    pub fn payload_pointers<P: Into<String>>(
+        mut self,
+        pointers: impl IntoIterator<Item = P>,
+    ) -> Self {
+        self.processor.payload_pointers = pointers.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// The source queue (required for the poller; in Lambda it is looked up
     /// from each record's queue ARN unless given).
     pub fn queue_url(mut self, url: impl Into<String>) -> Self {
@@ -449,10 +467,7 @@ impl SqsOnce {
         sqs_timeout: Duration,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
-        let carries = matches!(
-            self.processor.key_source,
-            KeySource::MessageId | KeySource::DeduplicationId
-        );
+        let carries = self.processor.key_source.uses_ids();
         if carries && self.processor.carry_secret.is_none() {
             tracing::warn!(
                 "no carry secret (SQS_ONCE_CARRY_SECRET): parked copies carry no dedup key and carried ones are not honoured, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ (parked, or moved by the queue's redrive policy) is processed under a new key"

@@ -82,7 +82,8 @@ pub use protocol::mutants;
 #[cfg(feature = "otel")]
 pub use protocol::otel;
 pub use protocol::{
-    clock, config, key, limits, metrics, outbox, parking, payloads, queue, redrive, store, trace,
+    clock, config, envelope, key, limits, metrics, outbox, parking, payloads, queue, redrive,
+    store, trace,
 };
 #[cfg(feature = "lambda")]
 pub use runtime::lambda;
@@ -100,7 +101,7 @@ pub use protocol::handler::{
     staged_only,
 };
 pub use protocol::key::KeySource;
-pub use protocol::message::{Attribute, AttributeValue, Message};
+pub use protocol::message::{Attribute, AttributeValue, Envelope, Message};
 pub use protocol::outbox::{Dispatcher, Outgoing};
 pub use protocol::outcome::{FailureKind, Outcome, StagedWrite, StoredResult};
 pub use protocol::processor::Processor;

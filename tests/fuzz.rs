@@ -46,12 +46,16 @@ fn body() -> impl Strategy<Value = String> {
 }
 
 fn key_source() -> impl Strategy<Value = KeySource> {
-    prop_oneof![
+    let single = prop_oneof![
         Just(KeySource::MessageId),
         Just(KeySource::DeduplicationId),
         Just(KeySource::BodySha256),
         "[a-z_]{1,8}".prop_map(KeySource::Attribute),
-        "(/[a-z0-9~]{0,5}){1,3}".prop_map(KeySource::JsonPointer),
+        "(/[a-z0-9~]{0,5}){1,3}(>/[a-z0-9]{0,5}){0,2}".prop_map(KeySource::JsonPointer),
+    ];
+    prop_oneof![
+        4 => single.clone(),
+        1 => prop::collection::vec(single, 2..4).prop_map(KeySource::Compound),
     ]
 }
 

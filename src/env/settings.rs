@@ -23,9 +23,14 @@ pub struct RuntimeArgs {
     /// The consumer name: the namespace of its dedup records.
     #[arg(long, env = "SQS_ONCE_CONSUMER")]
     pub consumer: String,
-    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer, body-sha256.
+    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer (json:/a>/b inside a JSON string), body-sha256, or several joined by commas.
     #[arg(long, env = "SQS_ONCE_DEDUP_KEY", default_value = "message-id")]
     pub dedup_key: String,
+    /// What wraps the payload in each body: none, sns (a notification
+    /// without raw message delivery), eventbridge or s3. The dedup key and
+    /// the handler read the payload inside.
+    #[arg(long, env = "SQS_ONCE_ENVELOPE", default_value = "none", value_parser = ["none", "sns", "eventbridge", "s3"])]
+    pub envelope: String,
     /// Process messages without a dedup key unprotected instead of parking them.
     #[arg(long, env = "SQS_ONCE_ALLOW_MISSING_KEY", default_value_t = false)]
     pub allow_missing_key: bool,
@@ -84,6 +89,10 @@ pub struct RuntimeArgs {
     /// a key): `warn` (skip it as its key says, with a warning) or `park`.
     #[arg(long, env = "SQS_ONCE_PAYLOAD_MISMATCH", default_value = "warn", value_parser = ["warn", "park"])]
     pub payload_mismatch: String,
+    /// JSON pointers, comma-separated, to the parts of the payload that tell
+    /// "same key, different payload" (default: the whole payload).
+    #[arg(long, env = "SQS_ONCE_PAYLOAD_POINTERS", value_delimiter = ',')]
+    pub payload_pointers: Vec<String>,
     /// The secret that seals the dedup key and first message id a parked copy
     /// carries (at least 32 bytes; several separated by commas rotate: the
     /// first seals, each verifies). Only consumers and operators hold it: a
@@ -157,6 +166,10 @@ impl RuntimeArgs {
                 setting: "SQS_ONCE_DEDUP_KEY",
                 problem: e.to_string(),
             })?;
+        p.envelope = self.envelope.parse().map_err(|e| ConfigError {
+            setting: "SQS_ONCE_ENVELOPE",
+            problem: format!("{e}"),
+        })?;
         if self.allow_missing_key {
             p.missing_key = MissingKey::ProcessUnprotected;
         }
@@ -173,6 +186,12 @@ impl RuntimeArgs {
             "park" => PayloadMismatch::Park,
             _ => PayloadMismatch::Warn,
         };
+        p.payload_pointers = self
+            .payload_pointers
+            .iter()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
         p.carry_secret = self
             .carry_secret
             .as_ref()
@@ -361,5 +380,21 @@ mod settings_tests {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn envelope_and_payload_pointers_reach_the_processor_config() {
+        let c = parse(&["--envelope", "sns", "--payload-pointers", "/a, /b/c"])
+            .processor_config()
+            .unwrap();
+        assert_eq!(c.envelope, crate::Envelope::Sns);
+        assert_eq!(c.payload_pointers, ["/a", "/b/c"]);
+        let c = parse(&[]).processor_config().unwrap();
+        assert_eq!(c.envelope, crate::Envelope::None);
+        assert!(c.payload_pointers.is_empty());
+        let bad = parse(&["--payload-pointers", "a"])
+            .processor_config()
+            .and_then(|c| c.validate());
+        assert_eq!(bad.unwrap_err().setting, "SQS_ONCE_PAYLOAD_POINTERS");
     }
 }

@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use crate::KeySource;
+use crate::protocol::envelope::Opened;
 use crate::protocol::key::{CarrySecret, KeyError};
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
+use crate::protocol::message::Envelope;
+use crate::{KeySource, Message};
 
 /// What to do with a message from which no dedup key can be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,6 +43,9 @@ pub struct ProcessorConfig {
     pub key_source: KeySource,
     /// What a keyless message gets.
     pub missing_key: MissingKey,
+    /// What wraps the payload in a body (`SQS_ONCE_ENVELOPE`, default
+    /// none): opened before the key is read and the handler runs.
+    pub envelope: Envelope,
     /// How long a claim holds the key before another consumer may take over
     /// (`SQS_ONCE_LEASE`, default 60 s).
     pub lease: Duration,
@@ -73,6 +78,14 @@ pub struct ProcessorConfig {
     /// the recorded one (`SQS_ONCE_PAYLOAD_MISMATCH`: `warn`, the default, or
     /// `park`).
     pub payload_mismatch: PayloadMismatch,
+    /// JSON pointers to the parts of the payload that tell "same key,
+    /// different payload" (`SQS_ONCE_PAYLOAD_POINTERS`, comma-separated;
+    /// default none: the whole payload). When set, the recorded payload hash
+    /// covers the values at these pointers only (compared as JSON values, a
+    /// missing one apart from `null`), so fields that change between sends
+    /// of one event (a timestamp, a trace id) are not a mismatch. A payload
+    /// that is not JSON is hashed whole.
+    pub payload_pointers: Vec<String>,
     /// Seals the dedup key and first message id a parked copy carries, and
     /// verifies them on a copy brought back (`SQS_ONCE_CARRY_SECRET`). Without
     /// it nothing carried is honoured: under `message-id` and `dedup-id` keys a
@@ -107,6 +120,7 @@ impl ProcessorConfig {
             consumer: consumer.into(),
             key_source: KeySource::default(),
             missing_key: MissingKey::default(),
+            envelope: Envelope::default(),
             lease: Duration::from_secs(60),
             ttl: Duration::from_secs(7 * 24 * 60 * 60),
             heartbeat: Duration::from_secs(20),
@@ -117,6 +131,7 @@ impl ProcessorConfig {
             max_result_bytes: 32 * 1024,
             fast_path: true,
             payload_mismatch: PayloadMismatch::Warn,
+            payload_pointers: Vec::new(),
             carry_secret: None,
             hash_keys: false,
             redact_reasons: false,
@@ -145,10 +160,44 @@ impl ProcessorConfig {
     }
 
     /// The dedup key of `message` (a carried key honoured when it verifies
-    /// under [`Self::carry_secret`]).
-    pub fn dedup_key(&self, message: &crate::Message) -> Result<String, KeyError> {
+    /// under [`Self::carry_secret`]), read from the payload inside
+    /// [`Self::envelope`] (opened here when it is not yet).
+    pub fn dedup_key(&self, message: &Message) -> Result<String, KeyError> {
+        let opened = self.opened(message)?;
         self.key_source
-            .extract_with(message, self.carry_secret.as_ref())
+            .extract_with(&opened, self.carry_secret.as_ref())
+    }
+
+    /// The SHA-256 recorded with a message's key, that tells a duplicate
+    /// from a reuse of the key for another payload: of the payload inside
+    /// [`Self::envelope`].
+    /// With [`Self::payload_pointers`], of the values at those pointers.
+    pub fn payload_sha256(&self, message: &Message) -> String {
+        let body = match self.opened(message) {
+            Ok(opened) => std::borrow::Cow::Owned(opened.body().to_owned()),
+            Err(_) => std::borrow::Cow::Borrowed(message.body()),
+        };
+        let selected = (!self.payload_pointers.is_empty())
+            .then(|| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .flatten()
+            .map(|payload| selected_parts(&payload, &self.payload_pointers));
+        let hashed = selected.as_deref().unwrap_or(&body);
+        crate::protocol::key::sha256_hex(hashed.as_bytes())
+    }
+
+    /// `message` with [`Self::envelope`] opened, borrowed when there is
+    /// nothing to open.
+    fn opened<'a>(&self, message: &'a Message) -> Result<std::borrow::Cow<'a, Message>, KeyError> {
+        if self.envelope == Envelope::None || message.envelope().is_some() {
+            return Ok(std::borrow::Cow::Borrowed(message));
+        }
+        match self.envelope.open(message.clone()) {
+            Ok(Opened::Payload(m)) => Ok(std::borrow::Cow::Owned(m)),
+            Ok(Opened::S3TestEvent) => Err(KeyError::Envelope(
+                "S3's test event (s3:TestEvent) has no payload".to_owned(),
+            )),
+            Err(e) => Err(KeyError::Envelope(e.to_string())),
+        }
     }
 
     /// Rejects invalid combinations with a message naming the setting.
@@ -206,6 +255,14 @@ impl ProcessorConfig {
                 "base must be above zero and not above the maximum".to_owned(),
             );
         }
+        if let Some(p) = self.payload_pointers.iter().find(|p| !p.starts_with('/')) {
+            return bad(
+                "SQS_ONCE_PAYLOAD_POINTERS",
+                format!(
+                    "{p:?} is not a JSON pointer: each must start with `/`, e.g. /order/amount"
+                ),
+            );
+        }
         if self.max_result_bytes > 350 * 1024 {
             return bad(
                 "ProcessorConfig::max_result_bytes",
@@ -241,6 +298,33 @@ impl ProcessorConfig {
             .min(self.backoff_max)
             .min(SQS_MAX_VISIBILITY)
     }
+}
+
+/// The values at `pointers` in `payload` as one text: a JSON array with, for
+/// each pointer, `[]` when nothing is there, else `[value]`, object keys in
+/// sorted order (the same values give the same text whatever order their
+/// keys came in).
+fn selected_parts(payload: &serde_json::Value, pointers: &[String]) -> String {
+    fn canonical(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(map) => {
+                let sorted: std::collections::BTreeMap<&String, serde_json::Value> =
+                    map.iter().map(|(k, v)| (k, canonical(v))).collect();
+                serde_json::to_value(sorted).unwrap_or_default()
+            }
+            serde_json::Value::Array(items) => items.iter().map(canonical).collect(),
+            other => other.clone(),
+        }
+    }
+    let parts: Vec<serde_json::Value> = pointers
+        .iter()
+        .map(|p| {
+            let found: Vec<serde_json::Value> =
+                payload.pointer(p).map(canonical).into_iter().collect();
+            serde_json::Value::Array(found)
+        })
+        .collect();
+    serde_json::Value::Array(parts).to_string()
 }
 
 /// An invalid setting.
@@ -284,6 +368,42 @@ mod tests {
         assert_eq!(
             parse_duration("SQS_ONCE_TTL", "soon").unwrap_err().setting,
             "SQS_ONCE_TTL"
+        );
+    }
+
+    #[test]
+    fn payload_pointers_hash_only_their_parts() {
+        let mut c = ProcessorConfig::new("c");
+        c.payload_pointers = vec!["/order/amount".into(), "/order/items".into()];
+        let hash_with =
+            |c: &ProcessorConfig, body: &str| c.payload_sha256(&Message::new("m", body));
+        let hash = |body: &str| hash_with(&c, body);
+        let base = hash(r#"{"order":{"amount":5,"items":[{"a":1,"b":2}]},"sentAt":"t1"}"#);
+        // Outside the pointers, and key order inside them: the same.
+        assert_eq!(
+            base,
+            hash(r#"{"sentAt":"t2","order":{"items":[{"b":2,"a":1}],"amount":5,"note":"x"}}"#)
+        );
+        // Inside them: different, and missing is not null.
+        assert_ne!(
+            base,
+            hash(r#"{"order":{"amount":6,"items":[{"a":1,"b":2}]}}"#)
+        );
+        let missing = hash(r#"{"order":{"items":[{"a":1,"b":2}]}}"#);
+        let null = hash(r#"{"order":{"amount":null,"items":[{"a":1,"b":2}]}}"#);
+        assert_ne!(missing, null);
+        // Not JSON: the whole body.
+        assert_eq!(hash("text"), crate::protocol::key::sha256_hex(b"text"));
+        // Without pointers: the whole body.
+        c.payload_pointers.clear();
+        assert_ne!(
+            hash_with(&c, r#"{"a":1,"t":1}"#),
+            hash_with(&c, r#"{"a":1,"t":2}"#)
+        );
+        c.payload_pointers = vec!["order".into()];
+        assert_eq!(
+            c.validate().unwrap_err().setting,
+            "SQS_ONCE_PAYLOAD_POINTERS"
         );
     }
 

@@ -18,6 +18,17 @@ use crate::Message;
 /// | `attribute:NAME` | the string message attribute `NAME` |
 /// | `json:/pointer` | a string or number at that JSON pointer in the body, e.g. `json:/id` |
 /// | `body-sha256` | the SHA-256 of the body |
+/// | `json:/outer>/inner` | `/inner` in the JSON held as a string at `/outer`, e.g. `json:/detail/payload>/orderId` |
+/// | `SOURCE,SOURCE,...` | a compound key: each part's key, length-prefixed and joined, e.g. `attribute:tenant,json:/id` |
+///
+/// [`KeySource::custom`] takes the key from a closure (not parseable: it
+/// shows as `custom`).
+///
+/// A compound key joins its parts as `{bytes}:{part}` separated by `|`
+/// (`6:tenant|3:o-1`): each part's length comes first, so two different
+/// tuples never make the same key, whatever the parts contain. Commas
+/// separate the parts, so a JSON pointer in a compound spec cannot contain
+/// one.
 ///
 /// A producer that sends the same business event twice creates two message ids:
 /// only a business id from the producer (`json:` or `attribute:`) catches that.
@@ -35,7 +46,32 @@ pub enum KeySource {
     JsonPointer(String),
     /// The SHA-256 of the body.
     BodySha256,
+    /// Several sources, each part's key length-prefixed and joined.
+    Compound(Vec<KeySource>),
+    /// A key computed by the application.
+    Custom(CustomKey),
 }
+
+type KeyFn = dyn Fn(&Message) -> Result<String, String> + Send + Sync;
+
+/// A key taken by a closure: see [`KeySource::custom`]. Two are equal when
+/// they are clones of one closure.
+#[derive(Clone)]
+pub struct CustomKey(std::sync::Arc<KeyFn>);
+
+impl fmt::Debug for CustomKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CustomKey(..)")
+    }
+}
+
+impl PartialEq for CustomKey {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CustomKey {}
 
 /// Why no dedup key could be taken from a message. A permanent failure: the same
 /// message will never yield a key on redelivery.
@@ -69,9 +105,72 @@ pub enum KeyError {
     /// An empty key.
     #[error("the dedup key from {0} is empty")]
     Empty(String),
+    /// The value at a pointer is not a string holding JSON, so the pointer
+    /// after `>` cannot be read inside it.
+    #[error(
+        "the value at `{pointer}` is not a string holding JSON, so `>{inner}` cannot be read in it: {reason}"
+    )]
+    NotEmbeddedJson {
+        /// The pointer (up to this level) whose value was to hold JSON.
+        pointer: String,
+        /// The pointer to read inside it.
+        inner: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// One part of a compound key could not be taken.
+    #[error("part {position} of the compound dedup key (`{part}`): {error}")]
+    Part {
+        /// 1-based place of the part in the compound key.
+        position: usize,
+        /// The part's source, as configured.
+        part: String,
+        /// Why it could not be taken.
+        error: Box<KeyError>,
+    },
+    /// The envelope around the payload could not be opened (or holds no
+    /// payload: S3's test event).
+    #[error("{0}")]
+    Envelope(String),
+    /// A custom key's closure failed.
+    #[error("the custom dedup key could not be taken: {0}")]
+    Custom(String),
 }
 
 impl KeySource {
+    /// A key computed by `key` from the message (as the handler sees it: the
+    /// payload inside an envelope). An error is a permanent failure, like
+    /// any key that cannot be taken.
+    pub fn custom<F, E>(key: F) -> Self
+    where
+        F: Fn(&Message) -> Result<String, E> + Send + Sync + 'static,
+        E: fmt::Display,
+    {
+        KeySource::Custom(CustomKey(std::sync::Arc::new(move |m: &Message| {
+            key(m).map_err(|e| e.to_string())
+        })))
+    }
+
+    /// Whether the key is taken without reading the body.
+    pub fn is_body_free(&self) -> bool {
+        match self {
+            KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_) => true,
+            KeySource::Compound(parts) => parts.iter().all(KeySource::is_body_free),
+            KeySource::JsonPointer(_) | KeySource::BodySha256 | KeySource::Custom(_) => false,
+        }
+    }
+
+    /// Whether the key comes (wholly or in part) from the message id or the
+    /// FIFO deduplication id: what a copy brought back from the DLQ has anew,
+    /// so its key is carried (see [`DEDUP_KEY_ATTRIBUTE`]).
+    pub fn uses_ids(&self) -> bool {
+        match self {
+            KeySource::MessageId | KeySource::DeduplicationId => true,
+            KeySource::Compound(parts) => parts.iter().any(KeySource::uses_ids),
+            _ => false,
+        }
+    }
+
     /// Takes the dedup key from a message, honouring no carried key (see
     /// [`Self::extract_with`]).
     pub fn extract(&self, message: &Message) -> Result<String, KeyError> {
@@ -106,6 +205,11 @@ impl KeySource {
                 .to_owned(),
             KeySource::JsonPointer(pointer) => json_key(message.body(), pointer)?,
             KeySource::BodySha256 => sha256_hex(message.body().as_bytes()),
+            KeySource::Compound(parts) => match carried_key(message, secret) {
+                Some(original) if self.uses_ids() => original.to_owned(),
+                _ => compound_key(parts, message)?,
+            },
+            KeySource::Custom(CustomKey(key)) => key(message).map_err(KeyError::Custom)?,
         };
         if key.trim().is_empty() {
             return Err(KeyError::Empty(self.to_string()));
@@ -262,7 +366,7 @@ pub fn carried<'a>(
 ) -> Option<&'a str> {
     let sealed = message.attribute(name)?;
     secret?
-        .open(name, message.body(), sealed)
+        .open(name, message.raw_body(), sealed)
         .filter(|v| !v.is_empty())
 }
 
@@ -293,16 +397,80 @@ pub fn unverified_attributes(message: &Message, secret: Option<&CarrySecret>) ->
         .collect()
 }
 
-/// The key at a JSON pointer, numbers as their exact text: the body is walked
-/// as raw JSON, so `12345678901234567890123` and `...124` stay apart (an `f64`
-/// would make them one key). Integers within `i64`/`u64` render as before.
+/// The parts' keys, each as `{bytes}:{key}`, joined by `|`.
+fn compound_key(parts: &[KeySource], message: &Message) -> Result<String, KeyError> {
+    let mut joined = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        let key = part.extract(message).map_err(|e| KeyError::Part {
+            position: i + 1,
+            part: part.to_string(),
+            error: Box::new(e),
+        })?;
+        if i > 0 {
+            joined.push('|');
+        }
+        joined.push_str(&format!("{}:{key}", key.len()));
+    }
+    Ok(joined)
+}
+
+/// The key at a JSON pointer; `>` before a `/` reads the rest of the pointer
+/// in the JSON held as a string at the pointer before it.
 fn json_key(body: &str, pointer: &str) -> Result<String, KeyError> {
+    let mut levels = pointer.split(">/");
+    let mut level = levels.next().unwrap_or_default().to_owned();
+    let mut shown = level.clone();
+    let mut text = std::borrow::Cow::Borrowed(body);
+    for next in levels {
+        let inner = format!("/{next}");
+        let embedded = |reason: String| KeyError::NotEmbeddedJson {
+            pointer: shown.clone(),
+            inner: inner.clone(),
+            reason,
+        };
+        let held = match json_at(&text, &level, &shown)?.0 {
+            serde_json::Value::String(s) => s,
+            other => return Err(embedded(format!("it is {}", json_kind(&other)))),
+        };
+        serde_json::from_str::<&serde_json::value::RawValue>(&held)
+            .map_err(|e| embedded(e.to_string()))?;
+        text = std::borrow::Cow::Owned(held);
+        shown = format!("{shown}>{inner}");
+        level = inner;
+    }
+    json_scalar(&text, &level, &shown)
+}
+
+/// The string or number at `pointer` in `body` (`shown`: the pointer as
+/// errors name it).
+fn json_scalar(body: &str, pointer: &str, shown: &str) -> Result<String, KeyError> {
+    let (value, raw) = json_at(body, pointer, shown)?;
+    match value {
+        serde_json::Value::String(s) => Ok(s),
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+        serde_json::Value::Number(_) => Ok(raw),
+        other => Err(KeyError::NotScalar {
+            pointer: shown.to_owned(),
+            found: json_kind(&other),
+        }),
+    }
+}
+
+/// The value at a JSON pointer and its exact text: the body is walked as raw
+/// JSON, so numbers keep their text and `12345678901234567890123` and
+/// `...124` stay apart (an `f64` would make them one key). Integers within
+/// `i64`/`u64` render as before.
+fn json_at(
+    body: &str,
+    pointer: &str,
+    shown: &str,
+) -> Result<(serde_json::Value, String), KeyError> {
     use serde_json::value::RawValue;
     let not_json = |e: serde_json::Error| KeyError::BodyNotJson {
-        pointer: pointer.to_owned(),
+        pointer: shown.to_owned(),
         reason: e.to_string(),
     };
-    let missing = || KeyError::MissingPointer(pointer.to_owned());
+    let missing = || KeyError::MissingPointer(shown.to_owned());
     let mut raw: &RawValue = serde_json::from_str(body).map_err(not_json)?;
     for token in pointer.split('/').skip(1) {
         let token = token.replace("~1", "/").replace("~0", "~");
@@ -326,15 +494,7 @@ fn json_key(body: &str, pointer: &str) -> Result<String, KeyError> {
         };
     }
     let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(not_json)?;
-    match value {
-        serde_json::Value::String(s) => Ok(s),
-        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-        serde_json::Value::Number(_) => Ok(raw.get().trim().to_owned()),
-        other => Err(KeyError::NotScalar {
-            pointer: pointer.to_owned(),
-            found: json_kind(&other),
-        }),
-    }
+    Ok((value, raw.get().trim().to_owned()))
 }
 
 fn json_kind(v: &serde_json::Value) -> &'static str {
@@ -356,6 +516,16 @@ impl fmt::Display for KeySource {
             KeySource::Attribute(n) => write!(f, "attribute:{n}"),
             KeySource::JsonPointer(p) => write!(f, "json:{p}"),
             KeySource::BodySha256 => f.write_str("body-sha256"),
+            KeySource::Compound(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
+            KeySource::Custom(_) => f.write_str("custom"),
         }
     }
 }
@@ -363,7 +533,7 @@ impl fmt::Display for KeySource {
 /// An unparseable key source.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid dedup key source `{0}`: expected `message-id`, `dedup-id`, `attribute:NAME`, `json:/pointer` or `body-sha256`"
+    "invalid dedup key source `{0}`: expected `message-id`, `dedup-id`, `attribute:NAME`, `json:/pointer`, `json:/pointer>/pointer` or `body-sha256`, or several of them separated by commas"
 )]
 pub struct KeySourceParseError(String);
 
@@ -371,6 +541,13 @@ impl FromStr for KeySource {
     type Err = KeySourceParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.contains(',') {
+            let parts = s
+                .split(',')
+                .map(|part| part.trim().parse::<KeySource>())
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(KeySource::Compound(parts));
+        }
         let bad = || KeySourceParseError(s.to_owned());
         match s {
             "message-id" => Ok(KeySource::MessageId),
@@ -383,7 +560,7 @@ impl FromStr for KeySource {
                     }
                     Ok(KeySource::Attribute(name.to_owned()))
                 } else if let Some(pointer) = s.strip_prefix("json:") {
-                    if !pointer.starts_with('/') {
+                    if !pointer.starts_with('/') || pointer.ends_with('>') {
                         return Err(bad());
                     }
                     Ok(KeySource::JsonPointer(pointer.to_owned()))
@@ -519,6 +696,174 @@ mod tests {
             KeySource::DeduplicationId.extract(&Message::new("x", "y")),
             Err(KeyError::NoDeduplicationId)
         );
+    }
+
+    #[test]
+    fn compound_keys_parse_join_every_part_and_name_the_missing_one() {
+        let src: KeySource = "attribute:tenant, json:/id".parse().unwrap();
+        assert_eq!(
+            src,
+            KeySource::Compound(vec![
+                KeySource::Attribute("tenant".into()),
+                KeySource::JsonPointer("/id".into())
+            ])
+        );
+        assert_eq!(src.to_string(), "attribute:tenant,json:/id");
+        let m = Message::new("m", r#"{"id":"o-1"}"#).with_attribute("tenant", "acme");
+        assert_eq!(src.extract(&m).unwrap(), "4:acme|3:o-1");
+        let err = src
+            .extract(&Message::new("m", r#"{"id":"o-1"}"#))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            KeyError::Part {
+                position: 1,
+                part: "attribute:tenant".into(),
+                error: Box::new(KeyError::MissingAttribute("tenant".into())),
+            }
+        );
+        let err = src
+            .extract(&Message::new("m", "{}").with_attribute("tenant", "acme"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("part 2") && err.contains("`json:/id`") && err.contains("no value"),
+            "{err}"
+        );
+        for bad in ["json:/a,", ",json:/a", "json:/a,uuid"] {
+            assert!(
+                bad.parse::<KeySource>().is_err(),
+                "{bad:?} should not parse"
+            );
+        }
+    }
+
+    #[test]
+    fn a_carried_key_stands_for_a_compound_key_only_when_it_reads_an_id() {
+        let secret = secret();
+        let body = r#"{"id":"o-1"}"#;
+        let copy = Message::new("new-id", body)
+            .with_attribute("tenant", "acme")
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key(&secret, body, "original"));
+        let with_id: KeySource = "attribute:tenant,message-id".parse().unwrap();
+        let without: KeySource = "attribute:tenant,json:/id".parse().unwrap();
+        assert!(with_id.uses_ids() && !without.uses_ids());
+        assert_eq!(
+            with_id.extract_with(&copy, Some(&secret)).unwrap(),
+            "original"
+        );
+        assert_eq!(with_id.extract(&copy).unwrap(), "4:acme|6:new-id");
+        assert_eq!(
+            without.extract_with(&copy, Some(&secret)).unwrap(),
+            "4:acme|3:o-1"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn different_tuples_never_make_the_same_compound_key(
+            a in proptest::collection::vec(".{0,6}", 2..4),
+            b in proptest::collection::vec(".{0,6}", 2..4),
+        ) {
+            let key = |parts: &[String]| {
+                let names: Vec<String> = (0..parts.len()).map(|i| format!("p{i}")).collect();
+                let mut m = Message::new("m", "b");
+                for (n, v) in names.iter().zip(parts) {
+                    m = m.with_attribute(n, v.clone());
+                }
+                let src = KeySource::Compound(
+                    names.iter().map(|n| KeySource::Attribute(n.clone())).collect(),
+                );
+                src.extract(&m).ok()
+            };
+            let (ka, kb) = (key(&a), key(&b));
+            if a != b && ka.is_some() {
+                proptest::prop_assert_ne!(ka, kb);
+            }
+        }
+    }
+
+    #[test]
+    fn separators_inside_parts_do_not_make_tuples_collide() {
+        let src: KeySource = "attribute:a,attribute:b".parse().unwrap();
+        let key = |a: &str, b: &str| {
+            src.extract(
+                &Message::new("m", "x")
+                    .with_attribute("a", a)
+                    .with_attribute("b", b),
+            )
+            .unwrap()
+        };
+        let pairs = [
+            ("x|1:y", "z"),
+            ("x", "1:y|1:z"),
+            ("x|", "y"),
+            ("x", "|y"),
+            ("1:x", "y"),
+        ];
+        let keys: std::collections::HashSet<String> =
+            pairs.iter().map(|(a, b)| key(a, b)).collect();
+        assert_eq!(keys.len(), pairs.len(), "{keys:?}");
+    }
+
+    #[test]
+    fn a_custom_key_is_the_closures_and_its_error_names_it() {
+        let src = KeySource::custom(|m: &Message| {
+            m.attribute("order")
+                .map(|o| format!("order-{o}"))
+                .ok_or("no order attribute")
+        });
+        assert_eq!(src.to_string(), "custom");
+        assert_eq!(src, src.clone());
+        assert_ne!(
+            src,
+            KeySource::custom(|_: &Message| Ok::<_, String>("k".into()))
+        );
+        assert!(format!("{src:?}").contains("Custom"));
+        assert!("custom".parse::<KeySource>().is_err());
+        let m = Message::new("m", "b").with_attribute("order", "7");
+        assert_eq!(src.extract(&m).unwrap(), "order-7");
+        let err = src.extract(&Message::new("m", "b")).unwrap_err();
+        assert_eq!(err, KeyError::Custom("no order attribute".into()));
+        assert!(err.to_string().contains("custom dedup key"), "{err}");
+        assert!(!src.is_body_free());
+    }
+
+    #[test]
+    fn a_key_inside_a_json_string_in_the_body_and_what_is_wrong_with_it() {
+        let src: KeySource = "json:/detail/payload>/orderId".parse().unwrap();
+        assert_eq!(src.to_string(), "json:/detail/payload>/orderId");
+        let body =
+            r#"{"detail":{"payload":"{\"orderId\":\"o-9\",\"n\":{\"x\":\"{\\\"y\\\":3}\"}}"}}"#;
+        assert_eq!(src.extract(&Message::new("m", body)).unwrap(), "o-9");
+        // Two levels down.
+        let deep: KeySource = "json:/detail/payload>/n/x>/y".parse().unwrap();
+        assert_eq!(deep.extract(&Message::new("m", body)).unwrap(), "3");
+        assert_eq!(
+            src.extract(&Message::new("m", r#"{"detail":{}}"#)),
+            Err(KeyError::MissingPointer("/detail/payload".into()))
+        );
+        assert_eq!(
+            src.extract(&Message::new("m", r#"{"detail":{"payload":"{}"}}"#)),
+            Err(KeyError::MissingPointer("/detail/payload>/orderId".into()))
+        );
+        let not_json = src
+            .extract(&Message::new("m", r#"{"detail":{"payload":"nope"}}"#))
+            .unwrap_err();
+        assert!(
+            matches!(&not_json, KeyError::NotEmbeddedJson { pointer, inner, .. }
+                if pointer == "/detail/payload" && inner == "/orderId"),
+            "{not_json:?}"
+        );
+        let not_string = src
+            .extract(&Message::new(
+                "m",
+                r#"{"detail":{"payload":{"orderId":"o"}}}"#,
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(not_string.contains("it is an object"), "{not_string}");
+        assert!("json:/a>".parse::<KeySource>().is_err());
     }
 
     #[test]

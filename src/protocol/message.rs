@@ -18,6 +18,8 @@ pub struct Message {
     dedup_key: Option<String>,
     aws_trace_header: Option<String>,
     queue: Option<String>,
+    raw_body: Option<String>,
+    envelope: Option<Envelope>,
 }
 
 impl Message {
@@ -34,6 +36,8 @@ impl Message {
             dedup_key: None,
             aws_trace_header: None,
             queue: None,
+            raw_body: None,
+            envelope: None,
         }
     }
 
@@ -103,6 +107,22 @@ impl Message {
         self
     }
 
+    /// The message with `payload` as its body, taken out of the `envelope`
+    /// its body was: the body as received stays readable as
+    /// [`Self::raw_body`]. `attributes` (the envelope's own) are added, or
+    /// replace those of the same name.
+    pub(crate) fn opened(
+        mut self,
+        envelope: Envelope,
+        payload: String,
+        attributes: impl IntoIterator<Item = (String, Attribute)>,
+    ) -> Self {
+        self.raw_body = Some(std::mem::replace(&mut self.body, payload));
+        self.envelope = Some(envelope);
+        self.attributes.extend(attributes);
+        self
+    }
+
     pub(crate) fn set_dedup_key(&mut self, key: String) {
         self.dedup_key = Some(key);
     }
@@ -112,9 +132,21 @@ impl Message {
         &self.id
     }
 
-    /// The raw body.
+    /// The body: the payload inside the envelope when one is configured
+    /// (see [`Envelope`]), else the body as received.
     pub fn body(&self) -> &str {
         &self.body
+    }
+
+    /// The body as SQS delivered it: the whole envelope when one was opened,
+    /// else the same as [`Self::body`].
+    pub fn raw_body(&self) -> &str {
+        self.raw_body.as_deref().unwrap_or(&self.body)
+    }
+
+    /// The envelope the payload was taken out of, if one was.
+    pub fn envelope(&self) -> Option<Envelope> {
+        self.envelope
     }
 
     /// Parses the body as JSON into `T`.
@@ -171,6 +203,55 @@ impl Message {
     /// The dedup key extracted for this message, once the processor has done so.
     pub fn dedup_key(&self) -> Option<&str> {
         self.dedup_key.as_deref()
+    }
+}
+
+/// What wraps the payload in the bodies of a queue's messages
+/// (`SQS_ONCE_ENVELOPE`): opened before the dedup key is read and before the
+/// handler runs, so `json:` keys, the payload hash and [`Message::body`] are
+/// the payload's. See [`crate::protocol::envelope`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Envelope {
+    /// The body is the payload (also SNS with raw message delivery).
+    #[default]
+    None,
+    /// An SNS notification without raw message delivery: the payload is its
+    /// `Message`, and its `MessageAttributes` become message attributes.
+    Sns,
+    /// An EventBridge event: the payload is its `detail`.
+    EventBridge,
+    /// An S3 event notification: the payload is its one record
+    /// (`Records[0]`); S3's `s3:TestEvent` is deleted without a handler run.
+    S3,
+}
+
+impl std::fmt::Display for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Envelope::None => "none",
+            Envelope::Sns => "sns",
+            Envelope::EventBridge => "eventbridge",
+            Envelope::S3 => "s3",
+        })
+    }
+}
+
+/// An unknown envelope name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown envelope `{0}`: expected none, sns, eventbridge or s3")]
+pub struct EnvelopeParseError(String);
+
+impl std::str::FromStr for Envelope {
+    type Err = EnvelopeParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" | "" => Ok(Envelope::None),
+            "sns" => Ok(Envelope::Sns),
+            "eventbridge" => Ok(Envelope::EventBridge),
+            "s3" => Ok(Envelope::S3),
+            _ => Err(EnvelopeParseError(s.to_owned())),
+        }
     }
 }
 

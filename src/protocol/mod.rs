@@ -21,6 +21,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod envelope;
 pub(crate) mod handler;
 pub mod key;
 pub mod limits;

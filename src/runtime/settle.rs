@@ -282,15 +282,12 @@ pub(crate) fn copy_to_send_again(
     config: &ProcessorConfig,
     after: Duration,
 ) -> Option<OutgoingMessage> {
-    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, KeySource, carry_key};
+    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
     if crate::protocol::queue::is_fifo(queue) || message.group_id().is_some() {
         return None;
     }
     let mut attributes = message.attributes().clone();
-    if matches!(
-        config.key_source,
-        KeySource::MessageId | KeySource::DeduplicationId
-    ) {
+    if config.key_source.uses_ids() {
         let secret = config.carry_secret.as_ref()?;
         let key = config.dedup_key(message).ok()?;
         let sealed = carry_key(secret, message.body(), &key);

@@ -10,6 +10,7 @@ mod contract;
 mod delivery_edges;
 mod dynamodb;
 mod emulator;
+mod envelopes;
 mod front_door;
 mod lambda;
 mod large_payloads;

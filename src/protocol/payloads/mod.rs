@@ -39,7 +39,7 @@ use tracing::{info, warn};
 
 use crate::protocol::config::ProcessorConfig;
 use crate::protocol::store::{DedupStore, Status};
-use crate::{KeySource, Message, Outcome};
+use crate::{Message, Outcome};
 
 use crate::protocol::pointer::size_attribute;
 pub use crate::protocol::pointer::{
@@ -423,10 +423,7 @@ async fn missing<S: DedupStore>(
         "large payload {} is missing ({}): deleted, expired by a lifecycle rule, or never stored",
         e.pointer, e.detail
     );
-    let body_free = matches!(
-        config.key_source,
-        KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_)
-    );
+    let body_free = config.key_source.is_body_free();
     let key = body_free.then(|| config.dedup_key(message).ok()).flatten();
     let Some(key) = key else {
         return Outcome::Park { reason };

@@ -10,7 +10,6 @@ use tracing::{error, info, warn};
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
-use crate::protocol::key::sha256_hex;
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::outbox::Outgoing;
 use crate::protocol::outcome::{FailureKind, Outcome, StoredResult};
@@ -31,7 +30,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             pk: self.config.record_key(key),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
-            payload_sha256: sha256_hex(message.body().as_bytes()),
+            payload_sha256: self.config.payload_sha256(message),
             lease,
             ttl: self.config.ttl,
         }

@@ -7,7 +7,6 @@ use tracing::warn;
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
-use crate::protocol::key::sha256_hex;
 use crate::protocol::outcome::{FailureKind, Outcome};
 use crate::protocol::store::{Claim, DedupStore, FastCommit, FastCommitted, StoreError};
 
@@ -94,7 +93,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             pk: pk.clone(),
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
-            payload_sha256: sha256_hex(message.body().as_bytes()),
+            payload_sha256: self.config.payload_sha256(message),
             result: result.clone(),
             ttl: self.config.ttl,
             writes: ctx.take_staged(),
@@ -158,7 +157,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let payload_matches = r
             .payload_sha256
             .as_deref()
-            .is_none_or(|p| p == sha256_hex(message.body().as_bytes()));
+            .is_none_or(|p| p == self.config.payload_sha256(message));
         Some(
             self.duplicate_sending(message, r.result, payload_matches, r.outbox)
                 .await,
@@ -213,7 +212,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         self.completed_record(message, &key).await.is_some_and(|r| {
             r.outbox.is_empty()
                 && r.payload_sha256
-                    .is_none_or(|p| p == sha256_hex(message.body().as_bytes()))
+                    .is_none_or(|p| p == self.config.payload_sha256(message))
         })
     }
 

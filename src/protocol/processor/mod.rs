@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, error, info, warn};
 
 use crate::protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
+use crate::protocol::envelope::Opened;
 use crate::protocol::handler::{Effects, Handler, HandlerError};
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::metrics::Metrics;
@@ -228,7 +229,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             // download included.
             let lease = lease_within(self.config.lease, opts.deadline);
             let visible = LocalEnd::visibility(&opts, self.config.margin_for(lease));
-            let mut message = match self.resolve_payload(message, &opts, &visible).await {
+            let message = match self.resolve_payload(message, &opts, &visible).await {
+                Ok(message) => message,
+                Err(outcome) => return outcome,
+            };
+            let mut message = match self.open_envelope(message) {
                 Ok(message) => message,
                 Err(outcome) => return outcome,
             };
@@ -265,6 +270,19 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         crate::protocol::trace::record_outcome(&span, &outcome);
         self.metrics.outcome(&outcome);
         outcome
+    }
+
+    /// The message with its payload taken out of the configured envelope
+    /// (see [`crate::protocol::envelope`]): a malformed one is parked, S3's
+    /// test event completed with no handler run and no record.
+    fn open_envelope(&self, message: Message) -> Result<Message, Outcome> {
+        match self.config.envelope.open(message) {
+            Ok(Opened::Payload(message)) => Ok(message),
+            Ok(Opened::S3TestEvent) => Err(Outcome::Completed { result: None }),
+            Err(e) => Err(Outcome::Park {
+                reason: e.to_string(),
+            }),
+        }
     }
 
     /// The message with a large payload's pointer replaced by the payload

@@ -834,3 +834,179 @@ async fn a_huge_handler_error_is_stored_bounded() {
         &error[error.len() - 40..]
     );
 }
+
+#[tokio::test]
+async fn one_event_in_two_sns_envelopes_runs_once_and_the_handler_sees_the_payload() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let handler = handler_fn(move |m: Message, _ctx: Context| {
+        let log = log.clone();
+        async move {
+            log.lock()
+                .unwrap()
+                .push((m.body().to_owned(), m.raw_body().to_owned()));
+            Ok(None)
+        }
+    });
+    let mut c = config();
+    c.key_source = "json:/orderId".parse().unwrap();
+    c.envelope = crate::Envelope::Sns;
+    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
+    let envelope = |sns_id: &str, order: &str| {
+        serde_json::json!({
+            "Type": "Notification", "MessageId": sns_id, "TopicArn": "arn:aws:sns:us-east-1:1:t",
+            "Message": serde_json::json!({"orderId": order}).to_string(),
+        })
+        .to_string()
+    };
+    let first = envelope("sns-1", "o-1");
+    let outcome = p.process(Message::new("m-1", first.clone())).await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    let again = p
+        .process(Message::new("m-2", envelope("sns-2", "o-1")))
+        .await;
+    assert!(
+        matches!(
+            again,
+            Outcome::Duplicate {
+                payload_matches: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    let malformed = p.process(Message::new("m-3", r#"{"orderId":"o-1"}"#)).await;
+    assert!(
+        matches!(&malformed, Outcome::Park { reason } if reason.contains("not an sns envelope")),
+        "{malformed:?}"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![(r#"{"orderId":"o-1"}"#.to_owned(), first)]);
+}
+
+#[tokio::test]
+async fn s3s_test_event_is_done_without_a_handler_run_or_a_record() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let mut config = config();
+    config.envelope = crate::Envelope::S3;
+    let store = MemoryStore::default();
+    let p = Processor::new(store.clone(), handler, config).unwrap();
+    let test = r#"{"Service":"Amazon S3","Event":"s3:TestEvent","Time":"2014-10-13T15:57:02.089Z","Bucket":"b"}"#;
+    let outcome = p.process(Message::new("t-1", test)).await;
+    assert_eq!(outcome, Outcome::Completed { result: None });
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(store.records().is_empty(), "no record");
+}
+
+#[tokio::test]
+async fn payload_pointers_make_a_change_outside_them_a_duplicate_and_inside_them_a_mismatch() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let mut config = config();
+    config.payload_pointers = vec!["/amount".into()];
+    config.payload_mismatch = PayloadMismatch::Park;
+    let p = Processor::new(MemoryStore::default(), handler, config).unwrap();
+    let first = p
+        .process(Message::new(
+            "m-1",
+            r#"{"id":"k","amount":5,"sentAt":"t1"}"#,
+        ))
+        .await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    let resent = p
+        .process(Message::new(
+            "m-2",
+            r#"{"id":"k","amount":5,"sentAt":"t2"}"#,
+        ))
+        .await;
+    assert!(
+        matches!(
+            resent,
+            Outcome::Duplicate {
+                payload_matches: true,
+                ..
+            }
+        ),
+        "{resent:?}"
+    );
+    let changed = p
+        .process(Message::new(
+            "m-3",
+            r#"{"id":"k","amount":6,"sentAt":"t1"}"#,
+        ))
+        .await;
+    assert!(
+        matches!(&changed, Outcome::Park { reason } if reason.contains("payload mismatch")),
+        "{changed:?}"
+    );
+    assert_eq!(p.metrics().take().payload_mismatches, 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_compound_key_missing_a_part_is_parked_naming_the_part_and_a_custom_key_keys_the_record()
+{
+    let mut c = config();
+    c.key_source = "attribute:tenant,json:/id".parse().unwrap();
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _ctx| async { Ok(None) }),
+        c,
+    )
+    .unwrap();
+    let parked = p.process(Message::new("m-1", r#"{"id":"o-1"}"#)).await;
+    assert!(
+        matches!(&parked, Outcome::Park { reason }
+            if reason.contains("part 1 of the compound dedup key (`attribute:tenant`)")),
+        "{parked:?}"
+    );
+    let done = p
+        .process(Message::new("m-2", r#"{"id":"o-1"}"#).with_attribute("tenant", "acme"))
+        .await;
+    assert!(matches!(done, Outcome::Completed { .. }), "{done:?}");
+    assert_eq!(
+        p.store().records()[0].pk,
+        record_key("test", "4:acme|3:o-1")
+    );
+
+    let mut c = config();
+    c.key_source = crate::KeySource::custom(|m: &Message| {
+        m.json::<serde_json::Value>()
+            .map_err(|e| e.to_string())?
+            .get("id")
+            .and_then(serde_json::Value::as_str)
+            .map(|id| format!("custom-{id}"))
+            .ok_or_else(|| "no id".to_owned())
+    });
+    let p = Processor::new(
+        MemoryStore::default(),
+        handler_fn(|_m, _ctx| async { Ok(None) }),
+        c,
+    )
+    .unwrap();
+    assert!(matches!(
+        p.process(Message::new("m-3", r#"{"id":"x"}"#)).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!(p.store().records()[0].pk, record_key("test", "custom-x"));
+    let parked = p.process(Message::new("m-4", "{}")).await;
+    assert!(
+        matches!(&parked, Outcome::Park { reason } if reason.contains("custom dedup key could not be taken: no id")),
+        "{parked:?}"
+    );
+}
