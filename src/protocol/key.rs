@@ -34,6 +34,7 @@ use crate::Message;
 /// only a business id from the producer (`json:` or `attribute:`) catches that.
 /// A producer that mints a new id on every retry defeats any key.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum KeySource {
     /// The SQS message id.
     #[default]
@@ -76,6 +77,7 @@ impl Eq for CustomKey {}
 /// Why no dedup key could be taken from a message. A permanent failure: the same
 /// message will never yield a key on redelivery.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The message has no FIFO deduplication id.
     #[error("the message has no FIFO deduplication id (dedup key source `dedup-id`)")]
@@ -268,6 +270,7 @@ impl fmt::Debug for CarrySecret {
 
 /// A secret that cannot seal: it never quotes the secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CarrySecretError {
     /// No secret at all.
     #[error("empty: set at least one secret of {MIN_SECRET_BYTES} bytes or more")]

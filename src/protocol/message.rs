@@ -211,6 +211,7 @@ impl Message {
 /// handler runs, so `json:` keys, the payload hash and [`Message::body`] are
 /// the payload's. See [`crate::protocol::envelope`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Envelope {
     /// The body is the payload (also SNS with raw message delivery).
     #[default]
