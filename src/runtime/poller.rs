@@ -850,6 +850,15 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         }
     }
 
+    /// [`BEAT_WHILE_FULL`] from now with a liveness to beat, else never.
+    async fn beat_while_full(&self) {
+        if self.shared.config.liveness.is_some() {
+            tokio::time::sleep(BEAT_WHILE_FULL).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    }
+
     fn beat(&self) {
         if let Some(liveness) = &self.shared.config.liveness {
             liveness.beat();
@@ -878,7 +887,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 () = self.shutdown.cancelled() => return None,
                 p = &mut acquire => break p.expect("semaphore open"),
                 // Every place held: the loop waits for running handlers, alive.
-                () = tokio::time::sleep(BEAT_WHILE_FULL) => self.beat(),
+                // (No timer at all without a liveness to beat.)
+                () = self.beat_while_full() => self.beat(),
             }
         };
         let mut held = vec![first];
