@@ -5,6 +5,8 @@
 //!
 //! - [`settings`]: [`RuntimeArgs`], every `SQS_ONCE_*` setting and its flag;
 //! - [`logging`]: the log format and filter, escaping, OTLP export;
+//! - `health`: the poller's health answer (`SQS_ONCE_HEALTH_PORT`) and
+//!   `--health`, which asks it;
 //! - this module: [`run`], handing the settings to the front door.
 
 use std::process::ExitCode;
@@ -13,6 +15,7 @@ use crate::Handler;
 use crate::app::{SqsOnce, StartError};
 use crate::protocol::config::{ConfigError, ProcessorConfig, parse_duration};
 
+mod health;
 mod logging;
 mod settings;
 
@@ -45,13 +48,33 @@ impl RuntimeArgs {
 }
 
 /// Runs `handler` in the runtime the environment asks for: Lambda when
-/// `AWS_LAMBDA_RUNTIME_API` is set, else the poller.
+/// `AWS_LAMBDA_RUNTIME_API` is set, else the poller. With `--health` it runs
+/// nothing: it asks the poller running beside whether it is alive.
 pub async fn run<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
+    if args.health {
+        return health_check(&args).await;
+    }
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
         run_lambda(args, handler).await
     } else {
         run_poller(args, handler).await
     }
+}
+
+/// `--health`: asks the poller on `SQS_ONCE_HEALTH_PORT`; exit 0 if it is
+/// alive, 1 if not, 2 for a setting missing or invalid.
+pub async fn health_check(args: &RuntimeArgs) -> ExitCode {
+    let Some(port) = args.health_port else {
+        eprintln!("--health needs SQS_ONCE_HEALTH_PORT (the port the poller answers on)");
+        return ExitCode::from(2);
+    };
+    let max_age = match parse_duration("SQS_ONCE_HEALTH_MAX_AGE", &args.health_max_age) {
+        Ok(max_age) => max_age,
+        Err(e) => return startup_failure(e),
+    };
+    tokio::task::spawn_blocking(move || health::check(port, max_age))
+        .await
+        .unwrap_or(ExitCode::FAILURE)
 }
 
 /// Prints a start-up failure; exit code 2 (a failed Lambda runtime: 1).
@@ -85,7 +108,18 @@ pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
 pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     // First, so a signal during the start-up checks stops the process cleanly.
     let shutdown = shutdown_on_signals();
-    let front = args.poller_configs().and_then(|(processor, poller)| {
+    let configs = args.poller_configs();
+    if let (Some(port), Ok((_, poller))) = (args.health_port, &configs)
+        && let Some(liveness) = &poller.liveness
+    {
+        // Answered from the start, so a check during the start-up checks says
+        // "not receiving yet" rather than nothing.
+        if let Err(e) = health::serve(port, liveness.clone()).await {
+            eprintln!("SQS_ONCE_HEALTH_PORT={port}: cannot listen on 127.0.0.1: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let front = configs.and_then(|(processor, poller)| {
         Ok(args
             .front_door(processor)?
             .poller_config(|c| *c = poller)

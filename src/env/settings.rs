@@ -8,7 +8,7 @@ use crate::protocol::config::{
 };
 use crate::protocol::payloads::PayloadLocation;
 use crate::runtime::lambda::LambdaConfig;
-use crate::runtime::poller::PollerConfig;
+use crate::runtime::poller::{Liveness, PollerConfig};
 
 /// The runtimes' settings; each flag has an `SQS_ONCE_*` environment variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,6 +80,20 @@ pub struct RuntimeArgs {
     /// Exit once idle this long with nothing in flight (batch runs, demos, tests).
     #[arg(long, env = "SQS_ONCE_EXIT_WHEN_IDLE")]
     pub exit_when_idle: Option<String>,
+    /// The poller answers health checks on 127.0.0.1:PORT (how long ago its
+    /// receive loop last turned); `--health` asks it. Unset: no health check.
+    #[arg(long, env = "SQS_ONCE_HEALTH_PORT")]
+    pub health_port: Option<u16>,
+    /// `--health` reports unhealthy when the receive loop last turned longer
+    /// ago than this (it turns at least every long poll plus 10 s, or every
+    /// 5 s while every slot is busy; a failing receive waits up to 20 s more).
+    #[arg(long, env = "SQS_ONCE_HEALTH_MAX_AGE", default_value = "60s")]
+    pub health_max_age: String,
+    /// Do not run: ask the poller running beside (SQS_ONCE_HEALTH_PORT)
+    /// whether it is alive and exit 0 if so, 1 if not (a container health
+    /// check without a shell).
+    #[arg(long)]
+    pub health: bool,
     /// Use the one-transaction fast path for handlers that only stage DynamoDB
     /// writes (`false`/`off`: claim first, as for every other handler). Every
     /// on/off setting takes `true`/`false`, `on`/`off`, `yes`/`no` or `1`/`0`.
@@ -294,6 +308,7 @@ impl RuntimeArgs {
             .as_deref()
             .map(|v| parse_duration("SQS_ONCE_EXIT_WHEN_IDLE", v))
             .transpose()?;
+        q.liveness = self.health_port.map(|_| Liveness::new());
         Ok((p, q))
     }
 

@@ -82,6 +82,37 @@ pub struct PollerConfig {
     /// Print the processor's counters as EMF lines on stdout this often, and
     /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
     pub metrics_interval: Option<Duration>,
+    /// Beaten by the receive loop at every turn, and every [`BEAT_WHILE_FULL`]
+    /// while every place is held by running or waiting messages: what a
+    /// health check reads (`SQS_ONCE_HEALTH_PORT`). Left alone once the loop
+    /// stops receiving.
+    pub liveness: Option<Liveness>,
+}
+
+/// How often the receive loop beats its [`Liveness`] while it waits for a
+/// place (every place held by running or waiting messages).
+pub const BEAT_WHILE_FULL: Duration = Duration::from_secs(5);
+
+/// When the receive loop last turned: a poller's liveness for a health check.
+/// Clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct Liveness(Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl Liveness {
+    /// A liveness never beaten (a poller not yet receiving).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The receive loop is turning now.
+    pub fn beat(&self) {
+        *self.0.lock().expect("liveness lock") = Some(Instant::now());
+    }
+
+    /// How long ago the loop last turned; `None` before its first turn.
+    pub fn since_last_beat(&self) -> Option<Duration> {
+        self.0.lock().expect("liveness lock").map(|at| at.elapsed())
+    }
 }
 
 impl PollerConfig {
@@ -97,6 +128,7 @@ impl PollerConfig {
             exit_when_idle: None,
             batch_wait: Duration::from_secs(1),
             metrics_interval: None,
+            liveness: None,
         }
     }
 
@@ -809,6 +841,7 @@ struct ReceiveLoop<Q, S, H> {
 impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     async fn run(mut self) -> TaskTracker {
         loop {
+            self.beat();
             match self.turn().await {
                 Received::Messages(messages, held, received_at) => {
                     self.start_lanes(messages, held, received_at);
@@ -817,6 +850,21 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 Received::Nothing => {}
                 Received::Stop => return self.tasks,
             }
+        }
+    }
+
+    /// [`BEAT_WHILE_FULL`] from now with a liveness to beat, else never.
+    async fn beat_while_full(&self) {
+        if self.shared.config.liveness.is_some() {
+            tokio::time::sleep(BEAT_WHILE_FULL).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    fn beat(&self) {
+        if let Some(liveness) = &self.shared.config.liveness {
+            liveness.beat();
         }
     }
 
@@ -834,10 +882,17 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     /// idle: the received batch waits for slots instead, and each receive
     /// brings ten. `None` at shutdown.
     async fn free_places(&self) -> Option<Vec<OwnedSemaphorePermit>> {
-        let first = tokio::select! {
-            biased;
-            () = self.shutdown.cancelled() => return None,
-            p = self.places.clone().acquire_owned() => p.expect("semaphore open"),
+        let acquire = self.places.clone().acquire_owned();
+        tokio::pin!(acquire);
+        let first = loop {
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return None,
+                p = &mut acquire => break p.expect("semaphore open"),
+                // Every place held: the loop waits for running handlers, alive.
+                // (No timer at all without a liveness to beat.)
+                () = self.beat_while_full() => self.beat(),
+            }
         };
         let mut held = vec![first];
         let batch = self.capacity.min(SQS_BATCH);

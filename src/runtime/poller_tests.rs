@@ -562,3 +562,50 @@ async fn a_failed_delete_is_tried_again_until_the_visibility_may_end_at_the_late
     drop(tx);
     batcher.await.unwrap();
 }
+
+fn a_minute(_: usize) -> Duration {
+    Duration::from_secs(60)
+}
+
+/// The liveness a health check reads: beaten at every receive, and every
+/// `BEAT_WHILE_FULL` while a minute-long handler holds the only place; never
+/// beaten once the poller stops.
+#[tokio::test(start_paused = true)]
+async fn the_receive_loop_beats_its_liveness_while_a_long_handler_holds_every_place() {
+    let (queue, url) = queue_with(1).await;
+    let seen = queue.seen.clone();
+    let p = processor(&seen, Duration::from_secs(120), a_minute);
+    let liveness = Liveness::new();
+    assert_eq!(liveness.since_last_beat(), None);
+    let mut config = config(&url, 1, 0);
+    config.exit_when_idle = None;
+    config.liveness = Some(liveness.clone());
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue, p, config, shutdown.clone()));
+    let started = Instant::now();
+    let mut oldest = Duration::ZERO;
+    let mut full_for = 0;
+    while started.elapsed() < Duration::from_secs(50) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let age = liveness
+            .since_last_beat()
+            .expect("beaten from the first turn");
+        oldest = oldest.max(age);
+        if seen.lock().unwrap().running == 1 {
+            full_for += 1;
+        }
+    }
+    assert!(
+        full_for >= 90,
+        "the handler held the only place for {full_for} half-seconds"
+    );
+    assert!(
+        oldest <= BEAT_WHILE_FULL,
+        "the liveness went {oldest:?} without a beat"
+    );
+    shutdown.cancel();
+    let stats = poller.await.unwrap();
+    assert_eq!(stats.received, 1, "{stats:?}");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(liveness.since_last_beat().unwrap() >= Duration::from_secs(30));
+}

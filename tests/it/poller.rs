@@ -807,3 +807,56 @@ async fn receive_ahead_receives_ten_at_a_time_with_uneven_handlers() {
     assert_eq!(receives, 10, "receives that returned messages");
     assert_eq!(depth(&sqs, &q.queue_url).await, 0);
 }
+
+/// `ledger --health`, with the poller's settings: its exit code.
+async fn health(l: &Ledger, port: &str) -> Option<i32> {
+    let out = l
+        .command(&[("SQS_ONCE_HEALTH_PORT", port)])
+        .arg("--health")
+        .output()
+        .await
+        .unwrap();
+    out.status.code()
+}
+
+#[tokio::test]
+async fn the_health_check_answers_for_a_receiving_poller_and_fails_once_it_stops() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port().to_string();
+    drop(free);
+    assert_eq!(health(&l, &port).await, Some(1), "no poller yet: unhealthy");
+    let (bodies, _) = events(3);
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    let child = l
+        .command(&[("SQS_ONCE_HEALTH_PORT", &port), ("LEDGER_WORK", "1s")])
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while health(&l, &port).await != Some(0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the poller never reported healthy"
+        );
+    }
+    let pid = child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("exits after the drain")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        health(&l, &port).await,
+        Some(1),
+        "a stopped poller: unhealthy"
+    );
+}

@@ -110,32 +110,76 @@ class EcsTemplate(unittest.TestCase):
             self.assertEqual(st["Condition"]["StringEquals"], {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}, name)
             self.assertIn("aws:SourceArn", st["Condition"]["ArnLike"], name)
 
-    def test_scaling_follows_the_queue_backlog(self):
+    def test_scaling_tracks_the_backlog_per_running_task(self):
         target = self.res["ScalableTarget"]["Properties"]
         self.assertEqual(target["ScalableDimension"], "ecs:service:DesiredCount")
-        for alarm, policy in (("BacklogHigh", "ScaleOut"), ("BacklogEmpty", "ScaleIn")):
-            props = self.res[alarm]["Properties"]
-            self.assertEqual(props["Namespace"], "AWS/SQS")
-            self.assertEqual(props["MetricName"], "ApproximateNumberOfMessagesVisible")
-            self.assertEqual(props["Dimensions"], [{"Name": "QueueName", "Value": {"Ref": "QueueName"}}])
-            self.assertEqual(props["AlarmActions"], [{"Ref": policy}])
-            self.assertEqual(self.res[policy]["Properties"]["ScalingTargetId"], {"Ref": "ScalableTarget"})
-        out = self.res["ScaleOut"]["Properties"]["StepScalingPolicyConfiguration"]["StepAdjustments"]
-        self.assertTrue(all(s["ScalingAdjustment"] > 0 for s in out))
-        back = self.res["ScaleIn"]["Properties"]["StepScalingPolicyConfiguration"]["StepAdjustments"]
-        self.assertTrue(all(s["ScalingAdjustment"] < 0 for s in back))
+        self.assertEqual(target["MinCapacity"], {"Ref": "MinTasks"})
+        # At zero tasks the ratio has no value: the service must keep one.
+        self.assertGreaterEqual(self.t["Parameters"]["MinTasks"]["MinValue"], 1)
+        policies = [r for r in self.res.values() if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"]
+        self.assertEqual(len(policies), 1, "one target tracking policy, no step policies beside it")
+        props = policies[0]["Properties"]
+        self.assertEqual(props["PolicyType"], "TargetTrackingScaling")
+        self.assertEqual(props["ScalingTargetId"], {"Ref": "ScalableTarget"})
+        config = props["TargetTrackingScalingPolicyConfiguration"]
+        self.assertEqual(config["TargetValue"], {"Ref": "BacklogPerTask"})
+        self.assertLess(config["ScaleOutCooldown"], config["ScaleInCooldown"])
+        queries = {q["Id"]: q for q in config["CustomizedMetricSpecification"]["Metrics"]}
+        [returned] = [q for q in queries.values() if q["ReturnData"]]
+        numerator, denominator = [s.strip() for s in returned["Expression"].split("/")]
+        visible = queries[numerator]["MetricStat"]
+        self.assertEqual(
+            (visible["Metric"]["Namespace"], visible["Metric"]["MetricName"]),
+            ("AWS/SQS", "ApproximateNumberOfMessagesVisible"),
+        )
+        self.assertEqual(visible["Metric"]["Dimensions"], [{"Name": "QueueName", "Value": {"Ref": "QueueName"}}])
+        tasks = queries[denominator]["MetricStat"]
+        self.assertEqual(
+            (tasks["Metric"]["Namespace"], tasks["Metric"]["MetricName"]),
+            ("ECS/ContainerInsights", "RunningTaskCount"),
+        )
+        self.assertEqual(
+            tasks["Metric"]["Dimensions"],
+            [
+                {"Name": "ClusterName", "Value": {"Ref": "Cluster"}},
+                {"Name": "ServiceName", "Value": {"Fn::GetAtt": ["Service", "Name"]}},
+            ],
+        )
 
+    def test_the_health_check_asks_the_binary_without_a_shell(self):
+        check = self.container["HealthCheck"]
+        self.assertEqual(check["Command"], ["CMD", "/usr/local/bin/ledger", "--health"])
+        self.assertIn("SQS_ONCE_HEALTH_PORT", self.env)
+        max_age = seconds(self.env["SQS_ONCE_HEALTH_MAX_AGE"])
+        poller = (ROOT / "src/runtime/poller.rs").read_text()
+        wait = int(re.search(r"wait_time: Duration::from_secs\((\d+)\)", poller).group(1))
+        slack = int(re.search(r"SQS_SLACK: Duration = Duration::from_secs\((\d+)\)", (ROOT / "src/app.rs").read_text()).group(1))
+        backoff = int(re.search(r"error_backoff \* 2\)\.min\(Duration::from_secs\((\d+)\)\)", poller).group(1))
+        # A healthy loop turns within a long poll, its slack and the longest
+        # back-off after a failed receive.
+        self.assertGreater(max_age, wait + slack + backoff)
+        self.assertGreater(check["Timeout"], 2 * 3, "connect and answer may take 3 s each")
+        self.assertGreater(check["StartPeriod"], 60, "the start-up checks retry for up to 60 s")
 
 class Dockerfile(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         text = (ROOT / "infra/Dockerfile").read_text()
         stages = re.split(r"^FROM ", text, flags=re.M)[1:]
-        cls.build, cls.final = stages[0], stages[-1]
+        cls.build, cls.final = "".join(stages[:-1]), stages[-1]
 
     def test_builds_the_ledger_binary_in_release(self):
         self.assertIn("cargo build --release --locked -p sqs-once-example-ledger --bin ledger", self.build)
         self.assertTrue((ROOT / "examples/ledger/src/main.rs").exists())
+
+    def test_dependencies_cook_from_a_pinned_cargo_chef_recipe(self):
+        # No hand-written list of the workspace's targets: cargo-chef's recipe
+        # (scripts/check-image checks it names every target) builds the
+        # dependency layer.
+        self.assertRegex(self.build, r"cargo install cargo-chef --locked --version \d+\.\d+\.\d+")
+        self.assertIn("cargo chef prepare --recipe-path recipe.json", self.build)
+        self.assertIn("cargo chef cook --release --locked --recipe-path recipe.json", self.build)
+        self.assertNotIn("fn main() {}", self.build)
 
     def test_runtime_image_is_small_non_root_and_shell_free(self):
         self.assertTrue(self.final.startswith("gcr.io/distroless/"), self.final.splitlines()[0])
