@@ -3,43 +3,26 @@
 //! runtime the environment asks for: the Lambda runtime when
 //! `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until SIGTERM/SIGINT).
 //!
-//! - [`settings`]: [`RuntimeArgs`], every `SQS_ONCE_*` setting and its flag;
+//! - [`Settings`] (also named [`RuntimeArgs`]): every `SQS_ONCE_*` setting
+//!   and its flag (from `sqs_once::settings`, which loads them without clap too);
 //! - [`logging`]: the log format and filter, escaping, OTLP export;
 //! - this module: [`run`], handing the settings to the front door.
 
 use std::process::ExitCode;
 
 use crate::Handler;
-use crate::app::{SqsOnce, StartError};
-use crate::protocol::config::{ConfigError, ProcessorConfig, parse_duration};
+use crate::app::StartError;
 
 mod logging;
-mod settings;
 
+/// The binaries' settings: [`Settings`] under the name the binaries' flags
+/// have always had.
+pub use crate::settings::Settings as RuntimeArgs;
+pub use crate::settings::{SecretText, Settings};
 pub use logging::{LogChoice, escape, escaped_fields, init_logging};
-pub use settings::{RuntimeArgs, SecretText};
 
 pub use crate::app::shutdown_on_signals;
 pub use crate::aws::attempt_timeouts;
-
-impl RuntimeArgs {
-    /// The front door with these settings' common part (table, consumer,
-    /// processor, DynamoDB timeout, large payloads).
-    fn front_door(&self, processor: ProcessorConfig) -> Result<SqsOnce, ConfigError> {
-        let ddb_timeout = parse_duration("SQS_ONCE_DYNAMODB_TIMEOUT", &self.dynamodb_timeout)?;
-        let mut front = SqsOnce::builder(&self.table, &self.consumer)
-            .processor_config(|c| *c = processor)
-            .dynamodb_timeout(ddb_timeout);
-        if self.large_payloads {
-            front = front.large_payloads(self.delete_payloads, self.large_payload_max_bytes);
-            front = match self.payload_locations()? {
-                Some(places) => front.payload_buckets(places),
-                None => front.any_payload_bucket(),
-            };
-        }
-        Ok(front)
-    }
-}
 
 /// Runs `handler` in the runtime the environment asks for: Lambda when
 /// `AWS_LAMBDA_RUNTIME_API` is set, else the poller.
@@ -64,10 +47,7 @@ fn startup_failure(e: impl Into<StartError>) -> ExitCode {
 /// Checks the table, then serves Lambda invocations. A start-up failure exits
 /// with code 2 (Lambda reports it as an init error with the message in the log).
 pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
-    let front = args.lambda_configs().and_then(|(processor, lambda)| {
-        Ok(args.front_door(processor)?.lambda_config(|c| *c = lambda))
-    });
-    match front {
+    match args.builder() {
         Ok(front) => match front.run_lambda(handler).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => startup_failure(e),
@@ -82,12 +62,10 @@ pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
 pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     // First, so a signal during the start-up checks stops the process cleanly.
     let shutdown = shutdown_on_signals();
-    let front = args.poller_configs().and_then(|(processor, poller)| {
-        Ok(args
-            .front_door(processor)?
-            .poller_config(|c| *c = poller)
-            .shutdown_on(shutdown))
-    });
+    let front = args
+        .poller_configs()
+        .and_then(|_| args.builder())
+        .map(|front| front.shutdown_on(shutdown));
     let report = match front {
         Ok(front) => match front.run_poller(handler).await {
             Ok(report) => report,
