@@ -733,7 +733,7 @@ mod tests {
     #[test]
     fn documented_example_values_parse() {
         let durations = [
-            "60s", "7d", "20s", "5s", "500ms", "0s", "1m", "14d", "1h 30m", "90s",
+            "60s", "7d", "21d", "20s", "5s", "500ms", "0s", "1m", "14d", "1h 30m", "90s",
         ];
         for d in durations {
             let mut vars = every_variable();
