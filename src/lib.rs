@@ -50,11 +50,14 @@
 //!   (exported by OTLP with the feature `otel`: `otel`).
 //! - The front door: [`SqsOnce`] (clients, start-up checks, either runtime)
 //!   and [`calls`] (AWS calls counted by operation, with an SDK interceptor).
+//! - Settings from the environment: [`settings`] (every `SQS_ONCE_*`
+//!   variable, [`settings::Settings::from_env`], no clap needed).
 //! - Process glue, behind the feature `env` (clap, tracing-subscriber):
 //!   `env` (the binaries' settings from the environment and flags, logging,
 //!   and `env::run`, which hands them to the front door).
 //! - Features: `poller` and `lambda` (the runtimes, default), `s3-payloads`,
-//!   `env`, `otel`, and `testkit` (the in-memory store and queue, for tests).
+//!   `env`, `otel`, `metrics` (the counters through the `metrics` facade
+//!   too), and `testkit` (the in-memory store and queue, for tests).
 //!
 //! The project's other crates: the operator tool `sqs-once` (`cli/`: resource
 //! setup, inspect / forget / redrive / stats, a local Lambda runtime) and the
@@ -74,6 +77,8 @@ pub mod env;
 mod protocol;
 #[cfg(any(feature = "poller", feature = "lambda"))]
 mod runtime;
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub mod settings;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

@@ -18,7 +18,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("testkit", &["protocol"]),
     ("runtime", &["protocol"]),
     ("app", &["protocol", "aws", "runtime"]),
-    ("env", &["protocol", "aws", "runtime", "app"]),
+    ("settings", &["protocol", "aws", "runtime", "app"]),
+    ("env", &["protocol", "aws", "runtime", "app", "settings"]),
 ];
 
 fn src() -> PathBuf {

@@ -167,7 +167,7 @@ pub(crate) struct KeyArgs {
     /// The consumer hashes its keys (`on`/`off`, as the consumer's own
     /// setting): KEY is hashed the same way, or given as logs show it
     /// (`sha256:` and 64 hex digits).
-    #[arg(long, env = "SQS_ONCE_HASH_KEYS", default_value = "off", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = "SQS_ONCE_HASH_KEYS", default_value = "off", num_args = 0..=1, default_missing_value = "on", value_parser = sqs_once::settings::switch("SQS_ONCE_HASH_KEYS"), action = clap::ArgAction::Set)]
     pub(crate) hash_keys: bool,
 }
 
@@ -279,14 +279,14 @@ pub(crate) struct LocalLambdaArgs {
     #[arg(long)]
     pub(crate) event: Option<std::path::PathBuf>,
     /// The function timeout.
-    #[arg(long, default_value = "30s")]
-    pub(crate) timeout: String,
+    #[arg(long, default_value = "30s", value_parser = sqs_once::settings::duration("--timeout"))]
+    pub(crate) timeout: Duration,
     /// Records per invocation (1 to 10).
     #[arg(long, default_value_t = 10)]
     pub(crate) batch_size: i32,
     /// Stop once the queue has been empty this long.
-    #[arg(long, default_value = "3s")]
-    pub(crate) exit_when_idle: String,
+    #[arg(long, default_value = "3s", value_parser = sqs_once::settings::duration("--exit-when-idle"))]
+    pub(crate) exit_when_idle: Duration,
 }
 
 impl RedriveArgs {

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use sqs_once::DynamoStore;
-use sqs_once::config::parse_duration;
 use sqs_once::env::escape;
 use sqs_once_cli::local_lambda::{LocalLambda, run_event_source};
 use sqs_once_cli::ops;
@@ -354,8 +353,7 @@ pub(crate) async fn local_lambda(
     sdk: &aws_config::SdkConfig,
     args: &LocalLambdaArgs,
 ) -> Result<(), BoxError> {
-    let timeout = parse_duration("--timeout", &args.timeout)?;
-    let idle = parse_duration("--exit-when-idle", &args.exit_when_idle)?;
+    let (timeout, idle) = (args.timeout, args.exit_when_idle);
     let function = &args.function;
     let name = function
         .file_name()

@@ -45,6 +45,13 @@ pub fn init_logging() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let choice = LogChoice::from_env(|name| std::env::var(name).ok());
+    if let Ok(format) = std::env::var("SQS_ONCE_LOG_FORMAT")
+        && !["json", "text"]
+            .iter()
+            .any(|f| f.eq_ignore_ascii_case(format.trim()))
+    {
+        eprintln!("invalid setting SQS_ONCE_LOG_FORMAT: {format:?} is not json or text; ignored");
+    }
     let filter = tracing_subscriber::EnvFilter::try_new(&choice.filter).unwrap_or_else(|e| {
         eprintln!("log filter {:?}: {e}; using info", choice.filter);
         tracing_subscriber::EnvFilter::new("info")

@@ -3,7 +3,8 @@
 //! runtime the environment asks for: the Lambda runtime when
 //! `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until SIGTERM/SIGINT).
 //!
-//! - [`settings`]: [`RuntimeArgs`], every `SQS_ONCE_*` setting and its flag;
+//! - [`Settings`] (also named [`RuntimeArgs`]): every `SQS_ONCE_*` setting
+//!   and its flag (from `sqs_once::settings`, which loads them without clap too);
 //! - [`logging`]: the log format and filter, escaping, OTLP export;
 //! - `health`: the poller's health answer (`SQS_ONCE_HEALTH_PORT`) and
 //!   `--health`, which asks it;
@@ -12,40 +13,19 @@
 use std::process::ExitCode;
 
 use crate::Handler;
-use crate::app::{SqsOnce, StartError};
-use crate::protocol::config::{ConfigError, ProcessorConfig, parse_duration};
+use crate::app::StartError;
 
 mod health;
 mod logging;
-mod settings;
 
+/// The binaries' settings: [`Settings`] under the name the binaries' flags
+/// have always had.
+pub use crate::settings::Settings as RuntimeArgs;
+pub use crate::settings::{SecretText, Settings};
 pub use logging::{LogChoice, escape, escaped_fields, init_logging};
-pub use settings::{RuntimeArgs, SecretText};
 
 pub use crate::app::shutdown_on_signals;
 pub use crate::aws::attempt_timeouts;
-
-impl RuntimeArgs {
-    /// The front door with these settings' common part (table, consumer,
-    /// processor, DynamoDB timeout, large payloads).
-    fn front_door(&self, processor: ProcessorConfig) -> Result<SqsOnce, ConfigError> {
-        let ddb_timeout = parse_duration("SQS_ONCE_DYNAMODB_TIMEOUT", &self.dynamodb_timeout)?;
-        let mut front = SqsOnce::builder(&self.table, &self.consumer)
-            .processor_config(|c| *c = processor)
-            .dynamodb_timeout(ddb_timeout);
-        if self.large_payloads {
-            front = front.large_payloads(self.delete_payloads, self.large_payload_max_bytes);
-            front = match self.payload_locations()? {
-                Some(places) => front.payload_buckets(places),
-                None => front.any_payload_bucket(),
-            };
-        }
-        if let Some(location) = self.outbox_payload_location()? {
-            front = front.send_large_through(location);
-        }
-        Ok(front)
-    }
-}
 
 /// Runs `handler` in the runtime the environment asks for: Lambda when
 /// `AWS_LAMBDA_RUNTIME_API` is set, else the poller. With `--health` it runs
@@ -61,22 +41,6 @@ pub async fn run<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     }
 }
 
-/// `--health`: asks the poller on `SQS_ONCE_HEALTH_PORT`; exit 0 if it is
-/// alive, 1 if not, 2 for a setting missing or invalid.
-pub async fn health_check(args: &RuntimeArgs) -> ExitCode {
-    let Some(port) = args.health_port else {
-        eprintln!("--health needs SQS_ONCE_HEALTH_PORT (the port the poller answers on)");
-        return ExitCode::from(2);
-    };
-    let max_age = match parse_duration("SQS_ONCE_HEALTH_MAX_AGE", &args.health_max_age) {
-        Ok(max_age) => max_age,
-        Err(e) => return startup_failure(e),
-    };
-    tokio::task::spawn_blocking(move || health::check(port, max_age))
-        .await
-        .unwrap_or(ExitCode::FAILURE)
-}
-
 /// Prints a start-up failure; exit code 2 (a failed Lambda runtime: 1).
 fn startup_failure(e: impl Into<StartError>) -> ExitCode {
     let e = e.into();
@@ -87,13 +51,23 @@ fn startup_failure(e: impl Into<StartError>) -> ExitCode {
     }
 }
 
+/// `--health`: asks the poller on `SQS_ONCE_HEALTH_PORT`; exit 0 if it is
+/// alive, 1 if not, 2 for a setting missing.
+pub async fn health_check(args: &RuntimeArgs) -> ExitCode {
+    let Some(port) = args.health_port else {
+        eprintln!("--health needs SQS_ONCE_HEALTH_PORT (the port the poller answers on)");
+        return ExitCode::from(2);
+    };
+    let max_age = args.health_max_age;
+    tokio::task::spawn_blocking(move || health::check(port, max_age))
+        .await
+        .unwrap_or(ExitCode::FAILURE)
+}
+
 /// Checks the table, then serves Lambda invocations. A start-up failure exits
 /// with code 2 (Lambda reports it as an init error with the message in the log).
 pub async fn run_lambda<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
-    let front = args.lambda_configs().and_then(|(processor, lambda)| {
-        Ok(args.front_door(processor)?.lambda_config(|c| *c = lambda))
-    });
-    match front {
+    match args.builder() {
         Ok(front) => match front.run_lambda(handler).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => startup_failure(e),
@@ -119,9 +93,11 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let front = configs.and_then(|(processor, poller)| {
+    // The poller's settings as checked, with the liveness the health answer
+    // reads.
+    let front = configs.and_then(|(_, poller)| {
         Ok(args
-            .front_door(processor)?
+            .builder()?
             .poller_config(|c| *c = poller)
             .shutdown_on(shutdown))
     });

@@ -33,6 +33,11 @@ pub enum PayloadMismatch {
     Park,
 }
 
+impl PayloadMismatch {
+    /// Each value's name in `SQS_ONCE_PAYLOAD_MISMATCH`.
+    pub const CHOICES: &[(&str, Self)] = &[("warn", Self::Warn), ("park", Self::Park)];
+}
+
 /// How the processor claims, retries and records. Every runtime builds one.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -345,6 +350,68 @@ pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, Co
         setting,
         problem: format!("{value:?} is not a duration like 30s, 5m or 7d ({e})"),
     })
+}
+
+/// The words an on/off setting takes (any case): `on`/`off`, `true`/`false`,
+/// `yes`/`no`, `1`/`0`, and the letters `y`/`n`, `t`/`f`.
+pub const SWITCH_WORDS: &[(&str, bool)] = &[
+    ("on", true),
+    ("off", false),
+    ("true", true),
+    ("false", false),
+    ("yes", true),
+    ("no", false),
+    ("1", true),
+    ("0", false),
+    ("y", true),
+    ("n", false),
+    ("t", true),
+    ("f", false),
+];
+
+/// Parses an on/off setting ([`SWITCH_WORDS`]), naming the setting on error.
+pub fn parse_switch(setting: &'static str, value: &str) -> Result<bool, ConfigError> {
+    let word = value.trim();
+    SWITCH_WORDS
+        .iter()
+        .find(|(w, _)| w.eq_ignore_ascii_case(word))
+        .map(|(_, on)| *on)
+        .ok_or_else(|| ConfigError {
+            setting,
+            problem: format!("{value:?} is not on or off (on/off, true/false, yes/no or 1/0)"),
+        })
+}
+
+/// Parses a whole number (`10`, `1048576`), naming the setting on error.
+pub fn parse_number(setting: &'static str, value: &str) -> Result<usize, ConfigError> {
+    value.trim().parse().map_err(|e| ConfigError {
+        setting,
+        problem: format!("{value:?} is not a whole number ({e})"),
+    })
+}
+
+/// Parses one of a setting's fixed values (`choices`: each name and its
+/// value, names matched exactly), naming the setting and the choices on error.
+pub fn parse_choice<T: Clone>(
+    setting: &'static str,
+    choices: &[(&str, T)],
+    value: &str,
+) -> Result<T, ConfigError> {
+    choices
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|(_, v)| v.clone())
+        .ok_or_else(|| ConfigError {
+            setting,
+            problem: format!(
+                "{value:?} is not one of {}",
+                choices
+                    .iter()
+                    .map(|(name, _)| *name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
 }
 
 #[cfg(test)]

@@ -6,6 +6,14 @@
 //!
 //! A jump of `DuplicatesSkipped` against `Processed` is the sign of an upstream
 //! producer re-sending: graph the two together.
+//!
+//! With the feature `metrics`, every count is also handed to the
+//! [`metrics`](https://docs.rs/metrics) crate's facade as it happens, for
+//! whatever recorder the process installs (Prometheus, OpenTelemetry, ...):
+//! each EMF counter as the counter [`FACADE_NAMES`] names (`Processed` is
+//! `sqs_once_processed`), labelled `consumer`, and the handler latency as the
+//! histogram `sqs_once_handler_latency_seconds`. Without a recorder
+//! installed these calls do nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -41,6 +49,65 @@ pub const METRIC_NAMES: &[&str] = &[
     "HandlerLatency",
 ];
 
+/// The `metrics` facade's name of each EMF counter (feature `metrics`):
+/// `sqs_once_` and the name in snake case. The handler latency is the
+/// histogram [`FACADE_LATENCY`], in seconds.
+pub const FACADE_NAMES: &[(&str, &str)] = &[
+    ("Processed", "sqs_once_processed"),
+    ("DuplicatesSkipped", "sqs_once_duplicates_skipped"),
+    ("InFlightDuplicates", "sqs_once_in_flight_duplicates"),
+    ("Retries", "sqs_once_retries"),
+    ("PermanentFailures", "sqs_once_permanent_failures"),
+    ("LeaseLost", "sqs_once_lease_lost"),
+    ("HeartbeatExtensions", "sqs_once_heartbeat_extensions"),
+    ("Takeovers", "sqs_once_takeovers"),
+    (
+        "UnknownOutcomesResolved",
+        "sqs_once_unknown_outcomes_resolved",
+    ),
+    ("PayloadMismatches", "sqs_once_payload_mismatches"),
+    ("UnverifiedAttributes", "sqs_once_unverified_attributes"),
+    ("OutboxDispatched", "sqs_once_outbox_dispatched"),
+    ("OutboxRecovered", "sqs_once_outbox_recovered"),
+    (
+        "OutboxDispatchFailures",
+        "sqs_once_outbox_dispatch_failures",
+    ),
+    ("OutboxRefused", "sqs_once_outbox_refused"),
+];
+
+/// The `metrics` facade's histogram of handler run times, in seconds
+/// (`HandlerLatency` in EMF, in milliseconds).
+pub const FACADE_LATENCY: &str = "sqs_once_handler_latency_seconds";
+
+/// Whether two names are the same (a `const` comparison).
+const fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The facade's name of the EMF counter `emf` (evaluated at compile time:
+/// `const { facade(..) }`).
+const fn facade(emf: &str) -> &'static str {
+    let mut i = 0;
+    while i < FACADE_NAMES.len() {
+        if same(FACADE_NAMES[i].0.as_bytes(), emf.as_bytes()) {
+            return FACADE_NAMES[i].1;
+        }
+        i += 1;
+    }
+    panic!("an EMF counter without a facade name")
+}
+
 /// Live counters; shared by every task of a runtime. Memory is fixed: handler
 /// latencies go into a histogram of [`LATENCY_BUCKETS`] counters, whatever the
 /// number of samples and whether anyone ever reads them.
@@ -62,6 +129,9 @@ pub struct Metrics {
     outbox_dispatch_failures: AtomicU64,
     outbox_refused: AtomicU64,
     latency: Histogram,
+    /// The `consumer` label of the facade's copies.
+    #[cfg(feature = "metrics")]
+    consumer: metrics::SharedString,
 }
 
 /// Buckets of the latency histogram: bucket 0 holds everything up to 1 ms,
@@ -190,73 +260,127 @@ pub struct Snapshot {
 }
 
 impl Metrics {
+    /// Counters of the consumer `consumer` (the `consumer` label of the
+    /// `metrics` facade's copies, feature `metrics`).
+    pub fn new(consumer: &str) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = consumer;
+        Self {
+            #[cfg(feature = "metrics")]
+            consumer: metrics::SharedString::from_shared(std::sync::Arc::from(consumer)),
+            ..Self::default()
+        }
+    }
+
+    /// Adds `n` to `counter`, and to the facade's counter `name`.
+    fn add(&self, counter: &AtomicU64, name: &'static str, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(name, "consumer" => self.consumer.clone()).increment(n);
+        #[cfg(not(feature = "metrics"))]
+        let _ = name;
+    }
+
     /// Counts a message's outcome.
     pub fn outcome(&self, outcome: &Outcome) {
-        let counter = match outcome {
-            Outcome::Completed { .. } => &self.processed,
-            Outcome::Duplicate { .. } => &self.duplicates,
-            Outcome::InFlight { .. } => &self.in_flight,
-            Outcome::Retry { .. } => &self.retries,
-            Outcome::Park { .. } => &self.permanent_failures,
+        let (counter, name) = match outcome {
+            Outcome::Completed { .. } => (&self.processed, const { facade("Processed") }),
+            Outcome::Duplicate { .. } => (&self.duplicates, const { facade("DuplicatesSkipped") }),
+            Outcome::InFlight { .. } => (&self.in_flight, const { facade("InFlightDuplicates") }),
+            Outcome::Retry { .. } => (&self.retries, const { facade("Retries") }),
+            Outcome::Park { .. } => (
+                &self.permanent_failures,
+                const { facade("PermanentFailures") },
+            ),
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.add(counter, name, 1);
     }
 
     /// Counts a lease lost to another consumer.
     pub fn lease_lost(&self) {
-        self.lease_lost.fetch_add(1, Ordering::Relaxed);
+        self.add(&self.lease_lost, const { facade("LeaseLost") }, 1);
     }
 
     /// Counts a claim taken over from an expired, unreleased one.
     pub fn takeover(&self) {
-        self.takeovers.fetch_add(1, Ordering::Relaxed);
+        self.add(&self.takeovers, const { facade("Takeovers") }, 1);
     }
 
     /// Counts a write whose lost answer was resolved by sending it again.
     pub fn unknown_outcome_resolved(&self) {
-        self.unknown_resolved.fetch_add(1, Ordering::Relaxed);
+        self.add(
+            &self.unknown_resolved,
+            const { facade("UnknownOutcomesResolved") },
+            1,
+        );
     }
 
     /// Counts a duplicate whose body differs from the recorded one.
     pub fn payload_mismatch(&self) {
-        self.payload_mismatches.fetch_add(1, Ordering::Relaxed);
+        self.add(
+            &self.payload_mismatches,
+            const { facade("PayloadMismatches") },
+            1,
+        );
     }
 
     /// Counts a carried attribute that did not verify and was ignored.
     pub fn unverified_attribute(&self) {
-        self.unverified_attributes.fetch_add(1, Ordering::Relaxed);
+        self.add(
+            &self.unverified_attributes,
+            const { facade("UnverifiedAttributes") },
+            1,
+        );
     }
 
     /// Counts outgoing messages sent after their commit.
     pub fn outbox_dispatched(&self, n: u64) {
-        self.outbox_dispatched.fetch_add(n, Ordering::Relaxed);
+        self.add(
+            &self.outbox_dispatched,
+            const { facade("OutboxDispatched") },
+            n,
+        );
     }
 
     /// Counts outgoing messages a redelivery or duplicate sent for a run
     /// that committed them and did not send them.
     pub fn outbox_recovered(&self, n: u64) {
-        self.outbox_recovered.fetch_add(n, Ordering::Relaxed);
+        self.add(
+            &self.outbox_recovered,
+            const { facade("OutboxRecovered") },
+            n,
+        );
     }
 
     /// Counts a dispatch that failed after its commit.
     pub fn outbox_dispatch_failure(&self) {
-        self.outbox_dispatch_failures
-            .fetch_add(1, Ordering::Relaxed);
+        self.add(
+            &self.outbox_dispatch_failures,
+            const { facade("OutboxDispatchFailures") },
+            1,
+        );
     }
 
     /// Counts a send SQS refused as invalid.
     pub fn outbox_refused(&self) {
-        self.outbox_refused.fetch_add(1, Ordering::Relaxed);
+        self.add(&self.outbox_refused, const { facade("OutboxRefused") }, 1);
     }
 
     /// Counts a successful heartbeat extension.
     pub fn heartbeat_extension(&self) {
-        self.heartbeat_extensions.fetch_add(1, Ordering::Relaxed);
+        self.add(
+            &self.heartbeat_extensions,
+            const { facade("HeartbeatExtensions") },
+            1,
+        );
     }
 
     /// Records how long a handler ran (a histogram bucket; no allocation).
     pub fn handler_latency(&self, d: Duration) {
         self.latency.record(d);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!(FACADE_LATENCY, "consumer" => self.consumer.clone())
+            .record(d.as_secs_f64());
     }
 
     /// The counters since the last call, which resets them.
@@ -367,6 +491,85 @@ pub fn print_emf(snapshot: &Snapshot, consumer: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_emf_counter_has_a_facade_name() {
+        for name in METRIC_NAMES.iter().filter(|n| **n != "HandlerLatency") {
+            let facade = FACADE_NAMES.iter().find(|(emf, _)| emf == name);
+            assert!(facade.is_some(), "{name} has no facade name");
+        }
+        assert_eq!(FACADE_NAMES.len() + 1, METRIC_NAMES.len());
+    }
+
+    /// Processes a message twice over the in-memory store with the
+    /// debugging recorder installed: what the facade recorded, by name and
+    /// consumer label, and the EMF line of the same counts.
+    #[cfg(feature = "metrics")]
+    fn recorded() -> (Vec<(String, String, u64)>, Value) {
+        use crate::{MemoryStore, Message, Processor, ProcessorConfig, handler_fn};
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let emf = metrics::with_local_recorder(&recorder, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let handler = handler_fn(|_m, _ctx| async { Ok(None) });
+                let config = ProcessorConfig::new("orders");
+                let p = Processor::new(MemoryStore::default(), handler, config).unwrap();
+                for _ in 0..2 {
+                    p.process(Message::new("m-1", "{}")).await;
+                }
+                p.metrics().take().emf_lines("orders", 0).remove(0)
+            })
+        });
+        let seen = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let consumer = key
+                    .labels()
+                    .find(|l| l.key() == "consumer")
+                    .map_or(String::new(), |l| l.value().to_owned());
+                let n = match value {
+                    DebugValue::Counter(n) => n,
+                    DebugValue::Histogram(samples) => samples.len() as u64,
+                    DebugValue::Gauge(_) => 0,
+                };
+                (key.name().to_owned(), consumer, n)
+            })
+            .collect();
+        (seen, emf)
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_facade_counts_what_emf_counts() {
+        let (seen, emf) = recorded();
+        let count = |name: &str| {
+            seen.iter()
+                .filter(|(n, _, _)| n == name)
+                .map(|(_, consumer, n)| {
+                    assert_eq!(consumer, "orders", "{name} is labelled by consumer");
+                    *n
+                })
+                .sum::<u64>()
+        };
+        assert_eq!(count("sqs_once_processed"), 1, "{seen:?}");
+        assert_eq!(count("sqs_once_duplicates_skipped"), 1, "{seen:?}");
+        assert_eq!(count(FACADE_LATENCY), 1, "one handler run: {seen:?}");
+        for (emf_name, name) in FACADE_NAMES {
+            assert_eq!(
+                Some(count(name)),
+                emf[emf_name].as_u64(),
+                "{name} and EMF's {emf_name}"
+            );
+        }
+    }
 
     #[test]
     fn emf_line_declares_every_metric_it_carries() {

@@ -11,9 +11,12 @@
 //! message span only with `SQS_ONCE_TRUST_PRODUCER_SAMPLING=on`, see
 //! [`MessageSampler`]),
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TIMEOUT`, and
-//! `OTEL_SDK_DISABLED=true` to turn it off. The endpoint is plain HTTP: a
-//! collector beside the process (the ADOT Lambda layer, an ECS sidecar, the
-//! CloudWatch agent) that forwards to X-Ray or any other backend.
+//! `OTEL_SDK_DISABLED=true` to turn it off. The endpoint is `http://` (a
+//! collector beside the process: the ADOT Lambda layer, an ECS sidecar, the
+//! CloudWatch agent, which forwards to X-Ray or any other backend) or
+//! `https://` (a remote collector or a vendor's OTLP endpoint): TLS is
+//! rustls's, the server's certificate verified against the system's trust
+//! store (`SSL_CERT_FILE` or `SSL_CERT_DIR` name others, e.g. a private CA's).
 //!
 //! Spans are batched on a background thread; [`flush`] exports what has
 //! ended (the Lambda runtime calls it after every invocation, since the

@@ -339,52 +339,123 @@ type Received = Arc<Mutex<Vec<(String, opentelemetry_proto::tonic::trace::v1::Sp
 
 /// An OTLP/HTTP (protobuf) trace receiver on 127.0.0.1; its base URL.
 async fn otlp_receiver() -> (String, Received) {
-    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use prost::Message as _;
+    otlp_receiver_over(None).await
+}
+
+/// The receiver, speaking TLS with `tls` when given (its URL `https://`).
+async fn otlp_receiver_over(tls: Option<tokio_rustls::TlsAcceptor>) -> (String, Received) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}", listener.local_addr().unwrap());
     let received: Received = Arc::default();
     let r = received.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let r = r.clone();
-            let service =
-                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let r = r.clone();
-                    async move {
-                        assert_eq!(req.uri().path(), "/v1/traces");
-                        let body = req.into_body().collect().await?.to_bytes();
-                        let export =
-                            ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
-                        for rs in export.resource_spans {
-                            let service = rs
-                                .resource
-                                .iter()
-                                .flat_map(|r| &r.attributes)
-                                .find(|kv| kv.key == "service.name")
-                                .and_then(|kv| kv.value.clone())
-                                .map(|v| format!("{:?}", v.value))
-                                .unwrap_or_default();
-                            for ss in rs.scope_spans {
-                                for span in ss.spans {
-                                    r.lock().unwrap().push((service.clone(), span));
-                                }
-                            }
-                        }
-                        let mut ok = hyper::Response::new(Full::new(Bytes::new()));
-                        ok.headers_mut()
-                            .insert("content-type", "application/x-protobuf".parse().unwrap());
-                        Ok::<_, hyper::Error>(ok)
-                    }
-                });
+            let (r, tls) = (r.clone(), tls.clone());
             tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                match tls {
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            serve_otlp(stream, r).await;
+                        }
+                    }
+                    None => serve_otlp(stream, r).await,
+                }
             });
         }
     });
     (url, received)
+}
+
+/// Serves OTLP/HTTP trace exports on one connection, keeping their spans.
+async fn serve_otlp<S>(stream: S, r: Received)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let r = r.clone();
+        async move {
+            assert_eq!(req.uri().path(), "/v1/traces");
+            let body = req.into_body().collect().await?.to_bytes();
+            let export = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+            for rs in export.resource_spans {
+                let service = rs
+                    .resource
+                    .iter()
+                    .flat_map(|r| &r.attributes)
+                    .find(|kv| kv.key == "service.name")
+                    .and_then(|kv| kv.value.clone())
+                    .map(|v| format!("{:?}", v.value))
+                    .unwrap_or_default();
+                for ss in rs.scope_spans {
+                    for span in ss.spans {
+                        r.lock().unwrap().push((service.clone(), span));
+                    }
+                }
+            }
+            let mut ok = hyper::Response::new(Full::new(Bytes::new()));
+            ok.headers_mut()
+                .insert("content-type", "application/x-protobuf".parse().unwrap());
+            Ok::<_, hyper::Error>(ok)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
+}
+
+/// A TLS acceptor for 127.0.0.1 with a fresh self-signed certificate, and
+/// that certificate's PEM (what a client must trust).
+fn self_signed_tls() -> (tokio_rustls::TlsAcceptor, String) {
+    let certified = rcgen::generate_simple_self_signed(["127.0.0.1".to_owned()]).unwrap();
+    let pem = certified.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), pem)
+}
+
+/// The `payments` binary exports to an `https://` collector: the OTLP
+/// exporter speaks TLS (rustls), trusting the certificates of the system's
+/// store, or of `SSL_CERT_FILE` (here the receiver's own).
+#[tokio::test]
+async fn the_payments_binary_exports_over_https() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let api = StubApi::start().await;
+    let (tls, pem) = self_signed_tls();
+    let (otlp, received) = otlp_receiver_over(Some(tls)).await;
+    assert!(otlp.starts_with("https://"), "{otlp}");
+    let ca = std::env::temp_dir().join(format!("sqs-once-otlp-{}.pem", uuid::Uuid::new_v4()));
+    std::fs::write(&ca, pem).unwrap();
+    let l = Ledger::new(&sqs, &ddb).await;
+    let body = json!({"id": "pay-tls", "customer": "cus_1", "amount_cents": 9}).to_string();
+    send(&sqs, &l.queues.queue_url, &body, Carrier::W3c).await;
+    let env = [
+        ("PAYMENTS_URL", api.url.as_str()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+        ("SSL_CERT_FILE", ca.to_str().unwrap()),
+    ];
+    run_until_drained_with(&l, &sqs, 1, &crate::common::binary("payments"), &env).await;
+    let _ = std::fs::remove_file(&ca);
+    let spans = received.lock().unwrap().clone();
+    let queue = sqs_once::trace::queue_name(&l.queues.queue_url);
+    let sent = TraceParent::parse_w3c(W3C).unwrap();
+    let process = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| s.name == format!("process {queue}"))
+        .unwrap_or_else(|| panic!("no process span came over TLS: {spans:#?}"));
+    assert_eq!(process.trace_id, sent.trace_id);
 }
 
 #[tokio::test]

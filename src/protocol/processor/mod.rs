@@ -123,7 +123,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         config: ProcessorConfig,
     ) -> Result<Self, crate::protocol::config::ConfigError> {
         config.validate()?;
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new(&config.consumer));
         store.report_to(metrics.clone());
         Ok(Self {
             store: Arc::new(store),
