@@ -40,7 +40,7 @@ class EcsTemplate(unittest.TestCase):
         self.assertLessEqual(stop, 120, "Fargate allows at most 120 s")
 
     def test_every_environment_variable_is_one_the_binary_reads(self):
-        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/env/settings.rs").read_text()))
+        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/settings.rs").read_text()))
         known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "examples/ledger/src/main.rs").read_text()))
         known.add("SQS_ONCE_LOG_FORMAT")  # read by cli::init_logging
         self.assertLessEqual(set(self.env), known, f"unknown: {set(self.env) - known}")

@@ -104,7 +104,7 @@ class SamTemplate(unittest.TestCase):
         self.assertEqual(props["Handler"], "bootstrap")
 
     def test_every_environment_variable_is_one_the_binary_reads(self):
-        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/env/settings.rs").read_text()))
+        known = set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "src/settings.rs").read_text()))
         known |= set(re.findall(r'env = "([A-Z_]+)"', (ROOT / "examples/ledger/src/main.rs").read_text()))
         env = self.function()["Properties"]["Environment"]["Variables"]
         self.assertLessEqual(set(env), known, f"unknown: {set(env) - known}")
