@@ -512,3 +512,84 @@ async fn a_large_body_s3_did_not_store_is_a_retry_with_nothing_recorded() {
         assert_eq!(down.ids().len(), 1);
     }
 }
+
+/// Review: a handler may give an outgoing message MAX_USER_ATTRIBUTES (8)
+/// attributes; offloading adds `ExtendedPayloadSize` and, with a carry
+/// secret, `to_send` adds the id and the sealed key: 11 attributes, which
+/// SQS refuses, after the effect committed. `send_message` accepted it.
+#[tokio::test]
+async fn review_an_offloaded_body_with_eight_attributes_and_a_carry_secret_is_refused_after_the_commit()
+ {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    let (store, down) = (MemoryStore::default(), Downstream::new());
+    let url = down.url.clone();
+    let handler = handler_fn(move |_m: Message, ctx: Context| {
+        let url = url.clone();
+        async move {
+            let mut out = Outgoing::new(&url, "x".repeat(300 * 1024));
+            for i in 0..crate::protocol::outbox::MAX_USER_ATTRIBUTES {
+                out = out.attribute(format!("a{i}"), "v");
+            }
+            ctx.send_message(out)?;
+            Ok(None)
+        }
+    });
+    let mut c = config();
+    c.carry_secret = Some(crate::protocol::key::CarrySecret::new("s".repeat(32)).unwrap());
+    let p = Processor::new(store.clone(), staged_only(handler), c)
+        .unwrap()
+        .with_dispatcher(down.clone())
+        .with_large_payloads(offloading(&objects));
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    // Either refused before the commit (parked, nothing recorded) or sent.
+    let committed = store
+        .get("a#e1")
+        .await
+        .unwrap()
+        .is_some_and(|r| r.status == Status::Completed);
+    assert!(
+        !committed || down.ids().len() == 1,
+        "committed but its message can never be sent: {outcome:?}"
+    );
+}
+
+/// Review: under a compound key that reads the message id, a message the
+/// queue's redrive policy moved to the DLQ (it keeps its id there, carries
+/// no key) is brought back by `copy_for_source`, which seals the bare
+/// message id as its key; the consumer honours a carried key as the whole
+/// compound key, so the copy runs under `m-1`, not `4:acme|3:m-1`: its
+/// effect is made a second time.
+#[tokio::test]
+async fn review_a_redriven_copy_under_a_compound_key_with_the_message_id_runs_again() {
+    let secret = crate::protocol::key::CarrySecret::new("s".repeat(32)).unwrap();
+    let mut c = ProcessorConfig::new("a");
+    c.key_source = "attribute:tenant,message-id".parse().unwrap();
+    c.carry_secret = Some(secret.clone());
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx: Context| {
+        let runs = counted.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
+    let original = Message::new("m-1", "charge").with_attribute("tenant", "acme");
+    assert!(matches!(p.process(original.clone()).await, Outcome::Completed { .. }));
+    // Moved by the redrive policy (e.g. its delete kept failing): same id in
+    // the DLQ; the operator's redrive copies it back.
+    let (copy, carries) =
+        crate::protocol::redrive::copy_for_source(&original, false, 256 * 1024, Some(&secret));
+    assert!(carries);
+    let mut back = Message::new("m-2", copy.body.clone());
+    for (name, a) in copy.attributes {
+        back = back.with_typed_attribute(name, a);
+    }
+    let outcome = p.process(back).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the redriven copy ran again: {outcome:?}"
+    );
+}
