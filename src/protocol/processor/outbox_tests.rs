@@ -593,3 +593,52 @@ async fn review_a_redriven_copy_under_a_compound_key_with_the_message_id_runs_ag
         "the redriven copy ran again: {outcome:?}"
     );
 }
+
+/// Review: with the EventBridge envelope and `body-sha256` keys, two
+/// different events (another `detail-type`, source and id) whose `detail`
+/// is the same are one key: the second is skipped as a duplicate, and
+/// its payload hash matches, so not even a mismatch is counted.
+#[tokio::test]
+async fn review_two_eventbridge_events_of_different_types_with_one_detail_are_not_one_message() {
+    let mut c = ProcessorConfig::new("a");
+    c.key_source = "body-sha256".parse().unwrap();
+    c.envelope = crate::Envelope::EventBridge;
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx: Context| {
+        let runs = counted.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
+    let event = |id: &str, kind: &str| {
+        format!(
+            r#"{{"version":"0","id":"{id}","source":"shop.orders","detail-type":"{kind}","account":"1","time":"2026-01-01T00:00:00Z","region":"eu-west-1","resources":[],"detail":{{"orderId":"o-1"}}}}"#
+        )
+    };
+    p.process(Message::new("m-1", event("e-1", "OrderPlaced"))).await;
+    let second = p.process(Message::new("m-2", event("e-2", "OrderCancelled"))).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the cancellation was dropped: {second:?}"
+    );
+}
+
+/// Review: `SQS_ONCE_PAYLOAD_POINTERS` takes any text starting with `/`,
+/// but reads it as a plain JSON pointer: `/payload>/amount` (the `>` form
+/// keys accept) matches nothing in every payload, so a changed amount under
+/// one key is never a mismatch.
+#[test]
+fn review_a_payload_pointer_in_the_key_form_hides_a_real_mismatch() {
+    let mut c = ProcessorConfig::new("a");
+    c.payload_pointers = vec!["/payload>/amount".into()];
+    assert!(
+        c.validate().is_err()
+            || c.payload_sha256(&Message::new("m", r#"{"payload":"{\"amount\":1}"}"#))
+                != c.payload_sha256(&Message::new("m", r#"{"payload":"{\"amount\":2}"}"#)),
+        "accepted, and amounts 1 and 2 hash the same"
+    );
+}
