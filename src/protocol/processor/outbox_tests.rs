@@ -642,3 +642,32 @@ fn review_a_payload_pointer_in_the_key_form_hides_a_real_mismatch() {
         "accepted, and amounts 1 and 2 hash the same"
     );
 }
+
+/// Review: on the claim path the handler's own effect (a card charged) is
+/// made before the outgoing body goes to S3; a failed PutObject turns the
+/// returned `Ok` into a retry that releases the claim, so the redelivery
+/// runs the handler, and its effect, again.
+#[tokio::test]
+async fn review_a_failed_outgoing_put_on_the_claim_path_runs_the_effect_again() {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    objects.fail_next_put(crate::protocol::payloads::PayloadErrorKind::Transient);
+    let (store, down) = (MemoryStore::default(), Downstream::new());
+    let charges = Arc::new(AtomicU32::new(0));
+    let (url, counted) = (down.url.clone(), charges.clone());
+    let handler = handler_fn(move |_m: Message, ctx: Context| {
+        let (url, charges) = (url.clone(), counted.clone());
+        async move {
+            charges.fetch_add(1, Ordering::SeqCst); // the effect
+            ctx.send(&url, "x".repeat(300 * 1024))?;
+            Ok(None)
+        }
+    });
+    let p = Processor::new(store, handler, config())
+        .unwrap()
+        .with_dispatcher(down.clone())
+        .with_large_payloads(offloading(&objects));
+    p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    p.process(Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2))
+        .await;
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged twice");
+}
