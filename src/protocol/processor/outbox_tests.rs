@@ -671,3 +671,42 @@ async fn review_a_failed_outgoing_put_on_the_claim_path_runs_the_effect_again() 
         .await;
     assert_eq!(charges.load(Ordering::SeqCst), 1, "charged twice");
 }
+
+/// Review: a duplicate of a completed message whose large payload was
+/// deleted meanwhile (`SQS_ONCE_DELETE_PAYLOADS=on`) is recognised by its
+/// body-free key; with an envelope configured, `dedup_key` tries to open
+/// the envelope on the pointer body first, fails, and the duplicate of a
+/// `message-id` key is parked instead.
+#[tokio::test]
+async fn review_a_duplicate_whose_payload_is_gone_is_parked_under_an_envelope() {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    let mut c = ProcessorConfig::new("a");
+    c.envelope = crate::Envelope::Sns;
+    let store = MemoryStore::default();
+    let handler = handler_fn(|_m: Message, _ctx: Context| async move { Ok(None) });
+    let p = Processor::new(store, handler, c)
+        .unwrap()
+        .with_large_payloads(LargePayloads::new(objects.clone()));
+    let sns = r#"{"Type":"Notification","MessageId":"n-1","TopicArn":"arn:aws:sns:eu-west-1:1:t","Message":"hello","Timestamp":"2026-01-01T00:00:00Z"}"#;
+    let pointer = objects.put("in", "k1", sns);
+    let received = Message::new("m-1", pointer.to_body()).with_typed_attribute(
+        crate::protocol::payloads::SIZE_ATTRIBUTE,
+        crate::Attribute::typed("Number", Some(sns.len().to_string()), None).unwrap(),
+    );
+    assert!(matches!(p.process(received.clone()).await, Outcome::Completed { .. }));
+    // Deleted after the message was (DELETE_PAYLOADS); SQS delivers a
+    // duplicate of the message.
+    let objects2 = crate::testkit::payloads::MemoryPayloads::default();
+    let p = Processor::new(p.store().clone(), handler_fn(|_m: Message, _ctx: Context| async move { Ok(None) }), {
+        let mut c = ProcessorConfig::new("a");
+        c.envelope = crate::Envelope::Sns;
+        c
+    })
+    .unwrap()
+    .with_large_payloads(LargePayloads::new(objects2));
+    let again = p.process(received.with_receive_count(2)).await;
+    assert!(
+        matches!(again, Outcome::Duplicate { .. }),
+        "a duplicate parked: {again:?}"
+    );
+}
