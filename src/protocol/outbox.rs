@@ -221,6 +221,11 @@ impl Outgoing {
                 max,
             });
         }
+        // Offloading adds the size attribute: with the two sqs-once adds,
+        // SQS's ten must still hold it (refused after the commit otherwise).
+        if self.attributes.len() + 1 > MAX_USER_ATTRIBUTES {
+            return Err(OutboxError::TooManyAttributes(self.attributes.len() + 1));
+        }
         let as_pointer = bytes - self.body.len() + MAX_POINTER_BODY_BYTES + SIZE_ATTRIBUTE_BYTES;
         if as_pointer > SQS_MAX_MESSAGE_BYTES {
             return Err(OutboxError::TooLarge { bytes: as_pointer });

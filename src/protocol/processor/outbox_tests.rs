@@ -512,3 +512,201 @@ async fn a_large_body_s3_did_not_store_is_a_retry_with_nothing_recorded() {
         assert_eq!(down.ids().len(), 1);
     }
 }
+
+/// Review: a handler may give an outgoing message MAX_USER_ATTRIBUTES (8)
+/// attributes; offloading adds `ExtendedPayloadSize` and, with a carry
+/// secret, `to_send` adds the id and the sealed key: 11 attributes, which
+/// SQS refuses, after the effect committed. `send_message` accepted it.
+#[tokio::test]
+async fn review_an_offloaded_body_with_eight_attributes_and_a_carry_secret_is_refused_after_the_commit()
+ {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    let (store, down) = (MemoryStore::default(), Downstream::new());
+    let url = down.url.clone();
+    let handler = handler_fn(move |_m: Message, ctx: Context| {
+        let url = url.clone();
+        async move {
+            let mut out = Outgoing::new(&url, "x".repeat(300 * 1024));
+            for i in 0..crate::protocol::outbox::MAX_USER_ATTRIBUTES {
+                out = out.attribute(format!("a{i}"), "v");
+            }
+            ctx.send_message(out)?;
+            Ok(None)
+        }
+    });
+    let mut c = config();
+    c.carry_secret = Some(crate::protocol::key::CarrySecret::new("s".repeat(32)).unwrap());
+    let p = Processor::new(store.clone(), staged_only(handler), c)
+        .unwrap()
+        .with_dispatcher(down.clone())
+        .with_large_payloads(offloading(&objects));
+    let outcome = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    // Either refused before the commit (parked, nothing recorded) or sent.
+    let committed = store
+        .get("a#e1")
+        .await
+        .unwrap()
+        .is_some_and(|r| r.status == Status::Completed);
+    assert!(
+        !committed || down.ids().len() == 1,
+        "committed but its message can never be sent: {outcome:?}"
+    );
+}
+
+/// Review: under a compound key that reads the message id, a message the
+/// queue's redrive policy moved to the DLQ (it keeps its id there, carries
+/// no key) is brought back by `copy_for_source`, which seals the bare
+/// message id as its key; the consumer honours a carried key as the whole
+/// compound key, so the copy runs under `m-1`, not `4:acme|3:m-1`: its
+/// effect is made a second time.
+#[tokio::test]
+async fn review_a_redriven_copy_under_a_compound_key_with_the_message_id_runs_again() {
+    let secret = crate::protocol::key::CarrySecret::new("s".repeat(32)).unwrap();
+    let mut c = ProcessorConfig::new("a");
+    c.key_source = "attribute:tenant,message-id".parse().unwrap();
+    c.carry_secret = Some(secret.clone());
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx: Context| {
+        let runs = counted.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
+    let original = Message::new("m-1", "charge").with_attribute("tenant", "acme");
+    assert!(matches!(p.process(original.clone()).await, Outcome::Completed { .. }));
+    // Moved by the redrive policy (e.g. its delete kept failing): same id in
+    // the DLQ; the operator's redrive copies it back.
+    let (copy, carries) =
+        crate::protocol::redrive::copy_for_source(&original, false, 256 * 1024, Some(&secret));
+    assert!(carries);
+    let mut back = Message::new("m-2", copy.body.clone());
+    for (name, a) in copy.attributes {
+        back = back.with_typed_attribute(name, a);
+    }
+    let outcome = p.process(back).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the redriven copy ran again: {outcome:?}"
+    );
+}
+
+/// Review: with the EventBridge envelope and `body-sha256` keys, two
+/// different events (another `detail-type`, source and id) whose `detail`
+/// is the same are one key: the second is skipped as a duplicate, and
+/// its payload hash matches, so not even a mismatch is counted.
+#[tokio::test]
+async fn review_two_eventbridge_events_of_different_types_with_one_detail_are_not_one_message() {
+    let mut c = ProcessorConfig::new("a");
+    c.key_source = "body-sha256".parse().unwrap();
+    c.envelope = crate::Envelope::EventBridge;
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = handler_fn(move |_m: Message, _ctx: Context| {
+        let runs = counted.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
+    let event = |id: &str, kind: &str| {
+        format!(
+            r#"{{"version":"0","id":"{id}","source":"shop.orders","detail-type":"{kind}","account":"1","time":"2026-01-01T00:00:00Z","region":"eu-west-1","resources":[],"detail":{{"orderId":"o-1"}}}}"#
+        )
+    };
+    p.process(Message::new("m-1", event("e-1", "OrderPlaced"))).await;
+    let second = p.process(Message::new("m-2", event("e-2", "OrderCancelled"))).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the cancellation was dropped: {second:?}"
+    );
+}
+
+/// Review: `SQS_ONCE_PAYLOAD_POINTERS` takes any text starting with `/`,
+/// but reads it as a plain JSON pointer: `/payload>/amount` (the `>` form
+/// keys accept) matches nothing in every payload, so a changed amount under
+/// one key is never a mismatch.
+#[test]
+fn review_a_payload_pointer_in_the_key_form_hides_a_real_mismatch() {
+    let mut c = ProcessorConfig::new("a");
+    c.payload_pointers = vec!["/payload>/amount".into()];
+    assert!(
+        c.validate().is_err()
+            || c.payload_sha256(&Message::new("m", r#"{"payload":"{\"amount\":1}"}"#))
+                != c.payload_sha256(&Message::new("m", r#"{"payload":"{\"amount\":2}"}"#)),
+        "accepted, and amounts 1 and 2 hash the same"
+    );
+}
+
+/// Review: on the claim path the handler's own effect (a card charged) is
+/// made before the outgoing body goes to S3; a failed PutObject turns the
+/// returned `Ok` into a retry that releases the claim, so the redelivery
+/// runs the handler, and its effect, again.
+#[tokio::test]
+async fn review_a_failed_outgoing_put_on_the_claim_path_runs_the_effect_again() {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    objects.fail_next_put(crate::protocol::payloads::PayloadErrorKind::Transient);
+    let (store, down) = (MemoryStore::default(), Downstream::new());
+    let charges = Arc::new(AtomicU32::new(0));
+    let (url, counted) = (down.url.clone(), charges.clone());
+    let handler = handler_fn(move |_m: Message, ctx: Context| {
+        let (url, charges) = (url.clone(), counted.clone());
+        async move {
+            charges.fetch_add(1, Ordering::SeqCst); // the effect
+            ctx.send(&url, "x".repeat(300 * 1024))?;
+            Ok(None)
+        }
+    });
+    let p = Processor::new(store, handler, config())
+        .unwrap()
+        .with_dispatcher(down.clone())
+        .with_large_payloads(offloading(&objects));
+    p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    p.process(Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2))
+        .await;
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged twice");
+}
+
+/// Review: a duplicate of a completed message whose large payload was
+/// deleted meanwhile (`SQS_ONCE_DELETE_PAYLOADS=on`) is recognised by its
+/// body-free key; with an envelope configured, `dedup_key` tries to open
+/// the envelope on the pointer body first, fails, and the duplicate of a
+/// `message-id` key is parked instead.
+#[tokio::test]
+async fn review_a_duplicate_whose_payload_is_gone_is_parked_under_an_envelope() {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    let mut c = ProcessorConfig::new("a");
+    c.envelope = crate::Envelope::Sns;
+    let store = MemoryStore::default();
+    let handler = handler_fn(|_m: Message, _ctx: Context| async move { Ok(None) });
+    let p = Processor::new(store, handler, c)
+        .unwrap()
+        .with_large_payloads(LargePayloads::new(objects.clone()));
+    let sns = r#"{"Type":"Notification","MessageId":"n-1","TopicArn":"arn:aws:sns:eu-west-1:1:t","Message":"hello","Timestamp":"2026-01-01T00:00:00Z"}"#;
+    let pointer = objects.put("in", "k1", sns);
+    let received = Message::new("m-1", pointer.to_body()).with_typed_attribute(
+        crate::protocol::payloads::SIZE_ATTRIBUTE,
+        crate::Attribute::typed("Number", Some(sns.len().to_string()), None).unwrap(),
+    );
+    assert!(matches!(p.process(received.clone()).await, Outcome::Completed { .. }));
+    // Deleted after the message was (DELETE_PAYLOADS); SQS delivers a
+    // duplicate of the message.
+    let objects2 = crate::testkit::payloads::MemoryPayloads::default();
+    let p = Processor::new(p.store().clone(), handler_fn(|_m: Message, _ctx: Context| async move { Ok(None) }), {
+        let mut c = ProcessorConfig::new("a");
+        c.envelope = crate::Envelope::Sns;
+        c
+    })
+    .unwrap()
+    .with_large_payloads(LargePayloads::new(objects2));
+    let again = p.process(received.with_receive_count(2)).await;
+    assert!(
+        matches!(again, Outcome::Duplicate { .. }),
+        "a duplicate parked: {again:?}"
+    );
+}
