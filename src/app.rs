@@ -132,6 +132,8 @@ struct LargePayloadOptions {
     places: Option<Option<Vec<PayloadLocation>>>,
     /// Where outgoing bodies too large for SQS are stored.
     outgoing: Option<PayloadLocation>,
+    /// Whether incoming pointers are read ([`SqsOnce::large_payloads`]).
+    read: bool,
 }
 
 #[cfg(feature = "s3-payloads")]
@@ -142,6 +144,7 @@ impl Default for LargePayloadOptions {
             max_bytes: crate::protocol::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
             places: None,
             outgoing: None,
+            read: false,
         }
     }
 }
@@ -289,6 +292,7 @@ impl SqsOnce {
         let options = self.large_payloads.get_or_insert_default();
         options.delete = delete;
         options.max_bytes = max_bytes;
+        options.read = true;
         self
     }
 
@@ -297,9 +301,9 @@ impl SqsOnce {
     /// does (feature `s3-payloads`, `SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`): the
     /// body is stored as a new object under `location` before the effect
     /// commits, and a pointer to it is recorded and sent. Without it such a
-    /// message fails its incoming message permanently. Unless
-    /// [`large_payloads`](Self::large_payloads) says otherwise, incoming
-    /// pointers are read too, from `location` only.
+    /// message fails its incoming message permanently. Incoming pointers are
+    /// read only with [`large_payloads`](Self::large_payloads) and its
+    /// buckets.
     #[cfg(feature = "s3-payloads")]
     pub fn send_large_through(mut self, location: PayloadLocation) -> Self {
         self.large_payloads.get_or_insert_default().outgoing = Some(location);
@@ -525,10 +529,9 @@ impl LargePayloadOptions {
         sdk: &aws_config::SdkConfig,
         calls: &CallCounter,
     ) -> Result<LargePayloads, StartError> {
-        // Sending only: pointers are read from the outgoing location alone.
-        let places = self
-            .places
-            .or_else(|| self.outgoing.clone().map(|o| Some(vec![o])));
+        // Sending only: no incoming pointer is read.
+        let read = self.read || self.places.is_some() || self.outgoing.is_none();
+        let places = self.places.or_else(|| (!read).then(|| Some(Vec::new())));
         let Some(places) = places else {
             return Err(ConfigError {
                 setting: "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
@@ -545,7 +548,8 @@ impl LargePayloadOptions {
         );
         let mut payloads = LargePayloads::new(s3)
             .deleting(self.delete)
-            .max_bytes(self.max_bytes);
+            .max_bytes(self.max_bytes)
+            .reading(read);
         if let Some(outgoing) = self.outgoing {
             tracing::info!(bucket = %outgoing.bucket, prefix = %outgoing.prefix, "outgoing bodies too large for SQS go through S3");
             payloads = payloads.sending_large_to(outgoing);
@@ -556,7 +560,7 @@ impl LargePayloadOptions {
                 "SQS_ONCE_LARGE_PAYLOAD_BUCKETS=*: a pointer may name any object this role can read (or delete)"
             ),
         }
-        tracing::info!(delete = self.delete, "large payloads through S3: on");
+        tracing::info!(read, delete = self.delete, "large payloads through S3: on");
         Ok(payloads)
     }
 }

@@ -53,9 +53,15 @@ fn key_source() -> impl Strategy<Value = KeySource> {
         "[a-z_]{1,8}".prop_map(KeySource::Attribute),
         "(/[a-z0-9~]{0,5}){1,3}(>/[a-z0-9]{0,5}){0,2}".prop_map(KeySource::JsonPointer),
     ];
+    // A compound's parts read no message or dedup id (refused at start-up).
+    let part = prop_oneof![
+        Just(KeySource::BodySha256),
+        "[a-z_]{1,8}".prop_map(KeySource::Attribute),
+        "(/[a-z0-9~]{0,5}){1,3}(>/[a-z0-9]{0,5}){0,2}".prop_map(KeySource::JsonPointer),
+    ];
     prop_oneof![
-        4 => single.clone(),
-        1 => prop::collection::vec(single, 2..4).prop_map(KeySource::Compound),
+        4 => single,
+        1 => prop::collection::vec(part, 2..4).prop_map(KeySource::Compound),
     ]
 }
 

@@ -168,6 +168,23 @@ impl ProcessorConfig {
     /// under [`Self::carry_secret`]), read from the payload inside
     /// [`Self::envelope`] (opened here when it is not yet).
     pub fn dedup_key(&self, message: &Message) -> Result<String, KeyError> {
+        // Keys that never read the payload are taken from the message as
+        // received: the message and dedup ids, and attributes (but under SNS,
+        // whose attributes are inside the envelope). So a duplicate whose
+        // large payload is gone (its body a pointer) keeps its key.
+        let outside = match &self.key_source {
+            KeySource::MessageId | KeySource::DeduplicationId => true,
+            source => source.is_body_free() && self.envelope != Envelope::Sns,
+        };
+        // `body-sha256` under an envelope hashes the body as received: the
+        // payload alone would make two events with one payload (another type,
+        // source or topic) one key.
+        if outside || (self.key_source == KeySource::BodySha256 && self.envelope != Envelope::None)
+        {
+            return self
+                .key_source
+                .extract_with(&message.as_received(), self.carry_secret.as_ref());
+        }
         let opened = self.opened(message)?;
         self.key_source
             .extract_with(&opened, self.carry_secret.as_ref())
@@ -260,6 +277,30 @@ impl ProcessorConfig {
                 "base must be above zero and not above the maximum".to_owned(),
             );
         }
+        self.validate_keys()?;
+        if self.max_result_bytes > 350 * 1024 {
+            return bad(
+                "ProcessorConfig::max_result_bytes",
+                format!(
+                    "{} leaves no room in DynamoDB's 400 KB item limit; use at most 358400",
+                    self.max_result_bytes
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The key source and the payload pointers.
+    fn validate_keys(&self) -> Result<(), ConfigError> {
+        let bad = |setting: &'static str, problem: String| Err(ConfigError { setting, problem });
+        if let Some(p) = self.payload_pointers.iter().find(|p| p.contains(">/")) {
+            return bad(
+                "SQS_ONCE_PAYLOAD_POINTERS",
+                format!(
+                    "{p:?}: payload pointers are plain JSON pointers; the `>/` of keys (inside a JSON string) is not read here"
+                ),
+            );
+        }
         if let Some(p) = self.payload_pointers.iter().find(|p| !p.starts_with('/')) {
             return bad(
                 "SQS_ONCE_PAYLOAD_POINTERS",
@@ -268,12 +309,14 @@ impl ProcessorConfig {
                 ),
             );
         }
-        if self.max_result_bytes > 350 * 1024 {
+        if let KeySource::Compound(parts) = &self.key_source
+            && parts.iter().any(KeySource::uses_ids)
+        {
             return bad(
-                "ProcessorConfig::max_result_bytes",
+                "SQS_ONCE_DEDUP_KEY",
                 format!(
-                    "{} leaves no room in DynamoDB's 400 KB item limit; use at most 358400",
-                    self.max_result_bytes
+                    "{}: `message-id` and `dedup-id` cannot be part of a compound key (a copy brought back from the DLQ has a new id, and its carried key is the whole key); use one alone",
+                    self.key_source
                 ),
             );
         }

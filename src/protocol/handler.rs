@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Message;
 use crate::protocol::outbox::{OutboxError, Outgoing};
 use crate::protocol::outcome::{FailureKind, StagedWrite};
+use crate::protocol::payloads::LargePayloads;
 
 /// What a handler returns: an optional small result, recorded with the dedup
 /// record and handed back to duplicates.
@@ -288,9 +289,9 @@ struct ContextInner {
     staged: Mutex<Vec<StagedWrite>>,
     /// What the handler sent.
     outbox: Mutex<Sent>,
-    /// The largest outgoing body stored in S3 when one is too large for SQS
-    /// (`None`: such a message is refused).
-    offload_max: Option<usize>,
+    /// Where outgoing bodies too large for SQS are stored (`None`: such a
+    /// message is refused).
+    offload: Option<LargePayloads>,
     cancelled: CancellationToken,
     /// The message's span (current when the processor makes the context).
     span: tracing::Span,
@@ -351,7 +352,7 @@ impl Context {
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
                 outbox: Mutex::default(),
-                offload_max: None,
+                offload: None,
                 cancelled: CancellationToken::new(),
                 span: tracing::Span::current(),
                 receive_count: message.receive_count(),
@@ -361,17 +362,20 @@ impl Context {
         }
     }
 
-    /// Outgoing bodies too large for SQS are stored in S3, up to `max` bytes.
-    pub(crate) fn offloading(mut self, max: Option<usize>) -> Self {
+    /// Outgoing bodies too large for SQS are stored in S3 through
+    /// `payloads` (when it has an outgoing location).
+    pub(crate) fn offloading(mut self, payloads: Option<&LargePayloads>) -> Self {
         Arc::get_mut(&mut self.inner)
             .expect("a new context is not shared")
-            .offload_max = max;
+            .offload = payloads
+            .filter(|p| p.outgoing_max_bytes().is_some())
+            .cloned();
         self
     }
 
     /// Whether outgoing bodies too large for SQS are stored in S3.
     pub(crate) fn offloads(&self) -> bool {
-        self.inner.offload_max.is_some()
+        self.inner.offload.is_some()
     }
 
     /// The longest [`outbox_id`](crate::protocol::outbox::outbox_id) of
@@ -457,15 +461,59 @@ impl Context {
     /// with its attributes, group and delay.
     pub fn send_message(&self, message: Outgoing) -> Result<(), HandlerError> {
         let id_bytes = self.outbox_id_bytes();
+        let checked = match self
+            .inner
+            .offload
+            .as_ref()
+            .and_then(LargePayloads::outgoing_max_bytes)
+        {
+            Some(max) => message.check_offloading(id_bytes, max),
+            None => message.check(id_bytes),
+        };
+        self.keep_outgoing(message, checked)
+    }
+
+    /// Sends `message` once this message's effect commits, as
+    /// [`Self::send_message`] does, but stores a body too large for SQS in
+    /// S3 now (with `SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`), not after the handler
+    /// returns. A handler whose effect is outside DynamoDB (the claim path)
+    /// should send large bodies this way before making its effect: a failed
+    /// upload then fails the handler before the effect (a retry), instead of
+    /// after it (where the retry makes the effect again, as a failed
+    /// completion would).
+    pub async fn send_large(&self, message: Outgoing) -> Result<(), HandlerError> {
+        let id_bytes = self.outbox_id_bytes();
+        let Some(payloads) = self
+            .inner
+            .offload
+            .as_ref()
+            .filter(|_| message.needs_offload(id_bytes))
+        else {
+            return self.send_message(message);
+        };
+        let max = payloads.outgoing_max_bytes().unwrap_or_default();
+        if let Err(e) = message.check_offloading(id_bytes, max) {
+            return self.keep_outgoing(message, Err(e));
+        }
+        let pointer = payloads.store_outgoing(&message.body).await.map_err(|e| {
+            HandlerError::retry(format!(
+                "an outgoing message's body could not be stored in S3 (nothing recorded): {e}"
+            ))
+        })?;
+        self.keep_outgoing(message.offloaded(&pointer), Ok(()))
+    }
+
+    /// Keeps `message` to send after the commit, or the first refusal.
+    fn keep_outgoing(
+        &self,
+        message: Outgoing,
+        checked: Result<(), OutboxError>,
+    ) -> Result<(), HandlerError> {
         let mut outbox = self.inner.outbox.lock().expect("outbox lock");
         if outbox.taken {
             tracing::error!(queue = %message.queue_url, "a message sent after the handler returned (from a task it left running) is dropped: send before returning");
             return Err(HandlerError::permanent(OutboxError::AfterReturn));
         }
-        let checked = match self.inner.offload_max {
-            Some(max) => message.check_offloading(id_bytes, max),
-            None => message.check(id_bytes),
-        };
         match checked {
             Ok(()) => {
                 outbox.messages.push(message);

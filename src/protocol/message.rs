@@ -109,8 +109,10 @@ impl Message {
 
     /// The message with `payload` as its body, taken out of the `envelope`
     /// its body was: the body as received stays readable as
-    /// [`Self::raw_body`]. `attributes` (the envelope's own) are added, or
-    /// replace those of the same name.
+    /// [`Self::raw_body`]. `attributes` (the envelope's own) are added
+    /// where the message has none of the same name: the queue's own
+    /// attributes win (an SNS publisher cannot replace what the queue's
+    /// sender set).
     pub(crate) fn opened(
         mut self,
         envelope: Envelope,
@@ -119,7 +121,9 @@ impl Message {
     ) -> Self {
         self.raw_body = Some(std::mem::replace(&mut self.body, payload));
         self.envelope = Some(envelope);
-        self.attributes.extend(attributes);
+        for (name, attribute) in attributes {
+            self.attributes.entry(name).or_insert(attribute);
+        }
         self
     }
 
@@ -142,6 +146,22 @@ impl Message {
     /// else the same as [`Self::body`].
     pub fn raw_body(&self) -> &str {
         self.raw_body.as_deref().unwrap_or(&self.body)
+    }
+
+    /// The message as it was received: itself, or, when its payload was taken
+    /// out of an envelope, a copy with the body as received (and the
+    /// envelope's attributes still on it).
+    pub(crate) fn as_received(&self) -> std::borrow::Cow<'_, Message> {
+        match &self.raw_body {
+            None => std::borrow::Cow::Borrowed(self),
+            Some(raw) => {
+                let mut m = self.clone();
+                m.body = raw.clone();
+                m.raw_body = None;
+                m.envelope = None;
+                std::borrow::Cow::Owned(m)
+            }
+        }
     }
 
     /// The envelope the payload was taken out of, if one was.

@@ -143,6 +143,8 @@ pub struct LargePayloads {
     /// Where the bodies of outgoing messages too large for SQS are stored
     /// (`SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`); `None`: such a message is refused.
     outgoing: Option<PayloadLocation>,
+    /// Whether incoming pointers are read (off: outgoing bodies only).
+    read: bool,
 }
 
 /// A place payloads may be read from (and deleted in): a bucket, and
@@ -215,7 +217,17 @@ impl LargePayloads {
             max_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             allowed: None,
             outgoing: None,
+            read: true,
         }
+    }
+
+    /// Reads no incoming pointer (`false`): messages are handed over as
+    /// received, and only outgoing bodies go through S3
+    /// ([`Self::sending_large_to`]).
+    #[must_use]
+    pub fn reading(mut self, read: bool) -> Self {
+        self.read = read;
+        self
     }
 
     /// Stores the body of each outgoing message ([`crate::Context::send`])
@@ -303,7 +315,7 @@ impl LargePayloads {
     /// The object to delete once `message` (as received) is deleted: its
     /// pointer, when deletion is on and it has one.
     pub fn to_delete(&self, message: &Message) -> Option<S3Pointer> {
-        if !self.delete {
+        if !self.delete || !self.read {
             return None;
         }
         S3Pointer::of(message)?.ok().filter(|p| self.allows(p))
@@ -331,7 +343,7 @@ impl LargePayloads {
         config: &ProcessorConfig,
         records: &S,
     ) -> Result<Option<Message>, Outcome> {
-        let Some(pointer) = S3Pointer::of(message) else {
+        let Some(pointer) = S3Pointer::of(message).filter(|_| self.read) else {
             return Ok(None);
         };
         let pointer = pointer.map_err(|e| Outcome::Park {

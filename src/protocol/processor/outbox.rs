@@ -36,7 +36,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message,
             self.config.max_result_bytes,
         )
-        .offloading(self.payloads.as_ref().and_then(|p| p.outgoing_max_bytes()))
+        .offloading(self.payloads.as_ref())
     }
 
     /// The handler, then the messages it sent, ready to record: one step, so

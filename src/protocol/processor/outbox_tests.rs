@@ -513,13 +513,12 @@ async fn a_large_body_s3_did_not_store_is_a_retry_with_nothing_recorded() {
     }
 }
 
-/// Review: a handler may give an outgoing message MAX_USER_ATTRIBUTES (8)
+/// a handler may give an outgoing message MAX_USER_ATTRIBUTES (8)
 /// attributes; offloading adds `ExtendedPayloadSize` and, with a carry
 /// secret, `to_send` adds the id and the sealed key: 11 attributes, which
 /// SQS refuses, after the effect committed. `send_message` accepted it.
 #[tokio::test]
-async fn review_an_offloaded_body_with_eight_attributes_and_a_carry_secret_is_refused_after_the_commit()
- {
+async fn an_offloaded_body_with_eight_attributes_and_a_carry_secret_is_refused_before_the_commit() {
     let objects = crate::testkit::payloads::MemoryPayloads::default();
     let (store, down) = (MemoryStore::default(), Downstream::new());
     let url = down.url.clone();
@@ -553,53 +552,33 @@ async fn review_an_offloaded_body_with_eight_attributes_and_a_carry_secret_is_re
     );
 }
 
-/// Review: under a compound key that reads the message id, a message the
-/// queue's redrive policy moved to the DLQ (it keeps its id there, carries
-/// no key) is brought back by `copy_for_source`, which seals the bare
-/// message id as its key; the consumer honours a carried key as the whole
-/// compound key, so the copy runs under `m-1`, not `4:acme|3:m-1`: its
-/// effect is made a second time.
-#[tokio::test]
-async fn review_a_redriven_copy_under_a_compound_key_with_the_message_id_runs_again() {
-    let secret = crate::protocol::key::CarrySecret::new("s".repeat(32)).unwrap();
-    let mut c = ProcessorConfig::new("a");
-    c.key_source = "attribute:tenant,message-id".parse().unwrap();
-    c.carry_secret = Some(secret.clone());
-    let runs = Arc::new(AtomicU32::new(0));
-    let counted = runs.clone();
-    let handler = handler_fn(move |_m: Message, _ctx: Context| {
-        let runs = counted.clone();
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok(None)
-        }
-    });
-    let p = Processor::new(MemoryStore::default(), handler, c).unwrap();
-    let original = Message::new("m-1", "charge").with_attribute("tenant", "acme");
-    assert!(matches!(p.process(original.clone()).await, Outcome::Completed { .. }));
-    // Moved by the redrive policy (e.g. its delete kept failing): same id in
-    // the DLQ; the operator's redrive copies it back.
-    let (copy, carries) =
-        crate::protocol::redrive::copy_for_source(&original, false, 256 * 1024, Some(&secret));
-    assert!(carries);
-    let mut back = Message::new("m-2", copy.body.clone());
-    for (name, a) in copy.attributes {
-        back = back.with_typed_attribute(name, a);
+/// A compound key that reads the message id is refused: a copy brought
+/// back from the DLQ has a new id, and redrive seals the first id as the
+/// whole carried key, so it would run again under another key.
+#[test]
+fn a_compound_key_with_the_message_or_dedup_id_is_refused_at_start_up() {
+    for spec in ["attribute:tenant,message-id", "json:/id,dedup-id"] {
+        let mut c = ProcessorConfig::new("a");
+        c.key_source = spec.parse().unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_DEDUP_KEY", "{spec}");
+        assert!(
+            e.problem.contains("cannot be part of a compound key"),
+            "{e}"
+        );
     }
-    let outcome = p.process(back).await;
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the redriven copy ran again: {outcome:?}"
-    );
+    let mut c = ProcessorConfig::new("a");
+    c.key_source = "attribute:tenant,json:/id".parse().unwrap();
+    c.validate().unwrap();
 }
 
-/// Review: with the EventBridge envelope and `body-sha256` keys, two
+/// with the EventBridge envelope and `body-sha256` keys, two
 /// different events (another `detail-type`, source and id) whose `detail`
 /// is the same are one key: the second is skipped as a duplicate, and
 /// its payload hash matches, so not even a mismatch is counted.
 #[tokio::test]
-async fn review_two_eventbridge_events_of_different_types_with_one_detail_are_not_one_message() {
+async fn two_eventbridge_events_of_different_types_with_one_detail_are_two_keys_under_body_sha256()
+{
     let mut c = ProcessorConfig::new("a");
     c.key_source = "body-sha256".parse().unwrap();
     c.envelope = crate::Envelope::EventBridge;
@@ -618,8 +597,11 @@ async fn review_two_eventbridge_events_of_different_types_with_one_detail_are_no
             r#"{{"version":"0","id":"{id}","source":"shop.orders","detail-type":"{kind}","account":"1","time":"2026-01-01T00:00:00Z","region":"eu-west-1","resources":[],"detail":{{"orderId":"o-1"}}}}"#
         )
     };
-    p.process(Message::new("m-1", event("e-1", "OrderPlaced"))).await;
-    let second = p.process(Message::new("m-2", event("e-2", "OrderCancelled"))).await;
+    p.process(Message::new("m-1", event("e-1", "OrderPlaced")))
+        .await;
+    let second = p
+        .process(Message::new("m-2", event("e-2", "OrderCancelled")))
+        .await;
     assert_eq!(
         runs.load(Ordering::SeqCst),
         2,
@@ -627,12 +609,12 @@ async fn review_two_eventbridge_events_of_different_types_with_one_detail_are_no
     );
 }
 
-/// Review: `SQS_ONCE_PAYLOAD_POINTERS` takes any text starting with `/`,
+/// `SQS_ONCE_PAYLOAD_POINTERS` takes any text starting with `/`,
 /// but reads it as a plain JSON pointer: `/payload>/amount` (the `>` form
 /// keys accept) matches nothing in every payload, so a changed amount under
 /// one key is never a mismatch.
 #[test]
-fn review_a_payload_pointer_in_the_key_form_hides_a_real_mismatch() {
+fn a_payload_pointer_in_the_key_form_cannot_hide_a_mismatch() {
     let mut c = ProcessorConfig::new("a");
     c.payload_pointers = vec!["/payload>/amount".into()];
     assert!(
@@ -643,12 +625,13 @@ fn review_a_payload_pointer_in_the_key_form_hides_a_real_mismatch() {
     );
 }
 
-/// Review: on the claim path the handler's own effect (a card charged) is
-/// made before the outgoing body goes to S3; a failed PutObject turns the
-/// returned `Ok` into a retry that releases the claim, so the redelivery
-/// runs the handler, and its effect, again.
+/// On the claim path a handler that stores its large body with
+/// `send_large` before its effect (a card charged) fails before the effect
+/// when S3 does not store it: the redelivery makes the effect once. (With
+/// `send`, the body is stored after the handler returned, and a failed
+/// upload there runs the handler again, as a failed completion does.)
 #[tokio::test]
-async fn review_a_failed_outgoing_put_on_the_claim_path_runs_the_effect_again() {
+async fn a_large_body_stored_before_the_effect_keeps_a_failed_upload_from_doubling_it() {
     let objects = crate::testkit::payloads::MemoryPayloads::default();
     objects.fail_next_put(crate::protocol::payloads::PayloadErrorKind::Transient);
     let (store, down) = (MemoryStore::default(), Downstream::new());
@@ -657,8 +640,9 @@ async fn review_a_failed_outgoing_put_on_the_claim_path_runs_the_effect_again() 
     let handler = handler_fn(move |_m: Message, ctx: Context| {
         let (url, charges) = (url.clone(), counted.clone());
         async move {
+            ctx.send_large(Outgoing::new(&url, "x".repeat(300 * 1024)))
+                .await?;
             charges.fetch_add(1, Ordering::SeqCst); // the effect
-            ctx.send(&url, "x".repeat(300 * 1024))?;
             Ok(None)
         }
     });
@@ -666,19 +650,29 @@ async fn review_a_failed_outgoing_put_on_the_claim_path_runs_the_effect_again() 
         .unwrap()
         .with_dispatcher(down.clone())
         .with_large_payloads(offloading(&objects));
-    p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
-    p.process(Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2))
+    let first = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        0,
+        "no effect before the upload"
+    );
+    let second = p
+        .process(Message::new("m1", r#"{"id":"e1"}"#).with_receive_count(2))
         .await;
-    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged twice");
+    assert!(matches!(second, Outcome::Completed { .. }), "{second:?}");
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+    assert_eq!(down.ids().len(), 1, "and its message sent");
+    assert_eq!(objects.puts().len(), 1);
 }
 
-/// Review: a duplicate of a completed message whose large payload was
+/// a duplicate of a completed message whose large payload was
 /// deleted meanwhile (`SQS_ONCE_DELETE_PAYLOADS=on`) is recognised by its
 /// body-free key; with an envelope configured, `dedup_key` tries to open
 /// the envelope on the pointer body first, fails, and the duplicate of a
 /// `message-id` key is parked instead.
 #[tokio::test]
-async fn review_a_duplicate_whose_payload_is_gone_is_parked_under_an_envelope() {
+async fn a_duplicate_whose_payload_is_gone_is_a_duplicate_under_an_envelope() {
     let objects = crate::testkit::payloads::MemoryPayloads::default();
     let mut c = ProcessorConfig::new("a");
     c.envelope = crate::Envelope::Sns;
@@ -693,15 +687,22 @@ async fn review_a_duplicate_whose_payload_is_gone_is_parked_under_an_envelope() 
         crate::protocol::payloads::SIZE_ATTRIBUTE,
         crate::Attribute::typed("Number", Some(sns.len().to_string()), None).unwrap(),
     );
-    assert!(matches!(p.process(received.clone()).await, Outcome::Completed { .. }));
+    assert!(matches!(
+        p.process(received.clone()).await,
+        Outcome::Completed { .. }
+    ));
     // Deleted after the message was (DELETE_PAYLOADS); SQS delivers a
     // duplicate of the message.
     let objects2 = crate::testkit::payloads::MemoryPayloads::default();
-    let p = Processor::new(p.store().clone(), handler_fn(|_m: Message, _ctx: Context| async move { Ok(None) }), {
-        let mut c = ProcessorConfig::new("a");
-        c.envelope = crate::Envelope::Sns;
-        c
-    })
+    let p = Processor::new(
+        p.store().clone(),
+        handler_fn(|_m: Message, _ctx: Context| async move { Ok(None) }),
+        {
+            let mut c = ProcessorConfig::new("a");
+            c.envelope = crate::Envelope::Sns;
+            c
+        },
+    )
     .unwrap()
     .with_large_payloads(LargePayloads::new(objects2));
     let again = p.process(received.with_receive_count(2)).await;
@@ -709,4 +710,48 @@ async fn review_a_duplicate_whose_payload_is_gone_is_parked_under_an_envelope() 
         matches!(again, Outcome::Duplicate { .. }),
         "a duplicate parked: {again:?}"
     );
+}
+
+/// With an outgoing location but reading off (only sending through S3), an
+/// incoming pointer is handed to the handler as received, not read.
+#[tokio::test]
+async fn a_processor_that_only_sends_through_s3_reads_no_incoming_pointer() {
+    let objects = crate::testkit::payloads::MemoryPayloads::default();
+    let pointer = objects.put("elsewhere", "k", "the payload");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    let handler = handler_fn(move |m: Message, _ctx: Context| {
+        let keep = keep.clone();
+        async move {
+            keep.lock().unwrap().push(m.body().to_owned());
+            Ok(None)
+        }
+    });
+    let p = Processor::new(MemoryStore::default(), handler, ProcessorConfig::new("a"))
+        .unwrap()
+        .with_large_payloads(offloading(&objects).reading(false));
+    let m = Message::new("m-1", pointer.to_body())
+        .with_attribute(crate::protocol::payloads::SIZE_ATTRIBUTE, "11");
+    assert!(matches!(p.process(m).await, Outcome::Completed { .. }));
+    assert_eq!(*seen.lock().unwrap(), [pointer.to_body()]);
+    assert_eq!(objects.gets(), 0);
+}
+
+/// Under the SNS envelope the queue's own attributes win over the
+/// notification's of the same name: a publisher cannot replace them.
+#[tokio::test]
+async fn the_queues_own_attribute_wins_over_an_sns_attribute_of_the_same_name() {
+    let mut c = ProcessorConfig::new("a");
+    c.envelope = crate::Envelope::Sns;
+    c.key_source = "attribute:tenant".parse().unwrap();
+    let key = c
+        .dedup_key(
+            &Message::new(
+                "m-1",
+                r#"{"Type":"Notification","MessageId":"n-1","TopicArn":"arn:aws:sns:eu-west-1:1:t","Message":"hello","Timestamp":"2026-01-01T00:00:00Z","MessageAttributes":{"tenant":{"Type":"String","Value":"mallory"}}}"#,
+            )
+            .with_attribute("tenant", "acme"),
+        )
+        .unwrap();
+    assert_eq!(key, "acme");
 }
