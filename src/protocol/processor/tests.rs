@@ -130,15 +130,7 @@ async fn runs_once_then_skips_duplicates_with_the_result() {
 
 #[tokio::test]
 async fn a_duplicate_with_another_body_is_counted_and_skipped_or_parked_as_configured() {
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let handler = handler_fn(move |_m, _ctx| {
-        let c = c.clone();
-        async move {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(None)
-        }
-    });
+    let (calls, handler) = counting();
     let store = MemoryStore::default();
     let warn = Processor::new(store.clone(), handler.clone(), config()).unwrap();
     let mut parking = config();
@@ -430,6 +422,20 @@ impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.0.now.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// A handler that counts its runs, and the count.
+fn counting() -> (Arc<AtomicU32>, impl Handler + Clone) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let handler = handler_fn(move |_m, _ctx| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+    });
+    (calls, handler)
 }
 
 fn lease_config() -> ProcessorConfig {
@@ -886,15 +892,7 @@ async fn one_event_in_two_sns_envelopes_runs_once_and_the_handler_sees_the_paylo
 
 #[tokio::test]
 async fn s3s_test_event_is_done_without_a_handler_run_or_a_record() {
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let handler = handler_fn(move |_m, _ctx| {
-        let c = c.clone();
-        async move {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(None)
-        }
-    });
+    let (calls, handler) = counting();
     let mut config = config();
     config.envelope = crate::Envelope::S3;
     let store = MemoryStore::default();
@@ -908,15 +906,7 @@ async fn s3s_test_event_is_done_without_a_handler_run_or_a_record() {
 
 #[tokio::test]
 async fn payload_pointers_make_a_change_outside_them_a_duplicate_and_inside_them_a_mismatch() {
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let handler = handler_fn(move |_m, _ctx| {
-        let c = c.clone();
-        async move {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(None)
-        }
-    });
+    let (calls, handler) = counting();
     let mut config = config();
     config.payload_pointers = vec!["/amount".into()];
     config.payload_mismatch = PayloadMismatch::Park;
