@@ -6,14 +6,18 @@
 //! - [`MemoryQueue`]: SQS, standard and FIFO, with visibility, receive
 //!   counts, redrive policies and SQS's documented "might"s.
 //! - [`MemoryPayloads`]: an object store for large payloads.
+//! - [`Faulty`]: slow work, panics and a pause after the effect around any
+//!   handler, for tests and chaos runs.
 //!
 //! The models implement the protocol core's traits; nothing in the core,
 //! the adapters or the runtimes imports them.
 
+mod faults;
 pub mod payloads;
 pub mod queue;
 pub mod store;
 
+pub use faults::Faulty;
 pub use payloads::MemoryPayloads;
 pub use queue::MemoryQueue;
 pub use store::MemoryStore;

@@ -360,14 +360,20 @@ fn slots(mode: &Mode, s: &Setup, proxy_url: &str, pollers: usize) -> Vec<workers
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
             match (&s.api, s.ledgers.get(&fifo)) {
-                (Some(api), _) => env.push(("PAYMENTS_URL".into(), api.url.clone())),
+                (Some(api), _) => env.extend(
+                    api.env()
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+                ),
                 (None, Some(table)) => env.push(("LEDGER_TABLE".into(), table.clone())),
                 (None, None) => unreachable!("a ledger mode has ledger tables"),
             }
+            // The ledger with its fault knobs (`LEDGER_PANIC_PERCENT`, work,
+            // the `delete-first` mutant); the payments example as it is.
             let program = binary(if mode.consumer == Consumer::Payments {
                 "payments"
             } else {
-                "ledger"
+                "faulty-ledger"
             });
             if mode.lambda {
                 let args = [

@@ -3,9 +3,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 pub use support::payments_api::{ApiFaults, StubApi};
-pub use support::{binary, depth, ledger_rows, send_all, unique};
+pub use support::{binary, depth, ledger_rows, self_signed_tls, send_all, unique};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -182,9 +182,10 @@ impl Ledger {
         }
     }
 
-    /// The `ledger` binary configured for these resources.
+    /// The ledger consumer configured for these resources: the example's
+    /// `ledger` binary, or `faulty-ledger` when `extra` sets a fault knob.
     pub fn command(&self, extra: &[(&str, &str)]) -> tokio::process::Command {
-        self.command_for(&binary("ledger"), extra)
+        self.command_for(&ledger_binary(extra), extra)
     }
 
     /// A consumer binary configured for these resources.
@@ -265,7 +266,21 @@ pub async fn run_until_drained(
     k: usize,
     env: &[(&str, &str)],
 ) -> Vec<serde_json::Value> {
-    run_until_drained_with(l, sqs, k, &binary("ledger"), env).await
+    run_until_drained_with(l, sqs, k, &ledger_binary(env), env).await
+}
+
+/// The example's `ledger` binary, which has no fault knobs, or the test
+/// consumers' `faulty-ledger` when `env` sets one (`LEDGER_WORK`,
+/// `LEDGER_SLOW_PERCENT`, `LEDGER_PANIC_PERCENT`, `LEDGER_MUTANT`).
+pub fn ledger_binary(env: &[(&str, &str)]) -> PathBuf {
+    const KNOBS: [&str; 4] = [
+        "LEDGER_WORK",
+        "LEDGER_SLOW_PERCENT",
+        "LEDGER_PANIC_PERCENT",
+        "LEDGER_MUTANT",
+    ];
+    let faulty = env.iter().any(|(k, _)| KNOBS.contains(k));
+    binary(if faulty { "faulty-ledger" } else { "ledger" })
 }
 
 /// [`run_until_drained`] with another consumer binary. Each poller's stats line

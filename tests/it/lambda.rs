@@ -585,7 +585,7 @@ async fn heartbeat_extends_the_records_visibility_in_lambda() {
     pconf.heartbeat = Duration::from_millis(500);
     let a = adapter(
         &l.dedup,
-        LedgerHandler::new(&l.ledger).with_work(Duration::from_secs(5)),
+        sqs_once::testkit::Faulty::new(LedgerHandler::new(&l.ledger)).work(Duration::from_secs(5)),
         pconf,
         LambdaConfig::default(),
     )

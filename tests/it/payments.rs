@@ -14,6 +14,11 @@ fn payments() -> std::path::PathBuf {
     crate::common::binary("payments")
 }
 
+/// The payments consumer with `PAYMENTS_PAUSE_AFTER_CALL`.
+fn faulty_payments() -> std::path::PathBuf {
+    crate::common::binary("faulty-payments")
+}
+
 fn payment(id: &str, amount: i64) -> String {
     payment_by(id, "cus_1", amount)
 }
@@ -31,14 +36,11 @@ async fn kill_between_the_charge_and_its_completion_charges_once() {
     let api = StubApi::start().await;
     let l = Ledger::with_visibility(&sqs, &ddb, 3).await;
     send_all(&sqs, &l.queues.queue_url, &[payment("pay-1", 500)]).await;
-    let env = [
-        ("PAYMENTS_URL", api.url.as_str()),
-        ("SQS_ONCE_LEASE", "3s"),
-        ("SQS_ONCE_HEARTBEAT", "1s"),
-    ];
-    let mut slow = env.to_vec();
+    let mut env = api.env().to_vec();
+    env.extend([("SQS_ONCE_LEASE", "3s"), ("SQS_ONCE_HEARTBEAT", "1s")]);
+    let mut slow = env.clone();
     slow.push(("PAYMENTS_PAUSE_AFTER_CALL", "60s"));
-    let mut first = l.command_for(&payments(), &slow).spawn().unwrap();
+    let mut first = l.command_for(&faulty_payments(), &slow).spawn().unwrap();
 
     // The API has charged; the consumer is still before its completion.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -106,7 +108,7 @@ async fn concurrent_duplicates_call_the_api_once_per_payment() {
         bodies.push(body);
     }
     send_all(&sqs, &l.queues.queue_url, &bodies).await;
-    let env = [("PAYMENTS_URL", api.url.as_str())];
+    let env = api.env();
     run_until_drained_with(&l, &sqs, 2, &payments(), &env).await;
     let requests = api.requests();
     let mut per_key: HashMap<String, usize> = HashMap::new();
@@ -129,7 +131,7 @@ async fn declined_and_invalid_payments_are_parked_with_the_reason() {
     let (sqs, ddb) = (sqs().await, ddb().await);
     let api = StubApi::start().await;
     let l = Ledger::new(&sqs, &ddb).await;
-    let env = [("PAYMENTS_URL", api.url.as_str())];
+    let env = api.env();
     send_all(
         &sqs,
         &l.queues.queue_url,
@@ -189,17 +191,17 @@ async fn the_stub_api_counts_calls_open_at_once_for_one_key() {
         lose_permille: 0,
     })
     .await;
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
+    let roots = std::fs::read(&api.ca_file).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_certs_merge(reqwest::Certificate::from_pem_bundle(&roots).unwrap())
+        .build()
+        .unwrap();
     let call = |key: &'static str| {
-        let request = hyper::Request::post(format!("{}/charges", api.url))
+        client
+            .post(format!("{}/charges", api.url))
             .header("idempotency-key", key)
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                json!({"customer": "cus_1", "amount_cents": 5}).to_string(),
-            )))
-            .unwrap();
-        client.request(request)
+            .body(json!({"customer": "cus_1", "amount_cents": 5}).to_string())
+            .send()
     };
     // Every call is held a while (up to 500 ms), so calls made at once overlap.
     call("k-0").await.unwrap();
@@ -213,4 +215,37 @@ async fn the_stub_api_counts_calls_open_at_once_for_one_key() {
     let state = api.state.lock().unwrap();
     assert_eq!(state.overlapping, ["k-1"], "only the concurrent pair");
     assert_eq!(state.charged.len(), 3, "one charge per key");
+}
+
+/// The example speaks HTTPS and checks the certificate: a stub whose
+/// certificate is not trusted is never called (the charge is retried, not
+/// made), and the same call with the stub's CA trusted charges once.
+#[tokio::test]
+async fn the_payment_client_calls_only_an_api_whose_certificate_it_trusts() {
+    use sqs_once::{MemoryStore, Message, Outcome, Processor, ProcessorConfig};
+    use sqs_once_example_payments::PaymentHandler;
+
+    let api = StubApi::start().await;
+    let processor = |handler| {
+        let mut config = ProcessorConfig::new("payments");
+        config.key_source = "json:/id".parse().unwrap();
+        Processor::new(MemoryStore::default(), handler, config).unwrap()
+    };
+    let untrusted = processor(PaymentHandler::new(&api.url, None).unwrap());
+    let outcome = untrusted
+        .process(Message::new("m-1", payment("pay-tls", 100)))
+        .await;
+    let Outcome::Retry { reason, .. } = &outcome else {
+        panic!("an untrusted certificate must be a retry: {outcome:?}");
+    };
+    assert!(reason.contains("outcome unknown"), "{reason}");
+    assert!(api.requests().is_empty(), "no request reached the API");
+
+    let roots = std::fs::read(&api.ca_file).unwrap();
+    let trusted = processor(PaymentHandler::new(&api.url, Some(&roots)).unwrap());
+    let outcome = trusted
+        .process(Message::new("m-1", payment("pay-tls", 100)))
+        .await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    assert_eq!(api.charges(), 1);
 }

@@ -406,22 +406,6 @@ where
         .await;
 }
 
-/// A TLS acceptor for 127.0.0.1 with a fresh self-signed certificate, and
-/// that certificate's PEM (what a client must trust).
-fn self_signed_tls() -> (tokio_rustls::TlsAcceptor, String) {
-    let certified = rcgen::generate_simple_self_signed(["127.0.0.1".to_owned()]).unwrap();
-    let pem = certified.cert.pem();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![certified.cert.der().clone()], key)
-        .unwrap();
-    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), pem)
-}
-
 /// The `payments` binary exports to an `https://` collector: the OTLP
 /// exporter speaks TLS (rustls), trusting the certificates of the system's
 /// store, or of `SSL_CERT_FILE` (here the receiver's own).
@@ -432,7 +416,7 @@ async fn the_payments_binary_exports_over_https() {
     }
     let (sqs, ddb) = (sqs().await, ddb().await);
     let api = StubApi::start().await;
-    let (tls, pem) = self_signed_tls();
+    let (tls, pem) = crate::common::self_signed_tls();
     let (otlp, received) = otlp_receiver_over(Some(tls)).await;
     assert!(otlp.starts_with("https://"), "{otlp}");
     let ca = std::env::temp_dir().join(format!("sqs-once-otlp-{}.pem", uuid::Uuid::new_v4()));
@@ -442,6 +426,7 @@ async fn the_payments_binary_exports_over_https() {
     send(&sqs, &l.queues.queue_url, &body, Carrier::W3c).await;
     let env = [
         ("PAYMENTS_URL", api.url.as_str()),
+        ("PAYMENTS_CA_FILE", api.ca_file.to_str().unwrap()),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
         ("SSL_CERT_FILE", ca.to_str().unwrap()),
     ];
@@ -471,6 +456,7 @@ async fn the_payments_binary_exports_by_otlp_and_carries_the_trace_to_the_api() 
     send(&sqs, &l.queues.queue_url, &body, Carrier::Xray).await;
     let env = [
         ("PAYMENTS_URL", api.url.as_str()),
+        ("PAYMENTS_CA_FILE", api.ca_file.to_str().unwrap()),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
         ("OTEL_SERVICE_NAME", "payments-traced"),
     ];
@@ -548,6 +534,7 @@ async fn the_payments_binary_decides_sampling_itself_unless_told_to_trust_the_pr
             .unwrap();
         let env = [
             ("PAYMENTS_URL", api.url.as_str()),
+            ("PAYMENTS_CA_FILE", api.ca_file.to_str().unwrap()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
             ("SQS_ONCE_TRUST_PRODUCER_SAMPLING", trust),
         ];

@@ -76,6 +76,25 @@ fn build_binaries() -> PathBuf {
     profile_dir
 }
 
+/// A TLS acceptor for 127.0.0.1 with a fresh self-signed certificate, and
+/// that certificate's PEM (what a client must trust).
+pub fn self_signed_tls() -> (tokio_rustls::TlsAcceptor, String) {
+    let certified = rcgen::generate_simple_self_signed(["127.0.0.1".to_owned()]).unwrap();
+    let pem = certified.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .unwrap();
+    (
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)),
+        pem,
+    )
+}
+
 /// An environment variable parsed, or the default.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

@@ -1,4 +1,6 @@
-//! A stub payment API on 127.0.0.1 that honours `Idempotency-Key` (as Stripe
+//! A stub payment API on 127.0.0.1, over HTTPS with a fresh self-signed
+//! certificate (its PEM in a file the consumer is told to trust:
+//! [`StubApi::env`]), that honours `Idempotency-Key` (as Stripe
 //! does) and records every call: `POST /charges` charges once per key; a
 //! repeated key with the same body gets the first response, with another body a
 //! 422; customer `cus_declined` gets a 402, `cus_verbose` a 400 with a 1 MB
@@ -7,6 +9,7 @@
 //! the charge (faults for the chaos harness).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,7 +46,10 @@ pub struct Api {
 }
 
 pub struct StubApi {
+    /// `https://127.0.0.1:<port>`.
     pub url: String,
+    /// The PEM file of the stub's certificate.
+    pub ca_file: PathBuf,
     pub state: Arc<Mutex<Api>>,
 }
 
@@ -54,7 +60,11 @@ impl StubApi {
 
     pub async fn start_with(faults: ApiFaults) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let (tls, pem) = super::self_signed_tls();
+        let ca_file =
+            std::env::temp_dir().join(format!("sqs-once-api-{}.pem", uuid::Uuid::new_v4()));
+        std::fs::write(&ca_file, pem).unwrap();
         let state: Arc<Mutex<Api>> = Default::default();
         let s = state.clone();
         tokio::spawn(async move {
@@ -62,8 +72,11 @@ impl StubApi {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let s = s.clone();
+                let (s, tls) = (s.clone(), tls.clone());
                 tokio::spawn(async move {
+                    let Ok(stream) = tls.accept(stream).await else {
+                        return;
+                    };
                     let service =
                         hyper::service::service_fn(move |req| charge(req, s.clone(), faults));
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -72,7 +85,23 @@ impl StubApi {
                 });
             }
         });
-        Self { url, state }
+        Self {
+            url,
+            ca_file,
+            state,
+        }
+    }
+
+    /// What a payments consumer needs to call this stub: `PAYMENTS_URL` and
+    /// `PAYMENTS_CA_FILE`.
+    pub fn env(&self) -> [(&'static str, &str); 2] {
+        [
+            ("PAYMENTS_URL", self.url.as_str()),
+            (
+                "PAYMENTS_CA_FILE",
+                self.ca_file.to_str().expect("a UTF-8 temp path"),
+            ),
+        ]
     }
 
     pub fn requests(&self) -> Vec<(String, Value)> {

@@ -1,37 +1,23 @@
-//! The external-effect example: charging a card through an HTTP payment API.
-//! The `payments` binary (`src/main.rs`) runs [`PaymentHandler`] as a
-//! long-polling consumer or as a Lambda function.
+//! The external-effect example: charging a card through an HTTPS payment API.
+//! Body: `{"id", "customer", "amount_cents"}`. Effect: `POST {base}/charges`
+//! with the header `Idempotency-Key: <ctx.idempotency_key()>` (and
+//! `traceparent`, so the API's spans join the message's trace). The call is
+//! outside DynamoDB, so the handler keeps the default
+//! [`Effects::External`](sqs_once::Effects::External): the key is claimed
+//! before the call and completed after it with the charge as the result.
 //!
-//! Body: `{"id": "<payment id>", "customer": "<customer>", "amount_cents": <i64>}`.
-//! Effect: `POST {base}/charges` with `{"customer", "amount_cents"}` and the
-//! header `Idempotency-Key: <ctx.idempotency_key()>` (and `traceparent:
-//! <ctx.traceparent()>`, so the API's spans join the message's trace). The call is outside
-//! DynamoDB, so the handler keeps the default
-//! [`Effects::External`](sqs_once::Effects::External): the key is claimed before the
-//! call, so at most one attempt runs at a time, and completed after it with the
-//! charge id as the result.
-//!
-//! A crash after the API charged and before the completion leaves the claim to
-//! expire; the redelivery calls again **with the same idempotency key**, and an
-//! API that honours the key (Stripe and most payment APIs do) answers with the
-//! first charge instead of making a second one. Errors map to the protocol:
-//! 2xx is done, 409 (the same key is being processed) / 429 / 5xx / no answer
-//! are retried, any other 4xx (card declined, invalid request) is permanent.
-//!
-//! [`PaymentHandler::with_pause_after_call`] is fault injection for the tests.
+//! A crash between the charge and the completion leaves the claim to expire;
+//! the redelivery calls again **with the same idempotency key**, and an API
+//! that honours it (Stripe and most payment APIs do) answers with the first
+//! charge. Answers map to the protocol: 2xx is done; 409, 429, 5xx, a timeout
+//! or no answer are retried; any other 4xx (declined, invalid) is permanent.
 
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
-
 use sqs_once::{Context, Handler, HandlerError, HandlerResult, Message};
 
 /// One payment request.
@@ -46,32 +32,40 @@ pub struct PaymentEvent {
     pub amount_cents: i64,
 }
 
-/// The payment handler.
+/// The payment handler: an HTTPS-only client (rustls) with a 10 s bound on
+/// each call, answer included.
 #[derive(Debug, Clone)]
 pub struct PaymentHandler {
     charges_url: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    timeout: Duration,
-    pause_after_call: Duration,
+    client: reqwest::Client,
 }
 
-impl PaymentHandler {
-    /// A handler calling `{base_url}/charges` (plain HTTP; put a TLS-terminating
-    /// proxy or a TLS connector in front for a real API).
-    pub fn new(base_url: &str) -> Self {
-        Self {
-            charges_url: format!("{}/charges", base_url.trim_end_matches('/')),
-            client: Client::builder(TokioExecutor::new()).build_http(),
-            timeout: Duration::from_secs(10),
-            pause_after_call: Duration::ZERO,
-        }
-    }
+/// A set-up error (a URL that is not `https://`, a CA that does not parse).
+pub type SetupError = Box<dyn std::error::Error + Send + Sync>;
 
-    /// Waits this long after the API answered and before returning: a window in
-    /// which to crash the consumer between the charge and its completion.
-    pub fn with_pause_after_call(mut self, pause: Duration) -> Self {
-        self.pause_after_call = pause;
-        self
+impl PaymentHandler {
+    /// A handler calling `{base_url}/charges`, trusting the system's roots
+    /// and the PEM certificates in `extra_roots` (a private CA).
+    pub fn new(base_url: &str, extra_roots: Option<&[u8]>) -> Result<Self, SetupError> {
+        if !base_url.starts_with("https://") {
+            return Err(
+                format!("{base_url:?}: the payment API is called over https:// only").into(),
+            );
+        }
+        let roots = match extra_roots {
+            Some(pem) => reqwest::Certificate::from_pem_bundle(pem)?,
+            None => Vec::new(),
+        };
+        let client = reqwest::Client::builder()
+            .https_only(true)
+            .timeout(Duration::from_secs(10))
+            .tls_certs_merge(roots)
+            .build()?;
+        let charges_url = format!("{}/charges", base_url.trim_end_matches('/'));
+        Ok(Self {
+            charges_url,
+            client,
+        })
     }
 }
 
@@ -90,39 +84,26 @@ impl Handler for PaymentHandler {
             .ok_or_else(|| HandlerError::permanent("payments need a dedup key"))?;
         let body =
             serde_json::json!({"customer": event.customer, "amount_cents": event.amount_cents});
-        let mut request = hyper::Request::post(&self.charges_url)
+        let mut request = self
+            .client
+            .post(&self.charges_url)
             .header("content-type", "application/json")
-            .header("idempotency-key", key);
-        // The message's trace goes on with the call (when spans are exported).
+            .header("idempotency-key", key)
+            .body(body.to_string());
         if let Some(traceparent) = ctx.traceparent() {
             request = request.header("traceparent", traceparent);
         }
-        let request = request
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(HandlerError::permanent)?;
-        let response = tokio::time::timeout(self.timeout, self.client.request(request))
-            .await
-            .map_err(|_| {
-                HandlerError::retry(
-                    "payment API timed out; outcome unknown, retried with the same key",
-                )
-            })?
-            .map_err(|e| HandlerError::retry(format!("payment API unreachable: {e}")))?;
-        let status = response.status();
-        let body =
-            tokio::time::timeout(self.timeout, read_bounded(response.into_body(), MAX_ANSWER))
-                .await
-                .map_err(|_| {
-                    HandlerError::retry(
-                        "payment API answer timed out; outcome unknown, retried with the same key",
-                    )
-                })?
-                .map_err(|e| HandlerError::retry(format!("payment API answer cut off: {e}")))?;
-        let charge = outcome(status, &body)?;
-        if !self.pause_after_call.is_zero() {
-            tokio::time::sleep(self.pause_after_call).await;
-        }
-        Ok(Some(charge))
+        // No answer, or one cut off: the charge may have been made; the
+        // retry asks again with the same key.
+        let unknown = |e: reqwest::Error| {
+            HandlerError::retry(format!(
+                "payment API: {e}; outcome unknown, retried with the same key"
+            ))
+        };
+        let response = request.send().await.map_err(unknown)?;
+        let status = response.status().as_u16();
+        let answer = read_bounded(response, MAX_ANSWER).await.map_err(unknown)?;
+        outcome(status, &answer).map(Some)
     }
 }
 
@@ -136,35 +117,22 @@ pub const MAX_QUOTED: usize = 512;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     /// The first bytes (at most the bound).
-    pub bytes: Bytes,
+    pub bytes: Vec<u8>,
     /// More followed and was not read.
     pub cut: bool,
 }
 
-/// Reads `body` up to `limit` bytes; the rest is not read.
-pub async fn read_bounded<B>(mut body: B, limit: usize) -> Result<Answer, B::Error>
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-{
-    let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
-        let room = limit - out.len();
-        if data.len() > room {
-            out.extend_from_slice(&data[..room]);
-            return Ok(Answer {
-                bytes: Bytes::from(out),
-                cut: true,
-            });
+/// Reads `response`'s body up to `limit` bytes; the rest is not read.
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> reqwest::Result<Answer> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - bytes.len();
+        bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if chunk.len() > room {
+            return Ok(Answer { bytes, cut: true });
         }
-        out.extend_from_slice(&data);
     }
-    Ok(Answer {
-        bytes: Bytes::from(out),
-        cut: false,
-    })
+    Ok(Answer { bytes, cut: false })
 }
 
 /// At most [`MAX_QUOTED`] bytes of the answer as text, saying when it is cut.
@@ -174,26 +142,22 @@ fn quoted(answer: &Answer) -> String {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    if end < text.len() || answer.cut {
-        let size = if answer.cut {
-            format!("over {} bytes", answer.bytes.len())
-        } else {
-            format!("{} bytes", answer.bytes.len())
-        };
-        format!("{}... (cut; {size})", &text[..end])
-    } else {
-        text.into_owned()
+    if end == text.len() && !answer.cut {
+        return text.into_owned();
     }
+    let over = if answer.cut { "over " } else { "" };
+    format!(
+        "{}... (cut; {over}{} bytes)",
+        &text[..end],
+        answer.bytes.len()
+    )
 }
 
-/// The protocol's answer to the API's: the charge (2xx with JSON), a retry
-/// (409, 429, 5xx, an unreadable 2xx) or a permanent failure (any other 4xx, a
-/// 2xx too long to be a charge).
-pub fn outcome(
-    status: hyper::StatusCode,
-    answer: &Answer,
-) -> Result<serde_json::Value, HandlerError> {
-    if status.is_success() {
+/// The protocol's answer to the API's `status` and answer: the charge (2xx
+/// with JSON), a retry (409, 429, 5xx, an unreadable 2xx) or a permanent
+/// failure (any other 4xx, a 2xx too long to be a charge).
+pub fn outcome(status: u16, answer: &Answer) -> Result<serde_json::Value, HandlerError> {
+    if (200..300).contains(&status) {
         if answer.cut {
             return Err(HandlerError::permanent(format!(
                 "payment API answered {status} with more than {MAX_ANSWER} bytes, not a charge: {}; check the payment by its idempotency key before sending it again",
@@ -208,7 +172,7 @@ pub fn outcome(
         });
     }
     let why = format!("payment API answered {status}: {}", quoted(answer));
-    if status.as_u16() == 409 || status.as_u16() == 429 || status.is_server_error() {
+    if status == 409 || status == 429 || status >= 500 {
         Err(HandlerError::retry(why))
     } else {
         Err(HandlerError::permanent(why))
@@ -219,45 +183,63 @@ pub fn outcome(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn read_bounded_stops_at_the_limit() {
-        let long = read_bounded(Full::new(Bytes::from(vec![b'x'; 100])), 10)
-            .await
-            .unwrap();
-        assert_eq!((long.bytes.len(), long.cut), (10, true));
-        let short = read_bounded(Full::new(Bytes::from_static(b"{}")), 10)
-            .await
-            .unwrap();
-        assert_eq!((short.bytes.as_ref(), short.cut), (&b"{}"[..], false));
-    }
-
     #[test]
     fn an_error_answer_is_quoted_at_most_max_quoted_bytes() {
         let answer = Answer {
-            bytes: Bytes::from(format!("{{\"error\": \"{}\"}}", "é".repeat(MAX_ANSWER))),
+            bytes: format!("{{\"error\": \"{}\"}}", "é".repeat(MAX_ANSWER)).into_bytes(),
             cut: true,
         };
-        let e = outcome(hyper::StatusCode::BAD_REQUEST, &answer).unwrap_err();
+        let e = outcome(400, &answer).unwrap_err();
         let text = e.to_string();
         assert!(text.len() < MAX_QUOTED + 200, "{} bytes", text.len());
         assert!(text.contains("(cut; over"), "{text}");
+        assert_eq!(e.kind(), sqs_once::FailureKind::Permanent);
     }
 
     #[test]
     fn a_success_answer_too_long_for_a_charge_is_permanent() {
-        let answer = Answer {
-            bytes: Bytes::from(vec![b'x'; MAX_ANSWER]),
+        let long = Answer {
+            bytes: vec![b'x'; MAX_ANSWER],
             cut: true,
         };
-        let e = outcome(hyper::StatusCode::OK, &answer).unwrap_err();
+        let e = outcome(200, &long).unwrap_err();
         assert!(e.to_string().contains("more than"), "{e}");
         let charge = Answer {
-            bytes: Bytes::from_static(b"{\"charge_id\":\"ch_1\"}"),
+            bytes: b"{\"charge_id\":\"ch_1\"}".to_vec(),
             cut: false,
         };
         assert_eq!(
-            outcome(hyper::StatusCode::OK, &charge).unwrap(),
+            outcome(200, &charge).unwrap(),
             serde_json::json!({"charge_id": "ch_1"})
         );
+    }
+
+    #[test]
+    fn busy_and_server_errors_are_retried_other_refusals_are_not() {
+        let empty = Answer {
+            bytes: Vec::new(),
+            cut: false,
+        };
+        for status in [409, 429, 500, 503] {
+            assert_eq!(
+                outcome(status, &empty).unwrap_err().kind(),
+                sqs_once::FailureKind::Retry,
+                "{status}"
+            );
+        }
+        for status in [400, 402, 422] {
+            assert_eq!(
+                outcome(status, &empty).unwrap_err().kind(),
+                sqs_once::FailureKind::Permanent,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_https_is_called() {
+        let e = PaymentHandler::new("http://payments.example", None).unwrap_err();
+        assert!(e.to_string().contains("https:// only"), "{e}");
+        assert!(PaymentHandler::new("https://payments.example/", None).is_ok());
     }
 }

@@ -1,8 +1,9 @@
-//! The payments example: charges each payment once through an HTTP payment API
-//! that honours `Idempotency-Key`, as a Lambda function or a long-polling consumer.
-//!
-//! Configuration: the `SQS_ONCE_*` environment variables (or flags, see
-//! `--help`), `PAYMENTS_URL`, and the standard AWS SDK settings.
+//! The payments example's consumer: [`PaymentHandler`] as a Lambda function
+//! or a long-polling consumer, through the front door that
+//! `sqs_once::env::run` builds from the `SQS_ONCE_*` settings (or flags:
+//! `--help`). Its own settings: `PAYMENTS_URL` (`https://` only) and
+//! `PAYMENTS_CA_FILE` (PEM certificates to trust beside the system's, for an
+//! API behind a private CA).
 
 use std::process::ExitCode;
 
@@ -21,24 +22,32 @@ struct Args {
     /// The payment API's base URL (`POST {url}/charges`).
     #[arg(long, env = "PAYMENTS_URL")]
     payments_url: String,
-    /// Pause after the API answered, before completing (to watch a crash there).
-    #[arg(long, env = "PAYMENTS_PAUSE_AFTER_CALL", default_value = "0s")]
-    pause_after_call: String,
+    /// PEM certificates to trust beside the system's roots.
+    #[arg(long, env = "PAYMENTS_CA_FILE")]
+    payments_ca_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     sqs_once::env::init_logging();
     let args = Args::parse();
-    let pause =
-        match sqs_once::config::parse_duration("PAYMENTS_PAUSE_AFTER_CALL", &args.pause_after_call)
-        {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::from(2);
-            }
-        };
-    let handler = PaymentHandler::new(&args.payments_url).with_pause_after_call(pause);
-    sqs_once::env::run(args.runtime, handler).await
+    let roots = match args
+        .payments_ca_file
+        .as_ref()
+        .map(std::fs::read)
+        .transpose()
+    {
+        Ok(roots) => roots,
+        Err(e) => {
+            eprintln!("PAYMENTS_CA_FILE: {e}; not started");
+            return ExitCode::from(2);
+        }
+    };
+    match PaymentHandler::new(&args.payments_url, roots.as_deref()) {
+        Ok(handler) => sqs_once::env::run(args.runtime, handler).await,
+        Err(e) => {
+            eprintln!("PAYMENTS_URL: {e}; not started");
+            ExitCode::from(2)
+        }
+    }
 }
