@@ -49,7 +49,7 @@
 //!   lines: [`metrics`]; spans and the producer's trace context: [`trace`]
 //!   (exported by OTLP with the feature `otel`: `otel`).
 //! - The front door: [`SqsOnce`] (clients, start-up checks, either runtime)
-//!   and [`calls`] (AWS calls counted by operation, with an SDK interceptor).
+//!   and [`calls`](aws::calls) (AWS calls counted by operation, with an SDK interceptor).
 //! - Settings from the environment: [`settings`] (every `SQS_ONCE_*`
 //!   variable, [`settings::Settings::from_env`], no clap needed).
 //! - Process glue, behind the feature `env` (clap, tracing-subscriber):

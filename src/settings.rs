@@ -4,7 +4,7 @@
 //! (`#[command(flatten)] settings: Settings`, as the binaries do). Both read
 //! the same variables with the same parsers ([`duration`], [`switch`],
 //! [`number`], and clap's `ValueEnum` over the same names as
-//! [`parse_choice`](crate::config::parse_choice)), and
+//! [`parse_choice`]), and
 //! [`Settings::builder`] hands them to the front door.
 //!
 //! One vocabulary: durations are `humantime`'s (`500ms`, `30s`, `5m`, `7d`,

@@ -44,7 +44,7 @@ pub fn attempt_timeouts(attempt: std::time::Duration) -> aws_config::timeout::Ti
 
 /// Whether a failed SQS or DynamoDB call may pass when tried again: no answer
 /// (timeout, connection refused or reset), throttling, or a 5xx
-/// ([`TRANSIENT_CODES`]). A refusal (access denied, no such queue or table, a
+/// (`TRANSIENT_CODES`). A refusal (access denied, no such queue or table, a
 /// malformed request) is not.
 pub fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     match err {
@@ -59,7 +59,7 @@ pub fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
 
 /// A failed call in one line: `Code: message` from the service, else the
 /// SDK's own account (timeout, connection, construction).
-pub fn error_detail<E, R>(err: &SdkError<E, R>) -> String
+pub(crate) fn error_detail<E, R>(err: &SdkError<E, R>) -> String
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,

@@ -76,7 +76,7 @@ const RECEIVED_SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 4] = [
 ];
 
 /// Converts a received SQS message (received with the system attributes of
-/// [`RECEIVED_SYSTEM_ATTRIBUTES`] and all message attributes); `None` (logged) for one without id or receipt handle.
+/// `RECEIVED_SYSTEM_ATTRIBUTES` and all message attributes); `None` (logged) for one without id or receipt handle.
 pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     let (Some(id), Some(receipt)) = (m.message_id, m.receipt_handle) else {
         error!("received a message without id or receipt handle; left to its visibility timeout");
@@ -155,7 +155,7 @@ fn sdk_attributes(
 }
 
 /// An attribute as the SDK sends it.
-pub fn sdk_attribute(a: &Attribute) -> MessageAttributeValue {
+pub(crate) fn sdk_attribute(a: &Attribute) -> MessageAttributeValue {
     let b = MessageAttributeValue::builder().data_type(&a.data_type);
     match &a.value {
         AttributeValue::Text(t) => b.string_value(t),

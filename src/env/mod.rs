@@ -5,7 +5,7 @@
 //!
 //! - [`Settings`] (also named [`RuntimeArgs`]): every `SQS_ONCE_*` setting
 //!   and its flag (from `sqs_once::settings`, which loads them without clap too);
-//! - [`logging`]: the log format and filter, escaping, OTLP export;
+//! - `logging`: the log format and filter, escaping, OTLP export;
 //! - `health`: the poller's health answer (`SQS_ONCE_HEALTH_PORT`) and
 //!   `--health`, which asks it;
 //! - this module: [`run`], handing the settings to the front door.

@@ -326,13 +326,13 @@ impl ProcessorConfig {
     /// The safety margin for a granted lease: [`Self::lease_margin`], at most a
     /// tenth of the lease (a lease cut short by a Lambda deadline keeps most of
     /// its time).
-    pub fn margin_for(&self, lease: Duration) -> Duration {
+    pub(crate) fn margin_for(&self, lease: Duration) -> Duration {
         self.lease_margin.min(lease / 10)
     }
 
     /// How often a lease of this length (and the visibility of what is held
     /// with it) is extended: the heartbeat, at most half the lease.
-    pub fn beat_for(&self, lease: Duration) -> Duration {
+    pub(crate) fn beat_for(&self, lease: Duration) -> Duration {
         self.heartbeat
             .min(lease / 2)
             .max(Duration::from_millis(100))

@@ -154,7 +154,7 @@ impl KeySource {
     }
 
     /// Whether the key is taken without reading the body.
-    pub fn is_body_free(&self) -> bool {
+    pub(crate) fn is_body_free(&self) -> bool {
         match self {
             KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_) => true,
             KeySource::Compound(parts) => parts.iter().all(KeySource::is_body_free),
@@ -165,7 +165,7 @@ impl KeySource {
     /// Whether the key comes (wholly or in part) from the message id or the
     /// FIFO deduplication id: what a copy brought back from the DLQ has anew,
     /// so its key is carried (see [`DEDUP_KEY_ATTRIBUTE`]).
-    pub fn uses_ids(&self) -> bool {
+    pub(crate) fn uses_ids(&self) -> bool {
         match self {
             KeySource::MessageId | KeySource::DeduplicationId => true,
             KeySource::Compound(parts) => parts.iter().any(KeySource::uses_ids),
@@ -376,12 +376,15 @@ pub fn carried<'a>(
 /// The key a parked copy carries, if sealed for its own body (a handler or
 /// bridge that forwards received attributes onto other messages must not give
 /// them all one key, and a producer must not name another message's key).
-pub fn carried_key<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> Option<&'a str> {
+pub(crate) fn carried_key<'a>(
+    message: &'a Message,
+    secret: Option<&CarrySecret>,
+) -> Option<&'a str> {
     carried(message, DEDUP_KEY_ATTRIBUTE, secret)
 }
 
 /// The first delivery's id a parked copy carries, if sealed for its own body.
-pub fn carried_message_id<'a>(
+pub(crate) fn carried_message_id<'a>(
     message: &'a Message,
     secret: Option<&CarrySecret>,
 ) -> Option<&'a str> {
@@ -391,7 +394,10 @@ pub fn carried_message_id<'a>(
 /// The sealed attributes `message` has that do not verify (set by a
 /// producer, forwarded from another message, sealed under a secret no longer
 /// configured, or any at all without a secret): ignored, and to be counted.
-pub fn unverified_attributes(message: &Message, secret: Option<&CarrySecret>) -> Vec<&'static str> {
+pub(crate) fn unverified_attributes(
+    message: &Message,
+    secret: Option<&CarrySecret>,
+) -> Vec<&'static str> {
     SEALED_ATTRIBUTES
         .into_iter()
         .filter(|name| {

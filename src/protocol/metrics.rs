@@ -297,7 +297,7 @@ impl Metrics {
     }
 
     /// Counts a lease lost to another consumer.
-    pub fn lease_lost(&self) {
+    pub(crate) fn lease_lost(&self) {
         self.add(&self.lease_lost, const { facade("LeaseLost") }, 1);
     }
 
@@ -307,7 +307,7 @@ impl Metrics {
     }
 
     /// Counts a write whose lost answer was resolved by sending it again.
-    pub fn unknown_outcome_resolved(&self) {
+    pub(crate) fn unknown_outcome_resolved(&self) {
         self.add(
             &self.unknown_resolved,
             const { facade("UnknownOutcomesResolved") },
@@ -316,7 +316,7 @@ impl Metrics {
     }
 
     /// Counts a duplicate whose body differs from the recorded one.
-    pub fn payload_mismatch(&self) {
+    pub(crate) fn payload_mismatch(&self) {
         self.add(
             &self.payload_mismatches,
             const { facade("PayloadMismatches") },
@@ -325,7 +325,7 @@ impl Metrics {
     }
 
     /// Counts a carried attribute that did not verify and was ignored.
-    pub fn unverified_attribute(&self) {
+    pub(crate) fn unverified_attribute(&self) {
         self.add(
             &self.unverified_attributes,
             const { facade("UnverifiedAttributes") },
@@ -334,7 +334,7 @@ impl Metrics {
     }
 
     /// Counts outgoing messages sent after their commit.
-    pub fn outbox_dispatched(&self, n: u64) {
+    pub(crate) fn outbox_dispatched(&self, n: u64) {
         self.add(
             &self.outbox_dispatched,
             const { facade("OutboxDispatched") },
@@ -353,7 +353,7 @@ impl Metrics {
     }
 
     /// Counts a dispatch that failed after its commit.
-    pub fn outbox_dispatch_failure(&self) {
+    pub(crate) fn outbox_dispatch_failure(&self) {
         self.add(
             &self.outbox_dispatch_failures,
             const { facade("OutboxDispatchFailures") },
@@ -362,12 +362,12 @@ impl Metrics {
     }
 
     /// Counts a send SQS refused as invalid.
-    pub fn outbox_refused(&self) {
+    pub(crate) fn outbox_refused(&self) {
         self.add(&self.outbox_refused, const { facade("OutboxRefused") }, 1);
     }
 
     /// Counts a successful heartbeat extension.
-    pub fn heartbeat_extension(&self) {
+    pub(crate) fn heartbeat_extension(&self) {
         self.add(
             &self.heartbeat_extensions,
             const { facade("HeartbeatExtensions") },
@@ -376,7 +376,7 @@ impl Metrics {
     }
 
     /// Records how long a handler ran (a histogram bucket; no allocation).
-    pub fn handler_latency(&self, d: Duration) {
+    pub(crate) fn handler_latency(&self, d: Duration) {
         self.latency.record(d);
         #[cfg(feature = "metrics")]
         metrics::histogram!(FACADE_LATENCY, "consumer" => self.consumer.clone())

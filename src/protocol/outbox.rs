@@ -200,7 +200,11 @@ impl Outgoing {
     /// [`Self::check`], where a body too large for SQS is stored in S3 (up
     /// to `offload_max` bytes) and a pointer sent instead: then what must
     /// fit in SQS is the message with the pointer as its body.
-    pub fn check_offloading(&self, id_bytes: usize, offload_max: usize) -> Result<(), OutboxError> {
+    pub(crate) fn check_offloading(
+        &self,
+        id_bytes: usize,
+        offload_max: usize,
+    ) -> Result<(), OutboxError> {
         self.check(id_bytes).or_else(|e| match e {
             OutboxError::TooLarge { .. } => self.check_size(id_bytes, Some(offload_max)),
             e => Err(e),
@@ -235,13 +239,13 @@ impl Outgoing {
 
     /// Whether the message is too large for SQS as it is (its body goes
     /// through S3 when large payloads are sent that way).
-    pub fn needs_offload(&self, id_bytes: usize) -> bool {
+    pub(crate) fn needs_offload(&self, id_bytes: usize) -> bool {
         self.size(id_bytes) > SQS_MAX_MESSAGE_BYTES
     }
 
     /// The message with an extended client's pointer to `pointer` as its
     /// body, and the payload's size in [`SIZE_ATTRIBUTE`] (`Number`).
-    pub fn offloaded(mut self, pointer: &S3Pointer) -> Self {
+    pub(crate) fn offloaded(mut self, pointer: &S3Pointer) -> Self {
         let size = self.body.len();
         self.body = pointer.to_body();
         self.attributes
@@ -319,7 +323,7 @@ pub fn outbox_id(pk: &str, index: usize) -> String {
 /// The longest [`outbox_id`] of a record of `consumer` for `dedup_key`
 /// (plain or hashed, as `SQS_ONCE_HASH_KEYS` says), or of a keyless message
 /// processed unprotected (`None`).
-pub fn max_id_bytes(consumer: &str, dedup_key: Option<&str>) -> usize {
+pub(crate) fn max_id_bytes(consumer: &str, dedup_key: Option<&str>) -> usize {
     let pk = match dedup_key {
         Some(key) => crate::protocol::key::record_key(consumer, key)
             .len()
@@ -469,7 +473,7 @@ impl DispatchError {
     /// Whether SQS refused a message as invalid (a target whose
     /// `MaximumMessageSize` is below the message, say): sending again will
     /// not help until the target changes.
-    pub fn is_refusal(&self) -> bool {
+    pub(crate) fn is_refusal(&self) -> bool {
         match self {
             Self::Call(e) => !e.is_transient(),
             Self::Entries { refused, .. } => *refused,
@@ -562,7 +566,7 @@ pub async fn dispatch(
 }
 
 /// Checks a handler's outbox as a whole against what one record holds.
-pub fn check_outbox(outbox: &[Outgoing]) -> Result<(), OutboxError> {
+pub(crate) fn check_outbox(outbox: &[Outgoing]) -> Result<(), OutboxError> {
     let bytes = outbox_bytes(outbox);
     if outbox.len() > MAX_OUTGOING || bytes > MAX_OUTBOX_BYTES {
         return Err(OutboxError::OutboxFull {
@@ -574,17 +578,17 @@ pub fn check_outbox(outbox: &[Outgoing]) -> Result<(), OutboxError> {
 }
 
 /// The outbox as stored in the record (JSON text).
-pub fn to_stored(outbox: &[Outgoing]) -> String {
+pub(crate) fn to_stored(outbox: &[Outgoing]) -> String {
     serde_json::to_string(outbox).expect("outgoing messages serialize")
 }
 
 /// The outbox read back from the record.
-pub fn from_stored(text: &str) -> Result<Vec<Outgoing>, serde_json::Error> {
+pub(crate) fn from_stored(text: &str) -> Result<Vec<Outgoing>, serde_json::Error> {
     serde_json::from_str(text)
 }
 
 /// The bytes the outbox takes in the record.
-pub fn outbox_bytes(outbox: &[Outgoing]) -> usize {
+pub(crate) fn outbox_bytes(outbox: &[Outgoing]) -> usize {
     if outbox.is_empty() {
         0
     } else {

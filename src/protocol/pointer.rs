@@ -79,7 +79,7 @@ impl S3Pointer {
     }
 
     /// The body an extended client sends for this object.
-    pub fn to_body(&self) -> String {
+    pub(crate) fn to_body(&self) -> String {
         serde_json::json!([
             POINTER_CLASS,
             {"s3BucketName": self.bucket, "s3Key": self.key}

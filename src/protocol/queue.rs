@@ -4,7 +4,7 @@
 //! talk to a [`QueueClient`]: receive, delete (one or a batch), change
 //! visibility (one or a batch), send (to park in the DLQ), the queue's
 //! attributes, and a queue URL from a name. [`aws_sdk_sqs::Client`] is the
-//! production implementation ([`sqs`]); an in-memory model of SQS can stand
+//! production implementation ([`sqs`](crate::aws::sqs)); an in-memory model of SQS can stand
 //! behind the same trait, so the runtimes run unchanged in a simulation.
 //!
 //! Queues are named by URL in every call, as in SQS: one client serves the
@@ -80,7 +80,8 @@ pub fn dead_letter_target_arn(redrive_policy: &str) -> Option<String> {
 }
 
 /// (name, account) of a queue ARN (`arn:aws:sqs:region:account:name`).
-pub fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub(crate) fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
     let mut parts = arn.rsplitn(3, ':');
     match (parts.next(), parts.next(), parts.next()) {
         (Some(name), Some(account), Some(_)) if !name.is_empty() && !account.is_empty() => {
@@ -97,7 +98,8 @@ pub fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
 /// FIFO queue the source's counts twice, as a move restarts it). The
 /// DLQ is looked up only for this warning: a failed lookup is logged and
 /// ignored. Returns the retention the TTL should exceed, when it warned.
-pub async fn check_retention<Q: QueueClient>(
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub(crate) async fn check_retention<Q: QueueClient>(
     queue: &Q,
     queue_url: &str,
     source: &QueueAttributes,
@@ -188,7 +190,10 @@ impl QueueError {
     }
 
     /// Keeps the underlying error as the source.
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         self.source = Some(Box::new(source));
         self
     }

@@ -41,7 +41,7 @@ pub struct Redriven {
 /// message id (a resend after a crash is deduplicated by SQS). The second
 /// value is false when the copy carries no key: no secret, or no room
 /// (`max_bytes`, or 10 attributes).
-pub fn copy_for_source(
+pub(crate) fn copy_for_source(
     m: &Message,
     fifo: bool,
     max_bytes: usize,

@@ -15,8 +15,8 @@
 //!    retried with the *same* token; a conditional failure whose old record
 //!    carries our token means the first attempt won.
 //!
-//! [`DynamoStore`](dynamodb::DynamoStore) is the real implementation;
-//! [`MemoryStore`](memory::MemoryStore) has the same semantics for fast tests.
+//! [`DynamoStore`](crate::DynamoStore) is the real implementation;
+//! The test kit's `MemoryStore` has the same semantics for fast tests.
 //! Both share [`decide_conflict`], so the outcome of a lost race is decided in
 //! one place.
 
@@ -98,7 +98,8 @@ pub struct Record {
 impl Record {
     /// Whether a claim by `owner` that replaces this record takes over a
     /// claim that expired unreleased (a release sets the lease to 0).
-    pub fn taken_over_by(&self, owner: &str) -> bool {
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn taken_over_by(&self, owner: &str) -> bool {
         self.status == Status::InProgress
             && self.lease_until_ms > 0
             && self.owner.as_deref() != Some(owner)
@@ -129,7 +130,7 @@ impl Record {
     }
 
     /// Whether this is a `FAILED` record of the delivery with `message_id`.
-    pub fn failed_by(&self, message_id: &str) -> bool {
+    pub(crate) fn failed_by(&self, message_id: &str) -> bool {
         self.status == Status::Failed && self.message_id.as_deref() == Some(message_id)
     }
 }
@@ -141,7 +142,7 @@ pub const MAX_ERROR_BYTES: usize = 4096;
 
 /// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary, saying how long
 /// it was.
-pub fn bounded_error(error: &str) -> String {
+pub(crate) fn bounded_error(error: &str) -> String {
     if error.len() <= MAX_ERROR_BYTES {
         return error.to_owned();
     }

@@ -44,7 +44,7 @@
 //! `tracing-opentelemetry` layer turns them into OpenTelemetry spans with the
 //! producer as parent; `cli::init_logging` installs one that exports
 //! by OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see
-//! `sqs_once::otel`), and the runtimes [`flush`] it: after each Lambda
+//! `sqs_once::otel`), and the runtimes flush it: after each Lambda
 //! invocation (the environment may be frozen next) and when the poller stops.
 //! A handler passes the context on with [`crate::Context::traceparent`].
 
@@ -162,7 +162,7 @@ impl TraceParent {
     /// The producer's context a message carries: its `traceparent` attribute
     /// if it reads, else its `AWSTraceHeader`; `None` when it has neither
     /// (a malformed one is logged at debug level and ignored).
-    pub fn of_message(message: &Message) -> Option<Self> {
+    pub(crate) fn of_message(message: &Message) -> Option<Self> {
         let w3c = message.attribute(TRACEPARENT).and_then(|v| {
             Self::parse_w3c(v)
                 .inspect_err(|e| tracing::debug!(message_id = message.id(), error = %e, "traceparent attribute ignored"))

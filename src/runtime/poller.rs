@@ -14,7 +14,7 @@
 //! let go, not run.
 //!
 //! Finished messages wait for their delete in batches of ten; while
-//! [`PENDING_DELETES`] already wait (deletes failing slowly or not answering
+//! `PENDING_DELETES` already wait (deletes failing slowly or not answering
 //! while receives still work), a finished handler keeps its slot until there
 //! is room, so no receive brings more messages (nor redelivered duplicates of
 //! the undeleted ones) until deletes catch up.
@@ -82,7 +82,7 @@ pub struct PollerConfig {
     /// Print the processor's counters as EMF lines on stdout this often, and
     /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
     pub metrics_interval: Option<Duration>,
-    /// Beaten by the receive loop at every turn, and every [`BEAT_WHILE_FULL`]
+    /// Beaten by the receive loop at every turn, and every `BEAT_WHILE_FULL`
     /// while every place is held by running or waiting messages: what a
     /// health check reads (`SQS_ONCE_HEALTH_PORT`). Left alone once the loop
     /// stops receiving.
@@ -91,7 +91,7 @@ pub struct PollerConfig {
 
 /// How often the receive loop beats its [`Liveness`] while it waits for a
 /// place (every place held by running or waiting messages).
-pub const BEAT_WHILE_FULL: Duration = Duration::from_secs(5);
+pub(crate) const BEAT_WHILE_FULL: Duration = Duration::from_secs(5);
 
 /// When the receive loop last turned: a poller's liveness for a health check.
 /// Clones share it.
@@ -110,7 +110,8 @@ impl Liveness {
     }
 
     /// How long ago the loop last turned; `None` before its first turn.
-    pub fn since_last_beat(&self) -> Option<Duration> {
+    #[cfg(any(test, feature = "env"))]
+    pub(crate) fn since_last_beat(&self) -> Option<Duration> {
         self.0.lock().expect("liveness lock").map(|at| at.elapsed())
     }
 }

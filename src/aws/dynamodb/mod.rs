@@ -2,8 +2,8 @@
 //!
 //! - this module: [`DynamoStore`], the requests the protocol makes and how
 //!   their failures are read;
-//! - [`table`]: the start-up check of the table's key schema and TTL;
-//! - [`item`]: a record read from its item.
+//! - `table`: the start-up check of the table's key schema and TTL;
+//! - `item`: a record read from its item.
 
 mod item;
 mod table;

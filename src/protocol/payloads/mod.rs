@@ -99,14 +99,18 @@ impl PayloadError {
     }
 
     /// Keeps the underlying error as the source.
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+    #[cfg(feature = "s3-payloads")]
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         self.source = Some(Box::new(source));
         self
     }
 }
 
 /// The object store payloads are read from and deleted in: S3
-/// ([`aws_sdk_s3::Client`]), or [`memory::MemoryPayloads`] in tests.
+/// ([`aws_sdk_s3::Client`]), or the test kit's `MemoryPayloads` in tests.
 pub trait PayloadStore: Send + Sync + 'static {
     /// `GetObject`: the object's bytes, read as a stream and given up with
     /// [`PayloadErrorKind::TooLarge`] as soon as they pass `max_bytes` (so a
@@ -165,7 +169,8 @@ impl PayloadLocation {
     }
 
     /// A comma-separated list of `bucket` or `bucket/prefix`.
-    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+    #[cfg(any(feature = "poller", feature = "lambda"))]
+    pub(crate) fn parse_list(text: &str) -> Result<Vec<Self>, String> {
         let list: Vec<Self> = text
             .split(',')
             .map(str::trim)
@@ -324,7 +329,8 @@ impl LargePayloads {
     /// Deletes these objects (their messages are deleted). A failure is
     /// logged: the object is left behind (a lifecycle rule on the bucket
     /// removes such leftovers), the message is not affected.
-    pub async fn delete_objects(&self, pointers: Vec<S3Pointer>) {
+    #[cfg(any(feature = "poller", feature = "lambda"))]
+    pub(crate) async fn delete_objects(&self, pointers: Vec<S3Pointer>) {
         let deletes = pointers.iter().map(|p| async move {
             match self.store.delete(p).await {
                 Ok(()) => info!(object = %p, "large payload deleted"),

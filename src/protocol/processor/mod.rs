@@ -168,11 +168,6 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         self.with_dispatcher(queue.clone())
     }
 
-    /// Whether a dispatcher is set.
-    pub fn has_dispatcher(&self) -> bool {
-        self.dispatcher.is_some()
-    }
-
     /// Large payload support, when on.
     pub fn large_payloads(&self) -> Option<&LargePayloads> {
         self.payloads.as_ref()
