@@ -1,5 +1,5 @@
 //! The ledger example's consumer with faults injected (for the LocalStack
-//! suites, the chaos harness and the benchmarks; never a template):
+//! suites and the chaos harness; never a template):
 //!
 //! - `LEDGER_WORK` (e.g. `2s`) on `LEDGER_SLOW_PERCENT` % of events, and
 //!   `LEDGER_PANIC_PERCENT` % of attempts panicking
