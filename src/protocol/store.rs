@@ -142,7 +142,7 @@ pub const MAX_ERROR_BYTES: usize = 4096;
 
 /// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary, saying how long
 /// it was.
-pub(crate) fn bounded_error(error: &str) -> String {
+pub fn bounded_error(error: &str) -> String {
     if error.len() <= MAX_ERROR_BYTES {
         return error.to_owned();
     }

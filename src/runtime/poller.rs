@@ -82,7 +82,7 @@ pub struct PollerConfig {
     /// Print the processor's counters as EMF lines on stdout this often, and
     /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
     pub metrics_interval: Option<Duration>,
-    /// Beaten by the receive loop at every turn, and every `BEAT_WHILE_FULL`
+    /// Beaten by the receive loop at every turn, and every [`BEAT_WHILE_FULL`]
     /// while every place is held by running or waiting messages: what a
     /// health check reads (`SQS_ONCE_HEALTH_PORT`). Left alone once the loop
     /// stops receiving.
@@ -91,7 +91,7 @@ pub struct PollerConfig {
 
 /// How often the receive loop beats its [`Liveness`] while it waits for a
 /// place (every place held by running or waiting messages).
-pub(crate) const BEAT_WHILE_FULL: Duration = Duration::from_secs(5);
+pub const BEAT_WHILE_FULL: Duration = Duration::from_secs(5);
 
 /// When the receive loop last turned: a poller's liveness for a health check.
 /// Clones share it.
@@ -110,8 +110,7 @@ impl Liveness {
     }
 
     /// How long ago the loop last turned; `None` before its first turn.
-    #[cfg(any(test, feature = "env"))]
-    pub(crate) fn since_last_beat(&self) -> Option<Duration> {
+    pub fn since_last_beat(&self) -> Option<Duration> {
         self.0.lock().expect("liveness lock").map(|at| at.elapsed())
     }
 }

@@ -66,9 +66,11 @@ impl<H: Handler> Faulty<H> {
         self
     }
 
-    /// Waits this long after the handler returned (its effect made) and
-    /// before the runtime records it: a window in which to crash the consumer
-    /// between the effect and its completion.
+    /// Waits this long after the handler returned (with success or not) and
+    /// before the runtime records its outcome: a window in which to crash the
+    /// consumer between an external effect and its completion. (A
+    /// [`StagedOnly`](Effects::StagedOnly) handler's writes commit with that
+    /// record, after the pause.)
     pub fn pause_after(mut self, pause: Duration) -> Self {
         self.pause_after = pause;
         self

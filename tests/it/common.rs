@@ -279,6 +279,14 @@ pub fn ledger_binary(env: &[(&str, &str)]) -> PathBuf {
         "LEDGER_PANIC_PERCENT",
         "LEDGER_MUTANT",
     ];
+    const SETTINGS: [&str; 2] = ["LEDGER_TABLE", "LEDGER_FORWARD_QUEUE_URL"];
+    // A knob nobody reads would leave a test without its fault.
+    for (k, _) in env {
+        assert!(
+            !k.starts_with("LEDGER_") || KNOBS.contains(k) || SETTINGS.contains(k),
+            "{k} is neither a ledger setting nor a fault knob of faulty-ledger"
+        );
+    }
     let faulty = env.iter().any(|(k, _)| KNOBS.contains(k));
     binary(if faulty { "faulty-ledger" } else { "ledger" })
 }

@@ -238,7 +238,7 @@ async fn the_payment_client_calls_only_an_api_whose_certificate_it_trusts() {
     let Outcome::Retry { reason, .. } = &outcome else {
         panic!("an untrusted certificate must be a retry: {outcome:?}");
     };
-    assert!(reason.contains("outcome unknown"), "{reason}");
+    assert!(reason.contains("nothing sent"), "{reason}");
     assert!(api.requests().is_empty(), "no request reached the API");
 
     let roots = std::fs::read(&api.ca_file).unwrap();
@@ -248,4 +248,66 @@ async fn the_payment_client_calls_only_an_api_whose_certificate_it_trusts() {
         .await;
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
     assert_eq!(api.charges(), 1);
+}
+
+/// A TLS server on 127.0.0.1 that answers every request with `status` and
+/// `Location: target`; its URL and its certificate's PEM.
+async fn redirecting(status: u16, target: String) -> (String, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let (tls, pem) = crate::common::self_signed_tls();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (tls, target) = (tls.clone(), target.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = tls.accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |_| {
+                    let mut answer = hyper::Response::new(http_body_util::Full::new(
+                        bytes::Bytes::from_static(b"moved"),
+                    ));
+                    *answer.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                    answer
+                        .headers_mut()
+                        .insert("location", target.parse().unwrap());
+                    async move { Ok::<_, std::convert::Infallible>(answer) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, pem)
+}
+
+/// A redirect is the API's answer, never followed: a 301 would turn the
+/// charge into a GET whose answer would be taken for the charge, a 308 would
+/// post it to another host that keeps its own idempotency keys. The message
+/// is parked with a reason that says to check the payment by its key.
+#[tokio::test]
+async fn a_redirect_is_never_followed_and_parks_the_payment() {
+    use sqs_once::{MemoryStore, Message, Outcome, Processor, ProcessorConfig};
+    use sqs_once_example_payments::PaymentHandler;
+
+    let api = StubApi::start().await;
+    let api_pem = std::fs::read_to_string(&api.ca_file).unwrap();
+    for status in [301, 308] {
+        let (url, pem) = redirecting(status, format!("{}/charges", api.url)).await;
+        let roots = format!("{pem}{api_pem}");
+        let mut config = ProcessorConfig::new("payments");
+        config.key_source = "json:/id".parse().unwrap();
+        let handler = PaymentHandler::new(&url, Some(roots.as_bytes())).unwrap();
+        let processor = Processor::new(MemoryStore::default(), handler, config).unwrap();
+        let outcome = processor
+            .process(Message::new("m-1", payment("pay-moved", 100)))
+            .await;
+        let Outcome::Park { reason, .. } = &outcome else {
+            panic!("a {status} must park the payment: {outcome:?}");
+        };
+        assert!(reason.contains(&format!("answered {status}")), "{reason}");
+        assert!(reason.contains("check the payment"), "{reason}");
+    }
+    assert!(api.requests().is_empty(), "no redirect was followed");
 }

@@ -11,13 +11,14 @@ use std::sync::Mutex;
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 
 /// The path of the workspace's binary `name` (`ledger` and `payments` of the
-/// example crates, `sqs-once` of `sqs-once-cli`), built for this test's profile
+/// example crates, `faulty-ledger` and `faulty-payments` of `tests/consumers`,
+/// `sqs-once` of `sqs-once-cli`), built for this test's profile
 /// into the test executable's target directory.
 ///
 /// The root package's tests cannot name another package's binary with
 /// `CARGO_BIN_EXE_*`, so the first call in a process runs `$CARGO build
 /// --workspace --bins` (it inherits `SQS_ONCE_MUTANTS`, so the chaos
-/// harness's `ledger` has the mutants when the harness has); later calls reuse it. Every binary comes from that one build so
+/// harness's `faulty-ledger` has the mutants when the harness has); later calls reuse it. Every binary comes from that one build so
 /// that they share one feature resolution: `cargo build -p
 /// sqs-once-example-ledger` alone resolves `hyper` without the CLI's `server`
 /// feature, and so builds the whole AWS SDK a second time. Panics with the

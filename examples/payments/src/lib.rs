@@ -10,7 +10,8 @@
 //! the redelivery calls again **with the same idempotency key**, and an API
 //! that honours it (Stripe and most payment APIs do) answers with the first
 //! charge. Answers map to the protocol: 2xx is done; 409, 429, 5xx, a timeout
-//! or no answer are retried; any other 4xx (declined, invalid) is permanent.
+//! or no answer are retried; any other status (declined, invalid, a
+//! redirect) is permanent.
 
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
@@ -33,21 +34,24 @@ pub struct PaymentEvent {
 }
 
 /// The payment handler: an HTTPS-only client (rustls) with a 10 s bound on
-/// each call, answer included.
+/// each call, answer included, that follows no redirect.
 #[derive(Debug, Clone)]
 pub struct PaymentHandler {
     charges_url: String,
     client: reqwest::Client,
 }
 
-/// A set-up error (a URL that is not `https://`, a CA that does not parse).
+/// A set-up error (a URL that is not `https://`, a CA file with no
+/// certificate in it).
 pub type SetupError = Box<dyn std::error::Error + Send + Sync>;
 
 impl PaymentHandler {
     /// A handler calling `{base_url}/charges`, trusting the system's roots
-    /// and the PEM certificates in `extra_roots` (a private CA).
+    /// and the PEM certificates in `extra_roots` (a private CA). On Linux,
+    /// `SSL_CERT_FILE` or `SSL_CERT_DIR`, when set, replace the system's roots.
     pub fn new(base_url: &str, extra_roots: Option<&[u8]>) -> Result<Self, SetupError> {
-        if !base_url.starts_with("https://") {
+        let url = reqwest::Url::parse(base_url).map_err(|e| format!("{base_url:?}: {e}"))?;
+        if url.scheme() != "https" || url.host_str().is_none() {
             return Err(
                 format!("{base_url:?}: the payment API is called over https:// only").into(),
             );
@@ -56,8 +60,13 @@ impl PaymentHandler {
             Some(pem) => reqwest::Certificate::from_pem_bundle(pem)?,
             None => Vec::new(),
         };
+        if extra_roots.is_some() && roots.is_empty() {
+            return Err("the extra roots hold no PEM certificate".into());
+        }
         let client = reqwest::Client::builder()
             .https_only(true)
+            // A redirect is the API's answer, not a place to post a charge.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(10))
             .tls_certs_merge(roots)
             .build()?;
@@ -93,17 +102,32 @@ impl Handler for PaymentHandler {
         if let Some(traceparent) = ctx.traceparent() {
             request = request.header("traceparent", traceparent);
         }
-        // No answer, or one cut off: the charge may have been made; the
-        // retry asks again with the same key.
-        let unknown = |e: reqwest::Error| {
-            HandlerError::retry(format!(
-                "payment API: {e}; outcome unknown, retried with the same key"
-            ))
-        };
-        let response = request.send().await.map_err(unknown)?;
+        let response = request.send().await.map_err(failed)?;
         let status = response.status().as_u16();
-        let answer = read_bounded(response, MAX_ANSWER).await.map_err(unknown)?;
+        let answer = read_bounded(response, MAX_ANSWER).await.map_err(failed)?;
         outcome(status, &answer).map(Some)
+    }
+}
+
+/// A failed call's outcome: a request that cannot be made is permanent; no
+/// connection means nothing was sent; any other failure (no answer, one cut
+/// off, a timeout) may have charged. Both are retried with the same key.
+fn failed(e: reqwest::Error) -> HandlerError {
+    let e = e.without_url();
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        why = format!("{why}: {cause}");
+        source = cause.source();
+    }
+    if e.is_builder() {
+        HandlerError::permanent(format!("payment request cannot be made: {why}"))
+    } else if e.is_connect() {
+        HandlerError::retry(format!("payment API not reached, nothing sent: {why}"))
+    } else {
+        HandlerError::retry(format!(
+            "payment API: {why}; outcome unknown, retried with the same key"
+        ))
     }
 }
 
@@ -155,7 +179,7 @@ fn quoted(answer: &Answer) -> String {
 
 /// The protocol's answer to the API's `status` and answer: the charge (2xx
 /// with JSON), a retry (409, 429, 5xx, an unreadable 2xx) or a permanent
-/// failure (any other 4xx, a 2xx too long to be a charge).
+/// failure (any other status: a refusal, a redirect; a 2xx too long to be a charge).
 pub fn outcome(status: u16, answer: &Answer) -> Result<serde_json::Value, HandlerError> {
     if (200..300).contains(&status) {
         if answer.cut {
@@ -170,6 +194,12 @@ pub fn outcome(status: u16, answer: &Answer) -> Result<serde_json::Value, Handle
                 quoted(answer)
             ))
         });
+    }
+    if (300..400).contains(&status) {
+        return Err(HandlerError::permanent(format!(
+            "payment API answered {status} (a redirect, not followed): {}; check the payment by its idempotency key before sending it again",
+            quoted(answer)
+        )));
     }
     let why = format!("payment API answered {status}: {}", quoted(answer));
     if status == 409 || status == 429 || status >= 500 {
@@ -240,6 +270,9 @@ mod tests {
     fn only_https_is_called() {
         let e = PaymentHandler::new("http://payments.example", None).unwrap_err();
         assert!(e.to_string().contains("https:// only"), "{e}");
+        assert!(PaymentHandler::new("https://host:443x", None).is_err());
+        let e = PaymentHandler::new("https://payments.example", Some(b"not PEM")).unwrap_err();
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
         assert!(PaymentHandler::new("https://payments.example/", None).is_ok());
     }
 }

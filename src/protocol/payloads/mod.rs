@@ -99,11 +99,7 @@ impl PayloadError {
     }
 
     /// Keeps the underlying error as the source.
-    #[cfg(feature = "s3-payloads")]
-    pub(crate) fn with_source(
-        mut self,
-        source: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
         self
     }
