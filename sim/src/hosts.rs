@@ -21,9 +21,7 @@ use crate::deliveries::Deliveries;
 use crate::faults::{FaultPlan, FaultyQueue, Life, Link};
 use crate::stores::{Backend, HostQueue, HostStore};
 use crate::trace::Trace;
-use crate::world::{
-    ConsumerSpec, FUNCTION_TIMEOUT, Gauge, Runtime, Scenario, SimApi, SimHandler, VISIBILITY,
-};
+use crate::world::{ConsumerSpec, Gauge, Runtime, Scenario, SimApi, SimHandler};
 
 /// True time at the start of every run (a fixed instant: no wall clock).
 pub fn epoch() -> SystemTime {
@@ -59,6 +57,27 @@ pub struct World {
     pub deliveries: Deliveries,
     /// The messages each event was sent as (accepted sends).
     pub sent: std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>,
+    /// Records DynamoDB's TTL deleted, in order.
+    pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
+}
+
+impl World {
+    /// Every event's record as last written: the store's, and those TTL
+    /// deleted since (the last deleted, where the store has none now), by
+    /// key.
+    pub fn records(&self) -> Vec<sqs_once::Record> {
+        let mut all: std::collections::BTreeMap<String, sqs_once::Record> = self
+            .swept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|r| (r.pk.clone(), r.clone()))
+            .collect();
+        for r in self.store.records() {
+            all.insert(r.pk.clone(), r);
+        }
+        all.into_values().collect()
+    }
 }
 
 /// What the scheduler tells a host.
@@ -96,7 +115,7 @@ fn processor_config(scenario: &Scenario) -> ProcessorConfig {
     config.lease_margin = Duration::from_secs(3);
     config.backoff_base = Duration::from_secs(1);
     config.backoff_max = Duration::from_secs(60);
-    config.ttl = Duration::from_secs(24 * 3600);
+    config.ttl = scenario.ttl;
     config
 }
 
@@ -121,7 +140,7 @@ impl Generation {
             claim_stages: world.scenario.claim_stages,
             next_url: world.next_url.clone(),
             calm_cap: matches!(spec.runtime, crate::world::Runtime::Lambda { .. })
-                .then_some(crate::world::FUNCTION_TIMEOUT / 2),
+                .then_some(world.scenario.deployment.function_timeout / 2),
         };
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
@@ -246,7 +265,8 @@ async fn run_poller(
     let mut config = PollerConfig::new(&world.url);
     config.dlq_url = Some(world.dlq_url.clone());
     config.concurrency = concurrency;
-    config.drain = Duration::from_secs(10);
+    config.prefetch = world.scenario.deployment.prefetch;
+    config.drain = world.scenario.deployment.drain;
     let shutdown = CancellationToken::new();
     let run = sqs_once::poller::run(
         generation.queue,
@@ -348,7 +368,7 @@ async fn invocations(
     let request = ReceiveRequest {
         max: batch,
         wait: Duration::from_secs(20),
-        visibility: VISIBILITY,
+        visibility: world.scenario.deployment.visibility,
     };
     while !stop.is_cancelled() {
         let received = tokio::select! {
@@ -377,7 +397,7 @@ async fn invoke(
     esm: &FaultyQueue<MemoryQueue>,
     messages: Vec<Message>,
 ) {
-    let deadline = Instant::now() + FUNCTION_TIMEOUT;
+    let deadline = Instant::now() + world.scenario.deployment.function_timeout;
     let event = lambda_event(&messages);
     let answer = tokio::time::timeout_at(deadline, adapter.handle_until(event, deadline)).await;
     let failed: Vec<String> = match answer {

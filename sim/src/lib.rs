@@ -55,7 +55,7 @@ use crate::deliveries::Deliveries;
 use crate::faults::{Dice, FaultCounts, Link};
 use crate::hosts::{Command, HostReport, World};
 use crate::trace::Trace;
-use crate::world::{Action, MAX_MESSAGE_BYTES, Scenario, SimApi, VISIBILITY};
+use crate::world::{Action, MAX_MESSAGE_BYTES, Scenario, SimApi};
 
 /// When faults stop and the run settles.
 pub(crate) const CALM_AT: Duration = Duration::from_secs(15 * 60);
@@ -95,6 +95,12 @@ pub struct Report {
     pub redriven: u64,
     /// The store the run used: the memory store, or `DynamoStore` over the wire.
     pub path: stores::StorePath,
+    /// Events applied again after TTL ended their record (the documented
+    /// limit; see [`check::after_ttl`]).
+    pub after_ttl: usize,
+    /// Overlapping API calls of one key in a run with a skew beyond the
+    /// margin (see [`check::overlapping`]).
+    pub overlapping: usize,
 }
 
 /// Runs one seed on a fresh single-threaded runtime with paused time, on
@@ -150,6 +156,17 @@ fn subscriber(trace: &Trace) -> tracing::subscriber::DefaultGuard {
 /// Mixed into the seed for the dice of the knobs drawn apart
 /// ([`Scenario::draw_knobs`]).
 const KNOBS: u64 = 0x6b6e_6f62_735f_7631;
+/// Mixed into the seed for the dice of the deployment
+/// ([`world::Deployment::draw`]).
+const DEPLOYMENT: u64 = 0x6465_706c_6f79_5f31;
+/// Mixed into the seed for the dice of the records' TTL
+/// ([`Scenario::draw_ttl`]).
+const TTL_KNOB: u64 = 0x7474_6c5f_6b6e_6f62;
+/// Mixed into the seed for the dice of a skew beyond the margin
+/// ([`Scenario::draw_skew_beyond_margin`]).
+const SKEW_KNOB: u64 = 0x736b_6577_5f6b_6e6f;
+/// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
+const TTL_SWEEP: u64 = 0x7474_6c5f_7377_6565;
 
 fn create_queues(queue: &MemoryQueue, scenario: &Scenario) -> (String, String) {
     let (fifo, might) = (scenario.fifo, scenario.might);
@@ -162,7 +179,7 @@ fn create_queues(queue: &MemoryQueue, scenario: &Scenario) -> (String, String) {
         .unwrap_or_else(|e| panic!("the simulator's DLQ settings are valid: {e}"));
     let mut source = QueueSettings::new(format!("sim{suffix}"));
     source.max_message_bytes = MAX_MESSAGE_BYTES;
-    source.visibility_timeout = VISIBILITY;
+    source.visibility_timeout = scenario.deployment.visibility;
     source.redrive = Some(RedrivePolicy {
         dlq_url: dlq_url.clone(),
         max_receive_count: scenario.max_receive_count,
@@ -191,6 +208,10 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
     if std::env::var_os("SIM_DRAW_MAX_RECEIVE").is_some() {
         scenario.draw_knobs(&Dice::new(seed ^ KNOBS));
     }
+    scenario.deployment =
+        world::Deployment::draw(&Dice::new(seed ^ DEPLOYMENT), scenario.heartbeat);
+    scenario.draw_ttl(&Dice::new(seed ^ TTL_KNOB));
+    scenario.draw_skew_beyond_margin(&Dice::new(seed ^ SKEW_KNOB));
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, &scenario);
@@ -209,7 +230,10 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
     let store = stores::Backend::new(path);
     trace.event(format!("store path: {path:?}"));
     Arc::new(World {
-        api: SimApi::new(trace.clone(), completed_in(store.clone())),
+        api: SimApi::new(
+            trace.clone(),
+            completed_in(store.clone(), clock_grace(&scenario)),
+        ),
         store,
         queue,
         url,
@@ -221,7 +245,58 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
         scenario,
         deliveries: Deliveries::default(),
         sent: Mutex::default(),
+        swept: Mutex::default(),
     })
+}
+
+/// The most a host's clock runs ahead of true time, plus a second (records
+/// keep `expires_at` in whole seconds): how early a host may take a record
+/// for expired.
+fn clock_grace(scenario: &Scenario) -> Duration {
+    let ahead = scenario
+        .consumers
+        .iter()
+        .map(|c| c.skew_ms.max(0).unsigned_abs())
+        .max()
+        .unwrap_or(0);
+    Duration::from_millis(ahead + 1000)
+}
+
+/// DynamoDB's TTL deletion, in a run whose records expire
+/// ([`Scenario::draw_ttl`]): every 30 s, deletes each record whose delay
+/// past its `expires_at` has come. Each expiry's delay is drawn once from a
+/// dice of its own: minutes to days (DynamoDB deletes expired items
+/// typically within a few days), half of them within half an hour.
+async fn sweep(world: Arc<World>, seed: u64) {
+    let dice = Dice::new(seed ^ TTL_SWEEP);
+    let mut delays: std::collections::BTreeMap<(String, i64), i64> = Default::default();
+    let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
+    let start = world.trace.start();
+    loop {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let now_ms = epoch_ms + i64::try_from(start.elapsed().as_millis()).unwrap_or(0);
+        let deleted = world.store.sweep_expired(now_ms, |pk, expires_s| {
+            let delay = *delays.entry((pk.to_owned(), expires_s)).or_insert_with(|| {
+                let (lo, hi) = match dice.int(0, 9) {
+                    0..=4 => (60, 1800),
+                    5..=7 => (1800, 6 * 3600),
+                    _ => (6 * 3600, 3 * 24 * 3600),
+                };
+                i64::try_from(dice.int(lo, hi)).unwrap_or(0) * 1000
+            });
+            expires_s.saturating_mul(1000) + delay <= now_ms
+        });
+        for r in deleted {
+            world
+                .trace
+                .event(format!("TTL deleted {} ({:?})", r.pk, r.status));
+            world
+                .swept
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(r);
+        }
+    }
 }
 
 /// One run, inside the paused runtime.
@@ -237,6 +312,9 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
     let (senders, tasks) = start_hosts(&world, &links);
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
     let producer = tokio::spawn(produce(world.clone(), accepted.clone()));
+    // Only where records expire: other runs keep their schedules.
+    let sweeper =
+        (world.scenario.ttl != world::TTL).then(|| tokio::spawn(sweep(world.clone(), seed)));
     let scheduled = schedule(&world, &links, &senders).await;
     tokio::time::sleep_until(started + CALM_AT).await;
     calm.store(true, Ordering::Relaxed);
@@ -251,32 +329,21 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
     if redriven > 0 {
         settled &= settle(&world).await;
     }
-    for tx in &senders {
-        let _ = tx.send(Command::Stop);
-    }
-    let mut reports = Vec::new();
-    for t in tasks {
-        reports.push(t.await.unwrap_or_default());
+    let reports = stop_hosts(&senders, tasks).await;
+    if let Some(sweeper) = sweeper {
+        sweeper.abort();
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    // A chained run's second stage: what the outbox sent, then consumed.
-    let next = match &world.next_url {
-        Some(url) => {
-            let sent = world.queue.contents(url);
-            let (applied, left) = second_stage(&world, url).await;
-            Some(check::SecondStage {
-                sent,
-                applied,
-                left,
-            })
-        }
-        None => None,
-    };
+    let next = next_stage(&world).await;
     let mut evidence = evidence(&world, &accepted, &reports, before);
     evidence.next = next;
     let mut violations = check::check(&evidence);
     let exhausted = check::exhausted(&evidence).len();
     let stranded = check::stranded(&evidence).len();
+    let (after_ttl, overlapping) = (
+        check::after_ttl(&evidence).len(),
+        check::overlapping(&evidence),
+    );
     if exhausted > 0 && counts.total() + scheduled == 0 {
         violations.push(format!(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
@@ -303,7 +370,36 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
         stranded,
         virtual_time: started.elapsed(),
         path,
+        after_ttl,
+        overlapping,
     }
+}
+
+/// Stops every host (each drains) and collects their reports.
+async fn stop_hosts(
+    senders: &[mpsc::UnboundedSender<Command>],
+    tasks: Vec<tokio::task::JoinHandle<HostReport>>,
+) -> Vec<HostReport> {
+    for tx in senders {
+        let _ = tx.send(Command::Stop);
+    }
+    let mut reports = Vec::new();
+    for t in tasks {
+        reports.push(t.await.unwrap_or_default());
+    }
+    reports
+}
+
+/// A chained run's second stage: what the outbox sent, then consumed.
+async fn next_stage(world: &World) -> Option<check::SecondStage> {
+    let url = world.next_url.as_ref()?;
+    let sent = world.queue.contents(url);
+    let (applied, left) = second_stage(world, url).await;
+    Some(check::SecondStage {
+        sent,
+        applied,
+        left,
+    })
 }
 
 /// The run's faults by class: call faults, then scheduled actions by kind.
@@ -447,10 +543,13 @@ async fn schedule(
 
 /// When `event`'s record in `store` was completed (ms from the run's start),
 /// if it says `COMPLETED`.
-fn completed_in(store: stores::Backend) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
+fn completed_in(
+    store: stores::Backend,
+    grace: Duration,
+) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     let start = Instant::now();
-    move |event: &str| store.completed_ms(&format!("sim#{event}"), epoch_ms, start)
+    move |event: &str| store.completed_ms(&format!("sim#{event}"), (epoch_ms, start), grace)
 }
 
 /// Moves everything in the DLQ back to the source queue with the library's
@@ -584,7 +683,7 @@ impl Before {
                 outcomes.contains("completed") || outcomes.contains("duplicate")
             })
             .collect();
-        let all = world.store.records();
+        let all = world.records();
         Self {
             dlq,
             records: all.iter().map(|r| (event_of_record(r), r.status)).collect(),
@@ -622,9 +721,9 @@ fn event_of_record(r: &sqs_once::Record) -> String {
     r.pk.trim_start_matches("sim#").to_owned()
 }
 
-/// Every record's status, by event.
-fn records(store: &stores::Backend) -> std::collections::BTreeMap<String, sqs_once::Status> {
-    store
+/// Every record's status (as last written: see [`World::records`]), by event.
+fn records(world: &World) -> std::collections::BTreeMap<String, sqs_once::Status> {
+    world
         .records()
         .iter()
         .map(|r| (event_of_record(r), r.status))
@@ -638,9 +737,9 @@ fn evidence<'a>(
     before: Before,
 ) -> check::Evidence<'a> {
     let rows = world.store.rows();
-    let all = world.store.records();
+    let all = world.records();
     let event = event_of_record;
-    let records = records(&world.store);
+    let records = records(world);
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     let unfinished = all
         .iter()
@@ -657,6 +756,13 @@ fn evidence<'a>(
         })
         .collect();
     let charged = world.api.charges().into_values().collect();
+    let start = world.trace.start();
+    let ended_by_ttl = world
+        .store
+        .ended_by_ttl((epoch_ms, start), clock_grace(&world.scenario))
+        .into_iter()
+        .map(|(pk, n)| (pk.trim_start_matches("sim#").to_owned(), n))
+        .collect();
     check::Evidence {
         scenario: &world.scenario,
         accepted,
@@ -692,6 +798,7 @@ fn evidence<'a>(
         outcome_at: world.trace.outcome_times(),
         start: world.trace.start(),
         next: None,
+        ended_by_ttl,
         early_sends: world
             .early_sends
             .lock()

@@ -4,7 +4,7 @@
 //! model). [`Backend`] is what the checker reads, [`HostStore`] what a
 //! host's processor calls.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,11 @@ use crate::faults::{FaultyStore, Life, Link};
 use crate::wire::dynamodb::DynamoModel;
 use crate::wire::expr::{Av, Item};
 use crate::wire::{self, Service, Wire};
+
+/// Milliseconds of tokio time since `start`.
+fn ms_since(start: tokio::time::Instant) -> i64 {
+    i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX / 2)
+}
 
 /// Which store a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,29 +156,84 @@ impl Backend {
     }
 
     /// When the record `pk` became `COMPLETED`, in ms from `start` (the run's
-    /// start, when true time read `epoch_ms`), if it says so now. The memory
-    /// store stamps its records when it applies a write; on the wire the
-    /// record's `completed_at` is the writer's clock when it built the
-    /// request (before a pause, or a resend after an attempt timeout), so
-    /// the model's own time of the change is used.
+    /// start, when true time read `epoch_ms`), if it says so now and has not
+    /// expired: a record past its `expires_at` (by true time plus `grace`,
+    /// the most a host's clock runs ahead) is gone to the protocol, whether
+    /// or not TTL has deleted it yet. The memory store stamps its records
+    /// when it applies a write; on the wire the record's `completed_at` is
+    /// the writer's clock when it built the request (before a pause, or a
+    /// resend after an attempt timeout), so the model's own time of the
+    /// change is used.
     pub fn completed_ms(
         &self,
         pk: &str,
-        epoch_ms: i64,
-        start: tokio::time::Instant,
+        (epoch_ms, start): (i64, tokio::time::Instant),
+        grace: Duration,
     ) -> Option<u128> {
+        let now_ms = epoch_ms + ms_since(start) + i64::try_from(grace.as_millis()).unwrap_or(0);
+        let record = self
+            .records()
+            .into_iter()
+            .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
+            .filter(|r| r.expires_at_s.saturating_mul(1000) >= now_ms)?;
         match self {
-            Self::Memory(s) => s
-                .records()
-                .iter()
-                .find(|r| r.pk == pk && r.status == sqs_once::Status::Completed)
-                .map(|r| {
-                    u128::try_from(r.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0)
-                }),
+            Self::Memory(_) => Some(
+                u128::try_from(record.completed_at_ms.unwrap_or(epoch_ms) - epoch_ms).unwrap_or(0),
+            ),
             Self::Wire(m) => m
                 .completed_at(pk)
                 .map(|at| at.saturating_duration_since(start).as_millis()),
         }
+    }
+
+    /// DynamoDB's TTL deletion: deletes every record past its `expires_at`
+    /// at true time `now_ms` for which `due(key, expires_at)` says its
+    /// deletion has come; answers the records deleted.
+    pub fn sweep_expired(
+        &self,
+        now_ms: i64,
+        mut due: impl FnMut(&str, i64) -> bool,
+    ) -> Vec<Record> {
+        match self {
+            Self::Memory(s) => s.sweep_expired(now_ms, |r| due(&r.pk, r.expires_at_s)),
+            Self::Wire(m) => m
+                .sweep_expired(wire::TABLE, now_ms.div_euclid(1000), due)
+                .iter()
+                .filter_map(|i| record_from_item(&sdk_item(i)).ok())
+                .collect(),
+        }
+    }
+
+    /// How many times TTL ended each key's `COMPLETED` record: a claim or a
+    /// fast-path commit replaced it after its `expires_at`, or TTL deleted
+    /// it. The memory store judges expiry by the writer's clock, as its
+    /// condition did; the model (whose writers' clocks it does not know) by
+    /// true time plus `grace`, the most a host's clock runs ahead.
+    pub fn ended_by_ttl(
+        &self,
+        (epoch_ms, start): (i64, tokio::time::Instant),
+        grace: Duration,
+    ) -> BTreeMap<String, u32> {
+        let keys = match self {
+            Self::Memory(s) => s.ended_by_ttl(),
+            Self::Wire(m) => m
+                .ended_by_ttl()
+                .into_iter()
+                .filter(|(_, expires_s, at)| {
+                    let true_ms = epoch_ms
+                        + i64::try_from(at.saturating_duration_since(start).as_millis())
+                            .unwrap_or(i64::MAX / 2);
+                    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(0);
+                    expires_s.saturating_mul(1000) < true_ms + grace_ms
+                })
+                .map(|(key, _, _)| key)
+                .collect(),
+        };
+        let mut ends = BTreeMap::new();
+        for key in keys {
+            *ends.entry(key).or_default() += 1;
+        }
+        ends
     }
 
     /// Each claim's lease end as stored, by (key, attempt), on tokio's clock

@@ -16,10 +16,18 @@ use crate::trace::Trace;
 
 /// The longest lease a run draws.
 pub const LEASE: Duration = Duration::from_secs(60);
-/// The source queue's visibility timeout (and the Lambda event source's).
+/// The source queue's visibility timeout (and the Lambda event source's)
+/// where the run keeps the default deployment ([`Deployment`]).
 pub const VISIBILITY: Duration = Duration::from_secs(30);
-/// A Lambda invocation's timeout.
+/// A Lambda invocation's timeout, by default.
 pub const FUNCTION_TIMEOUT: Duration = Duration::from_secs(25);
+/// A poller's receive-ahead (`PollerConfig::prefetch`), by default.
+pub const PREFETCH: usize = 10;
+/// A poller's drain deadline at shutdown, by default.
+pub const DRAIN: Duration = Duration::from_secs(10);
+/// The records' retention (`ProcessorConfig::ttl`) where the run keeps the
+/// default: longer than any run, so no record expires.
+pub const TTL: Duration = Duration::from_secs(24 * 3600);
 /// Receives after which SQS moves a message to the DLQ.
 pub const MAX_RECEIVE_COUNT: u32 = 10;
 /// Both queues' `MaximumMessageSize` (small, so bodies near it are cheap).
@@ -139,6 +147,92 @@ pub struct Scenario {
     /// The source queue's redrive policy's `maxReceiveCount` (drawn from a
     /// dice of its own, see `crate::simulate`).
     pub max_receive_count: u32,
+    /// The queue's and the runtimes' settings (drawn from a dice of their
+    /// own, see [`Deployment::draw`]).
+    pub deployment: Deployment,
+    /// The records' retention, [`TTL`] unless the run draws a short one
+    /// ([`Scenario::draw_ttl`]).
+    pub ttl: Duration,
+    /// A host's clock is off by more than the lease margin
+    /// ([`Scenario::draw_skew_beyond_margin`]): two attempts of a key may
+    /// then overlap, and only fencing still holds.
+    pub skew_beyond_margin: bool,
+}
+
+/// What a deployment sets around the processor: the source queue's
+/// visibility timeout, the Lambda function's timeout, a poller's
+/// receive-ahead and drain deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deployment {
+    /// The source queue's visibility timeout (what the event source mapping
+    /// receives with; a poller receives with its lease).
+    pub visibility: Duration,
+    /// A Lambda invocation's timeout.
+    pub function_timeout: Duration,
+    /// A poller's receive-ahead.
+    pub prefetch: usize,
+    /// A poller's drain deadline at shutdown.
+    pub drain: Duration,
+}
+
+impl Default for Deployment {
+    fn default() -> Self {
+        Self {
+            visibility: VISIBILITY,
+            function_timeout: FUNCTION_TIMEOUT,
+            prefetch: PREFETCH,
+            drain: DRAIN,
+        }
+    }
+}
+
+impl Deployment {
+    /// Draws a deployment from `dice`, a stream of its own (so a seed's
+    /// other draws are unchanged): half the runs keep the defaults, the
+    /// others draw each setting from what a deployment would use. A function
+    /// timeout of 15 s to 2 min (room for a batch of ten handlers of up to
+    /// 1.5 s, and at least twice the Lambda margin, so a record's lease
+    /// keeps the 300 ms margin the skews are drawn within); a visibility
+    /// timeout from above both the function timeout (as the event source
+    /// mapping requires) and the heartbeat (or the poller's start-up check
+    /// warns) to six times the function timeout (the SAM template's ratio);
+    /// a receive-ahead of 0 to 50; a drain of 15 s (below that, plus the 5 s
+    /// cleanup, the long poll's 20 s: the runtime warns) to 90 s.
+    pub fn draw(dice: &Dice, heartbeat: Duration) -> Self {
+        if dice.chance(0.5) {
+            return Self::default();
+        }
+        let function_timeout = dice.millis(Duration::from_secs(15), Duration::from_secs(120));
+        let lowest = function_timeout.max(heartbeat) + Duration::from_secs(1);
+        let visibility = dice.millis(lowest, (6 * function_timeout).max(lowest));
+        let prefetch = [0, 1, 2, 5, 10, 20, 50][dice.int(0, 6) as usize];
+        let drain = dice.millis(Duration::from_secs(15), Duration::from_secs(90));
+        Self {
+            visibility,
+            function_timeout,
+            prefetch,
+            drain,
+        }
+    }
+
+    /// What differs from the defaults, for the run's summary line.
+    fn summary(&self) -> String {
+        let default = Self::default();
+        let mut out = String::new();
+        if self.visibility != default.visibility {
+            out += &format!(", visibility {:?}", self.visibility);
+        }
+        if self.function_timeout != default.function_timeout {
+            out += &format!(", function timeout {:?}", self.function_timeout);
+        }
+        if self.prefetch != default.prefetch {
+            out += &format!(", prefetch {}", self.prefetch);
+        }
+        if self.drain != default.drain {
+            out += &format!(", drain {:?}", self.drain);
+        }
+        out
+    }
 }
 
 /// Swarm knobs: per run, how much of each kind of trouble there is, so that
@@ -188,7 +282,7 @@ impl Scenario {
         let mut consumers = (0..dice.int(1, 4))
             .map(|i| draw_consumer(dice, i))
             .collect::<Vec<_>>();
-        draw_skews(dice, &mut consumers, margin);
+        draw_skews(dice, &mut consumers, lease);
         let plan = FaultPlan {
             error: dice.rate(0.0, 0.15),
             lost: dice.rate(0.0, 0.10),
@@ -238,6 +332,36 @@ impl Scenario {
             claim_stages: dice.chance(0.5),
             might: crate::might::MightPlan::draw(dice),
             max_receive_count: MAX_RECEIVE_COUNT,
+            deployment: Deployment::default(),
+            ttl: TTL,
+            skew_beyond_margin: false,
+        }
+    }
+
+    /// A swarm knob, from a dice of its own: one run in ten sets one host's
+    /// clock off by 1.5 to 10 times the lease margin (a host whose time
+    /// sync failed), beyond what the lease promises to absorb. The others
+    /// keep every skew within the margin ([`draw_skews`]).
+    pub fn draw_skew_beyond_margin(&mut self, dice: &Dice) {
+        if !dice.chance(0.1) {
+            return;
+        }
+        let margin_ms = skew_margin_ms(&self.consumers, self.lease);
+        let host = dice.int(0, self.consumers.len() as u64 - 1) as usize;
+        let off = dice.int(margin_ms * 3 / 2, margin_ms * 10) as i64;
+        self.consumers[host].skew_ms = if dice.chance(0.5) { off } else { -off };
+        self.skew_beyond_margin = true;
+    }
+
+    /// A swarm knob, from a dice of its own: one run in five keeps its
+    /// records only 3 to 20 minutes, short of the late duplicates (up to
+    /// ten minutes after the first send) and of the redrive at the calm
+    /// point, so records expire, DynamoDB's TTL deletes them, and copies
+    /// arrive after their record's TTL (the documented limit). The others
+    /// keep [`TTL`], which no run reaches.
+    pub fn draw_ttl(&mut self, dice: &Dice) {
+        if dice.chance(0.2) {
+            self.ttl = dice.millis(Duration::from_secs(180), Duration::from_secs(1200));
         }
     }
 
@@ -280,7 +404,17 @@ impl Scenario {
             String::new()
         } else {
             format!(", maxReceiveCount {}", self.max_receive_count)
-        }
+        } + &self.deployment.summary()
+            + &if self.ttl == TTL {
+                String::new()
+            } else {
+                format!(", TTL {:?}", self.ttl)
+            }
+            + if self.skew_beyond_margin {
+                ", a skew beyond the margin"
+            } else {
+                ""
+            }
     }
 }
 
@@ -305,19 +439,26 @@ fn draw_consumer(dice: &Dice, i: u64) -> ConsumerSpec {
 /// lease margin. The margin is 3 s, at most a tenth of the lease granted; a
 /// Lambda claim near the end of its invocation gets a lease of 3 s or so (a
 /// record is not started with less left), hence a margin of 300 ms.
-fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec], margin: Duration) {
-    let lambda = consumers
-        .iter()
-        .any(|c| matches!(c.runtime, Runtime::Lambda { .. }));
-    let margin_ms = if lambda {
-        300
-    } else {
-        margin.as_millis() as u64
-    };
+fn draw_skews(dice: &Dice, consumers: &mut [ConsumerSpec], lease: Duration) {
+    let margin_ms = skew_margin_ms(consumers, lease);
     // Each host within 45% of the margin: any two within 90% of it.
     let half = margin_ms * 45 / 100;
     for c in consumers {
         c.skew_ms = dice.int(0, 2 * half) as i64 - half as i64;
+    }
+}
+
+/// The lease margin the skews are measured against: 300 ms where a Lambda
+/// runs (see [`draw_skews`]), else the run's (3 s, at most a tenth of the
+/// lease).
+fn skew_margin_ms(consumers: &[ConsumerSpec], lease: Duration) -> u64 {
+    let lambda = consumers
+        .iter()
+        .any(|c| matches!(c.runtime, Runtime::Lambda { .. }));
+    if lambda {
+        300
+    } else {
+        Duration::from_secs(3).min(lease / 10).as_millis() as u64
     }
 }
 

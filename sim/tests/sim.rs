@@ -272,6 +272,9 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         claim_stages: false,
         might: sqs_once_sim::might::MightPlan::OFF,
         max_receive_count: 10,
+        deployment: sqs_once_sim::world::Deployment::default(),
+        ttl: sqs_once_sim::world::TTL,
+        skew_beyond_margin: false,
     }
 }
 
@@ -310,6 +313,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         start: tokio::time::Instant::now(),
         next: None,
         early_sends: Vec::new(),
+        ended_by_ttl: BTreeMap::new(),
     }
 }
 
@@ -654,4 +658,102 @@ fn the_checker_flags_a_record_left_in_progress_unless_released_and_parked() {
 fn regression_seed_156_a_twin_released_after_its_message_was_parked() {
     let report = run_seed(156, false).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
+/// Seeds 20 (wire path) and 21 (memory path) keep their records minutes
+/// only: DynamoDB's TTL deletes some during the run, copies come after
+/// their record's TTL and apply again (the documented limit, counted), and
+/// nothing else is excused.
+#[test]
+fn runs_whose_records_expire_pass_with_their_ttl_deletions() {
+    for seed in [20, 21] {
+        let report = run_seed(seed, true).unwrap();
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+        assert!(
+            report.trace.iter().any(|l| l.contains("TTL deleted")),
+            "seed {seed}: no record deleted by TTL"
+        );
+    }
+}
+
+#[test]
+fn the_checker_lets_an_event_apply_again_once_per_ttl_end_of_its_record() {
+    let s = scenario(Kind::Staged, false, vec![event(0, "g")]);
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    e.records.insert("evt-0000".into(), Status::Completed);
+    e.rows = vec![
+        fx("evt-0000", "msg-00000001"),
+        fx("evt-0000", "msg-00000002"),
+    ];
+    let v = check(&e);
+    assert!(
+        v.iter().any(|v| v == "evt-0000: effect applied 2 times"),
+        "{v:?}"
+    );
+    e.ended_by_ttl.insert("evt-0000".into(), 1);
+    assert!(check(&e).is_empty(), "{:?}", check(&e));
+    assert_eq!(
+        sqs_once_sim::check::after_ttl(&e),
+        BTreeSet::from(["evt-0000".to_owned()])
+    );
+    e.rows.push(fx("evt-0000", "msg-00000003"));
+    let v = check(&e);
+    assert!(
+        v.iter()
+            .any(|v| v == "evt-0000: effect applied 3 times (its record ended by TTL only 1 times)"),
+        "{v:?}"
+    );
+    assert!(sqs_once_sim::check::after_ttl(&e).is_empty());
+}
+
+#[test]
+fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
+    let mut s = scenario(Kind::External, false, vec![event(0, "g")]);
+    s.skew_beyond_margin = true;
+    s.claim_stages = true;
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    let call = |consumer: &str, start_ms, end_ms| ApiCall {
+        key: "k".into(),
+        event: "evt-0000".into(),
+        message: "msg-00000001".into(),
+        consumer: consumer.into(),
+        attempt: 1,
+        start_ms,
+        end_ms,
+        after_completed: false,
+    };
+    e.calls = vec![call("c0", 0, Some(100)), call("c1", 50, Some(60))];
+    e.charged.insert("evt-0000".into(), 1);
+    e.records.insert("evt-0000".into(), Status::Completed);
+    e.rows = vec![fx("evt-0000", "msg-00000001")];
+    assert!(check(&e).is_empty(), "{:?}", check(&e));
+    assert_eq!(sqs_once_sim::check::overlapping(&e), 1);
+    // Staged effects once and fencing are still required.
+    e.rows.push(fx("evt-0000", "msg-00000001"));
+    e.fencing_breaches = vec!["sim#evt-0000: a write of owner b applied while a held it".into()];
+    let v = check(&e);
+    assert!(
+        v.iter()
+            .any(|v| v == "evt-0000: staged row committed 2 times"),
+        "{v:?}"
+    );
+    assert!(v.iter().any(|v| v.starts_with("fencing broken")), "{v:?}");
+    // Without the skew, the overlap is a violation.
+    s.skew_beyond_margin = false;
+    let mut e = evidence(&s, &acc);
+    e.calls = vec![call("c0", 0, Some(100)), call("c1", 50, Some(60))];
+    e.charged.insert("evt-0000".into(), 1);
+    e.records.insert("evt-0000".into(), Status::Completed);
+    assert!(
+        check(&e).iter().any(|v| v.contains("called by c1")),
+        "{:?}",
+        check(&e)
+    );
+    assert_eq!(sqs_once_sim::check::overlapping(&e), 0);
 }

@@ -89,6 +89,9 @@ fn scenario() -> Scenario {
         claim_stages: false,
         might: sqs_once_sim::might::MightPlan::OFF,
         max_receive_count: 10,
+        deployment: sqs_once_sim::world::Deployment::default(),
+        ttl: sqs_once_sim::world::TTL,
+        skew_beyond_margin: false,
     }
 }
 
@@ -139,6 +142,7 @@ fn verdict_with(
         start: Instant::now(),
         next: None,
         early_sends: Vec::new(),
+        ended_by_ttl: BTreeMap::new(),
     };
     (check(&evidence), stranded(&evidence))
 }

@@ -41,6 +41,12 @@ struct State {
     /// write applied), cut to the instant its release or failure applied.
     /// What the simulator's checker compares external calls with.
     lease_ends: HashMap<(String, u32), tokio::time::Instant>,
+    /// Keys of `COMPLETED` records that TTL ended: replaced by a claim or a
+    /// fast-path commit after their `expires_at` (by the writer's clock), or
+    /// deleted by [`MemoryStore::sweep_expired`]. What the simulator's
+    /// checker reads to tell a duplicate that came after its record's TTL
+    /// (the documented limit) from one applied twice.
+    ended_by_ttl: Vec<String>,
 }
 
 impl Default for MemoryStore {
@@ -89,6 +95,35 @@ impl MemoryStore {
             .collect();
         ends.sort();
         ends
+    }
+
+    /// Keys of `COMPLETED` records that TTL ended (see `State::ended_by_ttl`),
+    /// once per end.
+    pub fn ended_by_ttl(&self) -> Vec<String> {
+        self.lock().ended_by_ttl.clone()
+    }
+
+    /// DynamoDB's TTL deletion, which comes some time after expiry: deletes
+    /// each record past its `expires_at` at `now_ms` for which `due` says
+    /// its deletion has come, and answers the records deleted.
+    pub fn sweep_expired(&self, now_ms: i64, mut due: impl FnMut(&Record) -> bool) -> Vec<Record> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let expired: Vec<String> = state
+            .records
+            .values()
+            .filter(|r| r.expires_at_s < now_ms.div_euclid(1000) && due(r))
+            .map(|r| r.pk.clone())
+            .collect();
+        let mut deleted: Vec<Record> = expired
+            .iter()
+            .filter_map(|pk| state.records.remove(pk))
+            .collect();
+        deleted.sort_by(|a, b| a.pk.cmp(&b.pk));
+        for r in deleted.iter().filter(|r| r.status == Status::Completed) {
+            state.ended_by_ttl.push(r.pk.clone());
+        }
+        deleted
     }
 
     /// Every record, by key.
@@ -182,6 +217,11 @@ fn expires_at(now_ms: i64, ttl: Duration) -> i64 {
     now_ms.div_euclid(1000) + i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2)
 }
 
+/// A `COMPLETED` record past its `expires_at` at `now_ms`.
+fn completed_and_expired(r: &Record, now_ms: i64) -> bool {
+    r.status == Status::Completed && r.expires_at_s < now_ms.div_euclid(1000)
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
@@ -221,6 +261,9 @@ impl DedupStore for MemoryStore {
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         let error = old.and_then(|o| o.error.clone());
+        if old.is_some_and(|o| completed_and_expired(o, now_ms)) {
+            state.ended_by_ttl.push(req.pk.clone());
+        }
         state.lease_ends.insert(
             (req.pk.clone(), attempts),
             tokio::time::Instant::now() + req.lease,
@@ -373,6 +416,9 @@ impl DedupStore for MemoryStore {
             return Ok(c.conflict(old, now_ms));
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
+        if old.is_some_and(|o| completed_and_expired(o, now_ms)) {
+            state.ended_by_ttl.push(c.pk.clone());
+        }
         state.records.insert(
             c.pk.clone(),
             Record {

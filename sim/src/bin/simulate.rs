@@ -97,6 +97,8 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         fault_classes: Vec::new(),
         redriven: 0,
         path: StorePath::of(seed),
+        after_ttl: 0,
+        overlapping: 0,
     };
     match outcome {
         Ok(Ok(report)) => report,
@@ -226,8 +228,8 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         .map_or(args.from, |c| c.next_seed.max(args.from));
     let mutant = args.mutant.as_deref();
     let started = Instant::now();
-    let (mut ran, mut failed, mut faults) = (0u64, 0u64, 0u64);
-    let (mut exhausted, mut stranded) = (0u64, 0u64);
+    let (mut ran, mut failed) = (0u64, 0u64);
+    let mut totals = Totals::default();
     let mut seed = from;
     let mut paths = Paths::default();
     while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
@@ -248,9 +250,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
             c.add(seed, &report);
         }
         ran += 1;
-        faults += report.faults;
-        exhausted += report.exhausted as u64;
-        stranded += report.stranded as u64;
+        totals.add(&report);
         if !report.violations.is_empty() {
             failed += 1;
             println!(
@@ -277,11 +277,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         return ExitCode::from(2);
     }
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "{ran} seeds ({from}..{seed}) in {secs:.1}s: {:.1} seeds/s, {:.1} faults per run, {failed} failed ({exhausted} events redriven to the DLQ by SQS under faults; {stranded} completed messages redriven because no delete could land in time)",
-        ran as f64 / secs.max(1e-9),
-        faults as f64 / ran.max(1) as f64
-    );
+    totals.print((from, seed, ran), failed, secs);
     paths.print(ran, secs);
     match (mutant, failed) {
         (Some(m), _) => {
@@ -290,6 +286,41 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         }
         (None, 0) => ExitCode::SUCCESS,
         (None, _) => ExitCode::FAILURE,
+    }
+}
+
+/// What the seeds of a search added up to, for the summary.
+#[derive(Debug, Default)]
+struct Totals {
+    faults: u64,
+    exhausted: u64,
+    stranded: u64,
+    after_ttl: u64,
+    overlapping: u64,
+}
+
+impl Totals {
+    fn add(&mut self, report: &Report) {
+        self.faults += report.faults;
+        self.exhausted += report.exhausted as u64;
+        self.stranded += report.stranded as u64;
+        self.after_ttl += report.after_ttl as u64;
+        self.overlapping += report.overlapping as u64;
+    }
+
+    /// The summary of seeds `from..to` (`ran` of them, `failed` failing).
+    fn print(&self, (from, to, ran): (u64, u64, u64), failed: u64, secs: f64) {
+        println!(
+            "{ran} seeds ({from}..{to}) in {secs:.1}s: {:.1} seeds/s, {:.1} faults per run, {failed} failed ({} events redriven to the DLQ by SQS under faults; {} completed messages redriven because no delete could land in time)",
+            ran as f64 / secs.max(1e-9),
+            self.faults as f64 / ran.max(1) as f64,
+            self.exhausted,
+            self.stranded
+        );
+        println!(
+            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin",
+            self.after_ttl, self.overlapping
+        );
     }
 }
 

@@ -209,6 +209,12 @@ struct State {
     /// model's time, not the writer's `:now_ms`, which a paused or resent
     /// request carries from before it was applied).
     completions: HashMap<String, Instant>,
+    /// `COMPLETED` records of the fenced table that a write replaced with
+    /// another owner's (a claim or a fast-path commit, which the store's
+    /// conditions allow only past `expires_at` by the writer's clock): the
+    /// key, the old `expires_at` and when. And records TTL deleted
+    /// ([`DynamoModel::sweep_expired`]), with the instant they were deleted.
+    ended_by_ttl: Vec<(String, i64, Instant)>,
     /// Requests applied (not answered from a token).
     applied: u64,
 }
@@ -332,6 +338,49 @@ impl DynamoModel {
     /// When the record `key` of the fenced table became `COMPLETED`, if it is.
     pub fn completed_at(&self, key: &str) -> Option<Instant> {
         self.lock().completions.get(key).copied()
+    }
+
+    /// `COMPLETED` records replaced by another owner's write or deleted by
+    /// TTL: (key, their `expires_at`, when).
+    pub fn ended_by_ttl(&self) -> Vec<(String, i64, Instant)> {
+        self.lock().ended_by_ttl.clone()
+    }
+
+    /// DynamoDB's TTL deletion, which comes some time after expiry: deletes
+    /// each item of `table` whose TTL attribute is below `now_s` and for
+    /// which `due(key, expires_at)` says its deletion has come; answers the
+    /// items deleted.
+    pub fn sweep_expired(
+        &self,
+        table: &str,
+        now_s: i64,
+        mut due: impl FnMut(&str, i64) -> bool,
+    ) -> Vec<Item> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(t) = state.tables.get_mut(table) else {
+            return Vec::new();
+        };
+        let Some(attr) = t.ttl.clone() else {
+            return Vec::new();
+        };
+        let expired: Vec<(String, i64)> = t
+            .items
+            .iter()
+            .filter_map(|(k, i)| Some((k.clone(), number(i.get(&attr)?)?)))
+            .filter(|(k, at)| *at < now_s && due(k, *at))
+            .collect();
+        let mut deleted = Vec::new();
+        for (key, at) in expired {
+            let Some(item) = t.items.remove(&key) else {
+                continue;
+            };
+            if state.completions.remove(&key).is_some() {
+                state.ended_by_ttl.push((key, at, Instant::now()));
+            }
+            deleted.push(item);
+        }
+        deleted
     }
 
     /// Requests applied so far (answers from a token not counted).
@@ -541,6 +590,14 @@ impl Write {
     }
 }
 
+/// A number attribute's value, whole.
+fn number(v: &Av) -> Option<i64> {
+    match v {
+        Av::N(n) => n.parse().ok(),
+        _ => None,
+    }
+}
+
 /// Stores the result of a write, noting a fencing breach.
 fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
     if matches!(w.kind, WriteKind::Check) {
@@ -574,14 +631,28 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
     if fenced {
         let completed =
             |i: Option<&Item>| i.and_then(|i| i.get("status")) == Some(&Av::S("COMPLETED".into()));
+        let owner = |i: Option<&Item>| match i.and_then(|i| i.get("owner")) {
+            Some(Av::S(v)) => Some(v.clone()),
+            _ => None,
+        };
+        // Another owner's write over a `COMPLETED` record: a claim or a
+        // fast-path commit after its expiry.
+        let replaced = new.is_some() && owner(new.as_ref()) != owner(old);
+        if completed(old) && replaced {
+            let attr = state.tables.get(&w.table).and_then(|t| t.ttl.clone());
+            let at = old.zip(attr).and_then(|(o, a)| o.get(&a).and_then(number));
+            state
+                .ended_by_ttl
+                .push((w.key.clone(), at.unwrap_or(i64::MAX), Instant::now()));
+        }
         match (completed(old), completed(new.as_ref())) {
-            (false, true) => {
+            (was, true) if !was || replaced => {
                 state.completions.insert(w.key.clone(), Instant::now());
             }
+            (_, true) => {}
             (_, false) => {
                 state.completions.remove(&w.key);
             }
-            (true, true) => {}
         }
     }
     if let (false, WriteKind::Put(item)) = (fenced, &w.kind) {
