@@ -254,8 +254,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 },
             };
             let span = tracing::Span::current();
-            span.record("sqs_once.dedup_key", &*self.config.shown_key(&key));
-            span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
+            // (The record key is computed again where it is written: here
+            // only for a span that records it.)
+            if !span.is_disabled() {
+                span.record("sqs_once.dedup_key", &*self.config.shown_key(&key));
+                span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
+            }
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
