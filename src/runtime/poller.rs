@@ -988,13 +988,25 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     ) {
         self.shared.count(|s| s.received += messages.len() as u64);
         let queue = crate::protocol::trace::queue_name(&self.shared.config.queue_url);
-        let messages: Vec<Message> = messages.into_iter().map(|m| m.with_queue(queue)).collect();
-        let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
         let keys = self.shared.processor.config();
         // (The `fifo-parallel` mutant, for the chaos harness only, runs a
         // FIFO group's messages in parallel.)
         let by_group =
             self.shared.config.is_fifo() && !crate::protocol::mutants::active("fifo-parallel");
+        // A standard queue's lanes are keys: each is read here once, and the
+        // processor takes it as read (the same message, the same key).
+        let messages: Vec<Message> = messages
+            .into_iter()
+            .map(|m| {
+                let m = m.with_queue(queue);
+                if by_group {
+                    m
+                } else {
+                    lanes::with_key(m, keys)
+                }
+            })
+            .collect();
+        let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let lane = Lane::new(self.shared.clone(), lane, permits, received_at);
