@@ -692,17 +692,25 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
         while let Some(first) = self.receipts.recv().await {
             let mut deadline = (Instant::now() + self.wait).min(send_by(&first));
             let mut batch = vec![first];
+            // One timer per batch, moved sooner when a receipt needs it.
+            let timer = tokio::time::sleep_until(deadline);
+            tokio::pin!(timer);
             while batch.len() < SQS_BATCH && deadline > Instant::now() {
-                match tokio::time::timeout_at(deadline, self.receipts.recv()).await {
-                    Ok(Some(f)) => {
-                        if !batch.iter().any(|b| b.receipt == f.receipt) {
-                            deadline = deadline.min(send_by(&f));
-                            batch.push(f);
-                        }
-                    }
-                    // Closed or timed out: send what we have.
-                    Ok(None) | Err(_) => break,
+                let f = tokio::select! {
+                    biased;
+                    f = self.receipts.recv() => f,
+                    () = &mut timer => None,
+                };
+                // Closed or timed out: send what we have.
+                let Some(f) = f else { break };
+                if batch.iter().any(|b| b.receipt == f.receipt) {
+                    continue;
                 }
+                if send_by(&f) < deadline {
+                    deadline = send_by(&f);
+                    timer.as_mut().reset(deadline);
+                }
+                batch.push(f);
             }
             let failed = self.send(&batch).await;
             // Off the loop: the retries of a failed delete (which may go on
@@ -894,19 +902,25 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 () = self.beat_while_full() => self.beat(),
             }
         };
-        let mut held = vec![first];
-        let batch = self.capacity.min(SQS_BATCH);
+        // The rest of the batch in one wait (not one wake-up per place
+        // freed); at `fill_by`, whatever is free.
+        let more = self.capacity.min(SQS_BATCH) - 1;
         let fill_by = Instant::now() + self.shared.config.batch_wait;
-        while held.len() < batch {
-            let more = tokio::select! {
-                biased;
-                () = self.shutdown.cancelled() => return None,
-                p = tokio::time::timeout_at(fill_by, self.places.clone().acquire_owned()) => p,
-            };
-            match more {
-                Ok(p) => held.push(p.expect("semaphore open")),
-                Err(_) => break,
-            }
+        let all = self.places.clone().acquire_many_owned(more as u32);
+        let mut rest = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return None,
+            p = tokio::time::timeout_at(fill_by, all) => match p {
+                Ok(p) => Some(p.expect("semaphore open")),
+                Err(_) => {
+                    let free = self.places.available_permits().min(more);
+                    self.places.clone().try_acquire_many_owned(free as u32).ok()
+                }
+            },
+        };
+        let mut held = vec![first];
+        while let Some(p) = rest.as_mut().and_then(|r| r.split(1)) {
+            held.push(p);
         }
         Some(held)
     }
