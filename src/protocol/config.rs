@@ -195,15 +195,16 @@ impl ProcessorConfig {
     /// [`Self::envelope`].
     /// With [`Self::payload_pointers`], of the values at those pointers.
     pub fn payload_sha256(&self, message: &Message) -> String {
-        let body = match self.opened(message) {
-            Ok(opened) => std::borrow::Cow::Owned(opened.body().to_owned()),
-            Err(_) => std::borrow::Cow::Borrowed(message.body()),
+        let opened = self.opened(message);
+        let body = match &opened {
+            Ok(opened) => opened.body(),
+            Err(_) => message.body(),
         };
         let selected = (!self.payload_pointers.is_empty())
-            .then(|| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .then(|| serde_json::from_str::<serde_json::Value>(body).ok())
             .flatten()
             .map(|payload| selected_parts(&payload, &self.payload_pointers));
-        let hashed = selected.as_deref().unwrap_or(&body);
+        let hashed = selected.as_deref().unwrap_or(body);
         crate::protocol::key::sha256_hex(hashed.as_bytes())
     }
 

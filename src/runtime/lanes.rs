@@ -14,15 +14,27 @@ use crate::Message;
 use crate::protocol::config::ProcessorConfig;
 
 /// The lane a message belongs to: its group on a FIFO queue, else its dedup
-/// key; `None` when it has none (it then runs in a lane of its own). A batch
-/// is split on one kind only (`fifo` is the queue's), so the name needs no
-/// prefix to keep groups and keys apart.
+/// key (as read by [`with_key`], or read now); `None` when it has none (it then runs in a
+/// lane of its own). A batch is split on one kind only (`fifo` is the
+/// queue's), so the name needs no prefix to keep groups and keys apart.
 pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> Option<String> {
     if fifo {
         Some(message.group_id().unwrap_or_default().to_owned())
+    } else if let Some(key) = message.dedup_key() {
+        Some(key.to_owned())
     } else {
         keys.dedup_key(message).ok()
     }
+}
+
+/// `message` with its dedup key read (when it has one), for its lane and
+/// for the processor, which takes a key already read as is when it would
+/// read the same message (no large payload, no envelope to open first).
+pub(crate) fn with_key(mut message: Message, keys: &ProcessorConfig) -> Message {
+    if let Ok(key) = keys.dedup_key(&message) {
+        message.set_dedup_key(key);
+    }
+    message
 }
 
 /// After a FIFO message failed with a retry delay `after` while more of its

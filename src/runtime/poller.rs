@@ -692,17 +692,25 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
         while let Some(first) = self.receipts.recv().await {
             let mut deadline = (Instant::now() + self.wait).min(send_by(&first));
             let mut batch = vec![first];
+            // One timer per batch, moved sooner when a receipt needs it.
+            let timer = tokio::time::sleep_until(deadline);
+            tokio::pin!(timer);
             while batch.len() < SQS_BATCH && deadline > Instant::now() {
-                match tokio::time::timeout_at(deadline, self.receipts.recv()).await {
-                    Ok(Some(f)) => {
-                        if !batch.iter().any(|b| b.receipt == f.receipt) {
-                            deadline = deadline.min(send_by(&f));
-                            batch.push(f);
-                        }
-                    }
-                    // Closed or timed out: send what we have.
-                    Ok(None) | Err(_) => break,
+                let f = tokio::select! {
+                    biased;
+                    f = self.receipts.recv() => f,
+                    () = &mut timer => None,
+                };
+                // Closed or timed out: send what we have.
+                let Some(f) = f else { break };
+                if batch.iter().any(|b| b.receipt == f.receipt) {
+                    continue;
                 }
+                if send_by(&f) < deadline {
+                    deadline = send_by(&f);
+                    timer.as_mut().reset(deadline);
+                }
+                batch.push(f);
             }
             let failed = self.send(&batch).await;
             // Off the loop: the retries of a failed delete (which may go on
@@ -894,19 +902,25 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 () = self.beat_while_full() => self.beat(),
             }
         };
-        let mut held = vec![first];
-        let batch = self.capacity.min(SQS_BATCH);
+        // The rest of the batch in one wait (not one wake-up per place
+        // freed); at `fill_by`, whatever is free.
+        let more = self.capacity.min(SQS_BATCH) - 1;
         let fill_by = Instant::now() + self.shared.config.batch_wait;
-        while held.len() < batch {
-            let more = tokio::select! {
-                biased;
-                () = self.shutdown.cancelled() => return None,
-                p = tokio::time::timeout_at(fill_by, self.places.clone().acquire_owned()) => p,
-            };
-            match more {
-                Ok(p) => held.push(p.expect("semaphore open")),
-                Err(_) => break,
-            }
+        let all = self.places.clone().acquire_many_owned(more as u32);
+        let mut rest = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return None,
+            p = tokio::time::timeout_at(fill_by, all) => match p {
+                Ok(p) => Some(p.expect("semaphore open")),
+                Err(_) => {
+                    let free = self.places.available_permits().min(more);
+                    self.places.clone().try_acquire_many_owned(free as u32).ok()
+                }
+            },
+        };
+        let mut held = vec![first];
+        while let Some(p) = rest.as_mut().and_then(|r| r.split(1)) {
+            held.push(p);
         }
         Some(held)
     }
@@ -988,13 +1002,25 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     ) {
         self.shared.count(|s| s.received += messages.len() as u64);
         let queue = crate::protocol::trace::queue_name(&self.shared.config.queue_url);
-        let messages: Vec<Message> = messages.into_iter().map(|m| m.with_queue(queue)).collect();
-        let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
         let keys = self.shared.processor.config();
         // (The `fifo-parallel` mutant, for the chaos harness only, runs a
         // FIFO group's messages in parallel.)
         let by_group =
             self.shared.config.is_fifo() && !crate::protocol::mutants::active("fifo-parallel");
+        // A standard queue's lanes are keys: each is read here once, and the
+        // processor takes it as read (the same message, the same key).
+        let messages: Vec<Message> = messages
+            .into_iter()
+            .map(|m| {
+                let m = m.with_queue(queue);
+                if by_group {
+                    m
+                } else {
+                    lanes::with_key(m, keys)
+                }
+            })
+            .collect();
+        let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let lane = Lane::new(self.shared.clone(), lane, permits, received_at);

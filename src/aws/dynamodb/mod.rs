@@ -28,7 +28,7 @@ use aws_sdk_dynamodb::types::{
 use crate::protocol::clock::{Clock, SystemClock};
 use crate::protocol::metrics::Metrics;
 use crate::protocol::outbox::Outgoing;
-use crate::protocol::outcome::{StagedWrite, StoredResult};
+use crate::protocol::outcome::{FailureKind, StagedWrite, StoredResult};
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
     StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
@@ -235,12 +235,12 @@ impl DynamoStore {
         values.insert(":owner".into(), s(owner));
         values.insert(":in_progress".into(), s(Status::InProgress.as_str()));
         let attr_names = used_names(
-            &names(&[
+            &[
                 ("#owner", "owner"),
                 ("#status", "status"),
                 ("#error", "error"),
-            ]),
-            &format!("{set} {condition}"),
+            ],
+            &[set, condition],
         );
         self.retrying(what, || async {
             let res = self
@@ -313,17 +313,17 @@ impl DynamoStore {
         condition: &str,
         values: HashMap<String, AttributeValue>,
     ) -> Result<Update, StoreError> {
-        let all = names(&[
+        let all = [
             ("#owner", "owner"),
             ("#status", "status"),
             ("#result", "result"),
             ("#error", "error"),
             ("#outbox", OUTBOX_ATTRIBUTE),
-        ]);
+        ];
         Update::builder()
             .table_name(&*self.table)
             .key(KEY_ATTRIBUTE, s(pk))
-            .set_expression_attribute_names(Some(used_names(&all, &format!("{expr} {condition}"))))
+            .set_expression_attribute_names(Some(used_names(&all, &[&expr, condition])))
             .update_expression(expr)
             .condition_expression(condition)
             .set_expression_attribute_values(Some(values))
@@ -365,7 +365,8 @@ impl DynamoStore {
     async fn complete_transact(&self, c: &Completion, update: Update) -> Result<(), StoreError> {
         // DynamoDB makes a TransactWriteItems with the same token idempotent for ten
         // minutes; the fencing check below covers a retry after that.
-        let (items, token) = transaction("complete", update, &c.writes, &c.pk, &c.owner);
+        let writes = c.writes.iter().map(|w| w.item.clone());
+        let (items, token) = transaction("complete", update, writes, &c.pk, &c.owner);
         let token = token.as_str();
         self.retrying("complete (transaction)", || async {
             let res = self
@@ -377,7 +378,7 @@ impl DynamoStore {
                 .await;
             match res {
                 Ok(_) => Ok(()),
-                Err(e) => match transaction_failure(&e, &c.writes) {
+                Err(e) => match transaction_failure(&e, &kinds(&c.writes)) {
                     TransactionFailure::Record(item) => completion_conflict(&c.pk, &c.owner, item),
                     TransactionFailure::Other(attempt) => Err(attempt),
                 },
@@ -409,16 +410,21 @@ fn conditional_failure<R>(
 fn transaction(
     kind: &str,
     record: Update,
-    writes: &[StagedWrite],
+    writes: impl ExactSizeIterator<Item = TransactWriteItem>,
     pk: &str,
     owner: &str,
 ) -> (Vec<TransactWriteItem>, String) {
     let mut items = Vec::with_capacity(writes.len() + 1);
     items.push(TransactWriteItem::builder().update(record).build());
-    items.extend(writes.iter().map(|w| w.item.clone()));
+    items.extend(writes);
     let mut token = crate::protocol::key::sha256_hex(format!("{kind}#{pk}#{owner}").as_bytes());
     token.truncate(36);
     (items, token)
+}
+
+/// What a failure of each staged write's own condition means, in order.
+fn kinds(writes: &[StagedWrite]) -> Vec<FailureKind> {
+    writes.iter().map(|w| w.on_condition_failed).collect()
 }
 
 /// Why a transaction of the dedup record (item 0) and staged writes failed.
@@ -432,7 +438,7 @@ enum TransactionFailure<'a> {
 
 fn transaction_failure<'a, R: std::fmt::Debug>(
     e: &'a SdkError<TransactWriteItemsError, R>,
-    writes: &[StagedWrite],
+    writes: &[FailureKind],
 ) -> TransactionFailure<'a> {
     let Some(TransactWriteItemsError::TransactionCanceledException(tc)) = e.as_service_error()
     else {
@@ -448,7 +454,7 @@ fn transaction_failure<'a, R: std::fmt::Debug>(
     if let Some(i) = (1..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
         return TransactionFailure::Other(Attempt::Done(StoreError::WriteConditionFailed {
             index: i - 1,
-            kind: writes[i - 1].on_condition_failed,
+            kind: writes[i - 1],
         }));
     }
     if let Some(i) = (0..reasons.len()).find(|&i| code(i) == "ValidationError") {
@@ -531,11 +537,11 @@ fn set_outbox(
     }
 }
 
-/// Only the `#names` an expression uses (DynamoDB rejects unused ones).
-fn used_names(all: &HashMap<String, String>, expr: &str) -> HashMap<String, String> {
+/// Only the `#names` the expressions `exprs` use (DynamoDB rejects unused ones).
+fn used_names(all: &[(&str, &str)], exprs: &[&str]) -> HashMap<String, String> {
     all.iter()
-        .filter(|(k, _)| expr.contains(k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .filter(|(k, _)| exprs.iter().any(|e| e.contains(k)))
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
 }
 
@@ -742,7 +748,7 @@ impl DedupStore for DynamoStore {
         }
     }
 
-    async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+    async fn commit_fast(&self, mut c: FastCommit) -> Result<FastCommitted, StoreError> {
         check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         let now_ms = self.clock.now_ms();
         let mut values = HashMap::from([
@@ -770,7 +776,10 @@ impl DedupStore for DynamoStore {
         set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
         let record = self.record_update(&c.pk, expr, CLAIM_CONDITION, values)?;
-        let (items, token) = transaction("fast", record, &c.writes, &c.pk, &c.owner);
+        // The staged writes move into the request; their failure kinds stay.
+        let on_failed = kinds(&c.writes);
+        let writes = std::mem::take(&mut c.writes).into_iter().map(|w| w.item);
+        let (items, token) = transaction("fast", record, writes, &c.pk, &c.owner);
         let token = token.as_str();
         self.retrying("commit (fast path)", || async {
             let res = self
@@ -783,7 +792,7 @@ impl DedupStore for DynamoStore {
             let Err(e) = res else {
                 return Ok(FastCommitted::Committed);
             };
-            match transaction_failure(&e, &c.writes) {
+            match transaction_failure(&e, &on_failed) {
                 TransactionFailure::Record(item) => {
                     let Some(item) = item else {
                         return Err(Attempt::Done(StoreError::Invalid(

@@ -207,6 +207,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
+    /// The message's dedup key: as the runtime read it already when this
+    /// is the message it read it from (no large payload resolved, no
+    /// envelope opened since), else read now.
+    fn key_of(&self, message: &Message) -> Result<String, crate::protocol::key::KeyError> {
+        let unchanged = self.payloads.is_none()
+            && self.config.envelope == crate::protocol::message::Envelope::None;
+        match message.dedup_key() {
+            Some(key) if unchanged => Ok(key.to_owned()),
+            _ => self.config.dedup_key(message),
+        }
+    }
+
     /// Processes one message with no visibility extension.
     pub async fn process(&self, message: Message) -> Outcome {
         self.process_with(message, ProcessOptions::default()).await
@@ -233,7 +245,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 Err(outcome) => return outcome,
             };
             self.count_unverified(&message);
-            let key = match self.config.dedup_key(&message) {
+            let key = match self.key_of(&message) {
                 Ok(key) => key,
                 Err(e) => match self.config.missing_key {
                     MissingKey::Park => {
@@ -249,8 +261,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 },
             };
             let span = tracing::Span::current();
-            span.record("sqs_once.dedup_key", &*self.config.shown_key(&key));
-            span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
+            // (The record key is computed again where it is written: here
+            // only for a span that records it.)
+            if !span.is_disabled() {
+                span.record("sqs_once.dedup_key", &*self.config.shown_key(&key));
+                span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
+            }
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
