@@ -232,12 +232,11 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     parked_or_applied(e, &effects, &mut v);
     in_dlq_with_effect(e, &mut v);
     if e.scenario.kind == Kind::External {
-        // Under a skew beyond the margin two attempts may overlap: counted
-        // apart ([`overlapping`]); fencing, exactly-once of staged effects,
-        // nothing lost and FIFO order are still required.
-        if !e.scenario.skew_beyond_margin {
-            overlaps(&e.calls, &mut v);
-        }
+        // Under a skew beyond the margin the skewed host's attempts may
+        // overlap another's: counted apart ([`overlapping`]); every other
+        // overlap, fencing, exactly-once of staged effects, nothing lost and
+        // FIFO order are still required.
+        overlaps(&unskewed_calls(e), &mut v);
         external_calls(e, &mut v);
         past_lease(e, &mut v);
     }
@@ -740,12 +739,24 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// off by more than the lease margin: the lease promises nothing there (two
 /// hosts may both take it for theirs), so they are counted, not violations.
 pub fn overlapping(e: &Evidence<'_>) -> usize {
-    if !e.scenario.skew_beyond_margin || e.scenario.kind != Kind::External {
+    if e.scenario.skew_beyond_margin.is_none() || e.scenario.kind != Kind::External {
         return 0;
     }
-    let mut found = Vec::new();
-    overlaps(&e.calls, &mut found);
-    found.len()
+    let (mut all, mut unskewed) = (Vec::new(), Vec::new());
+    overlaps(&e.calls, &mut all);
+    overlaps(&unskewed_calls(e), &mut unskewed);
+    all.len().saturating_sub(unskewed.len())
+}
+
+/// The API calls of every host whose clock is within the margin: all of
+/// them unless a host's skew beyond the margin was drawn.
+fn unskewed_calls(e: &Evidence<'_>) -> Vec<ApiCall> {
+    let skewed = e.scenario.skew_beyond_margin.as_deref();
+    e.calls
+        .iter()
+        .filter(|c| Some(c.consumer.as_str()) != skewed)
+        .cloned()
+        .collect()
 }
 
 /// The API never called by two live attempts of one key at once.

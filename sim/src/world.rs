@@ -153,10 +153,10 @@ pub struct Scenario {
     /// The records' retention, [`TTL`] unless the run draws a short one
     /// ([`Scenario::draw_ttl`]).
     pub ttl: Duration,
-    /// A host's clock is off by more than the lease margin
-    /// ([`Scenario::draw_skew_beyond_margin`]): two attempts of a key may
-    /// then overlap, and only fencing still holds.
-    pub skew_beyond_margin: bool,
+    /// The host whose clock is off by more than the lease margin, if one is
+    /// ([`Scenario::draw_skew_beyond_margin`]): its attempts may overlap
+    /// another's, and only fencing still holds for them.
+    pub skew_beyond_margin: Option<String>,
 }
 
 /// What a deployment sets around the processor: the source queue's
@@ -334,7 +334,7 @@ impl Scenario {
             max_receive_count: MAX_RECEIVE_COUNT,
             deployment: Deployment::default(),
             ttl: TTL,
-            skew_beyond_margin: false,
+            skew_beyond_margin: None,
         }
     }
 
@@ -350,7 +350,7 @@ impl Scenario {
         let host = dice.int(0, self.consumers.len() as u64 - 1) as usize;
         let off = dice.int(margin_ms * 3 / 2, margin_ms * 10) as i64;
         self.consumers[host].skew_ms = if dice.chance(0.5) { off } else { -off };
-        self.skew_beyond_margin = true;
+        self.skew_beyond_margin = Some(self.consumers[host].name.clone());
     }
 
     /// A swarm knob, from a dice of its own: one run in five keeps its
@@ -410,7 +410,7 @@ impl Scenario {
             } else {
                 format!(", TTL {:?}", self.ttl)
             }
-            + if self.skew_beyond_margin {
+            + if self.skew_beyond_margin.is_some() {
                 ", a skew beyond the margin"
             } else {
                 ""

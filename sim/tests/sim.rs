@@ -274,7 +274,7 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         max_receive_count: 10,
         deployment: sqs_once_sim::world::Deployment::default(),
         ttl: sqs_once_sim::world::TTL,
-        skew_beyond_margin: false,
+        skew_beyond_margin: None,
     }
 }
 
@@ -663,9 +663,15 @@ fn regression_seed_156_a_twin_released_after_its_message_was_parked() {
 /// Seeds 20 (wire path) and 21 (memory path) keep their records minutes
 /// only: DynamoDB's TTL deletes some during the run, copies come after
 /// their record's TTL and apply again (the documented limit, counted), and
-/// nothing else is excused.
+/// nothing else is excused. The draw is opt-in (docs/DESIGN.md says why):
+/// `SIM_DRAW_TTL=1 cargo test -p sqs-once-sim --test sim -- --ignored`.
 #[test]
+#[ignore = "records that expire are drawn only with SIM_DRAW_TTL=1"]
 fn runs_whose_records_expire_pass_with_their_ttl_deletions() {
+    assert!(
+        std::env::var_os("SIM_DRAW_TTL").is_some(),
+        "run with SIM_DRAW_TTL=1"
+    );
     for seed in [20, 21] {
         let report = run_seed(seed, true).unwrap();
         assert!(
@@ -714,7 +720,7 @@ fn the_checker_lets_an_event_apply_again_once_per_ttl_end_of_its_record() {
 #[test]
 fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
     let mut s = scenario(Kind::External, false, vec![event(0, "g")]);
-    s.skew_beyond_margin = true;
+    s.skew_beyond_margin = Some("c1".into());
     s.claim_stages = true;
     let acc = accepted(&s);
     let mut e = evidence(&s, &acc);
@@ -734,6 +740,21 @@ fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
     e.rows = vec![fx("evt-0000", "msg-00000001")];
     assert!(check(&e).is_empty(), "{:?}", check(&e));
     assert_eq!(sqs_once_sim::check::overlapping(&e), 1);
+    // Two hosts within the margin overlapping is still a violation.
+    let mut both = e.calls.clone();
+    both.push(call("c2", 70, Some(80)));
+    let mut unskewed = evidence(&s, &acc);
+    unskewed.calls = both;
+    unskewed.charged.insert("evt-0000".into(), 1);
+    unskewed
+        .records
+        .insert("evt-0000".into(), Status::Completed);
+    unskewed.rows = vec![fx("evt-0000", "msg-00000001")];
+    assert!(
+        check(&unskewed).iter().any(|v| v.contains("called by c2")),
+        "{:?}",
+        check(&unskewed)
+    );
     // Staged effects once and fencing are still required.
     e.rows.push(fx("evt-0000", "msg-00000001"));
     e.fencing_breaches = vec!["sim#evt-0000: a write of owner b applied while a held it".into()];
@@ -745,7 +766,7 @@ fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
     );
     assert!(v.iter().any(|v| v.starts_with("fencing broken")), "{v:?}");
     // Without the skew, the overlap is a violation.
-    s.skew_beyond_margin = false;
+    s.skew_beyond_margin = None;
     let mut e = evidence(&s, &acc);
     e.calls = vec![call("c0", 0, Some(100)), call("c1", 50, Some(60))];
     e.charged.insert("evt-0000".into(), 1);

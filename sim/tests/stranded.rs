@@ -91,7 +91,7 @@ fn scenario() -> Scenario {
         max_receive_count: 10,
         deployment: sqs_once_sim::world::Deployment::default(),
         ttl: sqs_once_sim::world::TTL,
-        skew_beyond_margin: false,
+        skew_beyond_margin: None,
     }
 }
 
