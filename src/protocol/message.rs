@@ -16,6 +16,10 @@ pub struct Message {
     receive_count: u32,
     receipt_handle: Option<String>,
     dedup_key: Option<String>,
+    /// The dedup key a runtime read for the lane split, with the address of
+    /// the `ProcessorConfig` it read it by: the processor with that config
+    /// takes it as read; any other (a copy a handler hands on) reads its own.
+    pre_read: Option<(String, usize)>,
     aws_trace_header: Option<String>,
     queue: Option<String>,
     raw_body: Option<String>,
@@ -34,6 +38,7 @@ impl Message {
             receive_count: 1,
             receipt_handle: None,
             dedup_key: None,
+            pre_read: None,
             aws_trace_header: None,
             queue: None,
             raw_body: None,
@@ -129,6 +134,25 @@ impl Message {
 
     pub(crate) fn set_dedup_key(&mut self, key: String) {
         self.dedup_key = Some(key);
+    }
+
+    /// Keeps `key`, read by `config`, for the processor that holds `config`.
+    pub(crate) fn set_pre_read_key(
+        &mut self,
+        key: String,
+        config: &crate::protocol::config::ProcessorConfig,
+    ) {
+        self.pre_read = Some((key, std::ptr::from_ref(config) as usize));
+    }
+
+    /// The key [`set_pre_read_key`](Self::set_pre_read_key) kept, when it
+    /// was read by this very `config`.
+    pub(crate) fn pre_read_key(
+        &self,
+        config: &crate::protocol::config::ProcessorConfig,
+    ) -> Option<&str> {
+        let (key, by) = self.pre_read.as_ref()?;
+        (*by == std::ptr::from_ref(config) as usize).then_some(key.as_str())
     }
 
     /// The SQS message id (stable across redeliveries of one send).

@@ -20,7 +20,7 @@ use crate::protocol::config::ProcessorConfig;
 pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> Option<String> {
     if fifo {
         Some(message.group_id().unwrap_or_default().to_owned())
-    } else if let Some(key) = message.dedup_key() {
+    } else if let Some(key) = message.pre_read_key(keys) {
         Some(key.to_owned())
     } else {
         keys.dedup_key(message).ok()
@@ -32,7 +32,7 @@ pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> 
 /// read the same message (no large payload, no envelope to open first).
 pub(crate) fn with_key(mut message: Message, keys: &ProcessorConfig) -> Message {
     if let Ok(key) = keys.dedup_key(&message) {
-        message.set_dedup_key(key);
+        message.set_pre_read_key(key, keys);
     }
     message
 }

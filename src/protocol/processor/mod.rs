@@ -207,13 +207,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
-    /// The message's dedup key: as the runtime read it already when this
-    /// is the message it read it from (no large payload resolved, no
-    /// envelope opened since), else read now.
+    /// The message's dedup key: as the runtime read it already by this
+    /// processor's config when this is the message it read it from (no
+    /// large payload resolved, no envelope opened since), else read now.
     fn key_of(&self, message: &Message) -> Result<String, crate::protocol::key::KeyError> {
         let unchanged = self.payloads.is_none()
             && self.config.envelope == crate::protocol::message::Envelope::None;
-        match message.dedup_key() {
+        match message.pre_read_key(&self.config) {
             Some(key) if unchanged => Ok(key.to_owned()),
             _ => self.config.dedup_key(message),
         }

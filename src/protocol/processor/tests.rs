@@ -1000,3 +1000,38 @@ async fn a_compound_key_missing_a_part_is_parked_naming_the_part_and_a_custom_ke
         "{parked:?}"
     );
 }
+
+/// The key a runtime read for the lane split is taken as read only by the
+/// processor whose config read it: a copy handed to a processor keyed
+/// otherwise (a handler passing its message on) is keyed by that one.
+#[tokio::test(start_paused = true)]
+async fn a_key_read_by_another_config_is_read_again() {
+    let (calls, handler) = counting();
+    let by_id = Processor::new(MemoryStore::default(), handler.clone(), config()).unwrap();
+    let mut by_account = config();
+    by_account.key_source = "json:/account".parse().unwrap();
+    let by_account = Processor::new(MemoryStore::default(), handler, by_account).unwrap();
+    let body = r#"{"id":"e1","account":"a1"}"#;
+    let pre_read = |id: &str, body: &str| {
+        let mut m = Message::new(id, body);
+        let key = by_id.config().dedup_key(&m).unwrap();
+        m.set_pre_read_key(key, by_id.config());
+        m
+    };
+    let read = pre_read("m1", body);
+    assert_eq!(read.pre_read_key(by_id.config()), Some("e1"));
+    assert_eq!(read.pre_read_key(by_account.config()), None);
+    assert!(matches!(
+        by_account.process(read.clone()).await,
+        Outcome::Completed { .. }
+    ));
+    // The same account under another id: a duplicate for `by_account`.
+    let other = pre_read("m2", r#"{"id":"e2","account":"a1"}"#);
+    let again = by_account.process(other).await;
+    assert!(matches!(again, Outcome::Duplicate { .. }), "{again:?}");
+    assert!(matches!(
+        by_id.process(read).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
