@@ -119,6 +119,13 @@ pub struct ProcessorConfig {
 }
 
 impl ProcessorConfig {
+    /// This config's identity while it lives (its address): a key read by
+    /// it for the lane split is taken as read only by the processor that
+    /// holds this very config.
+    pub(crate) fn identity(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
     /// Defaults for a consumer name.
     pub fn new(consumer: impl Into<String>) -> Self {
         Self {

@@ -136,23 +136,18 @@ impl Message {
         self.dedup_key = Some(key);
     }
 
-    /// Keeps `key`, read by `config`, for the processor that holds `config`.
-    pub(crate) fn set_pre_read_key(
-        &mut self,
-        key: String,
-        config: &crate::protocol::config::ProcessorConfig,
-    ) {
-        self.pre_read = Some((key, std::ptr::from_ref(config) as usize));
+    /// Keeps `key`, read by the config whose identity is `by` (its
+    /// `ProcessorConfig::identity`), for the processor that holds it.
+    #[cfg(any(test, feature = "poller"))]
+    pub(crate) fn set_pre_read_key(&mut self, key: String, by: usize) {
+        self.pre_read = Some((key, by));
     }
 
     /// The key [`set_pre_read_key`](Self::set_pre_read_key) kept, when it
-    /// was read by this very `config`.
-    pub(crate) fn pre_read_key(
-        &self,
-        config: &crate::protocol::config::ProcessorConfig,
-    ) -> Option<&str> {
-        let (key, by) = self.pre_read.as_ref()?;
-        (*by == std::ptr::from_ref(config) as usize).then_some(key.as_str())
+    /// was read by the config whose identity is `by`.
+    pub(crate) fn pre_read_key(&self, by: usize) -> Option<&str> {
+        let (key, read_by) = self.pre_read.as_ref()?;
+        (*read_by == by).then_some(key.as_str())
     }
 
     /// The SQS message id (stable across redeliveries of one send).

@@ -20,7 +20,7 @@ use crate::protocol::config::ProcessorConfig;
 pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> Option<String> {
     if fifo {
         Some(message.group_id().unwrap_or_default().to_owned())
-    } else if let Some(key) = message.pre_read_key(keys) {
+    } else if let Some(key) = message.pre_read_key(keys.identity()) {
         Some(key.to_owned())
     } else {
         keys.dedup_key(message).ok()
@@ -30,9 +30,10 @@ pub(crate) fn lane_of(message: &Message, fifo: bool, keys: &ProcessorConfig) -> 
 /// `message` with its dedup key read (when it has one), for its lane and
 /// for the processor, which takes a key already read as is when it would
 /// read the same message (no large payload, no envelope to open first).
+#[cfg(feature = "poller")]
 pub(crate) fn with_key(mut message: Message, keys: &ProcessorConfig) -> Message {
     if let Ok(key) = keys.dedup_key(&message) {
-        message.set_pre_read_key(key, keys);
+        message.set_pre_read_key(key, keys.identity());
     }
     message
 }

@@ -213,7 +213,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     fn key_of(&self, message: &Message) -> Result<String, crate::protocol::key::KeyError> {
         let unchanged = self.payloads.is_none()
             && self.config.envelope == crate::protocol::message::Envelope::None;
-        match message.pre_read_key(&self.config) {
+        match message.pre_read_key(self.config.identity()) {
             Some(key) if unchanged => Ok(key.to_owned()),
             _ => self.config.dedup_key(message),
         }

@@ -1015,12 +1015,12 @@ async fn a_key_read_by_another_config_is_read_again() {
     let pre_read = |id: &str, body: &str| {
         let mut m = Message::new(id, body);
         let key = by_id.config().dedup_key(&m).unwrap();
-        m.set_pre_read_key(key, by_id.config());
+        m.set_pre_read_key(key, by_id.config().identity());
         m
     };
     let read = pre_read("m1", body);
-    assert_eq!(read.pre_read_key(by_id.config()), Some("e1"));
-    assert_eq!(read.pre_read_key(by_account.config()), None);
+    assert_eq!(read.pre_read_key(by_id.config().identity()), Some("e1"));
+    assert_eq!(read.pre_read_key(by_account.config().identity()), None);
     assert!(matches!(
         by_account.process(read.clone()).await,
         Outcome::Completed { .. }
