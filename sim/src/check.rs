@@ -107,6 +107,10 @@ pub struct Evidence<'a> {
     /// a fast-path commit after its `expires_at`, or DynamoDB's TTL
     /// deletion): each lets one copy that came after it apply again.
     pub ended_by_ttl: BTreeMap<String, u32>,
+    /// Each event's record at the end: its attempts (claims and fast-path
+    /// commits it has seen) and when it said `COMPLETED` (ms from the
+    /// start), if it does.
+    pub completions: BTreeMap<String, (u32, Option<u128>)>,
 }
 
 /// The event id in a body.
@@ -231,7 +235,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     order(e, &first, &mut v);
     parked_or_applied(e, &effects, &mut v);
     in_dlq_with_effect(e, &mut v);
-    if e.scenario.kind == Kind::External {
+    if e.scenario.calls() {
         // Under a skew beyond the margin the skewed host's attempts may
         // overlap another's: counted apart ([`overlapping`]); every other
         // overlap, fencing, exactly-once of staged effects, nothing lost and
@@ -313,7 +317,7 @@ fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
     // (An event applied again after its record's TTL has one row per
     // committing run, each of which sends its own.)
     let mut committed_by: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    if e.scenario.kind == Kind::Staged {
+    if e.scenario.stages() {
         for r in &e.rows {
             committed_by
                 .entry(r.event.as_str())
@@ -391,8 +395,22 @@ fn parked_permanent(e: &Evidence<'_>, event: &str) -> bool {
 }
 
 /// Every effect in the order made: ledger rows in commit order, or API
-/// calls in start order.
+/// calls in start order; where the kinds mix, both, a row at the time its
+/// message's first delivery learned it was recorded ([`row_ms`]).
 fn effects(e: &Evidence<'_>) -> Vec<Effect> {
+    if e.scenario.mixed() {
+        let mut timed: Vec<(u128, Effect)> =
+            e.rows.iter().map(|r| (row_ms(e, r), r.clone())).collect();
+        timed.extend(e.calls.iter().map(|c| {
+            let fx = Effect {
+                event: c.event.clone(),
+                message: c.message.clone(),
+            };
+            (c.start_ms, fx)
+        }));
+        timed.sort_by_key(|(at, _)| *at);
+        return timed.into_iter().map(|(_, fx)| fx).collect();
+    }
     match e.scenario.kind {
         Kind::Staged => e.rows.clone(),
         Kind::External => {
@@ -418,13 +436,19 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
             first.push(fx.clone());
         }
     }
+    // Where the kinds mix, a row and a charge are two applications.
+    let rows = |event: &str| e.rows.iter().filter(|r| r.event == event).count() as u32;
+    let charges = |event: &str| e.charged.get(event).copied().unwrap_or(0);
     let times = |event: &str| match e.scenario.kind {
-        Kind::Staged => e.rows.iter().filter(|r| r.event == event).count() as u32,
-        Kind::External => e.charged.get(event).copied().unwrap_or(0),
+        _ if e.scenario.mixed() => rows(event) + charges(event),
+        Kind::Staged => rows(event),
+        Kind::External => charges(event),
     };
+    let by_both = claim_then_fast(e);
     for f in &first {
         let n = times(&f.event);
-        if n > 1 + ttl_ends(e, &f.event) {
+        let limit = u32::from(by_both.contains(&f.event));
+        if n > 1 + ttl_ends(e, &f.event) + limit {
             v.push(format!(
                 "{}: effect applied {n} times{}",
                 f.event,
@@ -432,13 +456,13 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
             ));
         }
         let status = e.records.get(&f.event);
-        if e.scenario.kind == Kind::External && status != Some(&Status::Completed) {
+        if e.scenario.calls() && status != Some(&Status::Completed) {
             v.push(format!("{}: charged but its record is {status:?}", f.event));
         }
     }
     // Claim-path handlers that stage a row: the row commits with the
     // completion, so at most once per event.
-    if e.scenario.kind == Kind::External {
+    if !e.scenario.stages() {
         let mut rows: BTreeMap<&str, u32> = BTreeMap::new();
         for r in &e.rows {
             *rows.entry(r.event.as_str()).or_default() += 1;
@@ -453,6 +477,59 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
         }
     }
     first
+}
+
+/// When a fast-path row is taken as applied, on true time: the first
+/// outcome of its message that knew it recorded (`completed`, or a later
+/// delivery's `duplicate`), else when its record said `COMPLETED`. The
+/// record's own stamp is the writer's clock, off by its skew; the outcome
+/// comes after the commit and before the delete that lets a FIFO group's
+/// next message be received, so a group's applications keep their order.
+fn row_ms(e: &Evidence<'_>, row: &Effect) -> u128 {
+    let learned = |outcome: &str| {
+        e.outcome_at
+            .range((row.message.clone(), 0)..=(row.message.clone(), u32::MAX))
+            .filter(|(_, (_, o))| o == outcome)
+            .map(|(_, (at, _))| *at)
+            .min()
+    };
+    learned("completed")
+        .or_else(|| learned("duplicate"))
+        .or_else(|| e.completions.get(&row.event).and_then(|(_, at)| *at))
+        .unwrap_or(u128::MAX)
+}
+
+/// Events applied by a claim-path attempt and then by a fast-path commit,
+/// where the kinds mix: every API call of the event was made under an
+/// attempt before the one that completed its record (so that claim was
+/// released or expired, never completed), and had ended before the fast
+/// path's commit completed it with its row ([`row_ms`]).
+/// The documented limit of sharing records between the paths
+/// (docs/DESIGN.md, "The fast path"): an abandoned claim's effect is
+/// covered by its idempotency key on the claim path only, and a fast-path
+/// handler has none. Counted, not violations; a row beside a charge of the
+/// attempt that completed the record, or of a call still open when the
+/// fast path committed, is a double application.
+pub fn claim_then_fast(e: &Evidence<'_>) -> BTreeSet<String> {
+    if !e.scenario.mixed() {
+        return BTreeSet::new();
+    }
+    let mut rows: BTreeMap<&str, &Effect> = BTreeMap::new();
+    for r in &e.rows {
+        rows.entry(r.event.as_str()).or_insert(r);
+    }
+    rows.into_iter()
+        .filter(|(event, row)| {
+            let Some(&(attempts, _)) = e.completions.get(*event) else {
+                return false;
+            };
+            let done = row_ms(e, row);
+            let mut calls = e.calls.iter().filter(|c| c.event == *event).peekable();
+            calls.peek().is_some()
+                && calls.all(|c| c.attempt < attempts && c.end_ms.is_some_and(|end| end <= done))
+        })
+        .map(|(event, _)| event.to_owned())
+        .collect()
 }
 
 /// How many times TTL ended `event`'s `COMPLETED` record: the documented
@@ -677,7 +754,7 @@ fn reruns(e: &Evidence<'_>, v: &mut Vec<String>) {
         else {
             continue;
         };
-        let pk = format!("sim#{event}");
+        let pk = e.scenario.record_pk(event);
         let read_failed = e
             .failed_reads
             .iter()
@@ -739,7 +816,7 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// off by more than the lease margin: the lease promises nothing there (two
 /// hosts may both take it for theirs), so they are counted, not violations.
 pub fn overlapping(e: &Evidence<'_>) -> usize {
-    if e.scenario.skew_beyond_margin.is_none() || e.scenario.kind != Kind::External {
+    if e.scenario.skew_beyond_margin.is_none() || !e.scenario.calls() {
         return 0;
     }
     let (mut all, mut unskewed) = (Vec::new(), Vec::new());

@@ -57,6 +57,8 @@ pub struct World {
     pub deliveries: Deliveries,
     /// The messages each event was sent as (accepted sends).
     pub sent: std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>,
+    /// The dice of the handlers' retry-after hints (a stream of its own).
+    pub retry_dice: crate::faults::Dice,
     /// Records DynamoDB's TTL deleted, in order.
     pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
 }
@@ -109,7 +111,7 @@ struct Generation {
 
 fn processor_config(scenario: &Scenario) -> ProcessorConfig {
     let mut config = ProcessorConfig::new("sim");
-    config.key_source = "json:/id".parse().unwrap_or_default();
+    config.key_source = scenario.key.source().parse().unwrap_or_default();
     config.lease = scenario.lease;
     config.heartbeat = scenario.heartbeat;
     config.lease_margin = Duration::from_secs(3);
@@ -127,7 +129,7 @@ impl Generation {
         let sqs_clock = clock.clone();
         let store = world.store.for_host(link, &life, &clock);
         let handler = SimHandler {
-            kind: world.scenario.kind,
+            kind: spec.kind,
             consumer: spec.name.clone(),
             life: life.clone(),
             dice: world.dice.clone(),
@@ -137,10 +139,14 @@ impl Generation {
             panic_rate: world.scenario.panic_rate,
             slow_rate: world.scenario.slow_rate,
             lease: world.scenario.lease,
-            claim_stages: world.scenario.claim_stages,
+            // Where the kinds mix, a row is a fast-path application.
+            claim_stages: world.scenario.claim_stages && !world.scenario.mixed(),
             next_url: world.next_url.clone(),
             calm_cap: matches!(spec.runtime, crate::world::Runtime::Lambda { .. })
                 .then_some(world.scenario.deployment.function_timeout / 2),
+            retry_after: (world.scenario.retry_after > 0.0)
+                .then(|| (world.scenario.retry_after, world.retry_dice.clone())),
+            large_results: world.scenario.large_results,
         };
         let processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
@@ -448,6 +454,23 @@ async fn invoke(
     }
 }
 
+/// A message's attributes as a Lambda SQS event carries them.
+fn message_attributes(m: &Message) -> serde_json::Value {
+    let attributes: serde_json::Map<String, serde_json::Value> = m
+        .attributes()
+        .iter()
+        .filter_map(|(name, a)| match &a.value {
+            sqs_once::AttributeValue::Text(t) => Some((
+                name.clone(),
+                serde_json::json!({ "dataType": a.data_type, "stringValue": t }),
+            )),
+            // The simulator sends none.
+            sqs_once::AttributeValue::Binary(_) => None,
+        })
+        .collect();
+    attributes.into()
+}
+
 /// An SQS event as Lambda builds it.
 fn lambda_event(messages: &[Message]) -> serde_json::Value {
     let records: Vec<serde_json::Value> = messages
@@ -470,7 +493,7 @@ fn lambda_event(messages: &[Message]) -> serde_json::Value {
                 "receiptHandle": m.receipt_handle(),
                 "body": m.body(),
                 "attributes": attributes,
-                "messageAttributes": {},
+                "messageAttributes": message_attributes(m),
                 "md5OfBody": "",
                 "eventSource": "aws:sqs",
                 "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:sim",

@@ -101,6 +101,10 @@ pub struct Report {
     /// Overlapping API calls of one key in a run with a skew beyond the
     /// margin (see [`check::overlapping`]).
     pub overlapping: usize,
+    /// Events applied by a claim-path attempt that lost its claim and then
+    /// by a fast-path commit, where the kinds mix (the documented limit;
+    /// see [`check::claim_then_fast`]).
+    pub claim_then_fast: usize,
 }
 
 /// Runs one seed on a fresh single-threaded runtime with paused time, on
@@ -165,6 +169,20 @@ const TTL_KNOB: u64 = 0x7474_6c5f_6b6e_6f62;
 /// Mixed into the seed for the dice of a skew beyond the margin
 /// ([`Scenario::draw_skew_beyond_margin`]).
 const SKEW_KNOB: u64 = 0x736b_6577_5f6b_6e6f;
+/// Mixed into the seed for the dice of the handler kinds per consumer
+/// ([`Scenario::draw_mixed`]).
+const MIXED_KNOB: u64 = 0x6d69_7865_645f_6b6e;
+/// Mixed into the seed for the dice of the retry-after knob
+/// ([`Scenario::draw_retry_after`]).
+const RETRY_AFTER_KNOB: u64 = 0x7265_7472_795f_6b6e;
+/// Mixed into the seed for the dice of the key source and attributes
+/// ([`Scenario::draw_keys`]).
+const KEYS_KNOB: u64 = 0x6b65_7973_5f6b_6e6f;
+/// Mixed into the seed for the dice of large results
+/// ([`Scenario::draw_large_results`]).
+const LARGE_RESULTS_KNOB: u64 = 0x6c61_7267_655f_6b6e;
+/// Mixed into the seed for the dice of the handlers' retry-after hints.
+const RETRY_AFTER_HINTS: u64 = 0x7265_7472_795f_6869;
 /// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
 const TTL_SWEEP: u64 = 0x7474_6c5f_7377_6565;
 
@@ -218,6 +236,10 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
         scenario.draw_ttl(&Dice::new(seed ^ TTL_KNOB));
     }
     scenario.draw_skew_beyond_margin(&Dice::new(seed ^ SKEW_KNOB));
+    scenario.draw_mixed(&Dice::new(seed ^ MIXED_KNOB));
+    scenario.draw_retry_after(&Dice::new(seed ^ RETRY_AFTER_KNOB));
+    scenario.draw_keys(&Dice::new(seed ^ KEYS_KNOB));
+    scenario.draw_large_results(&Dice::new(seed ^ LARGE_RESULTS_KNOB));
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, &scenario);
@@ -238,7 +260,7 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
     Arc::new(World {
         api: SimApi::new(
             trace.clone(),
-            completed_in(store.clone(), clock_grace(&scenario)),
+            completed_in(store.clone(), clock_grace(&scenario), &scenario),
         ),
         store,
         queue,
@@ -251,6 +273,7 @@ fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<
         scenario,
         deliveries: Deliveries::default(),
         sent: Mutex::default(),
+        retry_dice: Dice::new(seed ^ RETRY_AFTER_HINTS),
         swept: Mutex::default(),
     })
 }
@@ -350,6 +373,7 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
         check::after_ttl(&evidence).len(),
         check::overlapping(&evidence),
     );
+    let claim_then_fast = check::claim_then_fast(&evidence).len();
     if exhausted > 0 && counts.total() + scheduled == 0 {
         violations.push(format!(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
@@ -378,6 +402,7 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
         path,
         after_ttl,
         overlapping,
+        claim_then_fast,
     }
 }
 
@@ -480,6 +505,11 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
             body: e.body.clone(),
             group_id: fifo.then(|| e.group.clone()),
             deduplication_id: fifo.then(|| e.id.clone()),
+            attributes: e
+                .attributes
+                .iter()
+                .map(|(n, v)| (n.clone(), sqs_once::Attribute::string(v)))
+                .collect(),
             ..Default::default()
         };
         let what = if duplicate { "late duplicate" } else { "send" };
@@ -548,14 +578,25 @@ async fn schedule(
 }
 
 /// When `event`'s record in `store` was completed (ms from the run's start),
-/// if it says `COMPLETED`.
+/// if it says `COMPLETED` (its record key under `scenario`'s key source).
 fn completed_in(
     store: stores::Backend,
     grace: Duration,
+    scenario: &Scenario,
 ) -> impl Fn(&str) -> Option<u128> + Send + Sync + 'static {
+    let keys: std::collections::BTreeMap<String, String> = scenario
+        .events
+        .iter()
+        .map(|e| (e.id.clone(), scenario.record_pk(&e.id)))
+        .collect();
+    let pks = move |event: &str| {
+        keys.get(event)
+            .cloned()
+            .unwrap_or_else(|| format!("sim#{event}"))
+    };
     let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
     let start = Instant::now();
-    move |event: &str| store.completed_ms(&format!("sim#{event}"), (epoch_ms, start), grace)
+    move |event: &str| store.completed_ms(&pks(event), (epoch_ms, start), grace)
 }
 
 /// Moves everything in the DLQ back to the source queue with the library's
@@ -724,7 +765,7 @@ fn links(world: &World, calm: &Arc<AtomicBool>, counts: &Arc<FaultCounts>) -> Ve
 
 /// The event a dedup record is for.
 fn event_of_record(r: &sqs_once::Record) -> String {
-    r.pk.trim_start_matches("sim#").to_owned()
+    world::event_of_pk(&r.pk)
 }
 
 /// Every record's status (as last written: see [`World::records`]), by event.
@@ -767,7 +808,7 @@ fn evidence<'a>(
         .store
         .ended_by_ttl((epoch_ms, start), clock_grace(&world.scenario))
         .into_iter()
-        .map(|(pk, n)| (pk.trim_start_matches("sim#").to_owned(), n))
+        .map(|(pk, n)| (world::event_of_pk(&pk), n))
         .collect();
     check::Evidence {
         scenario: &world.scenario,
@@ -795,7 +836,7 @@ fn evidence<'a>(
                     let ms = end
                         .saturating_duration_since(world.trace.start())
                         .as_millis();
-                    ((pk.trim_start_matches("sim#").to_owned(), attempt), ms)
+                    ((world::event_of_pk(&pk), attempt), ms)
                 })
                 .collect()
         }),
@@ -810,5 +851,13 @@ fn evidence<'a>(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone(),
+        completions: all
+            .iter()
+            .map(|r| {
+                let event = event(r);
+                let done = world.api.completed_at(&event);
+                (event, (r.attempts, done))
+            })
+            .collect(),
     }
 }

@@ -42,6 +42,43 @@ pub enum Kind {
     External,
 }
 
+/// Where a run's consumers read the dedup key from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPlace {
+    /// The body's `id` (`json:/id`), the default.
+    Id,
+    /// The id nested in the body (`json:/order/id`).
+    Nested,
+    /// A string message attribute (`attribute:event-id`).
+    Attribute,
+    /// A compound of the event's tenant (a string message attribute: its
+    /// group) and the body's `id` (`attribute:tenant,json:/id`).
+    Compound,
+}
+
+impl KeyPlace {
+    /// The key source, as `SQS_ONCE_KEY_SOURCE` spells it.
+    pub fn source(self) -> &'static str {
+        match self {
+            Self::Id => "json:/id",
+            Self::Nested => "json:/order/id",
+            Self::Attribute => "attribute:event-id",
+            Self::Compound => "attribute:tenant,json:/id",
+        }
+    }
+}
+
+/// The event a dedup record's key (`sim#{key}`) stands for: the key itself,
+/// or a compound key's last part (`{bytes}:{tenant}|{bytes}:{id}`; an event
+/// id holds no `|`).
+pub fn event_of_pk(pk: &str) -> String {
+    let key = pk.trim_start_matches("sim#");
+    match key.rsplit_once('|') {
+        Some((_, last)) => last.split_once(':').map_or(last, |(_, id)| id).to_owned(),
+        None => key.to_owned(),
+    }
+}
+
 /// One logical event a producer sends.
 #[derive(Debug, Clone)]
 pub struct EventSpec {
@@ -59,6 +96,8 @@ pub struct EventSpec {
     pub send_at: Duration,
     /// When a producer sends it again, if it does.
     pub late_duplicate_at: Option<Duration>,
+    /// The string message attributes it is sent with.
+    pub attributes: BTreeMap<String, String>,
 }
 
 /// Which runtime a consumer runs.
@@ -85,6 +124,9 @@ pub struct ConsumerSpec {
     pub runtime: Runtime,
     /// Its clock's offset from true time, in ms.
     pub skew_ms: i64,
+    /// Its handler's effect: the run's kind, unless the run mixes them
+    /// ([`Scenario::draw_mixed`]).
+    pub kind: Kind,
 }
 
 /// Something done to a consumer at a scheduled time.
@@ -157,6 +199,15 @@ pub struct Scenario {
     /// ([`Scenario::draw_skew_beyond_margin`]): its attempts may overlap
     /// another's, and only fencing still holds for them.
     pub skew_beyond_margin: Option<String>,
+    /// How often a handler call answers a transient error with a
+    /// retry-after hint instead of making its effect (0 unless the run
+    /// draws it: [`Scenario::draw_retry_after`]).
+    pub retry_after: f64,
+    /// Where the dedup key is read from ([`Scenario::draw_keys`]).
+    pub key: KeyPlace,
+    /// Handlers answer every other event with a result of 32 to 40 KiB,
+    /// above `max_result_bytes` ([`Scenario::draw_large_results`]).
+    pub large_results: bool,
 }
 
 /// What a deployment sets around the processor: the source queue's
@@ -280,7 +331,10 @@ impl Scenario {
             Kind::External
         };
         let mut consumers = (0..dice.int(1, 4))
-            .map(|i| draw_consumer(dice, i))
+            .map(|i| ConsumerSpec {
+                kind,
+                ..draw_consumer(dice, i)
+            })
             .collect::<Vec<_>>();
         draw_skews(dice, &mut consumers, lease);
         let plan = FaultPlan {
@@ -335,6 +389,131 @@ impl Scenario {
             deployment: Deployment::default(),
             ttl: TTL,
             skew_beyond_margin: None,
+            retry_after: 0.0,
+            key: KeyPlace::Id,
+            large_results: false,
+        }
+    }
+
+    /// A swarm knob, from a dice of its own: in one run in five the
+    /// handlers answer every other event (even seq) with a result of 32 to
+    /// 40 KiB, above the processor's `max_result_bytes` (32 KiB), which the
+    /// record then keeps as a digest (`SimHandler::large_result`).
+    pub fn draw_large_results(&mut self, dice: &Dice) {
+        self.large_results = dice.chance(0.2);
+    }
+
+    /// A swarm knob, from a dice of its own: half the runs keep `json:/id`
+    /// keys, the others read them from the body elsewhere, from a message
+    /// attribute, or from a compound of an attribute and the body (a third
+    /// each); there, one event in twenty-five is sent without its key (a
+    /// permanent failure: it must be parked). One run in three sends
+    /// unrelated message attributes besides.
+    pub fn draw_keys(&mut self, dice: &Dice) {
+        if dice.chance(0.5) {
+            self.key = [KeyPlace::Nested, KeyPlace::Attribute, KeyPlace::Compound]
+                [dice.int(0, 2) as usize];
+        }
+        let unrelated = dice.chance(1.0 / 3.0);
+        for e in &mut self.events {
+            let keyless = self.key != KeyPlace::Id && dice.chance(0.04);
+            e.permanent |= keyless;
+            let mut body: serde_json::Value =
+                serde_json::from_str(&e.body).unwrap_or_else(|_| serde_json::json!({}));
+            match self.key {
+                KeyPlace::Id => {}
+                KeyPlace::Nested if !keyless => body["order"] = serde_json::json!({ "id": e.id }),
+                KeyPlace::Attribute if !keyless => {
+                    e.attributes.insert("event-id".into(), e.id.clone());
+                }
+                KeyPlace::Compound if !keyless => {
+                    e.attributes.insert("tenant".into(), e.group.clone());
+                }
+                _ => body["permanent"] = true.into(),
+            }
+            e.body = body.to_string();
+            if unrelated {
+                e.attributes.insert("source".into(), "sim-producer".into());
+                let tag = format!("{:x}", dice.int(0, u64::from(u32::MAX)));
+                e.attributes.insert("trace-tag".into(), tag);
+            }
+        }
+    }
+
+    /// The record key (`sim#{key}`) of the event `id`, under the run's key
+    /// source.
+    pub fn record_pk(&self, id: &str) -> String {
+        match self.key {
+            KeyPlace::Compound => {
+                let group = self
+                    .events
+                    .iter()
+                    .find(|e| e.id == id)
+                    .map_or("", |e| e.group.as_str());
+                format!("sim#{}:{group}|{}:{id}", group.len(), id.len())
+            }
+            _ => format!("sim#{id}"),
+        }
+    }
+
+    /// A swarm knob, from a dice of its own: one run in four with two
+    /// consumers or more draws each consumer's handler kind, so fast-path
+    /// and claim-path consumers process messages of the same keys against
+    /// the same records (at least one of each). Their claim-path handlers
+    /// stage no row there: a ledger row is then a fast-path application.
+    pub fn draw_mixed(&mut self, dice: &Dice) {
+        if self.consumers.len() < 2 || !dice.chance(0.25) {
+            return;
+        }
+        for c in &mut self.consumers {
+            c.kind = if dice.chance(0.5) {
+                Kind::Staged
+            } else {
+                Kind::External
+            };
+        }
+        if !self.mixed() {
+            let flip = dice.int(0, self.consumers.len() as u64 - 1) as usize;
+            let c = &mut self.consumers[flip];
+            c.kind = match c.kind {
+                Kind::Staged => Kind::External,
+                Kind::External => Kind::Staged,
+            };
+        }
+    }
+
+    /// Whether fast-path and claim-path consumers share the run's records.
+    pub fn mixed(&self) -> bool {
+        self.stages() && self.calls()
+    }
+
+    /// Whether some consumer runs the fast path (a ledger row per event).
+    pub fn stages(&self) -> bool {
+        self.runs(Kind::Staged)
+    }
+
+    /// Whether some consumer runs the claim path (a charge at the API).
+    pub fn calls(&self) -> bool {
+        self.runs(Kind::External)
+    }
+
+    /// Whether some consumer's handler is of `kind` (the run's kind, where
+    /// the scenario names no consumer).
+    fn runs(&self, kind: Kind) -> bool {
+        if self.consumers.is_empty() {
+            return self.kind == kind;
+        }
+        self.consumers.iter().any(|c| c.kind == kind)
+    }
+
+    /// A swarm knob, from a dice of its own: one run in four has its
+    /// handler answer 5% to 30% of its calls with a transient error that
+    /// carries a retry-after hint (`HandlerError::retry_after`), before
+    /// making its effect, as a rate-limited API does; the hints are drawn
+    /// per call ([`SimHandler::retry_after`]).
+    pub fn draw_retry_after(&mut self, dice: &Dice) {
+        if dice.chance(0.25) {
+            self.retry_after = dice.rate(0.05, 0.3);
         }
     }
 
@@ -415,6 +594,37 @@ impl Scenario {
             } else {
                 ""
             }
+            + &self.breadth_summary()
+    }
+
+    /// The breadth knobs' part of the summary: what differs from the defaults.
+    fn breadth_summary(&self) -> String {
+        let mut out = String::new();
+        if self.mixed() {
+            let kinds: Vec<String> = self
+                .consumers
+                .iter()
+                .map(|c| format!("{}={:?}", c.name, c.kind))
+                .collect();
+            out += &format!(", handler kinds mixed [{}]", kinds.join(", "));
+        }
+        if self.retry_after > 0.0 {
+            out += &format!(", retry-after {:.3}", self.retry_after);
+        }
+        if self.large_results {
+            out += ", large results";
+        }
+        if self.key != KeyPlace::Id {
+            out += &format!(", key {}", self.key.source());
+        }
+        if self
+            .events
+            .iter()
+            .any(|e| e.attributes.contains_key("source"))
+        {
+            out += ", unrelated attributes";
+        }
+        out
     }
 }
 
@@ -432,6 +642,7 @@ fn draw_consumer(dice: &Dice, i: u64) -> ConsumerSpec {
         name: format!("c{i}"),
         runtime,
         skew_ms: 0,
+        kind: Kind::Staged,
     }
 }
 
@@ -487,6 +698,7 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration, swarm: Swar
         permanent,
         send_at,
         late_duplicate_at,
+        attributes: BTreeMap::new(),
     }
 }
 
@@ -724,6 +936,12 @@ pub struct SimHandler {
     /// before the calm point such calls are drawn, to exercise the
     /// deadline's interruption, and the receives they spend are explained.
     pub calm_cap: Option<Duration>,
+    /// How often a call answers a transient error with a retry-after hint,
+    /// and the dice its draws come from (its own: a run that does not draw
+    /// the knob keeps its schedule).
+    pub retry_after: Option<(f64, Dice)>,
+    /// The run draws large results ([`Scenario::draw_large_results`]).
+    pub large_results: bool,
 }
 
 impl SimHandler {
@@ -740,6 +958,36 @@ impl SimHandler {
             self.dice
                 .millis(Duration::ZERO, Duration::from_millis(1500))
         }
+    }
+
+    /// The handler's result: `result`, or where the run draws large
+    /// results and the event's seq is even, a result of 32 to 40 KiB
+    /// (its size a function of the event).
+    fn large_result(
+        &self,
+        id: &str,
+        result: Option<serde_json::Value>,
+    ) -> Option<serde_json::Value> {
+        let seq: usize = id.trim_start_matches("evt-").parse().unwrap_or(1);
+        if !self.large_results || seq % 2 == 1 {
+            return result;
+        }
+        let pad = 32 * 1024 + (seq * 977) % (8 * 1024);
+        Some(serde_json::json!({ "event": id, "receipt": "r".repeat(pad), "result": result }))
+    }
+
+    /// A retry-after hint, where this call draws one: none, up to 5 s, or
+    /// up to 15 minutes (a tenth each of the hints).
+    fn retry_after(&self) -> Option<Duration> {
+        let (rate, dice) = self.retry_after.as_ref()?;
+        if !dice.chance(*rate) {
+            return None;
+        }
+        Some(match dice.int(0, 9) {
+            0 => Duration::ZERO,
+            9 => dice.millis(Duration::from_secs(5), Duration::from_secs(900)),
+            _ => dice.millis(Duration::ZERO, Duration::from_secs(5)),
+        })
     }
 
     async fn run(&self, message: &Message, ctx: &Context) -> HandlerResult {
@@ -778,11 +1026,18 @@ impl SimHandler {
         if body.permanent {
             return Err(HandlerError::permanent("declined (a permanent failure)"));
         }
+        if let Some(hint) = self.retry_after() {
+            self.trace.event(format!(
+                "handler {} {} retry after {hint:?}",
+                self.consumer, body.id
+            ));
+            return Err(HandlerError::retry_after(hint, "rate limited"));
+        }
         match self.kind {
             Kind::Staged => {
                 self.life.guard(tokio::time::sleep(took)).await;
                 ctx.stage(ledger_row(&body.id, message.id())?);
-                Ok(None)
+                Ok(self.large_result(&body.id, None))
             }
             Kind::External => {
                 if self.claim_stages {
@@ -799,7 +1054,8 @@ impl SimHandler {
                         took,
                     ))
                     .await;
-                Ok(Some(serde_json::json!({ "charged": charged })))
+                let result = serde_json::json!({ "charged": charged });
+                Ok(self.large_result(&body.id, Some(result)))
             }
         }
     }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use sqs_once::Status;
 use sqs_once::parking::REASON_ATTRIBUTE;
 use sqs_once::testkit::queue::{MessageState, StoredMessage};
-use sqs_once_sim::check::{Effect, Evidence, SecondStage, check};
+use sqs_once_sim::check::{Effect, Evidence, SecondStage, check, claim_then_fast};
 use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
 use sqs_once_sim::stores::StorePath;
-use sqs_once_sim::world::{ApiCall, EventSpec, Kind, Runtime, Scenario};
+use sqs_once_sim::world::{ApiCall, ConsumerSpec, EventSpec, Kind, Runtime, Scenario};
 use sqs_once_sim::{run_seed, run_seed_on};
 
 #[test]
@@ -254,6 +254,7 @@ fn event(seq: u64, group: &str) -> EventSpec {
         permanent: false,
         send_at: Duration::ZERO,
         late_duplicate_at: None,
+        attributes: BTreeMap::new(),
     }
 }
 
@@ -275,6 +276,9 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         deployment: sqs_once_sim::world::Deployment::default(),
         ttl: sqs_once_sim::world::TTL,
         skew_beyond_margin: None,
+        retry_after: 0.0,
+        key: sqs_once_sim::world::KeyPlace::Id,
+        large_results: false,
     }
 }
 
@@ -314,6 +318,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         next: None,
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
+        completions: BTreeMap::new(),
     }
 }
 
@@ -777,4 +782,61 @@ fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
         check(&e)
     );
     assert_eq!(sqs_once_sim::check::overlapping(&e), 0);
+}
+
+/// Where fast-path and claim-path consumers share records, a row and a
+/// charge of one event are two applications: counted as the documented
+/// limit only where the charge's claim never completed the record (an
+/// earlier attempt) and its call had ended before the fast path committed;
+/// flagged where the charging attempt completed the record, or its call was
+/// still open at the commit.
+#[test]
+fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_beside_a_charge() {
+    let mut s = scenario(Kind::Staged, false, vec![event(0, "g")]);
+    s.consumers = [Kind::Staged, Kind::External]
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| ConsumerSpec {
+            name: format!("c{i}"),
+            runtime: Runtime::Poller { concurrency: 1 },
+            skew_ms: 0,
+            kind,
+        })
+        .collect();
+    assert!(s.mixed());
+    let acc = accepted(&s);
+    let mut e = evidence(&s, &acc);
+    e.records.insert("evt-0000".into(), Status::Completed);
+    e.charged.insert("evt-0000".into(), 1);
+    e.calls = vec![ApiCall {
+        key: "k".into(),
+        event: "evt-0000".into(),
+        message: "msg-00000001".into(),
+        consumer: "c1".into(),
+        attempt: 1,
+        start_ms: 0,
+        end_ms: Some(100),
+        after_completed: false,
+    }];
+    e.rows = vec![fx("evt-0000", "msg-00000001")];
+    e.outcome_at
+        .insert(("msg-00000001".into(), 2), (500, "completed".into()));
+    // The claim (attempt 1) was lost; the fast path's commit is attempt 2.
+    e.completions.insert("evt-0000".into(), (2, Some(500)));
+    assert_eq!(check(&e), Vec::<String>::new());
+    assert_eq!(claim_then_fast(&e).len(), 1);
+    let twice = |e: &Evidence<'_>| {
+        check(e)
+            .iter()
+            .any(|v| v == "evt-0000: effect applied 2 times")
+    };
+    // The charging attempt completed the record.
+    e.completions.insert("evt-0000".into(), (1, Some(500)));
+    assert!(twice(&e), "{:?}", check(&e));
+    assert!(claim_then_fast(&e).is_empty());
+    // Its call was still open when the fast path committed.
+    e.completions.insert("evt-0000".into(), (2, Some(500)));
+    e.calls[0].end_ms = Some(600);
+    assert!(twice(&e), "{:?}", check(&e));
+    assert!(claim_then_fast(&e).is_empty());
 }

@@ -78,6 +78,7 @@ fn scenario() -> Scenario {
             permanent: false,
             send_at: Duration::ZERO,
             late_duplicate_at: None,
+            attributes: Default::default(),
         }],
         consumers: Vec::new(),
         plan: FaultPlan::NONE,
@@ -92,6 +93,9 @@ fn scenario() -> Scenario {
         deployment: sqs_once_sim::world::Deployment::default(),
         ttl: sqs_once_sim::world::TTL,
         skew_beyond_margin: None,
+        retry_after: 0.0,
+        key: sqs_once_sim::world::KeyPlace::Id,
+        large_results: false,
     }
 }
 
@@ -143,6 +147,7 @@ fn verdict_with(
         next: None,
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
+        completions: BTreeMap::new(),
     };
     (check(&evidence), stranded(&evidence))
 }

@@ -99,6 +99,7 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         path: StorePath::of(seed),
         after_ttl: 0,
         overlapping: 0,
+        claim_then_fast: 0,
     };
     match outcome {
         Ok(Ok(report)) => report,
@@ -130,6 +131,12 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
         println!(
             "NOT DETERMINISTIC: a second run hashed {}",
             again.trace_hash
+        );
+    }
+    if report.claim_then_fast > 0 {
+        println!(
+            "counted: {} events applied by a claim that lost its key and then by the fast path",
+            report.claim_then_fast
         );
     }
     for v in &report.violations {
@@ -297,6 +304,7 @@ struct Totals {
     stranded: u64,
     after_ttl: u64,
     overlapping: u64,
+    claim_then_fast: u64,
 }
 
 impl Totals {
@@ -306,6 +314,7 @@ impl Totals {
         self.stranded += report.stranded as u64;
         self.after_ttl += report.after_ttl as u64;
         self.overlapping += report.overlapping as u64;
+        self.claim_then_fast += report.claim_then_fast as u64;
     }
 
     /// The summary of seeds `from..to` (`ran` of them, `failed` failing).
@@ -318,8 +327,8 @@ impl Totals {
             self.stranded
         );
         println!(
-            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin",
-            self.after_ttl, self.overlapping
+            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} events applied by a claim that lost its key and then by the fast path",
+            self.after_ttl, self.overlapping, self.claim_then_fast
         );
     }
 }
