@@ -24,6 +24,9 @@ pub struct Effect {
     pub event: String,
     /// The SQS message id.
     pub message: String,
+    /// When it was made, ms from the run's start: a ledger row's commit, an
+    /// API call's start.
+    pub at_ms: u128,
 }
 
 /// A chained run's second stage.
@@ -103,10 +106,11 @@ pub struct Evidence<'a> {
     pub next: Option<SecondStage>,
     /// Sends made while their event's record was not `COMPLETED`.
     pub early_sends: Vec<String>,
-    /// How many times TTL ended each event's `COMPLETED` record (a claim or
-    /// a fast-path commit after its `expires_at`, or DynamoDB's TTL
-    /// deletion): each lets one copy that came after it apply again.
-    pub ended_by_ttl: BTreeMap<String, u32>,
+    /// When TTL ended each event's `COMPLETED` record, ms from the run's
+    /// start, in order (a claim or a fast-path commit after its
+    /// `expires_at`, or DynamoDB's TTL deletion): each lets the first
+    /// application after it, and before the next end, apply again.
+    pub ended_by_ttl: BTreeMap<String, Vec<u128>>,
 }
 
 /// The event id in a body.
@@ -403,6 +407,7 @@ fn effects(e: &Evidence<'_>) -> Vec<Effect> {
                 .map(|c| Effect {
                     event: c.event.clone(),
                     message: c.message.clone(),
+                    at_ms: c.start_ms,
                 })
                 .collect()
         }
@@ -418,17 +423,14 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
             first.push(fx.clone());
         }
     }
-    let times = |event: &str| match e.scenario.kind {
-        Kind::Staged => e.rows.iter().filter(|r| r.event == event).count() as u32,
-        Kind::External => e.charged.get(event).copied().unwrap_or(0),
-    };
     for f in &first {
-        let n = times(&f.event);
-        if n > 1 + ttl_ends(e, &f.event) {
+        let times = application_times(e, &f.event);
+        if let Some(at) = applied_again_while_alive(e, &f.event, &times) {
             v.push(format!(
-                "{}: effect applied {n} times{}",
+                "{}: effect applied {} times{}",
                 f.event,
-                ttl_note(e, &f.event)
+                times.len(),
+                ttl_note(e, &f.event, at)
             ));
         }
         let status = e.records.get(&f.event);
@@ -439,15 +441,12 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
     // Claim-path handlers that stage a row: the row commits with the
     // completion, so at most once per event.
     if e.scenario.kind == Kind::External {
-        let mut rows: BTreeMap<&str, u32> = BTreeMap::new();
-        for r in &e.rows {
-            *rows.entry(r.event.as_str()).or_default() += 1;
-        }
-        for (event, n) in rows {
-            if n > 1 + ttl_ends(e, event) {
+        for (event, times) in row_times(e) {
+            if let Some(at) = applied_again_while_alive(e, event, &times) {
                 v.push(format!(
-                    "{event}: staged row committed {n} times{}",
-                    ttl_note(e, event)
+                    "{event}: staged row committed {} times{}",
+                    times.len(),
+                    ttl_note(e, event, at)
                 ));
             }
         }
@@ -455,19 +454,64 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
     first
 }
 
-/// How many times TTL ended `event`'s `COMPLETED` record: the documented
-/// limit (docs/DESIGN.md, "Parking"): a copy that comes after its record's
-/// TTL runs again, so each such end lets one more application through, and
-/// nothing else does.
-fn ttl_ends(e: &Evidence<'_>, event: &str) -> u32 {
-    e.ended_by_ttl.get(event).copied().unwrap_or(0)
+/// When each ledger row was committed (ms from the start), by event.
+fn row_times<'e>(e: &'e Evidence<'_>) -> BTreeMap<&'e str, Vec<u128>> {
+    let mut times: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    for r in &e.rows {
+        times.entry(r.event.as_str()).or_default().push(r.at_ms);
+    }
+    for t in times.values_mut() {
+        t.sort_unstable();
+    }
+    times
 }
 
-/// What a violation of exactly-once says about TTL, where it ended the record.
-fn ttl_note(e: &Evidence<'_>, event: &str) -> String {
-    match ttl_ends(e, event) {
+/// When `event`'s effect was applied, in order: its ledger rows' commits
+/// (fast path), or the first call of each idempotency key at the API (each
+/// key is charged once).
+fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
+    let mut times: Vec<u128> = match e.scenario.kind {
+        Kind::Staged => e
+            .rows
+            .iter()
+            .filter(|r| r.event == event)
+            .map(|r| r.at_ms)
+            .collect(),
+        Kind::External => {
+            let mut first: BTreeMap<&str, u128> = BTreeMap::new();
+            for c in e.calls.iter().filter(|c| c.event == event) {
+                let at = first.entry(c.key.as_str()).or_insert(c.start_ms);
+                *at = (*at).min(c.start_ms);
+            }
+            first.into_values().collect()
+        }
+    };
+    times.sort_unstable();
+    times
+}
+
+/// The documented limit (docs/DESIGN.md, "Parking"): a copy that comes
+/// after its record's TTL ended it runs again. So an application after the
+/// first is allowed only where TTL ended the event's `COMPLETED` record
+/// after the application before it and no later than this one (a claim or
+/// a fast-path commit that replaced an expired record ends it in the same
+/// write). Answers the first application (ms) that no such end allows.
+fn applied_again_while_alive(e: &Evidence<'_>, event: &str, times: &[u128]) -> Option<u128> {
+    let ends = e.ended_by_ttl.get(event).map_or(&[][..], Vec::as_slice);
+    times
+        .windows(2)
+        .find(|w| !ends.iter().any(|t| w[0] < *t && *t <= w[1]))
+        .map(|w| w[1])
+}
+
+/// What a violation of exactly-once says about TTL, where it ended the
+/// record: the application at `at` came with no end since the one before.
+fn ttl_note(e: &Evidence<'_>, event: &str, at: u128) -> String {
+    match e.ended_by_ttl.get(event).map_or(0, Vec::len) {
         0 => String::new(),
-        n => format!(" (its record ended by TTL only {n} times)"),
+        n => format!(
+            " (its record ended by TTL {n} times, none between the application at {at}ms and the one before)"
+        ),
     }
 }
 
@@ -475,13 +519,11 @@ fn ttl_note(e: &Evidence<'_>, event: &str) -> String {
 /// the application before (a copy that came after its record's TTL: the
 /// documented limit). Counted, not violations.
 pub fn after_ttl(e: &Evidence<'_>) -> BTreeSet<String> {
-    let mut times: BTreeMap<&str, u32> = BTreeMap::new();
-    for r in &e.rows {
-        *times.entry(r.event.as_str()).or_default() += 1;
-    }
-    times
+    row_times(e)
         .into_iter()
-        .filter(|(event, n)| *n > 1 && *n <= 1 + ttl_ends(e, event))
+        .filter(|(event, times)| {
+            times.len() > 1 && applied_again_while_alive(e, event, times).is_none()
+        })
         .map(|(event, _)| event.to_owned())
         .collect()
 }

@@ -115,6 +115,7 @@ fn verdict_with(
         rows: vec![Effect {
             event: "evt-0001".into(),
             message: stored.id.clone(),
+            at_ms: 0,
         }],
         calls: Vec::new(),
         charged: BTreeMap::new(),
