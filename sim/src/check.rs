@@ -24,6 +24,9 @@ pub struct Effect {
     pub event: String,
     /// The SQS message id.
     pub message: String,
+    /// When it was made, ms from the run's start: a ledger row's commit, an
+    /// API call's start.
+    pub at_ms: u128,
 }
 
 /// A chained run's second stage.
@@ -103,14 +106,14 @@ pub struct Evidence<'a> {
     pub next: Option<SecondStage>,
     /// Sends made while their event's record was not `COMPLETED`.
     pub early_sends: Vec<String>,
-    /// How many times TTL ended each event's `COMPLETED` record (a claim or
-    /// a fast-path commit after its `expires_at`, or DynamoDB's TTL
-    /// deletion): each lets one copy that came after it apply again.
-    pub ended_by_ttl: BTreeMap<String, u32>,
-    /// Each event's record at the end: its attempts (claims and fast-path
-    /// commits it has seen) and when it said `COMPLETED` (ms from the
-    /// start), if it does.
-    pub completions: BTreeMap<String, (u32, Option<u128>)>,
+    /// When TTL ended each event's `COMPLETED` record, ms from the run's
+    /// start, in order (a claim or a fast-path commit after its
+    /// `expires_at`, or DynamoDB's TTL deletion): each lets the first
+    /// application after it, and before the next end, apply again.
+    pub ended_by_ttl: BTreeMap<String, Vec<u128>>,
+    /// Each event's record at the end: the attempts it has seen (claims
+    /// and fast-path commits; the last is the one that completed it).
+    pub attempts: BTreeMap<String, u32>,
 }
 
 /// The event id in a body.
@@ -395,21 +398,18 @@ fn parked_permanent(e: &Evidence<'_>, event: &str) -> bool {
 }
 
 /// Every effect in the order made: ledger rows in commit order, or API
-/// calls in start order; where the kinds mix, both, a row at the time its
-/// message's first delivery learned it was recorded ([`row_ms`]).
+/// calls in start order.
 fn effects(e: &Evidence<'_>) -> Vec<Effect> {
     if e.scenario.mixed() {
-        let mut timed: Vec<(u128, Effect)> =
-            e.rows.iter().map(|r| (row_ms(e, r), r.clone())).collect();
-        timed.extend(e.calls.iter().map(|c| {
-            let fx = Effect {
-                event: c.event.clone(),
-                message: c.message.clone(),
-            };
-            (c.start_ms, fx)
+        // Both kinds: rows at their commits, calls at their starts.
+        let mut all = e.rows.clone();
+        all.extend(e.calls.iter().map(|c| Effect {
+            event: c.event.clone(),
+            message: c.message.clone(),
+            at_ms: c.start_ms,
         }));
-        timed.sort_by_key(|(at, _)| *at);
-        return timed.into_iter().map(|(_, fx)| fx).collect();
+        all.sort_by_key(|fx| fx.at_ms);
+        return all;
     }
     match e.scenario.kind {
         Kind::Staged => e.rows.clone(),
@@ -421,6 +421,7 @@ fn effects(e: &Evidence<'_>) -> Vec<Effect> {
                 .map(|c| Effect {
                     event: c.event.clone(),
                     message: c.message.clone(),
+                    at_ms: c.start_ms,
                 })
                 .collect()
         }
@@ -436,23 +437,14 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
             first.push(fx.clone());
         }
     }
-    // Where the kinds mix, a row and a charge are two applications.
-    let rows = |event: &str| e.rows.iter().filter(|r| r.event == event).count() as u32;
-    let charges = |event: &str| e.charged.get(event).copied().unwrap_or(0);
-    let times = |event: &str| match e.scenario.kind {
-        _ if e.scenario.mixed() => rows(event) + charges(event),
-        Kind::Staged => rows(event),
-        Kind::External => charges(event),
-    };
-    let by_both = claim_then_fast(e);
     for f in &first {
-        let n = times(&f.event);
-        let limit = u32::from(by_both.contains(&f.event));
-        if n > 1 + ttl_ends(e, &f.event) + limit {
+        let times = application_times(e, &f.event);
+        if let Some(at) = applied_again_while_alive(e, &f.event, &times) {
             v.push(format!(
-                "{}: effect applied {n} times{}",
+                "{}: effect applied {} times{}",
                 f.event,
-                ttl_note(e, &f.event)
+                times.len(),
+                ttl_note(e, &f.event, at)
             ));
         }
         let status = e.records.get(&f.event);
@@ -463,15 +455,12 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
     // Claim-path handlers that stage a row: the row commits with the
     // completion, so at most once per event.
     if !e.scenario.stages() {
-        let mut rows: BTreeMap<&str, u32> = BTreeMap::new();
-        for r in &e.rows {
-            *rows.entry(r.event.as_str()).or_default() += 1;
-        }
-        for (event, n) in rows {
-            if n > 1 + ttl_ends(e, event) {
+        for (event, times) in row_times(e) {
+            if let Some(at) = applied_again_while_alive(e, event, &times) {
                 v.push(format!(
-                    "{event}: staged row committed {n} times{}",
-                    ttl_note(e, event)
+                    "{event}: staged row committed {} times{}",
+                    times.len(),
+                    ttl_note(e, event, at)
                 ));
             }
         }
@@ -479,51 +468,73 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
     first
 }
 
-/// When a fast-path row is taken as applied, on true time: the first
-/// outcome of its message that knew it recorded (`completed`, or a later
-/// delivery's `duplicate`), else when its record said `COMPLETED`. The
-/// record's own stamp is the writer's clock, off by its skew; the outcome
-/// comes after the commit and before the delete that lets a FIFO group's
-/// next message be received, so a group's applications keep their order.
-fn row_ms(e: &Evidence<'_>, row: &Effect) -> u128 {
-    let learned = |outcome: &str| {
-        e.outcome_at
-            .range((row.message.clone(), 0)..=(row.message.clone(), u32::MAX))
-            .filter(|(_, (_, o))| o == outcome)
-            .map(|(_, (at, _))| *at)
-            .min()
+/// When each ledger row was committed (ms from the start), by event.
+fn row_times<'e>(e: &'e Evidence<'_>) -> BTreeMap<&'e str, Vec<u128>> {
+    let mut times: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    for r in &e.rows {
+        times.entry(r.event.as_str()).or_default().push(r.at_ms);
+    }
+    for t in times.values_mut() {
+        t.sort_unstable();
+    }
+    times
+}
+
+/// When `event`'s effect was applied, in order: its ledger rows' commits
+/// (fast path), or the first call of each idempotency key at the API (each
+/// key is charged once).
+///
+/// Where the kinds mix, both: a row and a charge are two applications,
+/// except a charge of a claim that lost its key before the fast path
+/// committed (the documented limit: [`claim_then_fast`]).
+fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
+    let rows = || e.rows.iter().filter(|r| r.event == event).map(|r| r.at_ms);
+    let mut times: Vec<u128> = match e.scenario.kind {
+        _ if e.scenario.mixed() => {
+            let mut times: Vec<u128> = rows().collect();
+            if !claim_then_fast(e).contains(event) {
+                times.extend(charge_times(e, event));
+            }
+            times
+        }
+        Kind::Staged => rows().collect(),
+        Kind::External => charge_times(e, event),
     };
-    learned("completed")
-        .or_else(|| learned("duplicate"))
-        .or_else(|| e.completions.get(&row.event).and_then(|(_, at)| *at))
-        .unwrap_or(u128::MAX)
+    times.sort_unstable();
+    times
+}
+
+/// When each idempotency key of `event` was first called at the API (each
+/// key is charged once).
+fn charge_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
+    let mut first: BTreeMap<&str, u128> = BTreeMap::new();
+    for c in e.calls.iter().filter(|c| c.event == event) {
+        let at = first.entry(c.key.as_str()).or_insert(c.start_ms);
+        *at = (*at).min(c.start_ms);
+    }
+    first.into_values().collect()
 }
 
 /// Events applied by a claim-path attempt and then by a fast-path commit,
 /// where the kinds mix: every API call of the event was made under an
 /// attempt before the one that completed its record (so that claim was
 /// released or expired, never completed), and had ended before the fast
-/// path's commit completed it with its row ([`row_ms`]).
-/// The documented limit of sharing records between the paths
-/// (docs/DESIGN.md, "The fast path"): an abandoned claim's effect is
-/// covered by its idempotency key on the claim path only, and a fast-path
-/// handler has none. Counted, not violations; a row beside a charge of the
-/// attempt that completed the record, or of a call still open when the
-/// fast path committed, is a double application.
+/// path's first row of the event committed. The documented limit of
+/// sharing records between the paths (docs/DESIGN.md, "The fast path"): an
+/// abandoned claim's effect is covered by its idempotency key on the claim
+/// path only, and a fast-path handler has none. Counted, not violations; a
+/// row beside a charge of the attempt that completed the record, or of a
+/// call still open at the commit, is a double application.
 pub fn claim_then_fast(e: &Evidence<'_>) -> BTreeSet<String> {
     if !e.scenario.mixed() {
         return BTreeSet::new();
     }
-    let mut rows: BTreeMap<&str, &Effect> = BTreeMap::new();
-    for r in &e.rows {
-        rows.entry(r.event.as_str()).or_insert(r);
-    }
-    rows.into_iter()
-        .filter(|(event, row)| {
-            let Some(&(attempts, _)) = e.completions.get(*event) else {
+    row_times(e)
+        .into_iter()
+        .filter(|(event, rows)| {
+            let (Some(&attempts), Some(&done)) = (e.attempts.get(*event), rows.first()) else {
                 return false;
             };
-            let done = row_ms(e, row);
             let mut calls = e.calls.iter().filter(|c| c.event == *event).peekable();
             calls.peek().is_some()
                 && calls.all(|c| c.attempt < attempts && c.end_ms.is_some_and(|end| end <= done))
@@ -532,19 +543,28 @@ pub fn claim_then_fast(e: &Evidence<'_>) -> BTreeSet<String> {
         .collect()
 }
 
-/// How many times TTL ended `event`'s `COMPLETED` record: the documented
-/// limit (docs/DESIGN.md, "Parking"): a copy that comes after its record's
-/// TTL runs again, so each such end lets one more application through, and
-/// nothing else does.
-fn ttl_ends(e: &Evidence<'_>, event: &str) -> u32 {
-    e.ended_by_ttl.get(event).copied().unwrap_or(0)
+/// The documented limit (docs/DESIGN.md, "Parking"): a copy that comes
+/// after its record's TTL ended it runs again. So an application after the
+/// first is allowed only where TTL ended the event's `COMPLETED` record
+/// after the application before it and no later than this one (a claim or
+/// a fast-path commit that replaced an expired record ends it in the same
+/// write). Answers the first application (ms) that no such end allows.
+fn applied_again_while_alive(e: &Evidence<'_>, event: &str, times: &[u128]) -> Option<u128> {
+    let ends = e.ended_by_ttl.get(event).map_or(&[][..], Vec::as_slice);
+    times
+        .windows(2)
+        .find(|w| !ends.iter().any(|t| w[0] < *t && *t <= w[1]))
+        .map(|w| w[1])
 }
 
-/// What a violation of exactly-once says about TTL, where it ended the record.
-fn ttl_note(e: &Evidence<'_>, event: &str) -> String {
-    match ttl_ends(e, event) {
+/// What a violation of exactly-once says about TTL, where it ended the
+/// record: the application at `at` came with no end since the one before.
+fn ttl_note(e: &Evidence<'_>, event: &str, at: u128) -> String {
+    match e.ended_by_ttl.get(event).map_or(0, Vec::len) {
         0 => String::new(),
-        n => format!(" (its record ended by TTL only {n} times)"),
+        n => format!(
+            " (its record ended by TTL {n} times, none between the application at {at}ms and the one before)"
+        ),
     }
 }
 
@@ -552,13 +572,11 @@ fn ttl_note(e: &Evidence<'_>, event: &str) -> String {
 /// the application before (a copy that came after its record's TTL: the
 /// documented limit). Counted, not violations.
 pub fn after_ttl(e: &Evidence<'_>) -> BTreeSet<String> {
-    let mut times: BTreeMap<&str, u32> = BTreeMap::new();
-    for r in &e.rows {
-        *times.entry(r.event.as_str()).or_default() += 1;
-    }
-    times
+    row_times(e)
         .into_iter()
-        .filter(|(event, n)| *n > 1 && *n <= 1 + ttl_ends(e, event))
+        .filter(|(event, times)| {
+            times.len() > 1 && applied_again_while_alive(e, event, times).is_none()
+        })
         .map(|(event, _)| event.to_owned())
         .collect()
 }

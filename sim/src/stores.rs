@@ -127,21 +127,27 @@ impl Backend {
         }
     }
 
-    /// The ledger rows committed so far, in commit order.
-    pub fn rows(&self) -> Vec<Effect> {
+    /// The ledger rows committed so far, in commit order, each with when it
+    /// committed (ms from `start`, the run's start).
+    pub fn rows(&self, start: tokio::time::Instant) -> Vec<Effect> {
+        let ms = |at: tokio::time::Instant| at.saturating_duration_since(start).as_millis();
         match self {
             Self::Memory(s) => {
                 let mut rows = Vec::new();
-                s.for_each_committed(|writes| {
-                    rows.extend(writes.iter().filter_map(crate::world::row_effect));
+                s.for_each_committed_at(|at, writes| {
+                    rows.extend(
+                        writes
+                            .iter()
+                            .filter_map(|w| crate::world::row_effect(w, ms(at))),
+                    );
                 });
                 rows
             }
             Self::Wire(m) => m
                 .committed()
                 .into_iter()
-                .filter(|(table, _)| table == wire::LEDGER)
-                .filter_map(|(_, item)| {
+                .filter(|(table, _, _)| table == wire::LEDGER)
+                .filter_map(|(_, item, at)| {
                     let text = |k: &str| match item.get(k) {
                         Some(Av::S(s)) => Some(s.clone()),
                         _ => None,
@@ -149,6 +155,7 @@ impl Backend {
                     Some(Effect {
                         event: text("pk")?,
                         message: text("message")?,
+                        at_ms: ms(at),
                     })
                 })
                 .collect(),
@@ -204,36 +211,43 @@ impl Backend {
         }
     }
 
-    /// How many times TTL ended each key's `COMPLETED` record: a claim or a
-    /// fast-path commit replaced it after its `expires_at`, or TTL deleted
-    /// it. The memory store judges expiry by the writer's clock, as its
-    /// condition did; the model (whose writers' clocks it does not know) by
-    /// true time plus `grace`, the most a host's clock runs ahead.
+    /// When TTL ended each key's `COMPLETED` record (ms from `start`, in
+    /// order): a claim or a fast-path commit replaced it after its
+    /// `expires_at`, or TTL deleted it. The memory store judges expiry by
+    /// the writer's clock, as its condition did; the model (whose writers'
+    /// clocks it does not know) by true time plus `grace`, the most a
+    /// host's clock runs ahead.
     pub fn ended_by_ttl(
         &self,
         (epoch_ms, start): (i64, tokio::time::Instant),
         grace: Duration,
-    ) -> BTreeMap<String, u32> {
-        let keys = match self {
+    ) -> BTreeMap<String, Vec<u128>> {
+        let since_start = |at: tokio::time::Instant| at.saturating_duration_since(start);
+        let ends: Vec<(String, tokio::time::Instant)> = match self {
             Self::Memory(s) => s.ended_by_ttl(),
             Self::Wire(m) => m
                 .ended_by_ttl()
                 .into_iter()
                 .filter(|(_, expires_s, at)| {
                     let true_ms = epoch_ms
-                        + i64::try_from(at.saturating_duration_since(start).as_millis())
-                            .unwrap_or(i64::MAX / 2);
+                        + i64::try_from(since_start(*at).as_millis()).unwrap_or(i64::MAX / 2);
                     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(0);
                     expires_s.saturating_mul(1000) < true_ms + grace_ms
                 })
-                .map(|(key, _, _)| key)
+                .map(|(key, _, at)| (key, at))
                 .collect(),
         };
-        let mut ends = BTreeMap::new();
-        for key in keys {
-            *ends.entry(key).or_default() += 1;
+        let mut by_key: BTreeMap<String, Vec<u128>> = BTreeMap::new();
+        for (key, at) in ends {
+            by_key
+                .entry(key)
+                .or_default()
+                .push(since_start(at).as_millis());
         }
-        ends
+        for ends in by_key.values_mut() {
+            ends.sort_unstable();
+        }
+        by_key
     }
 
     /// Each claim's lease end as stored, by (key, attempt), on tokio's clock

@@ -1072,13 +1072,15 @@ fn ledger_row(id: &str, message: &str) -> Result<TransactWriteItem, HandlerError
     Ok(TransactWriteItem::builder().put(put).build())
 }
 
-/// The effect a staged ledger row is: its event and message.
-pub fn row_effect(item: &TransactWriteItem) -> Option<crate::check::Effect> {
+/// The effect a staged ledger row is: its event and message, and when it
+/// committed (`at_ms`, from the run's start).
+pub fn row_effect(item: &TransactWriteItem, at_ms: u128) -> Option<crate::check::Effect> {
     let item = item.put()?.item();
     let text = |name: &str| item.get(name)?.as_s().ok().cloned();
     Some(crate::check::Effect {
         event: text("pk")?,
         message: text("message")?,
+        at_ms,
     })
 }
 

@@ -318,14 +318,20 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         next: None,
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
-        completions: BTreeMap::new(),
+        attempts: BTreeMap::new(),
     }
 }
 
 fn fx(event: &str, message: &str) -> Effect {
+    fx_at(event, message, 0)
+}
+
+/// A ledger row committed `at_ms` from the start.
+fn fx_at(event: &str, message: &str, at_ms: u128) -> Effect {
     Effect {
         event: event.into(),
         message: message.into(),
+        at_ms,
     }
 }
 
@@ -668,15 +674,9 @@ fn regression_seed_156_a_twin_released_after_its_message_was_parked() {
 /// Seeds 20 (wire path) and 21 (memory path) keep their records minutes
 /// only: DynamoDB's TTL deletes some during the run, copies come after
 /// their record's TTL and apply again (the documented limit, counted), and
-/// nothing else is excused. The draw is opt-in (docs/DESIGN.md says why):
-/// `SIM_DRAW_TTL=1 cargo test -p sqs-once-sim --test sim -- --ignored`.
+/// nothing else is excused.
 #[test]
-#[ignore = "records that expire are drawn only with SIM_DRAW_TTL=1"]
 fn runs_whose_records_expire_pass_with_their_ttl_deletions() {
-    assert!(
-        std::env::var_os("SIM_DRAW_TTL").is_some(),
-        "run with SIM_DRAW_TTL=1"
-    );
     for seed in [20, 21] {
         let report = run_seed(seed, true).unwrap();
         assert!(
@@ -692,34 +692,53 @@ fn runs_whose_records_expire_pass_with_their_ttl_deletions() {
 }
 
 #[test]
-fn the_checker_lets_an_event_apply_again_once_per_ttl_end_of_its_record() {
+fn the_checker_lets_an_event_apply_again_only_after_a_ttl_end_of_its_record() {
     let s = scenario(Kind::Staged, false, vec![event(0, "g")]);
     let acc = accepted(&s);
     let mut e = evidence(&s, &acc);
     e.records.insert("evt-0000".into(), Status::Completed);
     e.rows = vec![
-        fx("evt-0000", "msg-00000001"),
-        fx("evt-0000", "msg-00000002"),
+        fx_at("evt-0000", "msg-00000001", 1_000),
+        fx_at("evt-0000", "msg-00000002", 2_000),
     ];
     let v = check(&e);
     assert!(
         v.iter().any(|v| v == "evt-0000: effect applied 2 times"),
         "{v:?}"
     );
-    e.ended_by_ttl.insert("evt-0000".into(), 1);
-    assert!(check(&e).is_empty(), "{:?}", check(&e));
-    assert_eq!(
-        sqs_once_sim::check::after_ttl(&e),
-        BTreeSet::from(["evt-0000".to_owned()])
-    );
-    e.rows.push(fx("evt-0000", "msg-00000003"));
+    let after_ttl = |e: &sqs_once_sim::check::Evidence<'_>| sqs_once_sim::check::after_ttl(e);
+    // TTL ended the first application's record before the second: allowed,
+    // counted. So is an end in the second's own write (a commit that
+    // replaced the expired record).
+    for end in [1_500, 2_000] {
+        e.ended_by_ttl.insert("evt-0000".into(), vec![end]);
+        assert!(check(&e).is_empty(), "end at {end}: {:?}", check(&e));
+        assert_eq!(after_ttl(&e), BTreeSet::from(["evt-0000".to_owned()]));
+    }
+    // An end before the first application or after the second allows
+    // nothing: the record was alive when the second applied.
+    for end in [500, 1_000, 2_500] {
+        e.ended_by_ttl.insert("evt-0000".into(), vec![end]);
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v
+                == "evt-0000: effect applied 2 times (its record ended by TTL 1 times, none between the application at 2000ms and the one before)"),
+            "end at {end}: {v:?}"
+        );
+        assert!(after_ttl(&e).is_empty(), "end at {end}");
+    }
+    // Two ends between the first two applications allow one of them only.
+    e.ended_by_ttl.insert("evt-0000".into(), vec![1_200, 1_800]);
+    e.rows.push(fx_at("evt-0000", "msg-00000003", 3_000));
     let v = check(&e);
     assert!(
-        v.iter()
-            .any(|v| v == "evt-0000: effect applied 3 times (its record ended by TTL only 1 times)"),
+        v.iter().any(|v| v
+            == "evt-0000: effect applied 3 times (its record ended by TTL 2 times, none between the application at 3000ms and the one before)"),
         "{v:?}"
     );
-    assert!(sqs_once_sim::check::after_ttl(&e).is_empty());
+    assert!(after_ttl(&e).is_empty());
+    e.ended_by_ttl.insert("evt-0000".into(), vec![1_200, 2_600]);
+    assert!(check(&e).is_empty(), "{:?}", check(&e));
 }
 
 #[test]
@@ -818,11 +837,9 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
         end_ms: Some(100),
         after_completed: false,
     }];
-    e.rows = vec![fx("evt-0000", "msg-00000001")];
-    e.outcome_at
-        .insert(("msg-00000001".into(), 2), (500, "completed".into()));
+    e.rows = vec![fx_at("evt-0000", "msg-00000001", 500)];
     // The claim (attempt 1) was lost; the fast path's commit is attempt 2.
-    e.completions.insert("evt-0000".into(), (2, Some(500)));
+    e.attempts.insert("evt-0000".into(), 2);
     assert_eq!(check(&e), Vec::<String>::new());
     assert_eq!(claim_then_fast(&e).len(), 1);
     let twice = |e: &Evidence<'_>| {
@@ -831,11 +848,11 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
             .any(|v| v == "evt-0000: effect applied 2 times")
     };
     // The charging attempt completed the record.
-    e.completions.insert("evt-0000".into(), (1, Some(500)));
+    e.attempts.insert("evt-0000".into(), 1);
     assert!(twice(&e), "{:?}", check(&e));
     assert!(claim_then_fast(&e).is_empty());
     // Its call was still open when the fast path committed.
-    e.completions.insert("evt-0000".into(), (2, Some(500)));
+    e.attempts.insert("evt-0000".into(), 2);
     e.calls[0].end_ms = Some(600);
     assert!(twice(&e), "{:?}", check(&e));
     assert!(claim_then_fast(&e).is_empty());

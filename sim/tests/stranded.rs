@@ -119,6 +119,7 @@ fn verdict_with(
         rows: vec![Effect {
             event: "evt-0001".into(),
             message: stored.id.clone(),
+            at_ms: 0,
         }],
         calls: Vec::new(),
         charged: BTreeMap::new(),
@@ -147,7 +148,7 @@ fn verdict_with(
         next: None,
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
-        completions: BTreeMap::new(),
+        attempts: BTreeMap::new(),
     };
     (check(&evidence), stranded(&evidence))
 }

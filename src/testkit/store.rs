@@ -31,7 +31,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     records: HashMap<String, Record>,
-    committed: Vec<Vec<TransactWriteItem>>,
+    committed: Committed,
     /// Guarded writes applied to a record another owner held (never, with
     /// fencing intact): what the simulator's checker reads.
     fencing_breaches: Vec<String>,
@@ -45,9 +45,14 @@ struct State {
     /// fast-path commit after their `expires_at` (by the writer's clock), or
     /// deleted by [`MemoryStore::sweep_expired`]. What the simulator's
     /// checker reads to tell a duplicate that came after its record's TTL
-    /// (the documented limit) from one applied twice.
-    ended_by_ttl: Vec<String>,
+    /// (the documented limit) from one applied twice: each with the instant
+    /// of the tokio clock it ended at.
+    ended_by_ttl: Vec<(String, tokio::time::Instant)>,
 }
+
+/// Committed transactions' staged writes, in commit order, each with the
+/// instant of the tokio clock it committed at.
+type Committed = Vec<(tokio::time::Instant, Vec<TransactWriteItem>)>;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -98,8 +103,8 @@ impl MemoryStore {
     }
 
     /// Keys of `COMPLETED` records that TTL ended (see `State::ended_by_ttl`),
-    /// once per end.
-    pub fn ended_by_ttl(&self) -> Vec<String> {
+    /// once per end, with the instant of the tokio clock it ended at.
+    pub fn ended_by_ttl(&self) -> Vec<(String, tokio::time::Instant)> {
         self.lock().ended_by_ttl.clone()
     }
 
@@ -120,8 +125,9 @@ impl MemoryStore {
             .filter_map(|pk| state.records.remove(pk))
             .collect();
         deleted.sort_by(|a, b| a.pk.cmp(&b.pk));
+        let now = tokio::time::Instant::now();
         for r in deleted.iter().filter(|r| r.status == Status::Completed) {
-            state.ended_by_ttl.push(r.pk.clone());
+            state.ended_by_ttl.push((r.pk.clone(), now));
         }
         deleted
     }
@@ -137,8 +143,17 @@ impl MemoryStore {
     /// order, without copying them (for checks over millions of commits).
     /// The store is locked meanwhile: `f` must not call it.
     pub fn for_each_committed(&self, mut f: impl FnMut(&[TransactWriteItem])) {
-        for writes in &self.lock().committed {
-            f(writes);
+        self.for_each_committed_at(|_, writes| f(writes));
+    }
+
+    /// [`MemoryStore::for_each_committed`], with the instant of the tokio
+    /// clock each transaction committed at.
+    pub fn for_each_committed_at(
+        &self,
+        mut f: impl FnMut(tokio::time::Instant, &[TransactWriteItem]),
+    ) {
+        for (at, writes) in &self.lock().committed {
+            f(*at, writes);
         }
     }
 
@@ -167,7 +182,7 @@ impl MemoryStore {
         pk: &str,
         owner: &str,
         done: impl FnOnce(&Record) -> bool,
-        f: impl FnOnce(&mut Record, &mut Vec<Vec<TransactWriteItem>>),
+        f: impl FnOnce(&mut Record, &mut Committed),
     ) -> Result<(), StoreError> {
         self.check_available()?;
         let mut guard = self.lock();
@@ -262,7 +277,9 @@ impl DedupStore for MemoryStore {
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         let error = old.and_then(|o| o.error.clone());
         if old.is_some_and(|o| completed_and_expired(o, now_ms)) {
-            state.ended_by_ttl.push(req.pk.clone());
+            state
+                .ended_by_ttl
+                .push((req.pk.clone(), tokio::time::Instant::now()));
         }
         state.lease_ends.insert(
             (req.pk.clone(), attempts),
@@ -303,7 +320,7 @@ impl DedupStore for MemoryStore {
                 r.completed_at_ms = Some(now_ms);
                 r.expires_at_s = expires_at(now_ms, c.ttl);
                 if !c.writes.is_empty() {
-                    committed.push(items_of(c.writes));
+                    committed.push((tokio::time::Instant::now(), items_of(c.writes)));
                 }
             },
         )
@@ -392,7 +409,9 @@ impl DedupStore for MemoryStore {
         check_transaction_limits(&writes, 0)?;
         self.check_available()?;
         if !writes.is_empty() {
-            self.lock().committed.push(items_of(writes));
+            self.lock()
+                .committed
+                .push((tokio::time::Instant::now(), items_of(writes)));
         }
         Ok(())
     }
@@ -417,7 +436,9 @@ impl DedupStore for MemoryStore {
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         if old.is_some_and(|o| completed_and_expired(o, now_ms)) {
-            state.ended_by_ttl.push(c.pk.clone());
+            state
+                .ended_by_ttl
+                .push((c.pk.clone(), tokio::time::Instant::now()));
         }
         state.records.insert(
             c.pk.clone(),
@@ -438,7 +459,9 @@ impl DedupStore for MemoryStore {
             },
         );
         if !c.writes.is_empty() {
-            state.committed.push(items_of(c.writes));
+            state
+                .committed
+                .push((tokio::time::Instant::now(), items_of(c.writes)));
         }
         Ok(FastCommitted::Committed)
     }

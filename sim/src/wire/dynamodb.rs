@@ -199,8 +199,9 @@ struct State {
     tables: BTreeMap<String, Table>,
     tokens: HashMap<String, Token>,
     /// Items put into tables other than the fenced one by committed
-    /// transactions, in commit order (the staged writes' rows).
-    committed: Vec<(String, Item)>,
+    /// transactions, in commit order (the staged writes' rows), with the
+    /// instant each committed.
+    committed: Vec<(String, Item, Instant)>,
     /// The table whose writes are watched for fencing.
     fenced: Option<String>,
     /// Writes that changed a record another owner held in progress.
@@ -325,8 +326,9 @@ impl DynamoModel {
     }
 
     /// The items committed transactions put into tables other than the
-    /// fenced one, with their table, in commit order.
-    pub fn committed(&self) -> Vec<(String, Item)> {
+    /// fenced one, with their table and the instant they committed, in
+    /// commit order.
+    pub fn committed(&self) -> Vec<(String, Item, Instant)> {
         self.lock().committed.clone()
     }
 
@@ -656,7 +658,9 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
         }
     }
     if let (false, WriteKind::Put(item)) = (fenced, &w.kind) {
-        state.committed.push((w.table.clone(), item.clone()));
+        state
+            .committed
+            .push((w.table.clone(), item.clone(), Instant::now()));
     }
     let Some(t) = state.tables.get_mut(&w.table) else {
         return;
