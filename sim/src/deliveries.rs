@@ -76,6 +76,9 @@ impl Delivery {
 pub struct Deliveries {
     all: Arc<Mutex<BTreeMap<String, Delivery>>>,
     calm_at: Arc<Mutex<Option<Instant>>>,
+    /// When SQS issued each receipt handle, where the service notes it (the
+    /// wire path's model): an answer may reach its consumer later.
+    issued: Arc<Mutex<BTreeMap<String, Instant>>>,
 }
 
 impl Deliveries {
@@ -93,8 +96,20 @@ impl Deliveries {
         *self.calm_at.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// SQS issued these receipt handles now (a receive applied; its answer
+    /// may come later, or never).
+    pub fn issued(&self, receipts: &[String]) {
+        let now = Instant::now();
+        let mut issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
+        for r in receipts {
+            issued.insert(r.clone(), now);
+        }
+    }
+
     /// A receive's answer from `queue` reached `consumer` (whose host lives
-    /// `life`, cut off from SQS at `cuts`).
+    /// `life`, cut off from SQS at `cuts`); the message stays invisible
+    /// `visibility` from when SQS issued its receipt handle (where noted),
+    /// else from now.
     pub fn received(
         &self,
         who: (&str, &Life, &Cuts),
@@ -104,6 +119,7 @@ impl Deliveries {
     ) {
         let (consumer, life, cuts) = who;
         let now = Instant::now();
+        let issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for m in messages {
                 let Some(receipt) = m.receipt_handle() else {
@@ -118,7 +134,7 @@ impl Deliveries {
                         count: m.receive_count(),
                         consumer: consumer.to_owned(),
                         at: now,
-                        held_until: now + visibility,
+                        held_until: issued.get(receipt).copied().unwrap_or(now) + visibility,
                         delete_sent: None,
                         delete_reached: false,
                         life: life.clone(),
