@@ -18,7 +18,8 @@ pub mod dynamodb;
 pub mod expr;
 pub mod sqs;
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::config::{
@@ -126,6 +127,9 @@ pub struct Wire {
     /// The client's attempt timeout, where a request that lands after the
     /// client gave up counts its delay from (SQS).
     gives_up: Duration,
+    /// SQS faults given in advance, one per request in order, before the
+    /// link's draws (tests).
+    script: Arc<Mutex<VecDeque<SqsFault>>>,
 }
 
 impl Wire {
@@ -137,7 +141,18 @@ impl Wire {
             link,
             life,
             gives_up: Duration::ZERO,
+            script: Arc::default(),
         }
+    }
+
+    /// The next SQS requests meet these faults, in order (the link's draws
+    /// come after them).
+    pub fn scripted(self, faults: impl IntoIterator<Item = SqsFault>) -> Self {
+        self.script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(faults);
+        self
     }
 
     /// For a client whose attempts time out after `attempt`: an SQS request
@@ -241,8 +256,15 @@ impl Wire {
         body: serde_json::Value,
         connect_timeout: Duration,
     ) -> Result<HttpResponse, ConnectorError> {
-        let fault = self.link.as_ref().map_or(SqsFault::None, |link| {
-            link.draw_sqs_wire(&op, sqs::entries_of(&op, &body))
+        let scripted = self
+            .script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        let fault = scripted.unwrap_or_else(|| {
+            self.link.as_ref().map_or(SqsFault::None, |link| {
+                link.draw_sqs_wire(&op, sqs::entries_of(&op, &body))
+            })
         });
         let answer = match fault {
             SqsFault::None => model.handle(&op, &body).await,
@@ -368,15 +390,24 @@ impl HttpConnector for Wire {
 }
 
 impl Wire {
-    fn call_with(&self, request: HttpRequest, connect_timeout: Duration) -> HttpConnectorFuture {
+    fn call_with(
+        &self,
+        mut request: HttpRequest,
+        connect_timeout: Duration,
+    ) -> HttpConnectorFuture {
         let op = operation(&request);
-        let body = request
-            .body()
-            .bytes()
-            .and_then(|b| serde_json::from_slice(b).ok())
-            .unwrap_or(serde_json::Value::Null);
+        let sent = request.take_body();
         let (wire, life) = (self.clone(), self.life.clone());
         HttpConnectorFuture::new(async move {
+            // The body is read to its end, as an HTTP client sends it: the
+            // SDK's upload stall check, which watches it being read, would
+            // otherwise cut every request whose answer takes more than a
+            // few seconds (an empty long poll, a silent service) short.
+            let read = http_body_util::BodyExt::collect(sent).await;
+            let body = read
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b.to_bytes()).ok())
+                .unwrap_or(serde_json::Value::Null);
             life.guard(wire.exchange(op, body, connect_timeout)).await
         })
     }
