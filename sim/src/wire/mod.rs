@@ -293,7 +293,14 @@ impl Wire {
                 return std::future::pending().await;
             }
             SqsFault::Late(after) => {
-                let (model, at) = (model.clone(), self.gives_up + after);
+                // The adapter bounds the attempts of calls other than a
+                // receive more tightly than the client does.
+                let gives_up = if op == "ReceiveMessage" {
+                    self.gives_up
+                } else {
+                    self.gives_up.min(sqs_once::aws::sqs::CALL_ATTEMPT)
+                };
+                let (model, at) = (model.clone(), gives_up + after);
                 tokio::spawn(async move {
                     tokio::time::sleep(at).await;
                     let _ = model.handle(&op, &body).await;

@@ -414,11 +414,39 @@ mod sqs {
         let started = tokio::time::Instant::now();
         let err = client.delete(&url, receipt).await.unwrap_err();
         assert!(err.is_transient(), "{err}");
-        // Three attempts of 30 s each, and the SDK's pauses between them.
-        assert!(started.elapsed() >= Duration::from_secs(90), "{err}");
+        // Three attempts of `CALL_ATTEMPT` each, and the SDK's pauses between them.
+        let attempt = sqs_once::aws::sqs::CALL_ATTEMPT;
+        let given_up = started.elapsed();
+        assert!(given_up >= attempt * 3, "{given_up:?}");
         assert_eq!(queue.counts(&url).unwrap().deleted, 0);
-        tokio::time::sleep_until(started + Duration::from_secs(131)).await;
+        tokio::time::sleep_until(started + attempt + Duration::from_secs(101)).await;
         assert_eq!(queue.counts(&url).unwrap().deleted, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_other_than_a_receive_gives_an_attempt_no_longer_than_call_attempt() {
+        let silent = [SqsFault::Silent { applied: false }];
+        let (queue, client, url, _) = faulty(silent.clone());
+        queue.send(&url, message("b")).await.unwrap();
+        let got = queue.receive(&url, request()).await.unwrap();
+        let started = tokio::time::Instant::now();
+        // The client's attempts may last 30 s (a long poll's); a delete's
+        // silent attempt is given up after `CALL_ATTEMPT`, and the retry
+        // deletes.
+        client
+            .delete(&url, got[0].receipt_handle().unwrap())
+            .await
+            .unwrap();
+        let attempt = sqs_once::aws::sqs::CALL_ATTEMPT;
+        assert!(started.elapsed() >= attempt, "{:?}", started.elapsed());
+        assert!(started.elapsed() < attempt * 2, "{:?}", started.elapsed());
+        assert_eq!(queue.counts(&url).unwrap().deleted, 1);
+        // A receive keeps the client's: a long poll may wait 20 s.
+        let (_, client, url, _) = faulty(silent);
+        let started = tokio::time::Instant::now();
+        let got = client.receive(&url, request()).await.unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        assert!(started.elapsed() >= Duration::from_secs(30), "{:?}", started.elapsed());
     }
 
     #[tokio::test(start_paused = true)]
