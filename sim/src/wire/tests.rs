@@ -446,7 +446,11 @@ mod sqs {
         let started = tokio::time::Instant::now();
         let got = client.receive(&url, request()).await.unwrap();
         assert!(got.is_empty(), "{got:?}");
-        assert!(started.elapsed() >= Duration::from_secs(30), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() >= Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]
