@@ -36,7 +36,9 @@ pub struct Delivery {
     pub count: u32,
     /// The consumer (or event source mapping) that received it.
     pub consumer: String,
-    /// When it arrived.
+    /// When SQS delivered it: issued its receipt handle, where the service
+    /// notes that (the wire path's model: a slow or retried answer reaches
+    /// the consumer later), else when it reached the consumer.
     pub at: Instant,
     /// Until when it stays invisible, as far as SQS is concerned (the
     /// receive's visibility, then every visibility change SQS applied).
@@ -107,9 +109,9 @@ impl Deliveries {
     }
 
     /// A receive's answer from `queue` reached `consumer` (whose host lives
-    /// `life`, cut off from SQS at `cuts`); the message stays invisible
-    /// `visibility` from when SQS issued its receipt handle (where noted),
-    /// else from now.
+    /// `life`, cut off from SQS at `cuts`); each message was delivered, and
+    /// stays invisible `visibility` from, when SQS issued its receipt handle
+    /// (where noted), else now.
     pub fn received(
         &self,
         who: (&str, &Life, &Cuts),
@@ -125,6 +127,7 @@ impl Deliveries {
                 let Some(receipt) = m.receipt_handle() else {
                     continue;
                 };
+                let at = issued.get(receipt).copied().unwrap_or(now);
                 all.insert(
                     receipt.to_owned(),
                     Delivery {
@@ -133,8 +136,8 @@ impl Deliveries {
                         queue: queue.to_owned(),
                         count: m.receive_count(),
                         consumer: consumer.to_owned(),
-                        at: now,
-                        held_until: issued.get(receipt).copied().unwrap_or(now) + visibility,
+                        at,
+                        held_until: at + visibility,
                         delete_sent: None,
                         delete_reached: false,
                         life: life.clone(),
