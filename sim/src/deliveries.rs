@@ -36,7 +36,9 @@ pub struct Delivery {
     pub count: u32,
     /// The consumer (or event source mapping) that received it.
     pub consumer: String,
-    /// When it arrived.
+    /// When SQS delivered it: issued its receipt handle, where the service
+    /// notes that (the wire path's model: a slow or retried answer reaches
+    /// the consumer later), else when it reached the consumer.
     pub at: Instant,
     /// Until when it stays invisible, as far as SQS is concerned (the
     /// receive's visibility, then every visibility change SQS applied).
@@ -76,6 +78,9 @@ impl Delivery {
 pub struct Deliveries {
     all: Arc<Mutex<BTreeMap<String, Delivery>>>,
     calm_at: Arc<Mutex<Option<Instant>>>,
+    /// When SQS issued each receipt handle, where the service notes it (the
+    /// wire path's model): an answer may reach its consumer later.
+    issued: Arc<Mutex<BTreeMap<String, Instant>>>,
 }
 
 impl Deliveries {
@@ -93,8 +98,20 @@ impl Deliveries {
         *self.calm_at.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// SQS issued these receipt handles now (a receive applied; its answer
+    /// may come later, or never).
+    pub fn issued(&self, receipts: &[String]) {
+        let now = Instant::now();
+        let mut issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
+        for r in receipts {
+            issued.insert(r.clone(), now);
+        }
+    }
+
     /// A receive's answer from `queue` reached `consumer` (whose host lives
-    /// `life`, cut off from SQS at `cuts`).
+    /// `life`, cut off from SQS at `cuts`); each message was delivered, and
+    /// stays invisible `visibility` from, when SQS issued its receipt handle
+    /// (where noted), else now.
     pub fn received(
         &self,
         who: (&str, &Life, &Cuts),
@@ -104,11 +121,13 @@ impl Deliveries {
     ) {
         let (consumer, life, cuts) = who;
         let now = Instant::now();
+        let issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for m in messages {
                 let Some(receipt) = m.receipt_handle() else {
                     continue;
                 };
+                let at = issued.get(receipt).copied().unwrap_or(now);
                 all.insert(
                     receipt.to_owned(),
                     Delivery {
@@ -117,8 +136,8 @@ impl Deliveries {
                         queue: queue.to_owned(),
                         count: m.receive_count(),
                         consumer: consumer.to_owned(),
-                        at: now,
-                        held_until: now + visibility,
+                        at,
+                        held_until: at + visibility,
                         delete_sent: None,
                         delete_reached: false,
                         life: life.clone(),

@@ -212,6 +212,10 @@ pub struct Link {
     sqs_cuts: Cuts,
     calm: Arc<AtomicBool>,
     counts: Arc<FaultCounts>,
+    /// The dice of SQS's faults on the wire (see [`Link::with_sqs_wire`]).
+    sqs_wire: Option<Dice>,
+    /// SQS requests the client gives up on that land later, on the wire.
+    sqs_late: f64,
 }
 
 impl Link {
@@ -233,7 +237,19 @@ impl Link {
             sqs_cuts: Cuts::default(),
             calm,
             counts,
+            sqs_wire: None,
+            sqs_late: 0.0,
         }
+    }
+
+    /// Draws SQS's faults on the wire (the wire path: [`Link::draw_sqs_wire`])
+    /// from `dice`, a stream of their own, so the draws of the other
+    /// faults stay as they were; requests land after the client gave up at
+    /// `late`.
+    pub fn with_sqs_wire(mut self, dice: Dice, late: f64) -> Self {
+        self.sqs_wire = Some(dice);
+        self.sqs_late = late;
+        self
     }
 
     /// Cuts the host off from `service` for `d`.
@@ -257,6 +273,10 @@ impl Link {
     }
 
     fn draw(&self, service: Service, op: &str) -> Fault {
+        self.draw_from(&self.dice, service, op)
+    }
+
+    fn draw_from(&self, d: &Dice, service: Service, op: &str) -> Fault {
         if self.is_cut(service) {
             self.counts.cut.fetch_add(1, Ordering::Relaxed);
             return Fault::Cut;
@@ -265,7 +285,6 @@ impl Link {
             return Fault::None;
         }
         let p = self.plan;
-        let d = &self.dice;
         let fault = if d.chance(p.error) {
             self.counts.errors.fetch_add(1, Ordering::Relaxed);
             Fault::Fail(if d.chance(0.5) {
@@ -301,17 +320,25 @@ impl Link {
     /// Whether this request is given up on by the client and lands later:
     /// (how long the client waits, when the request is applied).
     fn draw_late(&self, service: Service, op: &str, rate: f64) -> Option<(Duration, Duration)> {
+        self.draw_late_from(&self.dice, service, op, rate)
+    }
+
+    fn draw_late_from(
+        &self,
+        dice: &Dice,
+        service: Service,
+        op: &str,
+        rate: f64,
+    ) -> Option<(Duration, Duration)> {
         if self.calm.load(Ordering::Relaxed) || self.is_cut(service) {
             return None;
         }
-        if !self.dice.chance(rate) {
+        if !dice.chance(rate) {
             return None;
         }
         self.counts.late.fetch_add(1, Ordering::Relaxed);
-        let wait = self
-            .dice
-            .millis(Duration::from_millis(500), Duration::from_secs(3));
-        let after = wait + self.dice.millis(Duration::ZERO, Duration::from_secs(20));
+        let wait = dice.millis(Duration::from_millis(500), Duration::from_secs(3));
+        let after = wait + dice.millis(Duration::ZERO, Duration::from_secs(20));
         self.trace.event(format!(
             "fault {} {service:?} {op}: given up after {wait:?}, lands after {after:?}",
             self.name
@@ -373,6 +400,57 @@ impl Link {
                 .event(format!("wire {} {op}: {fault:?}", self.name));
         }
         fault
+    }
+
+    /// What happens to one SQS request on the wire (see
+    /// [`crate::wire::SqsFault`]), from the same plan as `FaultyQueue`'s
+    /// faults but on the link's SQS dice (none without them): an error is
+    /// an `InternalFailure` 500 (before or after applying), throttling
+    /// (`ThrottlingException`, `RequestThrottled`), a reset, or for a batch
+    /// of `entries` some entries failing alone; a lost answer is a reset or
+    /// silence after applying; a timeout is silence; a delay a slow answer.
+    pub(crate) fn draw_sqs_wire(&self, op: &str, entries: usize) -> crate::wire::SqsFault {
+        use crate::wire::SqsFault as F;
+        let Some(dice) = &self.sqs_wire else {
+            return F::None;
+        };
+        if let Some((wait, after)) = self.draw_late_from(dice, Service::Sqs, op, self.sqs_late) {
+            // The client's attempt timeout decides when it gives up; the
+            // request lands this long after.
+            return F::Late(after - wait);
+        }
+        let fault = match self.draw_from(dice, Service::Sqs, op) {
+            Fault::None => return F::None,
+            Fault::Cut => F::Cut,
+            Fault::Fail(_) => match dice.int(0, if entries > 0 { 5 } else { 4 }) {
+                0 => F::InternalBefore,
+                1 => F::InternalAfter,
+                2 => F::Throttled("ThrottlingException"),
+                3 => F::Throttled("RequestThrottled"),
+                4 => F::ResetBefore,
+                _ => F::EntriesFailed(Self::failing_entries(dice, entries)),
+            },
+            Fault::Lose => {
+                if dice.chance(0.5) {
+                    F::ResetAfter
+                } else {
+                    F::Silent { applied: true }
+                }
+            }
+            Fault::Timeout(_) => F::Silent { applied: false },
+            Fault::Delay(d) => F::Slow(d),
+        };
+        if !matches!(fault, F::None | F::Cut) {
+            self.trace
+                .event(format!("wire {} {op}: {fault:?}", self.name));
+        }
+        fault
+    }
+
+    /// Which of a batch's `n` entries fail alone: each one in two, at least one.
+    fn failing_entries(dice: &Dice, n: usize) -> Vec<usize> {
+        let first = usize::try_from(dice.int(0, n.saturating_sub(1) as u64)).unwrap_or(0);
+        (0..n).filter(|&i| i == first || dice.chance(0.5)).collect()
     }
 
     /// Notes a read of `pk` that failed (see `Trace::failed_read`).
@@ -464,7 +542,9 @@ impl Life {
 }
 
 /// A [`QueueClient`] for one host: the shared SQS model behind the host's
-/// link and life.
+/// link and life. On the wire path its faults are drawn on the wire
+/// instead ([`FaultyQueue::faults_on_wire`]): it then only notes what the
+/// host receives and sends deletes for.
 #[derive(Debug, Clone)]
 pub struct FaultyQueue<Q> {
     inner: Q,
@@ -473,6 +553,9 @@ pub struct FaultyQueue<Q> {
     deliveries: Deliveries,
     /// A delete or visibility change given up on and applied later.
     late: f64,
+    /// Faults are drawn below, on the wire, and what SQS applies is noted
+    /// where it applies it (`wire::sqs::SqsModel::watched`).
+    on_wire: bool,
 }
 
 impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
@@ -485,7 +568,16 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
             life,
             deliveries,
             late: 0.0,
+            on_wire: false,
         }
+    }
+
+    /// With `on_wire`, draws no faults (the wire below draws SQS's) and
+    /// leaves noting the deletes and visibility changes SQS applied to the
+    /// model, which knows when it applied them.
+    pub fn faults_on_wire(mut self, on_wire: bool) -> Self {
+        self.on_wire = on_wire;
+        self
     }
 
     /// Deletes and visibility changes the client gives up on (a timeout)
@@ -501,7 +593,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        if self.late <= 0.0 {
+        if self.on_wire || self.late <= 0.0 {
             return Ok(());
         }
         let Some((wait, after)) = self.link.draw_late(Service::Sqs, op, self.late) else {
@@ -524,6 +616,9 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
         url: &str,
         f: impl Future<Output = Result<T, QueueError>>,
     ) -> Result<T, QueueError> {
+        if self.on_wire {
+            return self.life.guard(f).await;
+        }
         let out = self
             .life
             .guard(self.link.through(Service::Sqs, op, f))
@@ -577,7 +672,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         // Noted where SQS applies it, so a lost answer still counts.
         let f = async {
             let out = self.inner.delete(queue, receipt).await;
-            if out.is_ok() {
+            if out.is_ok() && !self.on_wire {
                 self.deliveries.delete_reached(queue, &receipts);
             }
             out
@@ -605,7 +700,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         .await?;
         let f = async {
             let out = self.inner.delete_batch(queue, receipts).await;
-            if let Ok(failed) = &out {
+            if let Some(failed) = out.as_ref().ok().filter(|_| !self.on_wire) {
                 self.deliveries
                     .delete_reached(queue, &applied(receipts, failed));
             }
@@ -634,7 +729,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         .await?;
         let f = async {
             let out = self.inner.change_visibility(queue, receipt, timeout).await;
-            if out.is_ok() {
+            if out.is_ok() && !self.on_wire {
                 self.deliveries
                     .visibility_set(&[receipt.to_owned()], timeout);
             }
@@ -666,7 +761,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
                 .inner
                 .change_visibility_batch(queue, receipts, timeout)
                 .await;
-            if let Ok(failed) = &out {
+            if let Some(failed) = out.as_ref().ok().filter(|_| !self.on_wire) {
                 self.deliveries
                     .visibility_set(&applied(receipts, failed), timeout);
             }

@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::deliveries::Deliveries;
 use crate::faults::{FaultPlan, FaultyQueue, Life, Link};
-use crate::stores::{Backend, HostQueue, HostStore};
+use crate::stores::{Backend, HostQueue, HostStore, StorePath};
 use crate::trace::Trace;
+use crate::wire::sqs::SqsModel;
 use crate::world::{ConsumerSpec, Gauge, Runtime, Scenario, SimApi, SimHandler};
 
 /// True time at the start of every run (a fixed instant: no wall clock).
@@ -157,9 +158,14 @@ impl Generation {
             Runtime::Poller { .. } => Duration::from_secs(30),
             Runtime::Lambda { .. } => Duration::from_secs(10),
         };
-        let sqs = HostQueue::new(world.store.path(), &world.queue, &life, &sqs_clock, attempt);
+        // On the wire path SQS's faults strike on the wire, and the model
+        // notes what it applies when it applies it.
+        let path = world.store.path();
+        let model = SqsModel::new(world.queue.clone()).watched(world.deliveries.clone());
+        let sqs = HostQueue::new(path, &model, (link, &life), &sqs_clock, attempt);
         let queue = FaultyQueue::new(sqs, link.clone(), life.clone(), world.deliveries.clone())
-            .with_late(world.scenario.might.late);
+            .with_late(world.scenario.might.late)
+            .faults_on_wire(path == StorePath::Wire);
         // What the handler sends goes through the host's own (faulty) SQS,
         // each send checked against the record it follows.
         let processor = processor.with_dispatcher(Watched {

@@ -185,6 +185,9 @@ const LARGE_RESULTS_KNOB: u64 = 0x6c61_7267_655f_6b6e;
 const RETRY_AFTER_HINTS: u64 = 0x7265_7472_795f_6869;
 /// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
 const TTL_SWEEP: u64 = 0x7474_6c5f_7377_6565;
+/// Mixed into the seed for the dice of SQS's faults on the wire path
+/// ([`faults::Link::with_sqs_wire`]).
+const SQS_WIRE: u64 = 0x7371_735f_7769_7265;
 
 fn create_queues(queue: &MemoryQueue, scenario: &Scenario) -> (String, String) {
     let (fifo, might) = (scenario.fifo, scenario.might);
@@ -331,7 +334,7 @@ pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> R
     let world = world(seed, &dice, &trace, path);
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
-    let links = links(&world, &calm, &counts);
+    let links = links(&world, &calm, &counts, &Dice::new(seed ^ SQS_WIRE));
     let (senders, tasks) = start_hosts(&world, &links);
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
     let producer = tokio::spawn(produce(world.clone(), accepted.clone()));
@@ -738,8 +741,14 @@ impl Before {
     }
 }
 
-/// Each consumer's link, sharing the run's calm switch and fault counters.
-fn links(world: &World, calm: &Arc<AtomicBool>, counts: &Arc<FaultCounts>) -> Vec<Link> {
+/// Each consumer's link, sharing the run's calm switch and fault counters,
+/// and the dice of SQS's faults on the wire.
+fn links(
+    world: &World,
+    calm: &Arc<AtomicBool>,
+    counts: &Arc<FaultCounts>,
+    sqs_wire: &Dice,
+) -> Vec<Link> {
     world
         .scenario
         .consumers
@@ -753,6 +762,7 @@ fn links(world: &World, calm: &Arc<AtomicBool>, counts: &Arc<FaultCounts>) -> Ve
                 calm.clone(),
                 counts.clone(),
             )
+            .with_sqs_wire(sqs_wire.clone(), world.scenario.might.late)
         })
         .collect()
 }

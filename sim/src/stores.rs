@@ -392,10 +392,10 @@ impl DedupStore for HostStore {
     }
 }
 
-/// A host's SQS client on either path: the model itself (memory path), or
-/// the production adapter (`QueueClient for aws_sdk_sqs::Client`) and SDK
-/// over the wire to the same model (wire path). `FaultyQueue` draws SQS's
-/// faults above it on both.
+/// A host's SQS client on either path: the model itself (memory path,
+/// `FaultyQueue` drawing SQS's faults above it), or the production adapter
+/// (`QueueClient for aws_sdk_sqs::Client`) and SDK over the wire to the same
+/// model, SQS's faults drawn on the wire from the host's link (wire path).
 #[derive(Debug, Clone)]
 pub enum HostQueue {
     /// The memory path.
@@ -405,20 +405,22 @@ pub enum HostQueue {
 }
 
 impl HostQueue {
-    /// The host's queue client on `path`; `attempt` bounds one SQS request
-    /// as production's does (the long-poll wait plus 10 s for a poller).
+    /// The host's queue client on `path` to `model`; `attempt` bounds one
+    /// SQS request as production's does (the long-poll wait plus 10 s for a
+    /// poller).
     pub fn new(
         path: StorePath,
-        queue: &MemoryQueue,
-        life: &Life,
+        model: &wire::sqs::SqsModel,
+        (link, life): (&Link, &Life),
         clock: &Arc<dyn Clock>,
         attempt: Duration,
     ) -> Self {
         match path {
-            StorePath::Memory => Self::Memory(queue.clone()),
+            StorePath::Memory => Self::Memory(model.queue().clone()),
             StorePath::Wire => {
-                let model = wire::sqs::SqsModel::new(queue.clone());
-                let wire = Wire::new(Service::Sqs(model), None, life.clone());
+                let service = Service::Sqs(model.clone());
+                let wire =
+                    Wire::new(service, Some(link.clone()), life.clone()).giving_up_after(attempt);
                 Self::Wire(wire::sqs_client(wire, clock.clone(), attempt))
             }
         }

@@ -1,22 +1,25 @@
-//! The wire path: the real `aws-sdk-dynamodb` client, configured
-//! as production configures it (`sqs_once::aws::calls` interceptor, standard
-//! retries, attempt timeouts from `sqs_once::aws::attempt_timeouts`), sends
-//! its HTTP requests to [`Wire`], an in-process connector whose other end is
-//! [`dynamodb::DynamoModel`]. Faults strike on the wire, per request, drawn
-//! from the host's [`Link`]: a cut link (connect timeout), a reset before or
-//! after the request applied, a 500 with or without applying, throttling,
-//! a transaction conflict, an answer that never comes (the SDK's attempt
-//! timeout gives up), a request that lands after the client gave up, a slow
-//! answer, and a host pause before an owned write leaves. The SDK's own
-//! retries, its timeouts and `DynamoStore`'s classification then run for
-//! real. Time is tokio's paused clock: the SDK sleeps on it, and reads the
+//! The wire path: the real `aws-sdk-dynamodb` and `aws-sdk-sqs` clients,
+//! configured as production configures them (`sqs_once::aws::calls`
+//! interceptor, standard retries, attempt timeouts from
+//! `sqs_once::aws::attempt_timeouts`), send their HTTP requests to [`Wire`],
+//! an in-process connector whose other end is [`dynamodb::DynamoModel`] or
+//! [`sqs::SqsModel`]. Faults strike on the wire, per request, drawn from the
+//! host's [`Link`]: a cut link (connect timeout), a reset before or after
+//! the request applied, a 500 with or without applying, throttling, a
+//! transaction conflict (DynamoDB), batch entries failing alone (SQS), an
+//! answer that never comes (the SDK's attempt timeout gives up), a request
+//! that lands after the client gave up, a slow answer, and a host pause
+//! before an owned write leaves (DynamoDB). The SDK's own retries, its
+//! timeouts, `DynamoStore`'s classification and the SQS adapter's then run
+//! for real. Time is tokio's paused clock: the SDK sleeps on it, and reads the
 //! host's (skewed) clock as its time source.
 
 pub mod dynamodb;
 pub mod expr;
 pub mod sqs;
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::config::{
@@ -72,12 +75,45 @@ pub enum WireFault {
     Slow(Duration),
 }
 
+/// What happens to one SQS request on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqsFault {
+    /// Goes through.
+    None,
+    /// The host cannot connect: a connect timeout.
+    Cut,
+    /// The connection resets before the request reached the service.
+    ResetBefore,
+    /// The service applies it, then the connection resets (a receive's
+    /// messages stay invisible, their receive counts spent).
+    ResetAfter,
+    /// `InternalFailure` (500) without applying.
+    InternalBefore,
+    /// `InternalFailure` (500) after applying.
+    InternalAfter,
+    /// Throttled, with this code (`ThrottlingException`, `RequestThrottled`).
+    Throttled(&'static str),
+    /// A batch call succeeds while the entries at these places fail alone
+    /// (`InternalError`, not applied).
+    EntriesFailed(Vec<usize>),
+    /// No answer ever (applied or not): the SDK's attempt timeout gives up.
+    Silent {
+        /// Whether the service applied it.
+        applied: bool,
+    },
+    /// The client gives up (its attempt timeout); the service applies it
+    /// this long after that.
+    Late(Duration),
+    /// The answer comes this much later (a slow body).
+    Slow(Duration),
+}
+
 /// The model a request reaches.
 #[derive(Debug, Clone)]
 pub enum Service {
     /// DynamoDB.
     Dynamo(DynamoModel),
-    /// SQS (no faults on the wire yet: `FaultyQueue` still draws SQS's).
+    /// SQS.
     Sqs(sqs::SqsModel),
 }
 
@@ -88,6 +124,12 @@ pub struct Wire {
     service: Service,
     link: Option<Link>,
     life: Life,
+    /// The client's attempt timeout, where a request that lands after the
+    /// client gave up counts its delay from (SQS).
+    gives_up: Duration,
+    /// SQS faults given in advance, one per request in order, before the
+    /// link's draws (tests).
+    script: Arc<Mutex<VecDeque<SqsFault>>>,
 }
 
 impl Wire {
@@ -98,7 +140,27 @@ impl Wire {
             service,
             link,
             life,
+            gives_up: Duration::ZERO,
+            script: Arc::default(),
         }
+    }
+
+    /// The next SQS requests meet these faults, in order (the link's draws
+    /// come after them).
+    pub fn scripted(self, faults: impl IntoIterator<Item = SqsFault>) -> Self {
+        self.script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(faults);
+        self
+    }
+
+    /// For a client whose attempts time out after `attempt`: an SQS request
+    /// that lands after the client gave up lands that long after it was sent
+    /// and more.
+    pub fn giving_up_after(mut self, attempt: Duration) -> Self {
+        self.gives_up = attempt;
+        self
     }
 }
 
@@ -180,13 +242,88 @@ impl Wire {
         body: serde_json::Value,
         connect_timeout: Duration,
     ) -> Result<HttpResponse, ConnectorError> {
-        let model = match &self.service {
-            Service::Dynamo(model) => model,
-            Service::Sqs(model) => {
+        match self.service.clone() {
+            Service::Dynamo(model) => self.dynamo(&model, op, body, connect_timeout).await,
+            Service::Sqs(model) => self.sqs(&model, op, body, connect_timeout).await,
+        }
+    }
+
+    /// One SQS request through the faults drawn for it.
+    async fn sqs(
+        &self,
+        model: &sqs::SqsModel,
+        op: String,
+        body: serde_json::Value,
+        connect_timeout: Duration,
+    ) -> Result<HttpResponse, ConnectorError> {
+        let scripted = self
+            .script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        let fault = scripted.unwrap_or_else(|| {
+            self.link.as_ref().map_or(SqsFault::None, |link| {
+                link.draw_sqs_wire(&op, sqs::entries_of(&op, &body))
+            })
+        });
+        let answer = match fault {
+            SqsFault::None => model.handle(&op, &body).await,
+            SqsFault::Cut => {
+                tokio::time::sleep(connect_timeout).await;
+                return Err(ConnectorError::timeout(
+                    "connect timeout (the host is cut off)".into(),
+                ));
+            }
+            SqsFault::ResetBefore => return Err(reset()),
+            SqsFault::ResetAfter => {
+                let _ = model.handle(&op, &body).await;
+                return Err(reset());
+            }
+            SqsFault::InternalBefore => sqs::internal_failure(),
+            SqsFault::InternalAfter => {
+                let _ = model.handle(&op, &body).await;
+                sqs::internal_failure()
+            }
+            SqsFault::Throttled(code) => sqs::throttled(code),
+            SqsFault::EntriesFailed(failing) => model.handle_failing(&op, &body, &failing).await,
+            SqsFault::Silent { applied } => {
+                if applied {
+                    let _ = model.handle(&op, &body).await;
+                }
+                return std::future::pending().await;
+            }
+            SqsFault::Late(after) => {
+                // The adapter bounds the attempts of calls other than a
+                // receive more tightly than the client does.
+                let gives_up = if op == "ReceiveMessage" {
+                    self.gives_up
+                } else {
+                    self.gives_up.min(sqs_once::aws::sqs::CALL_ATTEMPT)
+                };
+                let (model, at) = (model.clone(), gives_up + after);
+                tokio::spawn(async move {
+                    tokio::time::sleep(at).await;
+                    let _ = model.handle(&op, &body).await;
+                });
+                return std::future::pending().await;
+            }
+            SqsFault::Slow(d) => {
                 let answer = model.handle(&op, &body).await;
-                return Ok(sqs_response(&answer));
+                tokio::time::sleep(d).await;
+                answer
             }
         };
+        Ok(sqs_response(&answer))
+    }
+
+    /// One DynamoDB request through the faults drawn for it.
+    async fn dynamo(
+        &self,
+        model: &DynamoModel,
+        op: String,
+        body: serde_json::Value,
+        connect_timeout: Duration,
+    ) -> Result<HttpResponse, ConnectorError> {
         let fault = match &self.link {
             None => WireFault::None,
             Some(link) => {
@@ -260,15 +397,24 @@ impl HttpConnector for Wire {
 }
 
 impl Wire {
-    fn call_with(&self, request: HttpRequest, connect_timeout: Duration) -> HttpConnectorFuture {
+    fn call_with(
+        &self,
+        mut request: HttpRequest,
+        connect_timeout: Duration,
+    ) -> HttpConnectorFuture {
         let op = operation(&request);
-        let body = request
-            .body()
-            .bytes()
-            .and_then(|b| serde_json::from_slice(b).ok())
-            .unwrap_or(serde_json::Value::Null);
+        let sent = request.take_body();
         let (wire, life) = (self.clone(), self.life.clone());
         HttpConnectorFuture::new(async move {
+            // The body is read to its end, as an HTTP client sends it: the
+            // SDK's upload stall check, which watches it being read, would
+            // otherwise cut every request whose answer takes more than a
+            // few seconds (an empty long poll, a silent service) short.
+            let read = http_body_util::BodyExt::collect(sent).await;
+            let body = read
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b.to_bytes()).ok())
+                .unwrap_or(serde_json::Value::Null);
             life.guard(wire.exchange(op, body, connect_timeout)).await
         })
     }

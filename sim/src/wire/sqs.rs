@@ -16,6 +16,8 @@ use sqs_once::queue::{OutgoingMessage, QueueClient, QueueError, ReceiveRequest};
 use sqs_once::testkit::queue::{QueueSettings, RedrivePolicy, SendOptions};
 use sqs_once::{Attribute, AttributeValue, MemoryQueue};
 
+use crate::deliveries::Deliveries;
+
 /// An answer: HTTP status, JSON body, and the legacy error code if an error.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqsAnswer {
@@ -64,9 +66,34 @@ fn ok(body: Value) -> SqsAnswer {
     }
 }
 
+/// SQS's `InternalFailure` (HTTP 500).
+pub fn internal_failure() -> SqsAnswer {
+    error(
+        "InternalFailure",
+        "The request processing has failed because of an unknown error, exception or failure.",
+    )
+}
+
+/// Throttling as the JSON protocol answers it (HTTP 400): `code` is
+/// `ThrottlingException` (the common error) or `RequestThrottled` (SQS's own).
+pub fn throttled(code: &str) -> SqsAnswer {
+    error(code, "Rate exceeded")
+}
+
+/// How many entries a batch request holds (0 for a call of one).
+pub fn entries_of(op: &str, request: &Value) -> usize {
+    if !op.ends_with("Batch") {
+        return 0;
+    }
+    request
+        .get("Entries")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
 /// The SQS model. Clones share the queues.
 #[derive(Debug, Clone)]
-pub struct SqsModel(MemoryQueue);
+pub struct SqsModel(MemoryQueue, Option<Deliveries>);
 
 fn text<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
     v.get(k).and_then(Value::as_str)
@@ -198,7 +225,15 @@ fn batch_answer(ids: &[String], failed: &[sqs_once::queue::EntryFailure]) -> Sqs
 impl SqsModel {
     /// A model over `queue`.
     pub fn new(queue: MemoryQueue) -> Self {
-        Self(queue)
+        Self(queue, None)
+    }
+
+    /// Notes in `deliveries` what it applies, when it applies it: the
+    /// receipt handles a receive issues, the deletes and visibility changes
+    /// (their answers may still be lost, or come late).
+    pub fn watched(mut self, deliveries: Deliveries) -> Self {
+        self.1 = Some(deliveries);
+        self
     }
 
     /// The queues.
@@ -241,6 +276,43 @@ impl SqsModel {
         out.unwrap_or_else(|e| e)
     }
 
+    /// Answers a batch request whose entries at `failing` fail alone
+    /// (`InternalError`, not the sender's fault, not applied) while the
+    /// call succeeds: the others are applied as [`SqsModel::handle`] does.
+    pub async fn handle_failing(&self, op: &str, request: &Value, failing: &[usize]) -> SqsAnswer {
+        let Some(list) = request.get("Entries").and_then(Value::as_array) else {
+            return self.handle(op, request).await;
+        };
+        let (mut kept, mut failed) = (Vec::new(), Vec::new());
+        for (i, e) in list.iter().enumerate() {
+            if failing.contains(&i) {
+                failed.push(json!({
+                    "Id": e.get("Id").cloned().unwrap_or_default(),
+                    "Code": "InternalError",
+                    "Message": "The entry failed (try it again).",
+                    "SenderFault": false,
+                }));
+            } else {
+                kept.push(e.clone());
+            }
+        }
+        let mut answer = if kept.is_empty() {
+            ok(json!({ "Successful": [], "Failed": [] }))
+        } else {
+            let mut rest = request.clone();
+            rest["Entries"] = Value::Array(kept);
+            self.handle(op, &rest).await
+        };
+        if answer.status != 200 {
+            return answer;
+        }
+        match answer.body.get_mut("Failed").and_then(Value::as_array_mut) {
+            Some(all) => all.extend(failed),
+            None => answer.body["Failed"] = Value::Array(failed),
+        }
+        answer
+    }
+
     async fn receive(&self, url: &str, request: &Value) -> Result<SqsAnswer, SqsAnswer> {
         let max = request
             .get("MaxNumberOfMessages")
@@ -272,6 +344,13 @@ impl SqsModel {
             .receive(url, req)
             .await
             .map_err(|e| from_queue_error(&e))?;
+        if let Some(watch) = &self.1 {
+            let receipts: Vec<String> = got
+                .iter()
+                .filter_map(|m| m.receipt_handle().map(str::to_owned))
+                .collect();
+            watch.issued(&receipts);
+        }
         Ok(ok(
             json!({ "Messages": got.iter().map(message_json).collect::<Vec<_>>() }),
         ))
@@ -283,6 +362,9 @@ impl SqsModel {
             .delete(url, receipt)
             .await
             .map_err(|e| from_queue_error(&e))?;
+        if let Some(watch) = &self.1 {
+            watch.delete_reached(url, &[receipt.to_owned()]);
+        }
         Ok(ok(json!({})))
     }
 
@@ -294,6 +376,9 @@ impl SqsModel {
             .change_visibility(url, receipt, timeout)
             .await
             .map_err(|e| from_queue_error(&e))?;
+        if let Some(watch) = &self.1 {
+            watch.visibility_set(&[receipt.to_owned()], timeout);
+        }
         Ok(ok(json!({})))
     }
 
@@ -301,19 +386,33 @@ impl SqsModel {
         let entries = entries(request)?;
         let ids: Vec<String> = entries.iter().map(|(id, _, _)| id.clone()).collect();
         let receipts: Vec<String> = entries.iter().map(|(_, r, _)| r.clone()).collect();
-        let failed = if op == "DeleteMessageBatch" {
+        // One timeout for the batch, as the project sends it.
+        let timeout = entries
+            .first()
+            .and_then(|(_, _, e)| secs(e, "VisibilityTimeout"))
+            .unwrap_or(Duration::ZERO);
+        let delete = op == "DeleteMessageBatch";
+        let failed = if delete {
             self.0.delete_batch(url, &receipts).await
         } else {
-            // One timeout for the batch, as the project sends it.
-            let timeout = entries
-                .first()
-                .and_then(|(_, _, e)| secs(e, "VisibilityTimeout"))
-                .unwrap_or(Duration::ZERO);
             self.0
                 .change_visibility_batch(url, &receipts, timeout)
                 .await
         }
         .map_err(|e| from_queue_error(&e))?;
+        if let Some(watch) = &self.1 {
+            let applied: Vec<String> = receipts
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !failed.iter().any(|f| f.index == *i))
+                .map(|(_, r)| r.clone())
+                .collect();
+            if delete {
+                watch.delete_reached(url, &applied);
+            } else {
+                watch.visibility_set(&applied, timeout);
+            }
+        }
         Ok(batch_answer(&ids, &failed))
     }
 

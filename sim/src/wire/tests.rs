@@ -225,24 +225,52 @@ mod sqs {
     use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
     use sqs_once::testkit::queue::QueueSettings;
 
+    use crate::deliveries::Deliveries;
     use crate::faults::Life;
     use crate::wire::sqs::SqsModel;
-    use crate::wire::{Service, Wire, sqs_client};
+    use crate::wire::{Service, SqsFault, Wire, sqs_client};
 
     fn setup() -> (MemoryQueue, aws_sdk_sqs::Client, String) {
+        let (queue, client, url, _) = faulty([]);
+        (queue, client, url)
+    }
+
+    /// A client whose first requests meet `faults` (30 s attempts), to a
+    /// fresh queue whose model the returned deliveries watch.
+    fn faulty(
+        faults: impl IntoIterator<Item = SqsFault>,
+    ) -> (MemoryQueue, aws_sdk_sqs::Client, String, Deliveries) {
         let queue = MemoryQueue::new();
         let url = queue
             .create_queue(QueueSettings::new("q"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let wire = Wire::new(
-            Service::Sqs(SqsModel::new(queue.clone())),
-            None,
-            Life::default(),
-        );
+        let deliveries = Deliveries::default();
+        let client = client_to(&queue, &deliveries, faults);
+        (queue, client, url, deliveries)
+    }
+
+    /// A client to `queue` whose first requests meet `faults`.
+    fn client_to(
+        queue: &MemoryQueue,
+        deliveries: &Deliveries,
+        faults: impl IntoIterator<Item = SqsFault>,
+    ) -> aws_sdk_sqs::Client {
+        let model = SqsModel::new(queue.clone()).watched(deliveries.clone());
+        let attempt = Duration::from_secs(30);
+        let wire = Wire::new(Service::Sqs(model), None, Life::default())
+            .giving_up_after(attempt)
+            .scripted(faults);
         let clock = Arc::new(sqs_once::clock::TokioClock::starting_at(
             crate::hosts::epoch(),
         ));
-        (queue, sqs_client(wire, clock, Duration::from_secs(30)), url)
+        sqs_client(wire, clock, attempt)
+    }
+
+    fn message(body: &str) -> OutgoingMessage {
+        OutgoingMessage {
+            body: body.into(),
+            ..Default::default()
+        }
     }
 
     fn request() -> ReceiveRequest {
@@ -291,5 +319,152 @@ mod sqs {
         let missing = client.attributes(&format!("{url}-nope")).await.unwrap_err();
         assert!(missing.detail.contains("NonExistentQueue"), "{missing}");
         assert!(!missing.is_transient());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receive_whose_answer_is_lost_leaves_its_message_invisible_with_its_count_spent() {
+        let (queue, client, url, _) = faulty([SqsFault::ResetAfter]);
+        queue.send(&url, message("b")).await.unwrap();
+        // The first attempt took the message; the SDK's retry finds none.
+        let got = client.receive(&url, request()).await.unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        let counts = queue.counts(&url).unwrap();
+        assert_eq!((counts.in_flight, counts.received), (1, 1));
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let again = client.receive(&url, request()).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].receive_count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_and_internal_failures_are_retried_and_transient_when_they_last() {
+        let throttled = [
+            SqsFault::Throttled("RequestThrottled"),
+            SqsFault::InternalBefore,
+            SqsFault::Throttled("ThrottlingException"),
+        ];
+        let (queue, client, url, _) = faulty(throttled);
+        let err = client.send(&url, message("b")).await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(err.detail.starts_with("ThrottlingException"), "{err}");
+        assert_eq!(queue.counts(&url).unwrap().enqueued, 0);
+        // Two failures then an answer: the SDK's third attempt sends it.
+        let (queue, client, url, _) = faulty([
+            SqsFault::Throttled("RequestThrottled"),
+            SqsFault::ResetBefore,
+        ]);
+        client.send(&url, message("b")).await.unwrap();
+        assert_eq!(queue.counts(&url).unwrap().enqueued, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_whose_500_came_after_applying_is_sent_again() {
+        let (queue, client, url, _) = faulty([SqsFault::InternalAfter]);
+        client.send(&url, message("b")).await.unwrap();
+        assert_eq!(queue.counts(&url).unwrap().enqueued, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_entries_that_fail_alone_are_reported_by_place_and_the_others_applied() {
+        let (queue, client, url, deliveries) = faulty([]);
+        for b in ["a", "b", "c"] {
+            queue.send(&url, message(b)).await.unwrap();
+        }
+        let got = client.receive(&url, request()).await.unwrap();
+        let receipts: Vec<String> = got
+            .iter()
+            .map(|m| m.receipt_handle().unwrap().to_owned())
+            .collect();
+        let host = ("c0", &Life::default(), &Default::default());
+        deliveries.received(host, &url, &got, Duration::from_secs(30));
+        let failing = client_to(&queue, &deliveries, [SqsFault::EntriesFailed(vec![1])]);
+        let failed = failing.delete_batch(&url, &receipts).await.unwrap();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(
+            (failed[0].index, failed[0].code.as_str()),
+            (1, "InternalError")
+        );
+        let counts = queue.counts(&url).unwrap();
+        assert_eq!((counts.deleted, counts.in_flight), (2, 1));
+        // The model noted the deletes it applied, and only those.
+        let reached: Vec<bool> = got
+            .iter()
+            .map(|m| deliveries.last_of(m.id()).unwrap().delete_reached)
+            .collect();
+        assert_eq!(reached, [true, false, true]);
+        let sending = client_to(&queue, &deliveries, [SqsFault::EntriesFailed(vec![0, 2])]);
+        let batch = vec![message("d"), message("e"), message("f")];
+        let failed = sending.send_batch(&url, batch).await.unwrap();
+        let places: Vec<usize> = failed.iter().map(|f| f.index).collect();
+        assert_eq!(places, [0, 2]);
+        assert_eq!(queue.counts(&url).unwrap().enqueued, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_the_client_gave_up_on_lands_after_its_attempts_timed_out() {
+        let late = [
+            SqsFault::Late(Duration::from_secs(100)),
+            SqsFault::Silent { applied: false },
+            SqsFault::Silent { applied: false },
+        ];
+        let (queue, client, url, _) = faulty(late);
+        queue.send(&url, message("b")).await.unwrap();
+        let got = queue.receive(&url, request()).await.unwrap();
+        let receipt = got[0].receipt_handle().unwrap();
+        let started = tokio::time::Instant::now();
+        let err = client.delete(&url, receipt).await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        // Three attempts of `CALL_ATTEMPT` each, and the SDK's pauses between them.
+        let attempt = sqs_once::aws::sqs::CALL_ATTEMPT;
+        let given_up = started.elapsed();
+        assert!(given_up >= attempt * 3, "{given_up:?}");
+        assert_eq!(queue.counts(&url).unwrap().deleted, 0);
+        tokio::time::sleep_until(started + attempt + Duration::from_secs(101)).await;
+        assert_eq!(queue.counts(&url).unwrap().deleted, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_other_than_a_receive_gives_an_attempt_no_longer_than_call_attempt() {
+        let silent = [SqsFault::Silent { applied: false }];
+        let (queue, client, url, _) = faulty(silent.clone());
+        queue.send(&url, message("b")).await.unwrap();
+        let got = queue.receive(&url, request()).await.unwrap();
+        let started = tokio::time::Instant::now();
+        // The client's attempts may last 30 s (a long poll's); a delete's
+        // silent attempt is given up after `CALL_ATTEMPT`, and the retry
+        // deletes.
+        client
+            .delete(&url, got[0].receipt_handle().unwrap())
+            .await
+            .unwrap();
+        let attempt = sqs_once::aws::sqs::CALL_ATTEMPT;
+        assert!(started.elapsed() >= attempt, "{:?}", started.elapsed());
+        assert!(started.elapsed() < attempt * 2, "{:?}", started.elapsed());
+        assert_eq!(queue.counts(&url).unwrap().deleted, 1);
+        // A receive keeps the client's: a long poll may wait 20 s.
+        let (_, client, url, _) = faulty(silent);
+        let started = tokio::time::Instant::now();
+        let got = client.receive(&url, request()).await.unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_poll_on_an_empty_queue_answers_empty_after_its_wait() {
+        let (_, client, url) = setup();
+        let started = tokio::time::Instant::now();
+        let poll = ReceiveRequest {
+            wait: Duration::from_secs(20),
+            ..request()
+        };
+        // The connector reads the request's body as an HTTP client sends it,
+        // so the SDK's upload stall check does not cut a long wait short.
+        let got = client.receive(&url, poll).await.unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        assert_eq!(started.elapsed(), Duration::from_secs(20));
     }
 }
