@@ -318,10 +318,19 @@ fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
     // run committed: what the outbox sent must be that run's message (a
     // duplicate that sent its own would name another message of the event).
     // (An event applied again after its record's TTL has one row per
-    // committing run, each of which sends its own.)
+    // committing run, each of which sends its own.) Where the paths mix,
+    // only for events the claim path never ran: its runs stage no row, so
+    // the rows cannot name every committing run of an event it ran too
+    // (TTL may let both commit, each sending its own); as in a claim-path
+    // run, the checks below still hold for those.
+    let charged: BTreeSet<&str> = e.calls.iter().map(|c| c.event.as_str()).collect();
     let mut committed_by: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     if e.scenario.stages() {
-        for r in &e.rows {
+        for r in e
+            .rows
+            .iter()
+            .filter(|r| !charged.contains(r.event.as_str()))
+        {
             committed_by
                 .entry(r.event.as_str())
                 .or_default()
@@ -762,7 +771,11 @@ fn past_lease(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// received reads its record and is let go without running its handler,
 /// unless that read failed.
 fn reruns(e: &Evidence<'_>, v: &mut Vec<String>) {
-    let ms = |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
+    // From when the delivery reached its consumer, which reads the record
+    // after that (a record completed while a slow answer was on its way is
+    // read as such by a correct consumer).
+    let ms =
+        |d: &crate::deliveries::Delivery| d.arrived.saturating_duration_since(e.start).as_millis();
     for (message, count, consumer, event, done_ms) in &e.reruns {
         let Some(d) = e
             .deliveries

@@ -40,6 +40,8 @@ pub struct Delivery {
     /// notes that (the wire path's model: a slow or retried answer reaches
     /// the consumer later), else when it reached the consumer.
     pub at: Instant,
+    /// When it reached its consumer (a slow answer after `at`).
+    pub arrived: Instant,
     /// Until when it stays invisible, as far as SQS is concerned (the
     /// receive's visibility, then every visibility change SQS applied).
     pub held_until: Instant,
@@ -137,6 +139,7 @@ impl Deliveries {
                         count: m.receive_count(),
                         consumer: consumer.to_owned(),
                         at,
+                        arrived: now,
                         held_until: at + visibility,
                         delete_sent: None,
                         delete_reached: false,

@@ -833,7 +833,9 @@ fn evidence<'a>(
         twins: world.queue.twin_receipts(&world.url),
         back_after_delete: world.queue.back_after_delete(&world.url),
         sent: world.sent.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-        fencing_breaches: world.store.fencing_breaches(),
+        fencing_breaches: world
+            .store
+            .fencing_breaches((epoch_ms, start), clock_grace(&world.scenario)),
         lease_ends: world.store.lease_ends().map(|ends| {
             ends.into_iter()
                 .map(|(pk, attempt, end)| {

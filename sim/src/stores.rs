@@ -219,21 +219,16 @@ impl Backend {
     /// host's clock runs ahead.
     pub fn ended_by_ttl(
         &self,
-        (epoch_ms, start): (i64, tokio::time::Instant),
+        clock: (i64, tokio::time::Instant),
         grace: Duration,
     ) -> BTreeMap<String, Vec<u128>> {
-        let since_start = |at: tokio::time::Instant| at.saturating_duration_since(start);
+        let start = clock.1;
         let ends: Vec<(String, tokio::time::Instant)> = match self {
             Self::Memory(s) => s.ended_by_ttl(),
             Self::Wire(m) => m
                 .ended_by_ttl()
                 .into_iter()
-                .filter(|(_, expires_s, at)| {
-                    let true_ms = epoch_ms
-                        + i64::try_from(since_start(*at).as_millis()).unwrap_or(i64::MAX / 2);
-                    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(0);
-                    expires_s.saturating_mul(1000) < true_ms + grace_ms
-                })
+                .filter(|(_, expires_s, at)| expired(clock, grace, *expires_s, *at))
                 .map(|(key, _, at)| (key, at))
                 .collect(),
         };
@@ -242,7 +237,7 @@ impl Backend {
             by_key
                 .entry(key)
                 .or_default()
-                .push(since_start(at).as_millis());
+                .push(at.saturating_duration_since(start).as_millis());
         }
         for ends in by_key.values_mut() {
             ends.sort_unstable();
@@ -263,10 +258,28 @@ impl Backend {
     }
 
     /// Writes that changed a record another owner held (none while fencing holds).
-    pub fn fencing_breaches(&self) -> Vec<String> {
+    pub fn fencing_breaches(
+        &self,
+        clock: (i64, tokio::time::Instant),
+        grace: Duration,
+    ) -> Vec<String> {
         match self {
             Self::Memory(s) => s.fencing_breaches(),
-            Self::Wire(m) => m.fencing_breaches(),
+            Self::Wire(m) => {
+                let mut breaches = m.fencing_breaches();
+                // A `COMPLETED` record another owner's write replaced before
+                // its `expires_at` (by true time plus `grace`): never, with
+                // the store's conditions intact.
+                breaches.extend(
+                    m.ended_by_ttl()
+                        .into_iter()
+                        .filter(|(_, expires_s, at)| !expired(clock, grace, *expires_s, *at))
+                        .map(|(key, _, _)| {
+                            format!("{key}: its COMPLETED record replaced by another owner before its expires_at")
+                        }),
+                );
+                breaches
+            }
         }
     }
 
@@ -512,4 +525,19 @@ impl QueueClient for HostQueue {
             Self::Wire(q) => q.queue_url(name, account).await,
         }
     }
+}
+
+/// Whether a record expiring at `expires_s` (epoch seconds) had expired at
+/// `at`, judged by true time (the run's `clock`: true epoch ms at its start
+/// instant) plus `grace`, the most a host's clock runs ahead.
+fn expired(
+    (epoch_ms, start): (i64, tokio::time::Instant),
+    grace: Duration,
+    expires_s: i64,
+    at: tokio::time::Instant,
+) -> bool {
+    let true_ms = epoch_ms
+        + i64::try_from(at.saturating_duration_since(start).as_millis()).unwrap_or(i64::MAX / 2);
+    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(0);
+    expires_s.saturating_mul(1000) < true_ms + grace_ms
 }

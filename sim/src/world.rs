@@ -57,7 +57,7 @@ pub enum KeyPlace {
 }
 
 impl KeyPlace {
-    /// The key source, as `SQS_ONCE_KEY_SOURCE` spells it.
+    /// The key source, as `SQS_ONCE_DEDUP_KEY` spells it.
     pub fn source(self) -> &'static str {
         match self {
             Self::Id => "json:/id",

@@ -857,3 +857,13 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
     assert!(twice(&e), "{:?}", check(&e));
     assert!(claim_then_fast(&e).is_empty());
 }
+
+/// Seed 796: fast-path and claim-path consumers share records, the claim
+/// path completes an event and sends its message downstream, TTL ends the
+/// record and a late duplicate commits on the fast path, sending its own.
+/// Both runs committed: the rows name only the fast path's.
+#[test]
+fn regression_seed_796_both_paths_committing_after_ttl_each_send_their_own() {
+    let report = run_seed(796, false).unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}

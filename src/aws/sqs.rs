@@ -21,18 +21,19 @@ use crate::protocol::queue::{
     EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
 };
 
-/// The longest one attempt of an SQS call other than `ReceiveMessage` may
-/// take. A client's attempt timeout is sized for a long poll (its wait
-/// plus a margin: 30 s for a poller's); a delete, a visibility change or a
-/// send answers in milliseconds, and one whose answer never comes must be
-/// tried again while the message is still held: with 30 s attempts a
-/// poller's delete batches waited out a silent attempt after another while
-/// the messages behind them came back, until one on its last allowed
-/// receive reached the DLQ completed (simulator seeds 24 and 34 of the wire
-/// path).
+/// The longest one attempt of a delete, a visibility change or a queue
+/// lookup may take. A client's attempt timeout is sized for a long poll (its
+/// wait plus a margin: 30 s for a poller's); these calls answer in
+/// milliseconds, and one whose answer never comes must be tried again while
+/// the message is still held: with 30 s attempts a poller's delete batches
+/// waited out a silent attempt after another while the messages behind them
+/// came back, until one on its last allowed receive reached the DLQ
+/// completed (simulator seeds 24 and 34 of the wire path). Sends keep the
+/// client's attempt timeout: a batch of large messages on a slow link may
+/// need longer, and each attempt cut short that had landed sends a copy.
 pub const CALL_ATTEMPT: Duration = Duration::from_secs(5);
 
-/// The configuration a call other than `ReceiveMessage` runs with: one
+/// The configuration a delete, a visibility change or a lookup runs with: one
 /// attempt bounded by the client's attempt timeout or [`CALL_ATTEMPT`],
 /// whichever is shorter; the rest as the client has it.
 fn quick_call(client: &Client) -> aws_sdk_sqs::config::Builder {
@@ -337,8 +338,6 @@ impl QueueClient for Client {
             .set_message_deduplication_id(message.deduplication_id)
             .set_delay_seconds(message.delay.map(delay_secs))
             .set_message_system_attributes(message.trace_header.map(trace_header))
-            .customize()
-            .config_override(quick_call(self))
             .send()
             .await
             .map(|_| ())
@@ -355,8 +354,6 @@ impl QueueClient for Client {
             .send_message_batch()
             .queue_url(queue)
             .set_entries(Some(send_entries(messages)))
-            .customize()
-            .config_override(quick_call(self))
             .send()
             .await
             .map_err(|e| queue_error("SendMessageBatch", queue, e))?;

@@ -32,8 +32,10 @@ pub struct MemoryStore {
 struct State {
     records: HashMap<String, Record>,
     committed: Committed,
-    /// Guarded writes applied to a record another owner held (never, with
-    /// fencing intact): what the simulator's checker reads.
+    /// Guarded writes applied to a record another owner held, and
+    /// `COMPLETED` records a claim or a fast-path commit replaced before
+    /// their `expires_at` (never, with fencing and the conditions intact):
+    /// what the simulator's checker reads.
     fencing_breaches: Vec<String>,
     /// Each claim's lease end as stored, by (key, attempt), as an instant of
     /// the tokio clock: the latest end its claim and extensions set (the
@@ -237,6 +239,22 @@ fn completed_and_expired(r: &Record, now_ms: i64) -> bool {
     r.status == Status::Completed && r.expires_at_s < now_ms.div_euclid(1000)
 }
 
+/// Logs the end of a `COMPLETED` record (its key, and whether it had
+/// expired by the writer's clock) that a claim or a fast-path commit of
+/// `owner` is replacing: by TTL when it had expired (the documented limit),
+/// else as a breach (a record that said done, overwritten while alive:
+/// never, with the conditions intact). Judged apart from the conditions, so
+/// a bug in them shows.
+fn ended_by_ttl(state: &mut State, (pk, expired): (String, bool), owner: &str) {
+    if expired {
+        state.ended_by_ttl.push((pk, tokio::time::Instant::now()));
+    } else {
+        state.fencing_breaches.push(format!(
+            "{pk}: its COMPLETED record replaced by owner {owner} before its expires_at"
+        ));
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
@@ -276,10 +294,11 @@ impl DedupStore for MemoryStore {
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
         let error = old.and_then(|o| o.error.clone());
-        if old.is_some_and(|o| completed_and_expired(o, now_ms)) {
-            state
-                .ended_by_ttl
-                .push((req.pk.clone(), tokio::time::Instant::now()));
+        let replaced = old
+            .filter(|o| o.status == Status::Completed)
+            .map(|o| (o.pk.clone(), completed_and_expired(o, now_ms)));
+        if let Some(replaced) = replaced {
+            ended_by_ttl(&mut state, replaced, &req.owner);
         }
         state.lease_ends.insert(
             (req.pk.clone(), attempts),
@@ -435,10 +454,11 @@ impl DedupStore for MemoryStore {
             return Ok(c.conflict(old, now_ms));
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
-        if old.is_some_and(|o| completed_and_expired(o, now_ms)) {
-            state
-                .ended_by_ttl
-                .push((c.pk.clone(), tokio::time::Instant::now()));
+        let replaced = old
+            .filter(|o| o.status == Status::Completed)
+            .map(|o| (o.pk.clone(), completed_and_expired(o, now_ms)));
+        if let Some(replaced) = replaced {
+            ended_by_ttl(state, replaced, &c.owner);
         }
         state.records.insert(
             c.pk.clone(),

@@ -293,9 +293,13 @@ impl Wire {
                 return std::future::pending().await;
             }
             SqsFault::Late(after) => {
-                // The adapter bounds the attempts of calls other than a
-                // receive more tightly than the client does.
-                let gives_up = if op == "ReceiveMessage" {
+                // The adapter bounds the attempts of deletes, visibility
+                // changes and lookups more tightly than the client does
+                // (receives and sends keep the client's).
+                let gives_up = if matches!(
+                    op.as_str(),
+                    "ReceiveMessage" | "SendMessage" | "SendMessageBatch"
+                ) {
                     self.gives_up
                 } else {
                     self.gives_up.min(sqs_once::aws::sqs::CALL_ATTEMPT)
