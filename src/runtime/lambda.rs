@@ -482,7 +482,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                             };
                             let more = rest.peek().is_some();
                             hold =
-                                Some(hold_group(&self.inner.queue, failed_at, after, more).await);
+                                Some(hold_group(&self.inner.settler, failed_at, after, more).await);
                         }
                         failed.push(r.listed());
                         break;

@@ -20,6 +20,8 @@ mod visibility;
 #[cfg(all(test, feature = "poller"))]
 mod payload_tests;
 
+#[cfg(feature = "poller")]
+pub(crate) use settle::Holding;
 pub(crate) use settle::{Delivery, Settled, Settler, hold_group};
 #[cfg(feature = "poller")]
 pub(crate) use visibility::extend_many;

@@ -45,7 +45,7 @@ use crate::protocol::payloads::{LargePayloads, S3Pointer};
 use crate::protocol::processor::ProcessOptions;
 use crate::protocol::queue::{QueueClient, QueueError, ReceiveRequest};
 use crate::protocol::store::DedupStore;
-use crate::runtime::{Delivery, Settled, Settler, hold_group, lanes};
+use crate::runtime::{Delivery, Holding, Settled, Settler, hold_group, lanes};
 use crate::{Handler, Message, Processor};
 
 /// Settings of the long-polling runtime.
@@ -221,6 +221,10 @@ struct Shared<Q, S, H> {
     processor: Processor<S, H>,
     config: PollerConfig,
     settler: Settler<Q>,
+    /// The deliveries held, by message id (shared with [`Self::settler`]):
+    /// a delivery superseded by a newer one of its message sets no retry
+    /// delay.
+    holding: Holding,
     /// Finished messages, for the [`DeleteBatcher`]: at most
     /// [`PENDING_DELETES`] wait in it.
     deletes: mpsc::Sender<Finished>,
@@ -346,10 +350,16 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     }
 
     /// Makes a message received at or after `received_at` visible again
-    /// after `after` (cut to SQS's 12 hours from the receive).
+    /// after `after` (cut to SQS's 12 hours from the receive), unless a
+    /// newer delivery of it reached this poller ([`Holding`]).
     async fn retry_later(&self, message: &Message, after: Duration, received_at: Instant) {
-        let url = &self.config.queue_url;
-        crate::runtime::retry_later(&self.queue, url, message, after, received_at).await;
+        let url = self.config.queue_url.as_str();
+        let at = Delivery {
+            source: Some(url),
+            message,
+            received_at,
+        };
+        self.settler.retry_later(url, &at, after).await;
     }
 
     /// Every heartbeat, extends the visibility of the lane's waiting messages,
@@ -470,6 +480,24 @@ struct Lane<Q, S, H> {
     answered_at: Instant,
     permits: Vec<OwnedSemaphorePermit>,
     fifo: bool,
+    /// The lane's deliveries, let go from [`Shared::holding`] when the lane
+    /// ends.
+    _held: HeldBy,
+}
+
+/// Deliveries registered in a [`Holding`], let go when dropped.
+struct HeldBy {
+    holding: Holding,
+    /// (message id, receipt handle) of each.
+    deliveries: Vec<(String, String)>,
+}
+
+impl Drop for HeldBy {
+    fn drop(&mut self) {
+        for (id, receipt) in &self.deliveries {
+            self.holding.let_go(id, receipt);
+        }
+    }
 }
 
 impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
@@ -482,7 +510,15 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         let fifo = shared.config.is_fifo();
         // Received with the lease as their visibility timeout.
         let invisible_until = received_at + shared.processor.config().lease;
+        let held = HeldBy {
+            holding: shared.holding.clone(),
+            deliveries: messages
+                .iter()
+                .filter_map(|m| Some((m.id().to_owned(), m.receipt_handle()?.to_owned())))
+                .collect(),
+        };
         Self {
+            _held: held,
             shared,
             received_at,
             answered_at: Instant::now(),
@@ -550,7 +586,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                     message: &first,
                     received_at: self.received_at,
                 };
-                rest_after = hold_group(&self.shared.queue, failed, after, more).await;
+                rest_after = hold_group(&self.shared.settler, failed, after, more).await;
                 break;
             }
         }
@@ -1021,6 +1057,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
             })
             .collect();
         let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
+        // Before any lane runs: an older delivery of one of these messages
+        // held here leaves its visibility to the newer one from now on.
+        for m in &messages {
+            self.shared.holding.received(m);
+        }
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let lane = Lane::new(self.shared.clone(), lane, permits, received_at);
@@ -1099,8 +1140,10 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     let metrics = config
         .metrics_interval
         .map(|every| spawn_metrics(processor.clone(), every));
+    let holding = Holding::default();
     let shared = Arc::new(Shared {
-        settler: Settler::new(queue.clone(), config.dlq_url.as_deref()),
+        settler: Settler::new(queue.clone(), config.dlq_url.as_deref()).holding(holding.clone()),
+        holding,
         queue,
         processor,
         config,

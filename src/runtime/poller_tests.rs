@@ -609,3 +609,94 @@ async fn the_receive_loop_beats_its_liveness_while_a_long_handler_holds_every_pl
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(liveness.since_last_beat().unwrap() >= Duration::from_secs(30));
 }
+
+/// Simulator seed 647 (`maxReceiveCount` 4): SQS delivered a message to a
+/// poller that already held it (a twin delivery: the earlier receipt handle
+/// stays valid). The earlier delivery failed and set its retry delay
+/// through its still-valid handle while the newer one waited for the key;
+/// the message became visible, the next receive found it on its last
+/// allowed count and moved it to the DLQ, and the newer delivery completed
+/// the key. A superseded delivery now leaves the message's visibility to
+/// the newer one, which completes and deletes it.
+#[tokio::test(start_paused = true)]
+async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
+    use crate::HandlerError;
+    use crate::testkit::queue::RedrivePolicy;
+    let queue = MemoryQueue::new();
+    let dlq = queue.create_queue(QueueSettings::new("twin-dlq")).unwrap();
+    let mut settings = QueueSettings::new("twin");
+    settings.redrive = Some(RedrivePolicy {
+        dlq_url: dlq.clone(),
+        max_receive_count: 2,
+    });
+    // SQS's "might" hits only when armed, and then once: one twin delivery.
+    let armed = Arc::new(AtomicBool::new(false));
+    let a = armed.clone();
+    settings.might.twice = 1.0;
+    settings.might.draw = Some(Arc::new(Mutex::new(move || {
+        if a.swap(false, Ordering::SeqCst) {
+            0.0
+        } else {
+            1.0
+        }
+    })));
+    let url = queue.create_queue(settings).unwrap();
+    let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let c = calls.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let c = c.clone();
+        async move {
+            c.lock().unwrap().push(m.receive_count());
+            if m.receive_count() == 1 {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                return Err(HandlerError::retry("the first delivery fails"));
+            }
+            // Longer than the first delivery's retry delay (2 s).
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("twin");
+    pc.lease = Duration::from_secs(20);
+    pc.heartbeat = Duration::from_secs(5);
+    pc.key_source = "json:/id".parse().unwrap();
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let processor = Processor::new(MemoryStore::new(clock), handler, pc).unwrap();
+    let mut config = config(&url, 2, 0);
+    config.wait_time = Duration::from_secs(1);
+    config.exit_when_idle = Some(Duration::from_secs(60));
+    queue
+        .send(
+            &url,
+            OutgoingMessage {
+                body: r#"{"id":"e1"}"#.into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let poller = tokio::spawn(run(
+        queue.clone(),
+        processor,
+        config,
+        CancellationToken::new(),
+    ));
+    // While the first delivery's handler runs: the next receive hands the
+    // same message to the poller again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    armed.store(true, Ordering::SeqCst);
+    let stats = poller.await.unwrap();
+    assert_eq!(
+        queue.twin_receipts(&url).len(),
+        1,
+        "one twin delivery: {stats:?}"
+    );
+    assert_eq!(*calls.lock().unwrap(), [1, 2], "{stats:?}");
+    assert_eq!(
+        queue.counts(&dlq).unwrap().stored(),
+        0,
+        "the message reached the DLQ though its newer delivery completed: {stats:?}"
+    );
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
+}

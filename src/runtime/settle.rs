@@ -4,6 +4,8 @@
 //! done, parked, sent again, or back after a delay). And the FIFO hold
 //! ([`hold_group`]): what the rest of a group does after a failure.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -83,12 +85,90 @@ pub(crate) struct Delivery<'a> {
     pub(crate) received_at: Instant,
 }
 
+/// The deliveries a runtime holds, by message id, each marked once a newer
+/// delivery of its message reaches the same runtime. A standard queue may
+/// hand a message to a consumer that already holds it: a twin delivery
+/// (SQS's documented "might": the earlier receipt handle stays valid), or a
+/// receive after the earlier delivery's visibility lapsed while it waited
+/// for its key. Only the newest delivery sets the message's visibility: a
+/// retry delay set through an older receipt that SQS still honours would
+/// make the message visible while the newer delivery runs, the receive
+/// after it would spend a count, and on its last allowed receive the
+/// message would reach the DLQ while the newer delivery completed
+/// (simulator seed 647). Clones share it.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "poller"), allow(dead_code))]
+pub(crate) struct Holding(Arc<Mutex<HashMap<String, Vec<HeldReceipt>>>>);
+
+/// One delivery [`Holding`] knows of.
+#[derive(Debug)]
+struct HeldReceipt {
+    receipt: String,
+    /// A newer delivery of its message reached the runtime after it.
+    superseded: bool,
+}
+
+#[cfg_attr(not(feature = "poller"), allow(dead_code))]
+impl Holding {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Vec<HeldReceipt>>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// `message` was received: every delivery of it held so far is now
+    /// superseded by this one.
+    pub(crate) fn received(&self, message: &Message) {
+        let Some(receipt) = message.receipt_handle() else {
+            return;
+        };
+        self.with(|held| {
+            let deliveries = held.entry(message.id().to_owned()).or_default();
+            for d in deliveries.iter_mut() {
+                d.superseded = true;
+            }
+            deliveries.push(HeldReceipt {
+                receipt: receipt.to_owned(),
+                superseded: false,
+            });
+        });
+    }
+
+    /// The runtime is done with the delivery of message `id` whose receipt
+    /// handle is `receipt`.
+    pub(crate) fn let_go(&self, id: &str, receipt: &str) {
+        self.with(|held| {
+            if let Some(deliveries) = held.get_mut(id) {
+                deliveries.retain(|d| d.receipt != receipt);
+                if deliveries.is_empty() {
+                    held.remove(id);
+                }
+            }
+        });
+    }
+
+    /// Whether a newer delivery of `message` reached the runtime after this
+    /// one (held now or not): this one's receipt must leave the message's
+    /// visibility alone.
+    pub(crate) fn superseded(&self, message: &Message) -> bool {
+        let Some(receipt) = message.receipt_handle() else {
+            return false;
+        };
+        self.with(|held| {
+            held.get(message.id())
+                .and_then(|ds| ds.iter().find(|d| d.receipt == receipt))
+                .is_some_and(|d| d.superseded)
+        })
+    }
+}
+
 /// Acts on outcomes: retries later, parks, sends again, or lets go.
 #[derive(Debug)]
 pub(crate) struct Settler<Q> {
     pub(crate) queue: Q,
     dlq: Option<Dlq<Q>>,
     send_in_flight_again: bool,
+    /// The deliveries the runtime holds (the poller's): a superseded one
+    /// sets no retry delay.
+    holding: Option<Holding>,
 }
 
 impl<Q: QueueClient> Settler<Q> {
@@ -98,7 +178,40 @@ impl<Q: QueueClient> Settler<Q> {
             dlq: dlq_url.map(|url| Dlq::new(queue.clone(), url)),
             queue,
             send_in_flight_again: false,
+            holding: None,
         }
+    }
+
+    /// A settler that sets no retry delay through a delivery `holding`
+    /// knows to be superseded by a newer one of its message (the poller).
+    #[cfg(feature = "poller")]
+    pub(crate) fn holding(mut self, holding: Holding) -> Self {
+        self.holding = Some(holding);
+        self
+    }
+
+    /// Makes the message received as `at` visible again after `after` (cut
+    /// to SQS's 12 hours from the receive), unless a newer delivery of it
+    /// reached this runtime: that one's receipt, not this one's, keeps the
+    /// message's visibility ([`Holding`]). Answers the delay as cut.
+    pub(crate) async fn retry_later(
+        &self,
+        url: &str,
+        at: &Delivery<'_>,
+        after: Duration,
+    ) -> Duration {
+        if self
+            .holding
+            .as_ref()
+            .is_some_and(|h| h.superseded(at.message))
+        {
+            info!(
+                message_id = at.message.id(),
+                "a newer delivery of this message is held here: its visibility is left to that one"
+            );
+            return within_visibility_cap(after, at.received_at);
+        }
+        retry_later(&self.queue, url, at.message, after, at.received_at).await
     }
 
     /// A settler that sends a message whose key is held elsewhere again as
@@ -170,7 +283,7 @@ impl<Q: QueueClient> Settler<Q> {
 
     async fn again(&self, at: &Delivery<'_>, after: Duration) -> Settled {
         let after = match at.source {
-            Some(url) => retry_later(&self.queue, url, at.message, after, at.received_at).await,
+            Some(url) => self.retry_later(url, at, after).await,
             None => within_visibility_cap(after, at.received_at),
         };
         Settled::Again { after: Some(after) }
@@ -252,14 +365,14 @@ impl<Q: QueueClient> Settler<Q> {
 /// wait longer ([`lanes::hold_behind`]), and answers the delay for the rest
 /// of the group. Both runtimes hold a group this way.
 pub(crate) async fn hold_group<Q: QueueClient>(
-    queue: &Q,
+    settler: &Settler<Q>,
     failed: Delivery<'_>,
     after: Duration,
     more: bool,
 ) -> Duration {
     let (again, rest) = lanes::hold_behind(after, more);
     if let (Some(again), Some(url)) = (again, failed.source) {
-        retry_later(queue, url, failed.message, again, failed.received_at).await;
+        settler.retry_later(url, &failed, again).await;
     }
     rest
 }
