@@ -125,6 +125,25 @@ pub fn run_seed_on(
     keep_trace: bool,
     path: stores::StorePath,
 ) -> std::io::Result<Report> {
+    run_seed_with(seed, keep_trace, path, draws_max_receive())
+}
+
+/// Whether runs draw the source queue's `maxReceiveCount`
+/// ([`Scenario::draw_knobs`]): opt-in with `SIM_DRAW_MAX_RECEIVE=1` while
+/// the failures it finds are open (see the README, "Simulation").
+pub fn draws_max_receive() -> bool {
+    std::env::var_os("SIM_DRAW_MAX_RECEIVE").is_some()
+}
+
+/// Runs one seed on the given store path, drawing `maxReceiveCount` or not
+/// whatever the environment says (a regression seed found with the draw
+/// keeps it). See [`run_seed_on`].
+pub fn run_seed_with(
+    seed: u64,
+    keep_trace: bool,
+    path: stores::StorePath,
+    draw_max_receive: bool,
+) -> std::io::Result<Report> {
     std::thread::Builder::new()
         .name(format!("seed-{seed}"))
         .stack_size(RUN_STACK_BYTES)
@@ -133,7 +152,7 @@ pub fn run_seed_on(
                 .enable_all()
                 .start_paused(true)
                 .build()?;
-            Ok(runtime.block_on(simulate(seed, keep_trace, path)))
+            Ok(runtime.block_on(simulate_with(seed, keep_trace, path, draw_max_receive)))
         })?
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -223,10 +242,15 @@ pub fn chained(seed: u64) -> bool {
 }
 
 /// The run's world: its scenario (drawn), queues and store (on `path`).
-fn world(seed: u64, dice: &Dice, trace: &Trace, path: stores::StorePath) -> Arc<World> {
+fn world(
+    seed: u64,
+    dice: &Dice,
+    trace: &Trace,
+    path: stores::StorePath,
+    draw_max_receive: bool,
+) -> Arc<World> {
     let mut scenario = Scenario::draw(dice);
-    // Opt-in while the failures it finds are open (see the README).
-    if std::env::var_os("SIM_DRAW_MAX_RECEIVE").is_some() {
+    if draw_max_receive {
         scenario.draw_knobs(&Dice::new(seed ^ KNOBS));
     }
     scenario.deployment =
@@ -327,11 +351,21 @@ async fn sweep(world: Arc<World>, seed: u64) {
 
 /// One run, inside the paused runtime.
 pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> Report {
+    simulate_with(seed, keep_trace, path, draws_max_receive()).await
+}
+
+/// One run, inside the paused runtime, drawing `maxReceiveCount` or not.
+pub async fn simulate_with(
+    seed: u64,
+    keep_trace: bool,
+    path: stores::StorePath,
+    draw_max_receive: bool,
+) -> Report {
     let started = Instant::now();
     let dice = Dice::new(seed);
     let trace = Trace::new(keep_trace);
     let _logs = subscriber(&trace);
-    let world = world(seed, &dice, &trace, path);
+    let world = world(seed, &dice, &trace, path, draw_max_receive);
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
     let links = links(&world, &calm, &counts, &Dice::new(seed ^ SQS_WIRE));

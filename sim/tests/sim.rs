@@ -12,7 +12,7 @@ use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
 use sqs_once_sim::stores::StorePath;
 use sqs_once_sim::world::{ApiCall, ConsumerSpec, EventSpec, Kind, Runtime, Scenario};
-use sqs_once_sim::{run_seed, run_seed_on};
+use sqs_once_sim::{run_seed, run_seed_on, run_seed_with};
 
 #[test]
 fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
@@ -74,6 +74,26 @@ fn regression_seeds_443_912_a_restarted_host_keeps_its_clock() {
             report.violations
         );
     }
+}
+
+/// Seed 647 with `maxReceiveCount` drawn (4): SQS delivered a message to a
+/// poller that already held it (a twin delivery, both receipt handles
+/// valid); the older delivery's handler panicked and its retry delay, set
+/// through its still-valid handle, made the message visible while the newer
+/// delivery ran, so the next receive found it on its last allowed count and
+/// moved it to the DLQ while the newer delivery completed. A delivery
+/// superseded by a newer one of its message now sets no retry delay (the
+/// poller's unit test
+/// `an_older_delivery_of_a_message_held_again_sets_no_retry_delay`).
+#[test]
+fn regression_seed_647_an_older_twin_delivery_leaves_the_visibility_alone() {
+    let report = run_seed_with(647, true, StorePath::Memory, true).unwrap();
+    assert!(
+        report.trace[0].contains("maxReceiveCount 4"),
+        "the run drew maxReceiveCount 4: {}",
+        report.trace[0]
+    );
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
 /// An early generator drew host clocks up to 4 s apart and found two
