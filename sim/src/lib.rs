@@ -105,6 +105,10 @@ pub struct Report {
     /// by a fast-path commit, where the kinds mix (the documented limit;
     /// see [`check::claim_then_fast`]).
     pub claim_then_fast: usize,
+    /// FIFO pairs applied out of send order because SQS moved the earlier
+    /// message to the DLQ before the later one was delivered (the documented
+    /// limit; see [`check::fifo_after_dlq`]).
+    pub fifo_after_dlq: usize,
 }
 
 /// Runs one seed on a fresh single-threaded runtime with paused time, on
@@ -405,6 +409,7 @@ pub async fn simulate_with(
         check::overlapping(&evidence),
     );
     let claim_then_fast = check::claim_then_fast(&evidence).len();
+    let fifo_after_dlq = check::fifo_after_dlq(&evidence).len();
     if exhausted > 0 && counts.total() + scheduled == 0 {
         violations.push(format!(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
@@ -434,6 +439,7 @@ pub async fn simulate_with(
         after_ttl,
         overlapping,
         claim_then_fast,
+        fifo_after_dlq,
     }
 }
 

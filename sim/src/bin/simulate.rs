@@ -100,6 +100,7 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         after_ttl: 0,
         overlapping: 0,
         claim_then_fast: 0,
+        fifo_after_dlq: 0,
     };
     match outcome {
         Ok(Ok(report)) => report,
@@ -137,6 +138,12 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
         println!(
             "counted: {} events applied by a claim that lost its key and then by the fast path",
             report.claim_then_fast
+        );
+    }
+    if report.fifo_after_dlq > 0 {
+        println!(
+            "counted: {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ",
+            report.fifo_after_dlq
         );
     }
     for v in &report.violations {
@@ -305,6 +312,7 @@ struct Totals {
     after_ttl: u64,
     overlapping: u64,
     claim_then_fast: u64,
+    fifo_after_dlq: u64,
 }
 
 impl Totals {
@@ -315,6 +323,7 @@ impl Totals {
         self.after_ttl += report.after_ttl as u64;
         self.overlapping += report.overlapping as u64;
         self.claim_then_fast += report.claim_then_fast as u64;
+        self.fifo_after_dlq += report.fifo_after_dlq as u64;
     }
 
     /// The summary of seeds `from..to` (`ran` of them, `failed` failing).
@@ -327,8 +336,8 @@ impl Totals {
             self.stranded
         );
         println!(
-            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} events applied by a claim that lost its key and then by the fast path",
-            self.after_ttl, self.overlapping, self.claim_then_fast
+            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} events applied by a claim that lost its key and then by the fast path; {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ",
+            self.after_ttl, self.overlapping, self.claim_then_fast, self.fifo_after_dlq
         );
     }
 }
