@@ -700,3 +700,79 @@ async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
     assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
     assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
 }
+
+/// Simulator seed 1533 (`maxReceiveCount` 3): a poller draining at shutdown
+/// gave back at once a redelivery (a twin delivery) whose key another
+/// consumer's live claim held; the message became visible while the holder
+/// ran, and the next receive found it past its last allowed count and moved
+/// it to the DLQ as the holder completed. A message not started whose key is
+/// in flight elsewhere is now left invisible until its visibility ends.
+#[tokio::test(start_paused = true)]
+async fn at_shutdown_a_redelivery_whose_key_is_held_elsewhere_is_left_invisible() {
+    use crate::protocol::store::{ClaimRequest, DedupStore};
+    let (queue, url) = queue_with(0).await;
+    let send = |body: &str| OutgoingMessage {
+        body: body.into(),
+        ..Default::default()
+    };
+    // e0 first: it takes the poller's one slot, and e1 waits for it.
+    for body in [r#"{"id":"e0"}"#, r#"{"id":"e1"}"#] {
+        queue.inner.send(&url, send(body)).await.unwrap();
+    }
+    // Their first deliveries lapse: the poller's are redeliveries.
+    let first = ReceiveRequest {
+        max: 2,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(1),
+    };
+    assert_eq!(queue.inner.receive(&url, first).await.unwrap().len(), 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let store = MemoryStore::new(clock.clone());
+    let mut pc = ProcessorConfig::new("held");
+    pc.lease = Duration::from_secs(60);
+    pc.key_source = "json:/id".parse().unwrap();
+    // Another consumer holds e1's key under a live lease.
+    store
+        .claim(&ClaimRequest {
+            pk: pc.record_key("e1"),
+            owner: "elsewhere".into(),
+            message_id: "msg-00000002".into(),
+            payload_sha256: String::new(),
+            lease: Duration::from_secs(600),
+            ttl: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+    let handler = handler_fn(|_m: Message, _ctx| async {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(None)
+    });
+    let processor = Processor::new(store, handler, pc)
+        .unwrap()
+        .with_clock(clock);
+    let mut config = config(&url, 1, 1);
+    config.exit_when_idle = None;
+    config.drain = Duration::from_secs(1);
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue.clone(), processor, config, shutdown.clone()));
+    wait_until(Duration::from_secs(30), || {
+        queue.seen.lock().unwrap().received == 2
+    })
+    .await;
+    shutdown.cancel();
+    let stats = poller.await.unwrap();
+    let states: Vec<_> = queue
+        .inner
+        .contents(&url)
+        .into_iter()
+        .filter(|m| m.body.contains("e1"))
+        .map(|m| (m.state, m.receive_count))
+        .collect();
+    assert_eq!(
+        states,
+        [(crate::testkit::queue::MessageState::InFlight, 2)],
+        "e1 was brought back while its key was held elsewhere: {stats:?}"
+    );
+    assert_eq!(stats.held_back, 1, "{stats:?}");
+}

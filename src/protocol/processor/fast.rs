@@ -194,26 +194,49 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
-    /// Whether a message that came back is known done: its key's record says
-    /// `COMPLETED`. The poller asks before giving a received message back
-    /// unprocessed at shutdown: a completed one is deleted instead, so a
-    /// drain does not spend the receive of a message that is done (on its
-    /// last allowed receive that would move it to the DLQ).
-    /// Only a record of the same body counts: a message that reuses a key
-    /// with another body goes through the processor, which parks it where
-    /// `SQS_ONCE_PAYLOAD_MISMATCH=park` says so.
+    /// What the poller finds of a redelivery's key before giving the message
+    /// back unprocessed at shutdown (read only for a redelivery, as
+    /// [`Self::completed_record`]): done (`COMPLETED`, nothing left to send,
+    /// the same body: deleted instead, so a drain does not spend the receive
+    /// of a message that is done, on its last allowed receive that would
+    /// move it to the DLQ), held elsewhere under a live lease (left invisible
+    /// rather than brought back at once: see the poller's `give_back`), or
+    /// neither. A message that reuses a key with another body goes through
+    /// the processor, which parks it where `SQS_ONCE_PAYLOAD_MISMATCH=park`
+    /// says so.
     #[cfg(feature = "poller")]
-    pub(crate) async fn known_completed(&self, message: &Message) -> bool {
+    pub(crate) async fn before_giving_back(&self, message: &Message) -> KeyFound {
         let Ok(key) = self.config.dedup_key(message) else {
-            return false;
+            return KeyFound::Unknown;
         };
-        // One with messages still to send goes through the processor,
-        // which sends them.
-        self.completed_record(message, &key).await.is_some_and(|r| {
-            r.outbox.is_empty()
-                && r.payload_sha256
-                    .is_none_or(|p| p == self.config.payload_sha256(message))
-        })
+        // (The `no-redelivery-read` mutant, for the simulator only, skips the read.)
+        if message.receive_count() <= 1 || crate::protocol::mutants::active("no-redelivery-read") {
+            return KeyFound::Unknown;
+        }
+        let pk = self.config.record_key(&key);
+        // A record past its TTL or its lease counts as absent, as the claim
+        // condition says.
+        let now_ms = self.clock.now_ms();
+        match self.store.get(&pk).await {
+            Ok(Some(r)) if r.claimable_by(now_ms, message.id()) => KeyFound::Unknown,
+            // One with messages still to send goes through the processor,
+            // which sends them.
+            Ok(Some(r))
+                if r.status == crate::Status::Completed
+                    && r.outbox.is_empty()
+                    && r.payload_sha256
+                        .as_ref()
+                        .is_none_or(|p| *p == self.config.payload_sha256(message)) =>
+            {
+                KeyFound::Done
+            }
+            Ok(Some(r)) if r.status == crate::Status::InProgress => KeyFound::HeldElsewhere,
+            Ok(_) => KeyFound::Unknown,
+            Err(e) => {
+                warn!(error = %e, "could not read the record of a redelivery");
+                KeyFound::Unknown
+            }
+        }
     }
 
     /// A failure on the fast path. A permanent one is recorded as a `FAILED`
@@ -258,4 +281,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             },
         }
     }
+}
+
+/// What [`Processor::before_giving_back`] found of a message's key.
+#[cfg(feature = "poller")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyFound {
+    /// `COMPLETED`, nothing left to send, the same body.
+    Done,
+    /// `IN_PROGRESS` under a live lease (another attempt runs it).
+    HeldElsewhere,
+    /// Neither, or not read.
+    Unknown,
 }

@@ -17,6 +17,8 @@ mod fast;
 mod lease;
 mod outbox;
 
+#[cfg(feature = "poller")]
+pub(crate) use fast::KeyFound;
 use lease::LocalEnd;
 
 use std::sync::Arc;
