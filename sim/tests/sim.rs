@@ -96,6 +96,24 @@ fn regression_seed_647_an_older_twin_delivery_leaves_the_visibility_alone() {
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
 
+/// Seeds 1107, 1550 and 1870 with `maxReceiveCount` drawn (3, 5, 3): SQS
+/// moved a FIFO message to the DLQ, its receives spent, and handed out the
+/// rest of its group, applied before it (AWS's documented limit of a FIFO
+/// queue with a redrive policy). The checker counts each such pair, judged
+/// from the deliveries, and fails none of these runs.
+#[test]
+fn regression_seeds_1107_1550_1870_fifo_order_after_a_move_to_the_dlq_is_counted() {
+    for seed in [1107, 1550, 1870] {
+        let report = run_seed_with(seed, false, StorePath::of(seed), true).unwrap();
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+        assert_eq!(report.fifo_after_dlq, 1, "seed {seed}");
+    }
+}
+
 /// An early generator drew host clocks up to 4 s apart and found two
 /// attempts of one key calling the API at once: a Lambda claim's lease is cut
 /// to its invocation's deadline and its margin is a tenth of that lease (300 ms
