@@ -323,20 +323,7 @@ fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
     // the rows cannot name every committing run of an event it ran too
     // (TTL may let both commit, each sending its own); as in a claim-path
     // run, the checks below still hold for those.
-    let charged: BTreeSet<&str> = e.calls.iter().map(|c| c.event.as_str()).collect();
-    let mut committed_by: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    if e.scenario.stages() {
-        for r in e
-            .rows
-            .iter()
-            .filter(|r| !charged.contains(r.event.as_str()))
-        {
-            committed_by
-                .entry(r.event.as_str())
-                .or_default()
-                .insert(r.message.as_str());
-        }
-    }
+    let committed_by = committed_by(e);
     let mut ids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for m in next {
         let body: serde_json::Value = serde_json::from_str(&m.body).unwrap_or_default();
@@ -378,6 +365,27 @@ fn downstream(e: &Evidence<'_>, v: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// The messages whose fast-path runs committed each event, by its ledger
+/// rows: only where the run stages rows, and only for events the claim
+/// path never ran (see [`downstream`]).
+fn committed_by<'e>(e: &'e Evidence<'_>) -> BTreeMap<&'e str, BTreeSet<&'e str>> {
+    let charged: BTreeSet<&str> = e.calls.iter().map(|c| c.event.as_str()).collect();
+    let mut committed_by: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    if e.scenario.stages() {
+        for r in e
+            .rows
+            .iter()
+            .filter(|r| !charged.contains(r.event.as_str()))
+        {
+            committed_by
+                .entry(r.event.as_str())
+                .or_default()
+                .insert(r.message.as_str());
+        }
+    }
+    committed_by
 }
 
 /// Whether SQS delivered a message of `event` while another receipt of it

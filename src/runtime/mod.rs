@@ -25,6 +25,7 @@ pub(crate) use settle::Holding;
 pub(crate) use settle::{Delivery, Settled, Settler, hold_group};
 #[cfg(feature = "poller")]
 pub(crate) use visibility::extend_many;
+#[cfg(feature = "lambda")]
 pub(crate) use visibility::retry_later;
 
 /// Exports the spans ended so far when an OTLP exporter was installed
