@@ -412,6 +412,8 @@ pub struct Calls {
     /// When each staged write committed, by the `pk` of its first write
     /// (the scale run's ledger row: the event).
     commits: Mutex<Vec<(String, Instant)>>,
+    /// Deliveries by the receive count SQS gave them (index: the count).
+    receive_counts: Mutex<Vec<u64>>,
 }
 
 impl Calls {
@@ -429,6 +431,39 @@ impl Calls {
     /// When the last delete answered.
     pub fn last_delete(&self) -> Option<Instant> {
         *self.last_delete.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Messages received at least `n` times (the deliveries whose receive
+    /// count was `n`).
+    pub fn received_at_least(&self, n: u32) -> u64 {
+        let counts = self
+            .receive_counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        counts.get(n as usize).copied().unwrap_or(0)
+    }
+
+    /// The highest receive count of any delivery.
+    pub fn max_receive_count(&self) -> u32 {
+        let counts = self
+            .receive_counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        u32::try_from(counts.iter().rposition(|n| *n > 0).unwrap_or(0)).unwrap_or(u32::MAX)
+    }
+
+    fn note_deliveries(&self, got: &[Message]) {
+        let mut counts = self
+            .receive_counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for m in got {
+            let n = m.receive_count() as usize;
+            if counts.len() <= n {
+                counts.resize(n + 1, 0);
+            }
+            counts[n] += 1;
+        }
     }
 
     /// Every commit of staged writes: the first write's `pk` and when its
@@ -574,7 +609,11 @@ impl<Q: QueueClient> QueueClient for LatentQueue<Q> {
     ) -> Result<Vec<Message>, QueueError> {
         let call = self.inner.receive(queue, request);
         let empty = |r: &Result<Vec<Message>, QueueError>| r.as_ref().is_ok_and(Vec::is_empty);
-        self.latency.around(Op::ReceiveMessage, call, empty).await
+        let got = self.latency.around(Op::ReceiveMessage, call, empty).await;
+        if let Ok(got) = &got {
+            self.latency.calls.note_deliveries(got);
+        }
+        got
     }
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {

@@ -228,6 +228,12 @@ pub struct RunReport {
     pub metrics: Option<Snapshot>,
     /// Messages returned by receives (a message received twice counts twice).
     pub deliveries: u64,
+    /// Messages received more than 5 times: those a redrive policy of
+    /// `maxReceiveCount` 5 would have moved to the DLQ unprocessed (the
+    /// scale queue has none).
+    pub over_five_receives: u64,
+    /// The highest receive count of any delivery.
+    pub max_receive_count: u32,
     /// Deletes SQS ignored because the message had been received again
     /// since (its visibility ran out before the delete).
     pub stale_deletes: u64,
@@ -357,6 +363,8 @@ async fn drain(config: &ScaleConfig, consumer: Consumer) -> RunReport {
         refusals: services.capacity.refusals(),
         metrics: (consumer == Consumer::SqsOnce).then(|| services.capacity.take_metrics()),
         deliveries: counts.received,
+        over_five_receives: calls.received_at_least(6),
+        max_receive_count: calls.max_receive_count(),
         stale_deletes: counts.stale_deletes,
     }
 }

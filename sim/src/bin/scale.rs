@@ -46,6 +46,51 @@ fn log_normal(value: &str) -> Result<LogNormal, String> {
     Ok(LogNormal::new(m, p))
 }
 
+/// The latency and capacity flags: whether `flag` was one.
+fn model_flag(config: &mut ScaleConfig, flag: &str, value: &str) -> Result<bool, String> {
+    let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+    match flag {
+        "--latency" => {
+            let correlation = config.model.correlation;
+            config.model = match value {
+                "lognormal" => LatencyModel::aws(),
+                "quantiles" => LatencyModel::aws_quantiles(),
+                _ => return Err(bad(&"lognormal or quantiles")),
+            };
+            config.model.correlation = correlation;
+        }
+        "--correlation" => {
+            let (w, r) = value.split_once(',').ok_or_else(|| bad(&"WINDOW_MS,RHO"))?;
+            let window = Duration::from_millis(w.parse().map_err(|e| bad(&e))?);
+            let rho: f64 = r.parse().map_err(|e| bad(&e))?;
+            if !(0.0..=1.0).contains(&rho) || window.is_zero() {
+                return Err(bad(&"a window above 0 ms and RHO from 0 to 1"));
+            }
+            config.model = config
+                .model
+                .clone()
+                .with_correlation(Correlation { window, rho });
+        }
+        "--capacity" => {
+            config.capacity = match value {
+                "dynamodb" => CapacityModel::dynamodb(None),
+                "unlimited" => CapacityModel::unlimited(),
+                _ => return Err(bad(&"dynamodb or unlimited")),
+            }
+        }
+        "--table-wcu" => {
+            capacity(config).table_wcu = Some(value.parse().map_err(|e| bad(&e))?);
+        }
+        "--item-wcu" => capacity(config).item_wcu = value.parse().map_err(|e| bad(&e))?,
+        "--hold-ms" => {
+            capacity(config).hold = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
+        }
+        "--hot-accounts" => config.hot_accounts = Some(value.parse().map_err(|e| bad(&e))?),
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
 fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
     let mut config = ScaleConfig::default();
     let mut consumers = vec![
@@ -68,49 +113,12 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
                 config.handler = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
             }
             "--seed" => config.seed = value.parse().map_err(|e| bad(&e))?,
-            "--latency" => {
-                let correlation = config.model.correlation;
-                config.model = match value.as_str() {
-                    "lognormal" => LatencyModel::aws(),
-                    "quantiles" => LatencyModel::aws_quantiles(),
-                    _ => return Err(bad(&"lognormal or quantiles")),
-                };
-                config.model.correlation = correlation;
-            }
-            "--correlation" => {
-                let (w, r) = value.split_once(',').ok_or_else(|| bad(&"WINDOW_MS,RHO"))?;
-                let window = Duration::from_millis(w.parse().map_err(|e| bad(&e))?);
-                let rho: f64 = r.parse().map_err(|e| bad(&e))?;
-                if !(0.0..=1.0).contains(&rho) || window.is_zero() {
-                    return Err(bad(&"a window above 0 ms and RHO from 0 to 1"));
-                }
-                config.model = config
-                    .model
-                    .clone()
-                    .with_correlation(Correlation { window, rho });
-            }
             "--sqs-ms" => config.model = config.model.clone().with_sqs(log_normal(&value)?),
             "--transaction-ms" => {
                 config.model = config.model.clone().with_transaction(log_normal(&value)?);
             }
             "--fifo-groups" => config.fifo_groups = Some(value.parse().map_err(|e| bad(&e))?),
             "--rate" => config.rate = Some(value.parse().map_err(|e| bad(&e))?),
-            "--capacity" => {
-                config.capacity = match value.as_str() {
-                    "dynamodb" => CapacityModel::dynamodb(None),
-                    "unlimited" => CapacityModel::unlimited(),
-                    _ => return Err(bad(&"dynamodb or unlimited")),
-                }
-            }
-            "--table-wcu" => {
-                capacity(&mut config).table_wcu = Some(value.parse().map_err(|e| bad(&e))?);
-            }
-            "--item-wcu" => capacity(&mut config).item_wcu = value.parse().map_err(|e| bad(&e))?,
-            "--hold-ms" => {
-                capacity(&mut config).hold =
-                    Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
-            }
-            "--hot-accounts" => config.hot_accounts = Some(value.parse().map_err(|e| bad(&e))?),
             "--only" => {
                 consumers = value
                     .split(',')
@@ -123,7 +131,11 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
                     })
                     .collect::<Result<_, _>>()?;
             }
-            other => return Err(format!("unknown argument {other}")),
+            other => {
+                if !model_flag(&mut config, other, &value)? {
+                    return Err(format!("unknown argument {other}"));
+                }
+            }
         }
     }
     if config.fifo_groups.is_some() && consumers != [Consumer::SqsOnce] {
@@ -191,9 +203,11 @@ fn print_run(r: &RunReport) {
         );
     }
     println!(
-        "  receives per message {:.3} ({} deliveries); deletes SQS ignored (visibility ran out first) {}",
+        "  receives per message {:.3} ({} deliveries; most receives of a message {}; messages received over 5 times {}); deletes SQS ignored (visibility ran out first) {}",
         r.receives_per_message(),
         r.deliveries,
+        r.max_receive_count,
+        r.over_five_receives,
         r.stale_deletes
     );
     let f = &r.refusals;

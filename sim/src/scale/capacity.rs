@@ -295,7 +295,7 @@ impl Capacity {
             }
         }
         state.admitted += 1;
-        if state.admitted % 65_536 == 0 {
+        if state.admitted.is_multiple_of(65_536) {
             // Forget what no longer matters: full buckets, ended holds.
             let rate = m.item_wcu;
             state.items.retain(|_, b| {
