@@ -100,6 +100,10 @@ pub struct ScaleConfig {
     /// Each event's transaction also adds its amount to account item
     /// `a{event % n}` (`None`: the ledger row only).
     pub hot_accounts: Option<usize>,
+    /// sqs-once's retry delay, first and longest (`ProcessorConfig`'s
+    /// `backoff_base` and `backoff_max`; `None`: its defaults, 2 s and 15
+    /// min).
+    pub backoff: Option<(Duration, Duration)>,
 }
 
 impl Default for ScaleConfig {
@@ -117,6 +121,7 @@ impl Default for ScaleConfig {
             fifo_groups: None,
             capacity: CapacityModel::unlimited(),
             hot_accounts: None,
+            backoff: None,
         }
     }
 }
@@ -604,6 +609,10 @@ async fn sqs_once(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
     processor_config.key_source = "json:/id"
         .parse()
         .unwrap_or_else(|e| panic!("json:/id is a key source: {e}"));
+    if let Some((base, max)) = config.backoff {
+        processor_config.backoff_base = base;
+        processor_config.backoff_max = max;
+    }
     let pollers: Vec<_> = (0..config.pollers)
         .map(|_| {
             let latency = services.latency.clone();

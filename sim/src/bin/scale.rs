@@ -9,7 +9,7 @@
 //! [--handler-ms MS] [--seed S] [--rate PER_S] [--fifo-groups N] [--sqs-ms MEDIAN,P99]
 //! [--transaction-ms MEDIAN,P99] [--capacity dynamodb|unlimited] [--table-wcu N]
 //! [--item-wcu N] [--hold-ms MS] [--hot-accounts N] [--latency lognormal|quantiles]
-//! [--correlation WINDOW_MS,RHO] [--only sqs-once,loop,best,best-held]`
+//! [--correlation WINDOW_MS,RHO] [--backoff-ms BASE,MAX] [--only sqs-once,loop,best,best-held]`
 //! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
 //! sent twice, 5 ms handlers, seed 1, DynamoDB's capacity unlimited). `--capacity
 //! dynamodb` models DynamoDB's per-item limit (1,000 write units a second) and
@@ -19,6 +19,8 @@
 //! `--latency quantiles` draws DynamoDB's latencies from published quantiles
 //! instead of log-normals (before `--sqs-ms`/`--transaction-ms`, which it
 //! replaces); `--correlation` correlates draws within windows of time.
+//! `--backoff-ms` sets sqs-once's retry delay (`ProcessorConfig`'s
+//! `backoff_base`, `backoff_max`; default 2 s doubling to 15 min).
 //! Build with `--release` for 1M.
 
 use std::process::ExitCode;
@@ -84,6 +86,15 @@ fn model_flag(config: &mut ScaleConfig, flag: &str, value: &str) -> Result<bool,
         "--item-wcu" => capacity(config).item_wcu = value.parse().map_err(|e| bad(&e))?,
         "--hold-ms" => {
             capacity(config).hold = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
+        }
+        "--backoff-ms" => {
+            let (b, m) = value.split_once(',').ok_or_else(|| bad(&"BASE,MAX"))?;
+            let base = Duration::from_millis(b.parse().map_err(|e| bad(&e))?);
+            let max = Duration::from_millis(m.parse().map_err(|e| bad(&e))?);
+            if base.is_zero() || max < base {
+                return Err(bad(&"BASE above 0 and MAX at least BASE"));
+            }
+            config.backoff = Some((base, max));
         }
         "--hot-accounts" => config.hot_accounts = Some(value.parse().map_err(|e| bad(&e))?),
         _ => return Ok(false),
