@@ -110,6 +110,7 @@ fn the_library_reports_its_retries_under_throttling() {
         "a given-up commit is a retry"
     );
     assert_eq!(m.lease_lost, 0, "the fast path holds no lease");
+    assert_eq!(r.stale_deletes, 0, "no visibility ran out before a delete");
     if r.refusals.gave_up > 0 {
         assert!(
             r.deliveries > r.config.messages as u64,
