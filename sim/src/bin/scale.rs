@@ -17,8 +17,9 @@
 //! `--hold-ms` set its figures (and turn it on). `--hot-accounts N`: each
 //! event's transaction also adds its amount to one of N account items.
 //! `--latency quantiles` draws DynamoDB's latencies from published quantiles
-//! instead of log-normals (before `--sqs-ms`/`--transaction-ms`, which it
-//! replaces); `--correlation` correlates draws within windows of time.
+//! instead of log-normals (it replaces the whole model: give it before
+//! `--sqs-ms`/`--transaction-ms`); `--correlation` correlates draws within
+//! windows of time.
 //! `--backoff-ms` sets sqs-once's retry delay (`ProcessorConfig`'s
 //! `backoff_base`, `backoff_max`; default 2 s doubling to 15 min).
 //! Build with `--release` for 1M.
