@@ -9,7 +9,8 @@
 //! [--handler-ms MS] [--seed S] [--rate PER_S] [--fifo-groups N] [--sqs-ms MEDIAN,P99]
 //! [--transaction-ms MEDIAN,P99] [--capacity dynamodb|unlimited] [--table-wcu N]
 //! [--item-wcu N] [--hold-ms MS] [--hot-accounts N] [--latency lognormal|quantiles]
-//! [--correlation WINDOW_MS,RHO] [--backoff-ms BASE,MAX] [--only sqs-once,loop,best,best-held]`
+//! [--correlation WINDOW_MS,RHO] [--backoff-ms BASE,MAX] [--store-retry fixed|jitter]
+//! [--only sqs-once,loop,best,best-held]`
 //! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
 //! sent twice, 5 ms handlers, seed 1, DynamoDB's capacity unlimited). `--capacity
 //! dynamodb` models DynamoDB's per-item limit (1,000 write units a second) and
@@ -22,6 +23,8 @@
 //! windows of time.
 //! `--backoff-ms` sets sqs-once's retry delay (`ProcessorConfig`'s
 //! `backoff_base`, `backoff_max`; default 2 s doubling to 15 min).
+//! `--store-retry jitter` is a what-if: the store's retries of a refused
+//! write wait a uniform draw below their delay (the library's wait the delay).
 //! Build with `--release` for 1M.
 
 use std::process::ExitCode;
@@ -96,6 +99,13 @@ fn model_flag(config: &mut ScaleConfig, flag: &str, value: &str) -> Result<bool,
                 return Err(bad(&"BASE above 0 and MAX at least BASE"));
             }
             config.backoff = Some((base, max));
+        }
+        "--store-retry" => {
+            capacity(config).jittered_store_retries = match value {
+                "fixed" => false,
+                "jitter" => true,
+                _ => return Err(bad(&"fixed or jitter")),
+            }
         }
         "--hot-accounts" => config.hot_accounts = Some(value.parse().map_err(|e| bad(&e))?),
         _ => return Ok(false),

@@ -67,6 +67,10 @@ pub struct CapacityModel {
     /// How long a transaction holds its items after it is admitted; zero:
     /// no conflicts.
     pub hold: Duration,
+    /// A what-if for the client, not what the library does: the store's
+    /// retries wait a uniform draw from zero to their delay (full jitter)
+    /// instead of the delay itself.
+    pub jittered_store_retries: bool,
 }
 
 impl CapacityModel {
@@ -76,6 +80,7 @@ impl CapacityModel {
             item_wcu: f64::INFINITY,
             table_wcu: None,
             hold: Duration::ZERO,
+            jittered_store_retries: false,
         }
     }
 
@@ -88,6 +93,7 @@ impl CapacityModel {
             item_wcu: 1_000.0,
             table_wcu,
             hold: Duration::from_millis(10),
+            jittered_store_retries: false,
         }
     }
 
@@ -307,6 +313,16 @@ impl Capacity {
         Ok(())
     }
 
+    /// The store's wait before its next attempt: `delay`, or with
+    /// [`CapacityModel::jittered_store_retries`] a uniform draw below it.
+    fn store_backoff(&self, delay: Duration) -> Duration {
+        if !self.model.jittered_store_retries {
+            return delay;
+        }
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        delay.mul_f64(rng.random_range(0.0..1.0))
+    }
+
     fn sdk_backoff(&self, retry: u32) -> Duration {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
         let jitter: f64 = rng.random_range(0.0..1.0);
@@ -501,7 +517,7 @@ impl<S: DedupStore> Retrying<S> {
                 return out;
             }
             self.capacity.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(self.capacity.store_backoff(delay)).await;
             delay *= 2;
             attempt += 1;
         }
