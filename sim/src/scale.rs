@@ -24,8 +24,15 @@
 //! (`rate`) instead of all queued at the start; either way each event's time
 //! from its first send to its commit is measured.
 //!
-//! Each run is checked: every event's ledger row committed exactly once and
-//! nothing left in the queue.
+//! Optionally DynamoDB's capacity is modelled (`capacity`, see
+//! [`capacity`]): per-item and per-table write units, transaction conflicts,
+//! and the SDK's and the store's retries of what they refuse, the same for
+//! every consumer; and each event's transaction also adds its amount to one
+//! of `hot_accounts` account items (hot items under load).
+//!
+//! Each run is checked: every event's ledger row committed exactly once,
+//! every account's balance the sum of its events' amounts, and nothing left
+//! in the queue.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +41,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use sqs_once::clock::TokioClock;
-use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
+use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem, Update};
+use sqs_once::metrics::Snapshot;
 use sqs_once::poller::{PollerConfig, RunStats};
 use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
 use sqs_once::store::{FastCommit, FastCommitted};
@@ -49,7 +57,15 @@ use tokio_util::sync::CancellationToken;
 use crate::latency::{Latency, LatencyModel, LatentQueue, LatentStore, Op};
 
 mod best;
+pub mod capacity;
 pub use best::{BATCH_WAIT, Places};
+pub use capacity::{Capacity, CapacityModel, Refusals};
+
+use capacity::{Retrying, Throttled};
+
+/// The store every consumer of a run writes through: the client's retries
+/// of refusals, the latency, the service's capacity, the records.
+type ScaleStore = Retrying<LatentStore<Throttled<MemoryStore>>>;
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +95,15 @@ pub struct ScaleConfig {
     /// by number), instead of a standard queue. sqs-once only: the loops do
     /// not keep a group's order.
     pub fifo_groups: Option<usize>,
+    /// DynamoDB's capacity (default: unlimited, no conflicts).
+    pub capacity: CapacityModel,
+    /// Each event's transaction also adds its amount to account item
+    /// `a{event % n}` (`None`: the ledger row only).
+    pub hot_accounts: Option<usize>,
+    /// sqs-once's retry delay, first and longest (`ProcessorConfig`'s
+    /// `backoff_base` and `backoff_max`; `None`: its defaults, 2 s and 15
+    /// min).
+    pub backoff: Option<(Duration, Duration)>,
 }
 
 impl Default for ScaleConfig {
@@ -94,6 +119,9 @@ impl Default for ScaleConfig {
             rate: None,
             model: LatencyModel::aws(),
             fifo_groups: None,
+            capacity: CapacityModel::unlimited(),
+            hot_accounts: None,
+            backoff: None,
         }
     }
 }
@@ -152,8 +180,11 @@ pub struct Ledger {
     pub missing: usize,
     /// Events whose row committed more than once.
     pub applied_more: usize,
-    /// Committed writes that are no event's row.
+    /// Committed writes that are no event's row nor an account's update.
     pub foreign: usize,
+    /// Accounts whose balance (the sum of the committed updates) is not the
+    /// sum of their events' amounts.
+    pub accounts_wrong: usize,
     /// Messages left in the queue (visible, in flight or delayed).
     pub left_in_queue: usize,
 }
@@ -165,6 +196,7 @@ impl Ledger {
             && self.missing == 0
             && self.applied_more == 0
             && self.foreign == 0
+            && self.accounts_wrong == 0
             && self.left_in_queue == 0
     }
 }
@@ -195,6 +227,21 @@ pub struct RunReport {
     /// Each event's time from its first send until its ledger row committed:
     /// p50, p99 and the largest, milliseconds.
     pub commit_latency_ms: [f64; 3],
+    /// Writes DynamoDB refused, and the client's retries of them.
+    pub refusals: Refusals,
+    /// The library's metrics, summed over its processors (sqs-once only).
+    pub metrics: Option<Snapshot>,
+    /// Messages returned by receives (a message received twice counts twice).
+    pub deliveries: u64,
+    /// Messages received more than 5 times: those a redrive policy of
+    /// `maxReceiveCount` 5 would have moved to the DLQ unprocessed (the
+    /// scale queue has none).
+    pub over_five_receives: u64,
+    /// The highest receive count of any delivery.
+    pub max_receive_count: u32,
+    /// Deletes SQS ignored because the message had been received again
+    /// since (its visibility ran out before the delete).
+    pub stale_deletes: u64,
 }
 
 impl RunReport {
@@ -212,6 +259,11 @@ impl RunReport {
     /// slot time spent on a message's own work, its commit included.
     pub fn work_slot_use(&self) -> f64 {
         (self.handler_secs + self.store_secs) / (self.slots as f64 * self.virtual_secs.max(1e-9))
+    }
+
+    /// Receives per message: deliveries / messages.
+    pub fn receives_per_message(&self) -> f64 {
+        self.deliveries as f64 / self.config.messages.max(1) as f64
     }
 
     /// Calls of `op` per message.
@@ -239,6 +291,8 @@ struct Services {
     store: MemoryStore,
     clock: Arc<TokioClock>,
     latency: Latency,
+    capacity: Arc<Capacity>,
+    hot_accounts: Option<usize>,
     handler_micros: Arc<AtomicU64>,
     /// The send order, when the queue is fed while the consumer runs.
     to_send: Vec<u32>,
@@ -291,6 +345,7 @@ async fn drain(config: &ScaleConfig, consumer: Consumer) -> RunReport {
     };
     let end = services.latency.calls().last_delete().unwrap_or(start);
     let calls = services.latency.calls();
+    let counts = services.queue.counts(&services.url).unwrap_or_default();
     RunReport {
         consumer,
         config: config.clone(),
@@ -310,6 +365,12 @@ async fn drain(config: &ScaleConfig, consumer: Consumer) -> RunReport {
         duplicates,
         ledger: ledger(&services, config.events()),
         commit_latency_ms: commit_latency(&services),
+        refusals: services.capacity.refusals(),
+        metrics: (consumer == Consumer::SqsOnce).then(|| services.capacity.take_metrics()),
+        deliveries: counts.received,
+        over_five_receives: calls.received_at_least(6),
+        max_receive_count: calls.max_receive_count(),
+        stale_deletes: counts.stale_deletes,
     }
 }
 
@@ -399,6 +460,8 @@ fn fill(config: &ScaleConfig) -> Services {
         store: MemoryStore::new(clock.clone()),
         clock,
         latency: Latency::new(config.model.clone(), config.seed),
+        capacity: Arc::new(Capacity::new(config.capacity.clone(), config.seed)),
+        hot_accounts: config.hot_accounts.filter(|n| *n > 0),
         handler_micros: Arc::default(),
         fed: std::sync::atomic::AtomicBool::new(config.rate.is_none()),
         to_send: send_order(config),
@@ -447,10 +510,56 @@ async fn until_empty(services: &Services) {
     }
 }
 
-/// The event a body names.
+/// The event a body names, and its amount.
 #[derive(serde::Deserialize)]
 struct Body {
     id: String,
+    amount_cents: i64,
+}
+
+/// An event's amount (as its body says).
+fn amount(event: usize) -> i64 {
+    100 + (event % 9900) as i64
+}
+
+/// What an event's transaction stages: its ledger row first (the commit's
+/// time is noted by the first write's key), then, with hot accounts, the
+/// update adding its amount to its account.
+fn staged(
+    body: &Body,
+    message: &str,
+    accounts: Option<usize>,
+) -> Result<Vec<TransactWriteItem>, HandlerError> {
+    let mut writes = vec![ledger_row(&body.id, message)?];
+    if let Some(n) = accounts {
+        let event: usize = body
+            .id
+            .strip_prefix('e')
+            .and_then(|e| e.parse().ok())
+            .ok_or_else(|| HandlerError::permanent(format!("event id {}", body.id)))?;
+        writes.push(account_update(event % n, body.amount_cents)?);
+    }
+    Ok(writes)
+}
+
+/// `ADD balance :amount` to account `a{account}`.
+fn account_update(account: usize, amount_cents: i64) -> Result<TransactWriteItem, HandlerError> {
+    let update = Update::builder()
+        .table_name("accounts")
+        .key("pk", AttributeValue::S(format!("a{account}")))
+        .update_expression("ADD balance :amount")
+        .expression_attribute_values(":amount", AttributeValue::N(amount_cents.to_string()))
+        .build()
+        .map_err(HandlerError::permanent)?;
+    Ok(TransactWriteItem::builder().update(update).build())
+}
+
+/// A store of the run: the client's retries around the latency around the
+/// capacity around the records.
+fn scale_store(services: &Services) -> ScaleStore {
+    let throttled = Throttled::new(services.store.clone(), services.capacity.clone());
+    let latent = LatentStore::new(throttled, services.latency.clone());
+    Retrying::new(latent, services.capacity.clone())
 }
 
 /// The event's ledger row, naming the message that made it.
@@ -464,17 +573,21 @@ fn ledger_row(event: &str, message: &str) -> Result<TransactWriteItem, HandlerEr
     Ok(TransactWriteItem::builder().put(put).build())
 }
 
-/// Works its handler time, then stages the event's ledger row (the fast path).
+/// Works its handler time, then stages the event's ledger row (and account
+/// update) (the fast path).
 struct ScaleHandler {
     took: Duration,
     busy: Arc<AtomicU64>,
+    accounts: Option<usize>,
 }
 
 impl Handler for ScaleHandler {
     async fn handle(&self, message: &Message, ctx: &Context) -> HandlerResult {
         let body: Body = message.json().map_err(HandlerError::permanent)?;
         work(self.took, &self.busy).await;
-        ctx.stage(ledger_row(&body.id, message.id())?);
+        for write in staged(&body, message.id(), self.accounts)? {
+            ctx.stage(write);
+        }
         Ok(None)
     }
 
@@ -496,13 +609,18 @@ async fn sqs_once(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
     processor_config.key_source = "json:/id"
         .parse()
         .unwrap_or_else(|e| panic!("json:/id is a key source: {e}"));
+    if let Some((base, max)) = config.backoff {
+        processor_config.backoff_base = base;
+        processor_config.backoff_max = max;
+    }
     let pollers: Vec<_> = (0..config.pollers)
         .map(|_| {
             let latency = services.latency.clone();
-            let store = LatentStore::new(services.store.clone(), latency.clone());
+            let store = scale_store(services);
             let handler = ScaleHandler {
                 took: config.handler,
                 busy: services.handler_micros.clone(),
+                accounts: services.hot_accounts,
             };
             let processor = Processor::new(store, handler, processor_config.clone())
                 .unwrap_or_else(|e| panic!("the scale processor config is valid: {e}"))
@@ -553,7 +671,7 @@ async fn hand_loop(config: &ScaleConfig, services: &Arc<Services>) -> u64 {
 struct LoopWorker {
     services: Arc<Services>,
     queue: LatentQueue<MemoryQueue>,
-    store: LatentStore<MemoryStore>,
+    store: ScaleStore,
     took: Duration,
     duplicates: Arc<AtomicU64>,
 }
@@ -563,7 +681,7 @@ impl LoopWorker {
         Self {
             services: services.clone(),
             queue: LatentQueue::new(services.queue.clone(), services.latency.clone()),
-            store: LatentStore::new(services.store.clone(), services.latency.clone()),
+            store: scale_store(services),
             took: config.handler,
             duplicates: duplicates.clone(),
         }
@@ -618,7 +736,7 @@ impl LoopWorker {
             return false;
         };
         work(self.took, &self.services.handler_micros).await;
-        let Ok(item) = ledger_row(&body.id, m.id()) else {
+        let Ok(items) = staged(&body, m.id(), self.services.hot_accounts) else {
             return false;
         };
         let commit = FastCommit {
@@ -628,10 +746,13 @@ impl LoopWorker {
             payload_sha256: String::new(),
             result: None,
             ttl: Duration::from_secs(7 * 24 * 3600),
-            writes: vec![StagedWrite {
-                item,
-                on_condition_failed: FailureKind::Retry,
-            }],
+            writes: items
+                .into_iter()
+                .map(|item| StagedWrite {
+                    item,
+                    on_condition_failed: FailureKind::Retry,
+                })
+                .collect(),
             outbox: Vec::new(),
         };
         match self.store.commit_fast(commit).await {
@@ -645,12 +766,19 @@ impl LoopWorker {
     }
 }
 
-/// Counts each event's committed ledger rows, and what the queue holds.
+/// Counts each event's committed ledger rows, sums each account's
+/// committed updates, and what the queue holds.
 fn ledger(services: &Services, events: usize) -> Ledger {
     let mut applied = vec![0u32; events];
     let mut foreign = 0;
+    let accounts = services.hot_accounts.unwrap_or(0);
+    let mut balances = vec![0i64; accounts];
     services.store.for_each_committed(|transaction| {
         for item in transaction {
+            if let Some((account, amount)) = account_added(item).filter(|(a, _)| *a < accounts) {
+                balances[account] += amount;
+                continue;
+            }
             let event = item
                 .put()
                 .and_then(|p| p.item().get("pk"))
@@ -664,8 +792,19 @@ fn ledger(services: &Services, events: usize) -> Ledger {
             }
         }
     });
+    let mut expected = vec![0i64; accounts];
+    for event in 0..events {
+        if accounts > 0 {
+            expected[event % accounts] += amount(event);
+        }
+    }
     Ledger {
         events,
+        accounts_wrong: balances
+            .iter()
+            .zip(&expected)
+            .filter(|(b, e)| b != e)
+            .count(),
         applied_once: applied.iter().filter(|n| **n == 1).count(),
         missing: applied.iter().filter(|n| **n == 0).count(),
         applied_more: applied.iter().filter(|n| **n > 1).count(),
@@ -675,4 +814,25 @@ fn ledger(services: &Services, events: usize) -> Ledger {
             .counts(&services.url)
             .map_or(0, |c| c.stored()),
     }
+}
+
+/// The account and amount of a committed account update.
+fn account_added(item: &TransactWriteItem) -> Option<(usize, i64)> {
+    let u = item.update().filter(|u| u.table_name() == "accounts")?;
+    let account = u
+        .key()
+        .get("pk")?
+        .as_s()
+        .ok()?
+        .strip_prefix('a')?
+        .parse()
+        .ok()?;
+    let amount = u
+        .expression_attribute_values()?
+        .get(":amount")?
+        .as_n()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some((account, amount))
 }

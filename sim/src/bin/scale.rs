@@ -7,15 +7,39 @@
 //!
 //! `scale [--pollers N] [--concurrency N] [--prefetch N] [--messages N] [--duplicates RATE]
 //! [--handler-ms MS] [--seed S] [--rate PER_S] [--fifo-groups N] [--sqs-ms MEDIAN,P99]
-//! [--transaction-ms MEDIAN,P99] [--only sqs-once,loop,best,best-held]`
+//! [--transaction-ms MEDIAN,P99] [--capacity dynamodb|unlimited] [--table-wcu N]
+//! [--item-wcu N] [--hold-ms MS] [--hot-accounts N] [--latency lognormal|quantiles]
+//! [--correlation WINDOW_MS,RHO] [--backoff-ms BASE,MAX] [--store-retry fixed|jitter]
+//! [--only sqs-once,loop,best,best-held]`
 //! (defaults: 100 pollers, concurrency 10, 1,000,000 messages, 10% of events
-//! sent twice, 5 ms handlers, seed 1). Build with `--release` for 1M.
+//! sent twice, 5 ms handlers, seed 1, DynamoDB's capacity unlimited). `--capacity
+//! dynamodb` models DynamoDB's per-item limit (1,000 write units a second) and
+//! transaction conflicts (a 10 ms hold); `--table-wcu`, `--item-wcu` and
+//! `--hold-ms` set its figures (and turn it on). `--hot-accounts N`: each
+//! event's transaction also adds its amount to one of N account items.
+//! `--latency quantiles` draws DynamoDB's latencies from published quantiles
+//! instead of log-normals (it replaces the whole model: give it before
+//! `--sqs-ms`/`--transaction-ms`); `--correlation` correlates draws within
+//! windows of time.
+//! `--backoff-ms` sets sqs-once's retry delay (`ProcessorConfig`'s
+//! `backoff_base`, `backoff_max`; default 2 s doubling to 15 min).
+//! `--store-retry jitter` is a what-if: the store's retries of a refused
+//! write wait a uniform draw below their delay (the library's wait the delay).
+//! Build with `--release` for 1M.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use sqs_once_sim::latency::{LogNormal, Op};
-use sqs_once_sim::scale::{Consumer, RunReport, ScaleConfig, run};
+use sqs_once_sim::latency::{Correlation, LatencyModel, LogNormal, Op};
+use sqs_once_sim::scale::{CapacityModel, Consumer, RunReport, ScaleConfig, run};
+
+/// The run's capacity model, turned on (DynamoDB's figures) if it was off.
+fn capacity(config: &mut ScaleConfig) -> &mut CapacityModel {
+    if config.capacity == CapacityModel::unlimited() {
+        config.capacity = CapacityModel::dynamodb(None);
+    }
+    &mut config.capacity
+}
 
 /// `MEDIAN,P99` in milliseconds.
 fn log_normal(value: &str) -> Result<LogNormal, String> {
@@ -26,6 +50,67 @@ fn log_normal(value: &str) -> Result<LogNormal, String> {
         return Err(bad());
     }
     Ok(LogNormal::new(m, p))
+}
+
+/// The latency and capacity flags: whether `flag` was one.
+fn model_flag(config: &mut ScaleConfig, flag: &str, value: &str) -> Result<bool, String> {
+    let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+    match flag {
+        "--latency" => {
+            let correlation = config.model.correlation;
+            config.model = match value {
+                "lognormal" => LatencyModel::aws(),
+                "quantiles" => LatencyModel::aws_quantiles(),
+                _ => return Err(bad(&"lognormal or quantiles")),
+            };
+            config.model.correlation = correlation;
+        }
+        "--correlation" => {
+            let (w, r) = value.split_once(',').ok_or_else(|| bad(&"WINDOW_MS,RHO"))?;
+            let window = Duration::from_millis(w.parse().map_err(|e| bad(&e))?);
+            let rho: f64 = r.parse().map_err(|e| bad(&e))?;
+            if !(0.0..=1.0).contains(&rho) || window.is_zero() {
+                return Err(bad(&"a window above 0 ms and RHO from 0 to 1"));
+            }
+            config.model = config
+                .model
+                .clone()
+                .with_correlation(Correlation { window, rho });
+        }
+        "--capacity" => {
+            config.capacity = match value {
+                "dynamodb" => CapacityModel::dynamodb(None),
+                "unlimited" => CapacityModel::unlimited(),
+                _ => return Err(bad(&"dynamodb or unlimited")),
+            }
+        }
+        "--table-wcu" => {
+            capacity(config).table_wcu = Some(value.parse().map_err(|e| bad(&e))?);
+        }
+        "--item-wcu" => capacity(config).item_wcu = value.parse().map_err(|e| bad(&e))?,
+        "--hold-ms" => {
+            capacity(config).hold = Duration::from_millis(value.parse().map_err(|e| bad(&e))?);
+        }
+        "--backoff-ms" => {
+            let (b, m) = value.split_once(',').ok_or_else(|| bad(&"BASE,MAX"))?;
+            let base = Duration::from_millis(b.parse().map_err(|e| bad(&e))?);
+            let max = Duration::from_millis(m.parse().map_err(|e| bad(&e))?);
+            if base.is_zero() || max < base {
+                return Err(bad(&"BASE above 0 and MAX at least BASE"));
+            }
+            config.backoff = Some((base, max));
+        }
+        "--store-retry" => {
+            capacity(config).jittered_store_retries = match value {
+                "fixed" => false,
+                "jitter" => true,
+                _ => return Err(bad(&"fixed or jitter")),
+            }
+        }
+        "--hot-accounts" => config.hot_accounts = Some(value.parse().map_err(|e| bad(&e))?),
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
@@ -68,7 +153,11 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
                     })
                     .collect::<Result<_, _>>()?;
             }
-            other => return Err(format!("unknown argument {other}")),
+            other => {
+                if !model_flag(&mut config, other, &value)? {
+                    return Err(format!("unknown argument {other}"));
+                }
+            }
         }
     }
     if config.fifo_groups.is_some() && consumers != [Consumer::SqsOnce] {
@@ -81,16 +170,27 @@ fn parse() -> Result<(ScaleConfig, Vec<Consumer>), String> {
 }
 
 fn print_model(model: &sqs_once_sim::latency::LatencyModel) {
-    println!("latency model (log-normal; ms):");
+    println!("latency model (ms):");
     for op in Op::ALL {
         let d = model.of(op);
+        let kind = match d {
+            sqs_once_sim::latency::Dist::LogNormal(_) => "log-normal",
+            sqs_once_sim::latency::Dist::Quantiles(_) => "published quantiles",
+        };
         println!(
-            "  {:<36} median {:>6.2}  p99 {:>6.2}  mean {:>6.2}",
+            "  {:<36} median {:>6.2}  p99 {:>6.2}  mean {:>6.2}  ({kind})",
             op.name(),
-            d.median_ms,
-            d.p99_ms,
+            d.median_ms(),
+            d.p99_ms(),
             d.mean_ms()
         );
+    }
+    match model.correlation {
+        Some(c) => println!(
+            "  draws correlated: window {:?}, rho {} (per service)",
+            c.window, c.rho
+        ),
+        None => println!("  draws independent"),
     }
 }
 
@@ -124,16 +224,42 @@ fn print_run(r: &RunReport) {
             r.per_message(*op)
         );
     }
+    println!(
+        "  receives per message {:.3} ({} deliveries; most receives of a message {}; messages received over 5 times {}); deletes SQS ignored (visibility ran out first) {}",
+        r.receives_per_message(),
+        r.deliveries,
+        r.max_receive_count,
+        r.over_five_receives,
+        r.stale_deletes
+    );
+    let f = &r.refusals;
+    println!(
+        "  DynamoDB refused: {} item throttles, {} table throttles, {} transaction conflicts; {} attempts sent again, {} calls given up",
+        f.item_throttled, f.table_throttled, f.conflicts, f.retries, f.gave_up
+    );
+    if let Some(m) = &r.metrics {
+        println!(
+            "  library metrics: processed {}, duplicates {}, retries {}, in flight {}, lease lost {}, heartbeat extensions {}, permanent failures {}",
+            m.processed,
+            m.duplicates,
+            m.retries,
+            m.in_flight,
+            m.lease_lost,
+            m.heartbeat_extensions,
+            m.permanent_failures
+        );
+    }
     let [p50, p99, max] = r.commit_latency_ms;
     println!("  first send to commit: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
     let l = &r.ledger;
     println!(
-        "  ledger: {} of {} events applied exactly once, {} missing, {} more than once, {} foreign rows, {} messages left in the queue: {}",
+        "  ledger: {} of {} events applied exactly once, {} missing, {} more than once, {} foreign rows, {} accounts wrong, {} messages left in the queue: {}",
         l.applied_once,
         l.events,
         l.missing,
         l.applied_more,
         l.foreign,
+        l.accounts_wrong,
         l.left_in_queue,
         if l.ok() { "OK" } else { "FAILED" }
     );
@@ -148,6 +274,15 @@ fn main() -> ExitCode {
         }
     };
     print_model(&config.model);
+    let c = &config.capacity;
+    println!(
+        "DynamoDB capacity: item {} WCU/s, table {}, transaction hold {:?}; hot accounts {}",
+        c.item_wcu,
+        c.table_wcu
+            .map_or("unlimited".into(), |t| format!("{t} WCU/s")),
+        c.hold,
+        config.hot_accounts.map_or("none".into(), |n| n.to_string())
+    );
     println!(
         "{} pollers x concurrency {} (prefetch {}), {} messages, {:.0}% of events sent twice, handler {:?}, seed {}, {}",
         config.pollers,
