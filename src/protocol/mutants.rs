@@ -31,6 +31,11 @@
 //!   transaction's first reason) and classifies it as a transient error, so
 //!   a duplicate or a key held elsewhere is retried instead of decided (the
 //!   simulator's wire path).
+//! - `batch-failures-dropped`: the SQS adapter reports a batch call's
+//!   failed entries as done (`DeleteMessageBatch`,
+//!   `ChangeMessageVisibilityBatch`, `SendMessageBatch`), so a delete that
+//!   deleted nothing counts as done and an outbox message SQS refused counts
+//!   as sent (the simulator's wire path).
 //! - `dispatch-before-commit`: the messages a handler sends
 //!   ([`Context::send`](crate::Context::send)) are sent before the commit
 //!   of its effect, and not recorded (the simulator's chained consumers).

@@ -492,6 +492,7 @@ pub fn refused(code: &str) -> bool {
             | "ThrottlingException"
             | "RequestThrottled"
             | "KmsThrottled"
+            | "KMS.ThrottlingException"
     )
 }
 
