@@ -15,23 +15,7 @@ pub mod sqs;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_smithy_runtime_api::client::result::SdkError;
 
-/// Error codes that may pass when tried again: throttling, and the
-/// services' internal errors and unavailability (5xx). Any code containing
-/// `Throttl` counts too (`ThrottlingException`, `RequestThrottled`,
-/// `KmsThrottled`, ...).
-const TRANSIENT_CODES: &[&str] = &[
-    // DynamoDB.
-    "ProvisionedThroughputExceededException",
-    "RequestLimitExceeded",
-    "InternalServerError",
-    // SQS's common errors (API reference, "Common Errors"): `InternalFailure`
-    // is its HTTP 500, `ServiceUnavailable` its 503; the query protocol's
-    // internal error too.
-    "InternalFailure",
-    "ServiceUnavailable",
-    "InternalError",
-    "AWS.SimpleQueueService.InternalError",
-];
+use crate::protocol::queue::transient_code;
 
 /// The timeouts of every production client: a connect timeout, and `attempt`
 /// for one request (the simulator builds its clients with these too).
@@ -44,13 +28,13 @@ pub fn attempt_timeouts(attempt: std::time::Duration) -> aws_config::timeout::Ti
 
 /// Whether a failed SQS or DynamoDB call may pass when tried again: no answer
 /// (timeout, connection refused or reset), throttling, or a 5xx
-/// (`TRANSIENT_CODES`). A refusal (access denied, no such queue or table, a
+/// ([`transient_code`]). A refusal (access denied, no such queue or table, a
 /// malformed request) is not.
 pub fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     match err {
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("");
-            code.contains("Throttl") || TRANSIENT_CODES.contains(&code)
+            transient_code(code)
         }
         SdkError::ConstructionFailure(_) => false,
         _ => true,

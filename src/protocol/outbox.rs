@@ -484,16 +484,7 @@ impl DispatchError {
 /// Whether a batch entry's error code says SQS refused the message itself
 /// (not throttling or an outage).
 pub fn refused(code: &str) -> bool {
-    !matches!(
-        code,
-        "InternalError"
-            | "InternalFailure"
-            | "ServiceUnavailable"
-            | "ThrottlingException"
-            | "RequestThrottled"
-            | "KmsThrottled"
-            | "KMS.ThrottlingException"
-    )
+    !crate::protocol::queue::transient_code(code)
 }
 
 /// `messages` in batches of at most [`SQS_BATCH`] entries and
@@ -600,6 +591,31 @@ pub(crate) fn outbox_bytes(outbox: &[Outgoing]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_throttled_or_failed_inside_sqs_is_not_a_refusal() {
+        for code in [
+            "InternalError",
+            "InternalFailure",
+            "ServiceUnavailable",
+            "ThrottlingException",
+            "RequestThrottled",
+            "KmsThrottled",
+            "KMS.ThrottlingException",
+            "AWS.SimpleQueueService.InternalError",
+        ] {
+            assert!(!refused(code), "{code}");
+        }
+        for code in [
+            "InvalidParameterValue",
+            "InvalidMessageContents",
+            "KMS.AccessDeniedException",
+            "KMS.DisabledException",
+            "AWS.SimpleQueueService.NonExistentQueue",
+        ] {
+            assert!(refused(code), "{code}");
+        }
+    }
 
     #[test]
     fn a_fifo_target_needs_a_group_and_takes_no_delay() {

@@ -145,6 +145,31 @@ pub(crate) async fn check_retention<Q: QueueClient>(
     None
 }
 
+/// Error codes that may pass when tried again: throttling, and the
+/// services' internal errors and unavailability (5xx). Any code containing
+/// `Throttl` counts too (`ThrottlingException`, `RequestThrottled`,
+/// `KmsThrottled`, `KMS.ThrottlingException`, ...).
+const TRANSIENT_CODES: &[&str] = &[
+    // DynamoDB.
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "InternalServerError",
+    // SQS's common errors (API reference, "Common Errors"): `InternalFailure`
+    // is its HTTP 500, `ServiceUnavailable` its 503; the query protocol's
+    // internal error too.
+    "InternalFailure",
+    "ServiceUnavailable",
+    "InternalError",
+    "AWS.SimpleQueueService.InternalError",
+];
+
+/// Whether an SQS or DynamoDB error code (of a whole call, or of one batch
+/// entry) may pass when tried again: throttling, or an internal error or
+/// unavailability. Any other code is a refusal.
+pub fn transient_code(code: &str) -> bool {
+    code.contains("Throttl") || TRANSIENT_CODES.contains(&code)
+}
+
 /// One entry of a batch call that failed; the others succeeded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryFailure {

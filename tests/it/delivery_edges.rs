@@ -691,11 +691,14 @@ async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_hear
         return;
     }
     let (sqs, ddb) = (sqs().await, ddb().await);
-    // Visibility 5 s; a 3 s message, then an 8 s one whose first heartbeat
-    // comes 4 s after it starts (7 s after the receive).
-    let q = queue_pair(&sqs, true, 5, 3).await;
+    // The poller receives with the lease (12 s) as the visibility timeout: a
+    // 3 s message, then a 14 s one that runs past the receive's visibility
+    // and must be extended before it ends (by the extension before it
+    // starts, or by its heartbeat, whose first beat comes at most 6 s after
+    // it starts). Each step has seconds to spare: room for a loaded emulator.
+    let q = queue_pair(&sqs, true, 8, 3).await;
     let table = dedup_table(&ddb).await;
-    let entries: Vec<_> = [("a", 3u64), ("b", 8)]
+    let entries: Vec<_> = [("a", 3u64), ("b", 14)]
         .iter()
         .map(|(id, secs)| {
             aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
@@ -733,13 +736,20 @@ async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_hear
     };
     let mut pc = ProcessorConfig::new("late-start");
     pc.key_source = "json:/id".parse().unwrap();
-    pc.lease = Duration::from_secs(10);
-    pc.heartbeat = Duration::from_secs(4);
+    pc.lease = Duration::from_secs(12);
+    pc.heartbeat = Duration::from_secs(6);
     let stats = pollers_until_empty(&sqs, &ddb, &q, &table, handler, &pc, 2).await;
     let received: u64 = stats.iter().map(|s| s.received).sum();
-    assert_eq!(*runs.lock().unwrap(), ["a", "b"], "each ran once, in order");
-    assert_eq!(received, 2, "a message was handed out again while held");
-    assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
+    assert_eq!(
+        *runs.lock().unwrap(),
+        ["a", "b"],
+        "each ran once, in order: {stats:?}"
+    );
+    assert_eq!(
+        received, 2,
+        "a message was handed out again while held: {stats:?}"
+    );
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0, "{stats:?}");
 }
 
 /// Issue 27, part 2: a re-send of a key whose first delivery runs for
