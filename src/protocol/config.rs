@@ -73,6 +73,12 @@ pub struct ProcessorConfig {
     pub backoff_base: Duration,
     /// The longest retry delay (default 15 min).
     pub backoff_max: Duration,
+    /// The longest retry delay after the store refused a write for
+    /// contention ([`StoreError::Busy`](crate::StoreError::Busy): throttling,
+    /// a transaction conflict on a hot item), default 30 s. Such a retry
+    /// starts at half of [`backoff_base`](Self::backoff_base) and doubles
+    /// per receive up to this (never above [`backoff`](Self::backoff)).
+    pub busy_backoff_max: Duration,
     /// Results whose JSON is larger are stored as a digest (default 32 KiB).
     pub max_result_bytes: usize,
     /// Use the one-transaction fast path for handlers whose effects are
@@ -140,6 +146,7 @@ impl ProcessorConfig {
             max_extension: SQS_MAX_VISIBILITY,
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(15 * 60),
+            busy_backoff_max: Duration::from_secs(30),
             max_result_bytes: 32 * 1024,
             fast_path: true,
             payload_mismatch: PayloadMismatch::Warn,
@@ -285,6 +292,12 @@ impl ProcessorConfig {
                 "base must be above zero and not above the maximum".to_owned(),
             );
         }
+        if self.busy_backoff_max.is_zero() {
+            return bad(
+                "ProcessorConfig::busy_backoff_max",
+                "must be above zero".to_owned(),
+            );
+        }
         self.validate_keys()?;
         if self.max_result_bytes > 350 * 1024 {
             return bad(
@@ -353,6 +366,28 @@ impl ProcessorConfig {
             .saturating_mul(1 << exp)
             .min(self.backoff_max)
             .min(SQS_MAX_VISIBILITY)
+    }
+
+    /// The retry delay after the store refused a write for contention
+    /// ([`StoreError::Busy`](crate::StoreError::Busy)): half the backoff,
+    /// capped at [`busy_backoff_max`](Self::busy_backoff_max). Under one hot
+    /// item the outage backoff (doubling to 15 min) leaves the item idle
+    /// while its messages wait; this keeps them coming back while the item
+    /// can take them.
+    pub fn busy_backoff(&self, receive_count: u32) -> Duration {
+        (self.backoff(receive_count) / 2)
+            .min(self.busy_backoff_max)
+            .max(Duration::from_millis(1))
+    }
+
+    /// The retry delay after the store call failed with `e`: the contention
+    /// backoff for [`StoreError::Busy`](crate::StoreError::Busy), the backoff
+    /// otherwise.
+    pub fn store_backoff(&self, receive_count: u32, e: &super::store::StoreError) -> Duration {
+        match e {
+            super::store::StoreError::Busy(_) => self.busy_backoff(receive_count),
+            _ => self.backoff(receive_count),
+        }
     }
 }
 
@@ -531,5 +566,20 @@ mod tests {
         assert_eq!(c.backoff(1), Duration::from_secs(2));
         assert_eq!(c.backoff(3), Duration::from_secs(8));
         assert_eq!(c.backoff(1000), Duration::from_secs(900));
+    }
+
+    #[test]
+    fn a_store_busy_for_contention_retries_sooner_and_capped() {
+        let c = ProcessorConfig::new("t");
+        let busy = super::super::store::StoreError::Busy("TransactionConflict".into());
+        let down = super::super::store::StoreError::Unavailable("InternalServerError".into());
+        assert_eq!(c.store_backoff(1, &busy), Duration::from_secs(1));
+        assert_eq!(c.store_backoff(3, &busy), Duration::from_secs(4));
+        assert_eq!(c.store_backoff(6, &busy), Duration::from_secs(30));
+        assert_eq!(c.store_backoff(1000, &busy), Duration::from_secs(30));
+        assert_eq!(c.store_backoff(6, &down), Duration::from_secs(64));
+        let mut bad = ProcessorConfig::new("t");
+        bad.busy_backoff_max = Duration::ZERO;
+        assert!(bad.validate().is_err());
     }
 }

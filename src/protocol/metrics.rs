@@ -40,6 +40,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "HeartbeatExtensions",
     "Takeovers",
     "UnknownOutcomesResolved",
+    "StoreBusy",
     "PayloadMismatches",
     "UnverifiedAttributes",
     "OutboxDispatched",
@@ -65,6 +66,7 @@ pub const FACADE_NAMES: &[(&str, &str)] = &[
         "UnknownOutcomesResolved",
         "sqs_once_unknown_outcomes_resolved",
     ),
+    ("StoreBusy", "sqs_once_store_busy"),
     ("PayloadMismatches", "sqs_once_payload_mismatches"),
     ("UnverifiedAttributes", "sqs_once_unverified_attributes"),
     ("OutboxDispatched", "sqs_once_outbox_dispatched"),
@@ -122,6 +124,7 @@ pub struct Metrics {
     heartbeat_extensions: AtomicU64,
     takeovers: AtomicU64,
     unknown_resolved: AtomicU64,
+    store_busy: AtomicU64,
     payload_mismatches: AtomicU64,
     unverified_attributes: AtomicU64,
     outbox_dispatched: AtomicU64,
@@ -233,6 +236,10 @@ pub struct Snapshot {
     /// DynamoDB writes whose answer was lost, sent again with the same token
     /// and found applied once (by the first send or the retry).
     pub unknown_resolved: u64,
+    /// DynamoDB calls refused for contention (throttled, or a transaction
+    /// conflict on a hot item), each attempt counted. Against `Retries` it
+    /// tells a hot item or a table at its limit from an outage.
+    pub store_busy: u64,
     /// Messages whose dedup key was recorded for a different body: a producer
     /// bug (`SQS_ONCE_PAYLOAD_MISMATCH` says whether they are parked).
     pub payload_mismatches: u64,
@@ -313,6 +320,12 @@ impl Metrics {
             const { facade("UnknownOutcomesResolved") },
             1,
         );
+    }
+
+    /// Counts a DynamoDB call refused for contention (throttled, or a
+    /// transaction conflict).
+    pub(crate) fn store_busy(&self) {
+        self.add(&self.store_busy, const { facade("StoreBusy") }, 1);
     }
 
     /// Counts a duplicate whose body differs from the recorded one.
@@ -396,6 +409,7 @@ impl Metrics {
             heartbeat_extensions: t(&self.heartbeat_extensions),
             takeovers: t(&self.takeovers),
             unknown_resolved: t(&self.unknown_resolved),
+            store_busy: t(&self.store_busy),
             payload_mismatches: t(&self.payload_mismatches),
             unverified_attributes: t(&self.unverified_attributes),
             outbox_dispatched: t(&self.outbox_dispatched),
@@ -422,6 +436,7 @@ impl Snapshot {
             ("HeartbeatExtensions", self.heartbeat_extensions),
             ("Takeovers", self.takeovers),
             ("UnknownOutcomesResolved", self.unknown_resolved),
+            ("StoreBusy", self.store_busy),
             ("PayloadMismatches", self.payload_mismatches),
             ("UnverifiedAttributes", self.unverified_attributes),
             ("OutboxDispatched", self.outbox_dispatched),

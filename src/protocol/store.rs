@@ -423,6 +423,17 @@ pub enum StoreError {
     /// same token. Nothing can be assumed; the message comes back.
     #[error("DynamoDB unavailable: {0}")]
     Unavailable(String),
+    /// Refused on every attempt for contention: throttled
+    /// (`ProvisionedThroughputExceededException`, `ThrottlingException`, a
+    /// transaction's `ThrottlingError`) or in conflict with another
+    /// transaction on one of its items (`TransactionConflict`). DynamoDB
+    /// answered each time and nothing was written. The message comes back
+    /// after the short contention backoff
+    /// ([`ProcessorConfig::busy_backoff`](crate::ProcessorConfig::busy_backoff)),
+    /// not the outage backoff: a hot item frees up within milliseconds, and
+    /// a long wait only leaves it idle.
+    #[error("DynamoDB busy: {0}")]
+    Busy(String),
 }
 
 /// The dedup store. Every method is safe to call again with the same token after

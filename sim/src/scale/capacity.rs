@@ -24,7 +24,7 @@
 //!   single-item write that touches a held item is refused with
 //!   `TransactionConflict` and writes nothing.
 //!
-//! Refusals are [`StoreError::Unavailable`] with a text naming the code
+//! Refusals are [`StoreError::Busy`] with a text naming the code
 //! DynamoDB answers. [`Retrying`], outside the latency, then does what the
 //! library's `DynamoStore` does with them on top of the AWS SDK's standard
 //! retries: a refused single-item write (`ProvisionedThroughputExceeded`)
@@ -35,7 +35,7 @@
 //! single write (`TransactionConflictException`) are not SDK-retried.
 //! `DynamoStore::retrying` then sends any of these again, 4 attempts in all,
 //! 50 ms after the first, doubling; after that the caller gets the
-//! `Unavailable` error. The hand-written loops use the same client: the
+//! `Busy` error (and the processor its short contention backoff). The hand-written loops use the same client: the
 //! SDK's retries are theirs too, and a careful engineer retries a
 //! cancelled transaction the same way before giving up on the message.
 
@@ -236,7 +236,7 @@ impl Capacity {
             Err(Refusal::Conflict) => (&self.conflicts, CONFLICT),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::Busy(format!(
             "{code}: refused by the scale model's capacity ({refused:?})"
         )))
     }
@@ -488,8 +488,8 @@ impl<S: DedupStore> Retrying<S> {
         Fut: Future<Output = Result<T, StoreError>>,
     {
         let refused = |r: &Result<T, StoreError>| match r {
-            Err(StoreError::Unavailable(m)) if m.starts_with(THROTTLED) => Some(THROTTLED),
-            Err(StoreError::Unavailable(m)) if m.starts_with(CONFLICT) => Some(CONFLICT),
+            Err(StoreError::Busy(m)) if m.starts_with(THROTTLED) => Some(THROTTLED),
+            Err(StoreError::Busy(m)) if m.starts_with(CONFLICT) => Some(CONFLICT),
             _ => None,
         };
         let mut delay = Duration::from_millis(50);

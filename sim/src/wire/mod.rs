@@ -130,6 +130,8 @@ pub struct Wire {
     /// SQS faults given in advance, one per request in order, before the
     /// link's draws (tests).
     script: Arc<Mutex<VecDeque<SqsFault>>>,
+    /// DynamoDB faults given in advance, likewise (tests).
+    dynamo_script: Arc<Mutex<VecDeque<WireFault>>>,
 }
 
 impl Wire {
@@ -142,6 +144,7 @@ impl Wire {
             life,
             gives_up: Duration::ZERO,
             script: Arc::default(),
+            dynamo_script: Arc::default(),
         }
     }
 
@@ -149,6 +152,16 @@ impl Wire {
     /// come after them).
     pub fn scripted(self, faults: impl IntoIterator<Item = SqsFault>) -> Self {
         self.script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(faults);
+        self
+    }
+
+    /// The next DynamoDB requests meet these faults, in order (the link's
+    /// draws come after them).
+    pub fn scripted_dynamo(self, faults: impl IntoIterator<Item = WireFault>) -> Self {
+        self.dynamo_script
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(faults);
@@ -328,9 +341,15 @@ impl Wire {
         body: serde_json::Value,
         connect_timeout: Duration,
     ) -> Result<HttpResponse, ConnectorError> {
-        let fault = match &self.link {
-            None => WireFault::None,
-            Some(link) => {
+        let scripted = self
+            .dynamo_script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        let fault = match (&self.link, scripted) {
+            (_, Some(fault)) => fault,
+            (None, None) => WireFault::None,
+            (Some(link), None) => {
                 if let Some(pause) = owned_write(&op, &body)
                     .then(|| link.draw_wire_pause(&op))
                     .flatten()

@@ -217,6 +217,82 @@ async fn the_sdk_reads_the_models_errors_as_their_documented_types() {
     );
 }
 
+/// A store on `model` whose first DynamoDB requests meet `faults`.
+fn scripted(model: &DynamoModel, faults: Vec<WireFault>) -> DynamoStore {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    let wire =
+        Wire::new(Service::Dynamo(model.clone()), None, Life::default()).scripted_dynamo(faults);
+    DynamoStore::with_clock(dynamodb_client(wire, clock.clone()), TABLE, clock)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_refused_for_contention_on_every_attempt_is_busy_and_writes_nothing() {
+    // Enough refusals for every attempt of the SDK's (3 each) and the
+    // store's (4).
+    // (A claim is one `UpdateItem`: throttled; a transaction conflict is
+    // the completion's, below.)
+    for fault in [WireFault::Throttled, WireFault::Provisioned] {
+        let model = dynamo_model();
+        let err = scripted(&model, vec![fault; 16])
+            .claim(&claim_request("a", "m1"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Busy(_)), "{fault:?}: {err:?}");
+        // Nothing was written: another owner's claim is the first.
+        let claim = scripted(&model, vec![])
+            .claim(&claim_request("b", "m1"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(claim, Claim::Acquired { attempt: 1 }),
+            "{fault:?}: {claim:?}"
+        );
+    }
+    // A completion cancelled by conflicts on every attempt: busy, and the
+    // claim still open (nothing of the transaction written).
+    let model = dynamo_model();
+    scripted(&model, vec![])
+        .claim(&claim_request("a", "m1"))
+        .await
+        .unwrap();
+    let err = scripted(&model, vec![WireFault::Conflict; 16])
+        .complete(completion("a", vec![row("e1", "m1")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Busy(_)), "{err:?}");
+    scripted(&model, vec![])
+        .complete(completion("a", vec![row("e1", "m1")]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_for_contention_mixed_with_internal_errors_are_unavailable_not_busy() {
+    // 500s among the refusals: the service may be failing (and may have
+    // applied), so the outage backoff applies.
+    let mut faults = vec![WireFault::Throttled; 16];
+    for f in faults.iter_mut().skip(1).take(3) {
+        *f = WireFault::InternalBefore;
+    }
+    let err = scripted(&dynamo_model(), faults)
+        .claim(&claim_request("a", "m1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_refused_for_contention_then_let_through_acquires() {
+    let claim = scripted(
+        &dynamo_model(),
+        vec![WireFault::Conflict, WireFault::Throttled],
+    )
+    .claim(&claim_request("a", "m1"))
+    .await
+    .unwrap();
+    assert!(matches!(claim, Claim::Acquired { attempt: 1 }), "{claim:?}");
+}
+
 mod sqs {
     use std::sync::Arc;
     use std::time::Duration;

@@ -76,9 +76,12 @@ pub struct DynamoStore {
 }
 
 enum Attempt {
-    /// A transient failure that wrote nothing (throttled, a transaction
-    /// conflict): send again, same token.
+    /// A transient failure that wrote nothing: send again, same token.
     Again(String),
+    /// Refused for contention (throttled, a transaction conflict): wrote
+    /// nothing; send again, same token. When every attempt ends so, the
+    /// store answers [`StoreError::Busy`].
+    Busy(String),
     /// No answer, or a server error: the write may have applied. Sent again
     /// with the same token, it applies at most once.
     Unknown(String),
@@ -114,6 +117,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
                 "InternalServerError" | "InternalFailure" | "ServiceUnavailable" => {
                     Attempt::Unknown(msg)
                 }
+                _ if busy_code(code) => Attempt::Busy(msg),
                 _ => Attempt::Again(msg),
             }
         }
@@ -121,6 +125,16 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
             aws_smithy_types::error::display::DisplayErrorContext(other).to_string(),
         ),
     }
+}
+
+/// Whether an error code (of a call, or a transaction's cancellation
+/// reason) refuses for contention: throttling, or a conflict with another
+/// transaction on the same item.
+fn busy_code(code: &str) -> bool {
+    code.contains("Throttl")
+        || code.starts_with("ProvisionedThroughputExceeded")
+        || code.starts_with("TransactionConflict")
+        || code == "RequestLimitExceeded"
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -185,6 +199,8 @@ impl DynamoStore {
         let mut delay = Duration::from_millis(50);
         let mut last = String::new();
         let mut unknown = false;
+        // Every failed attempt refused for contention.
+        let mut busy = true;
         for attempt in 1..=UNKNOWN_OUTCOME_ATTEMPTS {
             match op().await {
                 Ok(v) => {
@@ -199,6 +215,7 @@ impl DynamoStore {
                 Err(Attempt::Unknown(reason)) => {
                     tracing::warn!(operation = what, attempt, %reason, "DynamoDB outcome unknown; sending again with the same token");
                     unknown = true;
+                    busy = false;
                     last = reason;
                     if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
                         tokio::time::sleep(delay).await;
@@ -207,6 +224,16 @@ impl DynamoStore {
                 }
                 Err(Attempt::Again(reason)) => {
                     tracing::warn!(operation = what, attempt, %reason, "DynamoDB call failed transiently; sending again with the same token");
+                    busy = false;
+                    last = reason;
+                    if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+                Err(Attempt::Busy(reason)) => {
+                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB refused the call for contention (throttled, or a conflict on the item); sending again with the same token");
+                    self.count(Metrics::store_busy);
                     last = reason;
                     if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
                         tokio::time::sleep(delay).await;
@@ -215,7 +242,12 @@ impl DynamoStore {
                 }
             }
         }
-        Err(StoreError::Unavailable(format!("{what}: {last}")))
+        let detail = format!("{what}: {last}");
+        Err(if busy && !unknown {
+            StoreError::Busy(detail)
+        } else {
+            StoreError::Unavailable(detail)
+        })
     }
 
     /// An owner-guarded update of our record (`condition`: [`OWNED_CONDITION`]
@@ -465,7 +497,12 @@ fn transaction_failure<'a, R: std::fmt::Debug>(
     }
     // TransactionConflict, ThrottlingError, ...: nothing was written.
     let all: Vec<&str> = (0..reasons.len()).map(code).collect();
-    TransactionFailure::Other(Attempt::Again(format!("transaction cancelled: {all:?}")))
+    let reason = format!("transaction cancelled: {all:?}");
+    TransactionFailure::Other(if all.iter().any(|c| busy_code(c)) {
+        Attempt::Busy(reason)
+    } else {
+        Attempt::Again(reason)
+    })
 }
 
 /// The completion's fencing check failed: done already by an earlier attempt of
@@ -740,6 +777,7 @@ impl DedupStore for DynamoStore {
                 // outcome committed; the message comes back and may apply twice.
                 _ => match classify(&e) {
                     Attempt::Done(err) => Err(err),
+                    Attempt::Busy(reason) => Err(StoreError::Busy(reason)),
                     Attempt::Again(reason) | Attempt::Unknown(reason) => {
                         Err(StoreError::Unavailable(reason))
                     }
@@ -840,6 +878,7 @@ impl DedupStore for DynamoStore {
             Err(e) if conditional_failure(&e).is_some() => Ok(()),
             Err(e) => Err(match classify(&e) {
                 Attempt::Done(err) => err,
+                Attempt::Busy(reason) => StoreError::Busy(reason),
                 Attempt::Again(reason) | Attempt::Unknown(reason) => {
                     StoreError::Unavailable(reason)
                 }
@@ -858,6 +897,7 @@ impl DedupStore for DynamoStore {
             .await
             .map_err(|e| match classify(&e) {
                 Attempt::Done(err) => err,
+                Attempt::Busy(reason) => StoreError::Busy(reason),
                 Attempt::Again(reason) | Attempt::Unknown(reason) => {
                     StoreError::Unavailable(reason)
                 }
