@@ -638,8 +638,18 @@ fn order(e: &Evidence<'_>, first: &[Effect], v: &mut Vec<String>) {
 /// before the application) came after that delivery's visibility ended,
 /// when the next receive of the group moved it. While a message of the
 /// group is in the queue, SQS delivers none after it, so any other
-/// out-of-order application stays a violation.
+/// out-of-order application stays a violation. The earlier message's effect
+/// must be a ledger row's commit: a commit sent before its visibility ended
+/// may land after (the fast path does not stop at its visibility end); an
+/// external call that starts after it is a handler run on past its
+/// delivery, a violation.
 fn moved_before(e: &Evidence<'_>, earlier: &Effect, later: &Effect) -> bool {
+    let committed = e.rows.iter().any(|r| {
+        r.event == earlier.event && r.message == earlier.message && r.at_ms == earlier.at_ms
+    });
+    if !committed {
+        return false;
+    }
     let moved = e
         .dlq_before
         .iter()

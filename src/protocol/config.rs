@@ -74,10 +74,10 @@ pub struct ProcessorConfig {
     /// The longest retry delay (default 15 min).
     pub backoff_max: Duration,
     /// The longest retry delay after the store refused a write for
-    /// contention ([`StoreError::Busy`](crate::StoreError::Busy): throttling,
+    /// contention on an item ([`StoreError::Busy`](crate::StoreError::Busy):
     /// a transaction conflict on a hot item), default 30 s. Such a retry
-    /// starts at half of [`backoff_base`](Self::backoff_base) and doubles
-    /// per receive up to this (never above [`backoff`](Self::backoff)).
+    /// waits about half of [`backoff`](Self::backoff), spread per message,
+    /// up to this.
     pub busy_backoff_max: Duration,
     /// Results whose JSON is larger are stored as a digest (default 32 KiB).
     pub max_result_bytes: usize,
@@ -368,25 +368,38 @@ impl ProcessorConfig {
             .min(SQS_MAX_VISIBILITY)
     }
 
-    /// The retry delay after the store refused a write for contention
+    /// The retry delay of message `message_id` on its `receive_count`th
+    /// receive after the store refused a write for contention on an item
     /// ([`StoreError::Busy`](crate::StoreError::Busy)): half the backoff,
-    /// capped at [`busy_backoff_max`](Self::busy_backoff_max). Under one hot
-    /// item the outage backoff (doubling to 15 min) leaves the item idle
-    /// while its messages wait; this keeps them coming back while the item
-    /// can take them.
-    pub fn busy_backoff(&self, receive_count: u32) -> Duration {
-        (self.backoff(receive_count) / 2)
+    /// spread over 0.5x to 1.5x of that by a hash of the message id and the
+    /// receive count (so messages that collided come back apart, and a
+    /// replay with the same ids waits the same), capped at
+    /// [`busy_backoff_max`](Self::busy_backoff_max). Under one hot item the
+    /// outage backoff (doubling to 15 min) leaves the item idle while its
+    /// messages wait; this keeps them coming back while the item can take
+    /// them.
+    pub fn busy_backoff(&self, message_id: &str, receive_count: u32) -> Duration {
+        let half = self.backoff(receive_count) / 2;
+        // FNV-1a: a spread, not a secret.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in message_id.bytes().chain(receive_count.to_le_bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let spread = 0.5 + (h >> 11) as f64 / (1u64 << 53) as f64;
+        half.mul_f64(spread)
             .min(self.busy_backoff_max)
             .max(Duration::from_millis(1))
     }
 
-    /// The retry delay after the store call failed with `e`: the contention
-    /// backoff for [`StoreError::Busy`](crate::StoreError::Busy), the backoff
-    /// otherwise.
-    pub fn store_backoff(&self, receive_count: u32, e: &super::store::StoreError) -> Duration {
+    /// The retry delay after a store call for `message` failed with `e`: the
+    /// contention backoff for [`StoreError::Busy`](crate::StoreError::Busy),
+    /// the backoff otherwise.
+    pub fn store_backoff(&self, message: &Message, e: &super::store::StoreError) -> Duration {
         match e {
-            super::store::StoreError::Busy(_) => self.busy_backoff(receive_count),
-            _ => self.backoff(receive_count),
+            super::store::StoreError::Busy(_) => {
+                self.busy_backoff(message.id(), message.receive_count())
+            }
+            _ => self.backoff(message.receive_count()),
         }
     }
 }
@@ -573,11 +586,34 @@ mod tests {
         let c = ProcessorConfig::new("t");
         let busy = super::super::store::StoreError::Busy("TransactionConflict".into());
         let down = super::super::store::StoreError::Unavailable("InternalServerError".into());
-        assert_eq!(c.store_backoff(1, &busy), Duration::from_secs(1));
-        assert_eq!(c.store_backoff(3, &busy), Duration::from_secs(4));
-        assert_eq!(c.store_backoff(6, &busy), Duration::from_secs(30));
-        assert_eq!(c.store_backoff(1000, &busy), Duration::from_secs(30));
-        assert_eq!(c.store_backoff(6, &down), Duration::from_secs(64));
+        let received = |id: &str, n: u32| Message::new(id, "{}").with_receive_count(n);
+        // Half the backoff, spread 0.5x to 1.5x per message, capped.
+        let within =
+            |d: Duration, half: f64| d.as_secs_f64() >= half * 0.5 && d.as_secs_f64() < half * 1.5;
+        for n in 1..=5u32 {
+            let half = f64::from(1u32 << (n - 1));
+            let delays: Vec<Duration> = (0..50)
+                .map(|i| c.store_backoff(&received(&format!("m{i}"), n), &busy))
+                .collect();
+            assert!(delays.iter().all(|d| within(*d, half)), "{n}: {delays:?}");
+            let mean = delays.iter().map(Duration::as_secs_f64).sum::<f64>() / 50.0;
+            assert!((mean / half - 1.0).abs() < 0.2, "{n}: mean {mean}");
+            assert!(delays.iter().any(|d| *d != delays[0]), "not spread");
+        }
+        // The same message and count: the same delay (replays wait alike).
+        assert_eq!(
+            c.store_backoff(&received("m1", 3), &busy),
+            c.store_backoff(&received("m1", 3), &busy)
+        );
+        assert_eq!(
+            c.store_backoff(&received("m1", 1000), &busy),
+            Duration::from_secs(30)
+        );
+        // Any other store error: the outage backoff.
+        assert_eq!(
+            c.store_backoff(&received("m1", 6), &down),
+            Duration::from_secs(64)
+        );
         let mut bad = ProcessorConfig::new("t");
         bad.busy_backoff_max = Duration::ZERO;
         assert!(bad.validate().is_err());

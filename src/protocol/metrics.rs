@@ -236,9 +236,9 @@ pub struct Snapshot {
     /// DynamoDB writes whose answer was lost, sent again with the same token
     /// and found applied once (by the first send or the retry).
     pub unknown_resolved: u64,
-    /// DynamoDB calls refused for contention (throttled, or a transaction
-    /// conflict on a hot item), each attempt counted. Against `Retries` it
-    /// tells a hot item or a table at its limit from an outage.
+    /// DynamoDB store attempts refused for a transaction conflict on a hot
+    /// item (the AWS SDK's own retries inside an attempt are not seen).
+    /// Against `Retries` it tells a hot item from an outage or throttling.
     pub store_busy: u64,
     /// Messages whose dedup key was recorded for a different body: a producer
     /// bug (`SQS_ONCE_PAYLOAD_MISMATCH` says whether they are parked).
@@ -322,8 +322,7 @@ impl Metrics {
         );
     }
 
-    /// Counts a DynamoDB call refused for contention (throttled, or a
-    /// transaction conflict).
+    /// Counts a DynamoDB store attempt refused for a transaction conflict.
     pub(crate) fn store_busy(&self) {
         self.add(&self.store_busy, const { facade("StoreBusy") }, 1);
     }

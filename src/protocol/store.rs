@@ -423,15 +423,20 @@ pub enum StoreError {
     /// same token. Nothing can be assumed; the message comes back.
     #[error("DynamoDB unavailable: {0}")]
     Unavailable(String),
-    /// Refused on every attempt for contention: throttled
-    /// (`ProvisionedThroughputExceededException`, `ThrottlingException`, a
-    /// transaction's `ThrottlingError`) or in conflict with another
-    /// transaction on one of its items (`TransactionConflict`). DynamoDB
-    /// answered each time and nothing was written. The message comes back
-    /// after the short contention backoff
+    /// Refused on every attempt of the store for contention on an item: in
+    /// conflict with another transaction on one of its items
+    /// (`TransactionConflict`, as a cancellation reason or a
+    /// `TransactionConflictException`). The message comes back after the
+    /// short contention backoff
     /// ([`ProcessorConfig::busy_backoff`](crate::ProcessorConfig::busy_backoff)),
     /// not the outage backoff: a hot item frees up within milliseconds, and
-    /// a long wait only leaves it idle.
+    /// a long wait only leaves it idle. Throttling is
+    /// [`Unavailable`](Self::Unavailable): a table or account at its limit
+    /// can stay there, and a short backoff would spend the message's receives
+    /// toward the DLQ. As after `Unavailable`, nothing is assumed about
+    /// whether a write applied (an attempt the AWS SDK retried inside one of
+    /// the store's may have applied before its answer was lost): the
+    /// redelivery reads the record.
     #[error("DynamoDB busy: {0}")]
     Busy(String),
 }

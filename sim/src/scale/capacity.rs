@@ -24,7 +24,9 @@
 //!   single-item write that touches a held item is refused with
 //!   `TransactionConflict` and writes nothing.
 //!
-//! Refusals are [`StoreError::Busy`] with a text naming the code
+//! Refusals are [`StoreError::Unavailable`] (throttled) or
+//! [`StoreError::Busy`] (a transaction conflict), as the library's
+//! `DynamoStore` answers them, with a text naming the code
 //! DynamoDB answers. [`Retrying`], outside the latency, then does what the
 //! library's `DynamoStore` does with them on top of the AWS SDK's standard
 //! retries: a refused single-item write (`ProvisionedThroughputExceeded`)
@@ -35,7 +37,8 @@
 //! single write (`TransactionConflictException`) are not SDK-retried.
 //! `DynamoStore::retrying` then sends any of these again, 4 attempts in all,
 //! 50 ms after the first, doubling; after that the caller gets the
-//! `Busy` error (and the processor its short contention backoff). The hand-written loops use the same client: the
+//! last refusal (and the processor, for `Busy`, its short contention
+//! backoff). The hand-written loops use the same client: the
 //! SDK's retries are theirs too, and a careful engineer retries a
 //! cancelled transaction the same way before giving up on the message.
 
@@ -236,9 +239,12 @@ impl Capacity {
             Err(Refusal::Conflict) => (&self.conflicts, CONFLICT),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        Err(StoreError::Busy(format!(
-            "{code}: refused by the scale model's capacity ({refused:?})"
-        )))
+        let detail = format!("{code}: refused by the scale model's capacity ({refused:?})");
+        Err(if code == CONFLICT {
+            StoreError::Busy(detail)
+        } else {
+            StoreError::Unavailable(detail)
+        })
     }
 
     fn try_admit(&self, items: &[String], transaction: bool) -> Result<(), Refusal> {
@@ -488,7 +494,7 @@ impl<S: DedupStore> Retrying<S> {
         Fut: Future<Output = Result<T, StoreError>>,
     {
         let refused = |r: &Result<T, StoreError>| match r {
-            Err(StoreError::Busy(m)) if m.starts_with(THROTTLED) => Some(THROTTLED),
+            Err(StoreError::Unavailable(m)) if m.starts_with(THROTTLED) => Some(THROTTLED),
             Err(StoreError::Busy(m)) if m.starts_with(CONFLICT) => Some(CONFLICT),
             _ => None,
         };

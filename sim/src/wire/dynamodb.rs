@@ -61,6 +61,9 @@ pub enum DdbError {
     Throttling,
     /// `ProvisionedThroughputExceededException` (400).
     Provisioned,
+    /// `TransactionConflictException` (400): a single-item write to an item
+    /// a transaction is writing.
+    Conflict,
     /// `InternalServerError` (500).
     Internal,
 }
@@ -93,6 +96,37 @@ impl From<Invalid> for DdbError {
     }
 }
 
+/// `TransactionCanceledException` (400) with one reason per item.
+fn cancelled(reasons: &[Reason]) -> Answer {
+    let dynamo = "com.amazonaws.dynamodb.v20120810";
+    let codes: Vec<&str> = reasons.iter().map(|r| r.code).collect();
+    let message = format!(
+        "Transaction cancelled, please refer cancellation reasons for specific reasons [{}]",
+        codes.join(", ")
+    );
+    let reasons: Vec<Value> = reasons
+        .iter()
+        .map(|r| {
+            let mut v = json!({ "Code": r.code });
+            if let Some(m) = &r.message {
+                v["Message"] = m.clone().into();
+            }
+            if let Some(item) = &r.item {
+                v["Item"] = expr::item_to_json(item);
+            }
+            v
+        })
+        .collect();
+    Answer {
+        status: 400,
+        body: json!({
+            "__type": format!("{dynamo}#TransactionCanceledException"),
+            "Message": message,
+            "CancellationReasons": reasons,
+        }),
+    }
+}
+
 impl DdbError {
     /// The error as DynamoDB sends it.
     pub fn answer(&self) -> Answer {
@@ -108,34 +142,7 @@ impl DdbError {
                 format!("{dynamo}#ConditionalCheckFailedException"),
                 "The conditional request failed".to_owned(),
             ),
-            Self::Cancelled(reasons) => {
-                let codes: Vec<&str> = reasons.iter().map(|r| r.code).collect();
-                let message = format!(
-                    "Transaction cancelled, please refer cancellation reasons for specific reasons [{}]",
-                    codes.join(", ")
-                );
-                let reasons: Vec<Value> = reasons
-                    .iter()
-                    .map(|r| {
-                        let mut v = json!({ "Code": r.code });
-                        if let Some(m) = &r.message {
-                            v["Message"] = m.clone().into();
-                        }
-                        if let Some(item) = &r.item {
-                            v["Item"] = expr::item_to_json(item);
-                        }
-                        v
-                    })
-                    .collect();
-                return Answer {
-                    status: 400,
-                    body: json!({
-                        "__type": format!("{dynamo}#TransactionCanceledException"),
-                        "Message": message,
-                        "CancellationReasons": reasons,
-                    }),
-                };
-            }
+            Self::Cancelled(reasons) => return cancelled(reasons),
             Self::NotFound => (
                 400,
                 format!("{dynamo}#ResourceNotFoundException"),
@@ -162,6 +169,11 @@ impl DdbError {
                 format!("{dynamo}#ProvisionedThroughputExceededException"),
                 "The level of configured provisioned throughput for the table was exceeded."
                     .to_owned(),
+            ),
+            Self::Conflict => (
+                400,
+                format!("{dynamo}#TransactionConflictException"),
+                "Transaction is ongoing for the item".to_owned(),
             ),
             Self::Internal => (
                 500,

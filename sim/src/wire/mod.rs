@@ -227,12 +227,16 @@ fn owned_write(op: &str, body: &serde_json::Value) -> bool {
 }
 
 /// A transaction cancelled because its first item is being written by
-/// another transaction (one reason per item, as DynamoDB answers).
+/// another transaction (one reason per item, as DynamoDB answers); a
+/// single-item write refused with `TransactionConflictException`.
 fn conflict(body: &serde_json::Value) -> Answer {
-    let n = body
+    let Some(n) = body
         .get("TransactItems")
         .and_then(|t| t.as_array())
-        .map_or(1, Vec::len);
+        .map(Vec::len)
+    else {
+        return DdbError::Conflict.answer();
+    };
     let reasons = (0..n.max(1))
         .map(|i| dynamodb::Reason {
             code: if i == 0 {

@@ -228,26 +228,20 @@ fn scripted(model: &DynamoModel, faults: Vec<WireFault>) -> DynamoStore {
 #[tokio::test(start_paused = true)]
 async fn a_claim_refused_for_contention_on_every_attempt_is_busy_and_writes_nothing() {
     // Enough refusals for every attempt of the SDK's (3 each) and the
-    // store's (4).
-    // (A claim is one `UpdateItem`: throttled; a transaction conflict is
-    // the completion's, below.)
-    for fault in [WireFault::Throttled, WireFault::Provisioned] {
-        let model = dynamo_model();
-        let err = scripted(&model, vec![fault; 16])
-            .claim(&claim_request("a", "m1"))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Busy(_)), "{fault:?}: {err:?}");
-        // Nothing was written: another owner's claim is the first.
-        let claim = scripted(&model, vec![])
-            .claim(&claim_request("b", "m1"))
-            .await
-            .unwrap();
-        assert!(
-            matches!(claim, Claim::Acquired { attempt: 1 }),
-            "{fault:?}: {claim:?}"
-        );
-    }
+    // store's (4). (A claim is one `UpdateItem`:
+    // `TransactionConflictException`.)
+    let model = dynamo_model();
+    let err = scripted(&model, vec![WireFault::Conflict; 16])
+        .claim(&claim_request("a", "m1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Busy(_)), "{err:?}");
+    // Nothing was written: another owner's claim is the first.
+    let claim = scripted(&model, vec![])
+        .claim(&claim_request("b", "m1"))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { attempt: 1 }), "{claim:?}");
     // A completion cancelled by conflicts on every attempt: busy, and the
     // claim still open (nothing of the transaction written).
     let model = dynamo_model();
@@ -267,10 +261,22 @@ async fn a_claim_refused_for_contention_on_every_attempt_is_busy_and_writes_noth
 }
 
 #[tokio::test(start_paused = true)]
-async fn refusals_for_contention_mixed_with_internal_errors_are_unavailable_not_busy() {
-    // 500s among the refusals: the service may be failing (and may have
+async fn throttling_or_conflicts_mixed_with_internal_errors_are_unavailable_not_busy() {
+    // Throttled on every attempt: a table or account at its limit, the
+    // outage backoff.
+    for fault in [WireFault::Throttled, WireFault::Provisioned] {
+        let err = scripted(&dynamo_model(), vec![fault; 16])
+            .claim(&claim_request("a", "m1"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable(_)),
+            "{fault:?}: {err:?}"
+        );
+    }
+    // 500s among the conflicts: the service may be failing (and may have
     // applied), so the outage backoff applies.
-    let mut faults = vec![WireFault::Throttled; 16];
+    let mut faults = vec![WireFault::Conflict; 16];
     for f in faults.iter_mut().skip(1).take(3) {
         *f = WireFault::InternalBefore;
     }

@@ -117,6 +117,9 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
                 "InternalServerError" | "InternalFailure" | "ServiceUnavailable" => {
                     Attempt::Unknown(msg)
                 }
+                // An earlier send of this token is still being applied: it
+                // may commit, so the outcome is unknown, not "wrote nothing".
+                "TransactionInProgressException" => Attempt::Unknown(msg),
                 _ if busy_code(code) => Attempt::Busy(msg),
                 _ => Attempt::Again(msg),
             }
@@ -128,13 +131,12 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
 }
 
 /// Whether an error code (of a call, or a transaction's cancellation
-/// reason) refuses for contention: throttling, or a conflict with another
-/// transaction on the same item.
+/// reason) refuses for contention on an item: a conflict with another
+/// transaction on it (`TransactionConflictException`, the reason
+/// `TransactionConflict`). Throttling is not: a table or an account at its
+/// limit can stay there ([`StoreError::Busy`]).
 fn busy_code(code: &str) -> bool {
-    code.contains("Throttl")
-        || code.starts_with("ProvisionedThroughputExceeded")
-        || code.starts_with("TransactionConflict")
-        || code == "RequestLimitExceeded"
+    code.starts_with("TransactionConflict")
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -498,11 +500,16 @@ fn transaction_failure<'a, R: std::fmt::Debug>(
     // TransactionConflict, ThrottlingError, ...: nothing was written.
     let all: Vec<&str> = (0..reasons.len()).map(code).collect();
     let reason = format!("transaction cancelled: {all:?}");
-    TransactionFailure::Other(if all.iter().any(|c| busy_code(c)) {
-        Attempt::Busy(reason)
-    } else {
-        Attempt::Again(reason)
-    })
+    // Contention only when every reason that refused is a conflict (a
+    // throttled item keeps the outage backoff).
+    let refusing = || all.iter().filter(|c| **c != "None");
+    TransactionFailure::Other(
+        if refusing().count() > 0 && refusing().all(|c| busy_code(c)) {
+            Attempt::Busy(reason)
+        } else {
+            Attempt::Again(reason)
+        },
+    )
 }
 
 /// The completion's fencing check failed: done already by an earlier attempt of
@@ -777,7 +784,10 @@ impl DedupStore for DynamoStore {
                 // outcome committed; the message comes back and may apply twice.
                 _ => match classify(&e) {
                     Attempt::Done(err) => Err(err),
-                    Attempt::Busy(reason) => Err(StoreError::Busy(reason)),
+                    Attempt::Busy(reason) => {
+                        self.count(Metrics::store_busy);
+                        Err(StoreError::Busy(reason))
+                    }
                     Attempt::Again(reason) | Attempt::Unknown(reason) => {
                         Err(StoreError::Unavailable(reason))
                     }
@@ -878,7 +888,10 @@ impl DedupStore for DynamoStore {
             Err(e) if conditional_failure(&e).is_some() => Ok(()),
             Err(e) => Err(match classify(&e) {
                 Attempt::Done(err) => err,
-                Attempt::Busy(reason) => StoreError::Busy(reason),
+                Attempt::Busy(reason) => {
+                    self.count(Metrics::store_busy);
+                    StoreError::Busy(reason)
+                }
                 Attempt::Again(reason) | Attempt::Unknown(reason) => {
                     StoreError::Unavailable(reason)
                 }
@@ -897,7 +910,10 @@ impl DedupStore for DynamoStore {
             .await
             .map_err(|e| match classify(&e) {
                 Attempt::Done(err) => err,
-                Attempt::Busy(reason) => StoreError::Busy(reason),
+                Attempt::Busy(reason) => {
+                    self.count(Metrics::store_busy);
+                    StoreError::Busy(reason)
+                }
                 Attempt::Again(reason) | Attempt::Unknown(reason) => {
                     StoreError::Unavailable(reason)
                 }

@@ -222,7 +222,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Err(e) => {
                 warn!(error = %e, "claim failed; the handler does not run without a claim");
                 Err(Outcome::Retry {
-                    after: self.config.store_backoff(message.receive_count(), &e),
+                    after: self.config.store_backoff(message, &e),
                     reason: format!("claim failed: {e}"),
                 })
             }
@@ -381,7 +381,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     self.release(req, &reason).await;
                 }
                 Outcome::Retry {
-                    after: self.config.store_backoff(message.receive_count(), &e),
+                    after: self.config.store_backoff(message, &e),
                     reason: format!("permanent failure not recorded ({e}): {reason}"),
                 }
             }
@@ -398,7 +398,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// Recording the effect failed (unknown after retries): the message comes back.
     pub(super) fn unrecorded_failure(&self, message: &Message, e: StoreError) -> Outcome {
         Outcome::Retry {
-            after: self.config.store_backoff(message.receive_count(), &e),
+            after: self.config.store_backoff(message, &e),
             reason: format!("recording the result failed: {e}"),
         }
     }
