@@ -78,7 +78,7 @@ pub struct DynamoStore {
 enum Attempt {
     /// A transient failure that wrote nothing: send again, same token.
     Again(String),
-    /// Refused for contention (throttled, a transaction conflict): wrote
+    /// Refused for contention on an item (a transaction conflict): wrote
     /// nothing; send again, same token. When every attempt ends so, the
     /// store answers [`StoreError::Busy`].
     Busy(String),
@@ -190,6 +190,18 @@ impl DynamoStore {
         &self.table
     }
 
+    /// The error of a call sent once (not through [`Self::retrying`]).
+    fn sent_once(&self, attempt: Attempt) -> StoreError {
+        match attempt {
+            Attempt::Done(err) => err,
+            Attempt::Busy(reason) => {
+                self.count(Metrics::store_busy);
+                StoreError::Busy(reason)
+            }
+            Attempt::Again(reason) | Attempt::Unknown(reason) => StoreError::Unavailable(reason),
+        }
+    }
+
     /// Runs `op` until it gives a definite answer, at most
     /// [`UNKNOWN_OUTCOME_ATTEMPTS`] times. Callers make `op` idempotent by
     /// sending the same owner token each time.
@@ -234,7 +246,7 @@ impl DynamoStore {
                     }
                 }
                 Err(Attempt::Busy(reason)) => {
-                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB refused the call for contention (throttled, or a conflict on the item); sending again with the same token");
+                    tracing::warn!(operation = what, attempt, %reason, "DynamoDB refused the call for a transaction conflict on the item; sending again with the same token");
                     self.count(Metrics::store_busy);
                     last = reason;
                     if attempt < UNKNOWN_OUTCOME_ATTEMPTS {
@@ -782,16 +794,7 @@ impl DedupStore for DynamoStore {
                 }
                 // Without a dedup record there is no way to tell whether an unknown
                 // outcome committed; the message comes back and may apply twice.
-                _ => match classify(&e) {
-                    Attempt::Done(err) => Err(err),
-                    Attempt::Busy(reason) => {
-                        self.count(Metrics::store_busy);
-                        Err(StoreError::Busy(reason))
-                    }
-                    Attempt::Again(reason) | Attempt::Unknown(reason) => {
-                        Err(StoreError::Unavailable(reason))
-                    }
-                },
+                _ => Err(self.sent_once(classify(&e))),
             },
         }
     }
@@ -886,16 +889,7 @@ impl DedupStore for DynamoStore {
             // Marked already, or the record is no longer the completed one
             // whose messages were sent.
             Err(e) if conditional_failure(&e).is_some() => Ok(()),
-            Err(e) => Err(match classify(&e) {
-                Attempt::Done(err) => err,
-                Attempt::Busy(reason) => {
-                    self.count(Metrics::store_busy);
-                    StoreError::Busy(reason)
-                }
-                Attempt::Again(reason) | Attempt::Unknown(reason) => {
-                    StoreError::Unavailable(reason)
-                }
-            }),
+            Err(e) => Err(self.sent_once(classify(&e))),
         }
     }
 
@@ -908,16 +902,7 @@ impl DedupStore for DynamoStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| match classify(&e) {
-                Attempt::Done(err) => err,
-                Attempt::Busy(reason) => {
-                    self.count(Metrics::store_busy);
-                    StoreError::Busy(reason)
-                }
-                Attempt::Again(reason) | Attempt::Unknown(reason) => {
-                    StoreError::Unavailable(reason)
-                }
-            })?;
+            .map_err(|e| self.sent_once(classify(&e)))?;
         out.item()
             .map(record_from_item)
             .transpose()
