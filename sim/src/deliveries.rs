@@ -49,6 +49,8 @@ pub struct Delivery {
     pub delete_sent: Option<Instant>,
     /// A delete of it reached SQS (and was answered there, lost or not).
     pub delete_reached: bool,
+    /// The object key its body points to, if sent through S3.
+    pub payload: Option<String>,
     /// The life of the host that holds it.
     life: Life,
     /// When the host's link to SQS was cut.
@@ -143,6 +145,9 @@ impl Deliveries {
                         held_until: at + visibility,
                         delete_sent: None,
                         delete_reached: false,
+                        payload: sqs_once::payloads::S3Pointer::of(m)
+                            .and_then(Result::ok)
+                            .map(|p| p.key),
                         life: life.clone(),
                         cuts: cuts.clone(),
                     },
@@ -191,6 +196,15 @@ impl Deliveries {
                 }
             }
         });
+    }
+
+    /// Whether a delete of some delivery whose body points to the object
+    /// `key` has reached SQS (its message was deleted, or SQS said so).
+    pub fn payload_released(&self, key: &str) -> bool {
+        self.with(|all| {
+            all.values()
+                .any(|d| d.delete_reached && d.payload.as_deref() == Some(key))
+        })
     }
 
     /// Every delivery of `message` that reached a consumer, in arrival order.

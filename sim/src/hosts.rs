@@ -62,9 +62,23 @@ pub struct World {
     pub retry_dice: crate::faults::Dice,
     /// Records DynamoDB's TTL deleted, in order.
     pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
+    /// The S3 model: the producer's large payloads.
+    pub s3: crate::wire::s3::S3Model,
+    /// Objects deleted before any delete of a message pointing to them
+    /// reached SQS.
+    pub early_objects: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl World {
+    /// Objects deleted before any delete of a message pointing to them
+    /// reached SQS, described.
+    pub fn objects_deleted_early(&self) -> Vec<String> {
+        self.early_objects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Every event's record as last written: the store's, and those TTL
     /// deleted since (the last deleted, where the store has none now), by
     /// key.
@@ -149,9 +163,26 @@ impl Generation {
                 .then(|| (world.scenario.retry_after, world.retry_dice.clone())),
             large_results: world.scenario.large_results,
         };
-        let processor = Processor::new(store, handler, processor_config(&world.scenario))
+        let mut processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
-            .with_clock(clock);
+            .with_clock(clock.clone());
+        if let Some(plan) = world.scenario.payloads {
+            // The real S3 client over the wire, its faults drawn on the
+            // host's link (on both store paths).
+            let wire = crate::wire::Wire::new(
+                crate::wire::Service::S3(world.s3.clone()),
+                Some(link.clone()),
+                life.clone(),
+            );
+            let s3 = crate::wire::s3_client(wire, clock.clone());
+            let payloads = sqs_once::payloads::LargePayloads::new(s3)
+                .deleting(plan.delete)
+                .only_from(vec![sqs_once::payloads::PayloadLocation {
+                    bucket: crate::world::PAYLOAD_BUCKET.to_owned(),
+                    prefix: "payloads/".to_owned(),
+                }]);
+            processor = processor.with_large_payloads(payloads);
+        }
         // Production bounds one SQS request by the long-poll wait plus 10 s
         // (a poller's 20 s wait), or 10 s (Lambda).
         let attempt = match spec.runtime {

@@ -55,6 +55,7 @@ use crate::deliveries::Deliveries;
 use crate::faults::{Dice, FaultCounts, Link};
 use crate::hosts::{Command, HostReport, World};
 use crate::trace::Trace;
+use crate::wire::s3::S3Model;
 use crate::world::{Action, MAX_MESSAGE_BYTES, Scenario, SimApi};
 
 /// When faults stop and the run settles.
@@ -109,6 +110,10 @@ pub struct Report {
     /// message to the DLQ before the later one was delivered (the documented
     /// limit; see [`check::fifo_after_dlq`]).
     pub fifo_after_dlq: usize,
+    /// Events whose copy was parked because its large payload was deleted
+    /// after an earlier copy finished (the documented limit; see
+    /// [`check::payload_gone`]).
+    pub payload_gone: usize,
 }
 
 /// Runs one seed on a fresh single-threaded runtime with paused time, on
@@ -129,7 +134,7 @@ pub fn run_seed_on(
     keep_trace: bool,
     path: stores::StorePath,
 ) -> std::io::Result<Report> {
-    run_seed_with(seed, keep_trace, path, draws_max_receive())
+    run_seed_drawing(seed, keep_trace, path, Draws::from_env())
 }
 
 /// Whether runs draw the source queue's `maxReceiveCount`
@@ -137,6 +142,29 @@ pub fn run_seed_on(
 /// the failures it finds are open (see the README, "Simulation").
 pub fn draws_max_receive() -> bool {
     std::env::var_os("SIM_DRAW_MAX_RECEIVE").is_some()
+}
+
+/// What a run draws besides its schedule that a seed found before the draw
+/// existed may need to leave out to keep its schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draws {
+    /// The source queue's `maxReceiveCount` ([`Scenario::draw_knobs`];
+    /// opt-in, see [`draws_max_receive`]).
+    pub max_receive: bool,
+    /// Large payloads through S3 ([`Scenario::draw_payloads`]; on in every
+    /// run, off only for regression seeds found before it).
+    pub payloads: bool,
+}
+
+impl Draws {
+    /// What runs draw by default: large payloads, and `maxReceiveCount`
+    /// where the environment asks for it.
+    pub fn from_env() -> Self {
+        Self {
+            max_receive: draws_max_receive(),
+            payloads: true,
+        }
+    }
 }
 
 /// Runs one seed on the given store path, drawing `maxReceiveCount` or not
@@ -148,6 +176,21 @@ pub fn run_seed_with(
     path: stores::StorePath,
     draw_max_receive: bool,
 ) -> std::io::Result<Report> {
+    let draws = Draws {
+        max_receive: draw_max_receive,
+        payloads: true,
+    };
+    run_seed_drawing(seed, keep_trace, path, draws)
+}
+
+/// Runs one seed on the given store path with the given draws. See
+/// [`run_seed_on`].
+pub fn run_seed_drawing(
+    seed: u64,
+    keep_trace: bool,
+    path: stores::StorePath,
+    draws: Draws,
+) -> std::io::Result<Report> {
     std::thread::Builder::new()
         .name(format!("seed-{seed}"))
         .stack_size(RUN_STACK_BYTES)
@@ -156,7 +199,7 @@ pub fn run_seed_with(
                 .enable_all()
                 .start_paused(true)
                 .build()?;
-            Ok(runtime.block_on(simulate_with(seed, keep_trace, path, draw_max_receive)))
+            Ok(runtime.block_on(simulate_with(seed, keep_trace, path, draws)))
         })?
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -204,6 +247,9 @@ const KEYS_KNOB: u64 = 0x6b65_7973_5f6b_6e6f;
 /// Mixed into the seed for the dice of large results
 /// ([`Scenario::draw_large_results`]).
 const LARGE_RESULTS_KNOB: u64 = 0x6c61_7267_655f_6b6e;
+/// Mixed into the seed for the dice of large payloads
+/// ([`Scenario::draw_payloads`]).
+const PAYLOADS_KNOB: u64 = 0x7061_796c_6f61_6473;
 /// Mixed into the seed for the dice of the handlers' retry-after hints.
 const RETRY_AFTER_HINTS: u64 = 0x7265_7472_795f_6869;
 /// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
@@ -251,10 +297,10 @@ fn world(
     dice: &Dice,
     trace: &Trace,
     path: stores::StorePath,
-    draw_max_receive: bool,
+    draws: Draws,
 ) -> Arc<World> {
     let mut scenario = Scenario::draw(dice);
-    if draw_max_receive {
+    if draws.max_receive {
         scenario.draw_knobs(&Dice::new(seed ^ KNOBS));
     }
     scenario.deployment =
@@ -265,6 +311,9 @@ fn world(
     scenario.draw_retry_after(&Dice::new(seed ^ RETRY_AFTER_KNOB));
     scenario.draw_keys(&Dice::new(seed ^ KEYS_KNOB));
     scenario.draw_large_results(&Dice::new(seed ^ LARGE_RESULTS_KNOB));
+    if draws.payloads {
+        scenario.draw_payloads(&Dice::new(seed ^ PAYLOADS_KNOB));
+    }
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, &scenario);
@@ -282,7 +331,26 @@ fn world(
     });
     let store = stores::Backend::new(path);
     trace.event(format!("store path: {path:?}"));
+    let deliveries = Deliveries::default();
+    let s3 = S3Model::with_bucket(world::PAYLOAD_BUCKET);
+    let early_objects: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        // Deletion follows the message's delete, never precedes it: an
+        // object deleted while no delete of a message pointing to it has
+        // reached SQS leaves that message to come back to nothing.
+        let (deliveries, early, trace) = (deliveries.clone(), early_objects.clone(), trace.clone());
+        s3.on_delete(Arc::new(move |bucket, key| {
+            trace.event(format!("object {bucket}/{key} deleted"));
+            if !deliveries.payload_released(key) {
+                early.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
+                    "object {bucket}/{key} deleted before a delete of a message pointing to it reached SQS"
+                ));
+            }
+        }));
+    }
     Arc::new(World {
+        s3,
+        early_objects,
         api: SimApi::new(
             trace.clone(),
             completed_in(store.clone(), clock_grace(&scenario), &scenario),
@@ -296,7 +364,7 @@ fn world(
         dice: dice.clone(),
         trace: trace.clone(),
         scenario,
-        deliveries: Deliveries::default(),
+        deliveries,
         sent: Mutex::default(),
         retry_dice: Dice::new(seed ^ RETRY_AFTER_HINTS),
         swept: Mutex::default(),
@@ -355,21 +423,21 @@ async fn sweep(world: Arc<World>, seed: u64) {
 
 /// One run, inside the paused runtime.
 pub async fn simulate(seed: u64, keep_trace: bool, path: stores::StorePath) -> Report {
-    simulate_with(seed, keep_trace, path, draws_max_receive()).await
+    simulate_with(seed, keep_trace, path, Draws::from_env()).await
 }
 
-/// One run, inside the paused runtime, drawing `maxReceiveCount` or not.
+/// One run, inside the paused runtime, with the given draws.
 pub async fn simulate_with(
     seed: u64,
     keep_trace: bool,
     path: stores::StorePath,
-    draw_max_receive: bool,
+    draws: Draws,
 ) -> Report {
     let started = Instant::now();
     let dice = Dice::new(seed);
     let trace = Trace::new(keep_trace);
     let _logs = subscriber(&trace);
-    let world = world(seed, &dice, &trace, path, draw_max_receive);
+    let world = world(seed, &dice, &trace, path, draws);
     let calm = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(FaultCounts::default());
     let links = links(&world, &calm, &counts, &Dice::new(seed ^ SQS_WIRE));
@@ -410,6 +478,8 @@ pub async fn simulate_with(
     );
     let claim_then_fast = check::claim_then_fast(&evidence).len();
     let fifo_after_dlq = check::fifo_after_dlq(&evidence).len();
+    let payload_gone = check::payload_gone(&evidence).len();
+    violations.extend(world.objects_deleted_early());
     if exhausted > 0 && counts.total() + scheduled == 0 {
         violations.push(format!(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
@@ -440,6 +510,7 @@ pub async fn simulate_with(
         overlapping,
         claim_then_fast,
         fifo_after_dlq,
+        payload_gone,
     }
 }
 
@@ -538,15 +609,34 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
         tokio::time::sleep_until(start + at).await;
         let e = &world.scenario.events[i];
         let fifo = world.scenario.fifo;
+        let mut attributes: std::collections::BTreeMap<String, sqs_once::Attribute> = e
+            .attributes
+            .iter()
+            .map(|(n, v)| (n.clone(), sqs_once::Attribute::string(v)))
+            .collect();
+        // Through S3, as an extended client sends: the body as an object
+        // of its own per send, a pointer and the size attribute in SQS.
+        let body = if e.through_s3 {
+            let key = world::payload_key(&e.id, usize::from(duplicate));
+            world.s3.put(world::PAYLOAD_BUCKET, &key, e.body.clone());
+            attributes.insert(
+                sqs_once::payloads::SIZE_ATTRIBUTE.to_owned(),
+                sqs_once::Attribute::typed("Number", Some(e.body.len().to_string()), None)
+                    .unwrap_or_else(|| sqs_once::Attribute::string(e.body.len().to_string())),
+            );
+            serde_json::json!([
+                sqs_once::payloads::POINTER_CLASS,
+                {"s3BucketName": world::PAYLOAD_BUCKET, "s3Key": key}
+            ])
+            .to_string()
+        } else {
+            e.body.clone()
+        };
         let message = OutgoingMessage {
-            body: e.body.clone(),
+            body,
             group_id: fifo.then(|| e.group.clone()),
             deduplication_id: fifo.then(|| e.id.clone()),
-            attributes: e
-                .attributes
-                .iter()
-                .map(|(n, v)| (n.clone(), sqs_once::Attribute::string(v)))
-                .collect(),
+            attributes,
             ..Default::default()
         };
         let what = if duplicate { "late duplicate" } else { "send" };

@@ -98,6 +98,31 @@ pub struct EventSpec {
     pub late_duplicate_at: Option<Duration>,
     /// The string message attributes it is sent with.
     pub attributes: BTreeMap<String, String>,
+    /// Sent through S3, as an extended client sends a large body: the body
+    /// stored as an object, a pointer to it sent ([`Scenario::draw_payloads`]).
+    pub through_s3: bool,
+}
+
+/// The bucket the producer stores payloads in.
+pub const PAYLOAD_BUCKET: &str = "sim-payloads";
+
+/// The object key of the `n`th send of event `id` through S3.
+pub fn payload_key(id: &str, n: usize) -> String {
+    format!("payloads/{id}/{n}")
+}
+
+/// The event an object key (`payloads/{id}/{n}`) stands for.
+pub fn event_of_payload_key(key: &str) -> Option<&str> {
+    key.strip_prefix("payloads/")?.split('/').next()
+}
+
+/// Large payloads in a run: which events go through S3, and whether the
+/// consumers delete the objects of finished messages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PayloadPlan {
+    /// The consumers delete each finished message's object after the
+    /// message (`SQS_ONCE_DELETE_PAYLOADS`).
+    pub delete: bool,
 }
 
 /// Which runtime a consumer runs.
@@ -208,6 +233,9 @@ pub struct Scenario {
     /// Handlers answer every other event with a result of 32 to 40 KiB,
     /// above `max_result_bytes` ([`Scenario::draw_large_results`]).
     pub large_results: bool,
+    /// Large payloads through S3, if the run sends any
+    /// ([`Scenario::draw_payloads`]).
+    pub payloads: Option<PayloadPlan>,
 }
 
 /// What a deployment sets around the processor: the source queue's
@@ -392,6 +420,27 @@ impl Scenario {
             retry_after: 0.0,
             key: KeyPlace::Id,
             large_results: false,
+            payloads: None,
+        }
+    }
+
+    /// A swarm knob, from a dice of its own: one run in five sends a third
+    /// of its events, or all of them, through S3 as an SQS Extended Client
+    /// does (the body stored as an object, a pointer with
+    /// `ExtendedPayloadSize` sent; a producer's re-send stores its own
+    /// object), and the consumers read them through the real `aws-sdk-s3`
+    /// client over the wire; in two of those three runs in four the
+    /// consumers delete each finished message's object.
+    pub fn draw_payloads(&mut self, dice: &Dice) {
+        if !dice.chance(0.2) {
+            return;
+        }
+        let share = if dice.chance(0.5) { 1.0 / 3.0 } else { 1.0 };
+        self.payloads = Some(PayloadPlan {
+            delete: dice.chance(0.75),
+        });
+        for e in &mut self.events {
+            e.through_s3 = dice.chance(share);
         }
     }
 
@@ -614,6 +663,13 @@ impl Scenario {
         if self.large_results {
             out += ", large results";
         }
+        if let Some(p) = self.payloads {
+            let n = self.events.iter().filter(|e| e.through_s3).count();
+            out += &format!(
+                ", {n} events through S3{}",
+                if p.delete { " (objects deleted)" } else { "" }
+            );
+        }
         if self.key != KeyPlace::Id {
             out += &format!(", key {}", self.key.source());
         }
@@ -699,6 +755,7 @@ fn draw_event(dice: &Dice, seq: u64, groups: u64, send_at: Duration, swarm: Swar
         send_at,
         late_duplicate_at,
         attributes: BTreeMap::new(),
+        through_s3: false,
     }
 }
 

@@ -12,7 +12,17 @@ use sqs_once_sim::faults::Dice;
 use sqs_once_sim::faults::FaultPlan;
 use sqs_once_sim::stores::StorePath;
 use sqs_once_sim::world::{ApiCall, ConsumerSpec, EventSpec, Kind, Runtime, Scenario};
-use sqs_once_sim::{run_seed, run_seed_on, run_seed_with};
+use sqs_once_sim::{Draws, run_seed, run_seed_drawing, run_seed_on, run_seed_with};
+
+/// A seed found before runs drew large payloads, run as it was found: without
+/// them (a seed that draws them now would have another schedule).
+fn as_found(seed: u64, path: StorePath, max_receive: bool) -> sqs_once_sim::Report {
+    let draws = Draws {
+        max_receive,
+        payloads: false,
+    };
+    run_seed_drawing(seed, false, path, draws).unwrap()
+}
 
 #[test]
 fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
@@ -67,7 +77,7 @@ fn a_share_of_seeds_runs_on_the_wire_path() {
 #[test]
 fn regression_seeds_443_912_a_restarted_host_keeps_its_clock() {
     for seed in [443, 912] {
-        let report = run_seed_on(seed, false, StorePath::Memory).unwrap();
+        let report = as_found(seed, StorePath::Memory, false);
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}",
@@ -104,7 +114,7 @@ fn regression_seed_647_an_older_twin_delivery_leaves_the_visibility_alone() {
 #[test]
 fn regression_seeds_1107_1550_1870_fifo_order_after_a_move_to_the_dlq_is_counted() {
     for seed in [1107, 1550, 1870] {
-        let report = run_seed_with(seed, false, StorePath::of(seed), true).unwrap();
+        let report = as_found(seed, StorePath::of(seed), true);
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}",
@@ -153,7 +163,7 @@ fn scenarios_keep_clock_skew_within_the_lease_margin() {
 /// DLQ) and passes with it.
 #[test]
 fn regression_seed_5659_a_failed_visibility_extension_is_tried_again() {
-    let report = run_seed_on(5659, false, StorePath::Memory).unwrap();
+    let report = as_found(5659, StorePath::Memory, false);
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert_eq!(report.exhausted, 0, "an event was redriven to the DLQ");
 }
@@ -260,7 +270,7 @@ fn regression_seed_100756_a_failed_delete_is_tried_again_while_the_message_is_he
 #[test]
 fn regression_seeds_106012_112055_114264_115607_a_completed_last_receive_is_deleted() {
     for seed in [106_012, 112_055, 114_264, 115_607] {
-        let report = run_seed(seed, false).unwrap();
+        let report = as_found(seed, StorePath::of(seed), false);
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:#?}",
@@ -293,6 +303,7 @@ fn event(seq: u64, group: &str) -> EventSpec {
         send_at: Duration::ZERO,
         late_duplicate_at: None,
         attributes: BTreeMap::new(),
+        through_s3: false,
     }
 }
 
@@ -317,6 +328,7 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         retry_after: 0.0,
         key: sqs_once_sim::world::KeyPlace::Id,
         large_results: false,
+        payloads: None,
     }
 }
 
@@ -904,4 +916,47 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
 fn regression_seed_796_both_paths_committing_after_ttl_each_send_their_own() {
     let report = run_seed(796, false).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
+/// Large payloads through S3: seed 13 (memory path) and seed 24 (wire path)
+/// send their events as an extended client does and delete the objects of
+/// finished messages. The consumers read them with the real `aws-sdk-s3`
+/// client over the wire (its faults drawn: slow answers and errors appear in
+/// the trace), every object is deleted only after a message pointing to it
+/// was, and the checker passes. Seed 24 also counts events whose second copy
+/// found its object gone under a body key (the documented limit).
+#[test]
+fn large_payload_runs_read_through_the_s3_client_and_delete_objects_after_their_messages() {
+    for (seed, path) in [(13, StorePath::Memory), (24, StorePath::Wire)] {
+        let report = run_seed_on(seed, true, path).unwrap();
+        assert_eq!(report.path, path, "seed {seed}");
+        assert!(
+            report.trace[0].contains("events through S3 (objects deleted)"),
+            "seed {seed} draws large payloads: {}",
+            report.trace[0]
+        );
+        let deleted = report
+            .trace
+            .iter()
+            .filter(|l| l.contains("object sim-payloads/payloads/"))
+            .count();
+        let s3_faults = report
+            .trace
+            .iter()
+            .filter(|l| l.contains(" GetObject: ") || l.contains(" DeleteObject: "))
+            .count();
+        assert!(deleted > 20, "seed {seed}: {deleted} objects deleted");
+        assert!(s3_faults > 0, "seed {seed}: no S3 call met a fault");
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+    }
+    assert!(
+        run_seed_on(24, false, StorePath::Wire)
+            .unwrap()
+            .payload_gone
+            > 0
+    );
 }

@@ -79,6 +79,7 @@ fn scenario() -> Scenario {
             send_at: Duration::ZERO,
             late_duplicate_at: None,
             attributes: Default::default(),
+            through_s3: false,
         }],
         consumers: Vec::new(),
         plan: FaultPlan::NONE,
@@ -96,6 +97,7 @@ fn scenario() -> Scenario {
         retry_after: 0.0,
         key: sqs_once_sim::world::KeyPlace::Id,
         large_results: false,
+        payloads: None,
     }
 }
 

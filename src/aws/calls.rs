@@ -57,8 +57,8 @@ impl CallCounter {
 
     /// An S3 client configuration (large payloads) that counts into this
     /// counter.
-    #[cfg(all(feature = "s3-payloads", any(feature = "poller", feature = "lambda")))]
-    pub(crate) fn s3_config(&self, sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Config {
+    #[cfg(feature = "s3-payloads")]
+    pub fn s3_config(&self, sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Config {
         aws_sdk_s3::config::Builder::from(sdk)
             .interceptor(self.clone())
             .build()

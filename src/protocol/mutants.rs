@@ -47,6 +47,10 @@
 //! - `duplicate-sends-own`: a fast-path run that finds its key completed
 //!   by another run sends its own messages, not the ones recorded with the
 //!   effect that committed.
+//! - `payload-deleted-first`: the runtimes delete a finished message's
+//!   large-payload object before the message (as the extended clients'
+//!   `deleteMessage` does), so a message whose delete then fails comes back
+//!   to nothing (the simulator's large-payload runs).
 //! - `next-by-message-id`: the simulator's second stage keys on the message
 //!   id instead of the outbox id each message carries, so a message the
 //!   outbox sent twice is applied twice (a check of that check).

@@ -616,6 +616,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let work = async {
             for (queue, entries) in finished.by_queue() {
                 for chunk in entries.chunks(crate::protocol::limits::SQS_BATCH) {
+                    if crate::protocol::mutants::active("payload-deleted-first") {
+                        let objects = chunk.iter().map(|e| e.object.clone()).collect();
+                        payloads.delete_objects(objects).await;
+                    }
                     let deleted = delete_messages(&self.inner.queue, &queue, chunk).await;
                     payloads.delete_objects(deleted).await;
                 }

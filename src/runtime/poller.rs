@@ -767,6 +767,12 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                 }
                 batch.push(f);
             }
+            if crate::protocol::mutants::active("payload-deleted-first")
+                && let Some(payloads) = &self.payloads
+            {
+                let objects = batch.iter().filter_map(|f| f.payload.clone()).collect();
+                payloads.delete_objects(objects).await;
+            }
             let failed = self.send(&batch).await;
             // Off the loop: the retries of a failed delete (which may go on
             // while SQS is out of reach) and a slow S3 must not hold up the

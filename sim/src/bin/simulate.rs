@@ -101,6 +101,7 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         overlapping: 0,
         claim_then_fast: 0,
         fifo_after_dlq: 0,
+        payload_gone: 0,
     };
     match outcome {
         Ok(Ok(report)) => report,
@@ -144,6 +145,12 @@ fn one(seed: u64, mutant: Option<&str>) -> ExitCode {
         println!(
             "counted: {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ",
             report.fifo_after_dlq
+        );
+    }
+    if report.payload_gone > 0 {
+        println!(
+            "counted: {} events whose copy was parked for a large payload deleted after an earlier copy finished",
+            report.payload_gone
         );
     }
     for v in &report.violations {
@@ -313,6 +320,7 @@ struct Totals {
     overlapping: u64,
     claim_then_fast: u64,
     fifo_after_dlq: u64,
+    payload_gone: u64,
 }
 
 impl Totals {
@@ -324,6 +332,7 @@ impl Totals {
         self.overlapping += report.overlapping as u64;
         self.claim_then_fast += report.claim_then_fast as u64;
         self.fifo_after_dlq += report.fifo_after_dlq as u64;
+        self.payload_gone += report.payload_gone as u64;
     }
 
     /// The summary of seeds `from..to` (`ran` of them, `failed` failing).
@@ -336,8 +345,12 @@ impl Totals {
             self.stranded
         );
         println!(
-            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} events applied by a claim that lost its key and then by the fast path; {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ",
-            self.after_ttl, self.overlapping, self.claim_then_fast, self.fifo_after_dlq
+            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} events applied by a claim that lost its key and then by the fast path; {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ; {} events whose copy was parked for a large payload deleted after an earlier copy finished",
+            self.after_ttl,
+            self.overlapping,
+            self.claim_then_fast,
+            self.fifo_after_dlq,
+            self.payload_gone
         );
     }
 }

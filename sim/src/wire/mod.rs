@@ -16,6 +16,7 @@
 
 pub mod dynamodb;
 pub mod expr;
+pub mod s3;
 pub mod sqs;
 
 use std::collections::VecDeque;
@@ -37,6 +38,9 @@ use sqs_once::clock::Clock;
 
 use crate::faults::{Life, Link};
 use dynamodb::{Answer, DdbError, DynamoModel};
+
+/// The host every client's endpoint names.
+pub const ENDPOINT_HOST: &str = "wire.sim";
 
 /// The dedup table's name on the wire path.
 pub const TABLE: &str = "sim-dedup";
@@ -115,6 +119,8 @@ pub enum Service {
     Dynamo(DynamoModel),
     /// SQS.
     Sqs(sqs::SqsModel),
+    /// S3 (large payloads).
+    S3(s3::S3Model),
 }
 
 /// The in-process connector: one host's (or the checker's) way to the
@@ -200,6 +206,18 @@ fn sqs_response(answer: &sqs::SqsAnswer) -> HttpResponse {
     r
 }
 
+fn s3_response(answer: &s3::S3Answer) -> HttpResponse {
+    let status = StatusCode::try_from(answer.status).unwrap_or_else(|_| {
+        StatusCode::try_from(500).unwrap_or_else(|e| panic!("500 is a status: {e}"))
+    });
+    let mut r = HttpResponse::new(status, SdkBody::from(answer.body.clone()));
+    for (name, value) in &answer.headers {
+        r.headers_mut().insert(*name, value.clone());
+    }
+    r.headers_mut().insert("x-amz-request-id", "sim");
+    r
+}
+
 fn reset() -> ConnectorError {
     ConnectorError::io("connection reset by peer (simulated)".into())
 }
@@ -262,7 +280,83 @@ impl Wire {
         match self.service.clone() {
             Service::Dynamo(model) => self.dynamo(&model, op, body, connect_timeout).await,
             Service::Sqs(model) => self.sqs(&model, op, body, connect_timeout).await,
+            // S3 requests take the other way in (`call_with`).
+            Service::S3(_) => Ok(s3_response(&s3::internal_error())),
         }
+    }
+
+    /// One S3 request (`method` on `uri`) through the faults drawn for it:
+    /// the link's DynamoDB plan (the same network path out of the host), an
+    /// error being a 500 `InternalError` (before or after applying), a 503
+    /// `SlowDown` or a reset.
+    async fn s3(
+        &self,
+        model: &s3::S3Model,
+        method: String,
+        uri: String,
+        connect_timeout: Duration,
+    ) -> Result<HttpResponse, ConnectorError> {
+        let rest = uri.split_once("://").map_or(uri.as_str(), |(_, r)| r);
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let Some((bucket, key)) = s3::bucket_and_key(host, &format!("/{path}"), ENDPOINT_HOST)
+        else {
+            return Ok(s3_response(&s3::error(
+                400,
+                "InvalidRequest",
+                "no bucket and key in the request",
+            )));
+        };
+        let op = match method.as_str() {
+            "GET" => "GetObject",
+            "DELETE" => "DeleteObject",
+            _ => "S3",
+        };
+        let fault = self
+            .link
+            .as_ref()
+            .map_or(WireFault::None, |link| link.draw_wire(op, false));
+        let apply = |model: &s3::S3Model| model.handle(&method, &bucket, &key);
+        let answer = match fault {
+            WireFault::None => apply(model),
+            WireFault::Cut => {
+                tokio::time::sleep(connect_timeout).await;
+                return Err(ConnectorError::timeout(
+                    "connect timeout (the host is cut off)".into(),
+                ));
+            }
+            WireFault::ResetBefore => return Err(reset()),
+            WireFault::ResetAfter => {
+                let _ = apply(model);
+                return Err(reset());
+            }
+            WireFault::InternalBefore | WireFault::Conflict => s3::internal_error(),
+            WireFault::InternalAfter => {
+                let _ = apply(model);
+                s3::internal_error()
+            }
+            WireFault::Throttled | WireFault::Provisioned => s3::slow_down(),
+            WireFault::Silent { applied } => {
+                if applied {
+                    let _ = apply(model);
+                }
+                return std::future::pending().await;
+            }
+            WireFault::Late(after) => {
+                let (model, method) = (model.clone(), method.clone());
+                let (bucket, key) = (bucket.clone(), key.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = model.handle(&method, &bucket, &key);
+                });
+                return std::future::pending().await;
+            }
+            WireFault::Slow(d) => {
+                let answer = apply(model);
+                tokio::time::sleep(d).await;
+                answer
+            }
+        };
+        Ok(s3_response(&answer))
     }
 
     /// One SQS request through the faults drawn for it.
@@ -430,8 +524,16 @@ impl Wire {
         connect_timeout: Duration,
     ) -> HttpConnectorFuture {
         let op = operation(&request);
-        let sent = request.take_body();
         let (wire, life) = (self.clone(), self.life.clone());
+        if let Service::S3(model) = &self.service {
+            let (model, method) = (model.clone(), request.method().to_owned());
+            let uri = request.uri().to_owned();
+            return HttpConnectorFuture::new(async move {
+                life.guard(wire.s3(&model, method, uri, connect_timeout))
+                    .await
+            });
+        }
+        let sent = request.take_body();
         HttpConnectorFuture::new(async move {
             // The body is read to its end, as an HTTP client sends it: the
             // SDK's upload stall check, which watches it being read, would
@@ -497,7 +599,7 @@ pub fn sdk_config(wire: Wire, clock: Arc<dyn Clock>) -> aws_config::SdkConfig {
     aws_config::SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
-        .endpoint_url("http://wire.sim")
+        .endpoint_url(format!("http://{ENDPOINT_HOST}"))
         .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
             "sim", "sim", None, None, "sim",
         )))
@@ -551,6 +653,29 @@ pub fn sqs_client(wire: Wire, clock: Arc<dyn Clock>, attempt: Duration) -> aws_s
             .sqs_config(&sdk)
             .to_builder()
             .timeout_config(sqs_once::aws::attempt_timeouts(attempt))
+            .retry_partition(partition)
+            .build(),
+    )
+}
+
+/// How long one S3 request may take (production's large-payload client).
+pub const S3_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An S3 client as production builds it for large payloads (`calls`
+/// interceptor, standard retries, [`S3_ATTEMPT_TIMEOUT`] per request), over
+/// `wire`, with a retry quota of its own (see [`dynamodb_client`]).
+pub fn s3_client(wire: Wire, clock: Arc<dyn Clock>) -> aws_sdk_s3::Client {
+    use aws_sdk_s3::config::retry::{RetryPartition, TokenBucket};
+    let sdk = sdk_config(wire, clock);
+    let calls = sqs_once::aws::calls::CallCounter::default();
+    let partition = RetryPartition::custom("s3")
+        .token_bucket(TokenBucket::default())
+        .build();
+    aws_sdk_s3::Client::from_conf(
+        calls
+            .s3_config(&sdk)
+            .to_builder()
+            .timeout_config(sqs_once::aws::attempt_timeouts(S3_ATTEMPT_TIMEOUT))
             .retry_partition(partition)
             .build(),
     )

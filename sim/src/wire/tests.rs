@@ -550,3 +550,72 @@ mod sqs {
         assert_eq!(started.elapsed(), Duration::from_secs(20));
     }
 }
+
+fn s3_setup() -> (s3::S3Model, aws_sdk_s3::Client) {
+    let model = s3::S3Model::with_bucket("sim-payloads");
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    let wire = Wire::new(Service::S3(model.clone()), None, Life::default());
+    (model, s3_client(wire, clock))
+}
+
+fn pointer(bucket: &str, key: &str) -> sqs_once::payloads::S3Pointer {
+    sqs_once::payloads::S3Pointer {
+        bucket: bucket.into(),
+        key: key.into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_s3_client_reads_and_deletes_objects_of_the_model_and_names_a_missing_one_not_found() {
+    use sqs_once::payloads::{PayloadErrorKind, PayloadStore};
+    let (model, client) = s3_setup();
+    model.put(
+        "sim-payloads",
+        "payloads/evt-0001/0",
+        "{\"id\":\"evt-0001\"}",
+    );
+    let object = pointer("sim-payloads", "payloads/evt-0001/0");
+    let bytes = client
+        .get(&object, 1024)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(bytes, b"{\"id\":\"evt-0001\"}");
+    let small = client.get(&object, 4).await.map(|_| ()).unwrap_err();
+    assert_eq!(small.kind, PayloadErrorKind::TooLarge, "{small}");
+    client
+        .delete(&object)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!model.contains("sim-payloads", "payloads/evt-0001/0"));
+    assert_eq!(model.deletes().len(), 1);
+    // S3 answers a delete of a missing key with 204 too.
+    client
+        .delete(&object)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gone = client.get(&object, 1024).await.map(|_| ()).unwrap_err();
+    assert_eq!(gone.kind, PayloadErrorKind::NotFound, "{gone}");
+    assert!(gone.detail.contains("NoSuchKey"), "{gone}");
+    let no_bucket = client
+        .get(&pointer("elsewhere", "k"), 1024)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(no_bucket.kind, PayloadErrorKind::NotFound, "{no_bucket}");
+}
+
+#[test]
+fn an_s3_request_names_its_bucket_and_key_virtual_hosted_or_path_style() {
+    assert_eq!(
+        s3::bucket_and_key(
+            "b.wire.sim",
+            "/payloads/e%2F1/0?x-id=GetObject",
+            ENDPOINT_HOST
+        ),
+        Some(("b".into(), "payloads/e/1/0".into()))
+    );
+    assert_eq!(
+        s3::bucket_and_key("wire.sim", "/b/payloads/e1/0", ENDPOINT_HOST),
+        Some(("b".into(), "payloads/e1/0".into()))
+    );
+}

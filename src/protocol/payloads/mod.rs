@@ -32,11 +32,11 @@
 //! ("Large payloads").
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use tracing::{info, warn};
 
+use crate::protocol::clock::Clock;
 use crate::protocol::config::ProcessorConfig;
 use crate::protocol::store::{DedupStore, Status};
 use crate::{Message, Outcome};
@@ -344,6 +344,7 @@ impl LargePayloads {
         message: &Message,
         config: &ProcessorConfig,
         records: &S,
+        clock: &dyn Clock,
     ) -> Result<Option<Message>, Outcome> {
         let Some(pointer) = S3Pointer::of(message).filter(|_| self.read) else {
             return Ok(None);
@@ -371,7 +372,7 @@ impl LargePayloads {
         }
         let bytes = match self.store.get(&pointer, self.max_bytes).await {
             Ok(bytes) => bytes,
-            Err(e) => return Err(failure(e, message, config, records).await),
+            Err(e) => return Err(failure(e, message, config, records, clock).await),
         };
         let Ok(payload) = String::from_utf8(bytes) else {
             return Err(Outcome::Park {
@@ -407,9 +408,10 @@ async fn failure<S: DedupStore>(
     message: &Message,
     config: &ProcessorConfig,
     records: &S,
+    clock: &dyn Clock,
 ) -> Outcome {
     match e.kind {
-        PayloadErrorKind::NotFound => missing(e, message, config, records).await,
+        PayloadErrorKind::NotFound => missing(e, message, config, records, clock).await,
         // An object never shrinks under its key: parked with the reason.
         PayloadErrorKind::TooLarge => Outcome::Park {
             reason: format!("large payload: {e}"),
@@ -426,12 +428,14 @@ async fn failure<S: DedupStore>(
 }
 
 /// A missing object: a duplicate when the message's key (taken without the
-/// body) is already completed (its object was deleted after that), else parked.
+/// body) is already completed and unexpired by the processor's clock (its
+/// object was deleted after that), else parked.
 async fn missing<S: DedupStore>(
     e: PayloadError,
     message: &Message,
     config: &ProcessorConfig,
     records: &S,
+    clock: &dyn Clock,
 ) -> Outcome {
     let reason = format!(
         "large payload {} is missing ({}): deleted, expired by a lifecycle rule, or never stored",
@@ -442,9 +446,7 @@ async fn missing<S: DedupStore>(
     let Some(key) = key else {
         return Outcome::Park { reason };
     };
-    let now_s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let now_s = clock.now_ms().div_euclid(1000);
     match records.get(&config.record_key(&key)).await {
         Ok(Some(r)) if r.status == Status::Completed && r.expires_at_s >= now_s => {
             info!(object = %e.pointer, "large payload gone, but the message is already completed: a duplicate");

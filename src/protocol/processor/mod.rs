@@ -315,7 +315,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         };
         let resolved = tokio::select! {
             biased;
-            r = payloads.resolve(&message, &self.config, &*self.store) => r,
+            r = payloads.resolve(&message, &self.config, &*self.store, &*self.clock) => r,
             () = visible.passed() => {
                 error!("the message's visibility could not be kept during its large payload's download: not run");
                 Err(Outcome::Retry {
