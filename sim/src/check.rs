@@ -114,6 +114,8 @@ pub struct Evidence<'a> {
     /// Each event's record at the end: the attempts it has seen (claims
     /// and fast-path commits; the last is the one that completed it).
     pub attempts: BTreeMap<String, u32>,
+    /// The large-payload objects (keys) consumers deleted.
+    pub objects_deleted: BTreeSet<String>,
 }
 
 /// The event id in a body: its `id`, or for a pointer to a large payload
@@ -155,16 +157,51 @@ fn parked_for_missing_payload(m: &StoredMessage) -> bool {
 /// is a violation of its own (`World::early_objects`). Counted, not
 /// violations.
 pub fn payload_gone(e: &Evidence<'_>) -> BTreeSet<String> {
-    let deletes = e.scenario.payloads.is_some_and(|p| p.delete);
-    if !deletes || e.scenario.key == crate::world::KeyPlace::Attribute {
+    if !e.scenario.payloads.is_some_and(|p| p.delete) {
         return BTreeSet::new();
     }
+    let body_key = e.scenario.key != crate::world::KeyPlace::Attribute;
     e.dlq_before
         .iter()
         .chain(&e.dlq)
         .filter(|m| parked_for_missing_payload(m))
+        // Its object deleted by a consumer (after a finished message's
+        // delete: the run's watch fails any other), not a pointer gone astray.
+        .filter(|m| pointer_key(&m.body).is_some_and(|k| e.objects_deleted.contains(&k)))
         .filter_map(|m| event_of(&m.body))
         .filter(|event| e.records.get(event) == Some(&Status::Completed))
+        // With a key taken without the body the record is found: only a
+        // record that TTL ended (the documented limit of "Parking") leaves
+        // such a copy to park.
+        .filter(|event| body_key || e.ended_by_ttl.contains_key(event))
+        .collect()
+}
+
+/// The object key a pointer body names.
+fn pointer_key(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get(1)?.get("s3Key")?.as_str().map(str::to_owned)
+}
+
+/// Every copy parked in the DLQ (before the redrive or at the end) still
+/// points to its object at the end (docs/DESIGN.md, "Large payloads":
+/// parked messages never lose their object, so a redrive can run them),
+/// unless it was parked because the object was already gone. `exists` says
+/// whether an object key is there.
+pub fn parked_objects(e: &Evidence<'_>, exists: impl Fn(&str) -> bool) -> Vec<String> {
+    e.dlq_before
+        .iter()
+        .chain(&e.dlq)
+        .filter(|m| parked_with_reason(m) && !parked_for_missing_payload(m))
+        .filter_map(|m| Some((m, pointer_key(&m.body)?)))
+        .filter(|(_, key)| !exists(key))
+        .map(|(m, key)| {
+            format!(
+                "{}: its parked copy {} points to the object {key}, which was deleted",
+                event_of(&m.body).unwrap_or_default(),
+                m.id
+            )
+        })
         .collect()
 }
 
@@ -841,7 +878,8 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
         }
         // A copy near the DLQ's size limit keeps its dedup key first and has
         // no room left for the reason (DESIGN.md, "Parking"): not a violation.
-        let room = ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
+        // (Sent through S3, the body in SQS is a pointer, far below it.)
+        let room = ev.through_s3 || ev.body.len() + 512 <= crate::world::MAX_MESSAGE_BYTES;
         if ev.permanent && in_dlq.contains(id) && room && !copies().any(parked_with_reason) {
             v.push(format!("{id}: parked without its reason"));
         }

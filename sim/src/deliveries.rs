@@ -198,12 +198,15 @@ impl Deliveries {
         });
     }
 
-    /// Whether a delete of some delivery whose body points to the object
-    /// `key` has reached SQS (its message was deleted, or SQS said so).
-    pub fn payload_released(&self, key: &str) -> bool {
+    /// Whether some delivery whose body points to the object `key` is
+    /// finished with (`done` says so of its message id and receive count:
+    /// completed or a duplicate, not parked or sent again) and a delete of
+    /// it has reached SQS (its message was deleted, or SQS said so).
+    pub fn payload_released(&self, key: &str, done: impl Fn(&str, u32) -> bool) -> bool {
         self.with(|all| {
-            all.values()
-                .any(|d| d.delete_reached && d.payload.as_deref() == Some(key))
+            all.values().any(|d| {
+                d.delete_reached && d.payload.as_deref() == Some(key) && done(&d.message, d.count)
+            })
         })
     }
 

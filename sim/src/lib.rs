@@ -335,15 +335,22 @@ fn world(
     let s3 = S3Model::with_bucket(world::PAYLOAD_BUCKET);
     let early_objects: Arc<Mutex<Vec<String>>> = Arc::default();
     {
-        // Deletion follows the message's delete, never precedes it: an
-        // object deleted while no delete of a message pointing to it has
-        // reached SQS leaves that message to come back to nothing.
+        // Deletion follows the delete of a finished message (completed or a
+        // duplicate), never precedes it and never follows a park or a copy
+        // sent again: an object deleted otherwise leaves a message (or its
+        // parked copy) pointing to nothing.
         let (deliveries, early, trace) = (deliveries.clone(), early_objects.clone(), trace.clone());
         s3.on_delete(Arc::new(move |bucket, key| {
             trace.event(format!("object {bucket}/{key} deleted"));
-            if !deliveries.payload_released(key) {
+            let done = |message: &str, count: u32| {
+                matches!(
+                    trace.outcome_of(message, count).as_deref(),
+                    Some("completed" | "duplicate")
+                )
+            };
+            if !deliveries.payload_released(key, done) {
                 early.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
-                    "object {bucket}/{key} deleted before a delete of a message pointing to it reached SQS"
+                    "object {bucket}/{key} deleted before a delete of a finished message pointing to it reached SQS"
                 ));
             }
         }));
@@ -480,6 +487,10 @@ pub async fn simulate_with(
     let fifo_after_dlq = check::fifo_after_dlq(&evidence).len();
     let payload_gone = check::payload_gone(&evidence).len();
     violations.extend(world.objects_deleted_early());
+    let bucket = world::PAYLOAD_BUCKET;
+    violations.extend(check::parked_objects(&evidence, |key| {
+        world.s3.contains(bucket, key)
+    }));
     if exhausted > 0 && counts.total() + scheduled == 0 {
         violations.push(format!(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
@@ -988,5 +999,6 @@ fn evidence<'a>(
             .unwrap_or_else(|e| e.into_inner())
             .clone(),
         attempts: all.iter().map(|r| (event(r), r.attempts)).collect(),
+        objects_deleted: world.s3.deletes().into_iter().map(|(_, key)| key).collect(),
     }
 }

@@ -111,6 +111,15 @@ impl Trace {
         t.outcome_at.clone()
     }
 
+    /// The outcome the delivery of `message` at receive `count` ended with,
+    /// if it has ended.
+    pub fn outcome_of(&self, message: &str, count: u32) -> Option<String> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.outcome_at
+            .get(&(message.to_owned(), count))
+            .map(|(_, o)| o.clone())
+    }
+
     /// Notes that a delivery of `message` ended with `outcome`.
     fn outcome(&self, message: &str, count: &str, outcome: &str) {
         let now = self.now_ms();

@@ -429,8 +429,8 @@ impl Scenario {
     /// does (the body stored as an object, a pointer with
     /// `ExtendedPayloadSize` sent; a producer's re-send stores its own
     /// object), and the consumers read them through the real `aws-sdk-s3`
-    /// client over the wire; in two of those three runs in four the
-    /// consumers delete each finished message's object.
+    /// client over the wire; in three of those runs in four the consumers
+    /// delete each finished message's object.
     pub fn draw_payloads(&mut self, dice: &Dice) {
         if !dice.chance(0.2) {
             return;

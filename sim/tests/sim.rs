@@ -369,6 +369,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
         attempts: BTreeMap::new(),
+        objects_deleted: BTreeSet::new(),
     }
 }
 

@@ -151,6 +151,7 @@ fn verdict_with(
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
         attempts: BTreeMap::new(),
+        objects_deleted: BTreeSet::new(),
     };
     (check(&evidence), stranded(&evidence))
 }

@@ -51,6 +51,9 @@
 //!   large-payload object before the message (as the extended clients'
 //!   `deleteMessage` does), so a message whose delete then fails comes back
 //!   to nothing (the simulator's large-payload runs).
+//! - `payload-deleted-on-park`: the poller deletes a parked message's
+//!   large-payload object after the message, so its copy in the DLQ points
+//!   to nothing (the simulator's large-payload runs).
 //! - `next-by-message-id`: the simulator's second stage keys on the message
 //!   id instead of the outbox id each message carries, so a message the
 //!   outbox sent twice is applied twice (a check of that check).

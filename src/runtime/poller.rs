@@ -293,7 +293,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 .and_then(|p| p.to_delete(&message)),
             Settled::Parked => {
                 self.count(|s| s.parked += 1);
-                None
+                // (The `payload-deleted-on-park` mutant, for the simulator
+                // only, deletes a parked message's object too.)
+                crate::protocol::mutants::active("payload-deleted-on-park")
+                    .then(|| self.processor.large_payloads()?.to_delete(&message))
+                    .flatten()
             }
             // (The poller waits for a key held elsewhere: never sent again.)
             Settled::SentAgain => None,
