@@ -486,11 +486,8 @@ pub async fn simulate_with(
     let claim_then_fast = check::claim_then_fast(&evidence).len();
     let fifo_after_dlq = check::fifo_after_dlq(&evidence).len();
     let payload_gone = check::payload_gone(&evidence).len();
-    violations.extend(world.objects_deleted_early());
-    let bucket = world::PAYLOAD_BUCKET;
-    violations.extend(check::parked_objects(&evidence, |key| {
-        world.s3.contains(bucket, key)
-    }));
+    violations.extend(payload_violations(&world, &evidence));
+
     if exhausted > 0 && counts.total() + scheduled == 0 {
         violations.push(format!(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
@@ -681,6 +678,17 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
             Err(err) => world.trace.event(format!("{what} {} refused: {err}", e.id)),
         }
     }
+}
+
+/// The large-payload checks the models answer: objects deleted before a
+/// finished message's delete reached SQS, parked copies whose object is gone.
+fn payload_violations(world: &World, evidence: &check::Evidence<'_>) -> Vec<String> {
+    let mut v = world.objects_deleted_early();
+    let bucket = world::PAYLOAD_BUCKET;
+    v.extend(check::parked_objects(evidence, |key| {
+        world.s3.contains(bucket, key)
+    }));
+    v
 }
 
 /// Carries out the scheduled actions; answers how many.
