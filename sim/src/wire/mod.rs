@@ -174,6 +174,13 @@ impl Wire {
         self
     }
 
+    /// The next S3 requests meet these faults, in order (the link's draws
+    /// come after them): a [`WireFault::ResetAfter`] of an object being
+    /// read resets half-way through its body.
+    pub fn scripted_s3(self, faults: impl IntoIterator<Item = WireFault>) -> Self {
+        self.scripted_dynamo(faults)
+    }
+
     /// For a client whose attempts time out after `attempt`: an SQS request
     /// that lands after the client gave up lands that long after it was sent
     /// and more.
@@ -211,6 +218,26 @@ fn s3_response(answer: &s3::S3Answer) -> HttpResponse {
         StatusCode::try_from(500).unwrap_or_else(|e| panic!("500 is a status: {e}"))
     });
     let mut r = HttpResponse::new(status, SdkBody::from(answer.body.clone()));
+    for (name, value) in &answer.headers {
+        r.headers_mut().insert(*name, value.clone());
+    }
+    r.headers_mut().insert("x-amz-request-id", "sim");
+    r
+}
+
+/// `answer` (an object) whose body stops half-way with a connection reset.
+fn s3_cut_response(answer: &s3::S3Answer) -> HttpResponse {
+    let half = answer.body[..answer.body.len() / 2].to_vec();
+    let frames = futures::stream::iter(vec![
+        Ok(http_body::Frame::data(bytes::Bytes::from(half))),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset while the body was sent (simulated)",
+        )),
+    ]);
+    let body = SdkBody::from_body_1_x(http_body_util::StreamBody::new(frames));
+    let ok = StatusCode::try_from(200).unwrap_or_else(|e| panic!("200 is a status: {e}"));
+    let mut r = HttpResponse::new(ok, body);
     for (name, value) in &answer.headers {
         r.headers_mut().insert(*name, value.clone());
     }
@@ -311,10 +338,16 @@ impl Wire {
             "DELETE" => "DeleteObject",
             _ => "S3",
         };
-        let fault = self
-            .link
-            .as_ref()
-            .map_or(WireFault::None, |link| link.draw_wire(op, false));
+        let scripted = self
+            .dynamo_script
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        let fault = scripted.unwrap_or_else(|| {
+            self.link
+                .as_ref()
+                .map_or(WireFault::None, |link| link.draw_wire(op, false))
+        });
         let apply = |model: &s3::S3Model| model.handle(&method, &bucket, &key);
         let answer = match fault {
             WireFault::None => apply(model),
@@ -326,7 +359,12 @@ impl Wire {
             }
             WireFault::ResetBefore => return Err(reset()),
             WireFault::ResetAfter => {
-                let _ = apply(model);
+                let answer = apply(model);
+                // An object being sent: the connection resets half-way
+                // through its body, after the status and headers came.
+                if method == "GET" && answer.status == 200 {
+                    return Ok(s3_cut_response(&answer));
+                }
                 return Err(reset());
             }
             WireFault::InternalBefore | WireFault::Conflict => s3::internal_error(),

@@ -619,3 +619,24 @@ fn an_s3_request_names_its_bucket_and_key_virtual_hosted_or_path_style() {
         Some(("b".into(), "payloads/e1/0".into()))
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_object_whose_body_is_cut_half_way_is_a_transient_failure_and_reads_whole_next_time() {
+    use sqs_once::payloads::{PayloadErrorKind, PayloadStore};
+    let model = s3::S3Model::with_bucket("sim-payloads");
+    model.put("sim-payloads", "payloads/evt-0002/0", vec![b'x'; 4096]);
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    let wire = Wire::new(Service::S3(model.clone()), None, Life::default())
+        .scripted_s3([WireFault::ResetAfter]);
+    let client = s3_client(wire, clock);
+    let object = pointer("sim-payloads", "payloads/evt-0002/0");
+    let cut = client.get(&object, 1 << 20).await.map(|_| ()).unwrap_err();
+    assert_eq!(cut.kind, PayloadErrorKind::Transient, "{cut}");
+    assert!(cut.detail.contains("reading the object failed"), "{cut}");
+    let whole = client
+        .get(&object, 1 << 20)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(whole.len(), 4096);
+    assert_eq!(model.gets(), 2);
+}
