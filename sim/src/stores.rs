@@ -156,6 +156,7 @@ impl Backend {
                         event: text("pk")?,
                         message: text("message")?,
                         at_ms: ms(at),
+                        by: text("by").unwrap_or_default(),
                     })
                 })
                 .collect(),

@@ -1099,12 +1099,12 @@ impl SimHandler {
         match self.kind {
             Kind::Staged => {
                 self.life.guard(tokio::time::sleep(took)).await;
-                ctx.stage(ledger_row(&body.id, message.id())?);
+                ctx.stage(ledger_row(&body.id, message.id(), &self.consumer)?);
                 Ok(self.large_result(&body.id, None))
             }
             Kind::External => {
                 if self.claim_stages {
-                    ctx.stage(ledger_row(&body.id, message.id())?);
+                    ctx.stage(ledger_row(&body.id, message.id(), &self.consumer)?);
                 }
                 let key = ctx.idempotency_key().unwrap_or_default();
                 let charged = self
@@ -1125,11 +1125,12 @@ impl SimHandler {
 }
 
 /// The ledger row an event stages, naming the message that made it.
-fn ledger_row(id: &str, message: &str) -> Result<TransactWriteItem, HandlerError> {
+fn ledger_row(id: &str, message: &str, by: &str) -> Result<TransactWriteItem, HandlerError> {
     let put = Put::builder()
         .table_name("ledger")
         .item("pk", AttributeValue::S(id.to_owned()))
         .item("message", AttributeValue::S(message.to_owned()))
+        .item("by", AttributeValue::S(by.to_owned()))
         .build()
         .map_err(HandlerError::permanent)?;
     Ok(TransactWriteItem::builder().put(put).build())
@@ -1144,6 +1145,7 @@ pub fn row_effect(item: &TransactWriteItem, at_ms: u128) -> Option<crate::check:
         event: text("pk")?,
         message: text("message")?,
         at_ms,
+        by: text("by").unwrap_or_default(),
     })
 }
 

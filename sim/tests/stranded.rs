@@ -122,6 +122,7 @@ fn verdict_with(
             event: "evt-0001".into(),
             message: stored.id.clone(),
             at_ms: 0,
+            by: "c0".into(),
         }],
         calls: Vec::new(),
         charged: BTreeMap::new(),
