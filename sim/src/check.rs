@@ -596,8 +596,14 @@ fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
     let mut times: Vec<u128> = match e.scenario.kind {
         _ if e.scenario.mixed() => {
             let mut times: Vec<u128> = rows().collect();
-            if !claim_then_fast(e).contains(event) && !skewed_cross_path(e).contains(event) {
-                times.extend(charge_times(e, event));
+            if !skewed_cross_path(e).contains(event) {
+                let abandoned = abandoned_charges(e, event);
+                times.extend(
+                    first_calls(e, event)
+                        .into_iter()
+                        .filter(|c| !abandoned.iter().any(|a| std::ptr::eq(*a, *c)))
+                        .map(|c| c.start_ms),
+                );
             }
             times
         }
@@ -611,39 +617,61 @@ fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
 /// When each idempotency key of `event` was first called at the API (each
 /// key is charged once).
 fn charge_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
-    let mut first: BTreeMap<&str, u128> = BTreeMap::new();
+    first_calls(e, event).iter().map(|c| c.start_ms).collect()
+}
+
+/// The first API call of each idempotency key of `event`.
+fn first_calls<'e>(e: &'e Evidence<'_>, event: &str) -> Vec<&'e ApiCall> {
+    let mut first: BTreeMap<&str, &ApiCall> = BTreeMap::new();
     for c in e.calls.iter().filter(|c| c.event == event) {
-        let at = first.entry(c.key.as_str()).or_insert(c.start_ms);
-        *at = (*at).min(c.start_ms);
+        let f = first.entry(c.key.as_str()).or_insert(c);
+        if c.start_ms < f.start_ms {
+            *f = c;
+        }
     }
     first.into_values().collect()
 }
 
-/// Events applied by a claim-path attempt and then by a fast-path commit,
-/// where the kinds mix: every API call of the event was made under an
-/// attempt before the one that completed its record (so that claim was
-/// released or expired, never completed), and had ended before the fast
-/// path's first row of the event committed. The documented limit of
-/// sharing records between the paths (docs/DESIGN.md, "The fast path"): an
-/// abandoned claim's effect is covered by its idempotency key on the claim
-/// path only, and a fast-path handler has none. Counted, not violations; a
-/// row beside a charge of the attempt that completed the record, or of a
-/// call still open at the commit, is a double application.
+/// Where the kinds mix, the charges of `event` (first calls of their keys)
+/// made by a claim-path attempt that then lost its claim, followed by a
+/// fast-path commit: made under an attempt before the one that completed
+/// the record (so that claim was released or expired, never completed), the
+/// call ended before the event's next row committed. The documented limit
+/// of sharing records between the paths (docs/DESIGN.md, "The fast path"):
+/// an abandoned claim's effect is covered by its idempotency key on the
+/// claim path only, and a fast-path handler has none. Each charge is judged
+/// against the row that follows it, so a row committed before TTL ended the
+/// record and a later claim of a copy do not hide the case (seeds 124792
+/// and 5002223). A charge of the attempt that completed the record, one
+/// still open at the next row's commit, or one no row follows still counts.
+fn abandoned_charges<'e>(e: &'e Evidence<'_>, event: &str) -> Vec<&'e ApiCall> {
+    if !e.scenario.mixed() {
+        return Vec::new();
+    }
+    let Some(&attempts) = e.attempts.get(event) else {
+        return Vec::new();
+    };
+    let rows = row_times(e).remove(event).unwrap_or_default();
+    first_calls(e, event)
+        .into_iter()
+        .filter(|c| {
+            let next_row = rows.iter().copied().filter(|&r| r >= c.start_ms).min();
+            c.attempt < attempts && next_row.is_some_and(|r| c.end_ms.is_some_and(|end| end <= r))
+        })
+        .collect()
+}
+
+/// Events applied by a claim-path attempt that lost its claim and then by a
+/// fast-path commit, where the kinds mix (see [`abandoned_charges`]).
+/// Counted, not violations.
 pub fn claim_then_fast(e: &Evidence<'_>) -> BTreeSet<String> {
     if !e.scenario.mixed() {
         return BTreeSet::new();
     }
     row_times(e)
-        .into_iter()
-        .filter(|(event, rows)| {
-            let (Some(&attempts), Some(&done)) = (e.attempts.get(*event), rows.first()) else {
-                return false;
-            };
-            let mut calls = e.calls.iter().filter(|c| c.event == *event).peekable();
-            calls.peek().is_some()
-                && calls.all(|c| c.attempt < attempts && c.end_ms.is_some_and(|end| end <= done))
-        })
-        .map(|(event, _)| event.to_owned())
+        .into_keys()
+        .filter(|event| !abandoned_charges(e, event).is_empty())
+        .map(str::to_owned)
         .collect()
 }
 

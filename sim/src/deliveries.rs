@@ -49,6 +49,8 @@ pub struct Delivery {
     pub delete_sent: Option<Instant>,
     /// A delete of it reached SQS (and was answered there, lost or not).
     pub delete_reached: bool,
+    /// When a delete of it first reached SQS.
+    pub delete_reached_at: Option<Instant>,
     /// The object key its body points to, if sent through S3.
     pub payload: Option<String>,
     /// The life of the host that holds it.
@@ -66,14 +68,18 @@ impl Delivery {
     }
 
     /// Its consumer did all it could to delete it: it died holding it, or it
-    /// sent the delete while holding it, no delete reached SQS, and SQS was
-    /// still out of its reach when the visibility ran out (trying again could
-    /// not have landed it).
+    /// sent the delete while holding it, no delete reached SQS before the
+    /// visibility ran out, and SQS was still out of its reach then (trying
+    /// again could not have landed it).
     pub fn delete_was_out_of_reach(&self, calm_at: Option<Instant>) -> bool {
         let cut_at_end = self
             .cuts
             .cut_at(self.held_until - Duration::from_millis(1), calm_at);
-        self.holder_died() || (self.delete_sent.is_some() && !self.delete_reached && cut_at_end)
+        // A delete that reached SQS only after the visibility ran out (the
+        // model answers one for a message already moved as done) kept
+        // nothing out (wire seed 5002236).
+        let reached_in_time = self.delete_reached_at.is_some_and(|t| t < self.held_until);
+        self.holder_died() || (self.delete_sent.is_some() && !reached_in_time && cut_at_end)
     }
 }
 
@@ -145,6 +151,7 @@ impl Deliveries {
                         held_until: at + visibility,
                         delete_sent: None,
                         delete_reached: false,
+                        delete_reached_at: None,
                         payload: sqs_once::payloads::S3Pointer::of(m)
                             .and_then(Result::ok)
                             .map(|p| p.key),
@@ -180,6 +187,7 @@ impl Deliveries {
                     && d.queue == queue
                 {
                     d.delete_reached = true;
+                    d.delete_reached_at.get_or_insert_with(Instant::now);
                 }
             }
         });

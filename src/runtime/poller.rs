@@ -729,7 +729,8 @@ struct Finished {
 /// again: seed 114264, a commit that returned a second before the visibility
 /// end, whose delete waited a second for its batch); when the channel
 /// closes, what is pending is flushed. Its channel holds at most [`PENDING_DELETES`]: a full
-/// one holds up the handlers that finish (see `Shared::to_delete`). Failed
+/// one holds up the handlers that finish (see `Shared::to_delete`). The
+/// batch calls run beside the loop, [`DELETE_CALLS_IN_FLIGHT`] at most. Failed
 /// entries are deleted alone, beside the loop, transient failures tried
 /// again until the message's visibility ends (at least [`DELETE_RETRY_FOR`],
 /// see [`delete_retrying`]), then logged (the message then comes back and is
@@ -741,10 +742,15 @@ struct DeleteBatcher<Q> {
     wait: Duration,
     receipts: mpsc::Receiver<Finished>,
     payloads: Option<LargePayloads>,
-    /// The retries of failed deletes and the deletes of large-payload
-    /// objects after them, run beside the loop.
+    /// The batch calls, the retries of failed deletes and the deletes of
+    /// large-payload objects after them, run beside the loop.
     retries: TaskTracker,
+    /// Slots for the batch calls in flight ([`DELETE_CALLS_IN_FLIGHT`]).
+    calls: Arc<Semaphore>,
 }
+
+/// `DeleteMessageBatch` calls a poller has in flight at most.
+const DELETE_CALLS_IN_FLIGHT: usize = 4;
 
 impl<Q: QueueClient> DeleteBatcher<Q> {
     async fn run(mut self) {
@@ -771,20 +777,36 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                 }
                 batch.push(f);
             }
-            if crate::protocol::mutants::active("payload-deleted-first")
-                && let Some(payloads) = &self.payloads
-            {
-                let objects = batch.iter().filter_map(|f| f.payload.clone()).collect();
-                payloads.delete_objects(objects).await;
-            }
-            let failed = self.send(&batch).await;
-            // Off the loop: the retries of a failed delete (which may go on
-            // while SQS is out of reach) and a slow S3 must not hold up the
-            // next batches (an object left behind only costs storage until
-            // the bucket's lifecycle rule).
+            // The call itself runs beside the loop too, up to
+            // [`DELETE_CALLS_IN_FLIGHT`] at once: one slow or silent
+            // `DeleteMessageBatch` (up to `aws::sqs::CALL_ATTEMPT` per
+            // attempt) must not hold up every batch behind it until their
+            // messages' visibility runs out and they come back as
+            // duplicates, each needing a delete of its own (simulator seed
+            // 124531: a poller with a 10 s lease whose deletes fell behind
+            // and never caught up). Waiting for a slot keeps the loop, and
+            // through its channel the handlers, from running ahead.
+            let slot = self
+                .calls
+                .clone()
+                .acquire_owned()
+                .await
+                .unwrap_or_else(|_| unreachable!("the delete slots are never closed"));
             let (queue, url, payloads) =
                 (self.queue.clone(), self.url.clone(), self.payloads.clone());
             self.retries.spawn(async move {
+                if crate::protocol::mutants::active("payload-deleted-first")
+                    && let Some(payloads) = &payloads
+                {
+                    let objects = batch.iter().filter_map(|f| f.payload.clone()).collect();
+                    payloads.delete_objects(objects).await;
+                }
+                let failed = send_batch(&queue, &url, &batch).await;
+                drop(slot);
+                // The retries of a failed delete (which may go on while SQS
+                // is out of reach) and a slow S3 hold no slot (an object
+                // left behind only costs storage until the bucket's
+                // lifecycle rule).
                 let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
                     let (queue, url) = (&queue, url.as_str());
                     async move {
@@ -822,24 +844,24 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
         self.retries.close();
         self.retries.wait().await;
     }
+}
 
-    /// Deletes the messages in one call; returns those whose delete failed
-    /// (the whole call, or their entries) by their place in `batch`, to be
-    /// tried again alone.
-    async fn send(&self, batch: &[Finished]) -> Vec<usize> {
-        let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
-        match self.queue.delete_batch(&self.url, &receipts).await {
-            Ok(failed) => failed
-                .iter()
-                .map(|f| {
-                    warn!(code = f.code, message = ?f.message, "delete failed in batch");
-                    f.index
-                })
-                .collect(),
-            Err(e) => {
-                warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
-                (0..batch.len()).collect()
-            }
+/// Deletes the messages in one call; returns those whose delete failed
+/// (the whole call, or their entries) by their place in `batch`, to be
+/// tried again alone.
+async fn send_batch<Q: QueueClient>(queue: &Q, url: &str, batch: &[Finished]) -> Vec<usize> {
+    let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
+    match queue.delete_batch(url, &receipts).await {
+        Ok(failed) => failed
+            .iter()
+            .map(|f| {
+                warn!(code = f.code, message = ?f.message, "delete failed in batch");
+                f.index
+            })
+            .collect(),
+        Err(e) => {
+            warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
+            (0..batch.len()).collect()
         }
     }
 }
@@ -863,15 +885,26 @@ async fn delete_retrying<Q: QueueClient>(
     let mut pause = Duration::from_millis(250);
     loop {
         match queue.delete(url, &finished.receipt).await {
-            Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
+            Err(e) if e.is_transient() && Instant::now() + DELETE_RETRY_LAST < give_up => {
                 warn!(error = %e, "delete failed; trying again");
-                tokio::time::sleep(pause).await;
+                // Never a pause that runs past the last chance: near the
+                // end of the visibility the pauses shorten (half of what is
+                // left), so a delete is still tried once SQS is in reach
+                // again before the message can be received (simulator seed
+                // 126236: a 4 s pause from 1.3 s before the end gave up on a
+                // message on its last allowed receive while SQS was back).
+                let left = give_up.saturating_duration_since(Instant::now());
+                tokio::time::sleep(pause.min(left / 2)).await;
                 pause = (pause * 2).min(DELETE_RETRY_PAUSE);
             }
             done => return done,
         }
     }
 }
+
+/// The least time before a failed delete's last chance for which it is
+/// still tried again.
+const DELETE_RETRY_LAST: Duration = Duration::from_millis(200);
 
 /// The longest pause between two tries of a failed delete.
 const DELETE_RETRY_PAUSE: Duration = Duration::from_secs(4);
@@ -1161,6 +1194,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
             receipts,
             payloads: processor.large_payloads().filter(|p| p.deletes()).cloned(),
             retries: TaskTracker::new(),
+            calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
         }
         .run(),
     );

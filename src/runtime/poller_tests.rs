@@ -333,8 +333,9 @@ async fn deletes_that_do_not_answer_stop_receives_and_every_effect_is_made_once(
     // Undeleted, every message comes back each lease as a duplicate, and its
     // delete joins the ones pending: the hand-off fills, then the handlers
     // that finish hold their slots and nothing more is received. Held at
-    // most: the batch being sent, the pending ones, and the places.
-    let bound = SQS_BATCH + PENDING_DELETES + 14;
+    // most: the batches being sent, the one waiting for a call slot, the
+    // pending ones, and the places.
+    let bound = (DELETE_CALLS_IN_FLIGHT + 1) * SQS_BATCH + PENDING_DELETES + 14;
     tokio::time::sleep(lease * 20).await;
     let received = seen.lock().unwrap().received;
     assert!(received > PENDING_DELETES, "{received} received");
@@ -388,6 +389,7 @@ async fn a_delete_is_not_held_for_its_batch_past_its_messages_visibility() {
         receipts: rx,
         payloads: None,
         retries: TaskTracker::new(),
+        calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
     };
     let batcher = tokio::spawn(batcher.run());
     let finished = |m: &Message, left: Duration| Finished {
@@ -436,6 +438,7 @@ async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
         receipts: rx,
         payloads: None,
         retries: TaskTracker::new(),
+        calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
     };
     let batcher = tokio::spawn(batcher.run());
     let finished = |m: &Message| Finished {
@@ -544,6 +547,7 @@ async fn a_failed_delete_is_tried_again_until_the_visibility_may_end_at_the_late
         receipts: rx,
         payloads: None,
         retries: TaskTracker::new(),
+        calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
     };
     let batcher = tokio::spawn(batcher.run());
     queue.failing_deletes.store(true, Ordering::SeqCst);

@@ -116,10 +116,17 @@ impl MemoryStore {
     pub fn sweep_expired(&self, now_ms: i64, mut due: impl FnMut(&Record) -> bool) -> Vec<Record> {
         let mut guard = self.lock();
         let state = &mut *guard;
-        let expired: Vec<String> = state
+        // In key order: `due` may draw from a seeded stream (the simulator),
+        // so the order it is asked in must not depend on the map's.
+        let mut past: Vec<&Record> = state
             .records
             .values()
-            .filter(|r| r.expires_at_s < now_ms.div_euclid(1000) && due(r))
+            .filter(|r| r.expires_at_s < now_ms.div_euclid(1000))
+            .collect();
+        past.sort_by(|a, b| a.pk.cmp(&b.pk));
+        let expired: Vec<String> = past
+            .into_iter()
+            .filter(|r| due(r))
             .map(|r| r.pk.clone())
             .collect();
         let mut deleted: Vec<Record> = expired
