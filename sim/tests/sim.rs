@@ -14,6 +14,17 @@ use sqs_once_sim::stores::StorePath;
 use sqs_once_sim::world::{ApiCall, ConsumerSpec, EventSpec, Kind, Runtime, Scenario};
 use sqs_once_sim::{Draws, run_seed, run_seed_drawing, run_seed_on, run_seed_with};
 
+/// Runs `seed` on `path` and requires it clean; answers its report.
+fn clean(seed: u64, path: StorePath) -> sqs_once_sim::Report {
+    let report = run_seed_on(seed, false, path).unwrap();
+    assert!(
+        report.violations.is_empty(),
+        "seed {seed}: {:#?}",
+        report.violations
+    );
+    report
+}
+
 /// A seed found before runs drew large payloads, run as it was found: without
 /// them (a seed that draws them now would have another schedule).
 fn as_found(seed: u64, path: StorePath, max_receive: bool) -> sqs_once_sim::Report {
@@ -1039,8 +1050,7 @@ fn large_payload_runs_read_through_the_s3_client_and_delete_objects_after_their_
 /// stays clean.
 #[test]
 fn regression_seed_118691_a_skewed_fast_path_beside_an_open_call_stays_clean() {
-    let report = run_seed_on(118_691, false, StorePath::Memory).unwrap();
-    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    clean(118_691, StorePath::Memory);
 }
 
 /// The long search's seeds 124531 and 126236 (memory path): completed
@@ -1054,12 +1064,7 @@ fn regression_seed_118691_a_skewed_fast_path_beside_an_open_call_stays_clean() {
 #[test]
 fn regression_seeds_124531_126236_deletes_keep_up_and_are_tried_until_the_visibility_ends() {
     for seed in [124_531, 126_236] {
-        let report = run_seed_on(seed, false, StorePath::Memory).unwrap();
-        assert!(
-            report.violations.is_empty(),
-            "seed {seed}: {:#?}",
-            report.violations
-        );
+        clean(seed, StorePath::Memory);
     }
 }
 
@@ -1072,13 +1077,7 @@ fn regression_seeds_124531_126236_deletes_keep_up_and_are_tried_until_the_visibi
 #[test]
 fn regression_seeds_124792_5002223_a_lost_claim_then_a_fast_path_row_is_counted_around_ttl() {
     for (seed, path) in [(124_792, StorePath::Memory), (5_002_223, StorePath::Wire)] {
-        let report = run_seed_on(seed, false, path).unwrap();
-        assert!(
-            report.violations.is_empty(),
-            "seed {seed}: {:#?}",
-            report.violations
-        );
-        assert!(report.claim_then_fast >= 1, "seed {seed}");
+        assert!(clean(seed, path).claim_then_fast >= 1, "seed {seed}");
     }
 }
 
@@ -1090,6 +1089,5 @@ fn regression_seeds_124792_5002223_a_lost_claim_then_a_fast_path_row_is_counted_
 /// checker's "out of reach" now looks at when a delete reached SQS.
 #[test]
 fn regression_wire_seed_5002236_a_delete_that_lands_after_the_move_keeps_nothing_out() {
-    let report = run_seed_on(5_002_236, false, StorePath::Wire).unwrap();
-    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    clean(5_002_236, StorePath::Wire);
 }
