@@ -118,6 +118,10 @@ pub struct Evidence<'a> {
     pub attempts: BTreeMap<String, u32>,
     /// The large-payload objects (keys) consumers deleted.
     pub objects_deleted: BTreeSet<String>,
+    /// Events whose record a host may have taken for expired by the end of
+    /// the run (its `expires_at`, less the most a host's clock runs ahead,
+    /// reached), whether or not TTL deleted it yet.
+    pub expired: BTreeSet<String>,
 }
 
 /// The event id in a body: its `id`, or for a pointer to a large payload
@@ -173,9 +177,9 @@ pub fn payload_gone(e: &Evidence<'_>) -> BTreeSet<String> {
         .filter_map(|m| event_of(&m.body))
         .filter(|event| e.records.get(event) == Some(&Status::Completed))
         // With a key taken without the body the record is found: only a
-        // record that TTL ended (the documented limit of "Parking") leaves
-        // such a copy to park.
-        .filter(|event| body_key || e.ended_by_ttl.contains_key(event))
+        // record past its TTL (the documented limit of "Parking"), deleted
+        // yet or not, leaves such a copy to park (seed 133750).
+        .filter(|event| body_key || e.ended_by_ttl.contains_key(event) || e.expired.contains(event))
         .collect()
 }
 
@@ -652,11 +656,21 @@ fn abandoned_charges<'e>(e: &'e Evidence<'_>, event: &str) -> Vec<&'e ApiCall> {
         return Vec::new();
     };
     let rows = row_times(e).remove(event).unwrap_or_default();
+    let ends = e.ended_by_ttl.get(event).map_or(&[][..], Vec::as_slice);
     first_calls(e, event)
         .into_iter()
         .filter(|c| {
             let next_row = rows.iter().copied().filter(|&r| r >= c.start_ms).min();
-            c.attempt < attempts && next_row.is_some_and(|r| c.end_ms.is_some_and(|end| end <= r))
+            next_row.is_some_and(|r| {
+                // The row completed the record the charge's claim held (no
+                // TTL end between them); the final attempt count speaks of
+                // that record only where no TTL end came after the row (a
+                // later record's count starts again: seed 126305), and a
+                // fast-path commit after a claim is a later attempt.
+                let same_record = !ends.iter().any(|&t| c.start_ms < t && t <= r);
+                let lost = c.attempt < attempts || ends.iter().any(|&t| t > r);
+                same_record && lost && c.end_ms.is_some_and(|end| end <= r)
+            })
         })
         .collect()
 }

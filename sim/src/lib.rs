@@ -680,6 +680,18 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
     }
 }
 
+/// Events whose record a host may have taken for expired by now:
+/// `expires_at` less the most a host's clock runs ahead reached (`epoch_ms`:
+/// true time at the run's start).
+fn expired(world: &World, all: &[sqs_once::Record], epoch_ms: i64) -> BTreeSet<String> {
+    let grace_ms = i64::try_from(clock_grace(&world.scenario).as_millis()).unwrap_or(i64::MAX);
+    let end_ms = i64::try_from(world.trace.start().elapsed().as_millis()).unwrap_or(i64::MAX);
+    all.iter()
+        .filter(|r| r.expires_at_s * 1000 - epoch_ms - grace_ms <= end_ms)
+        .map(event_of_record)
+        .collect()
+}
+
 /// The large-payload checks the models answer: objects deleted before a
 /// finished message's delete reached SQS, parked copies whose object is gone.
 fn payload_violations(world: &World, evidence: &check::Evidence<'_>) -> Vec<String> {
@@ -957,6 +969,7 @@ fn evidence<'a>(
         .collect();
     let charged = world.api.charges().into_values().collect();
     let start = world.trace.start();
+    let expired = expired(world, &all, epoch_ms);
     let ended_by_ttl = world
         .store
         .ended_by_ttl((epoch_ms, start), clock_grace(&world.scenario))
@@ -1008,5 +1021,6 @@ fn evidence<'a>(
             .clone(),
         attempts: all.iter().map(|r| (event(r), r.attempts)).collect(),
         objects_deleted: world.s3.deletes().into_iter().map(|(_, key)| key).collect(),
+        expired,
     }
 }

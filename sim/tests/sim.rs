@@ -381,6 +381,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         ended_by_ttl: BTreeMap::new(),
         attempts: BTreeMap::new(),
         objects_deleted: BTreeSet::new(),
+        expired: BTreeSet::new(),
     }
 }
 
@@ -1090,4 +1091,34 @@ fn regression_seeds_124792_5002223_a_lost_claim_then_a_fast_path_row_is_counted_
 #[test]
 fn regression_wire_seed_5002236_a_delete_that_lands_after_the_move_keeps_nothing_out() {
     clean(5_002_236, StorePath::Wire);
+}
+
+/// The long search's seeds 127362 and 139298 (memory path) and 5009387
+/// (wire path): a FIFO Lambda record completed on its tenth and last allowed
+/// receive just before the invocation's answer was due, while its direct
+/// delete was still in flight; the answer listed it as failed (it was not
+/// yet known done), and the dropped delete never landed, so SQS moved it to
+/// the DLQ with its effect recorded. A record is now known done before its
+/// direct delete is sent.
+#[test]
+fn regression_seeds_127362_139298_5009387_a_finished_lambda_record_is_not_listed_failed() {
+    for (seed, path) in [
+        (127_362, StorePath::Memory),
+        (139_298, StorePath::Memory),
+        (5_009_387, StorePath::Wire),
+    ] {
+        clean(seed, path);
+    }
+}
+
+/// The long search's seeds 126305 and 133750: checker gaps. 126305: a lost
+/// claim's charge, then a fast-path row, then TTL and a late duplicate's new
+/// record: the charge is judged against the record its next row completed,
+/// not the last record's attempt count. 133750: under an attribute key, a
+/// copy redriven after its record's TTL (expired, not yet deleted) found its
+/// large payload gone and was parked: the documented limit, counted.
+#[test]
+fn regression_seeds_126305_133750_ttl_around_a_lost_claim_or_a_gone_payload_is_counted() {
+    assert!(clean(126_305, StorePath::Memory).claim_then_fast >= 1);
+    assert!(clean(133_750, StorePath::Memory).payload_gone >= 1);
 }

@@ -153,6 +153,7 @@ fn verdict_with(
         ended_by_ttl: BTreeMap::new(),
         attempts: BTreeMap::new(),
         objects_deleted: BTreeSet::new(),
+        expired: BTreeSet::new(),
     };
     (check(&evidence), stranded(&evidence))
 }
