@@ -191,13 +191,24 @@ pub struct QueueSettings {
     pub content_based_deduplication: bool,
     /// What SQS might do besides (nothing, by default).
     pub might: Might,
+    /// The most messages in flight at once: a receive beyond it is refused
+    /// with `OverLimit` (SQS's quota: 120,000 for a standard queue, 20,000
+    /// for a FIFO one, the defaults).
+    pub max_in_flight: usize,
 }
 
 impl QueueSettings {
     /// SQS's defaults for a queue named `name`.
     pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
+        let max_in_flight = if name.ends_with(".fifo") {
+            20_000
+        } else {
+            120_000
+        };
         Self {
-            name: name.into(),
+            max_in_flight,
+            name,
             visibility_timeout: Duration::from_secs(30),
             retention: Duration::from_secs(4 * 24 * 3600),
             max_message_bytes: SQS_DEFAULT_MAX_MESSAGE_BYTES,
@@ -808,6 +819,29 @@ impl MemoryQueue {
             .get_mut(url)
             .ok_or_else(|| no_queue("ReceiveMessage", url))?;
         queue.refresh(now);
+        // In flight at the quota: refused (counted only when the hidden
+        // messages, delayed ones too, reach it).
+        let limit = queue.settings.max_in_flight;
+        if queue.hidden.len() >= limit {
+            let in_flight = queue
+                .hidden
+                .iter()
+                .filter(|(_, seq)| {
+                    matches!(
+                        queue.messages.get(seq).map(|e| e.state(now)),
+                        Some(MessageState::InFlight)
+                    )
+                })
+                .count();
+            if in_flight >= limit {
+                return Err(error(
+                    "ReceiveMessage",
+                    url,
+                    "OverLimit",
+                    format!("{in_flight} messages in flight, the queue's maximum"),
+                ));
+            }
+        }
         let redrive = queue.settings.redrive.clone();
         let mut taken = Vec::new();
         let mut moved = Vec::new();

@@ -640,3 +640,46 @@ async fn an_object_whose_body_is_cut_half_way_is_a_transient_failure_and_reads_w
     assert_eq!(whole.len(), 4096);
     assert_eq!(model.gets(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_receive_past_the_in_flight_quota_is_refused_with_over_limit() {
+    use sqs_once::MemoryQueue;
+    use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
+    use sqs_once::testkit::queue::{QueueSettings, SendOptions};
+    let queue = MemoryQueue::new();
+    let mut settings = QueueSettings::new("quota");
+    settings.max_in_flight = 1;
+    let url = queue
+        .create_queue(settings)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for body in ["a", "b"] {
+        let m = OutgoingMessage {
+            body: body.into(),
+            ..Default::default()
+        };
+        queue
+            .send_with(&url, m, SendOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+    let wire = Wire::new(
+        Service::Sqs(crate::wire::sqs::SqsModel::new(queue)),
+        None,
+        Life::default(),
+    );
+    let client = sqs_client(wire, clock, Duration::from_secs(30));
+    let request = || ReceiveRequest {
+        max: 1,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(30),
+    };
+    let first = client.receive(&url, request()).await;
+    assert_eq!(first.map(|m| m.len()).unwrap_or_else(|e| panic!("{e}")), 1);
+    let refused = client
+        .receive(&url, request())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(refused.detail.contains("OverLimit"), "{refused}");
+    assert!(!refused.is_transient(), "{refused}");
+}
