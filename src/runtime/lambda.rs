@@ -526,8 +526,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     }
 
     /// Runs one record through the shared step and acts on what became of
-    /// it: a finished record's large payload is noted for deletion, and a
-    /// redelivery let go is deleted at once ([`Self::delete_redelivery`]).
+    /// it: a finished record's large payload is noted for deletion (the
+    /// caller deletes a redelivery let go at once, once it is known done:
+    /// [`Self::delete_redelivery`]).
     async fn run_one(
         &self,
         record: &EventRecord,
