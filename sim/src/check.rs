@@ -1105,13 +1105,23 @@ pub fn skewed_cross_path(e: &Evidence<'_>) -> BTreeSet<String> {
     if !e.scenario.mixed() {
         return BTreeSet::new();
     }
+    // Only the skew's direction explains it: a fast-path host whose clock
+    // runs ahead takes a live lease for over, and a claim-path host whose
+    // clock runs behind writes a lease that ends early in true time. The
+    // other way round the overlap is a lease or fencing bug, and fails.
+    let ahead = e
+        .scenario
+        .consumers
+        .iter()
+        .find(|c| c.name == skewed)
+        .is_some_and(|c| c.skew_ms > 0);
     e.rows
         .iter()
         .filter(|r| {
             e.calls.iter().any(|c| {
                 c.event == r.event
                     && c.consumer != r.by
-                    && (c.consumer == skewed || r.by == skewed)
+                    && ((r.by == skewed && ahead) || (c.consumer == skewed && !ahead))
                     && c.start_ms <= r.at_ms
                     && c.end_ms.is_none_or(|end| end > r.at_ms)
             })

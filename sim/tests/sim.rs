@@ -925,14 +925,25 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
     // with the overlapping calls (seed 118691).
     let mut skewed = s.clone();
     skewed.skew_beyond_margin = Some("c0".into());
-    let mut e2 = evidence(&skewed, &acc);
-    e2.records = e.records.clone();
-    e2.charged = e.charged.clone();
-    e2.calls = e.calls.clone();
-    e2.rows = e.rows.clone();
-    e2.attempts = e.attempts.clone();
-    assert_eq!(check(&e2), Vec::<String>::new());
-    assert_eq!(sqs_once_sim::check::overlapping(&e2), 1);
+    skewed.consumers[0].skew_ms = 9_470;
+    let judged = |scenario: &Scenario| {
+        let mut e2 = evidence(scenario, &acc);
+        e2.records = e.records.clone();
+        e2.charged = e.charged.clone();
+        e2.calls = e.calls.clone();
+        e2.rows = e.rows.clone();
+        e2.attempts = e.attempts.clone();
+        (check(&e2), sqs_once_sim::check::overlapping(&e2))
+    };
+    assert_eq!(judged(&skewed), (Vec::new(), 1));
+    // Its clock behind instead: no skew explains the overlap, which fails.
+    skewed.consumers[0].skew_ms = -9_470;
+    let (v, overlapping) = judged(&skewed);
+    assert!(
+        v.iter().any(|v| v == "evt-0000: effect applied 2 times"),
+        "{v:?}"
+    );
+    assert_eq!(overlapping, 0);
 }
 
 /// Seed 124792's timeline: a fast-path row (attempt 1), TTL ends the record,
