@@ -867,14 +867,8 @@ fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
     assert_eq!(sqs_once_sim::check::overlapping(&e), 0);
 }
 
-/// Where fast-path and claim-path consumers share records, a row and a
-/// charge of one event are two applications: counted as the documented
-/// limit only where the charge's claim never completed the record (an
-/// earlier attempt) and its call had ended before the fast path committed;
-/// flagged where the charging attempt completed the record, or its call was
-/// still open at the commit.
-#[test]
-fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_beside_a_charge() {
+/// One event, a fast-path consumer c0 and a claim-path consumer c1.
+fn mixed_scenario() -> Scenario {
     let mut s = scenario(Kind::Staged, false, vec![event(0, "g")]);
     s.consumers = [Kind::Staged, Kind::External]
         .into_iter()
@@ -886,6 +880,18 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
             kind,
         })
         .collect();
+    s
+}
+
+/// Where fast-path and claim-path consumers share records, a row and a
+/// charge of one event are two applications: counted as the documented
+/// limit only where the charge's claim never completed the record (an
+/// earlier attempt) and its call had ended before the fast path committed;
+/// flagged where the charging attempt completed the record, or its call was
+/// still open at the commit.
+#[test]
+fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_beside_a_charge() {
+    let s = mixed_scenario();
     assert!(s.mixed());
     let acc = accepted(&s);
     let mut e = evidence(&s, &acc);
@@ -953,17 +959,7 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
 /// between the first row and the charge it is a double application.
 #[test]
 fn a_lost_claim_after_ttl_then_a_fast_path_row_is_counted() {
-    let mut s = scenario(Kind::Staged, false, vec![event(0, "g")]);
-    s.consumers = [Kind::Staged, Kind::External]
-        .into_iter()
-        .enumerate()
-        .map(|(i, kind)| ConsumerSpec {
-            name: format!("c{i}"),
-            runtime: Runtime::Poller { concurrency: 1 },
-            skew_ms: 0,
-            kind,
-        })
-        .collect();
+    let s = mixed_scenario();
     let acc = accepted(&s);
     let mut e = evidence(&s, &acc);
     e.records.insert("evt-0000".into(), Status::Completed);

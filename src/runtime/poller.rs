@@ -794,55 +794,72 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
                 .unwrap_or_else(|_| unreachable!("the delete slots are never closed"));
             let (queue, url, payloads) =
                 (self.queue.clone(), self.url.clone(), self.payloads.clone());
-            self.retries.spawn(async move {
-                if crate::protocol::mutants::active("payload-deleted-first")
-                    && let Some(payloads) = &payloads
-                {
-                    let objects = batch.iter().filter_map(|f| f.payload.clone()).collect();
-                    payloads.delete_objects(objects).await;
-                }
-                let failed = send_batch(&queue, &url, &batch).await;
-                drop(slot);
-                // The retries of a failed delete (which may go on while SQS
-                // is out of reach) and a slow S3 hold no slot (an object
-                // left behind only costs storage until the bucket's
-                // lifecycle rule).
-                let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
-                    let (queue, url) = (&queue, url.as_str());
-                    async move {
-                        match delete_retrying(queue, url, f).await {
-                            Ok(()) => None,
-                            Err(e) => {
-                                error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
-                                Some(f.receipt.clone())
-                            }
-                        }
-                    }
-                });
-                let undeleted: Vec<String> = futures::future::join_all(tries)
-                    .await
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                let Some(payloads) = payloads else {
-                    return;
-                };
-                let objects = batch
-                    .into_iter()
-                    .filter(|f| !undeleted.contains(&f.receipt))
-                    .filter_map(|f| f.payload)
-                    .collect::<Vec<_>>();
-                if objects.is_empty() {
-                    return;
-                }
-                let deleting = payloads.delete_objects(objects);
-                if tokio::time::timeout(OBJECT_DELETE_TIME, deleting).await.is_err() {
-                    warn!(?OBJECT_DELETE_TIME, "large-payload objects not deleted in time; left to the bucket's lifecycle rule");
-                }
-            });
+            self.retries
+                .spawn(delete_batch(queue, url, payloads, batch, slot));
         }
         self.retries.close();
         self.retries.wait().await;
+    }
+}
+
+/// One batch's delete ([`send_batch`], holding `slot` for the call alone),
+/// then the retries of its failed entries ([`delete_retrying`]), then the
+/// large-payload objects of the messages deleted. The retries of a failed
+/// delete (which may go on while SQS is out of reach) and a slow S3 hold no
+/// slot (an object left behind only costs storage until the bucket's
+/// lifecycle rule).
+async fn delete_batch<Q: QueueClient>(
+    queue: Q,
+    url: String,
+    payloads: Option<LargePayloads>,
+    batch: Vec<Finished>,
+    slot: OwnedSemaphorePermit,
+) {
+    if crate::protocol::mutants::active("payload-deleted-first")
+        && let Some(payloads) = &payloads
+    {
+        let objects = batch.iter().filter_map(|f| f.payload.clone()).collect();
+        payloads.delete_objects(objects).await;
+    }
+    let failed = send_batch(&queue, &url, &batch).await;
+    drop(slot);
+    let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
+            let (queue, url) = (&queue, url.as_str());
+            async move {
+                match delete_retrying(queue, url, f).await {
+                    Ok(()) => None,
+                    Err(e) => {
+                        error!(error = %e, "delete failed; the message will come back and be skipped as a duplicate");
+                        Some(f.receipt.clone())
+                    }
+                }
+            }
+        });
+    let undeleted: Vec<String> = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let Some(payloads) = payloads else {
+        return;
+    };
+    let objects = batch
+        .into_iter()
+        .filter(|f| !undeleted.contains(&f.receipt))
+        .filter_map(|f| f.payload)
+        .collect::<Vec<_>>();
+    if objects.is_empty() {
+        return;
+    }
+    let deleting = payloads.delete_objects(objects);
+    if tokio::time::timeout(OBJECT_DELETE_TIME, deleting)
+        .await
+        .is_err()
+    {
+        warn!(
+            ?OBJECT_DELETE_TIME,
+            "large-payload objects not deleted in time; left to the bucket's lifecycle rule"
+        );
     }
 }
 

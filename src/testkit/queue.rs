@@ -559,6 +559,27 @@ impl Queue {
         m.below(max)
     }
 
+    /// How many messages are in flight, when that reaches the queue's
+    /// quota (a receive is then refused); counted only when the hidden
+    /// messages, delayed ones too, reach it.
+    fn at_in_flight_quota(&self, now: Instant) -> Option<usize> {
+        let limit = self.settings.max_in_flight;
+        if self.hidden.len() < limit {
+            return None;
+        }
+        let in_flight = self
+            .hidden
+            .iter()
+            .filter(|(_, seq)| {
+                matches!(
+                    self.messages.get(seq).map(|e| e.state(now)),
+                    Some(MessageState::InFlight)
+                )
+            })
+            .count();
+        (in_flight >= limit).then_some(in_flight)
+    }
+
     /// [`Might::twice`]: a message in flight (with one valid handle) that a
     /// receive returns again.
     fn in_flight_again(&self, now: Instant) -> Option<u64> {
@@ -819,28 +840,13 @@ impl MemoryQueue {
             .get_mut(url)
             .ok_or_else(|| no_queue("ReceiveMessage", url))?;
         queue.refresh(now);
-        // In flight at the quota: refused (counted only when the hidden
-        // messages, delayed ones too, reach it).
-        let limit = queue.settings.max_in_flight;
-        if queue.hidden.len() >= limit {
-            let in_flight = queue
-                .hidden
-                .iter()
-                .filter(|(_, seq)| {
-                    matches!(
-                        queue.messages.get(seq).map(|e| e.state(now)),
-                        Some(MessageState::InFlight)
-                    )
-                })
-                .count();
-            if in_flight >= limit {
-                return Err(error(
-                    "ReceiveMessage",
-                    url,
-                    "OverLimit",
-                    format!("{in_flight} messages in flight, the queue's maximum"),
-                ));
-            }
+        if let Some(in_flight) = queue.at_in_flight_quota(now) {
+            return Err(error(
+                "ReceiveMessage",
+                url,
+                "OverLimit",
+                format!("{in_flight} messages in flight, the queue's maximum"),
+            ));
         }
         let redrive = queue.settings.redrive.clone();
         let mut taken = Vec::new();
