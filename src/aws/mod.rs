@@ -17,6 +17,20 @@ use aws_smithy_runtime_api::client::result::SdkError;
 
 use crate::protocol::queue::transient_code;
 
+/// An SDK call's future on the heap. The SDK's send futures are kilobytes
+/// each; boxed where they are awaited, they stay out of the state of every
+/// future above them (the store's, the processor's, the poller's lane task),
+/// which is then allocated and moved at a fraction of that size, and a call
+/// made only on a rare path (parking, a visibility change) costs nothing
+/// until it is made.
+pub(crate) trait OnHeap: std::future::Future + Sized {
+    fn on_heap(self) -> std::pin::Pin<Box<Self>> {
+        Box::pin(self)
+    }
+}
+
+impl<F: std::future::Future> OnHeap for F {}
+
 /// The timeouts of every production client: a connect timeout, and `attempt`
 /// for one request (the simulator builds its clients with these too).
 pub fn attempt_timeouts(attempt: std::time::Duration) -> aws_config::timeout::TimeoutConfig {

@@ -1,5 +1,6 @@
 //! [`PayloadStore`] for [`aws_sdk_s3::Client`]: payloads in S3.
 
+use crate::aws::OnHeap;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
@@ -49,6 +50,7 @@ impl PayloadStore for Client {
                 .bucket(&pointer.bucket)
                 .key(&pointer.key)
                 .send()
+                .on_heap()
                 .await
                 .map_err(|e| payload_error("GetObject", pointer, e))?;
             let too_large = |what: String| {
@@ -91,6 +93,7 @@ impl PayloadStore for Client {
                 .bucket(&pointer.bucket)
                 .key(&pointer.key)
                 .send()
+                .on_heap()
                 .await
                 .map_err(|e| payload_error("DeleteObject", pointer, e))?;
             Ok(())
@@ -108,6 +111,7 @@ impl PayloadStore for Client {
                 .key(&pointer.key)
                 .body(bytes.into())
                 .send()
+                .on_heap()
                 .await
                 .map_err(|e| payload_error("PutObject", pointer, e))?;
             Ok(())

@@ -1,5 +1,6 @@
 //! [`QueueClient`] for [`aws_sdk_sqs::Client`]: the production queue.
 
+use crate::aws::OnHeap;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -257,6 +258,7 @@ impl QueueClient for Client {
             .set_message_system_attribute_names(Some(RECEIVED_SYSTEM_ATTRIBUTES.to_vec()))
             .message_attribute_names("All")
             .send()
+            .on_heap()
             .await
             .map_err(|e| queue_error("ReceiveMessage", queue, e))?;
         Ok(out
@@ -274,6 +276,7 @@ impl QueueClient for Client {
             .customize()
             .config_override(quick_call(self))
             .send()
+            .on_heap()
             .await
             .map(|_| ())
             .map_err(|e| queue_error("DeleteMessage", queue, e))
@@ -291,6 +294,7 @@ impl QueueClient for Client {
             .customize()
             .config_override(quick_call(self))
             .send()
+            .on_heap()
             .await
             .map_err(|e| queue_error("DeleteMessageBatch", queue, e))?;
         Ok(failures(&out.failed, receipts.len()))
@@ -309,6 +313,7 @@ impl QueueClient for Client {
             .customize()
             .config_override(quick_call(self))
             .send()
+            .on_heap()
             .await
             .map(|_| ())
             .map_err(|e| queue_error("ChangeMessageVisibility", queue, e))
@@ -327,6 +332,7 @@ impl QueueClient for Client {
             .customize()
             .config_override(quick_call(self))
             .send()
+            .on_heap()
             .await
             .map_err(|e| queue_error("ChangeMessageVisibilityBatch", queue, e))?;
         Ok(failures(&out.failed, receipts.len()))
@@ -342,6 +348,7 @@ impl QueueClient for Client {
             .set_delay_seconds(message.delay.map(delay_secs))
             .set_message_system_attributes(message.trace_header.map(trace_header))
             .send()
+            .on_heap()
             .await
             .map(|_| ())
             .map_err(|e| queue_error("SendMessage", queue, e))
@@ -358,6 +365,7 @@ impl QueueClient for Client {
             .queue_url(queue)
             .set_entries(Some(send_entries(messages)))
             .send()
+            .on_heap()
             .await
             .map_err(|e| queue_error("SendMessageBatch", queue, e))?;
         Ok(failures(&out.failed, entries))
@@ -374,6 +382,7 @@ impl QueueClient for Client {
             .customize()
             .config_override(quick_call(self))
             .send()
+            .on_heap()
             .await
             .map_err(|e| queue_error("GetQueueAttributes", queue, e))?;
         let attrs = out.attributes.unwrap_or_default();
@@ -398,6 +407,7 @@ impl QueueClient for Client {
             .customize()
             .config_override(quick_call(self))
             .send()
+            .on_heap()
             .await
             .map_err(|e| queue_error("GetQueueUrl", name, e))?;
         out.queue_url

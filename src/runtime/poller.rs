@@ -541,24 +541,41 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
     /// unprocessed, a second before the failed message (or at once at shutdown).
     async fn run(mut self) {
         let permits = std::mem::take(&mut self.permits);
+        // A lane of one message that gets its slot at once never has a
+        // message waiting (the running one's visibility is its processor's
+        // heartbeat's to keep): it runs without a keeper and its timer.
+        if self.waiting.get_mut().messages.len() == 1 {
+            if let Ok(slot) = self.shared.running.clone().try_acquire_owned() {
+                return self.work(Some(slot), permits).await;
+            }
+        }
         tokio::select! {
             biased;
-            () = self.work(permits) => {}
+            () = self.work(None, permits) => {}
             () = self.shared.keep_waiting_invisible(&self.waiting) => unreachable!("never returns"),
         }
     }
 
-    async fn work(&self, mut permits: Vec<OwnedSemaphorePermit>) {
+    /// Runs the lane in its running slot: `slot` when already taken, else
+    /// taken here.
+    async fn work(
+        &self,
+        slot: Option<OwnedSemaphorePermit>,
+        mut permits: Vec<OwnedSemaphorePermit>,
+    ) {
         // A lane that must wait for a slot at shutdown gives its messages
         // back at once; one that can start runs within the drain.
-        let _slot = tokio::select! {
-            biased;
-            p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
-            () = self.shared.shutdown.cancelled() => {
-                let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
-                give_back(&self.shared, messages, self.received_at).await;
-                return;
-            }
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => tokio::select! {
+                biased;
+                p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
+                () = self.shared.shutdown.cancelled() => {
+                    let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
+                    give_back(&self.shared, messages, self.received_at).await;
+                    return;
+                }
+            },
         };
         // At shutdown the rest of the lane comes back at once.
         let mut rest_after = Duration::ZERO;

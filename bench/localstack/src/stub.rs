@@ -1,7 +1,7 @@
 //! A local stub of SQS and DynamoDB with a fixed delay per call, to measure a
 //! consumer's own CPU per message with no emulator in the loop.
 //!
-//! `stub [--messages N] [--duplicates RATE] [--delay-ms MS] [--window A,B] -- COMMAND [ARG ...]`
+//! `stub [--messages N] [--duplicates RATE] [--delay-ms MS] [--window A,B] [--body-bytes B] -- COMMAND [ARG ...]`
 //!
 //! It serves the SQS JSON protocol and DynamoDB's JSON 1.0 protocol over
 //! HTTP on 127.0.0.1 (a free port) from the simulator's in-process models
@@ -12,7 +12,8 @@
 //! fixed delay (default 2 ms). A receive answers only the system attributes
 //! it asked for, as SQS does. The queue is filled with N ledger events
 //! (default 20,000 messages, `RATE` of the events sent twice, default 0.3,
-//! shuffled with a fixed seed) before COMMAND starts; COMMAND gets
+//! shuffled with a fixed seed; with `--body-bytes`, each body padded with
+//! spaces after the JSON to B bytes) before COMMAND starts; COMMAND gets
 //! `AWS_ENDPOINT_URL`, `QUEUE_URL`/`SQS_ONCE_QUEUE_URL`,
 //! `DEDUP_TABLE`/`SQS_ONCE_TABLE`, `LEDGER_TABLE` and test credentials.
 //!
@@ -24,9 +25,10 @@
 //! nothing left in the queue) and one JSON line is printed. Exit status 1 if
 //! the check fails.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -50,6 +52,8 @@ struct Args {
     duplicates: f64,
     delay: Duration,
     window: (f64, f64),
+    /// Each body padded to this many bytes (0: as the events are).
+    body_bytes: usize,
     command: Vec<String>,
 }
 
@@ -59,6 +63,7 @@ fn parse() -> Result<Args, String> {
         duplicates: 0.3,
         delay: Duration::from_millis(2),
         window: (0.1, 0.9),
+        body_bytes: 0,
         command: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -72,6 +77,7 @@ fn parse() -> Result<Args, String> {
         match flag.as_str() {
             "--messages" => a.messages = v.parse().map_err(|e| bad(&e))?,
             "--duplicates" => a.duplicates = v.parse().map_err(|e| bad(&e))?,
+            "--body-bytes" => a.body_bytes = v.parse().map_err(|e| bad(&e))?,
             "--delay-ms" => {
                 a.delay = Duration::from_secs_f64(v.parse::<f64>().map_err(|e| bad(&e))? / 1e3)
             }
@@ -97,11 +103,21 @@ struct Stub {
     sqs: SqsModel,
     ddb: DynamoModel,
     delay: Duration,
+    /// Calls answered and request bytes received, by operation, over the
+    /// whole run.
+    calls: Arc<Mutex<BTreeMap<String, (u64, u64)>>>,
 }
 
 impl Stub {
     async fn answer(&self, target: &str, body: &[u8]) -> (u16, Value, Option<String>) {
         let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let op = target.rsplit_once('.').map_or(target, |(_, op)| op);
+        {
+            let mut calls = self.calls.lock().expect("calls lock");
+            let c = calls.entry(op.to_owned()).or_default();
+            c.0 += 1;
+            c.1 += body.len() as u64;
+        }
         tokio::time::sleep(self.delay).await;
         if let Some(op) = target.strip_prefix("AmazonSQS.") {
             let mut a = self.sqs.handle(op, &request).await;
@@ -224,6 +240,15 @@ fn ledger_sums(ddb: &DynamoModel) -> HashMap<String, (i64, i64)> {
         .collect()
 }
 
+/// `body` followed by spaces up to `bytes` long (unchanged when it is that
+/// long already): still the same JSON document, for a consumer whose event
+/// type refuses unknown fields.
+fn padded(mut body: String, bytes: usize) -> String {
+    let pad = bytes.saturating_sub(body.len());
+    body.extend(std::iter::repeat_n(' ', pad));
+    body
+}
+
 fn fill(queue: &MemoryQueue, bodies: &[String]) -> String {
     let mut settings = QueueSettings::new("stub");
     settings.visibility_timeout = Duration::from_secs(30);
@@ -299,6 +324,10 @@ async fn main() -> std::process::ExitCode {
     };
     let queue = MemoryQueue::new();
     let (bodies, expected) = events(args.messages, args.duplicates);
+    let bodies: Vec<String> = bodies
+        .into_iter()
+        .map(|b| padded(b, args.body_bytes))
+        .collect();
     let url = fill(&queue, &bodies);
     let ddb = DynamoModel::new();
     ddb.create_table(
@@ -307,10 +336,12 @@ async fn main() -> std::process::ExitCode {
         Some(sqs_once::aws::dynamodb::TTL_ATTRIBUTE),
     );
     ddb.create_table(LEDGER, "pk", None);
+    let calls = Arc::new(Mutex::new(BTreeMap::new()));
     let stub = Stub {
         sqs: SqsModel::new(queue.clone()),
         ddb: ddb.clone(),
         delay: args.delay,
+        calls: calls.clone(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -327,6 +358,18 @@ async fn main() -> std::process::ExitCode {
     let left = queue.counts(&url).map_or(0, |c| c.stored());
     let sums = ledger_sums(&ddb);
     let ok = left == 0 && sums == expected;
+    let per_message: serde_json::Map<String, Value> = calls
+        .lock()
+        .expect("calls lock")
+        .iter()
+        .map(|(op, (n, _))| (op.clone(), json!(*n as f64 / bodies.len() as f64)))
+        .collect();
+    let bytes_per_call: serde_json::Map<String, Value> = calls
+        .lock()
+        .expect("calls lock")
+        .iter()
+        .map(|(op, (n, b))| (op.clone(), json!(b / n.max(&1))))
+        .collect();
     println!(
         "{}",
         json!({
@@ -340,6 +383,8 @@ async fn main() -> std::process::ExitCode {
             "messages_per_s": n as f64 / wall.max(1e-9),
             "left_in_queue": left,
             "ledger_ok": ok,
+            "calls_per_message": per_message,
+            "request_bytes_per_call": bytes_per_call,
         })
     );
     if ok {

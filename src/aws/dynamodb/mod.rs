@@ -8,6 +8,7 @@
 mod item;
 mod table;
 
+use crate::aws::OnHeap;
 use item::replaced;
 pub use item::{RecordError, record_from_item};
 pub use table::TableCheckError;
@@ -302,6 +303,7 @@ impl DynamoStore {
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
                 .send()
+                .on_heap()
                 .await;
             match res {
                 Ok(_) => Ok(()),
@@ -394,6 +396,7 @@ impl DynamoStore {
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
                 .send()
+                .on_heap()
                 .await;
             match res {
                 Ok(_) => Ok(()),
@@ -421,6 +424,7 @@ impl DynamoStore {
                 .set_transact_items(Some(items.clone()))
                 .client_request_token(token)
                 .send()
+                .on_heap()
                 .await;
             match res {
                 Ok(_) => Ok(()),
@@ -647,6 +651,7 @@ impl DedupStore for DynamoStore {
                 .return_values(ReturnValue::AllOld)
                 .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                 .send()
+.on_heap()
                 .await;
             match res {
                 Ok(out) => {
@@ -773,6 +778,7 @@ impl DedupStore for DynamoStore {
             .transact_write_items()
             .set_transact_items(Some(items))
             .send()
+            .on_heap()
             .await;
         match res {
             Ok(_) => Ok(()),
@@ -839,6 +845,7 @@ impl DedupStore for DynamoStore {
                 .set_transact_items(Some(items.clone()))
                 .client_request_token(token)
                 .send()
+                .on_heap()
                 .await;
             let Err(e) = res else {
                 return Ok(FastCommitted::Committed);
@@ -883,6 +890,7 @@ impl DedupStore for DynamoStore {
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .send()
+            .on_heap()
             .await;
         match res {
             Ok(_) => Ok(()),
@@ -901,6 +909,7 @@ impl DedupStore for DynamoStore {
             .key(KEY_ATTRIBUTE, s(pk))
             .consistent_read(true)
             .send()
+            .on_heap()
             .await
             .map_err(|e| self.sent_once(classify(&e)))?;
         out.item()
