@@ -40,8 +40,9 @@ pub struct World {
     /// The second stage's queue, in a chained run: each event's handler
     /// sends one message there with `Context::send`.
     pub next_url: Option<String>,
-    /// Sends made while their event's record was not `COMPLETED`: a
-    /// message dispatched for an effect not (yet) committed.
+    /// Sends made while their event's record was not `COMPLETED` (a
+    /// message dispatched for an effect not, or not yet, committed), or
+    /// pointing to a large body's object S3 did not hold yet.
     pub early_sends: Arc<std::sync::Mutex<Vec<String>>>,
     /// The dedup records (on true time; each host views them on its own
     /// clock): the memory store or the DynamoDB model, by the seed's path.
@@ -62,7 +63,8 @@ pub struct World {
     pub retry_dice: crate::faults::Dice,
     /// Records DynamoDB's TTL deleted, in order.
     pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
-    /// The S3 model: the producer's large payloads.
+    /// The S3 model: the producer's large payloads, and the outbox's large
+    /// outgoing bodies.
     pub s3: crate::wire::s3::S3Model,
     /// Objects deleted before any delete of a message pointing to them
     /// reached SQS.
@@ -162,11 +164,13 @@ impl Generation {
             retry_after: (world.scenario.retry_after > 0.0)
                 .then(|| (world.scenario.retry_after, world.retry_dice.clone())),
             large_results: world.scenario.large_results,
+            large_outgoing: Arc::new(world.scenario.large_outgoing.clone()),
         };
         let mut processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))
             .with_clock(clock.clone());
-        if let Some(plan) = world.scenario.payloads {
+        let sends_large = !world.scenario.large_outgoing.is_empty();
+        if world.scenario.payloads.is_some() || sends_large {
             // The real S3 client over the wire, its faults drawn on the
             // host's link (on both store paths).
             let wire = crate::wire::Wire::new(
@@ -175,12 +179,25 @@ impl Generation {
                 life.clone(),
             );
             let s3 = crate::wire::s3_client(wire, clock.clone());
-            let payloads = sqs_once::payloads::LargePayloads::new(s3)
-                .deleting(plan.delete)
-                .only_from(vec![sqs_once::payloads::PayloadLocation {
+            let mut payloads = sqs_once::payloads::LargePayloads::new(s3);
+            payloads = match world.scenario.payloads {
+                Some(plan) => payloads.deleting(plan.delete).only_from(vec![
+                    sqs_once::payloads::PayloadLocation {
+                        bucket: crate::world::PAYLOAD_BUCKET.to_owned(),
+                        prefix: "payloads/".to_owned(),
+                    },
+                ]),
+                // Sending only, as the library configures a consumer with
+                // an outbox bucket and no payload buckets: no incoming
+                // pointer is read.
+                None => payloads.reading(false).only_from(Vec::new()),
+            };
+            if sends_large {
+                payloads = payloads.sending_large_to(sqs_once::payloads::PayloadLocation {
                     bucket: crate::world::PAYLOAD_BUCKET.to_owned(),
-                    prefix: "payloads/".to_owned(),
-                }]);
+                    prefix: crate::world::OUTBOX_PREFIX.to_owned(),
+                });
+            }
             processor = processor.with_large_payloads(payloads);
         }
         // Production bounds one SQS request by the long-poll wait plus 10 s
@@ -203,6 +220,7 @@ impl Generation {
             queue: queue.clone(),
             store: world.store.clone(),
             early: world.early_sends.clone(),
+            s3: world.s3.clone(),
         });
         Self {
             life,
@@ -215,11 +233,14 @@ impl Generation {
 
 /// The hosts' dispatcher: the host's SQS, with each message's event looked
 /// up in the store (directly, on true time) when it is sent; one whose
-/// record is not `COMPLETED` then is noted as sent early.
+/// record is not `COMPLETED` then is noted as sent early, and so is a
+/// pointer to a large body whose object S3 does not hold then (a consumer
+/// may receive the message at once).
 struct Watched {
     queue: FaultyQueue<HostQueue>,
     store: Backend,
     early: Arc<std::sync::Mutex<Vec<String>>>,
+    s3: crate::wire::s3::S3Model,
 }
 
 impl sqs_once::Dispatcher for Watched {
@@ -251,6 +272,19 @@ impl sqs_once::Dispatcher for Watched {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(format!("{id} sent while its record was {status:?}"));
+            }
+            if m.attributes
+                .contains_key(sqs_once::payloads::SIZE_ATTRIBUTE)
+                && let Ok(p) = sqs_once::payloads::S3Pointer::parse(&m.body)
+                && !self.s3.contains(&p.bucket, &p.key)
+            {
+                self.early
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!(
+                        "{id} sent pointing to {}/{}, an object not stored",
+                        p.bucket, p.key
+                    ));
             }
         }
         Box::pin(QueueClient::send_batch(&self.queue, queue, messages))

@@ -154,6 +154,10 @@ pub struct Draws {
     /// Large payloads through S3 ([`Scenario::draw_payloads`]; on in every
     /// run, off only for regression seeds found before it).
     pub payloads: bool,
+    /// Large outgoing bodies through S3 in chained runs
+    /// ([`Scenario::draw_large_outgoing`]; on in every run, off only for
+    /// regression seeds found before it).
+    pub outbox_payloads: bool,
 }
 
 impl Draws {
@@ -163,6 +167,7 @@ impl Draws {
         Self {
             max_receive: draws_max_receive(),
             payloads: true,
+            outbox_payloads: true,
         }
     }
 }
@@ -178,7 +183,7 @@ pub fn run_seed_with(
 ) -> std::io::Result<Report> {
     let draws = Draws {
         max_receive: draw_max_receive,
-        payloads: true,
+        ..Draws::from_env()
     };
     run_seed_drawing(seed, keep_trace, path, draws)
 }
@@ -250,6 +255,9 @@ const LARGE_RESULTS_KNOB: u64 = 0x6c61_7267_655f_6b6e;
 /// Mixed into the seed for the dice of large payloads
 /// ([`Scenario::draw_payloads`]).
 const PAYLOADS_KNOB: u64 = 0x7061_796c_6f61_6473;
+/// Mixed into the seed for the dice of large outgoing bodies
+/// ([`Scenario::draw_large_outgoing`]).
+const OUTBOX_PAYLOADS_KNOB: u64 = 0x6f75_7462_6f78_5f73;
 /// Mixed into the seed for the dice of the handlers' retry-after hints.
 const RETRY_AFTER_HINTS: u64 = 0x7265_7472_795f_6869;
 /// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
@@ -313,6 +321,9 @@ fn world(
     scenario.draw_large_results(&Dice::new(seed ^ LARGE_RESULTS_KNOB));
     if draws.payloads {
         scenario.draw_payloads(&Dice::new(seed ^ PAYLOADS_KNOB));
+    }
+    if draws.outbox_payloads && chained(seed) {
+        scenario.draw_large_outgoing(&Dice::new(seed ^ OUTBOX_PAYLOADS_KNOB));
     }
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
@@ -473,10 +484,11 @@ pub async fn simulate_with(
         sweeper.abort();
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let next = next_stage(&world).await;
+    let (next, large_bodies) = next_stage(&world).await;
     let mut evidence = evidence(&world, &accepted, &reports, before);
     evidence.next = next;
     let mut violations = check::check(&evidence);
+    violations.extend(large_bodies);
     let exhausted = check::exhausted(&evidence).len();
     let stranded = check::stranded(&evidence).len();
     let (after_ttl, overlapping) = (
@@ -537,16 +549,60 @@ async fn stop_hosts(
     reports
 }
 
-/// A chained run's second stage: what the outbox sent, then consumed.
-async fn next_stage(world: &World) -> Option<check::SecondStage> {
-    let url = world.next_url.as_ref()?;
-    let sent = world.queue.contents(url);
-    let (applied, left) = second_stage(world, url).await;
-    Some(check::SecondStage {
+/// A chained run's second stage: what the outbox sent (a large body read
+/// back from its object in S3), then consumed; and what the checks of large
+/// outgoing bodies found: a pointer to an object S3 does not hold, a body
+/// the second stage got other than the one sent.
+async fn next_stage(world: &World) -> (Option<check::SecondStage>, Vec<String>) {
+    let Some(url) = world.next_url.as_ref() else {
+        return (None, Vec::new());
+    };
+    let mut problems = Vec::new();
+    let sent = world
+        .queue
+        .contents(url)
+        .into_iter()
+        .map(|m| with_object_body(world, m, &mut problems))
+        .collect();
+    let (applied, left, wrong) = second_stage(world, url).await;
+    problems.extend(wrong);
+    let stage = check::SecondStage {
         sent,
         applied,
         left,
-    })
+    };
+    (Some(stage), problems)
+}
+
+/// An outgoing message whose body went through S3, with its object's
+/// content as its body (what the second stage reads); one whose object S3
+/// does not hold is noted in `problems` and kept as sent.
+fn with_object_body(
+    world: &World,
+    mut m: sqs_once::testkit::queue::StoredMessage,
+    problems: &mut Vec<String>,
+) -> sqs_once::testkit::queue::StoredMessage {
+    if !m
+        .attributes
+        .contains_key(sqs_once::payloads::SIZE_ATTRIBUTE)
+    {
+        return m;
+    }
+    let Ok(pointer) = sqs_once::payloads::S3Pointer::parse(&m.body) else {
+        problems.push(format!(
+            "outbox: a message with the size attribute and no pointer: {}",
+            m.body
+        ));
+        return m;
+    };
+    match world.s3.object(&pointer.bucket, &pointer.key) {
+        Some(bytes) => m.body = String::from_utf8_lossy(&bytes).into_owned(),
+        None => problems.push(format!(
+            "outbox: a message sent pointing to {}/{}, an object S3 never stored",
+            pointer.bucket, pointer.key
+        )),
+    }
+    m
 }
 
 /// The run's faults by class: call faults, then scheduled actions by kind.
@@ -810,20 +866,37 @@ async fn settle(world: &World) -> bool {
 
 /// The second stage of a chained run, once the first has settled: a poller
 /// (the library's, on a dedup store of its own) keyed on the outbox id each
-/// message carries, whose handler counts its effect per event. Returns the
-/// counts and how many messages it left in the queue.
+/// message carries, whose handler counts its effect per event and checks the
+/// body it got (where the run sends large bodies, it reads them from S3 as
+/// a consumer with payload buckets does). Returns the counts, how many
+/// messages it left in the queue, and the bodies it got wrong.
 async fn second_stage(
     world: &World,
     url: &str,
-) -> (std::collections::BTreeMap<String, u32>, usize) {
+) -> (std::collections::BTreeMap<String, u32>, usize, Vec<String>) {
     use sqs_once::{Context, HandlerResult, Message};
     let applied: Arc<Mutex<std::collections::BTreeMap<String, u32>>> = Arc::default();
+    let wrong: Arc<Mutex<Vec<String>>> = Arc::default();
     let counts = applied.clone();
+    let (large, wrong_bodies) = (
+        Arc::new(world.scenario.large_outgoing.clone()),
+        wrong.clone(),
+    );
     let handler = sqs_once::handler_fn(move |m: Message, _ctx: Context| {
-        let counts = counts.clone();
+        let (counts, large, wrong) = (counts.clone(), large.clone(), wrong_bodies.clone());
         async move {
             let body: serde_json::Value = serde_json::from_str(m.body()).unwrap_or_default();
             let event = body["id"].as_str().unwrap_or("?").to_owned();
+            // The body the handler sent: a large one (read back from S3)
+            // padded to its event's length, any other without padding.
+            let pad = body["pad"].as_str();
+            let expected = large.contains(&event).then(|| world::outgoing_pad(&event));
+            if pad.map(str::len) != expected || pad.is_some_and(|p| p.bytes().any(|b| b != b'p')) {
+                wrong.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
+                    "{event}: the second stage got a body padded to {:?} bytes, not the {expected:?} sent",
+                    pad.map(str::len)
+                ));
+            }
             *counts
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -843,9 +916,24 @@ async fn second_stage(
     }
     let clock = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
     let store = sqs_once::MemoryStore::new(clock.clone());
-    let processor = sqs_once::Processor::new(store, handler, config)
+    let mut processor = sqs_once::Processor::new(store, handler, config)
         .unwrap_or_else(|e| panic!("the second stage's config is valid: {e}"))
-        .with_clock(clock);
+        .with_clock(clock.clone());
+    if !world.scenario.large_outgoing.is_empty() {
+        // Large bodies read back from S3 (the run is calm: no faults), as
+        // a consumer with payload buckets reads them.
+        let wire = wire::Wire::new(
+            wire::Service::S3(world.s3.clone()),
+            None,
+            faults::Life::default(),
+        );
+        let payloads = sqs_once::payloads::LargePayloads::new(wire::s3_client(wire, clock))
+            .only_from(vec![sqs_once::payloads::PayloadLocation {
+                bucket: world::PAYLOAD_BUCKET.to_owned(),
+                prefix: world::OUTBOX_PREFIX.to_owned(),
+            }]);
+        processor = processor.with_large_payloads(payloads);
+    }
     let poller = sqs_once::PollerConfig::new(url);
     let token = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn(sqs_once::poller::run(
@@ -865,7 +953,8 @@ async fn second_stage(
     let _ = run.await;
     let left = stored();
     let applied = applied.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    (applied, left)
+    let wrong = wrong.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    (applied, left, wrong)
 }
 
 /// What the run looked like when it first settled, before the redrive.

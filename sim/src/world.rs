@@ -3,7 +3,7 @@
 //! external API, and the two handlers (staged writes only, and an external
 //! effect with an idempotency key).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -114,6 +114,19 @@ pub fn payload_key(id: &str, n: usize) -> String {
 /// The event an object key (`payloads/{id}/{n}`) stands for.
 pub fn event_of_payload_key(key: &str) -> Option<&str> {
     key.strip_prefix("payloads/")?.split('/').next()
+}
+
+/// The key prefix the hosts store large outgoing bodies under
+/// (`SQS_ONCE_OUTBOX_PAYLOAD_BUCKET=sim-payloads/outbox/`).
+pub const OUTBOX_PREFIX: &str = "outbox/";
+
+/// The length of the padding of event `id`'s large outgoing body: above
+/// SQS's 256 KiB, so the outbox stores the body in S3
+/// ([`Scenario::draw_large_outgoing`]); a function of the event, so the
+/// second stage can tell the body it got is the one sent.
+pub fn outgoing_pad(id: &str) -> usize {
+    let seq: usize = id.trim_start_matches("evt-").parse().unwrap_or(0);
+    sqs_once::limits::SQS_DEFAULT_MAX_MESSAGE_BYTES + 512 + (seq * 977) % (8 * 1024)
 }
 
 /// Large payloads in a run: which events go through S3, and whether the
@@ -236,6 +249,10 @@ pub struct Scenario {
     /// Large payloads through S3, if the run sends any
     /// ([`Scenario::draw_payloads`]).
     pub payloads: Option<PayloadPlan>,
+    /// The events whose handler sends the second stage a body too large
+    /// for SQS, which the outbox stores in S3 ([`Scenario::draw_large_outgoing`]);
+    /// where there are any, the hosts send such bodies through S3.
+    pub large_outgoing: BTreeSet<String>,
 }
 
 /// What a deployment sets around the processor: the source queue's
@@ -421,6 +438,7 @@ impl Scenario {
             key: KeyPlace::Id,
             large_results: false,
             payloads: None,
+            large_outgoing: BTreeSet::new(),
         }
     }
 
@@ -441,6 +459,26 @@ impl Scenario {
         });
         for e in &mut self.events {
             e.through_s3 = dice.chance(share);
+        }
+    }
+
+    /// A swarm knob for chained runs, from a dice of its own: in one
+    /// chained run in four the handlers send a third of the events' messages
+    /// to the second stage, or all of them, with a body above SQS's 256 KiB
+    /// ([`outgoing_pad`]); the hosts are configured as a user sending large
+    /// bodies is (`SQS_ONCE_OUTBOX_PAYLOAD_BUCKET`), so the outbox stores
+    /// each such body in S3 through the real `aws-sdk-s3` client over the
+    /// wire (its faults drawn on the host's link) and sends a pointer, and
+    /// the second stage reads the objects back.
+    pub fn draw_large_outgoing(&mut self, dice: &Dice) {
+        if !dice.chance(0.25) {
+            return;
+        }
+        let share = if dice.chance(0.5) { 1.0 / 3.0 } else { 1.0 };
+        for e in &self.events {
+            if dice.chance(share) {
+                self.large_outgoing.insert(e.id.clone());
+            }
         }
     }
 
@@ -668,6 +706,12 @@ impl Scenario {
             out += &format!(
                 ", {n} events through S3{}",
                 if p.delete { " (objects deleted)" } else { "" }
+            );
+        }
+        if !self.large_outgoing.is_empty() {
+            out += &format!(
+                ", {} large outgoing bodies through S3",
+                self.large_outgoing.len()
             );
         }
         if self.key != KeyPlace::Id {
@@ -999,6 +1043,9 @@ pub struct SimHandler {
     pub retry_after: Option<(f64, Dice)>,
     /// The run draws large results ([`Scenario::draw_large_results`]).
     pub large_results: bool,
+    /// The events whose message to the second stage has a large body
+    /// ([`Scenario::draw_large_outgoing`]).
+    pub large_outgoing: Arc<BTreeSet<String>>,
 }
 
 impl SimHandler {
@@ -1074,8 +1121,22 @@ impl SimHandler {
         if let Some(next) = &self.next_url {
             // Names the delivery that sent it: only the run whose effect
             // committed may have its message sent.
-            let sent = serde_json::json!({ "id": body.id, "by": message.id() });
-            ctx.send(next, sent.to_string())?;
+            let mut sent = serde_json::json!({ "id": body.id, "by": message.id() });
+            if self.large_outgoing.contains(&body.id) {
+                // Too large for SQS: the outbox stores it in S3. The
+                // external handler stores it before its effect, as the
+                // library advises a claim-path handler to
+                // (`Context::send_large`); the staged one leaves it to the
+                // processor, which stores it once the handler returns.
+                sent["pad"] = serde_json::Value::String("p".repeat(outgoing_pad(&body.id)));
+                let large = sqs_once::outbox::Outgoing::new(next, sent.to_string());
+                match self.kind {
+                    Kind::External => ctx.send_large(large).await?,
+                    Kind::Staged => ctx.send_message(large)?,
+                }
+            } else {
+                ctx.send(next, sent.to_string())?;
+            }
         }
         // Once the run is calm the handler neither panics nor asks to be
         // retried: with few receives (`maxReceiveCount` 3), a handler that

@@ -98,6 +98,7 @@ fn scenario() -> Scenario {
         key: sqs_once_sim::world::KeyPlace::Id,
         large_results: false,
         payloads: None,
+        large_outgoing: Default::default(),
     }
 }
 

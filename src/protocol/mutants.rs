@@ -54,6 +54,10 @@
 //! - `payload-deleted-on-park`: the poller deletes a parked message's
 //!   large-payload object after the message, so its copy in the DLQ points
 //!   to nothing (the simulator's large-payload runs).
+//! - `pointer-before-object`: the outbox stores a large outgoing body in
+//!   S3 in the background without waiting for the put, so its pointer
+//!   message can be sent (and read) before the object is stored, or without
+//!   it when the put fails (the simulator's large outbox sends).
 //! - `next-by-message-id`: the simulator's second stage keys on the message
 //!   id instead of the outbox id each message carries, so a message the
 //!   outbox sent twice is applied twice (a check of that check).

@@ -312,15 +312,17 @@ impl Wire {
         }
     }
 
-    /// One S3 request (`method` on `uri`) through the faults drawn for it:
-    /// the link's DynamoDB plan (the same network path out of the host), an
-    /// error being a 500 `InternalError` (before or after applying), a 503
-    /// `SlowDown` or a reset.
+    /// One S3 request (`method` on `uri`, with its headers and body) through
+    /// the faults drawn for it: the link's DynamoDB plan (the same network
+    /// path out of the host), an error being a 500 `InternalError` (before
+    /// or after applying), a 503 `SlowDown` or a reset; a lost answer a reset
+    /// or silence after applying (a `PutObject` stored, its answer lost).
     async fn s3(
         &self,
         model: &s3::S3Model,
         method: String,
         uri: String,
+        content: s3::S3Content,
         connect_timeout: Duration,
     ) -> Result<HttpResponse, ConnectorError> {
         let rest = uri.split_once("://").map_or(uri.as_str(), |(_, r)| r);
@@ -336,6 +338,7 @@ impl Wire {
         let op = match method.as_str() {
             "GET" => "GetObject",
             "DELETE" => "DeleteObject",
+            "PUT" => "PutObject",
             _ => "S3",
         };
         let scripted = self
@@ -348,7 +351,7 @@ impl Wire {
                 .as_ref()
                 .map_or(WireFault::None, |link| link.draw_wire(op, false))
         });
-        let apply = |model: &s3::S3Model| model.handle(&method, &bucket, &key);
+        let apply = |model: &s3::S3Model| model.handle_with(&method, &bucket, &key, &content);
         let answer = match fault {
             WireFault::None => apply(model),
             WireFault::Cut => {
@@ -384,7 +387,7 @@ impl Wire {
                 let (bucket, key) = (bucket.clone(), key.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    let _ = model.handle(&method, &bucket, &key);
+                    let _ = model.handle_with(&method, &bucket, &key, &content);
                 });
                 return std::future::pending().await;
             }
@@ -563,15 +566,37 @@ impl Wire {
     ) -> HttpConnectorFuture {
         let op = operation(&request);
         let (wire, life) = (self.clone(), self.life.clone());
+        let sent = request.take_body();
         if let Service::S3(model) = &self.service {
             let (model, method) = (model.clone(), request.method().to_owned());
             let uri = request.uri().to_owned();
+            let mut headers: std::collections::BTreeMap<String, String> = request
+                .headers()
+                .iter()
+                .map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned()))
+                .collect();
             return HttpConnectorFuture::new(async move {
-                life.guard(wire.s3(&model, method, uri, connect_timeout))
+                // The body read to its end (see below), and any HTTP
+                // trailers sent after it taken as headers.
+                let read = http_body_util::BodyExt::collect(sent).await;
+                let body = match read {
+                    Ok(collected) => {
+                        if let Some(trailers) = collected.trailers() {
+                            for (name, value) in trailers {
+                                if let Ok(value) = value.to_str() {
+                                    headers.insert(name.as_str().to_owned(), value.to_owned());
+                                }
+                            }
+                        }
+                        collected.to_bytes().to_vec()
+                    }
+                    Err(_) => return Err(reset()),
+                };
+                let content = s3::S3Content { headers, body };
+                life.guard(wire.s3(&model, method, uri, content, connect_timeout))
                     .await
             });
         }
-        let sent = request.take_body();
         HttpConnectorFuture::new(async move {
             // The body is read to its end, as an HTTP client sends it: the
             // SDK's upload stall check, which watches it being read, would

@@ -683,3 +683,201 @@ async fn a_receive_past_the_in_flight_quota_is_refused_with_over_limit() {
     assert!(refused.detail.contains("OverLimit"), "{refused}");
     assert!(!refused.is_transient(), "{refused}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_s3_client_puts_an_object_the_model_stores_and_reads_back() {
+    use sqs_once::payloads::PayloadStore;
+    let (model, client) = s3_setup();
+    let object = pointer("sim-payloads", "outbox/7b1c");
+    let body: Vec<u8> = (0..300 * 1024).map(|i| b'a' + (i % 26) as u8).collect();
+    client
+        .put(&object, body.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // What the SDK sends for a body in memory: the body whole, its CRC32 in
+    // a header (no aws-chunked encoding).
+    let headers = model.last_put_headers().unwrap_or_default();
+    assert_eq!(
+        headers.get("x-amz-checksum-crc32").map(String::as_str),
+        s3::checksum("x-amz-checksum-crc32", &body).as_deref(),
+        "{headers:#?}"
+    );
+    assert_eq!(headers.get("content-encoding"), None, "{headers:#?}");
+    assert_eq!(
+        model.object("sim-payloads", "outbox/7b1c"),
+        Some(body.clone())
+    );
+    let back = client
+        .get(&object, 1 << 20)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, body);
+    let raw = client
+        .put_object()
+        .bucket("sim-payloads")
+        .key("outbox/raw")
+        .body(b"x".to_vec().into())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(raw.e_tag().is_some_and(|t| t.len() == 34), "{raw:?}");
+    let elsewhere = client
+        .put(&pointer("elsewhere", "k"), b"x".to_vec())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        elsewhere.kind,
+        sqs_once::payloads::PayloadErrorKind::NotFound,
+        "{elsewhere}"
+    );
+    assert!(elsewhere.detail.contains("NoSuchBucket"), "{elsewhere}");
+}
+
+/// A streaming body goes `aws-chunked`, its CRC32 in a trailer: the model
+/// decodes it and verifies the trailer.
+#[tokio::test(start_paused = true)]
+async fn the_s3_client_puts_a_streaming_body_aws_chunked_with_its_checksum_in_a_trailer() {
+    let (model, client) = s3_setup();
+    let data: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+    let frames = futures::stream::iter(
+        data.chunks(16 * 1024)
+            .map(|c| {
+                Ok::<_, std::io::Error>(http_body::Frame::data(bytes::Bytes::copy_from_slice(c)))
+            })
+            .collect::<Vec<_>>(),
+    );
+    let stream = http_body_util::StreamBody::new(frames);
+    let body = aws_smithy_types::body::SdkBody::from_body_1_x(stream);
+    let body = aws_sdk_s3::primitives::ByteStream::new(body);
+    client
+        .put_object()
+        .bucket("sim-payloads")
+        .key("outbox/streamed")
+        .content_length(data.len() as i64)
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let headers = model.last_put_headers().unwrap_or_default();
+    assert!(
+        headers
+            .get("content-encoding")
+            .is_some_and(|e| e.contains("aws-chunked")),
+        "{headers:#?}"
+    );
+    assert_eq!(
+        headers.get("x-amz-trailer").map(String::as_str),
+        Some("x-amz-checksum-crc32"),
+        "{headers:#?}"
+    );
+    assert_eq!(model.object("sim-payloads", "outbox/streamed"), Some(data));
+}
+
+#[test]
+fn a_put_whose_checksum_or_length_does_not_match_is_refused_as_s3_refuses_it() {
+    let model = s3::S3Model::with_bucket("b");
+    let headers = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let put = |h: &[(&str, &str)], body: &[u8]| {
+        model.handle_with(
+            "PUT",
+            "b",
+            "k",
+            &s3::S3Content {
+                headers: headers(h),
+                body: body.to_vec(),
+            },
+        )
+    };
+    let code = |a: &s3::S3Answer| {
+        let text = String::from_utf8_lossy(&a.body).into_owned();
+        (a.status, text)
+    };
+    let crc = s3::checksum("x-amz-checksum-crc32", b"hello").unwrap_or_default();
+    assert_eq!(put(&[("x-amz-checksum-crc32", &crc)], b"hello").status, 200);
+    let (status, text) = code(&put(&[("x-amz-checksum-crc32", &crc)], b"hellO"));
+    assert_eq!(status, 400);
+    assert!(text.contains("<Code>BadDigest</Code>"), "{text}");
+    let (status, text) = code(&put(&[("content-length", "9")], b"hello"));
+    assert_eq!(status, 400);
+    assert!(text.contains("<Code>IncompleteBody</Code>"), "{text}");
+    // aws-chunked: two chunks, then the checksum as a trailer.
+    let chunked = |trailer: &str| {
+        format!("3;chunk-signature=ab\r\nhel\r\n2\r\nlo\r\n0\r\n{trailer}\r\n\r\n").into_bytes()
+    };
+    let chunked_headers = [
+        ("content-encoding", "aws-chunked"),
+        ("x-amz-decoded-content-length", "5"),
+        ("x-amz-trailer", "x-amz-checksum-crc32"),
+    ];
+    let good = chunked(&format!("x-amz-checksum-crc32:{crc}"));
+    assert_eq!(put(&chunked_headers, &good).status, 200);
+    assert_eq!(model.object("b", "k"), Some(b"hello".to_vec()));
+    let bad = chunked("x-amz-checksum-crc32:AAAAAA==");
+    let (status, text) = code(&put(&chunked_headers, &bad));
+    assert_eq!(status, 400);
+    assert!(text.contains("<Code>BadDigest</Code>"), "{text}");
+    let (status, text) = code(&put(&chunked_headers, b"3\r\nhel\r\n0\r\n\r\n"));
+    assert_eq!(status, 400);
+    assert!(text.contains("<Code>IncompleteBody</Code>"), "{text}");
+    let short = [
+        chunked_headers[0],
+        ("x-amz-decoded-content-length", "3"),
+        chunked_headers[2],
+    ];
+    let (status, text) = code(&put(&short, b"3\r\nhel\r\n0\r\n\r\n"));
+    assert_eq!(status, 400, "the announced trailer is missing");
+    assert!(text.contains("<Code>InvalidRequest</Code>"), "{text}");
+    let (status, text) = code(&put(&chunked_headers, b"zz\r\nhel\r\n"));
+    assert_eq!(status, 400);
+    assert!(text.contains("malformed aws-chunked body"), "{text}");
+    assert_eq!(model.handle("POST", "b", "k").status, 405);
+}
+
+/// `PutObject` meets the link's faults as `GetObject` does: a 500 after
+/// the object was stored, a reset after it was stored (its answer lost), a
+/// reset before it reached S3: the SDK's retries store it, whole; a put
+/// that never reaches S3 within the SDK's attempts is a transient failure.
+#[tokio::test(start_paused = true)]
+async fn a_put_under_faults_is_retried_by_the_sdk_and_stores_the_object_whole() {
+    use sqs_once::payloads::{PayloadErrorKind, PayloadStore};
+    let model = s3::S3Model::with_bucket("sim-payloads");
+    let client = |faults: Vec<WireFault>| {
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(crate::hosts::epoch()));
+        let wire = Wire::new(Service::S3(model.clone()), None, Life::default()).scripted_s3(faults);
+        s3_client(wire, clock)
+    };
+    let object = pointer("sim-payloads", "outbox/faulty");
+    let body = vec![b'z'; 5000];
+    client(vec![WireFault::InternalAfter, WireFault::ResetAfter])
+        .put(&object, body.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        model.puts(),
+        3,
+        "stored three times, the first two answers lost"
+    );
+    assert_eq!(model.object("sim-payloads", "outbox/faulty"), Some(body));
+    let again = pointer("sim-payloads", "outbox/reset");
+    client(vec![WireFault::ResetBefore])
+        .put(&again, b"y".to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(model.puts(), 4, "the reset one never reached S3");
+    assert!(model.contains("sim-payloads", "outbox/reset"));
+    let lost = pointer("sim-payloads", "outbox/lost");
+    let failed = client(vec![WireFault::InternalBefore; 3])
+        .put(&lost, b"x".to_vec())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(failed.kind, PayloadErrorKind::Transient, "{failed}");
+    assert!(failed.detail.contains("InternalError"), "{failed}");
+    assert!(!model.contains("sim-payloads", "outbox/lost"));
+}

@@ -270,6 +270,18 @@ impl LargePayloads {
             bucket: location.bucket.clone(),
             key: format!("{}{}", location.prefix, uuid::Uuid::new_v4()),
         };
+        // (The `pointer-before-object` mutant, for the simulator only,
+        // stores the body in the background without waiting for the put: the
+        // pointer may be sent, and read, before its object exists, or
+        // without it when the put fails.)
+        if crate::protocol::mutants::active("pointer-before-object") {
+            let (store, object) = (self.store.clone(), pointer.clone());
+            let bytes = body.as_bytes().to_vec();
+            tokio::spawn(async move {
+                let _ = store.put(&object, bytes).await;
+            });
+            return Ok(pointer);
+        }
         self.store.put(&pointer, body.as_bytes().to_vec()).await?;
         info!(object = %pointer, bytes = body.len(), "outgoing payload stored");
         Ok(pointer)
