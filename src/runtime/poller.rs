@@ -544,10 +544,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         // A lane of one message that gets its slot at once never has a
         // message waiting (the running one's visibility is its processor's
         // heartbeat's to keep): it runs without a keeper and its timer.
-        if self.waiting.get_mut().messages.len() == 1 {
-            if let Ok(slot) = self.shared.running.clone().try_acquire_owned() {
-                return self.work(Some(slot), permits).await;
-            }
+        if self.waiting.get_mut().messages.len() == 1
+            && let Ok(slot) = self.shared.running.clone().try_acquire_owned()
+        {
+            return self.work(Some(slot), permits).await;
         }
         tokio::select! {
             biased;

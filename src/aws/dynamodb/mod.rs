@@ -651,7 +651,7 @@ impl DedupStore for DynamoStore {
                 .return_values(ReturnValue::AllOld)
                 .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                 .send()
-.on_heap()
+                .on_heap()
                 .await;
             match res {
                 Ok(out) => {
