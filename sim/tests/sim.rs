@@ -25,6 +25,11 @@ fn clean(seed: u64, path: StorePath) -> sqs_once_sim::Report {
     report
 }
 
+/// How many lines of `report`'s trace `pick` takes.
+fn trace_lines(report: &sqs_once_sim::Report, pick: impl Fn(&str) -> bool) -> usize {
+    report.trace.iter().filter(|l| pick(l)).count()
+}
+
 /// A seed found before runs drew large payloads, run as it was found: without
 /// them (a seed that draws them now would have another schedule).
 fn as_found(seed: u64, path: StorePath, max_receive: bool) -> sqs_once_sim::Report {
@@ -1042,16 +1047,10 @@ fn large_payload_runs_read_through_the_s3_client_and_delete_objects_after_their_
             "seed {seed} draws large payloads: {}",
             report.trace[0]
         );
-        let deleted = report
-            .trace
-            .iter()
-            .filter(|l| l.contains("object sim-payloads/payloads/"))
-            .count();
-        let s3_faults = report
-            .trace
-            .iter()
-            .filter(|l| l.contains(" GetObject: ") || l.contains(" DeleteObject: "))
-            .count();
+        let deleted = trace_lines(&report, |l| l.contains("object sim-payloads/payloads/"));
+        let s3_faults = trace_lines(&report, |l| {
+            l.contains(" GetObject: ") || l.contains(" DeleteObject: ")
+        });
         assert!(deleted > 20, "seed {seed}: {deleted} objects deleted");
         assert!(s3_faults > 0, "seed {seed}: no S3 call met a fault");
         assert!(
@@ -1091,17 +1090,11 @@ fn large_outgoing_bodies_go_through_s3_before_their_pointers_and_read_back_whole
             "seed {seed} draws large outgoing bodies: {}",
             report.trace[0]
         );
-        let put_faults = report
-            .trace
-            .iter()
-            .filter(|l| l.contains(" PutObject: "))
-            .count();
+        let put_faults = trace_lines(&report, |l| l.contains(" PutObject: "));
         assert!(put_faults > 0, "seed {seed}: no PutObject met a fault");
-        let second_stage = report
-            .trace
-            .iter()
-            .filter(|l| l.contains("#out-0 receive") && l.contains(": completed"))
-            .count();
+        let second_stage = trace_lines(&report, |l| {
+            l.contains("#out-0 receive") && l.contains(": completed")
+        });
         assert!(
             second_stage > 0,
             "seed {seed}: the second stage completed nothing"
