@@ -237,7 +237,9 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
 /// Messages SQS's redrive policy moved to the DLQ after their effect was
 /// recorded, whose last delivery could not be deleted however the consumer
 /// tried: it sent the delete in time and SQS was out of reach, or it died
-/// holding the message. No consumer can keep such a message from the DLQ; a
+/// holding the message; or SQS brought the message back after the delete of
+/// the last delivery that knew it done, and no later delivery reached its
+/// record. No consumer can keep such a message from the DLQ; a
 /// copy brought back completes as a duplicate (see [`crate::deliveries`]).
 pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
     e.dlq_before
@@ -272,7 +274,19 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 .deliveries
                 .last_of(&m.id)
                 .is_some_and(|d| d.delete_reached && e.back_after_delete.contains(&d.receipt));
-            last || deleted_then_back || (!learned.is_empty() && learned.iter().all(out_of_reach))
+            // Or the last delivery that learned the effect was recorded
+            // deleted it, SQS brought it back, and no delivery after
+            // learned it again (each ended without reaching the record,
+            // which a consumer must reach before it deletes: seeds 169132
+            // and 172328, later deliveries cut off from DynamoDB until
+            // the receives ran out).
+            let learner_undone = learned
+                .iter()
+                .max_by_key(|d| (d.count, d.at))
+                .is_some_and(|d| d.delete_reached && e.back_after_delete.contains(&d.receipt));
+            last || deleted_then_back
+                || learner_undone
+                || (!learned.is_empty() && learned.iter().all(out_of_reach))
         })
         .map(|m| m.id.clone())
         .collect()

@@ -1142,6 +1142,36 @@ fn regression_seeds_124531_126236_deletes_keep_up_and_are_tried_until_the_visibi
     }
 }
 
+/// The long search's seed 149049 (wire path): a poller's
+/// `DeleteMessageBatch` went unanswered twice inside one SDK call and took
+/// 11 s of the 10.7 s of visibility left, so the deletes one by one came
+/// too late and a completed message on its last allowed receive reached
+/// the DLQ. A batch call now gets at most half the time left (the poller's
+/// unit test `a_batch_call_that_does_not_answer_leaves_time_to_delete_one_by_one`).
+#[test]
+fn regression_wire_seed_149049_a_silent_delete_batch_leaves_time_for_single_deletes() {
+    clean(149_049, StorePath::Wire);
+}
+
+/// The long search's seeds 169132, 172328 and 151842 (wire path): a
+/// message found done by a delivery that deleted it came back (SQS's
+/// "might"), and its later receives ended without reaching its record (a
+/// Lambda cut off from DynamoDB; in 151842 a twin delivery on the last
+/// allowed receive, whose receipt no longer held the message), until SQS
+/// moved it to the DLQ: no consumer could keep it out, counted (see
+/// `a_message_brought_back_after_its_last_knower_deleted_it_explains_it_and_a_later_knower_does_not`).
+#[test]
+fn regression_seeds_169132_172328_151842_a_message_back_after_its_knowers_delete_is_counted() {
+    for (seed, path) in [
+        (169_132, StorePath::Memory),
+        (172_328, StorePath::Memory),
+        (151_842, StorePath::Wire),
+    ] {
+        let report = clean(seed, path);
+        assert!(report.stranded >= 1, "seed {seed}: {}", report.stranded);
+    }
+}
+
 /// The long search's seeds 124792 (memory path) and 5002223 (wire path):
 /// fast-path and claim-path consumers share records, and a claim that
 /// charged and then lost its key was followed by a fast-path row (the

@@ -114,6 +114,16 @@ fn verdict_with(
     deliveries: &Deliveries,
     back_after_delete: BTreeSet<String>,
 ) -> (Vec<String>, BTreeSet<String>) {
+    verdict_outcomes(stored, deliveries, back_after_delete, BTreeMap::new())
+}
+
+/// [`verdict_with`], with each delivery's outcome by (message, receive).
+fn verdict_outcomes(
+    stored: StoredMessage,
+    deliveries: &Deliveries,
+    back_after_delete: BTreeSet<String>,
+    outcome_at: BTreeMap<(String, u32), (u128, String)>,
+) -> (Vec<String>, BTreeSet<String>) {
     let s = scenario();
     let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
     let evidence = Evidence {
@@ -144,7 +154,7 @@ fn verdict_with(
         lease_ends: Some(BTreeMap::new()),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
-        outcome_at: BTreeMap::new(),
+        outcome_at,
         twins: BTreeSet::new(),
         back_after_delete,
         sent: BTreeMap::new(),
@@ -263,6 +273,62 @@ async fn a_deleted_message_sqs_brought_back_explains_it_and_one_never_deleted_do
         } else {
             assert!(stranded.is_empty(), "{case}");
             assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
+        }
+    }
+}
+
+/// Seeds 169132 and 172328: a delivery found the message's record
+/// completed (`duplicate`) and deleted it; SQS brought the message back,
+/// and its last receives went to a Lambda cut off from DynamoDB, which
+/// answered `retry` each time (a consumer deletes only what it knows is
+/// recorded). Excused: the last delivery that knew it done deleted it. A
+/// later delivery that learned it done too and did not delete it is a
+/// violation.
+#[tokio::test(start_paused = true)]
+async fn a_message_brought_back_after_its_last_knower_deleted_it_explains_it_and_a_later_knower_does_not()
+ {
+    for (later, excused) in [("retry", true), ("duplicate", false)] {
+        let deliveries = Deliveries::default();
+        let queue = MemoryQueue::new();
+        let url = queue
+            .create_queue(QueueSettings::new("q"))
+            .expect("valid settings");
+        let body = serde_json::json!({ "id": "evt-0001" }).to_string();
+        let message = OutgoingMessage {
+            body,
+            ..OutgoingMessage::default()
+        };
+        queue.send(&url, message).await.expect("sent");
+        let request = ReceiveRequest {
+            max: 1,
+            wait: Duration::ZERO,
+            visibility: VISIBILITY,
+        };
+        let (life, cuts) = (Life::default(), Cuts::default());
+        let first = queue.receive(&url, request).await.expect("received");
+        deliveries.received(("c0", &life, &cuts), &url, &first, VISIBILITY);
+        let first = first[0].receipt_handle().expect("a receipt").to_owned();
+        deliveries.delete_sent(&url, std::slice::from_ref(&first));
+        deliveries.delete_reached(&url, std::slice::from_ref(&first));
+        // SQS brings it back (the model: invisible again, its count kept).
+        tokio::time::advance(VISIBILITY + Duration::from_secs(1)).await;
+        let second = queue.receive(&url, request).await.expect("received");
+        deliveries.received(("c0", &life, &cuts), &url, &second, VISIBILITY);
+        let stored = queue.contents(&url).remove(0);
+        let id = stored.id.clone();
+        // (Times from the evidence's start, now: the second delivery's.)
+        let outcome_at = BTreeMap::from([
+            ((id.clone(), 1), (0, "duplicate".to_owned())),
+            ((id.clone(), 2), (1_000, later.to_owned())),
+        ]);
+        let (violations, stranded) =
+            verdict_outcomes(stored, &deliveries, BTreeSet::from([first]), outcome_at);
+        if excused {
+            assert!(violations.is_empty(), "{later}: {violations:#?}");
+            assert_eq!(stranded, BTreeSet::from([id]), "{later}");
+        } else {
+            assert!(stranded.is_empty(), "{later}");
+            assert_eq!(violations.len(), 1, "{later}: {violations:#?}");
         }
     }
 }

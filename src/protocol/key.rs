@@ -468,42 +468,140 @@ fn json_scalar(body: &str, pointer: &str, shown: &str) -> Result<String, KeyErro
 /// The value at a JSON pointer and its exact text: the body is walked as raw
 /// JSON, so numbers keep their text and `12345678901234567890123` and
 /// `...124` stay apart (an `f64` would make them one key). Integers within
-/// `i64`/`u64` render as before.
+/// `i64`/`u64` render as before. The body is read once: what is off the
+/// pointer's path is skipped (and checked to be JSON), nothing of it kept.
 fn json_at(
     body: &str,
     pointer: &str,
     shown: &str,
 ) -> Result<(serde_json::Value, String), KeyError> {
-    use serde_json::value::RawValue;
     let not_json = |e: serde_json::Error| KeyError::BodyNotJson {
         pointer: shown.to_owned(),
         reason: e.to_string(),
     };
-    let missing = || KeyError::MissingPointer(shown.to_owned());
-    let mut raw: &RawValue = serde_json::from_str(body).map_err(not_json)?;
-    for token in pointer.split('/').skip(1) {
-        let token = token.replace("~1", "/").replace("~0", "~");
-        let text = raw.get().trim_start();
-        raw = if text.starts_with('{') {
-            let mut object: std::collections::HashMap<String, &RawValue> =
-                serde_json::from_str(raw.get()).map_err(not_json)?;
-            object.remove(&token).ok_or_else(missing)?
-        } else if text.starts_with('[') {
-            let array: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(not_json)?;
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let mut document = serde_json::Deserializer::from_str(body);
+    let raw = serde::de::DeserializeSeed::deserialize(pointer_walk::Walk(&tokens), &mut document)
+        // What follows the document must be only whitespace.
+        .and_then(|raw| document.end().map(|()| raw))
+        .map_err(not_json)?;
+    let raw = raw.ok_or_else(|| KeyError::MissingPointer(shown.to_owned()))?;
+    let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(not_json)?;
+    Ok((value, raw.get().trim().to_owned()))
+}
+
+/// A JSON pointer's walk through a document in one pass, as a serde seed.
+mod pointer_walk {
+    use std::fmt;
+
+    use serde::Deserialize;
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::value::RawValue;
+
+    /// Walks the (unescaped) tokens left; `None` where the path leads
+    /// nowhere. A name given twice in one object takes its last value, as
+    /// a map read of the object would.
+    pub(super) struct Walk<'t>(pub(super) &'t [String]);
+
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = Option<&'de RawValue>;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            if self.0.is_empty() {
+                return <&RawValue>::deserialize(d).map(Some);
+            }
+            d.deserialize_any(self)
+        }
+    }
+
+    /// Whether an object's member name is the token sought.
+    struct Named<'t>(&'t str);
+
+    impl<'de> DeserializeSeed<'de> for Named<'_> {
+        type Value = bool;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+
+    impl Visitor<'_> for Named<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a member name")
+        }
+        fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<bool, E> {
+            Ok(name == self.0)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = Option<&'de RawValue>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("JSON")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let (token, rest) = (&self.0[0], &self.0[1..]);
+            let mut found = None;
+            while let Some(named) = map.next_key_seed(Named(token))? {
+                if named {
+                    found = map.next_value_seed(Walk(rest))?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let (token, rest) = (&self.0[0], &self.0[1..]);
             let valid_index = !token.is_empty()
                 && token.bytes().all(|b| b.is_ascii_digit())
                 && (token == "0" || !token.starts_with('0'));
-            let i: usize = valid_index
-                .then(|| token.parse().ok())
-                .flatten()
-                .ok_or_else(missing)?;
-            *array.get(i).ok_or_else(missing)?
-        } else {
-            return Err(missing());
-        };
+            let wanted: Option<usize> = valid_index.then(|| token.parse().ok()).flatten();
+            let (mut i, mut found) = (0, None);
+            loop {
+                if Some(i) == wanted {
+                    match seq.next_element_seed(Walk(rest))? {
+                        Some(f) => found = f,
+                        None => break,
+                    }
+                } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                    break;
+                }
+                i += 1;
+            }
+            Ok(found)
+        }
+
+        // A scalar has no members: the pointer leads nowhere.
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
     }
-    let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(not_json)?;
-    Ok((value, raw.get().trim().to_owned()))
 }
 
 fn json_kind(v: &serde_json::Value) -> &'static str {
@@ -918,6 +1016,54 @@ mod tests {
         assert_eq!(
             idx.extract(&Message::new("m", r#"{"l":[1,2]}"#)),
             Err(KeyError::MissingPointer("/l/01".into()))
+        );
+    }
+
+    /// The body is read once; what is off the pointer's path must still be
+    /// JSON, a name given twice takes its last value (as a map read takes
+    /// it), escaped names match, and a pointer through a scalar is missing.
+    #[test]
+    fn the_one_pass_read_checks_the_whole_body_and_reads_names_as_a_map_would() {
+        let id = KeySource::JsonPointer("/id".into());
+        let read = |body: &str| id.extract(&Message::new("m", body));
+        assert_eq!(read(r#"{"id":"a","id":"b"}"#).unwrap(), "b");
+        assert_eq!(read(r#"{"i\u0064":"x"}"#).unwrap(), "x");
+        for bad in [
+            r#"{"id":"a"} trailing"#,
+            r#"{"id":"a","x":[1,}"#,
+            r#"{"x":tru,"id":"a"}"#,
+            r#"{"id":"a""#,
+        ] {
+            assert!(
+                matches!(read(bad), Err(KeyError::BodyNotJson { .. })),
+                "{bad}: {:?}",
+                read(bad)
+            );
+        }
+        let deep = KeySource::JsonPointer("/a/b".into());
+        for body in [
+            r#"{"a":"s"}"#,
+            r#"{"a":[1]}"#,
+            r#"{"a":{"c":1}}"#,
+            r#"{"a":null}"#,
+        ] {
+            assert_eq!(
+                deep.extract(&Message::new("m", body)),
+                Err(KeyError::MissingPointer("/a/b".into())),
+                "{body}"
+            );
+        }
+        let far = KeySource::JsonPointer("/l/5".into());
+        assert_eq!(
+            far.extract(&Message::new("m", r#"{"l":[0,1]}"#)),
+            Err(KeyError::MissingPointer("/l/5".into()))
+        );
+        let second = KeySource::JsonPointer("/l/1/k".into());
+        assert_eq!(
+            second
+                .extract(&Message::new("m", r#"{"l":[{"k":1},{"k":2},{"k":3}]}"#))
+                .unwrap(),
+            "2"
         );
     }
 

@@ -819,12 +819,28 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
     }
 }
 
-/// One batch's delete ([`send_batch`], holding `slot` for the call alone),
-/// then the retries of its failed entries ([`delete_retrying`]), then the
-/// large-payload objects of the messages deleted. The retries of a failed
-/// delete (which may go on while SQS is out of reach) and a slow S3 hold no
-/// slot (an object left behind only costs storage until the bucket's
-/// lifecycle rule).
+/// One batch's delete ([`send_batch`]), then the retries of its failed
+/// entries ([`delete_retrying`]), then the large-payload objects of the
+/// messages deleted.
+///
+/// The batch call is given at most half the time left before its first
+/// message's known visibility ends (at least [`BATCH_CALL_LEAST`]): an SDK
+/// call tries again on its own, each attempt up to `aws::sqs::CALL_ATTEMPT`,
+/// and two silent attempts can outlast the visibility, so the deletes one by
+/// one would start only once the receipts no longer delete (simulator seed
+/// 149049: a `DeleteMessageBatch` unanswered twice took 11 s of the 10.7 s
+/// left, and a message on its last allowed receive went to the DLQ, effect
+/// made). A call cut short that had landed costs nothing: the deletes one by
+/// one of a deleted message succeed.
+///
+/// `slot` is held for the call, and, when the call as a whole failed or was
+/// cut short (SQS out of reach or not answering), through the retries too:
+/// deletes that do not answer must keep holding back receives, or the
+/// messages they should have deleted come back while more are received
+/// (`deletes_that_do_not_answer_stop_receives_and_every_effect_is_made_once`).
+/// Entries that failed in a call that answered are retried holding no
+/// slot, and so is a slow S3 (an object left behind only costs storage until
+/// the bucket's lifecycle rule).
 async fn delete_batch<Q: QueueClient>(
     queue: Q,
     url: String,
@@ -838,8 +854,27 @@ async fn delete_batch<Q: QueueClient>(
         let objects = batch.iter().filter_map(|f| f.payload.clone()).collect();
         payloads.delete_objects(objects).await;
     }
-    let failed = send_batch(&queue, &url, &batch).await;
-    drop(slot);
+    let first_end = batch.iter().map(|f| f.invisible_until).min();
+    let bound = first_end.map_or(BATCH_CALL_LEAST, |end| {
+        (end.saturating_duration_since(Instant::now()) / 2).max(BATCH_CALL_LEAST)
+    });
+    let (failed, answered) =
+        match tokio::time::timeout(bound, send_batch(&queue, &url, &batch)).await {
+            Ok(sent) => sent,
+            Err(_) => {
+                warn!(
+                    ?bound,
+                    "DeleteMessageBatch not answered in time; deleting one by one"
+                );
+                ((0..batch.len()).collect(), false)
+            }
+        };
+    let slot = if answered {
+        drop(slot);
+        None
+    } else {
+        Some(slot)
+    };
     let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
             let (queue, url) = (&queue, url.as_str());
             async move {
@@ -857,6 +892,7 @@ async fn delete_batch<Q: QueueClient>(
         .into_iter()
         .flatten()
         .collect();
+    drop(slot);
     let Some(payloads) = payloads else {
         return;
     };
@@ -880,22 +916,32 @@ async fn delete_batch<Q: QueueClient>(
     }
 }
 
+/// The least time a `DeleteMessageBatch` call is given (see [`delete_batch`]).
+const BATCH_CALL_LEAST: Duration = Duration::from_secs(1);
+
 /// Deletes the messages in one call; returns those whose delete failed
 /// (the whole call, or their entries) by their place in `batch`, to be
-/// tried again alone.
-async fn send_batch<Q: QueueClient>(queue: &Q, url: &str, batch: &[Finished]) -> Vec<usize> {
+/// tried again alone, and whether the call answered.
+async fn send_batch<Q: QueueClient>(
+    queue: &Q,
+    url: &str,
+    batch: &[Finished],
+) -> (Vec<usize>, bool) {
     let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
     match queue.delete_batch(url, &receipts).await {
-        Ok(failed) => failed
-            .iter()
-            .map(|f| {
-                warn!(code = f.code, message = ?f.message, "delete failed in batch");
-                f.index
-            })
-            .collect(),
+        Ok(failed) => {
+            let failed = failed
+                .iter()
+                .map(|f| {
+                    warn!(code = f.code, message = ?f.message, "delete failed in batch");
+                    f.index
+                })
+                .collect();
+            (failed, true)
+        }
         Err(e) => {
             warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
-            (0..batch.len()).collect()
+            ((0..batch.len()).collect(), false)
         }
     }
 }

@@ -45,6 +45,9 @@ struct Watched {
     /// While set, every delete fails at once (transient), as with SQS out
     /// of reach.
     failing_deletes: Arc<AtomicBool>,
+    /// While set, every `DeleteMessageBatch` hangs, never answered, while
+    /// single deletes work.
+    silent_batches: Arc<AtomicBool>,
 }
 
 impl Watched {
@@ -88,6 +91,9 @@ impl QueueClient for Watched {
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
+        if self.silent_batches.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.delete_cut("DeleteMessageBatch", queue).await?;
         self.inner.delete_batch(queue, receipts).await
     }
@@ -145,6 +151,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         fail_batch_extensions: Arc::default(),
         cut_deletes: Arc::new(tokio::sync::watch::Sender::new(false)),
         failing_deletes: Arc::default(),
+        silent_batches: Arc::default(),
     };
     (queue, url)
 }
@@ -459,6 +466,54 @@ async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
     assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(queue.inner.counts(&url).unwrap().deleted, 2);
+    drop(tx);
+    batcher.await.unwrap();
+}
+
+/// Simulator seed 149049 (wire path): a `DeleteMessageBatch` went
+/// unanswered twice inside one SDK call (5 s an attempt) and took 11 s of
+/// the 10.7 s of visibility left; the deletes one by one came after the
+/// receipt had stopped deleting, and SQS moved the message, effect
+/// recorded, to the DLQ. A batch call gets at most half the time left, then
+/// its entries are deleted one by one.
+#[tokio::test(start_paused = true)]
+async fn a_batch_call_that_does_not_answer_leaves_time_to_delete_one_by_one() {
+    let (queue, url) = queue_with(1).await;
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(11),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let calls = Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT));
+    let batcher = DeleteBatcher {
+        queue: queue.clone(),
+        url: url.clone(),
+        wait: Duration::ZERO,
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+        calls: calls.clone(),
+    };
+    let batcher = tokio::spawn(batcher.run());
+    queue.silent_batches.store(true, Ordering::SeqCst);
+    let left = Duration::from_millis(10_700);
+    tx.send(Finished {
+        receipt: received[0].receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + left,
+        retry_until: Instant::now() + left,
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(left / 2 - Duration::from_millis(100)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 0);
+    assert_eq!(calls.available_permits(), DELETE_CALLS_IN_FLIGHT - 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
+    // The call was cut short: its slot was held through the retry.
+    assert_eq!(calls.available_permits(), DELETE_CALLS_IN_FLIGHT);
     drop(tx);
     batcher.await.unwrap();
 }
