@@ -237,9 +237,11 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
 /// Messages SQS's redrive policy moved to the DLQ after their effect was
 /// recorded, whose last delivery could not be deleted however the consumer
 /// tried: it sent the delete in time and SQS was out of reach, or it died
-/// holding the message; or SQS brought the message back after the delete of
-/// the last delivery that knew it done, and no later delivery reached its
-/// record. No consumer can keep such a message from the DLQ; a
+/// holding the message; or every delivery that learned it was done was in
+/// one of those positions, or deleted it and SQS brought it back, or was
+/// received before such a delete removed it and learned only after (its
+/// receipt then named nothing). No consumer can keep such a message from
+/// the DLQ; a
 /// copy brought back completes as a duplicate (see [`crate::deliveries`]).
 pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
     e.dlq_before
@@ -253,40 +255,48 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
             let out_of_reach = |d: &crate::deliveries::Delivery| {
                 d.delete_was_out_of_reach(e.deliveries.calm_at()) || ended_unheld(e, d)
             };
+            // Its delete deleted the message, and SQS brought it back.
+            let undone = |d: &crate::deliveries::Delivery| {
+                d.delete_reached && e.back_after_delete.contains(&d.receipt)
+            };
             let last = e
                 .deliveries
                 .last_of(&m.id)
                 .is_some_and(|d| out_of_reach(&d));
-            // Or no delivery that learned the effect was recorded could
-            // delete it (each ended after its visibility, or out of reach).
-            let learned: Vec<_> = e
-                .deliveries
-                .all_of(&m.id)
-                .into_iter()
-                .filter(|d| learned_done(e, d))
-                .collect();
             // Or its last delivery's own delete deleted it, and SQS
             // brought the message back (on its last allowed receive, the
             // next receive moves it: no consumer sees it again). Judged by
             // that delivery's receipt: an earlier delete that SQS undid
             // excuses nothing about a later delivery.
-            let deleted_then_back = e
-                .deliveries
-                .last_of(&m.id)
-                .is_some_and(|d| d.delete_reached && e.back_after_delete.contains(&d.receipt));
-            // Or the last delivery that learned the effect was recorded
-            // deleted it, SQS brought it back, and no delivery after
-            // learned it again (each ended without reaching the record,
-            // which a consumer must reach before it deletes: seeds 169132
-            // and 172328, later deliveries cut off from DynamoDB until
-            // the receives ran out).
-            let learner_undone = learned
-                .iter()
-                .max_by_key(|d| (d.count, d.at))
-                .is_some_and(|d| d.delete_reached && e.back_after_delete.contains(&d.receipt));
-            last || deleted_then_back
-                || learner_undone
-                || (!learned.is_empty() && learned.iter().all(out_of_reach))
+            let deleted_then_back = e.deliveries.last_of(&m.id).is_some_and(|d| undone(&d));
+            // Or no delivery that learned the effect was recorded could
+            // keep it out: each ended after its visibility, or out of
+            // reach; or its delete deleted the message and SQS brought it
+            // back (seeds 169132, 172328: later deliveries cut off from
+            // DynamoDB until the receives ran out); or it was received
+            // before such a delete removed the message and learned only
+            // after, its receipt then naming nothing (seed 1750 with
+            // `maxReceiveCount` drawn: a twin delivery).
+            let all = e.deliveries.all_of(&m.id);
+            let cut_short = |d: &crate::deliveries::Delivery| {
+                let ended = e
+                    .outcome_at
+                    .get(&(d.message.clone(), d.count))
+                    .map(|(at, _)| *at);
+                all.iter()
+                    .filter(|l| l.receipt != d.receipt && undone(l))
+                    .filter_map(|l| l.delete_reached_at)
+                    .any(|t| {
+                        let t_ms = t.saturating_duration_since(e.start).as_millis();
+                        d.at <= t && ended.is_some_and(|end| end >= t_ms)
+                    })
+            };
+            let learned: Vec<_> = all.iter().filter(|d| learned_done(e, d)).collect();
+            let none_could = !learned.is_empty()
+                && learned
+                    .iter()
+                    .all(|d| out_of_reach(d) || undone(d) || cut_short(d));
+            last || deleted_then_back || none_could
         })
         .map(|m| m.id.clone())
         .collect()

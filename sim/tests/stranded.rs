@@ -114,15 +114,23 @@ fn verdict_with(
     deliveries: &Deliveries,
     back_after_delete: BTreeSet<String>,
 ) -> (Vec<String>, BTreeSet<String>) {
-    verdict_outcomes(stored, deliveries, back_after_delete, BTreeMap::new())
+    verdict_outcomes(
+        stored,
+        deliveries,
+        back_after_delete,
+        BTreeMap::new(),
+        Instant::now(),
+    )
 }
 
-/// [`verdict_with`], with each delivery's outcome by (message, receive).
+/// [`verdict_with`], with each delivery's outcome by (message, receive), in
+/// milliseconds from `start`.
 fn verdict_outcomes(
     stored: StoredMessage,
     deliveries: &Deliveries,
     back_after_delete: BTreeSet<String>,
     outcome_at: BTreeMap<(String, u32), (u128, String)>,
+    start: Instant,
 ) -> (Vec<String>, BTreeSet<String>) {
     let s = scenario();
     let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
@@ -158,7 +166,7 @@ fn verdict_outcomes(
         twins: BTreeSet::new(),
         back_after_delete,
         sent: BTreeMap::new(),
-        start: Instant::now(),
+        start,
         next: None,
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
@@ -321,14 +329,79 @@ async fn a_message_brought_back_after_its_last_knower_deleted_it_explains_it_and
             ((id.clone(), 1), (0, "duplicate".to_owned())),
             ((id.clone(), 2), (1_000, later.to_owned())),
         ]);
+        let back = BTreeSet::from([first]);
         let (violations, stranded) =
-            verdict_outcomes(stored, &deliveries, BTreeSet::from([first]), outcome_at);
+            verdict_outcomes(stored, &deliveries, back, outcome_at, Instant::now());
         if excused {
             assert!(violations.is_empty(), "{later}: {violations:#?}");
             assert_eq!(stranded, BTreeSet::from([id]), "{later}");
         } else {
             assert!(stranded.is_empty(), "{later}");
             assert_eq!(violations.len(), 1, "{later}: {violations:#?}");
+        }
+    }
+}
+
+/// Seed 1750 with `maxReceiveCount` drawn: a twin delivery was received
+/// while an earlier one ran; the earlier one completed and deleted the
+/// message, SQS brought it back, and the twin learned it done only after
+/// that delete (its receipt then named nothing). Excused; a twin that
+/// learned it done before the delete landed, and did not delete it, is not.
+#[tokio::test(start_paused = true)]
+async fn a_twin_that_learned_only_after_an_undone_delete_explains_it_and_one_that_learned_before_does_not()
+ {
+    for (learned_after, excused) in [(true, true), (false, false)] {
+        let start = Instant::now();
+        let deliveries = Deliveries::default();
+        let queue = MemoryQueue::new();
+        let url = queue
+            .create_queue(QueueSettings::new("q"))
+            .expect("valid settings");
+        let body = serde_json::json!({ "id": "evt-0001" }).to_string();
+        let message = OutgoingMessage {
+            body,
+            ..OutgoingMessage::default()
+        };
+        queue.send(&url, message).await.expect("sent");
+        let (life, cuts) = (Life::default(), Cuts::default());
+        let mut receive = |visibility| {
+            let request = ReceiveRequest {
+                max: 1,
+                wait: Duration::ZERO,
+                visibility,
+            };
+            let (queue, url, deliveries, life, cuts) = (&queue, &url, &deliveries, &life, &cuts);
+            async move {
+                let got = queue.receive(url, request).await.expect("received");
+                deliveries.received(("c0", life, cuts), url, &got, visibility);
+                got[0].receipt_handle().expect("a receipt").to_owned()
+            }
+        };
+        // The first delivery's visibility lapses at once, so the second is
+        // received while the first still runs (as a twin would be).
+        let first = receive(Duration::from_secs(1)).await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let _second = receive(VISIBILITY).await;
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // The first deletes it at 5 s; SQS brings it back.
+        deliveries.delete_sent(&url, std::slice::from_ref(&first));
+        deliveries.delete_reached(&url, std::slice::from_ref(&first));
+        let stored = queue.contents(&url).remove(0);
+        let id = stored.id.clone();
+        let second_learned_at = if learned_after { 6_000 } else { 4_000 };
+        let outcome_at = BTreeMap::from([
+            ((id.clone(), 1), (5_000, "completed".to_owned())),
+            ((id.clone(), 2), (second_learned_at, "duplicate".to_owned())),
+        ]);
+        let back = BTreeSet::from([first]);
+        let (violations, stranded) = verdict_outcomes(stored, &deliveries, back, outcome_at, start);
+        let case = format!("learned after the delete: {learned_after}");
+        if excused {
+            assert!(violations.is_empty(), "{case}: {violations:#?}");
+            assert_eq!(stranded, BTreeSet::from([id]), "{case}");
+        } else {
+            assert!(stranded.is_empty(), "{case}");
+            assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
         }
     }
 }
