@@ -364,7 +364,7 @@ async fn a_twin_that_learned_only_after_an_undone_delete_explains_it_and_one_tha
         };
         queue.send(&url, message).await.expect("sent");
         let (life, cuts) = (Life::default(), Cuts::default());
-        let mut receive = |visibility| {
+        let receive = |visibility| {
             let request = ReceiveRequest {
                 max: 1,
                 wait: Duration::ZERO,
