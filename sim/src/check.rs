@@ -266,8 +266,8 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
             // Or its last delivery's own delete deleted it, and SQS
             // brought the message back (on its last allowed receive, the
             // next receive moves it: no consumer sees it again). Judged by
-            // that delivery's receipt: an earlier delete that SQS undid
-            // excuses nothing about a later delivery.
+            // that delivery's receipt; an earlier delete that SQS undid
+            // excuses a later delivery only as `none_could` below says.
             let deleted_then_back = e.deliveries.last_of(&m.id).is_some_and(|d| undone(&d));
             // Or no delivery that learned the effect was recorded could
             // keep it out: each ended after its visibility, or out of

@@ -468,52 +468,69 @@ fn json_scalar(body: &str, pointer: &str, shown: &str) -> Result<String, KeyErro
 /// The value at a JSON pointer and its exact text: the body is walked as raw
 /// JSON, so numbers keep their text and `12345678901234567890123` and
 /// `...124` stay apart (an `f64` would make them one key). Integers within
-/// `i64`/`u64` render as before. The body is read once: what is off the
-/// pointer's path is skipped (and checked to be JSON), nothing of it kept.
+/// `i64`/`u64` render as before. Each level is read once (the body's whole
+/// text at the first): its members off the path are skipped (still checked
+/// to be JSON), member names are read in full, and the member on the path
+/// is kept as raw text, the last one where a name is given twice (as a map
+/// read of the object takes it), and read at the next level.
 fn json_at(
     body: &str,
     pointer: &str,
     shown: &str,
 ) -> Result<(serde_json::Value, String), KeyError> {
+    use serde::de::DeserializeSeed;
+    use serde_json::value::RawValue;
     let not_json = |e: serde_json::Error| KeyError::BodyNotJson {
         pointer: shown.to_owned(),
         reason: e.to_string(),
     };
-    let tokens: Vec<String> = pointer
-        .split('/')
-        .skip(1)
-        .map(|t| t.replace("~1", "/").replace("~0", "~"))
-        .collect();
-    let mut document = serde_json::Deserializer::from_str(body);
-    let raw = serde::de::DeserializeSeed::deserialize(pointer_walk::Walk(&tokens), &mut document)
-        // What follows the document must be only whitespace.
-        .and_then(|raw| document.end().map(|()| raw))
-        .map_err(not_json)?;
-    let raw = raw.ok_or_else(|| KeyError::MissingPointer(shown.to_owned()))?;
+    let mut raw: &RawValue = serde_json::from_str("null").map_err(not_json)?;
+    let mut text = body;
+    let mut tokens = pointer.split('/').skip(1).peekable();
+    if tokens.peek().is_none() {
+        raw = serde_json::from_str(body).map_err(not_json)?;
+    }
+    for token in tokens {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        let opens = text.trim_start().as_bytes().first();
+        if !matches!(opens, Some(b'{' | b'[')) {
+            // A scalar has no members (the body, at the first level, must
+            // still be JSON); it is never read here, so a string or number
+            // that a full read would refuse leads nowhere, as before.
+            if std::ptr::eq(text, body) {
+                serde_json::from_str::<&RawValue>(body).map_err(not_json)?;
+            }
+            return Err(KeyError::MissingPointer(shown.to_owned()));
+        }
+        let mut level = serde_json::Deserializer::from_str(text);
+        let found = pointer_walk::Member(&token)
+            .deserialize(&mut level)
+            // What follows the document must be only whitespace.
+            .and_then(|found| level.end().map(|()| found))
+            .map_err(not_json)?;
+        raw = found.ok_or_else(|| KeyError::MissingPointer(shown.to_owned()))?;
+        text = raw.get();
+    }
     let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(not_json)?;
     Ok((value, raw.get().trim().to_owned()))
 }
 
-/// A JSON pointer's walk through a document in one pass, as a serde seed.
+/// One level of a JSON pointer's walk, as a serde seed.
 mod pointer_walk {
     use std::fmt;
 
-    use serde::Deserialize;
     use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
     use serde_json::value::RawValue;
 
-    /// Walks the (unescaped) tokens left; `None` where the path leads
-    /// nowhere. A name given twice in one object takes its last value, as
-    /// a map read of the object would.
-    pub(super) struct Walk<'t>(pub(super) &'t [String]);
+    /// The raw text of the member or element an (unescaped) token names;
+    /// `None` where there is none (a scalar has no members). A name given
+    /// twice in one object takes its last value.
+    pub(super) struct Member<'t>(pub(super) &'t str);
 
-    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    impl<'de> DeserializeSeed<'de> for Member<'_> {
         type Value = Option<&'de RawValue>;
 
         fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            if self.0.is_empty() {
-                return <&RawValue>::deserialize(d).map(Some);
-            }
             d.deserialize_any(self)
         }
     }
@@ -538,7 +555,7 @@ mod pointer_walk {
         }
     }
 
-    impl<'de> Visitor<'de> for Walk<'_> {
+    impl<'de> Visitor<'de> for Member<'_> {
         type Value = Option<&'de RawValue>;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -546,11 +563,10 @@ mod pointer_walk {
         }
 
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let (token, rest) = (&self.0[0], &self.0[1..]);
             let mut found = None;
-            while let Some(named) = map.next_key_seed(Named(token))? {
+            while let Some(named) = map.next_key_seed(Named(self.0))? {
                 if named {
-                    found = map.next_value_seed(Walk(rest))?;
+                    found = Some(map.next_value::<&RawValue>()?);
                 } else {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -559,7 +575,7 @@ mod pointer_walk {
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let (token, rest) = (&self.0[0], &self.0[1..]);
+            let token = self.0;
             let valid_index = !token.is_empty()
                 && token.bytes().all(|b| b.is_ascii_digit())
                 && (token == "0" || !token.starts_with('0'));
@@ -567,8 +583,8 @@ mod pointer_walk {
             let (mut i, mut found) = (0, None);
             loop {
                 if Some(i) == wanted {
-                    match seq.next_element_seed(Walk(rest))? {
-                        Some(f) => found = f,
+                    match seq.next_element::<&RawValue>()? {
+                        Some(f) => found = Some(f),
                         None => break,
                     }
                 } else if seq.next_element::<IgnoredAny>()?.is_none() {
@@ -579,7 +595,8 @@ mod pointer_walk {
             Ok(found)
         }
 
-        // A scalar has no members: the pointer leads nowhere.
+        // A scalar has no members: the pointer leads nowhere. (Strings and
+        // numbers read here are skipped as raw text by the level above.)
         fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
             Ok(None)
         }
@@ -1064,6 +1081,31 @@ mod tests {
                 .extract(&Message::new("m", r#"{"l":[{"k":1},{"k":2},{"k":3}]}"#))
                 .unwrap(),
             "2"
+        );
+        // What is off the path, or passed over by a later member of the same
+        // name, is only checked to be JSON: a lone surrogate or a number no
+        // f64 holds there changes nothing; one on the path's way leads
+        // nowhere.
+        let ab = KeySource::JsonPointer("/a/b".into());
+        for (body, key) in [
+            (r#"{"a":"\ud800","a":{"b":"k"}}"#, Ok("k".to_owned())),
+            (r#"{"a":1e999,"a":{"b":"k"}}"#, Ok("k".to_owned())),
+            (r#"{"a":{"\ud800":1},"a":{"b":"k"}}"#, Ok("k".to_owned())),
+            (r#"{"x":"\ud800","a":{"b":"k"}}"#, Ok("k".to_owned())),
+            (
+                r#"{"a":"\ud800"}"#,
+                Err(KeyError::MissingPointer("/a/b".into())),
+            ),
+            (
+                r#"{"a":1e999}"#,
+                Err(KeyError::MissingPointer("/a/b".into())),
+            ),
+        ] {
+            assert_eq!(ab.extract(&Message::new("m", body)), key, "{body}");
+        }
+        assert_eq!(
+            id.extract(&Message::new("m", r#""\ud800""#)),
+            Err(KeyError::MissingPointer("/id".into()))
         );
     }
 

@@ -833,14 +833,15 @@ impl<Q: QueueClient> DeleteBatcher<Q> {
 /// made). A call cut short that had landed costs nothing: the deletes one by
 /// one of a deleted message succeed.
 ///
-/// `slot` is held for the call, and, when the call as a whole failed or was
-/// cut short (SQS out of reach or not answering), through the retries too:
-/// deletes that do not answer must keep holding back receives, or the
-/// messages they should have deleted come back while more are received
+/// `slot` is held for the call, and, when the call was cut short (SQS not
+/// answering), through the deletes one by one too: deletes that do not
+/// answer must keep holding back receives, or the messages they should have
+/// deleted come back while more are received
 /// (`deletes_that_do_not_answer_stop_receives_and_every_effect_is_made_once`).
-/// Entries that failed in a call that answered are retried holding no
-/// slot, and so is a slow S3 (an object left behind only costs storage until
-/// the bucket's lifecycle rule).
+/// The retries after a call that answered, or failed at once (SQS out of
+/// reach: the retries may go on for a while, and the next batches must not
+/// wait for them), hold no slot, and neither does a slow S3 (an object left
+/// behind only costs storage until the bucket's lifecycle rule).
 async fn delete_batch<Q: QueueClient>(
     queue: Q,
     url: String,
@@ -858,22 +859,18 @@ async fn delete_batch<Q: QueueClient>(
     let bound = first_end.map_or(BATCH_CALL_LEAST, |end| {
         (end.saturating_duration_since(Instant::now()) / 2).max(BATCH_CALL_LEAST)
     });
-    let (failed, answered) =
-        match tokio::time::timeout(bound, send_batch(&queue, &url, &batch)).await {
-            Ok(sent) => sent,
-            Err(_) => {
-                warn!(
-                    ?bound,
-                    "DeleteMessageBatch not answered in time; deleting one by one"
-                );
-                ((0..batch.len()).collect(), false)
-            }
-        };
-    let slot = if answered {
-        drop(slot);
-        None
-    } else {
-        Some(slot)
+    let (failed, slot) = match tokio::time::timeout(bound, send_batch(&queue, &url, &batch)).await {
+        Ok(failed) => {
+            drop(slot);
+            (failed, None)
+        }
+        Err(_) => {
+            warn!(
+                ?bound,
+                "DeleteMessageBatch not answered in time; deleting one by one"
+            );
+            ((0..batch.len()).collect(), Some(slot))
+        }
     };
     let tries = failed.iter().filter_map(|&i| batch.get(i)).map(|f| {
             let (queue, url) = (&queue, url.as_str());
@@ -921,27 +918,20 @@ const BATCH_CALL_LEAST: Duration = Duration::from_secs(1);
 
 /// Deletes the messages in one call; returns those whose delete failed
 /// (the whole call, or their entries) by their place in `batch`, to be
-/// tried again alone, and whether the call answered.
-async fn send_batch<Q: QueueClient>(
-    queue: &Q,
-    url: &str,
-    batch: &[Finished],
-) -> (Vec<usize>, bool) {
+/// tried again alone.
+async fn send_batch<Q: QueueClient>(queue: &Q, url: &str, batch: &[Finished]) -> Vec<usize> {
     let receipts: Vec<String> = batch.iter().map(|f| f.receipt.clone()).collect();
     match queue.delete_batch(url, &receipts).await {
-        Ok(failed) => {
-            let failed = failed
-                .iter()
-                .map(|f| {
-                    warn!(code = f.code, message = ?f.message, "delete failed in batch");
-                    f.index
-                })
-                .collect();
-            (failed, true)
-        }
+        Ok(failed) => failed
+            .iter()
+            .map(|f| {
+                warn!(code = f.code, message = ?f.message, "delete failed in batch");
+                f.index
+            })
+            .collect(),
         Err(e) => {
             warn!(error = %e, "DeleteMessageBatch failed; deleting one by one");
-            ((0..batch.len()).collect(), false)
+            (0..batch.len()).collect()
         }
     }
 }

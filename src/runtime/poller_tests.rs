@@ -512,10 +512,69 @@ async fn a_batch_call_that_does_not_answer_leaves_time_to_delete_one_by_one() {
     assert_eq!(calls.available_permits(), DELETE_CALLS_IN_FLIGHT - 1);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
-    // The call was cut short: its slot was held through the retry.
     assert_eq!(calls.available_permits(), DELETE_CALLS_IN_FLIGHT);
     drop(tx);
     batcher.await.unwrap();
+}
+
+/// A batch call cut short keeps its slot while its deletes one by one do
+/// not answer either (deletes that do not answer hold back receives); one
+/// that failed at once (SQS out of reach) leaves its retries holding none.
+#[tokio::test(start_paused = true)]
+async fn a_cut_batch_call_keeps_its_slot_through_its_single_deletes_and_a_failed_one_does_not() {
+    for cut_short in [true, false] {
+        let (queue, url) = queue_with(1).await;
+        let request = ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(60),
+        };
+        let received = queue.inner.receive(&url, request).await.unwrap();
+        let (tx, rx) = mpsc::channel(PENDING_DELETES);
+        let calls = Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT));
+        let batcher = DeleteBatcher {
+            queue: queue.clone(),
+            url: url.clone(),
+            wait: Duration::ZERO,
+            receipts: rx,
+            payloads: None,
+            retries: TaskTracker::new(),
+            calls: calls.clone(),
+        };
+        let batcher = tokio::spawn(batcher.run());
+        if cut_short {
+            // The batch never answers, nor do the single deletes after it.
+            queue.silent_batches.store(true, Ordering::SeqCst);
+            queue.cut_deletes.send_replace(true);
+        } else {
+            queue.failing_deletes.store(true, Ordering::SeqCst);
+        }
+        let left = Duration::from_secs(50);
+        tx.send(Finished {
+            receipt: received[0].receipt_handle().unwrap().to_owned(),
+            payload: None,
+            invisible_until: Instant::now() + left,
+            retry_until: Instant::now() + left,
+        })
+        .await
+        .unwrap();
+        tokio::time::sleep(left / 2 + Duration::from_secs(1)).await;
+        let held = DELETE_CALLS_IN_FLIGHT - calls.available_permits();
+        assert_eq!(held, usize::from(cut_short), "cut short: {cut_short}");
+        // SQS answers again: the retries delete it, and the slot is free.
+        queue.silent_batches.store(false, Ordering::SeqCst);
+        queue.cut_deletes.send_replace(false);
+        queue.failing_deletes.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            queue.inner.counts(&url).unwrap().deleted,
+            1,
+            "cut short: {cut_short}"
+        );
+        assert_eq!(calls.available_permits(), DELETE_CALLS_IN_FLIGHT);
+        drop(tx);
+        batcher.await.unwrap();
+    }
 }
 
 /// Issue 27, part 2: a producer's re-send of a key whose first delivery
