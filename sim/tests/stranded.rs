@@ -29,22 +29,23 @@ struct One {
     queue: String,
 }
 
-async fn one_delivery(deliveries: &Deliveries, life: &Life, cuts: &Cuts) -> One {
+/// A queue holding the one event's message.
+async fn queue_of_one() -> (MemoryQueue, String) {
     let queue = MemoryQueue::new();
     let url = queue
         .create_queue(QueueSettings::new("q"))
         .expect("valid settings");
     let body = serde_json::json!({ "id": "evt-0001" }).to_string();
-    queue
-        .send(
-            &url,
-            OutgoingMessage {
-                body,
-                ..OutgoingMessage::default()
-            },
-        )
-        .await
-        .expect("sent");
+    let message = OutgoingMessage {
+        body,
+        ..OutgoingMessage::default()
+    };
+    queue.send(&url, message).await.expect("sent");
+    (queue, url)
+}
+
+async fn one_delivery(deliveries: &Deliveries, life: &Life, cuts: &Cuts) -> One {
+    let (queue, url) = queue_of_one().await;
     let request = ReceiveRequest {
         max: 1,
         wait: Duration::ZERO,
@@ -177,6 +178,18 @@ fn verdict_outcomes(
     (check(&evidence), stranded(&evidence))
 }
 
+/// The verdict on message `id`: excused (counted as stranded, no
+/// violation) or one violation, as `excused` says.
+fn judged(case: &str, excused: bool, id: &str, violations: &[String], stranded: &BTreeSet<String>) {
+    if excused {
+        assert!(violations.is_empty(), "{case}: {violations:#?}");
+        assert_eq!(stranded, &BTreeSet::from([id.to_owned()]), "{case}");
+    } else {
+        assert!(stranded.is_empty(), "{case}");
+        assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_completed_message_its_consumer_never_deleted_is_a_violation() {
     let deliveries = Deliveries::default();
@@ -275,13 +288,7 @@ async fn a_deleted_message_sqs_brought_back_explains_it_and_one_never_deleted_do
         };
         let (violations, stranded) = verdict_with(one.stored, &deliveries, back.clone());
         let case = format!("deleted {deleted}, brought back after {back:?}: excused {excused}");
-        if excused {
-            assert!(violations.is_empty(), "{case}: {violations:#?}");
-            assert_eq!(stranded, BTreeSet::from([id]), "{case}");
-        } else {
-            assert!(stranded.is_empty(), "{case}");
-            assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
-        }
+        judged(&case, excused, &id, &violations, &stranded);
     }
 }
 
@@ -297,16 +304,7 @@ async fn a_message_brought_back_after_its_last_knower_deleted_it_explains_it_and
  {
     for (later, excused) in [("retry", true), ("duplicate", false)] {
         let deliveries = Deliveries::default();
-        let queue = MemoryQueue::new();
-        let url = queue
-            .create_queue(QueueSettings::new("q"))
-            .expect("valid settings");
-        let body = serde_json::json!({ "id": "evt-0001" }).to_string();
-        let message = OutgoingMessage {
-            body,
-            ..OutgoingMessage::default()
-        };
-        queue.send(&url, message).await.expect("sent");
+        let (queue, url) = queue_of_one().await;
         let request = ReceiveRequest {
             max: 1,
             wait: Duration::ZERO,
@@ -332,13 +330,7 @@ async fn a_message_brought_back_after_its_last_knower_deleted_it_explains_it_and
         let back = BTreeSet::from([first]);
         let (violations, stranded) =
             verdict_outcomes(stored, &deliveries, back, outcome_at, Instant::now());
-        if excused {
-            assert!(violations.is_empty(), "{later}: {violations:#?}");
-            assert_eq!(stranded, BTreeSet::from([id]), "{later}");
-        } else {
-            assert!(stranded.is_empty(), "{later}");
-            assert_eq!(violations.len(), 1, "{later}: {violations:#?}");
-        }
+        judged(&later, excused, &id, &violations, &stranded);
     }
 }
 
@@ -353,16 +345,7 @@ async fn a_twin_that_learned_only_after_an_undone_delete_explains_it_and_one_tha
     for (learned_after, excused) in [(true, true), (false, false)] {
         let start = Instant::now();
         let deliveries = Deliveries::default();
-        let queue = MemoryQueue::new();
-        let url = queue
-            .create_queue(QueueSettings::new("q"))
-            .expect("valid settings");
-        let body = serde_json::json!({ "id": "evt-0001" }).to_string();
-        let message = OutgoingMessage {
-            body,
-            ..OutgoingMessage::default()
-        };
-        queue.send(&url, message).await.expect("sent");
+        let (queue, url) = queue_of_one().await;
         let (life, cuts) = (Life::default(), Cuts::default());
         let receive = |visibility| {
             let request = ReceiveRequest {
@@ -396,13 +379,7 @@ async fn a_twin_that_learned_only_after_an_undone_delete_explains_it_and_one_tha
         let back = BTreeSet::from([first]);
         let (violations, stranded) = verdict_outcomes(stored, &deliveries, back, outcome_at, start);
         let case = format!("learned after the delete: {learned_after}");
-        if excused {
-            assert!(violations.is_empty(), "{case}: {violations:#?}");
-            assert_eq!(stranded, BTreeSet::from([id]), "{case}");
-        } else {
-            assert!(stranded.is_empty(), "{case}");
-            assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
-        }
+        judged(&case, excused, &id, &violations, &stranded);
     }
 }
 

@@ -134,6 +134,31 @@ impl QueueClient for Watched {
     }
 }
 
+/// A [`DeleteBatcher`] of `queue`'s `url`, running: its hand-off, its call
+/// slots, its task.
+fn spawn_batcher<Q: QueueClient>(
+    queue: Q,
+    url: &str,
+    wait: Duration,
+) -> (
+    mpsc::Sender<Finished>,
+    Arc<Semaphore>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = mpsc::channel(PENDING_DELETES);
+    let calls = Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT));
+    let batcher = DeleteBatcher {
+        queue,
+        url: url.to_owned(),
+        wait,
+        receipts: rx,
+        payloads: None,
+        retries: TaskTracker::new(),
+        calls: calls.clone(),
+    };
+    (tx, calls, tokio::spawn(batcher.run()))
+}
+
 /// A queue holding `n` messages with bodies "0" .. "n-1".
 async fn queue_with(n: usize) -> (Watched, String) {
     let inner = MemoryQueue::new();
@@ -388,17 +413,7 @@ async fn a_delete_is_not_held_for_its_batch_past_its_messages_visibility() {
     };
     let received = queue.inner.receive(&url, request).await.unwrap();
     assert_eq!(received.len(), 2);
-    let (tx, rx) = mpsc::channel(PENDING_DELETES);
-    let batcher = DeleteBatcher {
-        queue: queue.inner.clone(),
-        url: url.clone(),
-        wait: Duration::from_secs(30),
-        receipts: rx,
-        payloads: None,
-        retries: TaskTracker::new(),
-        calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
-    };
-    let batcher = tokio::spawn(batcher.run());
+    let (tx, _, batcher) = spawn_batcher(queue.inner.clone(), &url, Duration::from_secs(30));
     let finished = |m: &Message, left: Duration| Finished {
         receipt: m.receipt_handle().unwrap().to_owned(),
         payload: None,
@@ -437,17 +452,7 @@ async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
     };
     let received = queue.inner.receive(&url, request).await.unwrap();
     assert_eq!(received.len(), 2);
-    let (tx, rx) = mpsc::channel(PENDING_DELETES);
-    let batcher = DeleteBatcher {
-        queue: queue.clone(),
-        url: url.clone(),
-        wait: Duration::ZERO,
-        receipts: rx,
-        payloads: None,
-        retries: TaskTracker::new(),
-        calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
-    };
-    let batcher = tokio::spawn(batcher.run());
+    let (tx, _, batcher) = spawn_batcher(queue.clone(), &url, Duration::ZERO);
     let finished = |m: &Message| Finished {
         receipt: m.receipt_handle().unwrap().to_owned(),
         payload: None,
@@ -485,18 +490,7 @@ async fn a_batch_call_that_does_not_answer_leaves_time_to_delete_one_by_one() {
         visibility: Duration::from_secs(11),
     };
     let received = queue.inner.receive(&url, request).await.unwrap();
-    let (tx, rx) = mpsc::channel(PENDING_DELETES);
-    let calls = Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT));
-    let batcher = DeleteBatcher {
-        queue: queue.clone(),
-        url: url.clone(),
-        wait: Duration::ZERO,
-        receipts: rx,
-        payloads: None,
-        retries: TaskTracker::new(),
-        calls: calls.clone(),
-    };
-    let batcher = tokio::spawn(batcher.run());
+    let (tx, calls, batcher) = spawn_batcher(queue.clone(), &url, Duration::ZERO);
     queue.silent_batches.store(true, Ordering::SeqCst);
     let left = Duration::from_millis(10_700);
     tx.send(Finished {
@@ -530,18 +524,7 @@ async fn a_cut_batch_call_keeps_its_slot_through_its_single_deletes_and_a_failed
             visibility: Duration::from_secs(60),
         };
         let received = queue.inner.receive(&url, request).await.unwrap();
-        let (tx, rx) = mpsc::channel(PENDING_DELETES);
-        let calls = Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT));
-        let batcher = DeleteBatcher {
-            queue: queue.clone(),
-            url: url.clone(),
-            wait: Duration::ZERO,
-            receipts: rx,
-            payloads: None,
-            retries: TaskTracker::new(),
-            calls: calls.clone(),
-        };
-        let batcher = tokio::spawn(batcher.run());
+        let (tx, calls, batcher) = spawn_batcher(queue.clone(), &url, Duration::ZERO);
         if cut_short {
             // The batch never answers, nor do the single deletes after it.
             queue.silent_batches.store(true, Ordering::SeqCst);
@@ -653,17 +636,7 @@ async fn a_failed_delete_is_tried_again_until_the_visibility_may_end_at_the_late
         visibility: Duration::from_secs(45),
     };
     let received = queue.inner.receive(&url, request).await.unwrap();
-    let (tx, rx) = mpsc::channel(PENDING_DELETES);
-    let batcher = DeleteBatcher {
-        queue: queue.clone(),
-        url: url.clone(),
-        wait: Duration::ZERO,
-        receipts: rx,
-        payloads: None,
-        retries: TaskTracker::new(),
-        calls: Arc::new(Semaphore::new(DELETE_CALLS_IN_FLIGHT)),
-    };
-    let batcher = tokio::spawn(batcher.run());
+    let (tx, _, batcher) = spawn_batcher(queue.clone(), &url, Duration::ZERO);
     queue.failing_deletes.store(true, Ordering::SeqCst);
     tx.send(Finished {
         receipt: received[0].receipt_handle().unwrap().to_owned(),
