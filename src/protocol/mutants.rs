@@ -17,6 +17,10 @@
 //! - `transient-as-permanent`: every handler or store failure is taken as
 //!   permanent, so a panic or an outage parks a valid message.
 //! - `rerun-completed`: the in-memory store claims a `COMPLETED` key again.
+//! - `duplicate-as-retry`: a delivery that finds its record `COMPLETED`
+//!   answers "to come back" instead of "duplicate", so it is never deleted
+//!   and its receives run out (the check that the checker's excuses for a
+//!   completed message in the DLQ do not hide a consumer that never learns).
 //! - `no-redelivery-read`: a redelivery on the fast path runs its handler
 //!   without reading its record first, and a drain gives back a completed
 //!   message instead of deleting it.

@@ -365,6 +365,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if let Some(parked) = self.payload_mismatch(message, payload_matches, "completed") {
             return parked;
         }
+        // (The `duplicate-as-retry` mutant, for the simulator only, answers
+        // a delivery that finds its record completed "to come back": the
+        // message is never deleted.)
+        if crate::protocol::mutants::active("duplicate-as-retry") {
+            return Outcome::Retry {
+                after: self.config.backoff(message.receive_count()),
+                reason: "a duplicate taken for a retry (mutant)".into(),
+            };
+        }
         info!("duplicate of completed work; skipped");
         Outcome::Duplicate {
             result,
