@@ -592,12 +592,24 @@ impl Queue {
             .iter()
             .map(|(_, seq)| *seq)
             .filter(|seq| {
-                self.messages
-                    .get(seq)
-                    .is_some_and(|e| e.twin.is_none() && e.state(now) == MessageState::InFlight)
+                self.messages.get(seq).is_some_and(|e| {
+                    e.twin.is_none()
+                        && e.state(now) == MessageState::InFlight
+                        && self.below_max_receives(e)
+                })
             })
             .collect();
         (!held.is_empty()).then(|| held[m.below(held.len())])
+    }
+
+    /// Whether one more receive of `e` stays within the redrive policy's
+    /// `maxReceiveCount`: a twin delivery is a receive, and SQS moves a
+    /// message to its DLQ rather than deliver it past that count.
+    fn below_max_receives(&self, e: &Entry) -> bool {
+        self.settings
+            .redrive
+            .as_ref()
+            .is_none_or(|r| e.receive_count < r.max_receive_count)
     }
 }
 
@@ -888,7 +900,11 @@ impl MemoryQueue {
             let receipt = format!("rh-{seq}-{}", service.next_receipt);
             taken.extend(queue.take(seq, receipt, now, request.visibility, false));
             let might = &queue.settings.might;
-            if !queue.fifo && taken.len() < max && might.hits(might.twice) {
+            let twin_allowed = queue
+                .messages
+                .get(&seq)
+                .is_some_and(|e| queue.below_max_receives(e));
+            if !queue.fifo && taken.len() < max && twin_allowed && might.hits(might.twice) {
                 service.next_receipt += 1;
                 let receipt = format!("rh-{seq}-{}", service.next_receipt);
                 taken.extend(queue.take(seq, receipt, now, request.visibility, true));
@@ -1571,6 +1587,33 @@ mod tests {
         .await
         .expect("the first holder's handle is still valid");
         assert_eq!(q.counts(&url).unwrap().twice, 1);
+    }
+
+    /// A twin delivery is a receive: none is made past the redrive
+    /// policy's `maxReceiveCount` (SQS moves the message rather than
+    /// deliver it past that count).
+    #[tokio::test(start_paused = true)]
+    async fn no_twin_delivery_goes_past_the_max_receive_count() {
+        let q = MemoryQueue::new();
+        let dlq = q.create_queue(QueueSettings::new("twin-dlq")).unwrap();
+        let mut settings = might("twin-max", 0.0, |m| m.twice = 1.0);
+        settings.redrive = Some(RedrivePolicy {
+            dlq_url: dlq,
+            max_receive_count: 2,
+        });
+        let url = q.create_queue(settings).unwrap();
+        q.send(&url, plain("m")).await.unwrap();
+        let one = ReceiveRequest { max: 1, ..req(30) };
+        // Receive 1, then its twin, receive 2: the count is spent.
+        assert_eq!(q.receive(&url, one).await.unwrap()[0].receive_count(), 1);
+        assert_eq!(q.receive(&url, one).await.unwrap()[0].receive_count(), 2);
+        assert!(q.receive(&url, one).await.unwrap().is_empty());
+        // Two at once from one receive: the twin would be receive 2.
+        q.send(&url, plain("n")).await.unwrap();
+        let both = q.receive(&url, req(30)).await.unwrap();
+        assert_eq!(both.len(), 2, "receive 1 and its twin");
+        assert!(q.receive(&url, req(30)).await.unwrap().is_empty());
+        assert_eq!(q.counts(&url).unwrap().twice, 2);
     }
 
     #[tokio::test(start_paused = true)]
