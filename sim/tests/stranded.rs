@@ -330,7 +330,7 @@ async fn a_message_brought_back_after_its_last_knower_deleted_it_explains_it_and
         let back = BTreeSet::from([first]);
         let (violations, stranded) =
             verdict_outcomes(stored, &deliveries, back, outcome_at, Instant::now());
-        judged(&later, excused, &id, &violations, &stranded);
+        judged(later, excused, &id, &violations, &stranded);
     }
 }
 
