@@ -369,6 +369,12 @@ async fn run_poller(
         Command::Stop => {
             shutdown.cancel();
             let _ = task.await;
+            // The process exits once `run` returns: a lane still running
+            // (a commit held by a pause past the drain and its cleanup)
+            // makes no call after it, as after a crash. Left alive, it sent
+            // an outbox message again after the second stage had finished
+            // (seed 192822).
+            generation.life.kill();
             None
         }
     }

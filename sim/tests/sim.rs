@@ -1193,6 +1193,17 @@ fn regression_seeds_1351_1750_with_max_receive_drawn_each_knower_undone_or_cut_s
     }
 }
 
+/// The long search's seed 192822: a poller stopped at the end of the run
+/// returned from its drain while a lane's commit was held by a pause; the
+/// harness left that host's tasks running, and the commit's lane sent its
+/// outbox message again after the second stage had finished (left
+/// unprocessed). A stopped host's process has exited: its calls hang, as
+/// after a crash.
+#[test]
+fn regression_seed_192822_a_stopped_poller_makes_no_call_after_its_run_returns() {
+    clean(192_822, StorePath::Memory);
+}
+
 /// The long search's seeds 124792 (memory path) and 5002223 (wire path):
 /// fast-path and claim-path consumers share records, and a claim that
 /// charged and then lost its key was followed by a fast-path row (the
