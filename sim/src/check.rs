@@ -113,6 +113,11 @@ pub struct Evidence<'a> {
     /// `expires_at`, or DynamoDB's TTL deletion): each lets the first
     /// application after it, and before the next end, apply again.
     pub ended_by_ttl: BTreeMap<String, Vec<u128>>,
+    /// When DynamoDB's TTL deleted a record of each event that was not
+    /// `COMPLETED` (a claim left `IN_PROGRESS` past its `expires_at`), ms
+    /// from the run's start, in order: a later record starts its attempts
+    /// again.
+    pub unfinished_deleted_by_ttl: BTreeMap<String, Vec<u128>>,
     /// Each event's record at the end: the attempts it has seen (claims
     /// and fast-path commits; the last is the one that completed it).
     pub attempts: BTreeMap<String, u32>,
@@ -253,7 +258,9 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
         })
         .filter(|m| {
             let out_of_reach = |d: &crate::deliveries::Delivery| {
-                d.delete_was_out_of_reach(e.deliveries.calm_at()) || ended_unheld(e, d)
+                d.delete_was_out_of_reach(e.deliveries.calm_at())
+                    || ended_unheld(e, d)
+                    || d.overtaken()
             };
             // Its delete deleted the message, and SQS brought it back.
             let undone = |d: &crate::deliveries::Delivery| {
@@ -376,6 +383,17 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
             // claim; no message is left to mark the record FAILED again.
             // A released record blocks no one, and the event is parked
             // (seed 156).
+            continue;
+        }
+        if *released && ended_since_applied(e, event) && delivered_twice_at_once(e, event) {
+            // The same with a copy that came after its record's TTL (the
+            // documented limit): the event applied and its record
+            // `COMPLETED`, a copy delivered twice at once ran on both
+            // receipts; one found the record still alive and deleted the
+            // message as a duplicate, the other found it expired, claimed
+            // it too late to run (a claim that lands late is released) and
+            // answered retry, with no message left to come back. A released
+            // record blocks no one (seed 3355).
             continue;
         }
         v.push(format!("{event}: record left IN_PROGRESS ({what})"));
@@ -514,6 +532,18 @@ fn delivered_twice_at_once(e: &Evidence<'_>, event: &str) -> bool {
     })
 }
 
+/// TTL ended a `COMPLETED` record of `event` at or after its last
+/// application: the record left at the end (if any) is a later copy's, not
+/// the one that application completed (a copy that came after its record's
+/// TTL: the documented limit). Only `COMPLETED` records are logged as ended
+/// by TTL, so an application never committed has no such end.
+fn ended_since_applied(e: &Evidence<'_>, event: &str) -> bool {
+    let ends = e.ended_by_ttl.get(event).map_or(&[][..], Vec::as_slice);
+    application_times(e, event)
+        .last()
+        .is_some_and(|&last| ends.iter().any(|&t| t >= last))
+}
+
 /// A permanent event with a copy parked with its reason in the DLQ at the end.
 fn parked_permanent(e: &Evidence<'_>, event: &str) -> bool {
     let permanent = e
@@ -580,7 +610,10 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
             ));
         }
         let status = e.records.get(&f.event);
-        if e.scenario.calls() && status != Some(&Status::Completed) {
+        if e.scenario.calls()
+            && status != Some(&Status::Completed)
+            && !ended_since_applied(e, &f.event)
+        {
             v.push(format!("{}: charged but its record is {status:?}", f.event));
         }
     }
@@ -690,9 +723,18 @@ fn abandoned_charges<'e>(e: &'e Evidence<'_>, event: &str) -> Vec<&'e ApiCall> {
                 // TTL end between them); the final attempt count speaks of
                 // that record only where no TTL end came after the row (a
                 // later record's count starts again: seed 126305), and a
-                // fast-path commit after a claim is a later attempt.
+                // fast-path commit after a claim is a later attempt. A
+                // claim whose record TTL deleted unfinished before the row
+                // was lost too: the row's record is a new one, its count
+                // started again (seed 5536: the claiming host crashed after
+                // its charge).
                 let same_record = !ends.iter().any(|&t| c.start_ms < t && t <= r);
-                let lost = c.attempt < attempts || ends.iter().any(|&t| t > r);
+                let deleted_unfinished = e
+                    .unfinished_deleted_by_ttl
+                    .get(event)
+                    .is_some_and(|ts| ts.iter().any(|&t| c.start_ms < t && t <= r));
+                let lost =
+                    c.attempt < attempts || ends.iter().any(|&t| t > r) || deleted_unfinished;
                 same_record && lost && c.end_ms.is_some_and(|end| end <= r)
             })
         })

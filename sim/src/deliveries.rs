@@ -51,6 +51,12 @@ pub struct Delivery {
     pub delete_reached: bool,
     /// When a delete of it first reached SQS.
     pub delete_reached_at: Option<Instant>,
+    /// When the message became visible again by a visibility change that
+    /// another host made through a receipt of its own while this delivery
+    /// held it (a twin delivery, SQS's "might": SQS keeps one visibility per
+    /// message, so the last change through any valid receipt holds); `None`
+    /// once a change by this host came after it.
+    pub visible_by_another: Option<Instant>,
     /// The object key its body points to, if sent through S3.
     pub payload: Option<String>,
     /// The life of the host that holds it.
@@ -65,6 +71,18 @@ impl Delivery {
         self.life
             .died_at()
             .is_some_and(|t| t >= self.at && t < self.held_until)
+    }
+
+    /// Another host's receipt made its message visible again while this
+    /// delivery held it, and its delete was sent only after that: the next
+    /// receive may move the message (on its last allowed receive, to the
+    /// DLQ) before the delete comes, and no host can know that another holds
+    /// a newer receipt of the same message (seed 611 with `maxReceiveCount`
+    /// drawn: a Lambda invocation cut at its deadline set a retry delay
+    /// through its still-valid receipt while a poller ran a twin delivery).
+    pub fn overtaken(&self) -> bool {
+        self.visible_by_another
+            .is_some_and(|t| t < self.held_until && self.delete_sent.is_some_and(|s| s >= t))
     }
 
     /// Its consumer did all it could to delete it: it died holding it, or it
@@ -152,6 +170,7 @@ impl Deliveries {
                         delete_sent: None,
                         delete_reached: false,
                         delete_reached_at: None,
+                        visible_by_another: None,
                         payload: sqs_once::payloads::S3Pointer::of(m)
                             .and_then(Result::ok)
                             .map(|p| p.key),
@@ -194,13 +213,29 @@ impl Deliveries {
     }
 
     /// SQS applied a visibility change of these receipts to `timeout` (its
-    /// answer may still be lost).
+    /// answer may still be lost). SQS keeps one visibility per message, so
+    /// the change holds for every delivery of the message still held: one
+    /// another host holds (a twin delivery) notes when it became visible
+    /// by another's hand ([`Delivery::visible_by_another`]).
     pub fn visibility_set(&self, receipts: &[String], timeout: Duration) {
-        let until = Instant::now() + timeout;
+        let now = Instant::now();
+        let until = now + timeout;
         self.with(|all| {
             for r in receipts {
-                if let Some(d) = all.get_mut(r) {
-                    d.held_until = until;
+                let Some(d) = all.get_mut(r) else {
+                    continue;
+                };
+                d.held_until = until;
+                d.visible_by_another = None;
+                let (message, queue, life) = (d.message.clone(), d.queue.clone(), d.life.clone());
+                for o in all.values_mut().filter(|o| {
+                    o.receipt != *r
+                        && o.message == message
+                        && o.queue == queue
+                        && o.at <= now
+                        && now < o.held_until
+                }) {
+                    o.visible_by_another = (!o.life.same_host(&life)).then_some(until);
                 }
             }
         });

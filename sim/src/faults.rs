@@ -516,6 +516,11 @@ impl Life {
         self.0.is_cancelled()
     }
 
+    /// Whether `other` is this host's life (clones share it).
+    pub fn same_host(&self, other: &Life) -> bool {
+        Arc::ptr_eq(&self.1, &other.1)
+    }
+
     /// When the host was killed.
     pub fn died_at(&self) -> Option<Instant> {
         *self.1.lock().unwrap_or_else(|e| e.into_inner())

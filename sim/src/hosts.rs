@@ -63,6 +63,8 @@ pub struct World {
     pub retry_dice: crate::faults::Dice,
     /// Records DynamoDB's TTL deleted, in order.
     pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
+    /// When each record [`World::swept`] holds was deleted, in its order.
+    pub swept_at: std::sync::Mutex<Vec<tokio::time::Instant>>,
     /// The S3 model: the producer's large payloads, and the outbox's large
     /// outgoing bodies.
     pub s3: crate::wire::s3::S3Model,

@@ -38,7 +38,7 @@ pub mod trace;
 pub mod wire;
 pub mod world;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -138,18 +138,20 @@ pub fn run_seed_on(
 }
 
 /// Whether runs draw the source queue's `maxReceiveCount`
-/// ([`Scenario::draw_knobs`]): opt-in with `SIM_DRAW_MAX_RECEIVE=1` while
-/// the failures it finds are open (see the README, "Simulation").
+/// ([`Scenario::draw_knobs`]): every run does, unless
+/// `SIM_FIXED_MAX_RECEIVE=1` keeps it at 10 (to replay a seed found before
+/// the draw, seeds below 193,255 in the long search: see the README,
+/// "Simulation").
 pub fn draws_max_receive() -> bool {
-    std::env::var_os("SIM_DRAW_MAX_RECEIVE").is_some()
+    std::env::var_os("SIM_FIXED_MAX_RECEIVE").is_none()
 }
 
 /// What a run draws besides its schedule that a seed found before the draw
 /// existed may need to leave out to keep its schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Draws {
-    /// The source queue's `maxReceiveCount` ([`Scenario::draw_knobs`];
-    /// opt-in, see [`draws_max_receive`]).
+    /// The source queue's `maxReceiveCount` ([`Scenario::draw_knobs`]; on
+    /// unless the environment says otherwise, see [`draws_max_receive`]).
     pub max_receive: bool,
     /// Large payloads through S3 ([`Scenario::draw_payloads`]; on in every
     /// run, off only for regression seeds found before it).
@@ -386,6 +388,7 @@ fn world(
         sent: Mutex::default(),
         retry_dice: Dice::new(seed ^ RETRY_AFTER_HINTS),
         swept: Mutex::default(),
+        swept_at: Mutex::default(),
     })
 }
 
@@ -435,6 +438,11 @@ async fn sweep(world: Arc<World>, seed: u64) {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(r);
+            world
+                .swept_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(tokio::time::Instant::now());
         }
     }
 }
@@ -734,6 +742,24 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
             Err(err) => world.trace.event(format!("{what} {} refused: {err}", e.id)),
         }
     }
+}
+
+/// When TTL deleted each event's records that were not `COMPLETED`, ms from
+/// the run's start ([`check::Evidence::unfinished_deleted_by_ttl`]).
+fn unfinished_deleted_by_ttl(world: &World) -> BTreeMap<String, Vec<u128>> {
+    let swept = world.swept.lock().unwrap_or_else(|e| e.into_inner());
+    let at = world.swept_at.lock().unwrap_or_else(|e| e.into_inner());
+    let start = world.trace.start();
+    let mut by_event: BTreeMap<String, Vec<u128>> = BTreeMap::new();
+    for (r, t) in swept.iter().zip(at.iter()) {
+        if r.status != sqs_once::Status::Completed {
+            by_event
+                .entry(event_of_record(r))
+                .or_default()
+                .push(t.saturating_duration_since(start).as_millis());
+        }
+    }
+    by_event
 }
 
 /// Events whose record a host may have taken for expired by now:
@@ -1103,6 +1129,7 @@ fn evidence<'a>(
         start: world.trace.start(),
         next: None,
         ended_by_ttl,
+        unfinished_deleted_by_ttl: unfinished_deleted_by_ttl(world),
         early_sends: world
             .early_sends
             .lock()

@@ -13,7 +13,7 @@ use sqs_once::{MemoryQueue, Status};
 use sqs_once_sim::check::{Effect, Evidence, check, stranded};
 use sqs_once_sim::deliveries::Deliveries;
 use sqs_once_sim::faults::{Cuts, FaultPlan, Life};
-use sqs_once_sim::run_seed_on;
+use sqs_once_sim::run_seed_with;
 use sqs_once_sim::stores::StorePath;
 use sqs_once_sim::world::{EventSpec, Kind, Scenario};
 use tokio::time::Instant;
@@ -171,6 +171,7 @@ fn verdict_outcomes(
         next: None,
         early_sends: Vec::new(),
         ended_by_ttl: BTreeMap::new(),
+        unfinished_deleted_by_ttl: BTreeMap::new(),
         attempts: BTreeMap::new(),
         objects_deleted: BTreeSet::new(),
         expired: BTreeSet::new(),
@@ -426,6 +427,74 @@ async fn a_consumer_that_died_holding_it_explains_it_and_one_that_died_later_doe
 /// longer strands them; it must stay clean.
 #[test]
 fn regression_seed_10422_stays_clean() {
-    let report = run_seed_on(10422, false, StorePath::Memory).unwrap();
+    let report = run_seed_with(10422, false, StorePath::Memory, false).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
+/// Seed 611 with `maxReceiveCount` drawn: a poller ran a twin delivery of a
+/// message on its last allowed receive while a Lambda invocation held the
+/// other; cut at its deadline, the invocation set a retry delay through its
+/// still-valid receipt, which made the message visible (SQS keeps one
+/// visibility per message), and the next receive moved it to the DLQ before
+/// the poller, which completed it, sent its delete. Excused where another
+/// host made it visible and the delete came after; not where the same host
+/// did (a runtime knows its own twins), where the delete was sent before
+/// (it would have deleted it), or where the holder's own extension came
+/// after the other's change (the message was held again).
+#[tokio::test(start_paused = true)]
+async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_no_other_case_does()
+{
+    for (case, excused) in [
+        ("another host", true),
+        ("same host", false),
+        ("delete before", false),
+        ("extended after", false),
+    ] {
+        let start = Instant::now();
+        let deliveries = Deliveries::default();
+        let (queue, url) = queue_of_one().await;
+        let (older, newer, cuts) = (Life::default(), Life::default(), Cuts::default());
+        let older_host = if case == "same host" { &newer } else { &older };
+        let receive = |who: (&'static str, Life), visibility| {
+            let request = ReceiveRequest {
+                max: 1,
+                wait: Duration::ZERO,
+                visibility,
+            };
+            let (queue, url, deliveries, cuts) = (&queue, &url, &deliveries, &cuts);
+            async move {
+                let got = queue.receive(url, request).await.expect("received");
+                deliveries.received((who.0, &who.1, cuts), url, &got, visibility);
+                got[0].receipt_handle().expect("a receipt").to_owned()
+            }
+        };
+        // Two deliveries held at once (the first's visibility in the
+        // evidence outlasts the second receive, as a twin's does).
+        let first = receive(("c0", older_host.clone()), Duration::from_secs(1)).await;
+        deliveries.visibility_set(std::slice::from_ref(&first), VISIBILITY);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let second = receive(("c1", newer.clone()), VISIBILITY).await;
+        tokio::time::advance(Duration::from_secs(3)).await;
+        if case == "delete before" {
+            deliveries.delete_sent(&url, std::slice::from_ref(&second));
+        }
+        // At 5 s the first's holder sets a retry delay of 2 s.
+        deliveries.visibility_set(std::slice::from_ref(&first), Duration::from_secs(2));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        if case == "extended after" {
+            deliveries.visibility_set(std::slice::from_ref(&second), VISIBILITY);
+        }
+        // At 9 s the second completes and sends its delete.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        deliveries.delete_sent(&url, std::slice::from_ref(&second));
+        let stored = queue.contents(&url).remove(0);
+        let id = stored.id.clone();
+        let outcome_at = BTreeMap::from([
+            ((id.clone(), 1), (5_000, "retry".to_owned())),
+            ((id.clone(), 2), (9_000, "completed".to_owned())),
+        ]);
+        let (violations, stranded) =
+            verdict_outcomes(stored, &deliveries, BTreeSet::new(), outcome_at, start);
+        judged(case, excused, &id, &violations, &stranded);
+    }
 }

@@ -170,6 +170,13 @@ struct EventRecord {
     id: String,
     /// Its message and source queue, or why it cannot be read.
     parsed: Result<Parsed, String>,
+    /// A newer delivery of its message is in the same batch (a twin: SQS
+    /// may deliver one message twice in one batch, both receipts valid):
+    /// this record sets no retry delay through its receipt, which would make
+    /// the message visible while the twin runs (the twins share a lane and
+    /// run one after the other), and on its last allowed receive send it to
+    /// the DLQ as the twin completes (simulator seed 4110).
+    superseded: bool,
 }
 
 /// A record's message, and the URL of its source queue where known.
@@ -191,6 +198,31 @@ impl EventRecord {
             index: self.index,
             id: self.id.clone(),
         }
+    }
+}
+
+/// Marks each record a newer delivery of its message in the batch supersedes
+/// (a higher receive count, or the same one later in the batch).
+fn mark_superseded(records: &mut [EventRecord]) {
+    let newest = |r: &EventRecord| {
+        let count = r.parsed.as_ref().map_or(0, |p| p.message.receive_count());
+        (count, r.index)
+    };
+    let mut latest: HashMap<&str, (u32, usize)> = HashMap::new();
+    for r in records.iter() {
+        let n = newest(r);
+        latest
+            .entry(r.id.as_str())
+            .and_modify(|l| *l = (*l).max(n))
+            .or_insert(n);
+    }
+    let superseded: Vec<usize> = records
+        .iter()
+        .filter(|r| latest.get(r.id.as_str()).is_some_and(|&l| l != newest(r)))
+        .map(|r| r.index)
+        .collect();
+    for r in records.iter_mut() {
+        r.superseded = superseded.contains(&r.index);
     }
 }
 
@@ -429,8 +461,14 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 }
                 Err(e) => Err(format!("malformed SQS record: {e}")),
             };
-            records.push(EventRecord { index, id, parsed });
+            records.push(EventRecord {
+                index,
+                id,
+                parsed,
+                superseded: false,
+            });
         }
+        mark_superseded(&mut records);
         Ok(records)
     }
 
@@ -497,6 +535,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                                 source: queue.as_deref(),
                                 message: m,
                                 received_at: budget.received_at,
+                                superseded: false,
                             };
                             let more = rest.peek().is_some();
                             hold =
@@ -554,6 +593,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             source: queue.as_deref(),
             message,
             received_at: budget.received_at,
+            superseded: record.superseded,
         };
         let options = ProcessOptions {
             visibility: None,

@@ -265,6 +265,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             source: Some(url),
             message: &message,
             received_at: held.received_at,
+            superseded: false,
         };
         let options = ProcessOptions {
             visibility: None,
@@ -362,6 +363,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             source: Some(url),
             message,
             received_at,
+            superseded: false,
         };
         self.settler.retry_later(url, &at, after).await;
     }
@@ -606,6 +608,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                     source: Some(self.shared.config.queue_url.as_str()),
                     message: &first,
                     received_at: self.received_at,
+                    superseded: false,
                 };
                 rest_after = hold_group(&self.shared.settler, failed, after, more).await;
                 break;

@@ -33,7 +33,9 @@ struct Seen {
 type Shared = Arc<Mutex<Seen>>;
 
 /// The in-memory queue, counting what is held at each receive; with
-/// `fail_batch_extensions` set, every `ChangeMessageVisibilityBatch` fails;
+/// `fail_batch_extensions` set, every `ChangeMessageVisibilityBatch` fails,
+/// and so does every `ChangeMessageVisibility` of a message but the one
+/// whose body is "0" (the one that runs first: its own heartbeat works);
 /// while `cut_deletes` holds true, every delete hangs, and fails once it is
 /// set back to false (a request that timed out), while receives still work.
 #[derive(Clone)]
@@ -41,6 +43,8 @@ struct Watched {
     inner: MemoryQueue,
     seen: Shared,
     fail_batch_extensions: Arc<AtomicBool>,
+    /// The receipt handles of the message whose body is "0".
+    first: Arc<Mutex<Vec<String>>>,
     cut_deletes: Arc<tokio::sync::watch::Sender<bool>>,
     /// While set, every delete fails at once (transient), as with SQS out
     /// of reach.
@@ -77,6 +81,12 @@ impl QueueClient for Watched {
             s.max_held = s.max_held.max(held);
         }
         let messages = self.inner.receive(queue, request).await?;
+        self.first.lock().unwrap().extend(
+            messages
+                .iter()
+                .filter(|m| m.body() == "0")
+                .filter_map(|m| m.receipt_handle().map(str::to_owned)),
+        );
         let mut s = self.seen.lock().unwrap();
         s.received += messages.len();
         s.receives += usize::from(!messages.is_empty());
@@ -103,6 +113,16 @@ impl QueueClient for Watched {
         receipt: &str,
         timeout: Duration,
     ) -> Result<(), QueueError> {
+        if self.fail_batch_extensions.load(Ordering::SeqCst)
+            && !self.first.lock().unwrap().iter().any(|r| r == receipt)
+        {
+            return Err(QueueError::new(
+                "ChangeMessageVisibility",
+                queue,
+                "unavailable",
+                true,
+            ));
+        }
         self.inner.change_visibility(queue, receipt, timeout).await
     }
     async fn change_visibility_batch(
@@ -174,6 +194,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         inner,
         seen: Shared::default(),
         fail_batch_extensions: Arc::default(),
+        first: Arc::default(),
         cut_deletes: Arc::new(tokio::sync::watch::Sender::new(false)),
         failing_deletes: Arc::default(),
         silent_batches: Arc::default(),

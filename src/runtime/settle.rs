@@ -83,6 +83,11 @@ pub(crate) struct Delivery<'a> {
     pub(crate) message: &'a Message,
     /// When it was received, by this host's clock (at the latest).
     pub(crate) received_at: Instant,
+    /// A newer delivery of its message reached the runtime with it (Lambda:
+    /// a twin in the same batch with a higher receive count), so this one's
+    /// receipt must leave the message's visibility alone, as [`Holding`]
+    /// says for the poller.
+    pub(crate) superseded: bool,
 }
 
 /// The deliveries a runtime holds, by message id, each marked once a newer
@@ -200,10 +205,11 @@ impl<Q: QueueClient> Settler<Q> {
         at: &Delivery<'_>,
         after: Duration,
     ) -> Duration {
-        if self
-            .holding
-            .as_ref()
-            .is_some_and(|h| h.superseded(at.message))
+        if at.superseded
+            || self
+                .holding
+                .as_ref()
+                .is_some_and(|h| h.superseded(at.message))
         {
             info!(
                 message_id = at.message.id(),

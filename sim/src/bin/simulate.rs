@@ -6,7 +6,8 @@
 //! - `--minutes M [--from S]`: as many seeds as fit in M minutes.
 //! - `--seed S`: one seed with its readable trace, run twice to check that the
 //!   trace hash is the same.
-//! - `--verbose`: a line per seed (events, faults, redriven, violations).
+//! - `--verbose`: a line per seed (events, faults, redriven, violations, the
+//!   cases counted rather than failed).
 //! - `--verify`: runs every seed twice and fails one whose trace hash differs.
 //! - `--campaign FILE` (with `--minutes`): a long search kept across runs:
 //!   starts at the seed after the last one FILE (JSON) says was run, and
@@ -74,9 +75,14 @@ fn replay(seed: u64, mutant: Option<&str>) -> String {
     let store = std::env::var("SIM_STORE")
         .map(|s| format!(" --store {s}"))
         .unwrap_or_default();
+    let fixed = if sqs_once_sim::draws_max_receive() {
+        ""
+    } else {
+        "SIM_FIXED_MAX_RECEIVE=1 "
+    };
     match mutant {
-        Some(m) => format!("scripts/simulate --seed {seed} --mutant {m}{store}"),
-        None => format!("scripts/simulate --seed {seed}{store}"),
+        Some(m) => format!("{fixed}scripts/simulate --seed {seed} --mutant {m}{store}"),
+        None => format!("{fixed}scripts/simulate --seed {seed}{store}"),
     }
 }
 
@@ -226,11 +232,15 @@ impl Campaign {
 /// One line for a seed (`--verbose`).
 fn print_verbose(seed: u64, report: &Report) {
     println!(
-        "seed {seed}: {} events, {} faults, {} redriven, {} violations, trace {}",
+        "seed {seed}: {} events, {} faults, {} redriven, {} violations, counted: {} stranded, {} FIFO after DLQ, {} parked for a gone payload, {} claim then fast path; trace {}",
         report.events,
         report.faults,
         report.exhausted,
         report.violations.len(),
+        report.stranded,
+        report.fifo_after_dlq,
+        report.payload_gone,
+        report.claim_then_fast,
         report.trace_hash
     );
 }
