@@ -113,10 +113,9 @@ pub struct Evidence<'a> {
     /// `expires_at`, or DynamoDB's TTL deletion): each lets the first
     /// application after it, and before the next end, apply again.
     pub ended_by_ttl: BTreeMap<String, Vec<u128>>,
-    /// When DynamoDB's TTL deleted a record of each event that was not
-    /// `COMPLETED` (a claim left `IN_PROGRESS` past its `expires_at`), ms
-    /// from the run's start, in order: a later record starts its attempts
-    /// again.
+    /// When DynamoDB's TTL deleted a record of each event left
+    /// `IN_PROGRESS` (a claim past its `expires_at`), ms from the run's
+    /// start, in order: a later record starts its attempts again.
     pub unfinished_deleted_by_ttl: BTreeMap<String, Vec<u128>>,
     /// Each event's record at the end: the attempts it has seen (claims
     /// and fast-path commits; the last is the one that completed it).
@@ -260,7 +259,7 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
             let out_of_reach = |d: &crate::deliveries::Delivery| {
                 d.delete_was_out_of_reach(e.deliveries.calm_at())
                     || ended_unheld(e, d)
-                    || d.overtaken()
+                    || overtaken(e, d)
             };
             // Its delete deleted the message, and SQS brought it back.
             let undone = |d: &crate::deliveries::Delivery| {
@@ -307,6 +306,31 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
         })
         .map(|m| m.id.clone())
         .collect()
+}
+
+/// Another host made `d`'s message visible while `d` held it, through the
+/// receipt of its twin (SQS handed the message to both at once: the two
+/// receipts are valid, and no delivery of the message came between them),
+/// and `d` sent its delete only after that ([`Delivery::overtaken_by`]);
+/// the other delivery did not know the message done (a host that did must
+/// delete it, not make it visible). No host knows another holds a newer
+/// receipt (seed 611).
+///
+/// [`Delivery::overtaken_by`]: crate::deliveries::Delivery::overtaken_by
+fn overtaken(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
+    let Some(by) = d.overtaken_by() else {
+        return false;
+    };
+    let all = e.deliveries.all_of(&d.message);
+    let Some(setter) = all.iter().find(|o| o.receipt == by) else {
+        return false;
+    };
+    let twins = e.twins.contains(&d.receipt) || e.twins.contains(by);
+    let (from, to) = (setter.at.min(d.at), setter.at.max(d.at));
+    let adjacent = !all
+        .iter()
+        .any(|o| o.receipt != d.receipt && o.receipt != by && from < o.at && o.at < to);
+    twins && adjacent && !learned_done(e, setter)
 }
 
 /// A delivery that ended only after its visibility had run out: a host
@@ -533,15 +557,23 @@ fn delivered_twice_at_once(e: &Evidence<'_>, event: &str) -> bool {
 }
 
 /// TTL ended a `COMPLETED` record of `event` at or after its last
-/// application: the record left at the end (if any) is a later copy's, not
-/// the one that application completed (a copy that came after its record's
+/// application, and no API call or row of it came after that end: the
+/// record left at the end (if any) is a later copy's, which made no effect,
+/// not the one that application completed (a copy that came after its record's
 /// TTL: the documented limit). Only `COMPLETED` records are logged as ended
 /// by TTL, so an application never committed has no such end.
 fn ended_since_applied(e: &Evidence<'_>, event: &str) -> bool {
     let ends = e.ended_by_ttl.get(event).map_or(&[][..], Vec::as_slice);
+    // Every call counts here, not only the first of its idempotency key
+    // (a copy after TTL calls again with the same key): none may start at
+    // or after the end, nor a row commit.
+    let called_since = |t: u128| {
+        e.calls.iter().any(|c| c.event == event && c.start_ms >= t)
+            || e.rows.iter().any(|r| r.event == event && r.at_ms >= t)
+    };
     application_times(e, event)
         .last()
-        .is_some_and(|&last| ends.iter().any(|&t| t >= last))
+        .is_some_and(|&last| ends.iter().any(|&t| t >= last && !called_since(t)))
 }
 
 /// A permanent event with a copy parked with its reason in the DLQ at the end.

@@ -55,8 +55,9 @@ pub struct Delivery {
     /// another host made through a receipt of its own while this delivery
     /// held it (a twin delivery, SQS's "might": SQS keeps one visibility per
     /// message, so the last change through any valid receipt holds); `None`
-    /// once a change by this host came after it.
-    pub visible_by_another: Option<Instant>,
+    /// once a change by this host came after it. With the receipt the
+    /// change went through.
+    pub visible_by_another: Option<(Instant, String)>,
     /// The object key its body points to, if sent through S3.
     pub payload: Option<String>,
     /// The life of the host that holds it.
@@ -76,13 +77,15 @@ impl Delivery {
     /// Another host's receipt made its message visible again while this
     /// delivery held it, and its delete was sent only after that: the next
     /// receive may move the message (on its last allowed receive, to the
-    /// DLQ) before the delete comes, and no host can know that another holds
-    /// a newer receipt of the same message (seed 611 with `maxReceiveCount`
-    /// drawn: a Lambda invocation cut at its deadline set a retry delay
-    /// through its still-valid receipt while a poller ran a twin delivery).
-    pub fn overtaken(&self) -> bool {
+    /// DLQ) before the delete comes. Answers the receipt the change went
+    /// through; the checker ([`crate::check::stranded`]) still asks whether
+    /// that receipt was this one's twin and whether its delivery knew the
+    /// message done.
+    pub fn overtaken_by(&self) -> Option<&str> {
         self.visible_by_another
-            .is_some_and(|t| t < self.held_until && self.delete_sent.is_some_and(|s| s >= t))
+            .as_ref()
+            .filter(|(t, _)| *t < self.held_until && self.delete_sent.is_some_and(|s| s >= *t))
+            .map(|(_, by)| by.as_str())
     }
 
     /// Its consumer did all it could to delete it: it died holding it, or it
@@ -235,7 +238,7 @@ impl Deliveries {
                         && o.at <= now
                         && now < o.held_until
                 }) {
-                    o.visible_by_another = (!o.life.same_host(&life)).then_some(until);
+                    o.visible_by_another = (!o.life.same_host(&life)).then(|| (until, r.clone()));
                 }
             }
         });

@@ -744,15 +744,15 @@ async fn produce(world: Arc<World>, accepted: Arc<Mutex<BTreeSet<String>>>) {
     }
 }
 
-/// When TTL deleted each event's records that were not `COMPLETED`, ms from
-/// the run's start ([`check::Evidence::unfinished_deleted_by_ttl`]).
+/// When TTL deleted each event's records left `IN_PROGRESS`, ms from the
+/// run's start ([`check::Evidence::unfinished_deleted_by_ttl`]).
 fn unfinished_deleted_by_ttl(world: &World) -> BTreeMap<String, Vec<u128>> {
     let swept = world.swept.lock().unwrap_or_else(|e| e.into_inner());
     let at = world.swept_at.lock().unwrap_or_else(|e| e.into_inner());
     let start = world.trace.start();
     let mut by_event: BTreeMap<String, Vec<u128>> = BTreeMap::new();
     for (r, t) in swept.iter().zip(at.iter()) {
-        if r.status != sqs_once::Status::Completed {
+        if r.status == sqs_once::Status::InProgress {
             by_event
                 .entry(event_of_record(r))
                 .or_default()

@@ -1288,7 +1288,7 @@ fn regression_seeds_126305_133750_ttl_around_a_lost_claim_or_a_gone_payload_is_c
 ///   its still-valid receipt while a poller ran a twin delivery; the message
 ///   became visible and the next receive moved it, completed, to the DLQ.
 ///   No host knows another holds a newer receipt: counted
-///   (`Delivery::overtaken`).
+///   (`check::overtaken`).
 /// - 3355: a twin found its record expired (TTL), claimed it too late to
 ///   run and released it, while the other copy deleted the message as a
 ///   duplicate: the record is left `IN_PROGRESS`, released, after the

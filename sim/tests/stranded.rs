@@ -133,6 +133,25 @@ fn verdict_outcomes(
     outcome_at: BTreeMap<(String, u32), (u128, String)>,
     start: Instant,
 ) -> (Vec<String>, BTreeSet<String>) {
+    verdict_twins(
+        stored,
+        deliveries,
+        back_after_delete,
+        outcome_at,
+        start,
+        BTreeSet::new(),
+    )
+}
+
+/// [`verdict_outcomes`], with the receipts SQS handed out as twins.
+fn verdict_twins(
+    stored: StoredMessage,
+    deliveries: &Deliveries,
+    back_after_delete: BTreeSet<String>,
+    outcome_at: BTreeMap<(String, u32), (u128, String)>,
+    start: Instant,
+    twins: BTreeSet<String>,
+) -> (Vec<String>, BTreeSet<String>) {
     let s = scenario();
     let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
     let evidence = Evidence {
@@ -164,7 +183,7 @@ fn verdict_outcomes(
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at,
-        twins: BTreeSet::new(),
+        twins,
         back_after_delete,
         sent: BTreeMap::new(),
         start,
@@ -437,10 +456,13 @@ fn regression_seed_10422_stays_clean() {
 /// still-valid receipt, which made the message visible (SQS keeps one
 /// visibility per message), and the next receive moved it to the DLQ before
 /// the poller, which completed it, sent its delete. Excused where another
-/// host made it visible and the delete came after; not where the same host
-/// did (a runtime knows its own twins), where the delete was sent before
-/// (it would have deleted it), or where the holder's own extension came
-/// after the other's change (the message was held again).
+/// host made it visible through its twin's receipt and the delete came
+/// after; not where the same host did (a runtime knows its own twins), where
+/// the delete was sent before (it would have deleted it), where the
+/// holder's own extension came after the other's change (the message was
+/// held again), where the two were not twins (the other's receipt was no
+/// longer valid), or where the other knew the message done (it must delete
+/// it, not make it visible).
 #[tokio::test(start_paused = true)]
 async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_no_other_case_does()
 {
@@ -449,6 +471,8 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         ("same host", false),
         ("delete before", false),
         ("extended after", false),
+        ("not a twin", false),
+        ("setter knew it done", false),
     ] {
         let start = Instant::now();
         let deliveries = Deliveries::default();
@@ -489,12 +513,28 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         deliveries.delete_sent(&url, std::slice::from_ref(&second));
         let stored = queue.contents(&url).remove(0);
         let id = stored.id.clone();
+        let first_outcome = if case == "setter knew it done" {
+            "duplicate"
+        } else {
+            "retry"
+        };
         let outcome_at = BTreeMap::from([
-            ((id.clone(), 1), (5_000, "retry".to_owned())),
+            ((id.clone(), 1), (5_000, first_outcome.to_owned())),
             ((id.clone(), 2), (9_000, "completed".to_owned())),
         ]);
-        let (violations, stranded) =
-            verdict_outcomes(stored, &deliveries, BTreeSet::new(), outcome_at, start);
+        let twins = if case == "not a twin" {
+            BTreeSet::new()
+        } else {
+            BTreeSet::from([second])
+        };
+        let (violations, stranded) = verdict_twins(
+            stored,
+            &deliveries,
+            BTreeSet::new(),
+            outcome_at,
+            start,
+            twins,
+        );
         judged(case, excused, &id, &violations, &stranded);
     }
 }
