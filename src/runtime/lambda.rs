@@ -170,12 +170,13 @@ struct EventRecord {
     id: String,
     /// Its message and source queue, or why it cannot be read.
     parsed: Result<Parsed, String>,
-    /// A newer delivery of its message is in the same batch (a twin: SQS
-    /// may deliver one message twice in one batch, both receipts valid):
-    /// this record sets no retry delay through its receipt, which would make
-    /// the message visible while the twin runs (the twins share a lane and
-    /// run one after the other), and on its last allowed receive send it to
-    /// the DLQ as the twin completes (simulator seed 4110).
+    /// Another copy of its message in the same batch is newer or runs after
+    /// it (a twin: SQS may deliver one message twice in one batch, both
+    /// receipts valid): this record sets no retry delay through its receipt,
+    /// which would make the message visible while the twin runs (the twins
+    /// share a lane and run one after the other), and on its last allowed
+    /// receive send it to the DLQ as the twin completes (simulator seed
+    /// 4110).
     superseded: bool,
 }
 
@@ -201,24 +202,21 @@ impl EventRecord {
     }
 }
 
-/// Marks each record a newer delivery of its message in the batch supersedes
-/// (a higher receive count, or the same one later in the batch).
+/// Marks each record that another copy of its message in the batch
+/// supersedes: a newer one (a higher receive count), or one that runs after
+/// it (later in the batch: copies of one message share a lane and run in
+/// batch order). SQS's order within a batch says nothing of which receive
+/// is newer, so a copy that is both newer and first leaves the delay to
+/// none: the message then comes back when its visibility ends.
 fn mark_superseded(records: &mut [EventRecord]) {
-    let newest = |r: &EventRecord| {
-        let count = r.parsed.as_ref().map_or(0, |p| p.message.receive_count());
-        (count, r.index)
-    };
-    let mut latest: HashMap<&str, (u32, usize)> = HashMap::new();
-    for r in records.iter() {
-        let n = newest(r);
-        latest
-            .entry(r.id.as_str())
-            .and_modify(|l| *l = (*l).max(n))
-            .or_insert(n);
-    }
+    let count = |r: &EventRecord| r.parsed.as_ref().map_or(0, |p| p.message.receive_count());
     let superseded: Vec<usize> = records
         .iter()
-        .filter(|r| latest.get(r.id.as_str()).is_some_and(|&l| l != newest(r)))
+        .filter(|r| {
+            records.iter().any(|o| {
+                o.index != r.index && o.id == r.id && (count(o) > count(r) || o.index > r.index)
+            })
+        })
         .map(|r| r.index)
         .collect();
     for r in records.iter_mut() {

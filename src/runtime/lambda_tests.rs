@@ -360,15 +360,16 @@ async fn a_download_slower_than_the_visibility_timeout_keeps_the_record_from_oth
 
 /// Simulator seed 4110 (`maxReceiveCount` 3): SQS put one message twice in
 /// one batch (a twin: both receipt handles valid). The twins share a lane;
-/// the older one failed first and set its retry delay through its receipt,
-/// which made the message visible while the newer one ran, and the next
-/// receive (another poller of the event source mapping) moved it to the DLQ
-/// as the newer one completed. A record with a newer twin in its batch now
-/// leaves the message's visibility to the twin.
+/// the first to run failed and set its retry delay through its receipt,
+/// which made the message visible while the other ran, and the next receive
+/// (another poller of the event source mapping) moved it to the DLQ as the
+/// other completed. A record with a newer copy in its batch, or one that
+/// runs after it, now leaves the message's visibility alone: in either
+/// order in the batch.
 #[tokio::test(start_paused = true)]
-async fn an_older_twin_in_the_batch_sets_no_retry_delay() {
-    let queue = MemoryQueue::new();
-    let (dlq, url) = {
+async fn a_twin_in_the_batch_sets_no_retry_delay_while_the_other_runs() {
+    for reversed in [false, true] {
+        let queue = MemoryQueue::new();
         let dlq = queue.create_queue(QueueSettings::new("twin-dlq")).unwrap();
         let mut settings = QueueSettings::new("twin");
         settings.redrive = Some(RedrivePolicy {
@@ -387,55 +388,70 @@ async fn an_older_twin_in_the_batch_sets_no_retry_delay() {
                 1.0
             }
         })));
-        (dlq, queue.create_queue(settings).unwrap())
-    };
-    queue.send(&url, event("e1")).await.unwrap();
-    let calls = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
-    let c = calls.clone();
-    let handler = handler_fn(move |m: Message, _ctx| {
-        let c = c.clone();
-        async move {
-            c.lock().unwrap().push(m.receive_count());
-            if m.receive_count() == 1 {
-                return Err(HandlerError::retry_after(
-                    Duration::from_secs(2),
-                    "the older twin fails",
-                ));
+        let url = queue.create_queue(settings).unwrap();
+        queue.send(&url, event("e1")).await.unwrap();
+        let calls = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+        let c = calls.clone();
+        let handler = handler_fn(move |m: Message, _ctx| {
+            let c = c.clone();
+            async move {
+                let first = {
+                    let mut calls = c.lock().unwrap();
+                    calls.push(m.receive_count());
+                    calls.len() == 1
+                };
+                if first {
+                    return Err(HandlerError::retry_after(
+                        Duration::from_secs(2),
+                        "the first copy to run fails",
+                    ));
+                }
+                // Longer than the first copy's retry delay.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(None)
             }
-            // Longer than the older twin's retry delay.
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            Ok(None)
+        });
+        let (store, _clock, config) = store_and_config("twin");
+        let processor = Processor::new(store, handler, config).unwrap();
+        let adapter = adapter(&queue, &url, processor);
+        let request = ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: VISIBILITY,
+        };
+        let mut messages = queue.receive(&url, request).await.unwrap();
+        assert_eq!(
+            messages
+                .iter()
+                .map(Message::receive_count)
+                .collect::<Vec<_>>(),
+            [1, 2],
+            "one message twice in the batch"
+        );
+        if reversed {
+            messages.reverse();
         }
-    });
-    let (store, _clock, config) = store_and_config("twin");
-    let processor = Processor::new(store, handler, config).unwrap();
-    let adapter = adapter(&queue, &url, processor);
-    let request = ReceiveRequest {
-        max: 10,
-        wait: Duration::ZERO,
-        visibility: VISIBILITY,
-    };
-    let messages = queue.receive(&url, request).await.unwrap();
-    assert_eq!(
-        messages
-            .iter()
-            .map(Message::receive_count)
-            .collect::<Vec<_>>(),
-        [1, 2],
-        "one message twice in the batch"
-    );
-    // Another poller of the mapping receives while the newer twin runs.
-    let other = {
-        let (queue, url) = (queue.clone(), url.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            queue.receive(&url, request).await.unwrap()
-        })
-    };
-    let (_, failed) = invoke_with(&adapter, &queue, &url, messages, VISIBILITY).await;
-    assert!(other.await.unwrap().is_empty(), "the message was visible");
-    assert_eq!(*calls.lock().unwrap(), [1, 2]);
-    assert!(failed.is_empty(), "{failed:?}");
-    assert_eq!(queue.counts(&dlq).unwrap().stored(), 0, "moved to the DLQ");
-    assert_eq!(queue.counts(&url).unwrap().stored(), 0);
+        // Another poller of the mapping receives while the second copy runs.
+        let other = {
+            let (queue, url) = (queue.clone(), url.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                queue.receive(&url, request).await.unwrap()
+            })
+        };
+        let (_, failed) = invoke_with(&adapter, &queue, &url, messages, VISIBILITY).await;
+        let case = format!("reversed {reversed}");
+        assert!(
+            other.await.unwrap().is_empty(),
+            "{case}: the message was visible"
+        );
+        assert_eq!(calls.lock().unwrap().len(), 2, "{case}");
+        assert!(failed.is_empty(), "{case}: {failed:?}");
+        assert_eq!(
+            queue.counts(&dlq).unwrap().stored(),
+            0,
+            "{case}: moved to the DLQ"
+        );
+        assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{case}");
+    }
 }

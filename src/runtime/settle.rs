@@ -83,8 +83,8 @@ pub(crate) struct Delivery<'a> {
     pub(crate) message: &'a Message,
     /// When it was received, by this host's clock (at the latest).
     pub(crate) received_at: Instant,
-    /// A newer delivery of its message reached the runtime with it (Lambda:
-    /// a twin in the same batch with a higher receive count), so this one's
+    /// Another delivery of its message reached the runtime with it (Lambda:
+    /// a twin in the same batch, newer or running after it), so this one's
     /// receipt must leave the message's visibility alone, as [`Holding`]
     /// says for the poller.
     pub(crate) superseded: bool,
