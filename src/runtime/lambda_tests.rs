@@ -10,7 +10,7 @@ use crate::protocol::payloads::{POINTER_CLASS, SIZE_ATTRIBUTE};
 use crate::protocol::queue::{OutgoingMessage, ReceiveRequest};
 use crate::runtime::settle::copy_to_send_again;
 use crate::testkit::payloads::MemoryPayloads;
-use crate::testkit::queue::{MemoryQueue, QueueSettings, RedrivePolicy};
+use crate::testkit::queue::{MemoryQueue, QueueSettings, RedrivePolicy, first_draws_hit};
 use crate::{HandlerError, MemoryStore, Outcome, ProcessorConfig, handler_fn};
 
 /// The visibility timeout the event source mapping receives with.
@@ -379,15 +379,8 @@ async fn a_twin_in_the_batch_sets_no_retry_delay_while_the_other_runs() {
         // SQS's "might" hits on the first receive only (its two draws: a
         // message in flight to hand out again, none; the one taken, again):
         // one twin, in the same batch.
-        let draws = AtomicU32::new(0);
         settings.might.twice = 1.0;
-        settings.might.draw = Some(Arc::new(std::sync::Mutex::new(move || {
-            if draws.fetch_add(1, Ordering::SeqCst) < 2 {
-                0.0
-            } else {
-                1.0
-            }
-        })));
+        settings.might.draw = Some(first_draws_hit(2));
         let url = queue.create_queue(settings).unwrap();
         queue.send(&url, event("e1")).await.unwrap();
         let calls = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));

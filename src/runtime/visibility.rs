@@ -267,20 +267,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_entry_that_failed_in_its_batch_is_extended_alone() {
         use crate::protocol::queue::{OutgoingMessage, ReceiveRequest};
-        use crate::testkit::queue::{MemoryQueue, QueueSettings};
-        use std::sync::atomic::{AtomicU32, Ordering};
+        use crate::testkit::queue::{MemoryQueue, QueueSettings, first_draws_hit};
         let q = MemoryQueue::new();
         let mut settings = QueueSettings::new("entries");
         // The first entry of the first batch fails; nothing else does.
-        let draws = AtomicU32::new(0);
         settings.might.entry_errors = 1.0;
-        settings.might.draw = Some(std::sync::Arc::new(std::sync::Mutex::new(move || {
-            if draws.fetch_add(1, Ordering::SeqCst) == 0 {
-                0.0
-            } else {
-                1.0
-            }
-        })));
+        settings.might.draw = Some(first_draws_hit(1));
         let url = q.create_queue(settings).unwrap();
         for body in ["a", "b", "c"] {
             let m = OutgoingMessage {

@@ -84,6 +84,17 @@ pub struct RedrivePolicy {
 /// Numbers in `0.0..1.0`, one per call: the random choices of [`Might`].
 pub type Draw = Arc<Mutex<dyn FnMut() -> f64 + Send>>;
 
+/// A [`Draw`] whose first `n` numbers hit every rate above zero and whose
+/// later ones hit none: what SQS might do, done `n` draws' worth, then never
+/// (a test that wants one twin delivery, or one failed batch entry).
+pub fn first_draws_hit(n: u32) -> Draw {
+    let mut drawn = 0u32;
+    Arc::new(Mutex::new(move || {
+        drawn = drawn.saturating_add(1);
+        if drawn <= n { 0.0 } else { 1.0 }
+    }))
+}
+
 /// What SQS might do, where the Developer Guide says it might: each a
 /// probability (per receive, per message, per delete or per batch entry);
 /// all zero (the default) is the kind reading everywhere. Nothing is drawn
