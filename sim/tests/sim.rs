@@ -156,10 +156,11 @@ fn regression_seed_647_an_older_twin_delivery_leaves_the_visibility_alone() {
 /// moved a FIFO message to the DLQ, its receives spent, and handed out the
 /// rest of its group, applied before it (AWS's documented limit of a FIFO
 /// queue with a redrive policy). The checker counts each such pair, judged
-/// from the deliveries, and fails none of these runs. As found (without
-/// large payloads) their schedules no longer move a FIFO message (the
-/// delete fix of seed 149049, the extension fix of seed 7417): they must
-/// stay clean; 1870 with today's draws still does, twice, and is counted.
+/// from the deliveries, and fails none of these runs. Their schedules no
+/// longer move a FIFO message (the delete fix of seed 149049, the extension
+/// fixes of seed 7417 and of a single extension's timeout): they must stay
+/// clean. The counting rule itself is proven case by case in
+/// `stranded.rs` (`a_fifo_pair_out_of_order_is_counted_only_where_...`).
 #[test]
 fn regression_seeds_1107_1550_1870_fifo_order_after_a_move_to_the_dlq_is_counted() {
     for seed in [1107, 1550, 1870] {
@@ -172,7 +173,6 @@ fn regression_seeds_1107_1550_1870_fifo_order_after_a_move_to_the_dlq_is_counted
     }
     let report = run_seed_with(1870, false, StorePath::of(1870), true).unwrap();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
-    assert_eq!(report.fifo_after_dlq, 2);
 }
 
 /// An early generator drew host clocks up to 4 s apart and found two

@@ -400,7 +400,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             let sent = Instant::now();
             let url = &self.config.queue_url;
             if crate::runtime::extend_many(&self.queue, url, &receipts, config.lease).await {
-                w.invisible_until = sent + config.lease;
+                // A message set again alone may end up to a second sooner
+                // (its timeout is what was left, rounded down).
+                w.invisible_until = sent + config.lease.saturating_sub(Duration::from_secs(1));
             } else if Instant::now() + interval >= w.invisible_until {
                 let let_go = w.messages.len() as u64;
                 w.messages.clear();

@@ -159,8 +159,15 @@ pub(crate) async fn retry_later<Q: QueueClient>(
 /// entries while the call succeeds ("try it again"), and one such entry must
 /// not let a lane's waiting messages go (each spends a receive coming back,
 /// and on a low `maxReceiveCount` reaches the DLQ unprocessed: simulator
-/// seed 7417). What still fails is logged; those messages return when their
-/// current visibility ends. True when every one was extended.
+/// seed 7417). A message set again alone gets what is left of `timeout`
+/// since the first call, in whole seconds rounded down, so that it never
+/// stays invisible longer than the messages the batch kept (a lane's
+/// waiting messages must not outlast the one before them); where less than
+/// a second is left it is not set (a timeout of 0 would make it visible).
+/// After a call that failed as a whole, the singles stop at the first that
+/// fails too: SQS is out of reach, and the caller holds its lane meanwhile.
+/// What still fails is logged; those messages return when their current
+/// visibility ends. True when every one was extended.
 #[cfg(feature = "poller")]
 pub(crate) async fn extend_many<Q: QueueClient>(
     queue: &Q,
@@ -168,25 +175,41 @@ pub(crate) async fn extend_many<Q: QueueClient>(
     receipts: &[String],
     timeout: Duration,
 ) -> bool {
-    let mut again: Vec<&String> = Vec::new();
+    let sent = Instant::now();
+    // Each with whether its whole call failed.
+    let mut again: Vec<(&String, bool)> = Vec::new();
     for chunk in receipts.chunks(crate::protocol::limits::SQS_BATCH) {
         match queue.change_visibility_batch(url, chunk, timeout).await {
             Ok(failed) => {
                 for f in failed {
                     tracing::debug!(code = f.code, message = ?f.message, "a waiting message's extension failed in its batch; trying it alone");
-                    again.extend(chunk.get(f.index));
+                    again.extend(chunk.get(f.index).map(|r| (r, false)));
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "extending waiting messages failed; trying each alone");
-                again.extend(chunk);
+                again.extend(chunk.iter().map(|r| (r, true)));
             }
         }
     }
     let mut all = true;
-    for receipt in again {
-        if let Err(e) = queue.change_visibility(url, receipt, timeout).await {
+    let mut out_of_reach = false;
+    for (receipt, whole_call_failed) in again {
+        if whole_call_failed && out_of_reach {
             all = false;
+            continue;
+        }
+        let left = Duration::from_secs(timeout.saturating_sub(sent.elapsed()).as_secs());
+        if left.is_zero() {
+            all = false;
+            warn!(
+                "no time left to keep a waiting message invisible; it returns when its current visibility ends"
+            );
+            continue;
+        }
+        if let Err(e) = queue.change_visibility(url, receipt, left).await {
+            all = false;
+            out_of_reach |= whole_call_failed;
             warn!(error = %e, "could not keep a waiting message invisible");
         }
     }
@@ -299,6 +322,132 @@ mod tests {
         assert!(
             q.receive(&url, request).await.unwrap().is_empty(),
             "a message came back though its extension was tried again"
+        );
+    }
+
+    /// A queue whose batch extensions take `batch_takes` and then fail
+    /// every entry (`whole: false`) or the whole call (`whole: true`), and
+    /// whose single extensions succeed unless the batch failed as a whole;
+    /// it notes every single extension's timeout.
+    #[cfg(feature = "poller")]
+    #[derive(Clone)]
+    struct SlowBatches {
+        batch_takes: Duration,
+        whole: bool,
+        singles: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+    }
+
+    #[cfg(feature = "poller")]
+    impl QueueClient for SlowBatches {
+        async fn receive(
+            &self,
+            _: &str,
+            _: crate::protocol::queue::ReceiveRequest,
+        ) -> Result<Vec<Message>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn delete_batch(
+            &self,
+            _: &str,
+            _: &[String],
+        ) -> Result<Vec<crate::protocol::queue::EntryFailure>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn change_visibility(
+            &self,
+            queue: &str,
+            _: &str,
+            timeout: Duration,
+        ) -> Result<(), QueueError> {
+            self.singles.lock().unwrap().push(timeout);
+            if self.whole {
+                return Err(QueueError::new(
+                    "ChangeMessageVisibility",
+                    queue,
+                    "no answer",
+                    true,
+                ));
+            }
+            Ok(())
+        }
+        async fn change_visibility_batch(
+            &self,
+            queue: &str,
+            receipts: &[String],
+            _: Duration,
+        ) -> Result<Vec<crate::protocol::queue::EntryFailure>, QueueError> {
+            tokio::time::sleep(self.batch_takes).await;
+            if self.whole {
+                return Err(QueueError::new(
+                    "ChangeMessageVisibilityBatch",
+                    queue,
+                    "no answer",
+                    true,
+                ));
+            }
+            Ok((0..receipts.len())
+                .map(|index| crate::protocol::queue::EntryFailure {
+                    index,
+                    code: "InternalError".into(),
+                    message: None,
+                })
+                .collect())
+        }
+        async fn send(
+            &self,
+            _: &str,
+            _: crate::protocol::queue::OutgoingMessage,
+        ) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn attributes(
+            &self,
+            _: &str,
+        ) -> Result<crate::protocol::queue::QueueAttributes, QueueError> {
+            Ok(Default::default())
+        }
+        async fn queue_url(&self, _: &str, name: &str) -> Result<String, QueueError> {
+            Ok(name.to_owned())
+        }
+    }
+
+    /// A message extended alone after its batch gets what is left of the
+    /// timeout since the batch call, rounded down to whole seconds, so that
+    /// it never outlasts the messages the batch extended; with less than a
+    /// second left it is not set at all (0 would make it visible). After a
+    /// call that failed as a whole the singles stop at the first failure.
+    #[cfg(feature = "poller")]
+    #[tokio::test(start_paused = true)]
+    async fn a_message_extended_alone_gets_what_is_left_and_singles_stop_when_sqs_is_out_of_reach()
+    {
+        let timeout = Duration::from_secs(30);
+        let receipts: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
+        let queue = |batch_takes, whole| SlowBatches {
+            batch_takes,
+            whole,
+            singles: Default::default(),
+        };
+
+        // Two batch calls of 0.75 s each, every entry failed: 1.5 s gone.
+        let q = queue(Duration::from_millis(750), false);
+        assert!(extend_many(&q, "q", &receipts, timeout).await);
+        let singles = q.singles.lock().unwrap().clone();
+        assert_eq!(singles, vec![Duration::from_secs(28); 12]);
+
+        // Nearly all of it gone in the batch calls: none set alone.
+        let q = queue(Duration::from_millis(14_600), false);
+        assert!(!extend_many(&q, "q", &receipts, timeout).await);
+        assert!(q.singles.lock().unwrap().is_empty());
+
+        // Both calls failed as a whole: one single tried, then no more.
+        let q = queue(Duration::from_secs(1), true);
+        assert!(!extend_many(&q, "q", &receipts, timeout).await);
+        assert_eq!(
+            q.singles.lock().unwrap().clone(),
+            vec![Duration::from_secs(28)]
         );
     }
 }
