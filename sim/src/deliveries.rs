@@ -54,9 +54,10 @@ pub struct Delivery {
     /// When the message became visible again by a visibility change that
     /// another host made through a receipt of its own while this delivery
     /// held it (a twin delivery, SQS's "might": SQS keeps one visibility per
-    /// message, so the last change through any valid receipt holds); `None`
-    /// once a change by this host came after it. With the receipt the
-    /// change went through.
+    /// message, so the last change through any valid receipt holds, until
+    /// the message is visible: the first change that made it so stands,
+    /// whatever later deliveries set); `None` once a change by this host
+    /// came after it. With the receipt the change went through.
     pub visible_by_another: Option<(Instant, String)>,
     /// The object key its body points to, if sent through S3.
     pub payload: Option<String>,
@@ -238,7 +239,19 @@ impl Deliveries {
                         && o.at <= now
                         && now < o.held_until
                 }) {
-                    o.visible_by_another = (!o.life.same_host(&life)).then(|| (until, r.clone()));
+                    if o.life.same_host(&life) {
+                        o.visible_by_another = None;
+                    } else if !o
+                        .visible_by_another
+                        .as_ref()
+                        .is_some_and(|(exposed, _)| *exposed <= now)
+                    {
+                        // An earlier change that has already made the
+                        // message visible stands: from then on any receive
+                        // may take it, and what later deliveries set
+                        // follows from that one.
+                        o.visible_by_another = Some((until, r.clone()));
+                    }
                 }
             }
         });

@@ -495,6 +495,7 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         ("extended after", false),
         ("not a twin", false),
         ("setter knew it done", false),
+        ("later deliveries changed it after", true),
     ] {
         let start = Instant::now();
         let deliveries = Deliveries::default();
@@ -530,8 +531,25 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         if case == "extended after" {
             deliveries.visibility_set(std::slice::from_ref(&second), VISIBILITY);
         }
+        if case == "later deliveries changed it after" {
+            // Visible from 7 s, the message is received twice more by the
+            // first's host (the second's receipt no longer holds it), and
+            // the last of those sets a retry delay at 8 s: the change at 5 s
+            // that made it visible is what overtook the second (seed 6206).
+            tokio::time::advance(Duration::from_secs(1)).await;
+            queue
+                .change_visibility(&url, &second, Duration::ZERO)
+                .await
+                .expect("made visible");
+            receive(("c0", older.clone()), Duration::from_secs(1)).await;
+            tokio::time::advance(Duration::from_secs(1)).await;
+            let fourth = receive(("c0", older.clone()), VISIBILITY).await;
+            deliveries.visibility_set(&[fourth], Duration::from_secs(2));
+            tokio::time::advance(Duration::from_secs(1)).await;
+        } else {
+            tokio::time::advance(Duration::from_secs(3)).await;
+        }
         // At 9 s the second completes and sends its delete.
-        tokio::time::advance(Duration::from_secs(3)).await;
         deliveries.delete_sent(&url, std::slice::from_ref(&second));
         let stored = queue.contents(&url).remove(0);
         let id = stored.id.clone();

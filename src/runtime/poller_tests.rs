@@ -722,17 +722,11 @@ async fn the_receive_loop_beats_its_liveness_while_a_long_handler_holds_every_pl
     assert!(liveness.since_last_beat().unwrap() >= Duration::from_secs(30));
 }
 
-/// Simulator seed 647 (`maxReceiveCount` 4): SQS delivered a message to a
-/// poller that already held it (a twin delivery: the earlier receipt handle
-/// stays valid). The earlier delivery failed and set its retry delay
-/// through its still-valid handle while the newer one waited for the key;
-/// the message became visible, the next receive found it on its last
-/// allowed count and moved it to the DLQ, and the newer delivery completed
-/// the key. A superseded delivery now leaves the message's visibility to
-/// the newer one, which completes and deletes it.
-#[tokio::test(start_paused = true)]
-async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
-    use crate::HandlerError;
+/// A queue (redrive after two receives) holding one message, `{"id":"e1"}`,
+/// that SQS delivers twice at once (a twin) on the first receive after the
+/// flag answered is set, and never otherwise: (queue, its URL, the DLQ's
+/// URL, the flag).
+async fn queue_of_one_twin() -> (MemoryQueue, String, String, Arc<AtomicBool>) {
     use crate::testkit::queue::RedrivePolicy;
     let queue = MemoryQueue::new();
     let dlq = queue.create_queue(QueueSettings::new("twin-dlq")).unwrap();
@@ -741,7 +735,6 @@ async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
         dlq_url: dlq.clone(),
         max_receive_count: 2,
     });
-    // SQS's "might" hits only when armed, and then once: one twin delivery.
     let armed = Arc::new(AtomicBool::new(false));
     let a = armed.clone();
     settings.might.twice = 1.0;
@@ -753,6 +746,87 @@ async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
         }
     })));
     let url = queue.create_queue(settings).unwrap();
+    let message = OutgoingMessage {
+        body: r#"{"id":"e1"}"#.into(),
+        ..Default::default()
+    };
+    queue.send(&url, message).await.unwrap();
+    (queue, url, dlq, armed)
+}
+
+/// Simulator seed 919 (with a variant of the extension fix): a poller held
+/// a message whose older delivery ran its handler when SQS handed it the
+/// same message again (a twin); the newer delivery's turn with the store
+/// failed (DynamoDB out of reach) and it set its retry delay through its
+/// own receipt, which made the message visible under the running older
+/// delivery; the next receive spent the last allowed count and moved it to
+/// the DLQ as the older one completed. A delivery now sets no delay while
+/// another delivery of its message is held here.
+#[tokio::test(start_paused = true)]
+async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay() {
+    let (queue, url, dlq, armed) = queue_of_one_twin().await;
+    let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let c = calls.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let c = c.clone();
+        async move {
+            c.lock().unwrap().push(m.receive_count());
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("twin");
+    pc.lease = Duration::from_secs(20);
+    pc.heartbeat = Duration::from_secs(5);
+    pc.key_source = "json:/id".parse().unwrap();
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let store = MemoryStore::new(clock);
+    let processor = Processor::new(store.clone(), handler, pc).unwrap();
+    let mut config = config(&url, 2, 0);
+    config.wait_time = Duration::from_secs(1);
+    config.exit_when_idle = Some(Duration::from_secs(60));
+    let poller = tokio::spawn(run(
+        queue.clone(),
+        processor,
+        config,
+        CancellationToken::new(),
+    ));
+    // While the older delivery's handler runs, DynamoDB is out of reach
+    // and SQS hands the poller the same message again.
+    wait_until(Duration::from_secs(5), || calls.lock().unwrap().len() == 1).await;
+    store.set_unavailable(true);
+    armed.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(5), || {
+        queue.twin_receipts(&url).len() == 1
+    })
+    .await;
+    // The newer delivery's store calls fail meanwhile (the store answers at
+    // once: one virtual second is plenty).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.set_unavailable(false);
+    let stats = poller.await.unwrap();
+    assert_eq!(*calls.lock().unwrap(), [1], "{stats:?}");
+    assert_eq!(
+        queue.counts(&dlq).unwrap().stored(),
+        0,
+        "the message reached the DLQ though its older delivery completed: {stats:?}"
+    );
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
+}
+
+/// Simulator seed 647 (`maxReceiveCount` 4): SQS delivered a message to a
+/// poller that already held it (a twin delivery: the earlier receipt handle
+/// stays valid). The earlier delivery failed and set its retry delay
+/// through its still-valid handle while the newer one waited for the key;
+/// the message became visible, the next receive found it on its last
+/// allowed count and moved it to the DLQ, and the newer delivery completed
+/// the key. A superseded delivery now leaves the message's visibility to
+/// the newer one, which completes and deletes it.
+#[tokio::test(start_paused = true)]
+async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
+    use crate::HandlerError;
+    let (queue, url, dlq, armed) = queue_of_one_twin().await;
     let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
     let c = calls.clone();
     let handler = handler_fn(move |m: Message, _ctx| {
@@ -777,16 +851,6 @@ async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
     let mut config = config(&url, 2, 0);
     config.wait_time = Duration::from_secs(1);
     config.exit_when_idle = Some(Duration::from_secs(60));
-    queue
-        .send(
-            &url,
-            OutgoingMessage {
-                body: r#"{"id":"e1"}"#.into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
     let poller = tokio::spawn(run(
         queue.clone(),
         processor,

@@ -100,7 +100,8 @@ pub(crate) struct Delivery<'a> {
 /// make the message visible while the newer delivery runs, the receive
 /// after it would spend a count, and on its last allowed receive the
 /// message would reach the DLQ while the newer delivery completed
-/// (simulator seed 647). Clones share it.
+/// (simulator seed 647). Nor does the newest while an older one is still
+/// held: that one may be running its handler (seed 919). Clones share it.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
 pub(crate) struct Holding(Arc<Mutex<HashMap<String, Vec<HeldReceipt>>>>);
@@ -150,17 +151,26 @@ impl Holding {
         });
     }
 
-    /// Whether a newer delivery of `message` reached the runtime after this
-    /// one (held now or not): this one's receipt must leave the message's
-    /// visibility alone.
+    /// Whether this delivery's receipt must leave `message`'s visibility
+    /// alone: a newer delivery of it reached the runtime after this one
+    /// (held now or not), or another delivery of it is still held here (an
+    /// older one may be running its handler and keeps the message invisible
+    /// through its own receipt: a retry delay set through this one would
+    /// make the message visible under it).
     pub(crate) fn superseded(&self, message: &Message) -> bool {
         let Some(receipt) = message.receipt_handle() else {
             return false;
         };
         self.with(|held| {
-            held.get(message.id())
-                .and_then(|ds| ds.iter().find(|d| d.receipt == receipt))
-                .is_some_and(|d| d.superseded)
+            held.get(message.id()).is_some_and(|ds| {
+                ds.iter().any(|d| {
+                    if d.receipt == receipt {
+                        d.superseded
+                    } else {
+                        true
+                    }
+                })
+            })
         })
     }
 }
