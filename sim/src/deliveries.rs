@@ -241,10 +241,10 @@ impl Deliveries {
                 }) {
                     if o.life.same_host(&life) {
                         o.visible_by_another = None;
-                    } else if !o
+                    } else if o
                         .visible_by_another
                         .as_ref()
-                        .is_some_and(|(exposed, _)| *exposed <= now)
+                        .is_none_or(|(exposed, _)| *exposed > now)
                     {
                         // An earlier change that has already made the
                         // message visible stands: from then on any receive
