@@ -91,12 +91,15 @@ impl Delivery {
 
     /// Its consumer did all it could to delete it: it died holding it, or it
     /// sent the delete while holding it, no delete reached SQS before the
-    /// visibility ran out, and SQS was still out of its reach then (trying
-    /// again could not have landed it).
+    /// visibility ran out, and SQS was out of its reach at some point of the
+    /// visibility's last [`CONNECT_TIMEOUT`]: a try started in that cut
+    /// fails only after the visibility's end, so trying again could not have
+    /// landed it (seed 204589: the cut ended 0.26 s before the end).
+    ///
+    /// [`CONNECT_TIMEOUT`]: crate::faults::CONNECT_TIMEOUT
     pub fn delete_was_out_of_reach(&self, calm_at: Option<Instant>) -> bool {
-        let cut_at_end = self
-            .cuts
-            .cut_at(self.held_until - Duration::from_millis(1), calm_at);
+        let last_try = self.held_until - crate::faults::CONNECT_TIMEOUT;
+        let cut_at_end = self.cuts.cut_within(last_try, self.held_until, calm_at);
         // A delete that reached SQS only after the visibility ran out (the
         // model answers one for a message already moved as done) kept
         // nothing out (wire seed 5002236).
@@ -160,6 +163,16 @@ impl Deliveries {
                     continue;
                 };
                 let at = issued.get(receipt).copied().unwrap_or(now);
+                // A delivery of the message to the same host: that host now
+                // knows of the newer receipt (its runtime's to mind), so an
+                // earlier exposure by another host no longer explains what
+                // becomes of the message.
+                for o in all
+                    .values_mut()
+                    .filter(|o| o.message == m.id() && o.queue == queue && o.life.same_host(life))
+                {
+                    o.visible_by_another = None;
+                }
                 all.insert(
                     receipt.to_owned(),
                     Delivery {

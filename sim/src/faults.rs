@@ -25,6 +25,11 @@ use tokio_util::sync::CancellationToken;
 use crate::deliveries::Deliveries;
 use crate::trace::Trace;
 
+/// How long a call made while its host's link is cut takes to fail (a
+/// connect timeout): a call started in a cut that ends sooner than this
+/// before some deadline cannot land by it.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Every random choice of a run, from one seed. Clones share the generator;
 /// on the simulator's single thread the order of draws is fixed by the seed.
 #[derive(Debug, Clone)]
@@ -185,6 +190,16 @@ impl Cuts {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((from, until));
+    }
+
+    /// Whether the link was cut at some instant of `from..to` (before
+    /// `calm_at`, when faults stop).
+    pub fn cut_within(&self, from: Instant, to: Instant, calm_at: Option<Instant>) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|&(start, until)| start < to && from < until && calm_at.is_none_or(|c| start < c))
     }
 
     /// Whether the link was cut at `t` (partitions end when the run calms,
@@ -475,8 +490,7 @@ impl Link {
         match self.draw(service, op) {
             Fault::None => Ok(call.await),
             Fault::Cut => {
-                // A connect timeout.
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::time::sleep(CONNECT_TIMEOUT).await;
                 Err("cut off: connect timeout".into())
             }
             Fault::Fail(code) => Err(code.into()),

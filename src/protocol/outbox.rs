@@ -524,37 +524,83 @@ fn batches(messages: Vec<OutgoingMessage>) -> Vec<Vec<OutgoingMessage>> {
 
 /// Sends every message recorded for `pk`, batched by target (at most
 /// [`SQS_BATCH`] per call, in their order): all sent, or the first failure.
-/// Sending again is harmless: each carries its stable [`outbox_id`].
+/// Sending again is harmless: each carries its stable [`outbox_id`]. Entries
+/// that failed inside SQS while the call succeeded (`InternalError`,
+/// throttling: not a refusal) are sent again at once, up to
+/// [`ENTRY_RETRIES`] times: SQS fails single entries now and then, and
+/// each failure left to the message's redelivery spends a receive (on a
+/// FIFO queue, of every message held behind it in its group).
 pub async fn dispatch(
     dispatcher: &dyn Dispatcher,
     pk: &str,
     outbox: &[Outgoing],
     secret: Option<&CarrySecret>,
 ) -> Result<(), DispatchError> {
-    let mut by_queue: Vec<(&str, Vec<OutgoingMessage>)> = Vec::new();
+    let message = |i: usize| outbox[i].to_send(&outbox_id(pk, i), secret);
+    // Each target with its messages' places in the outbox, in order.
+    let mut by_queue: Vec<(&str, Vec<usize>)> = Vec::new();
     for (i, out) in outbox.iter().enumerate() {
-        let message = out.to_send(&outbox_id(pk, i), secret);
         match by_queue.iter_mut().find(|(q, _)| *q == out.queue_url) {
-            Some((_, list)) => list.push(message),
-            None => by_queue.push((&out.queue_url, vec![message])),
+            Some((_, places)) => places.push(i),
+            None => by_queue.push((&out.queue_url, vec![i])),
         }
     }
-    for (queue, messages) in by_queue {
-        for chunk in batches(messages) {
-            let sent = chunk.len();
-            let failed = dispatcher.send_batch(queue, chunk).await?;
-            if let Some(first) = failed.first() {
-                return Err(DispatchError::Entries {
-                    queue: queue.to_owned(),
-                    failed: failed.len(),
-                    sent,
-                    code: first.code.clone(),
-                    refused: failed.iter().any(|f| refused(&f.code)),
-                });
-            }
+    for (queue, places) in by_queue {
+        let mut next = 0;
+        for chunk in batches(places.iter().map(|&i| message(i)).collect()) {
+            let chunk_places = &places[next..next + chunk.len()];
+            next += chunk.len();
+            send_chunk(dispatcher, queue, chunk, chunk_places, &message).await?;
         }
     }
     Ok(())
+}
+
+/// Times [`dispatch`] sends again the entries of a batch that failed
+/// inside SQS.
+pub const ENTRY_RETRIES: u32 = 2;
+
+/// Sends one batch (`places`: its messages' places in the outbox, for
+/// `message` to build them again), then its entries that failed inside
+/// SQS, up to [`ENTRY_RETRIES`] times.
+async fn send_chunk(
+    dispatcher: &dyn Dispatcher,
+    queue: &str,
+    mut chunk: Vec<OutgoingMessage>,
+    places: &[usize],
+    message: &(dyn Fn(usize) -> OutgoingMessage + Sync),
+) -> Result<(), DispatchError> {
+    let mut places = places.to_vec();
+    let mut attempt = 0;
+    loop {
+        let sent = chunk.len();
+        let failed = dispatcher.send_batch(queue, chunk).await?;
+        let Some(first) = failed.first() else {
+            return Ok(());
+        };
+        let refused = failed.iter().any(|f| refused(&f.code));
+        if refused || attempt == ENTRY_RETRIES {
+            return Err(DispatchError::Entries {
+                queue: queue.to_owned(),
+                failed: failed.len(),
+                sent,
+                code: first.code.clone(),
+                refused,
+            });
+        }
+        tracing::debug!(
+            queue,
+            failed = failed.len(),
+            code = %first.code,
+            "outbox entries failed inside SQS; sending them again"
+        );
+        places = failed
+            .iter()
+            .filter_map(|f| places.get(f.index).copied())
+            .collect();
+        chunk = places.iter().map(|&i| message(i)).collect();
+        attempt += 1;
+    }
 }
 
 /// Checks a handler's outbox as a whole against what one record holds.
@@ -771,5 +817,84 @@ mod tests {
         );
         let standard = Outgoing::new("https://sqs/1/next", "b").to_send(&id, None);
         assert_eq!(standard.deduplication_id, None);
+    }
+
+    /// A target that answers each `SendMessageBatch` with the entry
+    /// failures scripted for it (none once the script runs out), noting
+    /// the outbox ids of every call's entries.
+    #[derive(Default)]
+    struct Scripted {
+        answers: std::sync::Mutex<std::collections::VecDeque<Vec<(usize, &'static str)>>>,
+        calls: std::sync::Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Dispatcher for Scripted {
+        fn send_batch<'a>(
+            &'a self,
+            _: &'a str,
+            messages: Vec<OutgoingMessage>,
+        ) -> BoxFuture<'a, Result<Vec<EntryFailure>, QueueError>> {
+            let ids = messages
+                .iter()
+                .map(|m| match &m.attributes[OUTBOX_ID_ATTRIBUTE].value {
+                    crate::protocol::message::AttributeValue::Text(t) => t.clone(),
+                    crate::protocol::message::AttributeValue::Binary(_) => String::new(),
+                })
+                .collect();
+            self.calls.lock().unwrap().push(ids);
+            let answer = self.answers.lock().unwrap().pop_front().unwrap_or_default();
+            Box::pin(async move {
+                Ok(answer
+                    .into_iter()
+                    .map(|(index, code)| EntryFailure {
+                        index,
+                        code: code.into(),
+                        message: None,
+                    })
+                    .collect())
+            })
+        }
+    }
+
+    /// Simulator seed 197438: outbox entries that failed inside SQS
+    /// (`InternalError`) were left to the message's redelivery, which on a
+    /// FIFO queue with a low `maxReceiveCount` spent the receives of the
+    /// group's messages held behind it until they reached the DLQ. Such
+    /// entries are now sent again at once (with their own outbox ids); a
+    /// refusal is not, and entries that keep failing are reported after
+    /// [`ENTRY_RETRIES`] more tries.
+    #[tokio::test]
+    async fn entries_that_fail_inside_sqs_are_sent_again_and_refusals_are_not() {
+        let q = "https://sqs.eu-west-1.amazonaws.com/1/next";
+        let outbox: Vec<Outgoing> = ["a", "b", "c"].map(|b| Outgoing::new(q, b)).to_vec();
+        let ids = |places: &[usize]| -> Vec<String> {
+            places.iter().map(|&i| outbox_id("pk", i)).collect()
+        };
+        let scripted = |answers: Vec<Vec<(usize, &'static str)>>| Scripted {
+            answers: std::sync::Mutex::new(answers.into()),
+            ..Scripted::default()
+        };
+
+        let target = scripted(vec![vec![(1, "InternalError")]]);
+        dispatch(&target, "pk", &outbox, None).await.unwrap();
+        assert_eq!(*target.calls.lock().unwrap(), [ids(&[0, 1, 2]), ids(&[1])]);
+
+        let target = scripted(vec![vec![(0, "InvalidParameterValue")]]);
+        let e = dispatch(&target, "pk", &outbox, None).await.unwrap_err();
+        assert!(e.is_refusal(), "{e}");
+        assert_eq!(target.calls.lock().unwrap().len(), 1);
+
+        let always = vec![
+            vec![(2, "InternalError")],
+            vec![(0, "InternalError")],
+            vec![(0, "InternalError")],
+        ];
+        let target = scripted(always);
+        let e = dispatch(&target, "pk", &outbox, None).await.unwrap_err();
+        assert!(!e.is_refusal(), "{e}");
+        assert_eq!(
+            *target.calls.lock().unwrap(),
+            [ids(&[0, 1, 2]), ids(&[2]), ids(&[2])]
+        );
     }
 }

@@ -399,7 +399,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 .collect();
             let sent = Instant::now();
             let url = &self.config.queue_url;
-            if crate::runtime::extend_many(&self.queue, url, &receipts, config.lease).await {
+            let running = w.running.as_deref();
+            if crate::runtime::extend_many(&self.queue, url, &receipts, running, config.lease).await
+            {
                 // A message set again alone may end up to a second sooner
                 // (its timeout is what was left, rounded down).
                 w.invisible_until = sent + config.lease.saturating_sub(Duration::from_secs(1));
@@ -596,12 +598,18 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 break;
             };
             let first = self.fifo.then(|| m.clone());
+            // Held here until its handling ends (not the lane's end): a copy
+            // of it in this lane or another may then set a retry delay.
+            let delivery = (m.id().to_owned(), m.receipt_handle().map(str::to_owned));
             let held = Held {
                 received_at: self.received_at,
                 invisible_until,
                 invisible_at_most: self.answered_at + self.shared.processor.config().lease,
             };
             let settled = self.shared.handle(m, held).await;
+            if let (id, Some(receipt)) = &delivery {
+                self.shared.holding.let_go(id, receipt);
+            }
             self.waiting.lock().await.running = None;
             permits.pop();
             if let (Settled::Again { after: Some(after) }, Some(first)) = (settled, first) {

@@ -101,7 +101,9 @@ pub(crate) struct Delivery<'a> {
 /// after it would spend a count, and on its last allowed receive the
 /// message would reach the DLQ while the newer delivery completed
 /// (simulator seed 647). Nor does the newest while an older one is still
-/// held: that one may be running its handler (seed 919). Clones share it.
+/// held: that one may be running its handler (seed 919). The poller lets a
+/// delivery go when its handling ends (or, for one never run, when its lane
+/// ends). Clones share it.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
 pub(crate) struct Holding(Arc<Mutex<HashMap<String, Vec<HeldReceipt>>>>);
@@ -223,7 +225,7 @@ impl<Q: QueueClient> Settler<Q> {
         {
             info!(
                 message_id = at.message.id(),
-                "a newer delivery of this message is held here: its visibility is left to that one"
+                "another delivery of this message is held here (a newer one, or one still running): its visibility is left to that one"
             );
             return within_visibility_cap(after, at.received_at);
         }

@@ -159,20 +159,24 @@ pub(crate) async fn retry_later<Q: QueueClient>(
 /// entries while the call succeeds ("try it again"), and one such entry must
 /// not let a lane's waiting messages go (each spends a receive coming back,
 /// and on a low `maxReceiveCount` reaches the DLQ unprocessed: simulator
-/// seed 7417). A message set again alone gets what is left of `timeout`
-/// since the first call, in whole seconds rounded down, so that it never
-/// stays invisible longer than the messages the batch kept (a lane's
-/// waiting messages must not outlast the one before them); where less than
-/// a second is left it is not set (a timeout of 0 would make it visible).
+/// seed 7417). A waiting message set again alone gets what is left of
+/// `timeout` since the first call, in whole seconds rounded down, so that it
+/// ends no later than the batch's (within one call's latency: a lane's
+/// waiting messages should not outlast the one before them); where less
+/// than a second is left it is not set (a timeout of 0 would make it
+/// visible). The `running` receipt, set again alone, gets the whole
+/// `timeout`: never shorter than its own heartbeat may have set meanwhile.
 /// After a call that failed as a whole, the singles stop at the first that
-/// fails too: SQS is out of reach, and the caller holds its lane meanwhile.
-/// What still fails is logged; those messages return when their current
-/// visibility ends. True when every one was extended.
+/// fails for a transient reason too: SQS is out of reach, and the caller
+/// holds its lane meanwhile. What still fails is logged; those messages
+/// return when their current visibility ends. True when every one was
+/// extended.
 #[cfg(feature = "poller")]
 pub(crate) async fn extend_many<Q: QueueClient>(
     queue: &Q,
     url: &str,
     receipts: &[String],
+    running: Option<&str>,
     timeout: Duration,
 ) -> bool {
     let sent = Instant::now();
@@ -199,7 +203,11 @@ pub(crate) async fn extend_many<Q: QueueClient>(
             all = false;
             continue;
         }
-        let left = Duration::from_secs(timeout.saturating_sub(sent.elapsed()).as_secs());
+        let left = if running == Some(receipt.as_str()) {
+            timeout
+        } else {
+            Duration::from_secs(timeout.saturating_sub(sent.elapsed()).as_secs())
+        };
         if left.is_zero() {
             all = false;
             warn!(
@@ -209,7 +217,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
         }
         if let Err(e) = queue.change_visibility(url, receipt, left).await {
             all = false;
-            out_of_reach |= whole_call_failed;
+            out_of_reach |= whole_call_failed && e.is_transient();
             warn!(error = %e, "could not keep a waiting message invisible");
         }
     }
@@ -315,7 +323,7 @@ mod tests {
             .iter()
             .map(|m| m.receipt_handle().unwrap().to_owned())
             .collect();
-        let all = extend_many(&q, &url, &receipts, Duration::from_secs(120)).await;
+        let all = extend_many(&q, &url, &receipts, None, Duration::from_secs(120)).await;
         assert!(all, "every message extended");
         assert_eq!(q.counts(&url).unwrap().entry_errors, 1, "one entry failed");
         tokio::time::advance(Duration::from_secs(60)).await;
@@ -417,8 +425,9 @@ mod tests {
     /// A message extended alone after its batch gets what is left of the
     /// timeout since the batch call, rounded down to whole seconds, so that
     /// it never outlasts the messages the batch extended; with less than a
-    /// second left it is not set at all (0 would make it visible). After a
-    /// call that failed as a whole the singles stop at the first failure.
+    /// second left it is not set at all (0 would make it visible); the
+    /// running one gets the whole timeout. After a call that failed as a
+    /// whole the singles stop at the first (transient) failure.
     #[cfg(feature = "poller")]
     #[tokio::test(start_paused = true)]
     async fn a_message_extended_alone_gets_what_is_left_and_singles_stop_when_sqs_is_out_of_reach()
@@ -433,18 +442,21 @@ mod tests {
 
         // Two batch calls of 0.75 s each, every entry failed: 1.5 s gone.
         let q = queue(Duration::from_millis(750), false);
-        assert!(extend_many(&q, "q", &receipts, timeout).await);
+        // The running one ("r0") gets the whole timeout, the waiting ones
+        // what is left.
+        assert!(extend_many(&q, "q", &receipts, Some("r0"), timeout).await);
         let singles = q.singles.lock().unwrap().clone();
-        assert_eq!(singles, vec![Duration::from_secs(28); 12]);
+        assert_eq!(singles[0], timeout);
+        assert_eq!(singles[1..], vec![Duration::from_secs(28); 11]);
 
         // Nearly all of it gone in the batch calls: none set alone.
         let q = queue(Duration::from_millis(14_600), false);
-        assert!(!extend_many(&q, "q", &receipts, timeout).await);
+        assert!(!extend_many(&q, "q", &receipts, None, timeout).await);
         assert!(q.singles.lock().unwrap().is_empty());
 
         // Both calls failed as a whole: one single tried, then no more.
         let q = queue(Duration::from_secs(1), true);
-        assert!(!extend_many(&q, "q", &receipts, timeout).await);
+        assert!(!extend_many(&q, "q", &receipts, None, timeout).await);
         assert_eq!(
             q.singles.lock().unwrap().clone(),
             vec![Duration::from_secs(28)]
