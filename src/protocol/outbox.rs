@@ -594,9 +594,13 @@ async fn send_chunk(
             code = %first.code,
             "outbox entries failed inside SQS; sending them again"
         );
-        places = failed
-            .iter()
-            .filter_map(|f| places.get(f.index).copied())
+        // In their order in the outbox (SQS lists failures in any order).
+        let mut again: Vec<usize> = failed.iter().map(|f| f.index).collect();
+        again.sort_unstable();
+        again.dedup();
+        places = again
+            .into_iter()
+            .filter_map(|i| places.get(i).copied())
             .collect();
         chunk = places.iter().map(|&i| message(i)).collect();
         attempt += 1;

@@ -598,8 +598,6 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 break;
             };
             let first = self.fifo.then(|| m.clone());
-            // Held here until its handling ends (not the lane's end): a copy
-            // of it in this lane or another may then set a retry delay.
             let delivery = (m.id().to_owned(), m.receipt_handle().map(str::to_owned));
             let held = Held {
                 received_at: self.received_at,
@@ -607,7 +605,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 invisible_at_most: self.answered_at + self.shared.processor.config().lease,
             };
             let settled = self.shared.handle(m, held).await;
-            if let (id, Some(receipt)) = &delivery {
+            // One to come back is let go now (a copy of it in this lane
+            // may then set its own delay); one finished stays held until
+            // the lane ends, its delete being still on its way.
+            if let (Settled::Again { .. }, (id, Some(receipt))) = (settled, &delivery) {
                 self.shared.holding.let_go(id, receipt);
             }
             self.waiting.lock().await.running = None;

@@ -102,8 +102,9 @@ pub(crate) struct Delivery<'a> {
 /// message would reach the DLQ while the newer delivery completed
 /// (simulator seed 647). Nor does the newest while an older one is still
 /// held: that one may be running its handler (seed 919). The poller lets a
-/// delivery go when its handling ends (or, for one never run, when its lane
-/// ends). Clones share it.
+/// delivery that is to come back go when its handling ends, and the others
+/// when their lane ends (a finished one's delete is still on its way).
+/// Clones share it.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
 pub(crate) struct Holding(Arc<Mutex<HashMap<String, Vec<HeldReceipt>>>>);

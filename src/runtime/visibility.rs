@@ -164,8 +164,8 @@ pub(crate) async fn retry_later<Q: QueueClient>(
 /// ends no later than the batch's (within one call's latency: a lane's
 /// waiting messages should not outlast the one before them); where less
 /// than a second is left it is not set (a timeout of 0 would make it
-/// visible). The `running` receipt, set again alone, gets the whole
-/// `timeout`: never shorter than its own heartbeat may have set meanwhile.
+/// visible). The `running` receipt is not set again alone: its own
+/// heartbeat keeps it.
 /// After a call that failed as a whole, the singles stop at the first that
 /// fails for a transient reason too: SQS is out of reach, and the caller
 /// holds its lane meanwhile. What still fails is logged; those messages
@@ -203,11 +203,13 @@ pub(crate) async fn extend_many<Q: QueueClient>(
             all = false;
             continue;
         }
-        let left = if running == Some(receipt.as_str()) {
-            timeout
-        } else {
-            Duration::from_secs(timeout.saturating_sub(sent.elapsed()).as_secs())
-        };
+        if running == Some(receipt.as_str()) {
+            // Its own heartbeat keeps it; set alone here it would end
+            // either sooner than that heartbeat set or later than the
+            // poller knows.
+            continue;
+        }
+        let left = Duration::from_secs(timeout.saturating_sub(sent.elapsed()).as_secs());
         if left.is_zero() {
             all = false;
             warn!(
@@ -426,7 +428,7 @@ mod tests {
     /// timeout since the batch call, rounded down to whole seconds, so that
     /// it never outlasts the messages the batch extended; with less than a
     /// second left it is not set at all (0 would make it visible); the
-    /// running one gets the whole timeout. After a call that failed as a
+    /// running one is left to its own heartbeat. After a call that failed as a
     /// whole the singles stop at the first (transient) failure.
     #[cfg(feature = "poller")]
     #[tokio::test(start_paused = true)]
@@ -442,12 +444,11 @@ mod tests {
 
         // Two batch calls of 0.75 s each, every entry failed: 1.5 s gone.
         let q = queue(Duration::from_millis(750), false);
-        // The running one ("r0") gets the whole timeout, the waiting ones
-        // what is left.
+        // The running one ("r0") is left to its own heartbeat, the waiting
+        // ones get what is left.
         assert!(extend_many(&q, "q", &receipts, Some("r0"), timeout).await);
         let singles = q.singles.lock().unwrap().clone();
-        assert_eq!(singles[0], timeout);
-        assert_eq!(singles[1..], vec![Duration::from_secs(28); 11]);
+        assert_eq!(singles, vec![Duration::from_secs(28); 11]);
 
         // Nearly all of it gone in the batch calls: none set alone.
         let q = queue(Duration::from_millis(14_600), false);
