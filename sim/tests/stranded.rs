@@ -47,18 +47,33 @@ async fn queue_of_one() -> (MemoryQueue, String) {
 
 async fn one_delivery(deliveries: &Deliveries, life: &Life, cuts: &Cuts) -> One {
     let (queue, url) = queue_of_one().await;
-    let request = ReceiveRequest {
-        max: 1,
-        wait: Duration::ZERO,
-        visibility: VISIBILITY,
-    };
-    let got = queue.receive(&url, request).await.expect("received");
-    deliveries.received(("c0", life, cuts), &url, &got, VISIBILITY);
+    let (_, receipt) = receive_one(&queue, &url, deliveries, ("c0", life, cuts), VISIBILITY).await;
     One {
-        receipt: got[0].receipt_handle().expect("a receipt").to_owned(),
+        receipt,
         stored: queue.contents(&url).remove(0),
         queue: url,
     }
+}
+
+/// Receives one message from `url` with `visibility`, noted in
+/// `deliveries` as received by `who`: its (message id, receipt handle).
+async fn receive_one(
+    queue: &MemoryQueue,
+    url: &str,
+    deliveries: &Deliveries,
+    who: (&str, &Life, &Cuts),
+    visibility: Duration,
+) -> (String, String) {
+    let request = ReceiveRequest {
+        max: 1,
+        wait: Duration::ZERO,
+        visibility,
+    };
+    let got = queue.receive(url, request).await.expect("received");
+    deliveries.received(who, url, &got, visibility);
+    let m = &got[0];
+    let receipt = m.receipt_handle().expect("a receipt").to_owned();
+    (m.id().to_owned(), receipt)
 }
 
 /// A link cut from now until well after the visibility runs out.
@@ -406,17 +421,8 @@ async fn a_twin_that_learned_only_after_an_undone_delete_explains_it_and_one_tha
         let (queue, url) = queue_of_one().await;
         let (life, cuts) = (Life::default(), Cuts::default());
         let receive = |visibility| {
-            let request = ReceiveRequest {
-                max: 1,
-                wait: Duration::ZERO,
-                visibility,
-            };
-            let (queue, url, deliveries, life, cuts) = (&queue, &url, &deliveries, &life, &cuts);
-            async move {
-                let got = queue.receive(url, request).await.expect("received");
-                deliveries.received(("c0", life, cuts), url, &got, visibility);
-                got[0].receipt_handle().expect("a receipt").to_owned()
-            }
+            let one = receive_one(&queue, &url, &deliveries, ("c0", &life, &cuts), visibility);
+            async move { one.await.1 }
         };
         // The first delivery's visibility lapses at once, so the second is
         // received while the first still runs (as a twin would be).
@@ -524,16 +530,10 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         let (older, newer, cuts) = (Life::default(), Life::default(), Cuts::default());
         let older_host = if case == "same host" { &newer } else { &older };
         let receive = |who: (&'static str, Life), visibility| {
-            let request = ReceiveRequest {
-                max: 1,
-                wait: Duration::ZERO,
-                visibility,
-            };
             let (queue, url, deliveries, cuts) = (&queue, &url, &deliveries, &cuts);
             async move {
-                let got = queue.receive(url, request).await.expect("received");
-                deliveries.received((who.0, &who.1, cuts), url, &got, visibility);
-                got[0].receipt_handle().expect("a receipt").to_owned()
+                let who = (who.0, &who.1, cuts);
+                receive_one(queue, url, deliveries, who, visibility).await.1
             }
         };
         // Two deliveries held at once (the first's visibility in the
@@ -693,20 +693,10 @@ async fn fifo_pair_verdict(case: &str) -> (BTreeSet<String>, Vec<String>) {
     let (queue, url, dlq) = fifo_queue_of_two().await;
     let cuts = Cuts::default();
     let receive = |who: &'static str, visibility| {
-        let request = ReceiveRequest {
-            max: 1,
-            wait: Duration::ZERO,
-            visibility,
-        };
         let (queue, url, deliveries, cuts) = (&queue, &url, &deliveries, &cuts);
         async move {
-            let got = queue.receive(url, request).await.expect("received");
-            deliveries.received((who, &Life::default(), cuts), url, &got, visibility);
-            let m = &got[0];
-            (
-                m.id().to_owned(),
-                m.receipt_handle().expect("a receipt").to_owned(),
-            )
+            let life = Life::default();
+            receive_one(queue, url, deliveries, (who, &life, cuts), visibility).await
         }
     };
     // The first message's one allowed delivery, held for 1 s.

@@ -302,7 +302,15 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             }
             // (The poller waits for a key held elsewhere: never sent again.)
             Settled::SentAgain => None,
-            Settled::Again { .. } => return step.settled,
+            Settled::Again { .. } => {
+                // Let go now (not at its lane's end): a copy of it in this
+                // lane or another may then set its own delay. A finished one
+                // stays held until its lane ends, its delete still on its way.
+                if let Some(receipt) = message.receipt_handle() {
+                    self.holding.let_go(message.id(), receipt);
+                }
+                return step.settled;
+            }
         };
         // Known to stay invisible until the later of the lane's and the
         // handler's last extension (the lane keeper's of a running message
@@ -598,19 +606,12 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 break;
             };
             let first = self.fifo.then(|| m.clone());
-            let delivery = (m.id().to_owned(), m.receipt_handle().map(str::to_owned));
             let held = Held {
                 received_at: self.received_at,
                 invisible_until,
                 invisible_at_most: self.answered_at + self.shared.processor.config().lease,
             };
             let settled = self.shared.handle(m, held).await;
-            // One to come back is let go now (a copy of it in this lane
-            // may then set its own delay); one finished stays held until
-            // the lane ends, its delete being still on its way.
-            if let (Settled::Again { .. }, (id, Some(receipt))) = (settled, &delivery) {
-                self.shared.holding.let_go(id, receipt);
-            }
             self.waiting.lock().await.running = None;
             permits.pop();
             if let (Settled::Again { after: Some(after) }, Some(first)) = (settled, first) {

@@ -754,6 +754,37 @@ async fn queue_of_one_twin() -> (MemoryQueue, String, String, Arc<AtomicBool>) {
     (queue, url, dlq, armed)
 }
 
+/// An in-memory store on a virtual clock, for [`spawn_twin_poller`].
+fn twin_store() -> MemoryStore {
+    MemoryStore::new(Arc::new(TokioClock::starting_at(
+        std::time::SystemTime::UNIX_EPOCH,
+    )))
+}
+
+/// Runs a poller of two slots (a 20 s lease, a 5 s heartbeat, keys from
+/// `/id`) over [`queue_of_one_twin`]'s queue until it has been idle a minute.
+fn spawn_twin_poller(
+    queue: &MemoryQueue,
+    url: &str,
+    store: MemoryStore,
+    handler: impl crate::Handler,
+) -> tokio::task::JoinHandle<RunStats> {
+    let mut pc = ProcessorConfig::new("twin");
+    pc.lease = Duration::from_secs(20);
+    pc.heartbeat = Duration::from_secs(5);
+    pc.key_source = "json:/id".parse().unwrap();
+    let processor = Processor::new(store, handler, pc).unwrap();
+    let mut config = config(url, 2, 0);
+    config.wait_time = Duration::from_secs(1);
+    config.exit_when_idle = Some(Duration::from_secs(60));
+    tokio::spawn(run(
+        queue.clone(),
+        processor,
+        config,
+        CancellationToken::new(),
+    ))
+}
+
 /// Simulator seed 919 (with a variant of the extension fix): a poller held
 /// a message whose older delivery ran its handler when SQS handed it the
 /// same message again (a twin); the newer delivery's turn with the store
@@ -775,22 +806,8 @@ async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay
             Ok(None)
         }
     });
-    let mut pc = ProcessorConfig::new("twin");
-    pc.lease = Duration::from_secs(20);
-    pc.heartbeat = Duration::from_secs(5);
-    pc.key_source = "json:/id".parse().unwrap();
-    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
-    let store = MemoryStore::new(clock);
-    let processor = Processor::new(store.clone(), handler, pc).unwrap();
-    let mut config = config(&url, 2, 0);
-    config.wait_time = Duration::from_secs(1);
-    config.exit_when_idle = Some(Duration::from_secs(60));
-    let poller = tokio::spawn(run(
-        queue.clone(),
-        processor,
-        config,
-        CancellationToken::new(),
-    ));
+    let store = twin_store();
+    let poller = spawn_twin_poller(&queue, &url, store.clone(), handler);
     // While the older delivery's handler runs, DynamoDB is out of reach
     // and SQS hands the poller the same message again.
     wait_until(Duration::from_secs(5), || calls.lock().unwrap().len() == 1).await;
@@ -842,21 +859,7 @@ async fn an_older_delivery_of_a_message_held_again_sets_no_retry_delay() {
             Ok(None)
         }
     });
-    let mut pc = ProcessorConfig::new("twin");
-    pc.lease = Duration::from_secs(20);
-    pc.heartbeat = Duration::from_secs(5);
-    pc.key_source = "json:/id".parse().unwrap();
-    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
-    let processor = Processor::new(MemoryStore::new(clock), handler, pc).unwrap();
-    let mut config = config(&url, 2, 0);
-    config.wait_time = Duration::from_secs(1);
-    config.exit_when_idle = Some(Duration::from_secs(60));
-    let poller = tokio::spawn(run(
-        queue.clone(),
-        processor,
-        config,
-        CancellationToken::new(),
-    ));
+    let poller = spawn_twin_poller(&queue, &url, twin_store(), handler);
     // While the first delivery's handler runs: the next receive hands the
     // same message to the poller again.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -165,15 +165,8 @@ impl Holding {
             return false;
         };
         self.with(|held| {
-            held.get(message.id()).is_some_and(|ds| {
-                ds.iter().any(|d| {
-                    if d.receipt == receipt {
-                        d.superseded
-                    } else {
-                        true
-                    }
-                })
-            })
+            held.get(message.id())
+                .is_some_and(|ds| ds.iter().any(|d| d.receipt != receipt || d.superseded))
         })
     }
 }
