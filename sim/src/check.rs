@@ -282,20 +282,22 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
             // DynamoDB until the receives ran out); or it was received
             // before such a delete removed the message and learned only
             // after, its receipt then naming nothing (seed 1750 with
-            // `maxReceiveCount` drawn: a twin delivery).
+            // `maxReceiveCount` drawn: a twin delivery), or learned before
+            // but its own delete reached SQS only after, naming nothing
+            // then either (seed 214538: the twin's delete was batched).
             let all = e.deliveries.all_of(&m.id);
+            let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
             let cut_short = |d: &crate::deliveries::Delivery| {
-                let ended = e
-                    .outcome_at
-                    .get(&(d.message.clone(), d.count))
-                    .map(|(at, _)| *at);
+                // Its last word: its delete reaching SQS, else its end.
+                let last_word = d.delete_reached_at.map(ms).or_else(|| {
+                    e.outcome_at
+                        .get(&(d.message.clone(), d.count))
+                        .map(|(at, _)| *at)
+                });
                 all.iter()
                     .filter(|l| l.receipt != d.receipt && undone(l))
                     .filter_map(|l| l.delete_reached_at)
-                    .any(|t| {
-                        let t_ms = t.saturating_duration_since(e.start).as_millis();
-                        d.at <= t && ended.is_some_and(|end| end >= t_ms)
-                    })
+                    .any(|t| d.at <= t && last_word.is_some_and(|w| w >= ms(t)))
             };
             let learned: Vec<_> = all.iter().filter(|d| learned_done(e, d)).collect();
             let none_could = !learned.is_empty()

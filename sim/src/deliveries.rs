@@ -53,7 +53,8 @@ pub struct Delivery {
     pub delete_reached_at: Option<Instant>,
     /// When the message became visible again by a visibility change that
     /// another host made through a receipt of its own while this delivery
-    /// held it (a twin delivery, SQS's "might": SQS keeps one visibility per
+    /// held it, or any host made before this delivery's answer reached its
+    /// host (a twin delivery, SQS's "might": SQS keeps one visibility per
     /// message, so the last change through any valid receipt holds, until
     /// the message is visible: the first change that made it so stands,
     /// whatever later deliveries set); `None` once a change by this host
@@ -116,6 +117,19 @@ pub struct Deliveries {
     /// When SQS issued each receipt handle, where the service notes it (the
     /// wire path's model): an answer may reach its consumer later.
     issued: Arc<Mutex<BTreeMap<String, Instant>>>,
+    /// Every visibility change SQS applied, in order, for a delivery whose
+    /// answer reaches its host after its receipt was issued
+    /// ([`Deliveries::received`]).
+    changes: Arc<Mutex<Vec<Change>>>,
+}
+
+/// A visibility change SQS applied.
+#[derive(Debug, Clone)]
+struct Change {
+    applied: Instant,
+    message: String,
+    receipt: String,
+    until: Instant,
 }
 
 impl Deliveries {
@@ -157,12 +171,29 @@ impl Deliveries {
         let (consumer, life, cuts) = who;
         let now = Instant::now();
         let issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
+        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for m in messages {
                 let Some(receipt) = m.receipt_handle() else {
                     continue;
                 };
                 let at = issued.get(receipt).copied().unwrap_or(now);
+                let held_until = at + visibility;
+                // A change SQS applied through another valid receipt of the
+                // message between the receipt's issue and its answer's
+                // arrival: no host knew of this delivery then, its own
+                // included (seed 213871: its host's retry delay of the
+                // earlier delivery, whose first try failed, landed on a
+                // retry before the twin's slow answer came).
+                let exposed = changes
+                    .iter()
+                    .find(|c| {
+                        c.message == m.id()
+                            && c.receipt != receipt
+                            && at <= c.applied
+                            && c.until < held_until
+                    })
+                    .map(|c| (c.until, c.receipt.clone()));
                 // A delivery of the message to the same host: that host now
                 // knows of the newer receipt (its runtime's to mind), so an
                 // earlier exposure by another host no longer explains what
@@ -183,11 +214,11 @@ impl Deliveries {
                         consumer: consumer.to_owned(),
                         at,
                         arrived: now,
-                        held_until: at + visibility,
+                        held_until,
                         delete_sent: None,
                         delete_reached: false,
                         delete_reached_at: None,
-                        visible_by_another: None,
+                        visible_by_another: exposed,
                         payload: sqs_once::payloads::S3Pointer::of(m)
                             .and_then(Result::ok)
                             .map(|p| p.key),
@@ -237,11 +268,18 @@ impl Deliveries {
     pub fn visibility_set(&self, receipts: &[String], timeout: Duration) {
         let now = Instant::now();
         let until = now + timeout;
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for r in receipts {
                 let Some(d) = all.get_mut(r) else {
                     continue;
                 };
+                changes.push(Change {
+                    applied: now,
+                    message: d.message.clone(),
+                    receipt: r.clone(),
+                    until,
+                });
                 d.held_until = until;
                 d.visible_by_another = None;
                 let (message, queue, life) = (d.message.clone(), d.queue.clone(), d.life.clone());
