@@ -283,7 +283,9 @@ pub struct Context {
 struct ContextInner {
     consumer: String,
     dedup_key: Option<String>,
-    idempotency_key: Option<String>,
+    /// Derived from consumer and dedup key when first asked for (a hash:
+    /// most handlers never ask).
+    idempotency_key: std::sync::OnceLock<Option<String>>,
     attempt: u32,
     max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
@@ -346,8 +348,7 @@ impl Context {
             inner: Arc::new(ContextInner {
                 consumer: consumer.to_owned(),
                 dedup_key: dedup_key.map(str::to_owned),
-                idempotency_key: dedup_key
-                    .map(|k| crate::protocol::key::idempotency_key(consumer, k)),
+                idempotency_key: std::sync::OnceLock::new(),
                 attempt,
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
@@ -399,7 +400,14 @@ impl Context {
     /// redelivery: send it downstream as `Idempotency-Key` so an external API
     /// applies a retried call once.
     pub fn idempotency_key(&self) -> Option<&str> {
-        self.inner.idempotency_key.as_deref()
+        let inner = &*self.inner;
+        inner
+            .idempotency_key
+            .get_or_init(|| {
+                let key = inner.dedup_key.as_deref()?;
+                Some(crate::protocol::key::idempotency_key(&inner.consumer, key))
+            })
+            .as_deref()
     }
 
     /// How many claims this key has seen, this one included (1 on the first run).
@@ -613,6 +621,18 @@ mod tests {
     use aws_sdk_dynamodb::types::Update;
 
     use super::*;
+
+    #[test]
+    fn the_idempotency_key_is_derived_from_consumer_and_dedup_key_when_asked_for() {
+        let message = Message::new("m-1", "{}");
+        let ctx = Context::new("payments", Some("order-7"), 1, &message, 1024);
+        let expected = crate::protocol::key::idempotency_key("payments", "order-7");
+        assert_eq!(ctx.idempotency_key(), Some(expected.as_str()));
+        // Asked again (and through a clone): the same key.
+        assert_eq!(ctx.clone().idempotency_key(), Some(expected.as_str()));
+        let unkeyed = Context::new("payments", None, 1, &message, 1024);
+        assert_eq!(unkeyed.idempotency_key(), None);
+    }
 
     fn build_update() -> Result<Update, HandlerError> {
         // No key, table or update expression: the builder refuses.

@@ -738,12 +738,30 @@ pub fn idempotency_key(consumer: &str, dedup_key: &str) -> String {
 
 /// Lower-case hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    // Encoded into a buffer of its size (`hex::encode` builds the text a
+    // char at a time: most of the cost of a short hash).
+    let mut out = [0u8; 64];
+    hex::encode_to_slice(Sha256::digest(bytes), &mut out).expect("64 hex digits for 32 bytes");
+    std::str::from_utf8(&out)
+        .expect("hex digits are ASCII")
+        .to_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sha256_hex_is_the_lower_case_digest() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
 
     #[test]
     fn parses_every_form_and_round_trips() {
