@@ -62,6 +62,10 @@ pub struct Delivery {
     pub visible_by_another: Option<(Instant, String)>,
     /// The object key its body points to, if sent through S3.
     pub payload: Option<String>,
+    /// Each delete call made with its receipt: when it was sent and when
+    /// its answer (or failure) came back to the consumer (`None`: never,
+    /// in flight when the run ended).
+    tries: Vec<(Instant, Option<Instant>)>,
     /// The life of the host that holds it.
     life: Life,
     /// When the host's link to SQS was cut.
@@ -93,14 +97,26 @@ impl Delivery {
     /// Its consumer did all it could to delete it: it died holding it, or it
     /// sent the delete while holding it, no delete reached SQS before the
     /// visibility ran out, and SQS was out of its reach at some point of the
-    /// visibility's last [`CONNECT_TIMEOUT`]: a try started in that cut
-    /// fails only after the visibility's end, so trying again could not have
-    /// landed it (seed 204589: the cut ended 0.26 s before the end).
+    /// visibility's last [`CONNECT_TIMEOUT`] while a delete call of it was
+    /// on its way (then, not only earlier in the same cut): a try started in that cut fails only after the
+    /// visibility's end, so trying again could not have landed it (seed
+    /// 204589: the cut ended 0.26 s before the end). A consumer that had
+    /// given up before that cut began is not excused by it.
     ///
     /// [`CONNECT_TIMEOUT`]: crate::faults::CONNECT_TIMEOUT
     pub fn delete_was_out_of_reach(&self, calm_at: Option<Instant>) -> bool {
         let last_try = self.held_until - crate::faults::CONNECT_TIMEOUT;
-        let cut_at_end = self.cuts.cut_within(last_try, self.held_until, calm_at);
+        let cut_at_end = self
+            .cuts
+            .within(last_try, self.held_until, calm_at)
+            .into_iter()
+            .any(|(from, until)| {
+                // The cut's part within the last connect timeout.
+                let (from, until) = (from.max(last_try), until.min(self.held_until));
+                self.tries
+                    .iter()
+                    .any(|&(sent, back)| sent < until && back.is_none_or(|b| b > from))
+            });
         // A delete that reached SQS only after the visibility ran out (the
         // model answers one for a message already moved as done) kept
         // nothing out (wire seed 5002236).
@@ -219,6 +235,7 @@ impl Deliveries {
                         delete_reached: false,
                         delete_reached_at: None,
                         visible_by_another: exposed,
+                        tries: Vec::new(),
                         payload: sqs_once::payloads::S3Pointer::of(m)
                             .and_then(Result::ok)
                             .map(|p| p.key),
@@ -235,12 +252,28 @@ impl Deliveries {
         let now = Instant::now();
         self.with(|all| {
             for r in receipts {
-                if let Some(d) = all.get_mut(r)
-                    && d.queue == queue
-                    && d.delete_sent.is_none()
-                    && now < d.held_until
-                {
+                let Some(d) = all.get_mut(r).filter(|d| d.queue == queue) else {
+                    continue;
+                };
+                d.tries.push((now, None));
+                if d.delete_sent.is_none() && now < d.held_until {
                     d.delete_sent = Some(now);
+                }
+            }
+        });
+    }
+
+    /// A delete call of these receipts returned to its consumer (done or
+    /// failed).
+    pub fn delete_returned(&self, queue: &str, receipts: &[String]) {
+        let now = Instant::now();
+        self.with(|all| {
+            for r in receipts {
+                let Some(d) = all.get_mut(r).filter(|d| d.queue == queue) else {
+                    continue;
+                };
+                if let Some(t) = d.tries.iter_mut().rev().find(|t| t.1.is_none()) {
+                    t.1 = Some(now);
                 }
             }
         });

@@ -195,11 +195,26 @@ impl Cuts {
     /// Whether the link was cut at some instant of `from..to` (before
     /// `calm_at`, when faults stop).
     pub fn cut_within(&self, from: Instant, to: Instant, calm_at: Option<Instant>) -> bool {
+        !self.within(from, to, calm_at).is_empty()
+    }
+
+    /// The partitions that cut the link at some instant of `from..to`
+    /// (before `calm_at`, when faults stop, which also ends them).
+    pub fn within(
+        &self,
+        from: Instant,
+        to: Instant,
+        calm_at: Option<Instant>,
+    ) -> Vec<(Instant, Instant)> {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .any(|&(start, until)| start < to && from < until && calm_at.is_none_or(|c| start < c))
+            .filter(|&&(start, until)| {
+                start < to && from < until && calm_at.is_none_or(|c| start < c)
+            })
+            .map(|&(start, until)| (start, calm_at.map_or(until, |c| until.min(c))))
+            .collect()
     }
 
     /// Whether the link was cut at `t` (partitions end when the run calms,
@@ -578,6 +593,63 @@ pub struct FaultyQueue<Q> {
 }
 
 impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
+    /// One `DeleteMessage` through the link (see [`QueueClient::delete`]).
+    async fn delete_once(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        let receipts = [receipt.to_owned()];
+        self.deliveries.delete_sent(queue, &receipts);
+        let (inner, seen, q) = (
+            self.inner.clone(),
+            self.deliveries.clone(),
+            queue.to_owned(),
+        );
+        self.late("DeleteMessage", queue, async move {
+            if inner.delete(&q, &receipts[0]).await.is_ok() {
+                seen.delete_reached(&q, &receipts);
+            }
+        })
+        .await?;
+        let receipts = [receipt.to_owned()];
+        // Noted where SQS applies it, so a lost answer still counts.
+        let f = async {
+            let out = self.inner.delete(queue, receipt).await;
+            if out.is_ok() && !self.on_wire {
+                self.deliveries.delete_reached(queue, &receipts);
+            }
+            out
+        };
+        self.call("DeleteMessage", queue, f).await
+    }
+
+    /// One `DeleteMessageBatch` through the link (see [`QueueClient::delete_batch`]).
+    async fn delete_batch_once(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.deliveries.delete_sent(queue, receipts);
+        let (inner, seen, q, all) = (
+            self.inner.clone(),
+            self.deliveries.clone(),
+            queue.to_owned(),
+            receipts.to_vec(),
+        );
+        self.late("DeleteMessageBatch", queue, async move {
+            if let Ok(failed) = inner.delete_batch(&q, &all).await {
+                seen.delete_reached(&q, &applied(&all, &failed));
+            }
+        })
+        .await?;
+        let f = async {
+            let out = self.inner.delete_batch(queue, receipts).await;
+            if let Some(failed) = out.as_ref().ok().filter(|_| !self.on_wire) {
+                self.deliveries
+                    .delete_reached(queue, &applied(receipts, failed));
+            }
+            out
+        };
+        self.call("DeleteMessageBatch", queue, f).await
+    }
+
     /// `inner` as seen by a host; what it receives, deletes and keeps
     /// invisible is noted in `deliveries`.
     pub fn new(inner: Q, link: Link, life: Life, deliveries: Deliveries) -> Self {
@@ -674,29 +746,10 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
     }
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
-        let receipts = [receipt.to_owned()];
-        self.deliveries.delete_sent(queue, &receipts);
-        let (inner, seen, q) = (
-            self.inner.clone(),
-            self.deliveries.clone(),
-            queue.to_owned(),
-        );
-        self.late("DeleteMessage", queue, async move {
-            if inner.delete(&q, &receipts[0]).await.is_ok() {
-                seen.delete_reached(&q, &receipts);
-            }
-        })
-        .await?;
-        let receipts = [receipt.to_owned()];
-        // Noted where SQS applies it, so a lost answer still counts.
-        let f = async {
-            let out = self.inner.delete(queue, receipt).await;
-            if out.is_ok() && !self.on_wire {
-                self.deliveries.delete_reached(queue, &receipts);
-            }
-            out
-        };
-        self.call("DeleteMessage", queue, f).await
+        let out = self.delete_once(queue, receipt).await;
+        self.deliveries
+            .delete_returned(queue, std::slice::from_ref(&receipt.to_owned()));
+        out
     }
 
     async fn delete_batch(
@@ -704,28 +757,9 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        self.deliveries.delete_sent(queue, receipts);
-        let (inner, seen, q, all) = (
-            self.inner.clone(),
-            self.deliveries.clone(),
-            queue.to_owned(),
-            receipts.to_vec(),
-        );
-        self.late("DeleteMessageBatch", queue, async move {
-            if let Ok(failed) = inner.delete_batch(&q, &all).await {
-                seen.delete_reached(&q, &applied(&all, &failed));
-            }
-        })
-        .await?;
-        let f = async {
-            let out = self.inner.delete_batch(queue, receipts).await;
-            if let Some(failed) = out.as_ref().ok().filter(|_| !self.on_wire) {
-                self.deliveries
-                    .delete_reached(queue, &applied(receipts, failed));
-            }
-            out
-        };
-        self.call("DeleteMessageBatch", queue, f).await
+        let out = self.delete_batch_once(queue, receipts).await;
+        self.deliveries.delete_returned(queue, receipts);
+        out
     }
 
     async fn change_visibility(

@@ -294,27 +294,36 @@ async fn a_delete_sent_while_held_with_sqs_out_of_reach_to_the_end_explains_it()
 
 /// Given up on while SQS came back before the visibility ran out, with a
 /// connect timeout or more to spare: trying again would have landed it.
-/// Back only within the last connect timeout: it could not have.
+/// Back only within the last connect timeout, with a try still on its way
+/// in that cut: it could not have. A consumer whose last try had come back
+/// (failed) and that tried no more is not excused by that cut.
 #[tokio::test(start_paused = true)]
 async fn a_delete_given_up_on_while_sqs_could_be_reached_again_does_not() {
     // Reachable again with time left for a try (a third of the visibility,
     // then 2.5 s before its end); or only within one connect timeout of
-    // its end, when a try started in the cut fails after it (seed 204589).
-    for (cut_for, excused) in [
-        (VISIBILITY / 3, false),
-        (VISIBILITY - Duration::from_millis(2_500), false),
-        (VISIBILITY - Duration::from_millis(1_500), true),
+    // its end, when a try started in the cut fails after it (seed 204589);
+    // or then, with the last try failed and given up on at once.
+    for (cut_for, given_up, excused) in [
+        (VISIBILITY / 3, false, false),
+        (VISIBILITY - Duration::from_millis(2_500), false, false),
+        (VISIBILITY - Duration::from_millis(1_500), false, true),
+        (VISIBILITY - Duration::from_millis(1_500), true, false),
     ] {
         let deliveries = Deliveries::default();
         let cuts = Cuts::default();
         cuts.push(Instant::now(), Instant::now() + cut_for);
         let one = one_delivery(&deliveries, &Life::default(), &cuts).await;
         tokio::time::advance(VISIBILITY / 4).await;
-        deliveries.delete_sent(&one.queue, std::slice::from_ref(&one.receipt));
+        let receipts = std::slice::from_ref(&one.receipt);
+        deliveries.delete_sent(&one.queue, receipts);
+        if given_up {
+            tokio::time::advance(Duration::from_secs(2)).await;
+            deliveries.delete_returned(&one.queue, receipts);
+        }
         let id = one.stored.id.clone();
         let (violations, stranded) = verdict(one.stored, &deliveries);
         judged(
-            &format!("cut for {cut_for:?}"),
+            &format!("cut for {cut_for:?}, given up: {given_up}"),
             excused,
             &id,
             &violations,
