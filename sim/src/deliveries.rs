@@ -133,19 +133,48 @@ pub struct Deliveries {
     /// When SQS issued each receipt handle, where the service notes it (the
     /// wire path's model): an answer may reach its consumer later.
     issued: Arc<Mutex<BTreeMap<String, Instant>>>,
-    /// Every visibility change SQS applied, in order, for a delivery whose
-    /// answer reaches its host after its receipt was issued
-    /// ([`Deliveries::received`]).
-    changes: Arc<Mutex<Vec<Change>>>,
+    /// Every visibility change SQS applied, in order, by (queue, message):
+    /// for a delivery whose answer reaches its host after its receipt was
+    /// issued ([`Deliveries::received`]).
+    changes: Arc<Mutex<ChangeLog>>,
 }
+
+/// Visibility changes SQS applied, in order, by (queue, message id).
+type ChangeLog = BTreeMap<(String, String), Vec<Change>>;
 
 /// A visibility change SQS applied.
 #[derive(Debug, Clone)]
 struct Change {
     applied: Instant,
-    message: String,
     receipt: String,
     until: Instant,
+}
+
+/// What the changes SQS applied to a message while a receipt's answer was on
+/// its way (after `issued`, before `arrived`) left of its hold to
+/// `held_until`: the first change through another receipt that set it
+/// visible before then, unless a later one in that time held it again
+/// before it took effect. Replayed in order; `(until, receipt)`.
+fn exposed_on_the_way(
+    changes: &[Change],
+    receipt: &str,
+    issued: Instant,
+    arrived: Instant,
+    held_until: Instant,
+) -> Option<(Instant, String)> {
+    let mut exposed: Option<(Instant, String)> = None;
+    for c in changes
+        .iter()
+        .filter(|c| c.receipt != receipt && issued < c.applied && c.applied < arrived)
+    {
+        match &exposed {
+            // Already visible when this change came: it stands.
+            Some((at, _)) if *at <= c.applied => break,
+            _ if c.until < held_until => exposed = Some((c.until, c.receipt.clone())),
+            _ => exposed = None,
+        }
+    }
+    exposed
 }
 
 impl Deliveries {
@@ -193,23 +222,22 @@ impl Deliveries {
                 let Some(receipt) = m.receipt_handle() else {
                     continue;
                 };
-                let at = issued.get(receipt).copied().unwrap_or(now);
+                let noted = issued.get(receipt).copied();
+                let at = noted.unwrap_or(now);
                 let held_until = at + visibility;
-                // A change SQS applied through another valid receipt of the
-                // message between the receipt's issue and its answer's
-                // arrival: no host knew of this delivery then, its own
-                // included (seed 213871: its host's retry delay of the
+                // A change SQS applied through another receipt of the
+                // message after this receipt was issued and before its
+                // answer arrived: no host knew of this delivery then, its
+                // own included (seed 213871: its host's retry delay of the
                 // earlier delivery, whose first try failed, landed on a
-                // retry before the twin's slow answer came).
-                let exposed = changes
-                    .iter()
-                    .find(|c| {
-                        c.message == m.id()
-                            && c.receipt != receipt
-                            && at <= c.applied
-                            && c.until < held_until
-                    })
-                    .map(|c| (c.until, c.receipt.clone()));
+                // retry before the twin's slow answer came). Only where the
+                // service noted the issue (the wire path), and strictly
+                // between the two instants.
+                let exposed = noted.and_then(|issued| {
+                    let key = (queue.to_owned(), m.id().to_owned());
+                    let log = changes.get(&key)?;
+                    exposed_on_the_way(log, receipt, issued, now, held_until)
+                });
                 // A delivery of the message to the same host: that host now
                 // knows of the newer receipt (its runtime's to mind), so an
                 // earlier exposure by another host no longer explains what
@@ -307,12 +335,14 @@ impl Deliveries {
                 let Some(d) = all.get_mut(r) else {
                     continue;
                 };
-                changes.push(Change {
-                    applied: now,
-                    message: d.message.clone(),
-                    receipt: r.clone(),
-                    until,
-                });
+                changes
+                    .entry((d.queue.clone(), d.message.clone()))
+                    .or_default()
+                    .push(Change {
+                        applied: now,
+                        receipt: r.clone(),
+                        until,
+                    });
                 d.held_until = until;
                 d.visible_by_another = None;
                 let (message, queue, life) = (d.message.clone(), d.queue.clone(), d.life.clone());

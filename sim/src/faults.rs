@@ -178,6 +178,17 @@ enum Fault {
     Delay(Duration),
 }
 
+/// Notes, when dropped, that a delete call of these receipts came back to
+/// its consumer: answered, failed, or given up on (the consumer dropped the
+/// call, as at a batch's timeout or an invocation's deadline).
+struct Returned<'a>(&'a Deliveries, &'a str, &'a [String]);
+
+impl Drop for Returned<'_> {
+    fn drop(&mut self) {
+        self.0.delete_returned(self.1, self.2);
+    }
+}
+
 /// When a host's link to one service was cut: (from, until) per partition.
 /// Clones share it.
 #[derive(Debug, Clone, Default)]
@@ -596,7 +607,6 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
     /// One `DeleteMessage` through the link (see [`QueueClient::delete`]).
     async fn delete_once(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
         let receipts = [receipt.to_owned()];
-        self.deliveries.delete_sent(queue, &receipts);
         let (inner, seen, q) = (
             self.inner.clone(),
             self.deliveries.clone(),
@@ -626,7 +636,6 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        self.deliveries.delete_sent(queue, receipts);
         let (inner, seen, q, all) = (
             self.inner.clone(),
             self.deliveries.clone(),
@@ -746,10 +755,10 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
     }
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
-        let out = self.delete_once(queue, receipt).await;
-        self.deliveries
-            .delete_returned(queue, std::slice::from_ref(&receipt.to_owned()));
-        out
+        let receipts = [receipt.to_owned()];
+        self.deliveries.delete_sent(queue, &receipts);
+        let _back = Returned(&self.deliveries, queue, &receipts);
+        self.delete_once(queue, receipt).await
     }
 
     async fn delete_batch(
@@ -757,9 +766,9 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        let out = self.delete_batch_once(queue, receipts).await;
-        self.deliveries.delete_returned(queue, receipts);
-        out
+        self.deliveries.delete_sent(queue, receipts);
+        let _back = Returned(&self.deliveries, queue, receipts);
+        self.delete_batch_once(queue, receipts).await
     }
 
     async fn change_visibility(

@@ -332,6 +332,61 @@ async fn a_delete_given_up_on_while_sqs_could_be_reached_again_does_not() {
     }
 }
 
+/// A delete call the consumer dropped (a batch's timeout, an invocation's
+/// deadline) came back then: through the simulator's own link, a try given
+/// up on in one cut is not on its way in a later cut at the visibility's
+/// end, so that cut does not explain the delete.
+#[tokio::test(start_paused = true)]
+async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
+    use sqs_once_sim::faults::{Dice, FaultCounts, FaultyQueue, Link, Service};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let deliveries = Deliveries::default();
+    let (queue, url) = queue_of_one().await;
+    let link = Link::new(
+        "c0",
+        Dice::new(1),
+        FaultPlan::NONE,
+        sqs_once_sim::trace::Trace::new(false),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(FaultCounts::default()),
+    );
+    let faulty = FaultyQueue::new(
+        queue.clone(),
+        link.clone(),
+        Life::default(),
+        deliveries.clone(),
+    );
+    let request = ReceiveRequest {
+        max: 1,
+        wait: Duration::ZERO,
+        visibility: VISIBILITY,
+    };
+    let got = faulty.receive(&url, request).await.expect("received");
+    let receipt = got[0].receipt_handle().expect("a receipt").to_owned();
+    // Cut off at once: the delete waits for its connect timeout, and the
+    // consumer drops it after a second and tries no more.
+    link.cut(Service::Sqs, Duration::from_secs(10));
+    let dropped = tokio::time::timeout(Duration::from_secs(1), faulty.delete(&url, &receipt)).await;
+    assert!(
+        dropped.is_err(),
+        "the delete was still waiting when dropped"
+    );
+    // Cut off again over the visibility's last second.
+    tokio::time::advance(VISIBILITY - Duration::from_secs(2)).await;
+    link.cut(Service::Sqs, Duration::from_secs(5));
+    let stored = queue.contents(&url).remove(0);
+    let id = stored.id.clone();
+    let (violations, stranded) = verdict(stored, &deliveries);
+    judged(
+        "dropped, then cut at the end",
+        false,
+        &id,
+        &violations,
+        &stranded,
+    );
+}
+
 /// A delete that reached SQS and deleted nothing (a stale or wrong receipt)
 /// is no excuse, nor is one sent to another queue or after the visibility
 /// ran out.
@@ -644,6 +699,59 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         deliveries.delete_sent(&url, std::slice::from_ref(&second));
         let stored = queue.contents(&url).remove(0);
         judge_twin_case(case, excused, stored, &deliveries, second, start);
+    }
+}
+
+/// A visibility change made through another receipt counts against a
+/// delivery whose answer was on its way only where SQS noted the receipt
+/// issued before the change (the wire path's slow answer), strictly before,
+/// and where no later change held the message again before it became
+/// visible (a review's cases: a message let go and received in the same
+/// instant is a new receive, not an exposure).
+#[tokio::test(start_paused = true)]
+async fn a_change_counts_against_a_delivery_on_its_way_only_if_made_after_its_issue_and_not_undone()
+{
+    for (case, exposed) in [
+        ("issued before the change", true),
+        ("let go and received in one instant, issue not noted", false),
+        ("issued the same instant", false),
+        ("held again before visible", false),
+    ] {
+        let deliveries = Deliveries::default();
+        let (queue, url) = queue_of_one().await;
+        let (life, cuts) = (Life::default(), Cuts::default());
+        let who = ("c0", &life, &cuts);
+        let (id, first) = receive_one(&queue, &url, &deliveries, who, Duration::from_secs(1)).await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let request = ReceiveRequest {
+            max: 1,
+            wait: Duration::ZERO,
+            visibility: VISIBILITY,
+        };
+        let got = queue.receive(&url, request).await.expect("received");
+        let second = got[0].receipt_handle().expect("a receipt").to_owned();
+        let one_instant = case.starts_with("let go");
+        if !one_instant {
+            deliveries.issued(std::slice::from_ref(&second));
+        }
+        if !one_instant && case != "issued the same instant" {
+            tokio::time::advance(Duration::from_secs(3)).await;
+        }
+        deliveries.visibility_set(std::slice::from_ref(&first), Duration::from_secs(2));
+        if case == "held again before visible" {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            deliveries.visibility_set(std::slice::from_ref(&first), VISIBILITY);
+        }
+        if !one_instant {
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        deliveries.received(("c1", &life, &cuts), &url, &got, VISIBILITY);
+        let d = deliveries
+            .all_of(&id)
+            .into_iter()
+            .find(|d| d.receipt == second)
+            .expect("the second delivery");
+        assert_eq!(d.visible_by_another.is_some(), exposed, "{case}");
     }
 }
 
