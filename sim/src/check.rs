@@ -260,6 +260,7 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                 d.delete_was_out_of_reach(e.deliveries.calm_at())
                     || ended_unheld(e, d)
                     || overtaken(e, d)
+                    || taken_unheard(e, d)
             };
             // Its delete deleted the message, and SQS brought it back.
             let undone = |d: &crate::deliveries::Delivery| {
@@ -333,6 +334,26 @@ fn overtaken(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
         .iter()
         .any(|o| o.receipt != d.receipt && o.receipt != by && from < o.at && o.at < to);
     twins && adjacent && !learned_done(e, setter)
+}
+
+/// SQS handed `d`'s message out again while `d` held it (a twin), with a
+/// shorter visibility, through a receive whose answer reached no consumer
+/// (lost, or given up on): the message was visible again from that
+/// visibility's end, which no host knew of, and `d`, having sent its delete
+/// while it held the message, had it reach SQS only after that end (or
+/// never). Seed 235811: a Lambda host paused in its commit past the
+/// poller-sized visibility of an unheard twin; its delete, sent within its
+/// own visibility, named nothing.
+fn taken_unheard(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
+    let Some((visible_at, by)) = &d.unheard_take else {
+        return false;
+    };
+    let heard = e
+        .deliveries
+        .all_of(&d.message)
+        .iter()
+        .any(|o| &o.receipt == by);
+    !heard && d.delete_sent.is_some() && d.delete_reached_at.is_none_or(|r| r >= *visible_at)
 }
 
 /// A delivery that ended only after its visibility had run out: a host

@@ -62,6 +62,14 @@ pub struct Delivery {
     pub visible_by_another: Option<(Instant, String)>,
     /// The object key its body points to, if sent through S3.
     pub payload: Option<String>,
+    /// When the message became visible again because SQS handed it out
+    /// again while this delivery held it (a twin) with a shorter
+    /// visibility, through a receive whose answer may never have reached a
+    /// consumer: (when, that receipt). Cleared by a later visibility change
+    /// of the message and by a receive of it on this delivery's host. The
+    /// checker counts it only where that receipt reached no consumer
+    /// ([`crate::check::stranded`]; seed 235811).
+    pub unheard_take: Option<(Instant, String)>,
     /// Each delete call made with its receipt: when it was sent and when
     /// its answer (or failure) came back to the consumer (`None`: never,
     /// in flight when the run ended).
@@ -247,6 +255,7 @@ impl Deliveries {
                     .filter(|o| o.message == m.id() && o.queue == queue && o.life.same_host(life))
                 {
                     o.visible_by_another = None;
+                    o.unheard_take = None;
                 }
                 all.insert(
                     receipt.to_owned(),
@@ -264,6 +273,7 @@ impl Deliveries {
                         delete_reached_at: None,
                         visible_by_another: exposed,
                         tries: Vec::new(),
+                        unheard_take: None,
                         payload: sqs_once::payloads::S3Pointer::of(m)
                             .and_then(Result::ok)
                             .map(|p| p.key),
@@ -271,6 +281,36 @@ impl Deliveries {
                         cuts: cuts.clone(),
                     },
                 );
+            }
+        });
+    }
+
+    /// SQS took these messages from `queue` now for a receive (its answer
+    /// may come later, or never), each invisible for `visibility`. SQS keeps
+    /// one visibility per message: a delivery of one still held (so this is
+    /// a twin) is visible again at the take's end if that comes first.
+    pub fn taken(&self, queue: &str, messages: &[sqs_once::Message], visibility: Duration) {
+        let now = Instant::now();
+        let until = now + visibility;
+        self.with(|all| {
+            for m in messages {
+                let Some(receipt) = m.receipt_handle() else {
+                    continue;
+                };
+                for o in all.values_mut().filter(|o| {
+                    o.message == m.id()
+                        && o.queue == queue
+                        && o.receipt != receipt
+                        && o.at <= now
+                        && now < o.held_until
+                }) {
+                    // One that has made the message visible already stands;
+                    // one not yet in effect gives way to this take.
+                    if o.unheard_take.as_ref().is_none_or(|(t, _)| *t > now) {
+                        o.unheard_take =
+                            (until < o.held_until).then(|| (until, receipt.to_owned()));
+                    }
+                }
             }
         });
     }
@@ -345,6 +385,7 @@ impl Deliveries {
                     });
                 d.held_until = until;
                 d.visible_by_another = None;
+                d.unheard_take = None;
                 let (message, queue, life) = (d.message.clone(), d.queue.clone(), d.life.clone());
                 for o in all.values_mut().filter(|o| {
                     o.receipt != *r
@@ -353,6 +394,11 @@ impl Deliveries {
                         && o.at <= now
                         && now < o.held_until
                 }) {
+                    // This change, not an earlier take not yet in effect,
+                    // now sets when the message is visible.
+                    if o.unheard_take.as_ref().is_some_and(|(t, _)| *t > now) {
+                        o.unheard_take = None;
+                    }
                     if o.life.same_host(&life) {
                         o.visible_by_another = None;
                     } else if o

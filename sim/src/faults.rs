@@ -736,9 +736,16 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         queue: &str,
         request: ReceiveRequest,
     ) -> Result<Vec<Message>, QueueError> {
-        let got = self
-            .call("ReceiveMessage", queue, self.inner.receive(queue, request))
-            .await?;
+        // Noted where SQS takes the messages, so a lost answer still counts
+        // (on the wire, where the service answers).
+        let take = async {
+            let got = self.inner.receive(queue, request).await?;
+            if !self.on_wire {
+                self.deliveries.taken(queue, &got, request.visibility);
+            }
+            Ok(got)
+        };
+        let got = self.call("ReceiveMessage", queue, take).await?;
         if !got.is_empty() {
             let who = (self.link.name.as_str(), &self.life, &self.link.sqs_cuts);
             self.deliveries

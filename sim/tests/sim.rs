@@ -1355,6 +1355,16 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   SQS brought it back, and the other's batched delete (it had learned
 ///   the message done before) reached SQS only after, naming nothing; the
 ///   next receive moved it. Counted.
+/// - 235811 (third search run): SQS handed a held message out again (a
+///   twin) to a poller's receive whose answer never came, with the
+///   poller's shorter visibility; a Lambda host paused in its commit past
+///   that end, and its delete, sent while its own visibility held, named
+///   nothing. Counted: no host knew of that twin.
+/// - 238337: two copies of one message in one Lambda batch; the newer one's
+///   key could not be read (its large payload out of reach), so it failed
+///   before any lane and set a retry delay while the older ran and
+///   completed: the message was visible before its delete. Fixed: no copy
+///   of a twinned message sets a retry delay.
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.
@@ -1370,6 +1380,8 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (204_589, StorePath::Memory),
         (213_871, StorePath::Wire),
         (214_538, StorePath::Memory),
+        (235_811, StorePath::Memory),
+        (238_337, StorePath::Memory),
     ] {
         let report = run_seed_with(seed, false, path, true).unwrap();
         assert!(
@@ -1380,8 +1392,9 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         // Each counts the completed message it moved to the DLQ: a delete
         // cut short (204589); a twin exposed by its host's retry delay
         // before the twin's answer came (213871); a twin's batched delete
-        // that reached SQS after another delivery's undone one (214538).
-        if [204_589, 213_871, 214_538].contains(&seed) {
+        // that reached SQS after another delivery's undone one (214538); a
+        // delete after an unheard twin's shorter visibility ended (235811).
+        if [204_589, 213_871, 214_538, 235_811].contains(&seed) {
             assert!(
                 report.stranded >= 1,
                 "seed {seed} counts its completed message in the DLQ"

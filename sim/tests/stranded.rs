@@ -387,6 +387,60 @@ async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
     );
 }
 
+/// Seed 235811: SQS handed a held message out again (a twin) to a receive
+/// whose answer reached no consumer, with a shorter visibility; the message
+/// was visible again from its end, and the holder's delete, sent while it
+/// held the message, reached SQS only after that. Excused; not where the
+/// twin's answer reached a consumer (a host knew of it), where the
+/// holder's delete reached SQS before that end, or where a later change
+/// (the holder's own extension) held the message again.
+#[tokio::test(start_paused = true)]
+async fn a_twin_taken_unheard_with_a_shorter_visibility_explains_a_late_delete_and_no_other_case_does()
+ {
+    for (case, excused) in [
+        ("unheard", true),
+        ("heard", false),
+        ("deleted before it ended", false),
+        ("extended after", false),
+    ] {
+        let deliveries = Deliveries::default();
+        let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
+        let id = one.stored.id.clone();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // A twin taken for 5 s: the message is visible again at 6 s.
+        let twin = sqs_once::Message::new(id.clone(), "{}").with_receipt_handle("rh-twin");
+        deliveries.taken(
+            &one.queue,
+            std::slice::from_ref(&twin),
+            Duration::from_secs(5),
+        );
+        if case == "heard" {
+            let other = (Life::default(), Cuts::default());
+            deliveries.received(
+                ("c1", &other.0, &other.1),
+                &one.queue,
+                &[twin],
+                Duration::from_secs(5),
+            );
+        }
+        if case == "extended after" {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            deliveries.visibility_set(std::slice::from_ref(&one.receipt), VISIBILITY);
+        }
+        let delete_at = if case == "deleted before it ended" {
+            3
+        } else {
+            8
+        };
+        tokio::time::advance(Duration::from_secs(delete_at) - Duration::from_secs(1)).await;
+        let receipts = std::slice::from_ref(&one.receipt);
+        deliveries.delete_sent(&one.queue, receipts);
+        deliveries.delete_reached(&one.queue, receipts);
+        let (violations, stranded) = verdict(one.stored, &deliveries);
+        judged(case, excused, &id, &violations, &stranded);
+    }
+}
+
 /// A delete that reached SQS and deleted nothing (a stale or wrong receipt)
 /// is no excuse, nor is one sent to another queue or after the visibility
 /// ran out.

@@ -170,13 +170,12 @@ struct EventRecord {
     id: String,
     /// Its message and source queue, or why it cannot be read.
     parsed: Result<Parsed, String>,
-    /// Another copy of its message in the same batch is newer or runs after
-    /// it (a twin: SQS may deliver one message twice in one batch, both
-    /// receipts valid): this record sets no retry delay through its receipt,
-    /// which would make the message visible while the twin runs (the twins
-    /// share a lane and run one after the other), and on its last allowed
-    /// receive send it to the DLQ as the twin completes (simulator seed
-    /// 4110).
+    /// Another copy of its message is in the same batch (a twin: SQS may
+    /// deliver one message twice in one batch, both receipts valid): this
+    /// record sets no retry delay through its receipt, which would make the
+    /// message visible while the twin runs or before its delete, and on its
+    /// last allowed receive send it to the DLQ as the twin completes
+    /// (simulator seeds 4110 and 238337).
     superseded: bool,
 }
 
@@ -202,21 +201,18 @@ impl EventRecord {
     }
 }
 
-/// Marks each record that another copy of its message in the batch
-/// supersedes: a newer one (a higher receive count), or one that runs after
-/// it (later in the batch: copies of one message share a lane and run in
-/// batch order). SQS's order within a batch says nothing of which receive
-/// is newer, so a copy that is both newer and first leaves the delay to
-/// none: the message then comes back when its visibility ends.
+/// Marks each record whose message has another copy in the batch: none of
+/// them sets a retry delay, and a twinned message that fails comes back
+/// when its visibility ends. Copies that share a lane run one after the
+/// other, but a copy whose key cannot be read yet (its large payload out of
+/// reach) fails before any lane, while its twin still runs: a delay it set
+/// made the message visible before the twin's delete, and the completed
+/// message went on to the DLQ (simulator seed 238337; where only an older
+/// or earlier copy was marked, seed 4110's rule).
 fn mark_superseded(records: &mut [EventRecord]) {
-    let count = |r: &EventRecord| r.parsed.as_ref().map_or(0, |p| p.message.receive_count());
     let superseded: Vec<usize> = records
         .iter()
-        .filter(|r| {
-            records.iter().any(|o| {
-                o.index != r.index && o.id == r.id && (count(o) > count(r) || o.index > r.index)
-            })
-        })
+        .filter(|r| records.iter().any(|o| o.index != r.index && o.id == r.id))
         .map(|r| r.index)
         .collect();
     for r in records.iter_mut() {
@@ -1079,6 +1075,28 @@ mod tests {
             again.batch_item_failures
         );
         assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran again");
+    }
+
+    /// Every copy of a message that is twice in a batch sets no retry
+    /// delay, whichever is newer or first (seed 238337).
+    #[test]
+    fn mark_superseded_marks_every_copy_of_a_twinned_message_and_no_other() {
+        let record = |index: usize, id: &str, count: u32| EventRecord {
+            index,
+            id: id.to_owned(),
+            parsed: Ok(Parsed {
+                message: Message::new(id, "{}").with_receive_count(count),
+                queue: None,
+            }),
+            superseded: false,
+        };
+        // The older copy first, the newer after it (seed 238337: the newer
+        // one's key could not be read, so it failed while the older ran),
+        // then a message of its own.
+        let mut records = vec![record(0, "m1", 1), record(1, "m1", 2), record(2, "m2", 1)];
+        mark_superseded(&mut records);
+        let marked: Vec<bool> = records.iter().map(|r| r.superseded).collect();
+        assert_eq!(marked, [true, true, false]);
     }
 
     /// Simulator seed 320 (SQS "might" on): one invocation got two copies of

@@ -350,6 +350,7 @@ impl SqsModel {
                 .filter_map(|m| m.receipt_handle().map(str::to_owned))
                 .collect();
             watch.issued(&receipts);
+            watch.taken(url, &got, visibility);
         }
         Ok(ok(
             json!({ "Messages": got.iter().map(message_json).collect::<Vec<_>>() }),
