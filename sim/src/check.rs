@@ -340,10 +340,16 @@ fn overtaken(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
 /// shorter visibility, through a receive whose answer reached no consumer
 /// (lost, or given up on): the message was visible again from that
 /// visibility's end, which no host knew of, and `d`, having sent its delete
-/// while it held the message, had it reach SQS only after that end (or
-/// never). Seed 235811: a Lambda host paused in its commit past the
-/// poller-sized visibility of an unheard twin; its delete, sent within its
-/// own visibility, named nothing.
+/// while it held the message, had it reach SQS only after that end, or was
+/// still trying while SQS was out of reach at that end (the rule of
+/// [`Delivery::delete_was_out_of_reach`] with that end). Seed 235811: a
+/// Lambda host paused in its commit past the poller-sized visibility of an
+/// unheard twin; its delete, sent within its own visibility, named nothing.
+/// A take is a twin only where the takes and changes SQS applied left the
+/// message in flight ([`Deliveries::taken`]).
+///
+/// [`Delivery::delete_was_out_of_reach`]: crate::deliveries::Delivery::delete_was_out_of_reach
+/// [`Deliveries::taken`]: crate::deliveries::Deliveries::taken
 fn taken_unheard(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
     let Some((visible_at, by)) = &d.unheard_take else {
         return false;
@@ -353,7 +359,9 @@ fn taken_unheard(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
         .all_of(&d.message)
         .iter()
         .any(|o| &o.receipt == by);
-    !heard && d.delete_sent.is_some() && d.delete_reached_at.is_none_or(|r| r >= *visible_at)
+    let late = d.delete_reached_at.is_some_and(|r| r >= *visible_at);
+    let out_of_reach = d.delete_out_of_reach_until(*visible_at, e.deliveries.calm_at());
+    !heard && d.delete_sent.is_some() && (late || out_of_reach)
 }
 
 /// A delivery that ended only after its visibility had run out: a host

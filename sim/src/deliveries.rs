@@ -113,23 +113,31 @@ impl Delivery {
     ///
     /// [`CONNECT_TIMEOUT`]: crate::faults::CONNECT_TIMEOUT
     pub fn delete_was_out_of_reach(&self, calm_at: Option<Instant>) -> bool {
-        let last_try = self.held_until - crate::faults::CONNECT_TIMEOUT;
-        let cut_at_end = self
-            .cuts
-            .within(last_try, self.held_until, calm_at)
-            .into_iter()
-            .any(|(from, until)| {
-                // The cut's part within the last connect timeout.
-                let (from, until) = (from.max(last_try), until.min(self.held_until));
-                self.tries
-                    .iter()
-                    .any(|&(sent, back)| sent < until && back.is_none_or(|b| b > from))
-            });
+        self.holder_died() || self.delete_out_of_reach_until(self.held_until, calm_at)
+    }
+
+    /// It sent the delete while it held the message, none reached SQS
+    /// before `end`, and a delete call of it was on its way while SQS was
+    /// out of its reach within the connect timeout before `end` (see
+    /// [`Delivery::delete_was_out_of_reach`]).
+    pub fn delete_out_of_reach_until(&self, end: Instant, calm_at: Option<Instant>) -> bool {
+        let last_try = end - crate::faults::CONNECT_TIMEOUT;
+        let cut_at_end =
+            self.cuts
+                .within(last_try, end, calm_at)
+                .into_iter()
+                .any(|(from, until)| {
+                    // The cut's part within the last connect timeout.
+                    let (from, until) = (from.max(last_try), until.min(end));
+                    self.tries
+                        .iter()
+                        .any(|&(sent, back)| sent < until && back.is_none_or(|b| b > from))
+                });
         // A delete that reached SQS only after the visibility ran out (the
         // model answers one for a message already moved as done) kept
         // nothing out (wire seed 5002236).
-        let reached_in_time = self.delete_reached_at.is_some_and(|t| t < self.held_until);
-        self.holder_died() || (self.delete_sent.is_some() && !reached_in_time && cut_at_end)
+        let reached_in_time = self.delete_reached_at.is_some_and(|t| t < end);
+        self.delete_sent.is_some() && !reached_in_time && cut_at_end
     }
 }
 
@@ -145,6 +153,10 @@ pub struct Deliveries {
     /// for a delivery whose answer reaches its host after its receipt was
     /// issued ([`Deliveries::received`]).
     changes: Arc<Mutex<ChangeLog>>,
+    /// Until when each message (by queue and id) is invisible as far as the
+    /// takes and visibility changes SQS applied say: a take before then
+    /// hands out a message still in flight (a twin).
+    invisible: Arc<Mutex<BTreeMap<(String, String), Instant>>>,
 }
 
 /// Visibility changes SQS applied, in order, by (queue, message id).
@@ -225,6 +237,7 @@ impl Deliveries {
         let now = Instant::now();
         let issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
         let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut invisible = self.invisible.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for m in messages {
                 let Some(receipt) = m.receipt_handle() else {
@@ -233,6 +246,11 @@ impl Deliveries {
                 let noted = issued.get(receipt).copied();
                 let at = noted.unwrap_or(now);
                 let held_until = at + visibility;
+                // Where no take was noted (a caller that notes only what
+                // reached a consumer), this receive is the take.
+                invisible
+                    .entry((queue.to_owned(), m.id().to_owned()))
+                    .or_insert(held_until);
                 // A change SQS applied through another receipt of the
                 // message after this receipt was issued and before its
                 // answer arrived: no host knew of this delivery then, its
@@ -292,11 +310,22 @@ impl Deliveries {
     pub fn taken(&self, queue: &str, messages: &[sqs_once::Message], visibility: Duration) {
         let now = Instant::now();
         let until = now + visibility;
+        let mut invisible = self.invisible.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for m in messages {
                 let Some(receipt) = m.receipt_handle() else {
                     continue;
                 };
+                let key = (queue.to_owned(), m.id().to_owned());
+                // Handed out while still in flight: a twin. Otherwise the
+                // message was visible (its visibility ran out, or a change
+                // made it so): earlier receipts no longer hold it, and what
+                // made it visible is judged elsewhere.
+                let twin = invisible.get(&key).is_some_and(|t| now < *t);
+                invisible.insert(key, until);
+                if !twin {
+                    continue;
+                }
                 for o in all.values_mut().filter(|o| {
                     o.message == m.id()
                         && o.queue == queue
@@ -305,10 +334,15 @@ impl Deliveries {
                         && now < o.held_until
                 }) {
                     // One that has made the message visible already stands;
-                    // one not yet in effect gives way to this take.
+                    // one not yet in effect gives way to this take, which
+                    // now sets when the message is visible (so does a
+                    // change's exposure not yet in effect).
                     if o.unheard_take.as_ref().is_none_or(|(t, _)| *t > now) {
                         o.unheard_take =
                             (until < o.held_until).then(|| (until, receipt.to_owned()));
+                    }
+                    if o.visible_by_another.as_ref().is_some_and(|(t, _)| *t > now) {
+                        o.visible_by_another = None;
                     }
                 }
             }
@@ -370,11 +404,13 @@ impl Deliveries {
         let now = Instant::now();
         let until = now + timeout;
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut invisible = self.invisible.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for r in receipts {
                 let Some(d) = all.get_mut(r) else {
                     continue;
                 };
+                invisible.insert((d.queue.clone(), d.message.clone()), until);
                 changes
                     .entry((d.queue.clone(), d.message.clone()))
                     .or_default()
