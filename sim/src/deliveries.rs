@@ -162,19 +162,25 @@ pub struct Deliveries {
 /// Visibility changes SQS applied, in order, by (queue, message id).
 type ChangeLog = BTreeMap<(String, String), Vec<Change>>;
 
-/// A visibility change SQS applied.
+/// A visibility change SQS applied, or a take (a receive SQS applied, which
+/// sets the message's one visibility too).
 #[derive(Debug, Clone)]
 struct Change {
     applied: Instant,
     receipt: String,
     until: Instant,
+    take: bool,
 }
 
 /// What the changes SQS applied to a message while a receipt's answer was on
 /// its way (after `issued`, before `arrived`) left of its hold to
 /// `held_until`: the first change through another receipt that set it
 /// visible before then, unless a later one in that time held it again
-/// before it took effect. Replayed in order; `(until, receipt)`.
+/// before it took effect. A take through another receipt in that time (a
+/// twin: the message was still in flight) sets the one visibility anew, so
+/// it undoes an exposure not yet in effect; what the twin's own visibility
+/// makes of this delivery is not an exposure by a change and is not
+/// counted here. Replayed in order; `(until, receipt)`.
 fn exposed_on_the_way(
     changes: &[Change],
     receipt: &str,
@@ -190,6 +196,7 @@ fn exposed_on_the_way(
         match &exposed {
             // Already visible when this change came: it stands.
             Some((at, _)) if *at <= c.applied => break,
+            _ if c.take => exposed = None,
             _ if c.until < held_until => exposed = Some((c.until, c.receipt.clone())),
             _ => exposed = None,
         }
@@ -310,6 +317,7 @@ impl Deliveries {
     pub fn taken(&self, queue: &str, messages: &[sqs_once::Message], visibility: Duration) {
         let now = Instant::now();
         let until = now + visibility;
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         let mut invisible = self.invisible.lock().unwrap_or_else(|e| e.into_inner());
         self.with(|all| {
             for m in messages {
@@ -322,7 +330,15 @@ impl Deliveries {
                 // made it so): earlier receipts no longer hold it, and what
                 // made it visible is judged elsewhere.
                 let twin = invisible.get(&key).is_some_and(|t| now < *t);
-                invisible.insert(key, until);
+                invisible.insert(key.clone(), until);
+                // Logged for a delivery whose answer is still on its way
+                // (`exposed_on_the_way`).
+                changes.entry(key).or_default().push(Change {
+                    applied: now,
+                    receipt: receipt.to_owned(),
+                    until,
+                    take: true,
+                });
                 if !twin {
                     continue;
                 }
@@ -418,6 +434,7 @@ impl Deliveries {
                         applied: now,
                         receipt: r.clone(),
                         until,
+                        take: false,
                     });
                 d.held_until = until;
                 d.visible_by_another = None;

@@ -785,8 +785,9 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
 /// delivery whose answer was on its way only where SQS noted the receipt
 /// issued before the change (the wire path's slow answer), strictly before,
 /// and where no later change held the message again before it became
-/// visible (a review's cases: a message let go and received in the same
-/// instant is a new receive, not an exposure).
+/// visible, nor a later take of it through another receipt (a twin, which
+/// sets its one visibility anew) (a review's cases: a message let go and
+/// received in the same instant is a new receive, not an exposure).
 #[tokio::test(start_paused = true)]
 async fn a_change_counts_against_a_delivery_on_its_way_only_if_made_after_its_issue_and_not_undone()
 {
@@ -795,6 +796,7 @@ async fn a_change_counts_against_a_delivery_on_its_way_only_if_made_after_its_is
         ("let go and received in one instant, issue not noted", false),
         ("issued the same instant", false),
         ("held again before visible", false),
+        ("held again by a twin take before visible", false),
     ] {
         let deliveries = Deliveries::default();
         let (queue, url) = queue_of_one().await;
@@ -820,6 +822,12 @@ async fn a_change_counts_against_a_delivery_on_its_way_only_if_made_after_its_is
         if case == "held again before visible" {
             tokio::time::advance(Duration::from_millis(500)).await;
             deliveries.visibility_set(std::slice::from_ref(&first), VISIBILITY);
+        }
+        if case == "held again by a twin take before visible" {
+            // SQS hands the message, still in flight, to a third receive.
+            tokio::time::advance(Duration::from_millis(500)).await;
+            let twin = got[0].clone().with_receipt_handle("twin-take");
+            deliveries.taken(&url, &[twin], VISIBILITY);
         }
         if !one_instant {
             tokio::time::advance(Duration::from_secs(1)).await;
