@@ -232,6 +232,12 @@ struct Shared<Q, S, H> {
     deletes_behind: AtomicBool,
     /// Cancelled at the drain deadline: running handlers are interrupted.
     stop: CancellationToken,
+    /// Cancelled when [`run`] returns: a lane still running then (a release
+    /// or a commit that AWS has not answered by the cleanup's end) is
+    /// dropped, so no lane makes a call afterwards (the last deletes of
+    /// finished messages may still be on their way: they only keep those
+    /// from coming back).
+    ended: CancellationToken,
     /// The caller's shutdown: lanes still waiting for a slot give their
     /// messages back.
     shutdown: CancellationToken,
@@ -1133,7 +1139,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
                 // as soon as it answers (within the drain), rather than leave
                 // them (and their FIFO groups) invisible.
                 let giving_back = give_back_when_received(self.shared.clone(), receive, received_at);
-                self.tasks.spawn(giving_back);
+                self.tasks.spawn(self.shared.ended.clone().run_until_cancelled_owned(giving_back));
                 return Received::Stop;
             }
         };
@@ -1212,7 +1218,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let lane = Lane::new(self.shared.clone(), lane, permits, received_at);
-            self.tasks.spawn(lane.run());
+            let ended = self.shared.ended.clone();
+            self.tasks
+                .spawn(ended.run_until_cancelled_owned(lane.run()));
         }
     }
 }
@@ -1260,7 +1268,11 @@ async fn drain(tasks: &TaskTracker, stop: &CancellationToken, drain: Duration) -
 }
 
 /// Runs the poller until `shutdown` is cancelled (or it has been idle for
-/// `exit_when_idle`). Returns what it did.
+/// `exit_when_idle`). Returns what it did, within `drain` + [`CLEANUP`] of
+/// the stop: handlers still running at the drain's end are interrupted and
+/// their claims released; what is still running at the cleanup's end (AWS
+/// did not answer) is dropped, as in a crash, and no handler or lane of
+/// this poller runs after it returns.
 ///
 /// `queue` is any [`QueueClient`]; pass an [`aws_sdk_sqs::Client`] in production.
 pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
@@ -1298,6 +1310,7 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         deletes,
         deletes_behind: AtomicBool::new(false),
         stop: CancellationToken::new(),
+        ended: CancellationToken::new(),
         shutdown: shutdown.clone(),
         running: Arc::new(Semaphore::new(concurrency)),
         stats: Default::default(),
@@ -1314,6 +1327,10 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
     .run()
     .await;
     let cleanup_by = drain(&tasks, &shared.stop, shared.config.drain).await;
+    // What the cleanup left running stops here, as after a crash: its claim
+    // ends with its lease, its message comes back when its visibility ends.
+    shared.ended.cancel();
+    tasks.wait().await;
     if let Some(task) = metrics {
         task.abort();
         let consumer = &shared.processor.config().consumer;

@@ -52,6 +52,19 @@ struct Watched {
     /// While set, every `DeleteMessageBatch` hangs, never answered, while
     /// single deletes work.
     silent_batches: Arc<AtomicBool>,
+    /// While set, every `ChangeMessageVisibility` hangs, never answered;
+    /// each such call dropped by its caller is counted.
+    silent_changes: Arc<AtomicBool>,
+    changes_dropped: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts its drop: a call given up by its caller.
+struct CountsDrop(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for CountsDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Watched {
@@ -113,6 +126,10 @@ impl QueueClient for Watched {
         receipt: &str,
         timeout: Duration,
     ) -> Result<(), QueueError> {
+        if self.silent_changes.load(Ordering::SeqCst) {
+            let _dropped = CountsDrop(self.changes_dropped.clone());
+            std::future::pending::<()>().await;
+        }
         if self.fail_batch_extensions.load(Ordering::SeqCst)
             && !self.first.lock().unwrap().iter().any(|r| r == receipt)
         {
@@ -198,6 +215,8 @@ async fn queue_with(n: usize) -> (Watched, String) {
         cut_deletes: Arc::new(tokio::sync::watch::Sender::new(false)),
         failing_deletes: Arc::default(),
         silent_batches: Arc::default(),
+        silent_changes: Arc::default(),
+        changes_dropped: Arc::default(),
     };
     (queue, url)
 }
@@ -325,6 +344,55 @@ async fn at_shutdown_messages_waiting_for_a_slot_are_given_back_at_once() {
     assert_eq!((counts.visible, counts.in_flight), (19, 1), "{counts:?}");
     let stats = poller.await.unwrap();
     assert_eq!((stats.completed, stats.held_back), (1, 9), "{stats:?}");
+}
+
+/// A lane whose last call is never answered (here a failed message's retry
+/// delay) is dropped when `run` returns, within drain + cleanup of the
+/// stop: a poller run inside a larger program makes no call after it
+/// returns, and its message comes back when its visibility ends.
+#[tokio::test(start_paused = true)]
+async fn run_returns_within_drain_and_cleanup_and_leaves_no_lane_running() {
+    let (queue, url) = queue_with(1).await;
+    queue.silent_changes.store(true, Ordering::SeqCst);
+    let (dropped, inner) = (queue.changes_dropped.clone(), queue.inner.clone());
+    let failing = handler_fn(|_m: Message, _ctx| async { Err(crate::HandlerError::retry("down")) });
+    let mut pc = ProcessorConfig::new("ahead");
+    pc.lease = Duration::from_secs(60);
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let p = Processor::new(MemoryStore::new(clock), failing, pc).unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = config(&url, 1, 0);
+    config.drain = Duration::from_secs(1);
+    let started = Instant::now();
+    let poller = tokio::spawn(run(queue, p, config, shutdown.clone()));
+    // The handler fails at once; its retry delay is never answered.
+    wait_until(Duration::from_secs(5), || {
+        inner.counts(&url).unwrap().received == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "the delay call is on its way"
+    );
+    shutdown.cancel();
+    let stats = poller.await.unwrap();
+    assert!(
+        started.elapsed() <= Duration::from_secs(1) + CLEANUP + Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the lane still runs: {stats:?}"
+    );
+    assert_eq!(
+        inner.counts(&url).unwrap().stored(),
+        1,
+        "the message stays to come back"
+    );
 }
 
 #[tokio::test(start_paused = true)]
