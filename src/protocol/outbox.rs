@@ -557,12 +557,21 @@ pub async fn dispatch(
 }
 
 /// Times [`dispatch`] sends again the entries of a batch that failed
-/// inside SQS.
+/// inside SQS, or a batch whose whole call failed for a cause that passes
+/// (a timeout, throttling, SQS out of reach).
 pub const ENTRY_RETRIES: u32 = 2;
+
+/// The pause before a batch whose whole call failed is sent again, doubled
+/// for the next try: short, since the incoming message's visibility is not
+/// extended meanwhile (its effect is committed).
+pub const CALL_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Sends one batch (`places`: its messages' places in the outbox, for
 /// `message` to build them again), then its entries that failed inside
-/// SQS, up to [`ENTRY_RETRIES`] times.
+/// SQS, up to [`ENTRY_RETRIES`] times; a whole call that failed for a cause
+/// that passes is sent again the same way, after [`CALL_RETRY_PAUSE`]
+/// (simulator seed 241664: a timed-out call on a message's last allowed
+/// receive, left to its redelivery, sent it, effect committed, to the DLQ).
 async fn send_chunk(
     dispatcher: &dyn Dispatcher,
     queue: &str,
@@ -574,7 +583,17 @@ async fn send_chunk(
     let mut attempt = 0;
     loop {
         let sent = chunk.len();
-        let failed = dispatcher.send_batch(queue, chunk).await?;
+        let failed = match dispatcher.send_batch(queue, chunk).await {
+            Ok(failed) => failed,
+            Err(e) if e.is_transient() && attempt < ENTRY_RETRIES => {
+                tracing::debug!(queue, error = %e, "sending the outbox failed; sending it again");
+                tokio::time::sleep(CALL_RETRY_PAUSE * 2u32.pow(attempt)).await;
+                chunk = places.iter().map(|&i| message(i)).collect();
+                attempt += 1;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let Some(first) = failed.first() else {
             return Ok(());
         };
@@ -829,6 +848,8 @@ mod tests {
     #[derive(Default)]
     struct Scripted {
         answers: std::sync::Mutex<std::collections::VecDeque<Vec<(usize, &'static str)>>>,
+        /// Per call, in order: fail the whole call (transient or not).
+        call_errors: std::sync::Mutex<std::collections::VecDeque<Option<bool>>>,
         calls: std::sync::Mutex<Vec<Vec<String>>>,
     }
 
@@ -846,6 +867,10 @@ mod tests {
                 })
                 .collect();
             self.calls.lock().unwrap().push(ids);
+            if let Some(Some(transient)) = self.call_errors.lock().unwrap().pop_front() {
+                let e = QueueError::new("SendMessageBatch", "next", "timed out", transient);
+                return Box::pin(async move { Err(e) });
+            }
             let answer = self.answers.lock().unwrap().pop_front().unwrap_or_default();
             Box::pin(async move {
                 Ok(answer
@@ -900,5 +925,41 @@ mod tests {
             *target.calls.lock().unwrap(),
             [ids(&[0, 1, 2]), ids(&[2]), ids(&[2])]
         );
+    }
+
+    /// Simulator seed 241664: a `SendMessageBatch` that timed out, on the
+    /// last allowed receive of the message whose effect was committed, made
+    /// the outcome a retry, and SQS's redrive policy moved the message to
+    /// the DLQ. A whole call that failed for a cause that passes is now
+    /// sent again (after 200 ms, then 400 ms), up to [`ENTRY_RETRIES`]
+    /// times; one SQS refuses is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_fails_for_a_passing_cause_is_sent_again_and_a_refused_one_is_not() {
+        let q = "https://sqs.eu-west-1.amazonaws.com/1/next";
+        let outbox: Vec<Outgoing> = ["a", "b"].map(|b| Outgoing::new(q, b)).to_vec();
+        let all = vec![outbox_id("pk", 0), outbox_id("pk", 1)];
+        let scripted = |errors: Vec<Option<bool>>| Scripted {
+            call_errors: std::sync::Mutex::new(errors.into()),
+            ..Scripted::default()
+        };
+
+        let target = scripted(vec![Some(true), Some(true)]);
+        let start = tokio::time::Instant::now();
+        dispatch(&target, "pk", &outbox, None).await.unwrap();
+        assert_eq!(
+            *target.calls.lock().unwrap(),
+            [all.clone(), all.clone(), all.clone()]
+        );
+        assert_eq!(start.elapsed(), CALL_RETRY_PAUSE * 3);
+
+        let target = scripted(vec![Some(true); 3]);
+        let e = dispatch(&target, "pk", &outbox, None).await.unwrap_err();
+        assert!(!e.is_refusal(), "{e}");
+        assert_eq!(target.calls.lock().unwrap().len(), 3);
+
+        let target = scripted(vec![Some(false)]);
+        let e = dispatch(&target, "pk", &outbox, None).await.unwrap_err();
+        assert!(e.is_refusal(), "{e}");
+        assert_eq!(target.calls.lock().unwrap().len(), 1);
     }
 }

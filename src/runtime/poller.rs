@@ -254,7 +254,13 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// Runs one message (`held` says since when and until when) through the
     /// shared step, counts what became of it, and hands a message let go to
     /// the [`DeleteBatcher`].
-    async fn handle(&self, message: Message, held: Held) -> Settled {
+    async fn handle(&self, message: Message, held: Held<'_>) -> Settled {
+        let at_most = || {
+            *held
+                .invisible_at_most
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        };
         let url = self.config.queue_url.as_str();
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
@@ -263,7 +269,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 payload: None,
                 invisible_until: held.invisible_until,
-                retry_until: held.invisible_at_most,
+                retry_until: at_most(),
             })
             .await;
         }
@@ -330,7 +336,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             invisible_until,
             retry_until: step
                 .invisible_at_most
-                .map_or(held.invisible_at_most, |e| e.max(held.invisible_at_most))
+                .map_or(at_most(), |e| e.max(at_most()))
                 .max(invisible_until),
         })
         .await;
@@ -388,7 +394,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// the waiting messages are let go (dropped from the lane, not run): they
     /// reappear for another receive instead of running while another consumer
     /// may hold them. Never returns.
-    async fn keep_waiting_invisible(&self, waiting: &Waiting) {
+    async fn keep_waiting_invisible(&self, waiting: &Waiting, latest: &std::sync::Mutex<Instant>) {
         let config = self.processor.config();
         let interval = config.beat_for(config.lease);
         loop {
@@ -414,8 +420,16 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             let sent = Instant::now();
             let url = &self.config.queue_url;
             let running = w.running.as_deref();
-            if crate::runtime::extend_many(&self.queue, url, &receipts, running, config.lease).await
-            {
+            let extended =
+                crate::runtime::extend_many(&self.queue, url, &receipts, running, config.lease)
+                    .await;
+            // Even a call that failed may have landed (a timeout, a lost
+            // answer): the failed deletes of these messages, the running one
+            // included, are tried until then (`Held::invisible_at_most`).
+            let mut l = latest.lock().unwrap_or_else(|e| e.into_inner());
+            *l = (*l).max(Instant::now() + config.lease);
+            drop(l);
+            if extended {
                 // A message set again alone may end up to a second sooner
                 // (its timeout is what was left, rounded down).
                 w.invisible_until = sent + config.lease.saturating_sub(Duration::from_secs(1));
@@ -441,6 +455,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         &self,
         message: &Message,
         invisible_until: Instant,
+        latest: &std::sync::Mutex<Instant>,
     ) -> Option<Instant> {
         let config = self.processor.config();
         let interval = config.beat_for(config.lease);
@@ -452,11 +467,15 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         };
         let url = &self.config.queue_url;
         let sent = Instant::now();
-        match self
+        let changed = self
             .queue
             .change_visibility(url, receipt, config.lease)
-            .await
-        {
+            .await;
+        // Even one that failed may have landed (`Held::invisible_at_most`).
+        let mut l = latest.lock().unwrap_or_else(|e| e.into_inner());
+        *l = (*l).max(Instant::now() + config.lease);
+        drop(l);
+        match changed {
             Ok(()) => Some(invisible_until.max(sent + config.lease)),
             Err(e) => {
                 let covered = invisible_until > Instant::now();
@@ -470,13 +489,18 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
 /// What the runtime knows of a message it holds, by this host's clock: when
 /// the receive that delivered it was sent, and until when it stays invisible.
 #[derive(Debug, Clone, Copy)]
-struct Held {
+struct Held<'a> {
     received_at: Instant,
     invisible_until: Instant,
-    /// Until when, at the latest, the receive may keep it invisible (its
-    /// answer's arrival plus the timeout asked for): SQS applied the
-    /// receive somewhere between the send and the answer.
-    invisible_at_most: Instant,
+    /// Until when, at the latest, the receive or the lane keeper's
+    /// extensions may keep it invisible, read when its delete is handed
+    /// over: the receive's answer's arrival plus the timeout asked for (SQS
+    /// applied the receive somewhere between the send and the answer), and
+    /// each extension's end, one that failed included (a timeout or a lost
+    /// answer may have landed; simulator seed 259461: the keeper's call
+    /// landed just before SQS went out of reach, and the delete's tries of
+    /// the running message stopped before the end it set).
+    invisible_at_most: &'a std::sync::Mutex<Instant>,
 }
 
 /// The messages of a lane not yet started (a FIFO message group, or the
@@ -500,8 +524,9 @@ struct Lane<Q, S, H> {
     waiting: Waiting,
     /// When the receive was sent: SQS counts its 12-hour cap from it.
     received_at: Instant,
-    /// When the receive's answer arrived.
-    answered_at: Instant,
+    /// Until when, at the latest, the receive or the keeper's extensions
+    /// may keep the lane's messages invisible (`Held::invisible_at_most`).
+    latest: std::sync::Mutex<Instant>,
     permits: Vec<OwnedSemaphorePermit>,
     fifo: bool,
     /// The lane's deliveries, let go from [`Shared::holding`] when the lane
@@ -533,7 +558,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
     ) -> Self {
         let fifo = shared.config.is_fifo();
         // Received with the lease as their visibility timeout.
-        let invisible_until = received_at + shared.processor.config().lease;
+        let lease = shared.processor.config().lease;
+        let invisible_until = received_at + lease;
         let held = HeldBy {
             holding: shared.holding.clone(),
             deliveries: messages
@@ -545,12 +571,12 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
             _held: held,
             shared,
             received_at,
-            answered_at: Instant::now(),
             waiting: tokio::sync::Mutex::new(Pending {
                 messages: messages.into(),
                 running: None,
                 invisible_until,
             }),
+            latest: std::sync::Mutex::new(Instant::now() + lease),
             permits,
             fifo,
         }
@@ -572,7 +598,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         tokio::select! {
             biased;
             () = self.work(None, permits) => {}
-            () = self.shared.keep_waiting_invisible(&self.waiting) => unreachable!("never returns"),
+            () = self.shared.keep_waiting_invisible(&self.waiting, &self.latest) => unreachable!("never returns"),
         }
     }
 
@@ -602,7 +628,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         while let Some((m, invisible_until)) = self.next().await {
             let Some(invisible_until) = self
                 .shared
-                .cover_until_first_beat(&m, invisible_until)
+                .cover_until_first_beat(&m, invisible_until, &self.latest)
                 .await
             else {
                 // Visible again, maybe received elsewhere: let it and the
@@ -615,7 +641,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
             let held = Held {
                 received_at: self.received_at,
                 invisible_until,
-                invisible_at_most: self.answered_at + self.shared.processor.config().lease,
+                invisible_at_most: &self.latest,
             };
             let settled = self.shared.handle(m, held).await;
             self.waiting.lock().await.running = None;

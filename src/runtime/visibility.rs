@@ -20,8 +20,9 @@ pub(crate) struct QueueVisibility<'a, Q> {
     /// Until when the last successful extension keeps the message invisible
     /// (sent at an instant, plus its timeout), by this host's clock.
     pub(crate) extended_until: std::sync::Mutex<Option<Instant>>,
-    /// Until when, at the latest, the last successful extension may keep
-    /// the message invisible (answered at an instant, plus its timeout).
+    /// Until when, at the latest, an extension may keep the message
+    /// invisible (answered at an instant, plus its timeout; a failure that
+    /// passes counts too: it may have landed).
     pub(crate) extended_at_most: std::sync::Mutex<Option<Instant>>,
 }
 
@@ -42,13 +43,22 @@ impl<'a, Q> QueueVisibility<'a, Q> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
-    /// Until when, at the latest, the last successful extension may keep
-    /// the message invisible.
+    /// Until when, at the latest, an extension may keep the message
+    /// invisible (one that failed may have landed).
     pub(crate) fn extended_at_most(&self) -> Option<Instant> {
         *self
             .extended_at_most
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An extension may keep the message invisible until `latest`.
+    fn may_hold_until(&self, latest: Instant) {
+        let mut most = self
+            .extended_at_most
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *most = Some(most.map_or(latest, |k| k.max(latest)));
     }
 }
 
@@ -88,15 +98,21 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
                             .unwrap_or_else(|e| e.into_inner());
                         *known = Some(known.map_or(until, |k| k.max(until)));
                         drop(known);
-                        let latest = Instant::now() + timeout;
-                        let mut most = self
-                            .extended_at_most
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner());
-                        *most = Some(most.map_or(latest, |k| k.max(latest)));
+                        self.may_hold_until(Instant::now() + timeout);
                         return Ok(());
                     }
-                    Err(e) if e.is_transient() && tries < VISIBILITY_TRIES => {
+                    // A failure that passes (a timeout, a lost answer) may
+                    // have landed all the same: the message may then stay
+                    // invisible that long, and its failed delete is tried
+                    // until then (simulator seed 247521: a heartbeat's call
+                    // timed out but landed, SQS was out of reach until 4 s
+                    // before the end it set, and the delete's tries had
+                    // stopped at the end known before it).
+                    Err(e) if e.is_transient() => {
+                        self.may_hold_until(Instant::now() + timeout);
+                        if tries == VISIBILITY_TRIES {
+                            return Err(e);
+                        }
                         warn!(message_id = message.id(), error = %e, "visibility extension failed; trying again");
                         tokio::time::sleep(pause).await;
                         pause *= 2;
@@ -462,5 +478,42 @@ mod tests {
             q.singles.lock().unwrap().clone(),
             vec![Duration::from_secs(28)]
         );
+    }
+
+    /// Simulator seed 247521: a heartbeat's extension timed out but landed,
+    /// SQS was out of reach until 4 s before the end it set, and the failed
+    /// delete of the finished message had stopped trying at the end known
+    /// before it, so the message went to the DLQ, effect made, on its last
+    /// allowed receive. An extension that failed for a cause that passes
+    /// counts toward the latest end (the delete is tried until then), never
+    /// toward the known one; one that succeeded counts toward both.
+    #[cfg(feature = "poller")]
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_that_failed_may_have_landed_and_counts_toward_the_latest_end_only() {
+        let lease = Duration::from_secs(30);
+        let message = Message::new("m", "b").with_receipt_handle("r");
+        let failing = SlowBatches {
+            batch_takes: Duration::ZERO,
+            whole: true,
+            singles: Default::default(),
+        };
+        let v = QueueVisibility::new(&failing, "q");
+        let start = Instant::now();
+        assert!(v.extend(&message, lease).await.is_err());
+        assert_eq!(failing.singles.lock().unwrap().len(), 4, "tried four times");
+        assert_eq!(v.extended_until(), None);
+        // The last try failed after pauses of 0.25, 0.5 and 1 s.
+        let last_try = start + Duration::from_millis(1750);
+        assert_eq!(v.extended_at_most(), Some(last_try + lease));
+
+        let working = SlowBatches {
+            whole: false,
+            ..failing
+        };
+        let v = QueueVisibility::new(&working, "q");
+        let sent = Instant::now();
+        v.extend(&message, lease).await.unwrap();
+        assert_eq!(v.extended_until(), Some(sent + lease));
+        assert_eq!(v.extended_at_most(), Some(sent + lease));
     }
 }
