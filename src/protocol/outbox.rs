@@ -961,5 +961,18 @@ mod tests {
         let e = dispatch(&target, "pk", &outbox, None).await.unwrap_err();
         assert!(e.is_refusal(), "{e}");
         assert_eq!(target.calls.lock().unwrap().len(), 1);
+
+        // An entry that failed, then a whole call: one budget of tries, the
+        // call's pause the second one (400 ms), only the failed entry sent.
+        let target = Scripted {
+            answers: std::sync::Mutex::new(vec![vec![(1, "InternalError")]].into()),
+            call_errors: std::sync::Mutex::new(vec![None, Some(true)].into()),
+            ..Scripted::default()
+        };
+        let start = tokio::time::Instant::now();
+        dispatch(&target, "pk", &outbox, None).await.unwrap();
+        let second = vec![outbox_id("pk", 1)];
+        assert_eq!(*target.calls.lock().unwrap(), [all, second.clone(), second]);
+        assert_eq!(start.elapsed(), CALL_RETRY_PAUSE * 2);
     }
 }

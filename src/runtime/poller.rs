@@ -330,6 +330,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         let invisible_until = step
             .invisible_until
             .map_or(held.invisible_until, |e| e.max(held.invisible_until));
+        // The lane keeper holds its lane's lock through an extension call:
+        // one of this message on its way is counted toward the latest end
+        // before the delete is handed over, and none starts after.
+        held.waiting.lock().await.running = None;
         self.to_delete(Finished {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
@@ -501,11 +505,14 @@ struct Held<'a> {
     /// landed just before SQS went out of reach, and the delete's tries of
     /// the running message stopped before the end it set).
     invisible_at_most: &'a std::sync::Mutex<Instant>,
+    /// The lane's messages not yet started, and its running one.
+    waiting: &'a Waiting,
 }
 
 /// The messages of a lane not yet started (a FIFO message group, or the
 /// copies of one dedup key, from one receive), and until when, by this host's
 /// clock, all of them are known to stay invisible.
+#[derive(Debug)]
 struct Pending {
     messages: std::collections::VecDeque<Message>,
     /// The running message's receipt handle, extended with the waiting ones.
@@ -642,6 +649,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 received_at: self.received_at,
                 invisible_until,
                 invisible_at_most: &self.latest,
+                waiting: &self.waiting,
             };
             let settled = self.shared.handle(m, held).await;
             self.waiting.lock().await.running = None;
@@ -688,7 +696,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
 /// of its messages reappears then still hands the group out in order.
 async fn give_back_when_received<Q: QueueClient, S: DedupStore, H: Handler>(
     shared: Arc<Shared<Q, S, H>>,
-    receive: tokio::task::JoinHandle<Result<Vec<Message>, QueueError>>,
+    receive: tokio_util::task::AbortOnDropHandle<Result<Vec<Message>, QueueError>>,
     received_at: Instant,
 ) {
     let Ok(Ok(messages)) = receive.await else {
@@ -1156,7 +1164,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         };
         let received_at = Instant::now();
         let (queue, url) = (self.shared.queue.clone(), config.queue_url.clone());
-        let mut receive = tokio::spawn(async move { queue.receive(&url, request).await });
+        // Aborted if dropped: a receive still open when `run` returns takes
+        // nothing more.
+        let mut receive = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            queue.receive(&url, request).await
+        }));
         let out = tokio::select! {
             biased;
             r = &mut receive => r.expect("the receive task does not panic"),

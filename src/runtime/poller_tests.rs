@@ -55,6 +55,7 @@ struct Watched {
     /// While set, every `ChangeMessageVisibility` hangs, never answered;
     /// each such call dropped by its caller is counted.
     silent_changes: Arc<AtomicBool>,
+    changes_sent: Arc<std::sync::atomic::AtomicUsize>,
     changes_dropped: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -126,6 +127,7 @@ impl QueueClient for Watched {
         receipt: &str,
         timeout: Duration,
     ) -> Result<(), QueueError> {
+        self.changes_sent.fetch_add(1, Ordering::SeqCst);
         if self.silent_changes.load(Ordering::SeqCst) {
             let _dropped = CountsDrop(self.changes_dropped.clone());
             std::future::pending::<()>().await;
@@ -216,6 +218,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         failing_deletes: Arc::default(),
         silent_batches: Arc::default(),
         silent_changes: Arc::default(),
+        changes_sent: Arc::default(),
         changes_dropped: Arc::default(),
     };
     (queue, url)
@@ -355,6 +358,7 @@ async fn run_returns_within_drain_and_cleanup_and_leaves_no_lane_running() {
     let (queue, url) = queue_with(1).await;
     queue.silent_changes.store(true, Ordering::SeqCst);
     let (dropped, inner) = (queue.changes_dropped.clone(), queue.inner.clone());
+    let sent = queue.changes_sent.clone();
     let failing = handler_fn(|_m: Message, _ctx| async { Err(crate::HandlerError::retry("down")) });
     let mut pc = ProcessorConfig::new("ahead");
     pc.lease = Duration::from_secs(60);
@@ -388,11 +392,13 @@ async fn run_returns_within_drain_and_cleanup_and_leaves_no_lane_running() {
         1,
         "the lane still runs: {stats:?}"
     );
-    assert_eq!(
-        inner.counts(&url).unwrap().stored(),
-        1,
-        "the message stays to come back"
-    );
+    // Nothing it started calls SQS afterwards; the message stays in flight
+    // until its visibility ends, then comes back.
+    let (calls, counts) = (sent.load(Ordering::SeqCst), inner.counts(&url).unwrap());
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(sent.load(Ordering::SeqCst), calls);
+    assert_eq!(inner.counts(&url).unwrap(), counts);
+    assert_eq!((counts.stored(), counts.in_flight), (1, 1), "{counts:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -67,8 +67,9 @@ pub(crate) struct Settlement {
     /// The last extension's end counted from when it was sent (`None`
     /// without one).
     pub(crate) invisible_until: Option<Instant>,
-    /// The last extension's end counted from when it was answered: the
-    /// latest the message may stay invisible.
+    /// The latest the message may stay invisible: each extension's end
+    /// counted from when it was answered, one that failed for a cause that
+    /// passes or was dropped on its way included (it may have landed).
     pub(crate) invisible_at_most: Option<Instant>,
 }
 

@@ -85,11 +85,18 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
             let mut tries = 1;
             loop {
                 let sent = Instant::now();
-                match self
+                // A call dropped on its way (the handler finished and its
+                // heartbeat with it) may land all the same.
+                let in_flight = MayLand {
+                    visibility: self,
+                    timeout,
+                };
+                let changed = self
                     .queue
                     .change_visibility(self.url, receipt, timeout)
-                    .await
-                {
+                    .await;
+                std::mem::forget(in_flight);
+                match changed {
                     Ok(()) => {
                         let until = sent + timeout;
                         let mut known = self
@@ -122,6 +129,21 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
                 }
             }
         })
+    }
+}
+
+/// Counts a visibility change dropped on its way toward the latest end it
+/// may set ([`QueueVisibility::extended_at_most`]); forgotten once the call
+/// has answered.
+struct MayLand<'v, 'a, Q> {
+    visibility: &'v QueueVisibility<'a, Q>,
+    timeout: Duration,
+}
+
+impl<Q> Drop for MayLand<'_, '_, Q> {
+    fn drop(&mut self) {
+        self.visibility
+            .may_hold_until(Instant::now() + self.timeout);
     }
 }
 
@@ -359,6 +381,8 @@ mod tests {
     #[derive(Clone)]
     struct SlowBatches {
         batch_takes: Duration,
+        /// How long each single change takes to answer.
+        single_takes: Duration,
         whole: bool,
         singles: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
     }
@@ -389,6 +413,7 @@ mod tests {
             timeout: Duration,
         ) -> Result<(), QueueError> {
             self.singles.lock().unwrap().push(timeout);
+            tokio::time::sleep(self.single_takes).await;
             if self.whole {
                 return Err(QueueError::new(
                     "ChangeMessageVisibility",
@@ -454,6 +479,7 @@ mod tests {
         let receipts: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
         let queue = |batch_takes, whole| SlowBatches {
             batch_takes,
+            single_takes: Duration::ZERO,
             whole,
             singles: Default::default(),
         };
@@ -484,16 +510,18 @@ mod tests {
     /// SQS was out of reach until 4 s before the end it set, and the failed
     /// delete of the finished message had stopped trying at the end known
     /// before it, so the message went to the DLQ, effect made, on its last
-    /// allowed receive. An extension that failed for a cause that passes
-    /// counts toward the latest end (the delete is tried until then), never
-    /// toward the known one; one that succeeded counts toward both.
+    /// allowed receive. An extension that failed for a cause that passes,
+    /// or was dropped on its way, counts toward the latest end (the delete
+    /// is tried until then), never toward the known one; one that
+    /// succeeded counts toward both.
     #[cfg(feature = "poller")]
     #[tokio::test(start_paused = true)]
-    async fn an_extension_that_failed_may_have_landed_and_counts_toward_the_latest_end_only() {
+    async fn an_extension_that_failed_or_was_dropped_counts_toward_the_latest_end_only() {
         let lease = Duration::from_secs(30);
         let message = Message::new("m", "b").with_receipt_handle("r");
         let failing = SlowBatches {
             batch_takes: Duration::ZERO,
+            single_takes: Duration::ZERO,
             whole: true,
             singles: Default::default(),
         };
@@ -515,5 +543,21 @@ mod tests {
         v.extend(&message, lease).await.unwrap();
         assert_eq!(v.extended_until(), Some(sent + lease));
         assert_eq!(v.extended_at_most(), Some(sent + lease));
+
+        // Dropped on its way (the handler finished, and its heartbeat with
+        // it): it may land, so it counts toward the latest end too.
+        let slow = SlowBatches {
+            single_takes: Duration::from_secs(10),
+            ..working
+        };
+        let v = QueueVisibility::new(&slow, "q");
+        let start = Instant::now();
+        let cut = tokio::time::timeout(Duration::from_secs(2), v.extend(&message, lease)).await;
+        assert!(cut.is_err(), "still on its way when dropped");
+        assert_eq!(v.extended_until(), None);
+        assert_eq!(
+            v.extended_at_most(),
+            Some(start + Duration::from_secs(2) + lease)
+        );
     }
 }
