@@ -255,12 +255,6 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
     /// shared step, counts what became of it, and hands a message let go to
     /// the [`DeleteBatcher`].
     async fn handle(&self, message: Message, held: Held<'_>) -> Settled {
-        let at_most = || {
-            *held
-                .invisible_at_most
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-        };
         let url = self.config.queue_url.as_str();
         // (The `delete-before-effect` mutant, for the simulator only, deletes
         // the message before its effect is recorded.)
@@ -269,7 +263,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 receipt: message.receipt_handle().unwrap_or_default().to_owned(),
                 payload: None,
                 invisible_until: held.invisible_until,
-                retry_until: at_most(),
+                retry_until: held.at_most(),
             })
             .await;
         }
@@ -324,6 +318,19 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 return step.settled;
             }
         };
+        self.hand_over(&message, held, &step, payload).await;
+        step.settled
+    }
+
+    /// Hands a finished message's delete to the [`DeleteBatcher`], with
+    /// until when it is known to stay invisible and may at the latest.
+    async fn hand_over(
+        &self,
+        message: &Message,
+        held: Held<'_>,
+        step: &crate::runtime::settle::Settlement,
+        payload: Option<S3Pointer>,
+    ) {
         // Known to stay invisible until the later of the lane's and the
         // handler's last extension (the lane keeper's of a running message
         // is not counted: an earlier end only sends its delete sooner).
@@ -334,17 +341,28 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         // one of this message on its way is counted toward the latest end
         // before the delete is handed over, and none starts after.
         held.waiting.lock().await.running = None;
+        let retry_until = step
+            .invisible_at_most
+            .map_or(held.at_most(), |e| e.max(held.at_most()))
+            .max(invisible_until);
+        // A newer delivery of the message reached this poller (and came
+        // back, let go): SQS may honour only its receipt.
+        if let Some(newest) = self.holding.newest_other(message) {
+            self.to_delete(Finished {
+                receipt: newest,
+                payload: None,
+                invisible_until,
+                retry_until,
+            })
+            .await;
+        }
         self.to_delete(Finished {
             receipt: message.receipt_handle().unwrap_or_default().to_owned(),
             payload,
             invisible_until,
-            retry_until: step
-                .invisible_at_most
-                .map_or(at_most(), |e| e.max(at_most()))
-                .max(invisible_until),
+            retry_until,
         })
         .await;
-        step.settled
     }
 
     /// Hands a finished message to the [`DeleteBatcher`]. While
@@ -507,6 +525,16 @@ struct Held<'a> {
     invisible_at_most: &'a std::sync::Mutex<Instant>,
     /// The lane's messages not yet started, and its running one.
     waiting: &'a Waiting,
+}
+
+impl Held<'_> {
+    /// Until when, at the latest, it may stay invisible, as it stands now.
+    fn at_most(&self) -> Instant {
+        *self
+            .invisible_at_most
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The messages of a lane not yet started (a FIFO message group, or the

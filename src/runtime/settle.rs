@@ -105,10 +105,22 @@ pub(crate) struct Delivery<'a> {
 /// held: that one may be running its handler (seed 919). The poller lets a
 /// delivery that is to come back go when its handling ends, and the others
 /// when their lane ends (a finished one's delete is still on its way).
-/// Clones share it.
+/// And a finished delivery's delete goes through the newest receipt too:
+/// SQS may ignore a delete through an older one (seed 269966: an older
+/// delivery completed the message after the newest had come back and been
+/// let go; the delete through the older receipt left the message, and its
+/// next receive moved it to the DLQ). Clones share it.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
-pub(crate) struct Holding(Arc<Mutex<HashMap<String, Vec<HeldReceipt>>>>);
+pub(crate) struct Holding(Arc<Mutex<HashMap<String, HeldMessage>>>);
+
+/// The deliveries of one message [`Holding`] knows of.
+#[derive(Debug, Default)]
+struct HeldMessage {
+    deliveries: Vec<HeldReceipt>,
+    /// The receipt handle of its newest delivery, held or let go.
+    newest: String,
+}
 
 /// One delivery [`Holding`] knows of.
 #[derive(Debug)]
@@ -120,7 +132,7 @@ struct HeldReceipt {
 
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
 impl Holding {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Vec<HeldReceipt>>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, HeldMessage>) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -131,14 +143,15 @@ impl Holding {
             return;
         };
         self.with(|held| {
-            let deliveries = held.entry(message.id().to_owned()).or_default();
-            for d in deliveries.iter_mut() {
+            let m = held.entry(message.id().to_owned()).or_default();
+            for d in &mut m.deliveries {
                 d.superseded = true;
             }
-            deliveries.push(HeldReceipt {
+            m.deliveries.push(HeldReceipt {
                 receipt: receipt.to_owned(),
                 superseded: false,
             });
+            receipt.clone_into(&mut m.newest);
         });
     }
 
@@ -146,9 +159,9 @@ impl Holding {
     /// handle is `receipt`.
     pub(crate) fn let_go(&self, id: &str, receipt: &str) {
         self.with(|held| {
-            if let Some(deliveries) = held.get_mut(id) {
-                deliveries.retain(|d| d.receipt != receipt);
-                if deliveries.is_empty() {
+            if let Some(m) = held.get_mut(id) {
+                m.deliveries.retain(|d| d.receipt != receipt);
+                if m.deliveries.is_empty() {
                     held.remove(id);
                 }
             }
@@ -166,8 +179,23 @@ impl Holding {
             return false;
         };
         self.with(|held| {
+            held.get(message.id()).is_some_and(|m| {
+                m.deliveries
+                    .iter()
+                    .any(|d| d.receipt != receipt || d.superseded)
+            })
+        })
+    }
+
+    /// The receipt handle of the newest delivery of `message` this runtime
+    /// received, where that is not this delivery's own: a delete of the
+    /// message goes through it too.
+    pub(crate) fn newest_other(&self, message: &Message) -> Option<String> {
+        let receipt = message.receipt_handle()?;
+        self.with(|held| {
             held.get(message.id())
-                .is_some_and(|ds| ds.iter().any(|d| d.receipt != receipt || d.superseded))
+                .map(|m| m.newest.clone())
+                .filter(|newest| newest != receipt)
         })
     }
 }
@@ -432,4 +460,29 @@ pub(crate) fn copy_to_send_again(
         trace_header: message.aws_trace_header().map(str::to_owned),
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seed 269966: an older delivery completes after a newer one of its
+    /// message came back and was let go; the delete must also go through
+    /// the newer receipt (SQS may ignore an older one). Forgotten once no
+    /// delivery of the message is held.
+    #[test]
+    fn the_newest_receipt_outlives_its_delivery_while_an_older_one_is_held() {
+        let older = Message::new("m", "b").with_receipt_handle("r1");
+        let newer = Message::new("m", "b").with_receipt_handle("r2");
+        let holding = Holding::default();
+        holding.received(&older);
+        assert_eq!(holding.newest_other(&older), None);
+        holding.received(&newer);
+        assert!(holding.superseded(&older) && holding.superseded(&newer));
+        holding.let_go("m", "r2");
+        assert_eq!(holding.newest_other(&older).as_deref(), Some("r2"));
+        assert_eq!(holding.newest_other(&newer), None);
+        holding.let_go("m", "r1");
+        assert_eq!(holding.newest_other(&older), None);
+    }
 }
