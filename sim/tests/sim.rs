@@ -1392,6 +1392,12 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   0.45 s before the other's retry delay made the message visible, but
 ///   the slow call reached SQS only after, when the next receive had taken
 ///   it. Counted: a twin exposed by another host, its delete landing after.
+/// - 286599: a FIFO poller (10 s lease) completed a message on its last
+///   allowed receive with 5.8 s left; its `DeleteMessageBatch` was slowed
+///   past half of that and dropped, and the single delete after it, slowed
+///   too, came after the visibility. Fixed: the batch call goes on beside
+///   the single deletes (its schedule had already moved with the fixes
+///   above; the unit test `a_slow_batch_call_goes_on_beside_...` holds it).
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.
@@ -1414,6 +1420,7 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (259_461, StorePath::Memory),
         (269_966, StorePath::Memory),
         (271_312, StorePath::Memory),
+        (286_599, StorePath::Memory),
     ] {
         let report = run_seed_with(seed, false, path, true).unwrap();
         assert!(

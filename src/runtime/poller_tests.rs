@@ -57,6 +57,8 @@ struct Watched {
     silent_changes: Arc<AtomicBool>,
     changes_sent: Arc<std::sync::atomic::AtomicUsize>,
     changes_dropped: Arc<std::sync::atomic::AtomicUsize>,
+    /// How long every delete call takes before it reaches the queue.
+    slow_deletes: Arc<Mutex<Duration>>,
 }
 
 /// Counts its drop: a call given up by its caller.
@@ -71,6 +73,8 @@ impl Drop for CountsDrop {
 impl Watched {
     /// Hangs while deletes are cut; then an error, as for a timed-out call.
     async fn delete_cut(&self, operation: &'static str, queue: &str) -> Result<(), QueueError> {
+        let slow = *self.slow_deletes.lock().unwrap();
+        tokio::time::sleep(slow).await;
         if self.failing_deletes.load(Ordering::SeqCst) {
             return Err(QueueError::new(operation, queue, "unreachable", true));
         }
@@ -220,6 +224,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         silent_changes: Arc::default(),
         changes_sent: Arc::default(),
         changes_dropped: Arc::default(),
+        slow_deletes: Arc::default(),
     };
     (queue, url)
 }
@@ -566,6 +571,39 @@ async fn a_failed_delete_is_tried_again_while_its_message_is_invisible() {
     assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(queue.inner.counts(&url).unwrap().deleted, 2);
+    drop(tx);
+    batcher.await.unwrap();
+}
+
+/// Simulator seed 286599 (FIFO, a 10 s lease): a message completed on its
+/// last allowed receive with 5.8 s of visibility left; its
+/// `DeleteMessageBatch` was slowed past half of that and dropped, and the
+/// delete one by one after it, slowed too, reached SQS after the
+/// visibility ended. A batch call not answered within half the time left
+/// now goes on beside the deletes one by one: slowed 3.5 s, it lands in
+/// time.
+#[tokio::test(start_paused = true)]
+async fn a_slow_batch_call_goes_on_beside_the_single_deletes_and_lands_in_time() {
+    let (queue, url) = queue_with(1).await;
+    let request = ReceiveRequest {
+        max: 1,
+        wait: Duration::ZERO,
+        visibility: Duration::from_secs(6),
+    };
+    let received = queue.inner.receive(&url, request).await.unwrap();
+    *queue.slow_deletes.lock().unwrap() = Duration::from_millis(3500);
+    let (tx, _, batcher) = spawn_batcher(queue.clone(), &url, Duration::ZERO);
+    let left = Duration::from_millis(5800);
+    tx.send(Finished {
+        receipt: received[0].receipt_handle().unwrap().to_owned(),
+        payload: None,
+        invisible_until: Instant::now() + left,
+        retry_until: Instant::now() + left,
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(queue.inner.counts(&url).unwrap().deleted, 1);
     drop(tx);
     batcher.await.unwrap();
 }
