@@ -313,7 +313,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 // lane or another may then set its own delay. A finished one
                 // stays held until its lane ends, its delete still on its way.
                 if let Some(receipt) = message.receipt_handle() {
-                    self.holding.let_go(message.id(), receipt);
+                    let latest = step
+                        .invisible_at_most
+                        .map_or(held.at_most(), |e| e.max(held.at_most()));
+                    self.holding.let_go_until(message.id(), receipt, latest);
                 }
                 return step.settled;
             }
@@ -345,14 +348,15 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             .invisible_at_most
             .map_or(held.at_most(), |e| e.max(held.at_most()))
             .max(invisible_until);
-        // A newer delivery of the message reached this poller (and came
-        // back, let go): SQS may honour only its receipt.
-        if let Some(newest) = self.holding.newest_other(message) {
+        // A newer delivery of the message reached this poller and came
+        // back, let go: SQS may honour only its receipt, tried until its
+        // own latest end.
+        if let Some((newest, until)) = self.holding.newest_let_go(message) {
             self.to_delete(Finished {
                 receipt: newest,
                 payload: None,
                 invisible_until,
-                retry_until,
+                retry_until: until.map_or(retry_until, |u| u.max(retry_until)),
             })
             .await;
         }
@@ -776,6 +780,17 @@ async fn give_back<Q: QueueClient, S: DedupStore, H: Handler>(
                 message_id = m.id(),
                 "not started before shutdown, but already completed: deleted instead of given back"
             );
+            // Through the newest receipt too, as a finished delivery's.
+            if let Some((newest, _)) = shared.holding.newest_let_go(&m) {
+                shared
+                    .to_delete(Finished {
+                        receipt: newest,
+                        payload: None,
+                        invisible_until: Instant::now(),
+                        retry_until: Instant::now(),
+                    })
+                    .await;
+            }
             shared
                 .to_delete(Finished {
                     receipt: m.receipt_handle().unwrap_or_default().to_owned(),

@@ -120,6 +120,9 @@ struct HeldMessage {
     deliveries: Vec<HeldReceipt>,
     /// The receipt handle of its newest delivery, held or let go.
     newest: String,
+    /// Until when, at the latest, that delivery may keep the message
+    /// invisible, noted when it was let go to come back.
+    newest_until: Option<Instant>,
 }
 
 /// One delivery [`Holding`] knows of.
@@ -152,7 +155,21 @@ impl Holding {
                 superseded: false,
             });
             receipt.clone_into(&mut m.newest);
+            m.newest_until = None;
         });
+    }
+
+    /// The delivery of message `id` whose receipt handle is `receipt` is
+    /// to come back; it may keep the message invisible until `latest`.
+    pub(crate) fn let_go_until(&self, id: &str, receipt: &str, latest: Instant) {
+        self.with(|held| {
+            if let Some(m) = held.get_mut(id)
+                && m.newest == receipt
+            {
+                m.newest_until = Some(latest);
+            }
+        });
+        self.let_go(id, receipt);
     }
 
     /// The runtime is done with the delivery of message `id` whose receipt
@@ -188,14 +205,18 @@ impl Holding {
     }
 
     /// The receipt handle of the newest delivery of `message` this runtime
-    /// received, where that is not this delivery's own: a delete of the
-    /// message goes through it too.
-    pub(crate) fn newest_other(&self, message: &Message) -> Option<String> {
+    /// received, where that is not this delivery's own and it was let go to
+    /// come back (one still held deletes through its own when it is done,
+    /// and a delete now would undo its extensions), with until when it may
+    /// keep the message invisible at the latest: a delete of the message
+    /// goes through it too, tried until then.
+    pub(crate) fn newest_let_go(&self, message: &Message) -> Option<(String, Option<Instant>)> {
         let receipt = message.receipt_handle()?;
         self.with(|held| {
             held.get(message.id())
-                .map(|m| m.newest.clone())
-                .filter(|newest| newest != receipt)
+                .filter(|m| m.newest != receipt)
+                .filter(|m| !m.deliveries.iter().any(|d| d.receipt == m.newest))
+                .map(|m| (m.newest.clone(), m.newest_until))
         })
     }
 }
@@ -476,13 +497,19 @@ mod tests {
         let newer = Message::new("m", "b").with_receipt_handle("r2");
         let holding = Holding::default();
         holding.received(&older);
-        assert_eq!(holding.newest_other(&older), None);
+        assert_eq!(holding.newest_let_go(&older), None);
         holding.received(&newer);
         assert!(holding.superseded(&older) && holding.superseded(&newer));
-        holding.let_go("m", "r2");
-        assert_eq!(holding.newest_other(&older).as_deref(), Some("r2"));
-        assert_eq!(holding.newest_other(&newer), None);
+        // Held still: it deletes through its own receipt when done.
+        assert_eq!(holding.newest_let_go(&older), None);
+        let until = Instant::now() + std::time::Duration::from_secs(70);
+        holding.let_go_until("m", "r2", until);
+        assert_eq!(
+            holding.newest_let_go(&older),
+            Some(("r2".to_owned(), Some(until)))
+        );
+        assert_eq!(holding.newest_let_go(&newer), None);
         holding.let_go("m", "r1");
-        assert_eq!(holding.newest_other(&older), None);
+        assert_eq!(holding.newest_let_go(&older), None);
     }
 }
