@@ -1403,6 +1403,13 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   toward the later latest end 247521's fix had set, and no try was on
 ///   its way in the last connect timeout before the known end. Fixed: the
 ///   pauses shorten toward the known end too while it is ahead. Counted.
+/// - 291716 (wire): a FIFO poller's fast-path handler ran 95 s under SQS
+///   partitions past its known visibility end; a receive applied with an
+///   error answer spent the message's last allowed count unseen, the next
+///   moved it to the DLQ, its group went on, and the late commit applied
+///   it after a later message of its group. Fixed: on a FIFO queue the
+///   fast path interrupts its handler at the known end and commits nothing
+///   after it (the message then comes back through the redrive: counted).
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.
@@ -1427,6 +1434,7 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (271_312, StorePath::Memory),
         (286_599, StorePath::Memory),
         (294_007, StorePath::Memory),
+        (291_716, StorePath::Wire),
     ] {
         let report = run_seed_with(seed, false, path, true).unwrap();
         assert!(

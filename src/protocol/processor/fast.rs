@@ -55,21 +55,34 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if let Some(done) = self.completed_before(message, key).await {
             return done;
         }
-        // No claim, so no visibility end enforced here: the commit's
-        // condition makes a late finish harmless (a copy run meanwhile is a
-        // duplicate at its commit), and finishing records the effect even
-        // where SQS is out of reach, so the redelivery is a cheap duplicate.
+        // No claim, so on a standard queue no visibility end enforced here:
+        // the commit's condition makes a late finish harmless (a copy run
+        // meanwhile is a duplicate at its commit), and finishing records the
+        // effect even where SQS is out of reach, so the redelivery is a
+        // cheap duplicate. On a FIFO queue a message whose visibility ran
+        // out may be moved to the DLQ by the next receive and its group go
+        // on: a commit after that would apply it after later messages of
+        // its group (simulator seed 291716). There the handler is
+        // interrupted at the known end, and nothing commits after it.
+        let fifo = message.group_id().is_some();
         bound(&ctx, opts, &[visible]);
         let handled = tokio::select! {
             biased;
             r = self.handle(message, &ctx) => r,
             () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
+            () = visible.passed(), if fifo => {
+                ctx.cancelled().cancel();
+                return visibility_lost_before_commit();
+            }
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted before its commit");
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
+        if fifo && visible.passed_already() && visible.enforced() {
+            return visibility_lost_before_commit();
+        }
         match handled {
             Ok((value, outbox)) => self.commit(message, key, &ctx, value, outbox).await,
             Err(e) => self.fast_failure(message, &e).await,
@@ -293,4 +306,16 @@ pub(crate) enum KeyFound {
     HeldElsewhere,
     /// Neither, or not read.
     Unknown,
+}
+
+/// A FIFO message's visibility ran out before its fast-path commit: its
+/// group may have moved on, so nothing is committed and it comes back.
+fn visibility_lost_before_commit() -> Outcome {
+    warn!(
+        "the message's visibility ran out before its commit (FIFO): not committed; it comes back"
+    );
+    Outcome::Retry {
+        after: Duration::ZERO,
+        reason: "visibility ran out before the commit (FIFO)".into(),
+    }
 }

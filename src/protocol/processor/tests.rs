@@ -548,6 +548,61 @@ impl VisibilityExtender for Visibility {
     }
 }
 
+/// Simulator seed 291716: a FIFO poller's fast-path handler ran on for
+/// 95 s after its message's visibility had run out (SQS cut off); a
+/// receive spent the message's last allowed count unseen, the next moved it
+/// to the DLQ, its group went on, and the late commit applied it after a
+/// later message of its group. On a FIFO queue the fast path now
+/// interrupts its handler at the known visibility end and commits nothing;
+/// on a standard queue it still finishes (a copy meanwhile is a duplicate
+/// at its commit).
+#[tokio::test(start_paused = true)]
+async fn a_fifo_fast_path_handler_is_interrupted_at_its_visibility_end_and_commits_nothing() {
+    for fifo in [true, false] {
+        let store = MemoryStore::default();
+        let live = Arc::new(Live::default());
+        let handler = crate::staged_only(slow_external(live.clone(), Duration::from_secs(120)));
+        let p = Processor::new(store.clone(), handler, lease_config()).unwrap();
+        let sqs = Visibility::default();
+        sqs.fails.store(true, Ordering::SeqCst);
+        let received_at = tokio::time::Instant::now();
+        let invisible_until = received_at + Duration::from_secs(12);
+        let message = Message::new("m", r#"{"id":"k"}"#);
+        let message = if fifo {
+            message.with_group_id("g")
+        } else {
+            message
+        };
+        let o = p
+            .process_with(
+                message,
+                ProcessOptions {
+                    visibility: Some(&sqs),
+                    invisible_until: Some(invisible_until),
+                    received_at: Some(received_at),
+                    ..ProcessOptions::default()
+                },
+            )
+            .await;
+        if fifo {
+            assert!(
+                matches!(&o, Outcome::Retry { reason, .. } if reason.contains("before the commit")),
+                "{o:?}"
+            );
+            assert_eq!(
+                live.now.load(Ordering::SeqCst),
+                0,
+                "the handler was dropped"
+            );
+            assert!(tokio::time::Instant::now() <= invisible_until);
+            assert!(store.records().is_empty(), "{:?}", store.records());
+        } else {
+            assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
+            assert_eq!(store.records().len(), 1);
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_claimed_handler_cut_off_from_sqs_only_is_interrupted_before_its_visibility_ends_and_its_claim_released()
  {
