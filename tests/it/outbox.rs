@@ -333,8 +333,12 @@ async fn lambda<H: Handler>(
     LambdaAdapter::new(sqs().await, processor, config)
 }
 
+/// A send made with its answer lost is sent again at once (a whole call
+/// that failed for a cause that passes: `outbox::CALL_RETRY_PAUSE`), so the
+/// record is not listed to come back; the target gets the message twice,
+/// with one outbox id, and applies it once.
 #[tokio::test]
-async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_downstream() {
+async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_at_once_and_applied_once_downstream() {
     if !crate::common::localstack_up().await {
         return;
     }
@@ -343,17 +347,14 @@ async fn in_lambda_a_send_whose_answer_is_lost_is_sent_again_and_applied_once_do
     let (runs, applied) = (&p.runs, &p.applied);
     let faulty = Faulty::new().await;
     faulty.lose.store(true, Ordering::SeqCst);
-    let la = lambda(table, p.stage_a(), a_config(), Some(faulty)).await;
+    let la = lambda(table, p.stage_a(), a_config(), Some(faulty.clone())).await;
     let deadline = || std::time::SystemTime::now() + Duration::from_secs(60);
 
-    // First invocation: committed and sent, the answer lost: listed as failed.
+    // Committed and sent, the answer lost, sent again: nothing listed.
     let event = crate::lambda::receive_event(sqs, &a.queue_url, 1).await;
     let first = la.handle(event, deadline()).await.unwrap();
-    assert_eq!(first.batch_item_failures.len(), 1, "not deleted");
-    // The redelivery: the handler does not run again; the send is made again.
-    let event = crate::lambda::receive_event(sqs, &a.queue_url, 1).await;
-    let second = la.handle(event, deadline()).await.unwrap();
-    assert!(second.batch_item_failures.is_empty());
+    assert!(first.batch_item_failures.is_empty(), "{first:?}");
+    assert!(!faulty.lose.load(Ordering::SeqCst), "the answer was lost");
     assert_eq!(
         runs.lock().unwrap()["order-0"],
         1,
