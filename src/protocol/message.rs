@@ -207,9 +207,21 @@ impl Message {
         }
     }
 
-    /// The FIFO message group id, `None` on a standard queue.
+    /// The message group id: set on a FIFO queue, and on a standard queue
+    /// where the sender set one (fair queues), `None` otherwise.
     pub fn group_id(&self) -> Option<&str> {
         self.group_id.as_deref()
+    }
+
+    /// Whether the message came from a FIFO queue: by the queue's name
+    /// (`.fifo`) where the runtime said which queue it came from, else by
+    /// its group id. A standard queue's message with a group id (a fair
+    /// queue) is not FIFO: its group keeps no order.
+    pub fn from_fifo_queue(&self) -> bool {
+        match &self.queue {
+            Some(queue) => crate::protocol::queue::is_fifo(queue),
+            None => self.group_id.is_some(),
+        }
     }
 
     /// The FIFO deduplication id, `None` on a standard queue.

@@ -356,7 +356,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let fifo = records.iter().any(|r| {
             r.parsed
                 .as_ref()
-                .is_ok_and(|p| p.message.group_id().is_some())
+                .is_ok_and(|p| p.message.from_fifo_queue())
         });
         let stop = CancellationToken::new();
         let budget = Budget {

@@ -73,7 +73,7 @@ async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<aws_sdk_sqs::types::
 }
 
 /// Runs `n` pollers (processor settings `pc`, dedup table `table`) over `q`
-/// until it is empty (at most `secs`), then stops them; their stats.
+/// until it is empty (at most 90 s), then stops them; their stats.
 async fn pollers_until_empty<H: Handler + Clone>(
     sqs: &aws_sdk_sqs::Client,
     ddb: &aws_sdk_dynamodb::Client,
@@ -99,8 +99,18 @@ async fn pollers_until_empty<H: Handler + Clone>(
             shutdown.clone(),
         )));
     }
+    // Empty means: messages were seen on the queue, and then its counts
+    // read zero five times running (one second). A single zero read is not
+    // enough, as the emulator's approximate counts may pass through zero
+    // while a message moves between its visible and in-flight sets.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    while depth(sqs, &q.queue_url).await > 0 && tokio::time::Instant::now() < deadline {
+    let (mut seen, mut zeros) = (false, 0);
+    while zeros < 5 && tokio::time::Instant::now() < deadline {
+        if depth(sqs, &q.queue_url).await > 0 {
+            (seen, zeros) = (true, 0);
+        } else if seen {
+            zeros += 1;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     shutdown.cancel();

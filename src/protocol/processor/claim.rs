@@ -97,7 +97,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
-        self.finish_claimed(message, &req, &ctx, handled).await
+        self.finish_claimed(message, &req, &ctx, handled, (opts, visible))
+            .await
     }
 
     /// Claims the key, waiting for another attempt that holds it (see
@@ -270,7 +271,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
-    /// Completes the claim with the staged writes and the messages sent,
+    /// Completes the claim with the staged writes and the messages sent
+    /// (the message kept visible meanwhile: see [`Self::while_visible`]),
     /// then sends them: the outcome, or the failure to handle as the
     /// handler's (a staged write's condition, a permanent store error).
     async fn complete_sending(
@@ -278,8 +280,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         message: &Message,
         req: &ClaimRequest,
         ctx: &Context,
-        result: Option<StoredResult>,
-        outbox: Vec<Outgoing>,
+        (result, outbox): (Option<StoredResult>, Vec<Outgoing>),
+        (opts, visible): Kept<'_, '_>,
     ) -> Result<Outcome, HandlerError> {
         let recorded = self.to_record(message, &req.pk, &outbox).await;
         let completion = Completion {
@@ -290,7 +292,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             writes: ctx.take_staged(),
             outbox: recorded,
         };
-        match self.store.complete(completion).await {
+        let completed = self
+            .while_visible(message, opts, visible, self.store.complete(completion))
+            .await;
+        let Some(completed) = completed else {
+            self.release(req, "visibility ran out during the completion (FIFO)")
+                .await;
+            return Ok(super::fast::visibility_lost_during_commit());
+        };
+        match completed {
             Ok(()) => Ok(
                 match self
                     .send_outbox(message, &req.pk, &outbox, Sending::Committed)
@@ -330,12 +340,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         req: &ClaimRequest,
         ctx: &Context,
         handled: Result<(Option<serde_json::Value>, Vec<Outgoing>), HandlerError>,
+        kept: Kept<'_, '_>,
     ) -> Outcome {
         let failure = match handled {
             Ok((value, outbox)) => {
                 let result = value.map(|v| self.bounded(&v));
                 match self
-                    .complete_sending(message, req, ctx, result, outbox)
+                    .complete_sending(message, req, ctx, (result, outbox), kept)
                     .await
                 {
                     Ok(outcome) => return outcome,
@@ -450,6 +461,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 }
+
+/// The runtime's options and the message's visibility end, kept during
+/// the completion.
+type Kept<'o, 'a> = (&'o ProcessOptions<'a>, &'o LocalEnd);
 
 tokio::task_local! {
     /// Set while a handler runs whose panics are redacted

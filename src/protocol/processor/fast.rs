@@ -64,7 +64,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // on: a commit after that would apply it after later messages of
         // its group (simulator seed 291716). There the handler is
         // interrupted at the known end, and nothing commits after it.
-        let fifo = message.group_id().is_some();
+        let fifo = message.from_fifo_queue();
         bound(&ctx, opts, &[visible]);
         let handled = tokio::select! {
             biased;
@@ -84,20 +84,24 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return visibility_lost_before_commit();
         }
         match handled {
-            Ok((value, outbox)) => self.commit(message, key, &ctx, value, outbox).await,
+            Ok((value, outbox)) => {
+                let done = Done { ctx: &ctx, value, outbox };
+                self.commit(message, key, opts, visible, done).await
+            }
             Err(e) => self.fast_failure(message, &e).await,
         }
     }
 
     /// The fast path's commit of the handler's result, staged writes and
-    /// outbox, then its outbox sent: the outcome.
+    /// outbox (the message kept visible meanwhile: see
+    /// [`Self::while_visible`]), then its outbox sent: the outcome.
     async fn commit(
         &self,
         message: &Message,
         key: &str,
-        ctx: &Context,
-        value: Option<serde_json::Value>,
-        outbox: Vec<Outgoing>,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        Done { ctx, value, outbox }: Done<'_>,
     ) -> Outcome {
         let result = value.map(|v| self.bounded(&v));
         let pk = self.config.record_key(key);
@@ -112,7 +116,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             writes: ctx.take_staged(),
             outbox: recorded,
         };
-        match self.store.commit_fast(commit).await {
+        let committed = self
+            .while_visible(message, opts, visible, self.store.commit_fast(commit))
+            .await;
+        let Some(committed) = committed else {
+            return visibility_lost_during_commit();
+        };
+        match committed {
             Ok(FastCommitted::Committed) => {
                 match self
                     .send_outbox(message, &pk, &outbox, Sending::Committed)
@@ -306,6 +316,27 @@ pub(crate) enum KeyFound {
     HeldElsewhere,
     /// Neither, or not read.
     Unknown,
+}
+
+/// What a handler returned on the fast path, to commit.
+struct Done<'a> {
+    ctx: &'a Context,
+    value: Option<serde_json::Value>,
+    outbox: Vec<Outgoing>,
+}
+
+/// A FIFO message's visibility ran out while its commit was still trying:
+/// no try starts after that end; the commit's outcome is unknown (a try on
+/// its way may still land) and the message comes back, where a redelivery
+/// finds out.
+pub(super) fn visibility_lost_during_commit() -> Outcome {
+    warn!(
+        "the message's visibility ran out during its commit (FIFO): no further try; it comes back"
+    );
+    Outcome::Retry {
+        after: Duration::ZERO,
+        reason: "visibility ran out during the commit (FIFO)".into(),
+    }
 }
 
 /// A FIFO message's visibility ran out before its fast-path commit: its

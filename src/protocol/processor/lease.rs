@@ -47,6 +47,32 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
+    /// Runs `commit` (the record's write, with its retries) with the
+    /// message's visibility kept beside it, so that a slow store does not
+    /// let SQS hand the message out while its effect is being recorded. On
+    /// a FIFO queue the commit is dropped once the visibility end passes
+    /// without an extension (`None`): the next receive may move the message
+    /// to the DLQ and its group go on, so no try may start after that end
+    /// (a write sent before it can still land later: the window narrowed
+    /// to one request, see DESIGN.md). On a standard queue a late commit is
+    /// harmless (a copy run meanwhile is a duplicate at its own commit), so
+    /// it runs to its end.
+    pub(super) async fn while_visible<T>(
+        &self,
+        message: &Message,
+        opts: &ProcessOptions<'_>,
+        visible: &LocalEnd,
+        commit: impl Future<Output = T>,
+    ) -> Option<T> {
+        let fifo = message.from_fifo_queue();
+        tokio::select! {
+            biased;
+            r = commit => Some(r),
+            () = visible.passed(), if fifo => None,
+            () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
+        }
+    }
+
     /// Extends the lease (and the visibility) every heartbeat until the total
     /// (counted from the receive, as SQS counts its 12 hours) reaches the
     /// maximum, moving the local lease and visibility ends forward after each

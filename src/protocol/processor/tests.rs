@@ -324,13 +324,16 @@ async fn oversized_result_is_stored_as_digest() {
 
 /// A store that delegates to a [`MemoryStore`] but can be cut off: extends
 /// (and, when `releases` too, releases) fail as unavailable; a claim's
-/// answer can be held back after it committed.
+/// answer can be held back after it committed; a completion or fast
+/// commit can take `commit_delay` before it is applied (its tries counted).
 #[derive(Clone)]
 struct Faulty {
     inner: MemoryStore,
     extends_fail: Arc<std::sync::atomic::AtomicBool>,
     releases_fail: Arc<std::sync::atomic::AtomicBool>,
     claim_answer_delay: Duration,
+    commit_delay: Duration,
+    commits_applied: Arc<AtomicU32>,
 }
 
 impl Faulty {
@@ -340,6 +343,8 @@ impl Faulty {
             extends_fail: Arc::default(),
             releases_fail: Arc::default(),
             claim_answer_delay: Duration::ZERO,
+            commit_delay: Duration::ZERO,
+            commits_applied: Arc::default(),
         }
     }
 }
@@ -351,6 +356,8 @@ impl DedupStore for Faulty {
         c
     }
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
+        tokio::time::sleep(self.commit_delay).await;
+        self.commits_applied.fetch_add(1, Ordering::SeqCst);
         self.inner.complete(c).await
     }
     async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
@@ -384,6 +391,8 @@ impl DedupStore for Faulty {
         self.inner.commit_unprotected(w).await
     }
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
+        tokio::time::sleep(self.commit_delay).await;
+        self.commits_applied.fetch_add(1, Ordering::SeqCst);
         self.inner.commit_fast(c).await
     }
     async fn mark_dispatched(
@@ -599,6 +608,65 @@ async fn a_fifo_fast_path_handler_is_interrupted_at_its_visibility_end_and_commi
         } else {
             assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
             assert_eq!(store.records().len(), 1);
+        }
+    }
+}
+
+/// The commit window after the handler: a FIFO message's commit (fast
+/// path or claim path) still trying when its visibility ends is dropped,
+/// so no try lands after the next receive may have moved the message to
+/// the DLQ and its group gone on; a standard queue's (and a fair queue's:
+/// a group id on a standard queue) runs to its end. Where SQS answers, the
+/// visibility is kept during a slow commit and it completes.
+#[tokio::test(start_paused = true)]
+async fn a_fifo_commit_still_trying_at_its_visibility_end_is_dropped_and_a_kept_one_completes() {
+    for (queue, sqs_reachable) in [("q.fifo", false), ("q", false), ("q.fifo", true)] {
+        for fast in [true, false] {
+            let case = format!("{queue}, SQS reachable: {sqs_reachable}, fast path: {fast}");
+            let mut store = Faulty::new(MemoryStore::default());
+            store.commit_delay = Duration::from_secs(30);
+            let sqs = Visibility::default();
+            sqs.fails.store(!sqs_reachable, Ordering::SeqCst);
+            let received_at = tokio::time::Instant::now();
+            let invisible_until = received_at + Duration::from_secs(12);
+            let message = Message::new("m", r#"{"id":"k"}"#)
+                .with_group_id("g")
+                .with_queue(queue);
+            let opts = ProcessOptions {
+                visibility: Some(&sqs),
+                invisible_until: Some(invisible_until),
+                received_at: Some(received_at),
+                ..ProcessOptions::default()
+            };
+            let o = if fast {
+                let h = crate::staged_only(handler_fn(|_m, _c| async { Ok(None) }));
+                let p = Processor::new(store.clone(), h, lease_config()).unwrap();
+                p.process_with(message, opts).await
+            } else {
+                let h = handler_fn(|_m, _c| async { Ok(None) });
+                let p = Processor::new(store.clone(), h, lease_config()).unwrap();
+                p.process_with(message, opts).await
+            };
+            let completed = store
+                .inner
+                .records()
+                .iter()
+                .any(|r| r.status == crate::Status::Completed);
+            if queue == "q.fifo" && !sqs_reachable {
+                assert!(
+                    matches!(&o, Outcome::Retry { reason, .. } if reason.contains("during the commit")),
+                    "{case}: {o:?}"
+                );
+                assert!(tokio::time::Instant::now() <= invisible_until, "{case}");
+                assert_eq!(store.commits_applied.load(Ordering::SeqCst), 0, "{case}");
+                assert!(!completed, "{case}");
+            } else {
+                assert!(matches!(&o, Outcome::Completed { .. }), "{case}: {o:?}");
+                assert!(completed, "{case}");
+                if sqs_reachable {
+                    assert!(sqs.calls.load(Ordering::SeqCst) >= 2, "{case}: kept visible");
+                }
+            }
         }
     }
 }
