@@ -483,7 +483,7 @@ async fn invoke(
     messages: Vec<Message>,
 ) {
     let deadline = Instant::now() + world.scenario.deployment.function_timeout;
-    let event = lambda_event(&messages);
+    let event = lambda_event(&messages, sqs_once::trace::queue_name(&world.url));
     let answer = tokio::time::timeout_at(deadline, adapter.handle_until(event, deadline)).await;
     let failed: Vec<String> = match answer {
         Ok(Ok(response)) => response
@@ -551,7 +551,7 @@ fn message_attributes(m: &Message) -> serde_json::Value {
 }
 
 /// An SQS event as Lambda builds it.
-fn lambda_event(messages: &[Message]) -> serde_json::Value {
+fn lambda_event(messages: &[Message], queue: &str) -> serde_json::Value {
     let records: Vec<serde_json::Value> = messages
         .iter()
         .map(|m| {
@@ -575,7 +575,7 @@ fn lambda_event(messages: &[Message]) -> serde_json::Value {
                 "messageAttributes": message_attributes(m),
                 "md5OfBody": "",
                 "eventSource": "aws:sqs",
-                "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:sim",
+                "eventSourceARN": format!("arn:aws:sqs:us-east-1:000000000000:{queue}"),
                 "awsRegion": "us-east-1",
             })
         })
