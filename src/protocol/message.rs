@@ -106,7 +106,9 @@ impl Message {
         self
     }
 
-    /// Sets the name of the queue the message was received from.
+    /// Sets the name (or URL) of the queue the message was received from:
+    /// the spans' destination, and what tells a FIFO queue (its name ends
+    /// in `.fifo`) from a standard one (see [`Self::from_fifo_queue`]).
     pub fn with_queue(mut self, name: impl Into<String>) -> Self {
         self.queue = Some(name.into());
         self

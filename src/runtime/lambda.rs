@@ -353,11 +353,9 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         deadline: Instant,
         started: Instant,
     ) -> SqsBatchResponse {
-        let fifo = records.iter().any(|r| {
-            r.parsed
-                .as_ref()
-                .is_ok_and(|p| p.message.from_fifo_queue())
-        });
+        let fifo = records
+            .iter()
+            .any(|r| r.parsed.as_ref().is_ok_and(|p| p.message.from_fifo_queue()));
         let stop = CancellationToken::new();
         let budget = Budget {
             deadline,

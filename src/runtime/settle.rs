@@ -458,6 +458,9 @@ pub(crate) fn copy_to_send_again(
     after: Duration,
 ) -> Option<OutgoingMessage> {
     use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
+    // A fair queue's message (a group id on a standard queue) is not sent
+    // again either: deliberately conservative, its copy would be sent
+    // without the group and lose its fairness.
     if crate::protocol::queue::is_fifo(queue) || message.group_id().is_some() {
         return None;
     }

@@ -103,9 +103,13 @@ async fn pollers_until_empty<H: Handler + Clone>(
     // read zero five times running (one second). A single zero read is not
     // enough, as the emulator's approximate counts may pass through zero
     // while a message moves between its visible and in-flight sets.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    // (Every caller sends before; should the counts never show it, five
+    // seconds stand in for having seen it.)
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(90);
     let (mut seen, mut zeros) = (false, 0);
     while zeros < 5 && tokio::time::Instant::now() < deadline {
+        seen |= started.elapsed() >= Duration::from_secs(5);
         if depth(sqs, &q.queue_url).await > 0 {
             (seen, zeros) = (true, 0);
         } else if seen {

@@ -510,6 +510,13 @@ fn with_body(
     if let Some(d) = received.deduplication_id() {
         m = m.with_deduplication_id(d);
     }
+    // The queue tells a FIFO queue from a fair one (`Message::from_fifo_queue`).
+    if let Some(q) = received.queue() {
+        m = m.with_queue(q);
+    }
+    if let Some(t) = received.aws_trace_header() {
+        m = m.with_aws_trace_header(t);
+    }
     for (name, attribute) in received.attributes() {
         let resealed = resealed.iter().find(|(n, _)| n == name);
         match (name.as_str(), resealed) {

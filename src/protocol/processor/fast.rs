@@ -85,7 +85,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
         match handled {
             Ok((value, outbox)) => {
-                let done = Done { ctx: &ctx, value, outbox };
+                let done = Done {
+                    ctx: &ctx,
+                    value,
+                    outbox,
+                };
                 self.commit(message, key, opts, visible, done).await
             }
             Err(e) => self.fast_failure(message, &e).await,

@@ -15,9 +15,11 @@ use crate::protocol::store::{ClaimRequest, DedupStore, StoreError};
 use super::*;
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
-    /// Extends the message's visibility every heartbeat while a handler without a
-    /// claim runs (fast path), moving the local visibility end after each
-    /// extension. Never returns.
+    /// Extends the message's visibility every heartbeat while a handler
+    /// without a claim runs (fast path), a copy waits for its key's holder,
+    /// or a commit runs, moving the local visibility end after each
+    /// extension. Each is cut to end by the deadline (Lambda); none is sent
+    /// once the deadline or the 12-hour cap leaves no room. Never returns.
     pub(super) async fn keep_visible(
         &self,
         message: &Message,
@@ -28,7 +30,6 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return std::future::pending().await;
         };
         let lease = self.config.lease;
-        let margin = self.config.margin_for(lease);
         let interval = self.config.beat_for(lease);
         let counted_from = opts.received_at.unwrap_or_else(Instant::now);
         loop {
@@ -36,10 +37,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             if counted_from.elapsed() + lease > self.config.max_extension {
                 return std::future::pending().await;
             }
+            // Cut to end by the deadline (Lambda), as the heartbeat's are.
+            let timeout = lease_within(lease, opts.deadline);
+            if timeout.is_zero() {
+                return std::future::pending().await;
+            }
+            let margin = self.config.margin_for(timeout);
             let sent = Instant::now();
-            match v.extend(message, lease).await {
+            match v.extend(message, timeout).await {
                 Ok(()) => {
-                    visible.move_to(sent + lease.saturating_sub(margin));
+                    visible.move_to(sent + timeout.saturating_sub(margin));
                     self.metrics.heartbeat_extension();
                 }
                 Err(e) => warn!(error = %e, "visibility extension failed"),
@@ -65,11 +72,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         commit: impl Future<Output = T>,
     ) -> Option<T> {
         let fifo = message.from_fifo_queue();
+        // A handler that returned at its end (the same wake-up, or a task
+        // run late) starts no try.
+        if fifo && visible.enforced() && visible.passed_already() {
+            return None;
+        }
         tokio::select! {
             biased;
             r = commit => Some(r),
-            () = visible.passed(), if fifo => None,
+            // Before the end's own wake-up: an extension answered at the
+            // same instant moves the end first.
             () = self.keep_visible(message, opts, visible) => unreachable!("never returns"),
+            () = visible.passed(), if fifo => None,
         }
     }
 

@@ -664,9 +664,62 @@ async fn a_fifo_commit_still_trying_at_its_visibility_end_is_dropped_and_a_kept_
                 assert!(matches!(&o, Outcome::Completed { .. }), "{case}: {o:?}");
                 assert!(completed, "{case}");
                 if sqs_reachable {
-                    assert!(sqs.calls.load(Ordering::SeqCst) >= 2, "{case}: kept visible");
+                    assert!(
+                        sqs.calls.load(Ordering::SeqCst) >= 2,
+                        "{case}: kept visible"
+                    );
                 }
             }
+        }
+    }
+}
+
+/// A FIFO handler that returns at the very instant its visibility end
+/// passes (the same wake-up: the handler is polled first) starts no
+/// commit, on either path: its claim is released and the message comes
+/// back.
+#[tokio::test(start_paused = true)]
+async fn a_fifo_handler_returning_at_its_visibility_end_starts_no_commit() {
+    for fast in [true, false] {
+        let store = Faulty::new(MemoryStore::default());
+        let sqs = Visibility::default();
+        sqs.fails.store(true, Ordering::SeqCst);
+        let received_at = tokio::time::Instant::now();
+        // The end less the 1 s margin: 11 s after the receive.
+        let invisible_until = received_at + Duration::from_secs(12);
+        let until_end = |_m, _c| async {
+            tokio::time::sleep(Duration::from_secs(11)).await;
+            Ok(None)
+        };
+        let message = Message::new("m", r#"{"id":"k"}"#)
+            .with_group_id("g")
+            .with_queue("q.fifo");
+        let opts = ProcessOptions {
+            visibility: Some(&sqs),
+            invisible_until: Some(invisible_until),
+            received_at: Some(received_at),
+            ..ProcessOptions::default()
+        };
+        let o = if fast {
+            let h = crate::staged_only(handler_fn(until_end));
+            let p = Processor::new(store.clone(), h, lease_config()).unwrap();
+            p.process_with(message, opts).await
+        } else {
+            let p = Processor::new(store.clone(), handler_fn(until_end), lease_config()).unwrap();
+            p.process_with(message, opts).await
+        };
+        assert!(
+            matches!(&o, Outcome::Retry { .. }),
+            "fast path: {fast}: {o:?}"
+        );
+        assert_eq!(
+            store.commits_applied.load(Ordering::SeqCst),
+            0,
+            "fast path: {fast}"
+        );
+        for r in store.inner.records() {
+            assert_eq!(r.status, crate::Status::InProgress, "fast path: {fast}");
+            assert_eq!(r.lease_until_ms, 0, "fast path: {fast}: released");
         }
     }
 }
