@@ -16,8 +16,8 @@ use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem};
 use sqs_once::parking::Dlq;
 use sqs_once::poller::PollerConfig;
 use sqs_once::{
-    Context, DynamoStore, Handler, HandlerError, HandlerResult, Message, Outcome, Processor,
-    handler_fn,
+    Context, DedupStore, DynamoStore, Handler, HandlerError, HandlerResult, Message, Outcome,
+    Processor, handler_fn,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -83,11 +83,23 @@ async fn pollers_until_empty<H: Handler + Clone>(
     pc: &ProcessorConfig,
     n: usize,
 ) -> Vec<sqs_once::poller::RunStats> {
+    let store = || DynamoStore::new(ddb.clone(), table);
+    pollers_on_until_empty(sqs, q, store, handler, pc, n).await
+}
+
+/// [`pollers_until_empty`], each poller on the store `store` makes.
+async fn pollers_on_until_empty<S: DedupStore, H: Handler + Clone>(
+    sqs: &aws_sdk_sqs::Client,
+    q: &sqs_once_cli::setup::QueuePair,
+    store: impl Fn() -> S,
+    handler: H,
+    pc: &ProcessorConfig,
+    n: usize,
+) -> Vec<sqs_once::poller::RunStats> {
     let shutdown = CancellationToken::new();
     let mut pollers = Vec::new();
     for _ in 0..n {
-        let store = DynamoStore::new(ddb.clone(), table);
-        let processor = Processor::new(store, handler.clone(), pc.clone()).unwrap();
+        let processor = Processor::new(store(), handler.clone(), pc.clone()).unwrap();
         let mut config = PollerConfig::new(&q.queue_url);
         config.dlq_url = Some(q.dlq_url.clone());
         config.wait_time = Duration::from_secs(1);
@@ -1015,4 +1027,150 @@ async fn a_copy_of_a_key_held_longer_than_max_receive_count_invocations_stays_ou
     assert!(listed.is_empty(), "listed: {listed:?}");
     assert!(copies.iter().all(|n| *n == 1), "receive counts {copies:?}");
     assert!(copies.len() >= 2, "never sent again: {copies:?}");
+}
+
+/// A [`DynamoStore`] whose completions and fast-path commits wait `delay`
+/// before they are sent: a DynamoDB that answers slowly.
+#[derive(Clone)]
+struct SlowCommits {
+    inner: DynamoStore,
+    delay: Duration,
+}
+
+impl DedupStore for SlowCommits {
+    async fn claim(
+        &self,
+        req: &sqs_once::store::ClaimRequest,
+    ) -> Result<sqs_once::Claim, sqs_once::StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn complete(&self, c: sqs_once::store::Completion) -> Result<(), sqs_once::StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.complete(c).await
+    }
+    async fn release(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+    ) -> Result<(), sqs_once::StoreError> {
+        self.inner.release(pk, owner, error).await
+    }
+    async fn mark_failed(
+        &self,
+        pk: &str,
+        owner: &str,
+        error: &str,
+        ttl: Duration,
+    ) -> Result<(), sqs_once::StoreError> {
+        self.inner.mark_failed(pk, owner, error, ttl).await
+    }
+    async fn extend_lease(
+        &self,
+        pk: &str,
+        owner: &str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(), sqs_once::StoreError> {
+        self.inner.extend_lease(pk, owner, lease, ttl).await
+    }
+    async fn commit_unprotected(
+        &self,
+        writes: Vec<sqs_once::StagedWrite>,
+    ) -> Result<(), sqs_once::StoreError> {
+        self.inner.commit_unprotected(writes).await
+    }
+    async fn commit_fast(
+        &self,
+        c: sqs_once::store::FastCommit,
+    ) -> Result<sqs_once::store::FastCommitted, sqs_once::StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.commit_fast(c).await
+    }
+    async fn mark_dispatched(
+        &self,
+        pk: &str,
+        sent: &[sqs_once::Outgoing],
+    ) -> Result<(), sqs_once::StoreError> {
+        self.inner.mark_dispatched(pk, sent).await
+    }
+    async fn get(&self, pk: &str) -> Result<Option<sqs_once::Record>, sqs_once::StoreError> {
+        self.inner.get(pk).await
+    }
+}
+
+/// A commit that takes longer than the visibility timeout (a slow
+/// DynamoDB) keeps its message invisible while it runs: on a FIFO queue
+/// with a 5 s lease, each message's commit takes 8 s, yet neither is handed
+/// to the other poller, each applies once and in order, and nothing
+/// reaches the DLQ. Before, a commit ran unextended: the message came back
+/// mid-commit, was received again and its handler ran a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fifo_commit_slower_than_the_visibility_timeout_keeps_its_message_invisible() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&sqs, true, 5, 2).await;
+    let table = dedup_table(&ddb).await;
+    let entries: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(*id)
+                .message_body(format!(r#"{{"id":"{id}"}}"#))
+                .message_group_id("g")
+                .message_deduplication_id(*id)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    sqs.send_message_batch()
+        .queue_url(&q.queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .unwrap();
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handler = {
+        let runs = runs.clone();
+        handler_fn(move |m: Message, _ctx| {
+            let runs = runs.clone();
+            async move {
+                #[derive(serde::Deserialize)]
+                struct E {
+                    id: String,
+                }
+                let e: E = m.json().map_err(HandlerError::permanent)?;
+                runs.lock().unwrap().push(e.id);
+                Ok(None)
+            }
+        })
+    };
+    let mut pc = ProcessorConfig::new("slow-commit");
+    pc.key_source = "json:/id".parse().unwrap();
+    pc.lease = Duration::from_secs(5);
+    pc.heartbeat = Duration::from_secs(2);
+    let store = || SlowCommits {
+        inner: DynamoStore::new(ddb.clone(), table.as_str()),
+        delay: Duration::from_secs(8),
+    };
+    let stats = pollers_on_until_empty(&sqs, &q, store, handler, &pc, 2).await;
+    let received: u64 = stats.iter().map(|s| s.received).sum();
+    assert_eq!(
+        *runs.lock().unwrap(),
+        ["a", "b"],
+        "each ran once, in order: {stats:?}"
+    );
+    assert_eq!(
+        received, 2,
+        "a message was handed out again during its commit: {stats:?}"
+    );
+    assert_eq!(depth(&sqs, &q.dlq_url).await, 0, "{stats:?}");
+    let records = DynamoStore::new(ddb.clone(), table.as_str());
+    for id in ["a", "b"] {
+        let record = records.get(&pc.record_key(id)).await.unwrap();
+        let status = record.map(|r| r.status);
+        assert_eq!(status, Some(sqs_once::Status::Completed), "{id}: {stats:?}");
+    }
 }
