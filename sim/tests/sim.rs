@@ -925,6 +925,21 @@ fn mixed_scenario() -> Scenario {
     s
 }
 
+/// One charge of evt-0000 by the claim-path consumer c1, through
+/// `message` under claim `attempt`, from `start_ms` to `end_ms`.
+fn c1_charge(message: &str, attempt: u32, (start_ms, end_ms): (u128, u128)) -> ApiCall {
+    ApiCall {
+        key: "k".into(),
+        event: "evt-0000".into(),
+        message: message.into(),
+        consumer: "c1".into(),
+        attempt,
+        start_ms,
+        end_ms: Some(end_ms),
+        after_completed: false,
+    }
+}
+
 /// Where fast-path and claim-path consumers share records, a row and a
 /// charge of one event are two applications: counted as the documented
 /// limit only where the charge's claim never completed the record (an
@@ -939,16 +954,7 @@ fn the_checker_counts_a_lost_claim_then_the_fast_path_and_flags_any_other_row_be
     let mut e = evidence(&s, &acc);
     e.records.insert("evt-0000".into(), Status::Completed);
     e.charged.insert("evt-0000".into(), 1);
-    e.calls = vec![ApiCall {
-        key: "k".into(),
-        event: "evt-0000".into(),
-        message: "msg-00000001".into(),
-        consumer: "c1".into(),
-        attempt: 1,
-        start_ms: 0,
-        end_ms: Some(100),
-        after_completed: false,
-    }];
+    e.calls = vec![c1_charge("msg-00000001", 1, (0, 100))];
     e.rows = vec![fx_at("evt-0000", "msg-00000001", 500)];
     // The claim (attempt 1) was lost; the fast path's commit is attempt 2.
     e.attempts.insert("evt-0000".into(), 2);
@@ -1006,16 +1012,7 @@ fn a_lost_claim_after_ttl_then_a_fast_path_row_is_counted() {
     let mut e = evidence(&s, &acc);
     e.records.insert("evt-0000".into(), Status::Completed);
     e.charged.insert("evt-0000".into(), 1);
-    e.calls = vec![ApiCall {
-        key: "k".into(),
-        event: "evt-0000".into(),
-        message: "msg-00000002".into(),
-        consumer: "c1".into(),
-        attempt: 2,
-        start_ms: 473_093,
-        end_ms: Some(473_450),
-        after_completed: false,
-    }];
+    e.calls = vec![c1_charge("msg-00000002", 2, (473_093, 473_450))];
     e.lease_ends = None;
     e.rows = vec![
         fx_at("evt-0000", "msg-00000001", 126_000),
@@ -1050,16 +1047,7 @@ fn a_lost_claim_then_a_fast_path_row_whose_record_ttl_ended_is_counted() {
     let mut e = evidence(&s, &acc);
     e.records.insert("evt-0000".into(), Status::Completed);
     e.charged.insert("evt-0000".into(), 1);
-    e.calls = vec![ApiCall {
-        key: "k".into(),
-        event: "evt-0000".into(),
-        message: "msg-00000001".into(),
-        consumer: "c1".into(),
-        attempt: 1,
-        start_ms: 0,
-        end_ms: Some(100),
-        after_completed: false,
-    }];
+    e.calls = vec![c1_charge("msg-00000001", 1, (0, 100))];
     e.lease_ends = None;
     e.rows = vec![
         fx_at("evt-0000", "msg-00000001", 500),

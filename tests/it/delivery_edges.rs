@@ -707,6 +707,48 @@ async fn messages_a_long_poll_takes_after_shutdown_are_given_back_at_once() {
     assert_eq!(got[0].body(), Some("late"));
 }
 
+/// Sends `{"id": id, "secs": secs}` for each of `messages`, in order, to
+/// group `g` of the FIFO queue `url` (deduplicated by id).
+async fn send_to_group(sqs: &aws_sdk_sqs::Client, url: &str, messages: &[(&str, u64)]) {
+    let entries: Vec<_> = messages
+        .iter()
+        .map(|(id, secs)| {
+            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(*id)
+                .message_body(format!(r#"{{"id":"{id}","secs":{secs}}}"#))
+                .message_group_id("g")
+                .message_deduplication_id(*id)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    sqs.send_message_batch()
+        .queue_url(url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// A handler of [`send_to_group`]'s messages: notes each run's id in
+/// `runs`, then works for its `secs`.
+fn recording_runs(runs: Arc<Mutex<Vec<String>>>) -> impl Handler + Clone {
+    handler_fn(move |m: Message, _ctx| {
+        let runs = runs.clone();
+        async move {
+            #[derive(serde::Deserialize)]
+            struct E {
+                id: String,
+                secs: u64,
+            }
+            let e: E = m.json().map_err(HandlerError::permanent)?;
+            runs.lock().unwrap().push(e.id);
+            tokio::time::sleep(Duration::from_secs(e.secs)).await;
+            Ok(None)
+        }
+    })
+}
+
 /// Review finding: the next message of a lane was taken out of the keeper's
 /// set when it started, before anything had extended it, and the heartbeat's
 /// first beat came after the queue's visibility timeout: it was handed to the
@@ -724,42 +766,9 @@ async fn a_lane_message_that_starts_late_is_not_handed_out_before_its_first_hear
     // it starts). Each step has seconds to spare: room for a loaded emulator.
     let q = queue_pair(&sqs, true, 8, 3).await;
     let table = dedup_table(&ddb).await;
-    let entries: Vec<_> = [("a", 3u64), ("b", 14)]
-        .iter()
-        .map(|(id, secs)| {
-            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                .id(*id)
-                .message_body(format!(r#"{{"id":"{id}","secs":{secs}}}"#))
-                .message_group_id("g")
-                .message_deduplication_id(*id)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    sqs.send_message_batch()
-        .queue_url(&q.queue_url)
-        .set_entries(Some(entries))
-        .send()
-        .await
-        .unwrap();
+    send_to_group(&sqs, &q.queue_url, &[("a", 3), ("b", 14)]).await;
     let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let handler = {
-        let runs = runs.clone();
-        handler_fn(move |m: Message, _ctx| {
-            let runs = runs.clone();
-            async move {
-                #[derive(serde::Deserialize)]
-                struct E {
-                    id: String,
-                    secs: u64,
-                }
-                let e: E = m.json().map_err(HandlerError::permanent)?;
-                runs.lock().unwrap().push(e.id);
-                tokio::time::sleep(Duration::from_secs(e.secs)).await;
-                Ok(None)
-            }
-        })
-    };
+    let handler = recording_runs(runs.clone());
     let mut pc = ProcessorConfig::new("late-start");
     pc.key_source = "json:/id".parse().unwrap();
     pc.lease = Duration::from_secs(12);
@@ -1113,40 +1122,9 @@ async fn a_fifo_commit_slower_than_the_visibility_timeout_keeps_its_message_invi
     let (sqs, ddb) = (sqs().await, ddb().await);
     let q = queue_pair(&sqs, true, 5, 2).await;
     let table = dedup_table(&ddb).await;
-    let entries: Vec<_> = ["a", "b"]
-        .iter()
-        .map(|id| {
-            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                .id(*id)
-                .message_body(format!(r#"{{"id":"{id}"}}"#))
-                .message_group_id("g")
-                .message_deduplication_id(*id)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    sqs.send_message_batch()
-        .queue_url(&q.queue_url)
-        .set_entries(Some(entries))
-        .send()
-        .await
-        .unwrap();
+    send_to_group(&sqs, &q.queue_url, &[("a", 0), ("b", 0)]).await;
     let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let handler = {
-        let runs = runs.clone();
-        handler_fn(move |m: Message, _ctx| {
-            let runs = runs.clone();
-            async move {
-                #[derive(serde::Deserialize)]
-                struct E {
-                    id: String,
-                }
-                let e: E = m.json().map_err(HandlerError::permanent)?;
-                runs.lock().unwrap().push(e.id);
-                Ok(None)
-            }
-        })
-    };
+    let handler = recording_runs(runs.clone());
     let mut pc = ProcessorConfig::new("slow-commit");
     pc.key_source = "json:/id".parse().unwrap();
     pc.lease = Duration::from_secs(5);
