@@ -221,7 +221,7 @@ impl Message {
     /// queue) is not FIFO: its group keeps no order.
     pub fn from_fifo_queue(&self) -> bool {
         match &self.queue {
-            Some(queue) => crate::protocol::queue::is_fifo(queue),
+            Some(queue) => is_fifo(queue),
             None => self.group_id.is_some(),
         }
     }
@@ -257,6 +257,11 @@ impl Message {
     pub fn dedup_key(&self) -> Option<&str> {
         self.dedup_key.as_deref()
     }
+}
+
+/// Whether a queue URL (or name) is a FIFO queue's.
+pub fn is_fifo(queue: &str) -> bool {
+    queue.ends_with(".fifo")
 }
 
 /// What wraps the payload in the bodies of a queue's messages

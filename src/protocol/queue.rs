@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::Message;
 use crate::protocol::message::Attribute;
+pub use crate::protocol::message::is_fifo;
 
 /// Entries in one SQS batch request.
 pub use crate::protocol::limits::SQS_BATCH;
@@ -315,11 +316,6 @@ pub trait QueueClient: Clone + Send + Sync + 'static {
         name: &str,
         account: &str,
     ) -> impl Future<Output = Result<String, QueueError>> + Send;
-}
-
-/// Whether a queue URL (or name) is a FIFO queue's.
-pub fn is_fifo(queue: &str) -> bool {
-    queue.ends_with(".fifo")
 }
 
 #[cfg(test)]
