@@ -124,7 +124,9 @@ impl Delivery {
     /// visibility's last [`CONNECT_TIMEOUT`] while a delete call of it was
     /// on its way (then, not only earlier in the same cut): a try started in that cut fails only after the
     /// visibility's end, so trying again could not have landed it (seed
-    /// 204589: the cut ended 0.26 s before the end). A consumer that had
+    /// 204589: the cut ended 0.26 s before the end); or it was pausing
+    /// between two tries across the end, SQS out of its reach from the
+    /// last failure until the end (seed 307323). A consumer that had
     /// given up before that cut began is not excused by it.
     ///
     /// [`CONNECT_TIMEOUT`]: crate::faults::CONNECT_TIMEOUT
@@ -149,11 +151,30 @@ impl Delivery {
                         .iter()
                         .any(|&(sent, back)| sent < until && back.is_none_or(|b| b > from))
                 });
+        // Or it paused between two tries across `end` while SQS stayed out
+        // of reach from its last try's failure until `end`: every try it
+        // could have started in that pause would have failed too. It went
+        // on trying after `end` (one that had given up is not excused;
+        // seed 307323: a poller's 4 s pause toward the latest end it knew
+        // of stepped over the end SQS had, inside a 62 s cut).
+        let last_back = self
+            .tries
+            .iter()
+            .filter_map(|&(sent, back)| back.filter(|&b| sent < end && b <= end))
+            .max();
+        let tried_after = self.tries.iter().any(|&(sent, _)| sent >= end);
+        let cut_across_pause = tried_after
+            && last_back.is_some_and(|b| {
+                self.cuts
+                    .within(b, end, calm_at)
+                    .into_iter()
+                    .any(|(from, until)| from <= b && until >= end)
+            });
         // A delete that reached SQS only after the visibility ran out (the
         // model answers one for a message already moved as done) kept
         // nothing out (wire seed 5002236).
         let reached_in_time = self.delete_reached_at.is_some_and(|t| t < end);
-        self.delete_sent.is_some() && !reached_in_time && cut_at_end
+        self.delete_sent.is_some() && !reached_in_time && (cut_at_end || cut_across_pause)
     }
 }
 

@@ -1454,6 +1454,12 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   it after a later message of its group. Fixed: on a FIFO queue the
 ///   fast path interrupts its handler at the known end and commits nothing
 ///   after it (the message then comes back through the redrive: counted).
+/// - 307323 (seventh search run): a FIFO poller completed a message on
+///   its last allowed receive inside a 62 s cut from SQS; its delete,
+///   failing, paused 4 s toward the latest end it could not rule out and
+///   stepped over the end SQS had, with no try on its way in the last
+///   connect timeout. Counted: SQS stayed out of reach from the last
+///   failed try until that end, and the poller went on trying after it.
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.
@@ -1479,6 +1485,7 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (286_599, StorePath::Memory),
         (294_007, StorePath::Memory),
         (291_716, StorePath::Wire),
+        (307_323, StorePath::Memory),
     ] {
         let report = run_seed_with(seed, false, path, true).unwrap();
         assert!(
@@ -1491,13 +1498,14 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         // (213871); a delete after an unheard twin's shorter visibility
         // ended (235811); a delete tried through a cut past the latest end
         // (259461); a twin exposed by another host while its delete was on
-        // its way (271312). 204589 (a delete cut short) and 214538 (a twin's
+        // its way (271312); a pause between two tries across the end, SQS
+        // out of reach all through it (307323). 204589 (a delete cut short) and 214538 (a twin's
         // batched delete after another delivery's undone one) no longer
         // reach the DLQ since 247521's fix (a delete is tried until the
         // latest end a failed extension may have set), nor 235811 since
         // commits keep their message visible; their rules keep their case
         // tests in `stranded.rs`.
-        if [213_871, 259_461, 271_312, 294_007].contains(&seed) {
+        if [213_871, 259_461, 271_312, 294_007, 307_323].contains(&seed) {
             assert!(
                 report.stranded >= 1,
                 "seed {seed} counts its completed message in the DLQ"

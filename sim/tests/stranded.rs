@@ -332,6 +332,46 @@ async fn a_delete_given_up_on_while_sqs_could_be_reached_again_does_not() {
     }
 }
 
+/// A consumer pausing between two failed tries across the visibility's
+/// end (a 4 s pause toward a later end it could not rule out): excused
+/// where SQS stayed out of its reach from the last failure until the end,
+/// so every try it could have started in the pause would have failed too
+/// (seed 307323); not where SQS was back before the end, nor where it
+/// tried no more after the end (given up).
+#[tokio::test(start_paused = true)]
+async fn a_pause_across_the_end_is_excused_only_while_sqs_stays_out_of_reach() {
+    for (cut_for, tried_after, excused) in [
+        (VISIBILITY * 2, true, true),
+        (VISIBILITY * 2 / 3, true, false),
+        (VISIBILITY * 2, false, false),
+    ] {
+        let deliveries = Deliveries::default();
+        let cuts = Cuts::default();
+        cuts.push(Instant::now(), Instant::now() + cut_for);
+        let one = one_delivery(&deliveries, &Life::default(), &cuts).await;
+        let receipts = std::slice::from_ref(&one.receipt);
+        // Sent at a quarter of the visibility, failed 2 s later; the next
+        // try a second after the end.
+        tokio::time::advance(VISIBILITY / 4).await;
+        deliveries.delete_sent(&one.queue, receipts);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        deliveries.delete_returned(&one.queue, receipts);
+        tokio::time::advance(VISIBILITY * 3 / 4 - Duration::from_secs(1)).await;
+        if tried_after {
+            deliveries.delete_sent(&one.queue, receipts);
+        }
+        let id = one.stored.id.clone();
+        let (violations, stranded) = verdict(one.stored, &deliveries);
+        judged(
+            &format!("cut for {cut_for:?}, tried after the end: {tried_after}"),
+            excused,
+            &id,
+            &violations,
+            &stranded,
+        );
+    }
+}
+
 /// A delete call the consumer dropped (a batch's timeout, an invocation's
 /// deadline) came back then: through the simulator's own link, a try given
 /// up on in one cut is not on its way in a later cut at the visibility's
