@@ -1460,6 +1460,18 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   stepped over the end SQS had, with no try on its way in the last
 ///   connect timeout. Counted: SQS stayed out of reach from the last
 ///   failed try until that end, and the poller went on trying after it.
+/// - 308212, 321864 (eighth search run): a poller's retry delay set
+///   through an older receipt landed after SQS had handed the message to
+///   the same poller again; the message was visible while the newer
+///   delivery ran and the next receive moved it to the DLQ, effect made.
+///   Fixed: a newer delivery that arrived while the retry delay was on its
+///   way has its visibility set back through its own receipt (before its
+///   lane can have extended it).
+/// - 315952: a heartbeat's extension given up on after 1.5 s landed 19.6 s
+///   later, setting an end past the latest the poller counted; SQS out of
+///   reach, the finished message's delete tries stopped 15.6 s before that
+///   end. Fixed: a failed or dropped extension counts `LANDS_LATE` (30 s)
+///   beyond its failure toward the latest end. Counted.
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.
@@ -1486,6 +1498,9 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (294_007, StorePath::Memory),
         (291_716, StorePath::Wire),
         (307_323, StorePath::Memory),
+        (308_212, StorePath::Memory),
+        (315_952, StorePath::Memory),
+        (321_864, StorePath::Memory),
     ] {
         let report = run_seed_with(seed, false, path, true).unwrap();
         assert!(
@@ -1499,13 +1514,14 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         // ended (235811); a delete tried through a cut past the latest end
         // (259461); a twin exposed by another host while its delete was on
         // its way (271312); a pause between two tries across the end, SQS
-        // out of reach all through it (307323). 204589 (a delete cut short) and 214538 (a twin's
+        // out of reach all through it (307323); a delete tried through a
+        // cut past an end a late-landing extension set (315952). 204589 (a delete cut short) and 214538 (a twin's
         // batched delete after another delivery's undone one) no longer
         // reach the DLQ since 247521's fix (a delete is tried until the
         // latest end a failed extension may have set), nor 235811 since
         // commits keep their message visible; their rules keep their case
         // tests in `stranded.rs`.
-        if [213_871, 259_461, 271_312, 294_007, 307_323].contains(&seed) {
+        if [213_871, 259_461, 271_312, 294_007, 307_323, 315_952].contains(&seed) {
             assert!(
                 report.stranded >= 1,
                 "seed {seed} counts its completed message in the DLQ"

@@ -452,8 +452,14 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             // Even a call that failed may have landed (a timeout, a lost
             // answer): the failed deletes of these messages, the running one
             // included, are tried until then (`Held::invisible_at_most`).
+            // One given up on may land later still (`LANDS_LATE`).
+            let late = if extended {
+                Duration::ZERO
+            } else {
+                crate::runtime::visibility::LANDS_LATE
+            };
             let mut l = latest.lock().unwrap_or_else(|e| e.into_inner());
-            *l = (*l).max(Instant::now() + config.lease);
+            *l = (*l).max(Instant::now() + config.lease + late);
             drop(l);
             if extended {
                 // A message set again alone may end up to a second sooner
@@ -1323,8 +1329,19 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
         // Before any lane runs: an older delivery of one of these messages
         // held here leaves its visibility to the newer one from now on.
+        // Invisible for a lease from the receive's send. No extension before
+        // half the first beat from now: the lane keeper's first comes a beat
+        // after its lane starts, the handler's heartbeat's a beat after it
+        // starts or half of what is left, if sooner.
+        let config = self.shared.processor.config();
+        let until = received_at + config.lease;
+        let now = Instant::now();
+        let first_beat = config
+            .beat_for(config.lease)
+            .min(until.saturating_duration_since(now) / 2);
+        let quiet_until = now + first_beat / 2;
         for m in &messages {
-            self.shared.holding.received(m);
+            self.shared.holding.received(m, until, quiet_until);
         }
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();

@@ -131,6 +131,11 @@ struct HeldReceipt {
     receipt: String,
     /// A newer delivery of its message reached the runtime after it.
     superseded: bool,
+    /// Until when its receive made the message invisible.
+    received_until: Instant,
+    /// Until when no extension of it can have been sent (its runtime's
+    /// first comes later).
+    quiet_until: Instant,
 }
 
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
@@ -139,9 +144,10 @@ impl Holding {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// `message` was received: every delivery of it held so far is now
-    /// superseded by this one.
-    pub(crate) fn received(&self, message: &Message) {
+    /// `message` was received, invisible until `until`, and its runtime
+    /// extends it no sooner than `quiet_until`: every delivery of it held so
+    /// far is now superseded by this one.
+    pub(crate) fn received(&self, message: &Message, until: Instant, quiet_until: Instant) {
         let Some(receipt) = message.receipt_handle() else {
             return;
         };
@@ -153,6 +159,8 @@ impl Holding {
             m.deliveries.push(HeldReceipt {
                 receipt: receipt.to_owned(),
                 superseded: false,
+                received_until: until,
+                quiet_until,
             });
             receipt.clone_into(&mut m.newest);
             m.newest_until = None;
@@ -201,6 +209,21 @@ impl Holding {
                     .iter()
                     .any(|d| d.receipt != receipt || d.superseded)
             })
+        })
+    }
+
+    /// The newest delivery of `message` held here, where that is not this
+    /// delivery and no extension of it can have been sent yet: its receipt
+    /// handle, and until when its receive made the message invisible.
+    fn newest_held_other(&self, message: &Message) -> Option<(String, Instant)> {
+        let receipt = message.receipt_handle()?;
+        self.with(|held| {
+            let m = held.get(message.id())?;
+            (m.newest != receipt)
+                .then(|| m.deliveries.iter().find(|d| d.receipt == m.newest))
+                .flatten()
+                .filter(|d| Instant::now() < d.quiet_until)
+                .map(|d| (d.receipt.clone(), d.received_until))
         })
     }
 
@@ -273,7 +296,60 @@ impl<Q: QueueClient> Settler<Q> {
             );
             return within_visibility_cap(after, at.received_at);
         }
-        retry_later(&self.queue, url, at.message, after, at.received_at).await
+        let after = retry_later(&self.queue, url, at.message, after, at.received_at).await;
+        if let Some(holding) = &self.holding {
+            self.keep_newer_invisible(holding, url, at.message).await;
+        }
+        after
+    }
+
+    /// After a retry delay set through `message`'s receipt: a newer
+    /// delivery of the message that reached this runtime while that call was
+    /// on its way may have been made visible by it (SQS keeps one
+    /// visibility per message, and a standard queue honours the older
+    /// receipt), so the next receive would spend a count while it runs, on
+    /// its last allowed receive moving it to the DLQ however it ends
+    /// (simulator seed 308212: a poller's retry delay landed 0.6 s after SQS
+    /// handed it the message again). Its visibility is set back through its
+    /// own receipt to the end its receive set, in whole seconds rounded down
+    /// so that it ends no later than its lane knows; its lane's extensions
+    /// keep it from there. Only before its lane can have extended it (that
+    /// end may be later: setting it back could shorten it), and not where
+    /// less than a second of it is left.
+    async fn keep_newer_invisible(&self, holding: &Holding, url: &str, message: &Message) {
+        // A transient failure is tried again while the newer delivery's lane
+        // can have sent no extension (each try re-reads that).
+        for _ in 0..3 {
+            let Some((newer, until)) = holding.newest_held_other(message) else {
+                return;
+            };
+            let left =
+                Duration::from_secs(until.saturating_duration_since(Instant::now()).as_secs());
+            if left.is_zero() {
+                return;
+            }
+            match self.queue.change_visibility(url, &newer, left).await {
+                Ok(()) => {
+                    info!(
+                        message_id = message.id(),
+                        ?left,
+                        "a newer delivery of this message arrived while its retry delay was set: its visibility is set back"
+                    );
+                    return;
+                }
+                Err(e) if e.is_transient() => {
+                    warn!(message_id = message.id(), error = %e, "setting a newer delivery's visibility back failed; trying again");
+                }
+                Err(e) => {
+                    warn!(
+                        message_id = message.id(),
+                        error = %e,
+                        "a newer delivery of this message arrived while its retry delay was set, and its visibility could not be set back: it may be received again while it runs"
+                    );
+                    return;
+                }
+            }
+        }
     }
 
     /// A settler that sends a message whose key is held elsewhere again as
@@ -490,6 +566,158 @@ pub(crate) fn copy_to_send_again(
 mod tests {
     use super::*;
 
+    /// Records each visibility change; the first one lets a newer delivery
+    /// of its message reach the runtime while it is on its way.
+    #[derive(Clone)]
+    struct Changes {
+        inner: crate::testkit::queue::MemoryQueue,
+        holding: Holding,
+        newer: Message,
+        newer_extended_already: bool,
+        sent: Arc<Mutex<Vec<(String, Duration)>>>,
+    }
+
+    impl QueueClient for Changes {
+        async fn receive(
+            &self,
+            queue: &str,
+            request: crate::protocol::queue::ReceiveRequest,
+        ) -> Result<Vec<Message>, crate::protocol::queue::QueueError> {
+            self.inner.receive(queue, request).await
+        }
+        async fn delete(
+            &self,
+            queue: &str,
+            receipt: &str,
+        ) -> Result<(), crate::protocol::queue::QueueError> {
+            self.inner.delete(queue, receipt).await
+        }
+        async fn delete_batch(
+            &self,
+            queue: &str,
+            receipts: &[String],
+        ) -> Result<Vec<crate::protocol::queue::EntryFailure>, crate::protocol::queue::QueueError>
+        {
+            self.inner.delete_batch(queue, receipts).await
+        }
+        async fn change_visibility(
+            &self,
+            _queue: &str,
+            receipt: &str,
+            timeout: Duration,
+        ) -> Result<(), crate::protocol::queue::QueueError> {
+            let first = {
+                let mut sent = self.sent.lock().unwrap();
+                sent.push((receipt.to_owned(), timeout));
+                sent.len() == 1
+            };
+            if first {
+                // The call is slow; SQS hands the message out again meanwhile.
+                tokio::time::advance(Duration::from_millis(300)).await;
+                let now = Instant::now();
+                let quiet = if self.newer_extended_already {
+                    now
+                } else {
+                    now + Duration::from_secs(5)
+                };
+                self.holding
+                    .received(&self.newer, now + Duration::from_millis(30_500), quiet);
+                tokio::time::advance(Duration::from_millis(300)).await;
+            }
+            Ok(())
+        }
+        async fn change_visibility_batch(
+            &self,
+            queue: &str,
+            receipts: &[String],
+            timeout: Duration,
+        ) -> Result<Vec<crate::protocol::queue::EntryFailure>, crate::protocol::queue::QueueError>
+        {
+            self.inner
+                .change_visibility_batch(queue, receipts, timeout)
+                .await
+        }
+        async fn send(
+            &self,
+            queue: &str,
+            message: OutgoingMessage,
+        ) -> Result<(), crate::protocol::queue::QueueError> {
+            self.inner.send(queue, message).await
+        }
+        async fn attributes(
+            &self,
+            queue: &str,
+        ) -> Result<crate::protocol::queue::QueueAttributes, crate::protocol::queue::QueueError>
+        {
+            self.inner.attributes(queue).await
+        }
+        async fn queue_url(
+            &self,
+            name: &str,
+            account: &str,
+        ) -> Result<String, crate::protocol::queue::QueueError> {
+            self.inner.queue_url(name, account).await
+        }
+    }
+
+    /// Seed 308212: a retry delay set through an older receipt landed after
+    /// SQS had handed the message to the same poller again; the newer
+    /// delivery's visibility is then set back through its own receipt, to
+    /// the end its receive set (whole seconds, rounded down). Not once its
+    /// lane may have extended it (setting it back could shorten it), nor
+    /// where no newer delivery came.
+    #[tokio::test(start_paused = true)]
+    async fn a_newer_delivery_arriving_while_a_retry_delay_is_set_is_kept_invisible() {
+        for (newer_comes, extended_already, expected) in [
+            (true, false, vec![("r1", 2), ("r2", 30)]),
+            (true, true, vec![("r1", 2)]),
+            (false, false, vec![("r1", 2)]),
+        ] {
+            let older = Message::new("m", "b").with_receipt_handle("r1");
+            let newer = if newer_comes {
+                Message::new("m", "b").with_receipt_handle("r2")
+            } else {
+                Message::new("other", "b").with_receipt_handle("r9")
+            };
+            let holding = Holding::default();
+            holding.received(
+                &older,
+                Instant::now() + Duration::from_secs(30),
+                Instant::now(),
+            );
+            let queue = Changes {
+                inner: crate::testkit::queue::MemoryQueue::new(),
+                holding: holding.clone(),
+                newer,
+                newer_extended_already: extended_already,
+                sent: Arc::default(),
+            };
+            let settler = Settler::new(queue.clone(), None).holding(holding);
+            let at = Delivery {
+                source: Some("q"),
+                message: &older,
+                received_at: Instant::now(),
+                superseded: false,
+            };
+            settler.retry_later("q", &at, Duration::from_secs(2)).await;
+            let sent: Vec<(String, u64)> = queue
+                .sent
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(r, t)| (r.clone(), t.as_secs()))
+                .collect();
+            let expected: Vec<(String, u64)> = expected
+                .into_iter()
+                .map(|(r, t)| (r.to_owned(), t))
+                .collect();
+            assert_eq!(
+                sent, expected,
+                "newer comes: {newer_comes}, extended already: {extended_already}"
+            );
+        }
+    }
+
     /// Seed 269966: an older delivery completes after a newer one of its
     /// message came back and was let go; the delete must also go through
     /// the newer receipt (SQS may ignore an older one). Forgotten once no
@@ -499,9 +727,9 @@ mod tests {
         let older = Message::new("m", "b").with_receipt_handle("r1");
         let newer = Message::new("m", "b").with_receipt_handle("r2");
         let holding = Holding::default();
-        holding.received(&older);
+        holding.received(&older, Instant::now(), Instant::now());
         assert_eq!(holding.newest_let_go(&older), None);
-        holding.received(&newer);
+        holding.received(&newer, Instant::now(), Instant::now());
         assert!(holding.superseded(&older) && holding.superseded(&newer));
         // Held still: it deletes through its own receipt when done.
         assert_eq!(holding.newest_let_go(&older), None);
