@@ -1467,6 +1467,11 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   Fixed: a newer delivery that arrived while the retry delay was on its
 ///   way has its visibility set back through its own receipt (before its
 ///   lane can have extended it).
+/// - 309608 (wire): a FIFO poller with a 10.6 s lease finished a message
+///   on its last allowed receive; the hand-over of its delete waited for
+///   the lane's lock, which the keeper held through an extension call the
+///   SDK retried for about 12 s, and the delete was sent after the end.
+///   Fixed: the hand-over waits only until the delete must be sent.
 /// - 315952: a heartbeat's extension given up on after 1.5 s landed 19.6 s
 ///   later, setting an end past the latest the poller counted; SQS out of
 ///   reach, the finished message's delete tries stopped 15.6 s before that
@@ -1499,6 +1504,7 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (291_716, StorePath::Wire),
         (307_323, StorePath::Memory),
         (308_212, StorePath::Memory),
+        (309_608, StorePath::Wire),
         (315_952, StorePath::Memory),
         (321_864, StorePath::Memory),
     ] {

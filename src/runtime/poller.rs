@@ -342,12 +342,35 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             .map_or(held.invisible_until, |e| e.max(held.invisible_until));
         // The lane keeper holds its lane's lock through an extension call:
         // one of this message on its way is counted toward the latest end
-        // before the delete is handed over, and none starts after.
-        held.waiting.lock().await.running = None;
-        let retry_until = step
+        // before the delete is handed over, and none starts after. Waited
+        // for only until the delete must be sent: a call the SDK retries
+        // can outlast a short visibility (simulator seed 309608: about 12 s
+        // against a 10.6 s lease, the delete sent after the end). Past
+        // that, the delete goes first, tried until the call on its way may
+        // have ended and landed too, and the lock is taken after it.
+        let by = send_by_end(invisible_until);
+        let keeper_on_its_way = match tokio::time::timeout_at(by, held.waiting.lock()).await {
+            Ok(mut w) => {
+                w.running = None;
+                false
+            }
+            Err(_) => true,
+        };
+        let mut retry_until = step
             .invisible_at_most
             .map_or(held.at_most(), |e| e.max(held.at_most()))
             .max(invisible_until);
+        // A visibility set back through its receipt after an older
+        // delivery's retry delay may keep it invisible that long too.
+        if let Some(set_back) = self.holding.set_back_until(message) {
+            retry_until = retry_until.max(set_back);
+        }
+        if keeper_on_its_way {
+            let lease = self.processor.config().lease;
+            retry_until = retry_until.max(
+                Instant::now() + KEEPER_CALL_MAX + lease + crate::runtime::visibility::LANDS_LATE,
+            );
+        }
         // A newer delivery of the message reached this poller and came
         // back, let go: SQS may honour only its receipt, tried until its
         // own latest end.
@@ -367,6 +390,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             retry_until,
         })
         .await;
+        if keeper_on_its_way {
+            held.waiting.lock().await.running = None;
+        }
     }
 
     /// Hands a finished message to the [`DeleteBatcher`]. While
@@ -452,12 +478,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             // Even a call that failed may have landed (a timeout, a lost
             // answer): the failed deletes of these messages, the running one
             // included, are tried until then (`Held::invisible_at_most`).
-            // One given up on may land later still (`LANDS_LATE`).
-            let late = if extended {
-                Duration::ZERO
-            } else {
-                crate::runtime::visibility::LANDS_LATE
-            };
+            // One given up on may land later still (`LANDS_LATE`), even
+            // where the singles after a batch call that timed out worked:
+            // the batch's entry of the running message is not sent again
+            // alone.
+            let late = crate::runtime::visibility::LANDS_LATE;
             let mut l = latest.lock().unwrap_or_else(|e| e.into_inner());
             *l = (*l).max(Instant::now() + config.lease + late);
             drop(l);
@@ -503,9 +528,15 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             .queue
             .change_visibility(url, receipt, config.lease)
             .await;
-        // Even one that failed may have landed (`Held::invisible_at_most`).
+        // Even one that failed may have landed (`Held::invisible_at_most`),
+        // later still (`LANDS_LATE`).
+        let late = if changed.is_ok() {
+            Duration::ZERO
+        } else {
+            crate::runtime::visibility::LANDS_LATE
+        };
         let mut l = latest.lock().unwrap_or_else(|e| e.into_inner());
-        *l = (*l).max(Instant::now() + config.lease);
+        *l = (*l).max(Instant::now() + config.lease + late);
         drop(l);
         match changed {
             Ok(()) => Some(invisible_until.max(sent + config.lease)),
@@ -1119,10 +1150,19 @@ const DELETE_RETRY_FOR: Duration = Duration::from_secs(10);
 /// The latest a finished message's delete is sent: [`DELETE_RETRY_FOR`]
 /// before its known visibility ends (at once when that has passed).
 fn send_by(f: &Finished) -> Instant {
-    f.invisible_until
-        .checked_sub(DELETE_RETRY_FOR)
-        .unwrap_or(f.invisible_until)
+    send_by_end(f.invisible_until)
 }
+
+/// [`send_by`] for a message known to stay invisible until `end`.
+fn send_by_end(end: Instant) -> Instant {
+    end.checked_sub(DELETE_RETRY_FOR).unwrap_or(end)
+}
+
+/// How long a lane keeper's extension call may take, counted toward a
+/// finished message's latest end when its delete is handed over while that
+/// call is on its way: a batch call and single calls after it, each
+/// up to three attempts of 5 s (the SQS adapter's) and their pauses.
+const KEEPER_CALL_MAX: Duration = Duration::from_secs(40);
 
 /// What one turn of the receive loop got.
 enum Received {
@@ -1329,19 +1369,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         let _receive = crate::protocol::trace::receive_span(queue, &messages).entered();
         // Before any lane runs: an older delivery of one of these messages
         // held here leaves its visibility to the newer one from now on.
-        // Invisible for a lease from the receive's send. No extension before
-        // half the first beat from now: the lane keeper's first comes a beat
-        // after its lane starts, the handler's heartbeat's a beat after it
-        // starts or half of what is left, if sooner.
-        let config = self.shared.processor.config();
-        let until = received_at + config.lease;
-        let now = Instant::now();
-        let first_beat = config
-            .beat_for(config.lease)
-            .min(until.saturating_duration_since(now) / 2);
-        let quiet_until = now + first_beat / 2;
+        let lease = self.shared.processor.config().lease;
         for m in &messages {
-            self.shared.holding.received(m, until, quiet_until);
+            self.shared.holding.received(m, lease);
         }
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();

@@ -55,6 +55,9 @@ struct Watched {
     /// While set, every `ChangeMessageVisibility` hangs, never answered;
     /// each such call dropped by its caller is counted.
     silent_changes: Arc<AtomicBool>,
+    /// While set, every `ChangeMessageVisibilityBatch` hangs, never
+    /// answered.
+    silent_batch_changes: Arc<AtomicBool>,
     changes_sent: Arc<std::sync::atomic::AtomicUsize>,
     changes_dropped: Arc<std::sync::atomic::AtomicUsize>,
     /// How long every delete call takes before it reaches the queue.
@@ -154,6 +157,9 @@ impl QueueClient for Watched {
         receipts: &[String],
         timeout: Duration,
     ) -> Result<Vec<EntryFailure>, QueueError> {
+        if self.silent_batch_changes.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self.fail_batch_extensions.load(Ordering::SeqCst) {
             return Err(QueueError::new(
                 "ChangeMessageVisibilityBatch",
@@ -222,6 +228,7 @@ async fn queue_with(n: usize) -> (Watched, String) {
         failing_deletes: Arc::default(),
         silent_batches: Arc::default(),
         silent_changes: Arc::default(),
+        silent_batch_changes: Arc::default(),
         changes_sent: Arc::default(),
         changes_dropped: Arc::default(),
         slow_deletes: Arc::default(),
@@ -1066,4 +1073,46 @@ async fn at_shutdown_a_redelivery_whose_key_is_held_elsewhere_is_left_invisible(
         "e1 was brought back while its key was held elsewhere: {stats:?}"
     );
     assert_eq!(stats.held_back, 1, "{stats:?}");
+}
+
+/// Simulator seed 309608 (FIFO, wire path): the lane keeper's extension
+/// call was retried by the SDK for about 12 s against a 10.6 s lease, and
+/// the hand-over of a finished message's delete waited for the lane's
+/// lock, which the keeper held through that call: the delete was sent after
+/// the visibility ended. The hand-over now waits only until the delete must
+/// be sent ([`DELETE_RETRY_FOR`] before the known end); here the keeper's
+/// call never answers, and the message is deleted all the same.
+#[tokio::test(start_paused = true)]
+async fn a_finished_message_is_deleted_in_time_while_its_lane_keepers_call_hangs() {
+    let inner = MemoryQueue::new();
+    let url = inner.create_queue(QueueSettings::new("lane.fifo")).unwrap();
+    for i in 0..2 {
+        let m = OutgoingMessage {
+            body: i.to_string(),
+            group_id: Some("g".into()),
+            deduplication_id: Some(format!("d{i}")),
+            ..Default::default()
+        };
+        inner.send(&url, m).await.unwrap();
+    }
+    let (queue, _) = queue_with(0).await;
+    let queue = Watched { inner, ..queue };
+    queue.silent_batch_changes.store(true, Ordering::SeqCst);
+    // A 30 s lease: the keeper's first beat (15 s) hangs; the handler's own
+    // heartbeat extends the running message; it ends at 20 s.
+    let p = processor(&queue.seen, Duration::from_secs(30), |i| {
+        Duration::from_secs(if i == 0 { 20 } else { 1 })
+    });
+    let inner = queue.inner.clone();
+    let poller = tokio::spawn(run(queue, p, config(&url, 1, 1), CancellationToken::new()));
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while inner.counts(&url).unwrap().deleted == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counts = inner.counts(&url).unwrap();
+    poller.abort();
+    assert_eq!(
+        counts.deleted, 1,
+        "the finished message was not deleted in time: {counts:?}"
+    );
 }

@@ -131,11 +131,12 @@ struct HeldReceipt {
     receipt: String,
     /// A newer delivery of its message reached the runtime after it.
     superseded: bool,
-    /// Until when its receive made the message invisible.
-    received_until: Instant,
-    /// Until when no extension of it can have been sent (its runtime's
-    /// first comes later).
-    quiet_until: Instant,
+    /// The visibility timeout its runtime keeps it invisible for (each
+    /// extension's).
+    lease: Duration,
+    /// Until when, at the latest, a visibility set back through its
+    /// receipt ([`Settler::retry_later`]) may keep the message invisible.
+    set_back_until: Option<Instant>,
 }
 
 #[cfg_attr(not(feature = "poller"), allow(dead_code))]
@@ -144,10 +145,10 @@ impl Holding {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// `message` was received, invisible until `until`, and its runtime
-    /// extends it no sooner than `quiet_until`: every delivery of it held so
-    /// far is now superseded by this one.
-    pub(crate) fn received(&self, message: &Message, until: Instant, quiet_until: Instant) {
+    /// `message` was received, and its runtime keeps it invisible `lease`
+    /// at a time: every delivery of it held so far is now superseded by
+    /// this one.
+    pub(crate) fn received(&self, message: &Message, lease: Duration) {
         let Some(receipt) = message.receipt_handle() else {
             return;
         };
@@ -159,8 +160,8 @@ impl Holding {
             m.deliveries.push(HeldReceipt {
                 receipt: receipt.to_owned(),
                 superseded: false,
-                received_until: until,
-                quiet_until,
+                lease,
+                set_back_until: None,
             });
             receipt.clone_into(&mut m.newest);
             m.newest_until = None;
@@ -213,17 +214,38 @@ impl Holding {
     }
 
     /// The newest delivery of `message` held here, where that is not this
-    /// delivery and no extension of it can have been sent yet: its receipt
-    /// handle, and until when its receive made the message invisible.
-    fn newest_held_other(&self, message: &Message) -> Option<(String, Instant)> {
+    /// delivery: its receipt handle and lease. Notes that its visibility
+    /// is about to be set back, for a lease, through that receipt: it may
+    /// then stay invisible until `now + lease +` [`LANDS_LATE`] at the
+    /// latest ([`Holding::set_back_until`]).
+    ///
+    /// [`LANDS_LATE`]: super::visibility::LANDS_LATE
+    fn newest_held_other(&self, message: &Message) -> Option<(String, Duration)> {
         let receipt = message.receipt_handle()?;
         self.with(|held| {
-            let m = held.get(message.id())?;
-            (m.newest != receipt)
-                .then(|| m.deliveries.iter().find(|d| d.receipt == m.newest))
-                .flatten()
-                .filter(|d| Instant::now() < d.quiet_until)
-                .map(|d| (d.receipt.clone(), d.received_until))
+            let m = held.get_mut(message.id())?;
+            if m.newest == receipt {
+                return None;
+            }
+            let newest = m.newest.clone();
+            let d = m.deliveries.iter_mut().find(|d| d.receipt == newest)?;
+            let latest = Instant::now() + d.lease + super::visibility::LANDS_LATE;
+            d.set_back_until = Some(d.set_back_until.map_or(latest, |u| u.max(latest)));
+            Some((newest, d.lease))
+        })
+    }
+
+    /// Until when, at the latest, a visibility set back through this
+    /// delivery's receipt may keep its message invisible: its failed
+    /// delete is tried until then too.
+    pub(crate) fn set_back_until(&self, message: &Message) -> Option<Instant> {
+        let receipt = message.receipt_handle()?;
+        self.with(|held| {
+            held.get(message.id())?
+                .deliveries
+                .iter()
+                .find(|d| d.receipt == receipt)?
+                .set_back_until
         })
     }
 
@@ -309,42 +331,38 @@ impl<Q: QueueClient> Settler<Q> {
     /// visibility per message, and a standard queue honours the older
     /// receipt), so the next receive would spend a count while it runs, on
     /// its last allowed receive moving it to the DLQ however it ends
-    /// (simulator seed 308212: a poller's retry delay landed 0.6 s after SQS
-    /// handed it the message again). Its visibility is set back through its
-    /// own receipt to the end its receive set, in whole seconds rounded down
-    /// so that it ends no later than its lane knows; its lane's extensions
-    /// keep it from there. Only before its lane can have extended it (that
-    /// end may be later: setting it back could shorten it), and not where
-    /// less than a second of it is left.
+    /// (simulator seeds 308212, 321864: a poller's retry delay landed after
+    /// SQS handed it the message again). Its visibility is set again
+    /// through its own receipt for a whole lease, as its lane's extensions
+    /// do: whichever of the calls lands last sets the end, so this one never
+    /// shortens one of theirs, and its latest end is counted toward its
+    /// delete's tries ([`Holding::set_back_until`]). A transient failure is
+    /// tried again, twice. Standard queues only: SQS hands out no message of
+    /// a FIFO queue while it is in flight.
     async fn keep_newer_invisible(&self, holding: &Holding, url: &str, message: &Message) {
-        // A transient failure is tried again while the newer delivery's lane
-        // can have sent no extension (each try re-reads that).
+        if crate::protocol::queue::is_fifo(url) {
+            return;
+        }
         for _ in 0..3 {
-            let Some((newer, until)) = holding.newest_held_other(message) else {
+            let Some((newer, lease)) = holding.newest_held_other(message) else {
                 return;
             };
-            let left =
-                Duration::from_secs(until.saturating_duration_since(Instant::now()).as_secs());
-            if left.is_zero() {
-                return;
-            }
-            match self.queue.change_visibility(url, &newer, left).await {
+            match self.queue.change_visibility(url, &newer, lease).await {
                 Ok(()) => {
                     info!(
                         message_id = message.id(),
-                        ?left,
-                        "a newer delivery of this message arrived while its retry delay was set: its visibility is set back"
+                        "a newer delivery of this message arrived while its retry delay was set: it is kept invisible through its own receipt"
                     );
                     return;
                 }
                 Err(e) if e.is_transient() => {
-                    warn!(message_id = message.id(), error = %e, "setting a newer delivery's visibility back failed; trying again");
+                    warn!(message_id = message.id(), error = %e, "keeping a newer delivery invisible failed; trying again");
                 }
                 Err(e) => {
                     warn!(
                         message_id = message.id(),
                         error = %e,
-                        "a newer delivery of this message arrived while its retry delay was set, and its visibility could not be set back: it may be received again while it runs"
+                        "a newer delivery of this message arrived while its retry delay was set, and could not be kept invisible: it may be received again while it runs"
                     );
                     return;
                 }
@@ -568,15 +586,16 @@ mod tests {
 
     /// Records each visibility change; the first one lets a newer delivery
     /// of its message reach the runtime while it is on its way.
+    #[cfg(feature = "poller")]
     #[derive(Clone)]
     struct Changes {
         inner: crate::testkit::queue::MemoryQueue,
         holding: Holding,
         newer: Message,
-        newer_extended_already: bool,
         sent: Arc<Mutex<Vec<(String, Duration)>>>,
     }
 
+    #[cfg(feature = "poller")]
     impl QueueClient for Changes {
         async fn receive(
             &self,
@@ -614,14 +633,7 @@ mod tests {
             if first {
                 // The call is slow; SQS hands the message out again meanwhile.
                 tokio::time::advance(Duration::from_millis(300)).await;
-                let now = Instant::now();
-                let quiet = if self.newer_extended_already {
-                    now
-                } else {
-                    now + Duration::from_secs(5)
-                };
-                self.holding
-                    .received(&self.newer, now + Duration::from_millis(30_500), quiet);
+                self.holding.received(&self.newer, Duration::from_secs(30));
                 tokio::time::advance(Duration::from_millis(300)).await;
             }
             Ok(())
@@ -660,18 +672,19 @@ mod tests {
         }
     }
 
-    /// Seed 308212: a retry delay set through an older receipt landed after
-    /// SQS had handed the message to the same poller again; the newer
-    /// delivery's visibility is then set back through its own receipt, to
-    /// the end its receive set (whole seconds, rounded down). Not once its
-    /// lane may have extended it (setting it back could shorten it), nor
-    /// where no newer delivery came.
+    /// Seeds 308212, 321864: a retry delay set through an older receipt
+    /// landed after SQS had handed the message to the same poller again;
+    /// the newer delivery is then kept invisible through its own receipt,
+    /// for a whole lease (never shorter than its lane's extensions), its
+    /// latest end noted for its delete. Not where no newer delivery came,
+    /// nor on a FIFO queue (SQS hands out no message in flight there).
+    #[cfg(feature = "poller")]
     #[tokio::test(start_paused = true)]
     async fn a_newer_delivery_arriving_while_a_retry_delay_is_set_is_kept_invisible() {
-        for (newer_comes, extended_already, expected) in [
-            (true, false, vec![("r1", 2), ("r2", 30)]),
-            (true, true, vec![("r1", 2)]),
-            (false, false, vec![("r1", 2)]),
+        for (newer_comes, url, expected) in [
+            (true, "q", vec![("r1", 2), ("r2", 30)]),
+            (false, "q", vec![("r1", 2)]),
+            (true, "q.fifo", vec![("r1", 2)]),
         ] {
             let older = Message::new("m", "b").with_receipt_handle("r1");
             let newer = if newer_comes {
@@ -680,26 +693,22 @@ mod tests {
                 Message::new("other", "b").with_receipt_handle("r9")
             };
             let holding = Holding::default();
-            holding.received(
-                &older,
-                Instant::now() + Duration::from_secs(30),
-                Instant::now(),
-            );
+            holding.received(&older, Duration::from_secs(30));
             let queue = Changes {
                 inner: crate::testkit::queue::MemoryQueue::new(),
                 holding: holding.clone(),
-                newer,
-                newer_extended_already: extended_already,
+                newer: newer.clone(),
                 sent: Arc::default(),
             };
-            let settler = Settler::new(queue.clone(), None).holding(holding);
+            let settler = Settler::new(queue.clone(), None).holding(holding.clone());
             let at = Delivery {
-                source: Some("q"),
+                source: Some(url),
                 message: &older,
                 received_at: Instant::now(),
                 superseded: false,
             };
-            settler.retry_later("q", &at, Duration::from_secs(2)).await;
+            let start = Instant::now();
+            settler.retry_later(url, &at, Duration::from_secs(2)).await;
             let sent: Vec<(String, u64)> = queue
                 .sent
                 .lock()
@@ -707,13 +716,23 @@ mod tests {
                 .iter()
                 .map(|(r, t)| (r.clone(), t.as_secs()))
                 .collect();
+            let set_back = expected.len() == 2;
             let expected: Vec<(String, u64)> = expected
                 .into_iter()
                 .map(|(r, t)| (r.to_owned(), t))
                 .collect();
+            let case = format!("newer comes: {newer_comes}, queue {url}");
+            assert_eq!(sent, expected, "{case}");
+            // Counted toward the newer delivery's delete: a lease and
+            // `LANDS_LATE` from the set-back (sent 0.6 s after the start).
+            let latest = start
+                + Duration::from_millis(600)
+                + Duration::from_secs(30)
+                + super::super::visibility::LANDS_LATE;
             assert_eq!(
-                sent, expected,
-                "newer comes: {newer_comes}, extended already: {extended_already}"
+                holding.set_back_until(&newer),
+                set_back.then_some(latest),
+                "{case}"
             );
         }
     }
@@ -727,9 +746,9 @@ mod tests {
         let older = Message::new("m", "b").with_receipt_handle("r1");
         let newer = Message::new("m", "b").with_receipt_handle("r2");
         let holding = Holding::default();
-        holding.received(&older, Instant::now(), Instant::now());
+        holding.received(&older, std::time::Duration::from_secs(30));
         assert_eq!(holding.newest_let_go(&older), None);
-        holding.received(&newer, Instant::now(), Instant::now());
+        holding.received(&newer, std::time::Duration::from_secs(30));
         assert!(holding.superseded(&older) && holding.superseded(&newer));
         // Held still: it deletes through its own receipt when done.
         assert_eq!(holding.newest_let_go(&older), None);
