@@ -347,7 +347,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         // can outlast a short visibility (simulator seed 309608: about 12 s
         // against a 10.6 s lease, the delete sent after the end). Past
         // that, the delete goes first, tried until the call on its way may
-        // have ended and landed too, and the lock is taken after it.
+        // have ended and landed too, and the lock is asked for beside it
+        // (granted in turn: before the keeper's next call, so none of those
+        // includes this message, however long the hand-over waits for room).
         let by = send_by_end(invisible_until);
         let keeper_on_its_way = match tokio::time::timeout_at(by, held.waiting.lock()).await {
             Ok(mut w) => {
@@ -371,28 +373,33 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 Instant::now() + KEEPER_CALL_MAX + lease + crate::runtime::visibility::LANDS_LATE,
             );
         }
-        // A newer delivery of the message reached this poller and came
-        // back, let go: SQS may honour only its receipt, tried until its
-        // own latest end.
-        if let Some((newest, until)) = self.holding.newest_let_go(message) {
+        let deletes = async {
+            // A newer delivery of the message reached this poller and came
+            // back, let go: SQS may honour only its receipt, tried until
+            // its own latest end.
+            if let Some((newest, until)) = self.holding.newest_let_go(message) {
+                self.to_delete(Finished {
+                    receipt: newest,
+                    payload: None,
+                    invisible_until,
+                    retry_until: until.map_or(retry_until, |u| u.max(retry_until)),
+                })
+                .await;
+            }
             self.to_delete(Finished {
-                receipt: newest,
-                payload: None,
+                receipt: message.receipt_handle().unwrap_or_default().to_owned(),
+                payload,
                 invisible_until,
-                retry_until: until.map_or(retry_until, |u| u.max(retry_until)),
+                retry_until,
             })
             .await;
-        }
-        self.to_delete(Finished {
-            receipt: message.receipt_handle().unwrap_or_default().to_owned(),
-            payload,
-            invisible_until,
-            retry_until,
-        })
-        .await;
-        if keeper_on_its_way {
-            held.waiting.lock().await.running = None;
-        }
+        };
+        let not_running = async {
+            if keeper_on_its_way {
+                held.waiting.lock().await.running = None;
+            }
+        };
+        tokio::join!(deletes, not_running);
     }
 
     /// Hands a finished message to the [`DeleteBatcher`]. While
@@ -472,9 +479,16 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             let sent = Instant::now();
             let url = &self.config.queue_url;
             let running = w.running.as_deref();
-            let extended =
-                crate::runtime::extend_many(&self.queue, url, &receipts, running, config.lease)
-                    .await;
+            // Cut at `KEEPER_CALL_MAX` less a margin, whatever retries the
+            // client is set for: a finished message's hand-over counts the
+            // call on its way that long (a dropped call may land all the
+            // same: counted below).
+            let extended = tokio::time::timeout(
+                KEEPER_CALL_MAX - Duration::from_secs(5),
+                crate::runtime::extend_many(&self.queue, url, &receipts, running, config.lease),
+            )
+            .await
+            .unwrap_or(false);
             // Even a call that failed may have landed (a timeout, a lost
             // answer): the failed deletes of these messages, the running one
             // included, are tried until then (`Held::invisible_at_most`).
@@ -1160,8 +1174,9 @@ fn send_by_end(end: Instant) -> Instant {
 
 /// How long a lane keeper's extension call may take, counted toward a
 /// finished message's latest end when its delete is handed over while that
-/// call is on its way: a batch call and single calls after it, each
-/// up to three attempts of 5 s (the SQS adapter's) and their pauses.
+/// call is on its way: a batch call and single calls after it, each up to
+/// three attempts of 5 s (the SQS adapter's) and their pauses. The keeper
+/// drops a call still on its way 5 s before, whatever the client's retries.
 const KEEPER_CALL_MAX: Duration = Duration::from_secs(40);
 
 /// What one turn of the receive loop got.
