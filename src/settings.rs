@@ -90,6 +90,9 @@ pub struct Settings {
     /// First retry delay (doubled per receive).
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_BACKOFF", default_value = "2s", value_parser = duration("SQS_ONCE_BACKOFF")))]
     pub backoff: Duration,
+    /// Longest retry delay: the doubling stops here (at most SQS's 12 hours).
+    #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_BACKOFF_MAX", default_value = "15m", value_parser = duration("SQS_ONCE_BACKOFF_MAX")))]
+    pub backoff_max: Duration,
     /// How long one DynamoDB request may take before it is abandoned and sent
     /// again (with the same token: an abandoned write that committed is found).
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_DYNAMODB_TIMEOUT", default_value = "5s", value_parser = duration("SQS_ONCE_DYNAMODB_TIMEOUT")))]
@@ -355,6 +358,7 @@ impl Settings {
             drain: v.duration("SQS_ONCE_DRAIN", "20s")?,
             wait: v.duration("SQS_ONCE_WAIT", "20s")?,
             backoff: v.duration("SQS_ONCE_BACKOFF", "2s")?,
+            backoff_max: v.duration("SQS_ONCE_BACKOFF_MAX", "15m")?,
             dynamodb_timeout: v.duration("SQS_ONCE_DYNAMODB_TIMEOUT", "5s")?,
             batch_wait: v.duration("SQS_ONCE_BATCH_WAIT", "1s")?,
             metrics_interval: v.duration("SQS_ONCE_METRICS_INTERVAL", "60s")?,
@@ -418,6 +422,7 @@ impl Settings {
         p.heartbeat = self.heartbeat;
         p.lease_margin = self.lease_margin;
         p.backoff_base = self.backoff;
+        p.backoff_max = self.backoff_max;
         p.fast_path = self.fast_path;
         p.hash_keys = self.hash_keys;
         p.redact_reasons = self.redact_reasons;
@@ -696,6 +701,7 @@ mod tests {
             ("SQS_ONCE_DRAIN", "1m 30s"),
             ("SQS_ONCE_WAIT", "10s"),
             ("SQS_ONCE_BACKOFF", "500ms"),
+            ("SQS_ONCE_BACKOFF_MAX", "2m"),
             ("SQS_ONCE_DYNAMODB_TIMEOUT", "3s"),
             ("SQS_ONCE_BATCH_WAIT", "200ms"),
             ("SQS_ONCE_METRICS_INTERVAL", "0s"),
@@ -864,12 +870,29 @@ mod tests {
         }
     }
 
+    /// The retry delay doubles up to `SQS_ONCE_BACKOFF_MAX`; a maximum below
+    /// the first delay is refused at start-up, naming both.
+    #[test]
+    fn the_backoff_maximum_caps_the_delay_and_is_not_below_the_first() {
+        let mut vars = every_variable();
+        vars.insert("SQS_ONCE_BACKOFF", "1s");
+        vars.insert("SQS_ONCE_BACKOFF_MAX", "30s");
+        let c = from_map(&vars).unwrap().processor_config().unwrap();
+        assert_eq!(c.backoff(1), Duration::from_secs(1));
+        assert_eq!(c.backoff(5), Duration::from_secs(16));
+        assert_eq!(c.backoff(9), Duration::from_secs(30));
+        vars.insert("SQS_ONCE_BACKOFF_MAX", "500ms");
+        let e = from_map(&vars).unwrap().processor_config().unwrap_err();
+        assert_eq!(e.setting, "SQS_ONCE_BACKOFF");
+        assert!(e.problem.contains("SQS_ONCE_BACKOFF_MAX"), "{}", e.problem);
+    }
+
     /// Every value the docs and templates show for a setting still parses,
     /// both ways.
     #[test]
     fn documented_example_values_parse() {
         let durations = [
-            "60s", "7d", "21d", "20s", "5s", "500ms", "0s", "1m", "14d", "1h 30m", "90s",
+            "60s", "7d", "21d", "20s", "5s", "500ms", "0s", "1m", "14d", "1h 30m", "90s", "15m",
         ];
         for d in durations {
             let mut vars = every_variable();

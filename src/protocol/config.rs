@@ -71,7 +71,7 @@ pub struct ProcessorConfig {
     pub max_extension: Duration,
     /// The first retry delay; doubled per receive (default 2 s).
     pub backoff_base: Duration,
-    /// The longest retry delay (default 15 min).
+    /// The longest retry delay (default 15 min; `SQS_ONCE_BACKOFF_MAX`).
     pub backoff_max: Duration,
     /// The longest retry delay after the store refused a write for
     /// contention on an item ([`StoreError::Busy`](crate::StoreError::Busy):
@@ -289,7 +289,10 @@ impl ProcessorConfig {
         if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
             return bad(
                 "SQS_ONCE_BACKOFF",
-                "base must be above zero and not above the maximum".to_owned(),
+                format!(
+                    "{:?} must be above zero and not above the maximum, SQS_ONCE_BACKOFF_MAX ({:?})",
+                    self.backoff_base, self.backoff_max
+                ),
             );
         }
         if self.busy_backoff_max.is_zero() {

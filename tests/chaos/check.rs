@@ -110,8 +110,8 @@ pub async fn parked(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<(Option<u64>, S
 
 /// Dedup records neither `COMPLETED` nor `FAILED` (claims never finished), and
 /// records claimed more than once (a claim released, run out or taken over).
-pub async fn records(ddb: &aws_sdk_dynamodb::Client, table: &str) -> (u64, u64) {
-    let (mut unfinished, mut reclaimed) = (0, 0);
+pub async fn records(ddb: &aws_sdk_dynamodb::Client, table: &str) -> (Vec<String>, u64) {
+    let (mut unfinished, mut reclaimed) = (Vec::new(), 0);
     let mut pages = ddb
         .scan()
         .table_name(table)
@@ -122,14 +122,19 @@ pub async fn records(ddb: &aws_sdk_dynamodb::Client, table: &str) -> (u64, u64) 
     while let Some(item) = pages.next().await {
         let item = item.unwrap();
         let status = item.get("status").and_then(|v| v.as_s().ok());
-        if !matches!(status.map(String::as_str), Some("COMPLETED" | "FAILED")) {
-            unfinished += 1;
-        }
         let attempts: u64 = item
             .get("attempts")
             .and_then(|v| v.as_n().ok())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
+        if !matches!(status.map(String::as_str), Some("COMPLETED" | "FAILED")) {
+            let key = item.get("pk").and_then(|v| v.as_s().ok());
+            unfinished.push(format!(
+                "{} {} after {attempts} attempt(s)",
+                key.map_or("?", String::as_str),
+                status.map_or("?", String::as_str)
+            ));
+        }
         reclaimed += u64::from(attempts > 1);
     }
     (unfinished, reclaimed)

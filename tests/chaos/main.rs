@@ -31,6 +31,10 @@
 //! FIFO order kept within each group, no dedup record left unfinished, no
 //! process exited on its own or uncleanly after SIGTERM. One line of figures per
 //! mode; the binary fails on any violation (or on a mutant not caught).
+//!
+//! To look into a run: `CHAOS_LOG_DIR=<dir>` keeps every process's stderr (a
+//! file per process id) and `CHAOS_RUST_LOG` sets their `RUST_LOG` (default
+//! errors only); `CHAOS_SEED` moves the fault schedule and the duplicates.
 
 mod check;
 mod proxy;
@@ -353,18 +357,27 @@ fn slots(mode: &Mode, s: &Setup, proxy_url: &str, pollers: usize) -> Vec<workers
                 ("SQS_ONCE_LEASE", "10s"),
                 ("SQS_ONCE_HEARTBEAT", "3s"),
                 ("SQS_ONCE_BACKOFF", "1s"),
+                // Bounded well within the drain deadline: receives spent by
+                // kills, timed-out invocations and FIFO group-mates double
+                // the delay too, and a transient error on a ninth receive
+                // (a refusal window) would otherwise hold its message back
+                // 256 s, past the deadline, to be reported lost.
+                ("SQS_ONCE_BACKOFF_MAX", "30s"),
                 ("SQS_ONCE_WAIT", "2s"),
                 ("SQS_ONCE_DRAIN", "5s"),
                 ("SQS_ONCE_BATCH_WAIT", "200ms"),
                 ("SQS_ONCE_METRICS_INTERVAL", "0s"),
                 ("SQS_ONCE_LAMBDA_MARGIN", "2s"),
                 ("LEDGER_PANIC_PERCENT", "1"),
-                ("RUST_LOG", "error,sqs_once_cli::local_lambda=warn"),
             ]
             .into_iter()
             .chain(mode.env.iter().copied())
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
+            // `CHAOS_RUST_LOG` (with `CHAOS_LOG_DIR`) to see more of a run.
+            let log = std::env::var("CHAOS_RUST_LOG")
+                .unwrap_or_else(|_| "error,sqs_once_cli::local_lambda=warn".to_owned());
+            env.push(("RUST_LOG".to_owned(), log));
             match (&s.api, s.ledgers.get(&fifo)) {
                 (Some(api), _) => env.extend(
                     api.env()
@@ -467,6 +480,35 @@ async fn drained(aws: &Aws, s: &Setup, deadline: Instant) -> bool {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     false
+}
+
+/// What is still in each queue: visible, in flight and delayed messages.
+async fn left_in(aws: &Aws, s: &Setup) -> String {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let mut parts = Vec::new();
+    for fifo in [false, true] {
+        let got = aws
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&s.queues[&fifo].queue_url)
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(A::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .ok()
+            .and_then(|o| o.attributes)
+            .unwrap_or_default();
+        let n = |a: A| got.get(&a).map_or("?", String::as_str).to_owned();
+        parts.push(format!(
+            "{}: {} visible, {} in flight, {} delayed",
+            if fifo { "FIFO" } else { "standard" },
+            n(A::ApproximateNumberOfMessages),
+            n(A::ApproximateNumberOfMessagesNotVisible),
+            n(A::ApproximateNumberOfMessagesDelayed)
+        ));
+    }
+    parts.join("; ")
 }
 
 /// What the dedup record of FIFO event `seq` says (attempts, last error): a
@@ -578,6 +620,11 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
     let (immediate, late) = send_waves(aws, &s, &events, &mut rng).await;
     let deadline = Instant::now() + Duration::from_secs(300 + n as u64 / 5);
     let drained = drained(aws, &s, deadline).await;
+    let left = if drained {
+        String::new()
+    } else {
+        left_in(aws, &s).await
+    };
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
@@ -587,7 +634,9 @@ async fn run_mode(aws: &Aws, mode: &Mode) -> Report {
 
     let mut violations = Vec::new();
     if !drained {
-        violations.push("the queues did not drain before the deadline".to_owned());
+        violations.push(format!(
+            "the queues did not drain before the deadline ({left})"
+        ));
     }
     let k = check_run(aws, &s, &events, &workers, &mut violations).await;
     let (verdict, reordered) = (&k.verdict, k.reordered);
@@ -649,9 +698,14 @@ async fn check_run(
     let verdict = check::judge(events, &applied, &parked);
     violations.extend(verdict.violations.iter().cloned());
     let (unfinished, reclaimed) = check::records(&aws.ddb, &s.dedup).await;
-    if unfinished > 0 {
-        violations.push(format!("{unfinished} dedup record(s) left unfinished"));
+    if !unfinished.is_empty() {
+        violations.push(format!(
+            "{} dedup record(s) left unfinished: {}",
+            unfinished.len(),
+            unfinished.join(", ")
+        ));
     }
+    let unfinished = unfinished.len() as u64;
     let c = &workers.counts;
     let unclean = c.unclean_terms.load(Ordering::Relaxed);
     if unclean > 0 {

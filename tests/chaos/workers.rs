@@ -96,9 +96,18 @@ impl Workers {
         let mut child = c.spawn().expect("start a process under test");
         let stderr = child.stderr.take().unwrap();
         let me = self.clone();
+        // `CHAOS_LOG_DIR`: every process's stderr kept, one file per process.
+        let mut kept = std::env::var_os("CHAOS_LOG_DIR").and_then(|dir| {
+            let name = format!("{}.log", child.id().unwrap_or_default());
+            std::fs::File::create(std::path::Path::new(&dir).join(name)).ok()
+        });
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(f) = kept.as_mut() {
+                    use std::io::Write;
+                    let _ = writeln!(f, "{line}");
+                }
                 if line.contains("handler panicked") {
                     me.counts.panics.fetch_add(1, Ordering::Relaxed);
                 } else if line.contains("timed out after") {
