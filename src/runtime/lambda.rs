@@ -488,7 +488,11 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 .ok()
                 .and_then(|p| lanes::lane_of(&p.message, fifo, keys))
         });
-        futures::stream::iter(lanes)
+        // Finished redeliveries' direct deletes, beside the lanes.
+        let (deletes, to_delete) = tokio::sync::mpsc::unbounded_channel();
+        let deleter = self.delete_redeliveries(to_delete);
+        let deletes = &deletes;
+        let lanes = futures::stream::iter(lanes)
             .map(|lane| async move {
                 let mut failed = Vec::new();
                 let mut rest = lane.into_iter().peekable();
@@ -512,8 +516,14 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                                 queue: Some(queue),
                             }),
                         ) = (settled, &r.parsed)
+                            && message.receive_count() > 1
+                            && let Some(receipt) = message.receipt_handle()
                         {
-                            self.delete_redelivery(queue, message).await;
+                            let _ = deletes.send((
+                                queue.clone(),
+                                receipt.to_owned(),
+                                message.id().to_owned(),
+                            ));
                         }
                         continue;
                     }
@@ -552,8 +562,11 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             })
             .buffer_unordered(self.inner.config.concurrency.max(1))
             .flatten()
-            .collect()
-            .await
+            .collect();
+        tokio::select! {
+            failed = lanes => failed,
+            () = deleter => unreachable!("never returns"),
+        }
     }
 
     /// Runs one record through the shared step and acts on what became of
@@ -612,6 +625,30 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         settled
     }
 
+    /// Runs the direct deletes of finished redeliveries (queue, receipt,
+    /// message id) as they come, each beside the others and beside the
+    /// lanes (a FIFO group's next record does not wait for one), until the
+    /// caller drops it when the lanes are done: the answer then goes, and
+    /// Lambda's own delete follows. Never returns.
+    async fn delete_redeliveries(
+        &self,
+        mut to_delete: tokio::sync::mpsc::UnboundedReceiver<(String, String, String)>,
+    ) {
+        let mut running = futures::stream::FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                next = to_delete.recv() => match next {
+                    Some((queue, receipt, id)) => running.push(async move {
+                        self.delete_redelivery(&queue, &receipt, &id).await;
+                    }),
+                    // The lanes are done; the caller drops this.
+                    None => return std::future::pending().await,
+                },
+                Some(()) = running.next(), if !running.is_empty() => {}
+            }
+        }
+    }
+
     /// Deletes a finished redelivery (receive count above one) at once
     /// instead of leaving it to Lambda, which deletes a batch's messages only
     /// after the invocation answers: while the rest of the batch runs, or
@@ -621,44 +658,41 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// 106012: a FIFO record completed on its tenth receive, the next record
     /// of the batch ran 14 s, then the environment crashed). A first
     /// delivery is left to Lambda (that costs nothing extra): coming back it
-    /// is a cheap duplicate with receives to spare. A transient failure is
-    /// tried again (100 ms, then doubling); all of it bounded by
-    /// [`DIRECT_DELETE_TIME`]. What still fails is only logged, Lambda's own
-    /// delete still follows (a no-op after this one).
-    async fn delete_redelivery(&self, queue: &str, message: &Message) {
-        let Some(receipt) = message.receipt_handle() else {
-            return;
-        };
-        if message.receive_count() <= 1 {
-            return;
-        }
-        let deadline = Instant::now() + DIRECT_DELETE_TIME;
+    /// is a cheap duplicate with receives to spare.
+    ///
+    /// It runs beside the rest of the batch and is tried until it lands or
+    /// the batch is done (the caller drops it then: the answer goes and
+    /// Lambda's own delete follows): each try bounded by
+    /// [`DIRECT_DELETE_TRY`], a transient failure or a try cut there tried
+    /// again after 100 ms, doubling to 1 s (simulator seed 335400: its one
+    /// try timed out, the 2 s the whole delete then had were spent, and
+    /// Lambda's delete, after a later record ran to the deadline, came after
+    /// the visibility the heartbeat had set; the message, on its last
+    /// allowed receive, went to the DLQ with its effect recorded). A
+    /// permanent failure is only logged.
+    async fn delete_redelivery(&self, queue: &str, receipt: &str, id: &str) {
         let mut pause = Duration::from_millis(100);
         loop {
             let deleting = self.inner.queue.delete(queue, receipt);
-            match tokio::time::timeout_at(deadline, deleting).await {
+            match tokio::time::timeout(DIRECT_DELETE_TRY, deleting).await {
                 Ok(Ok(())) => return,
-                // Throttled or SQS briefly out of reach: Lambda's own delete
-                // comes only after the whole batch, maybe after this
-                // message's visibility (kept by the heartbeat while it ran)
-                // has ended (simulator seed 200152).
-                Ok(Err(e)) if e.is_transient() && Instant::now() + pause < deadline => {
-                    tracing::debug!(message_id = message.id(), error = %e, "deleting a finished redelivery failed; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
+                // Throttled or SQS briefly out of reach (simulator seed 200152).
+                Ok(Err(e)) if e.is_transient() => {
+                    tracing::debug!(message_id = id, error = %e, "deleting a finished redelivery failed; trying again");
                 }
                 Ok(Err(e)) => {
-                    warn!(message_id = message.id(), error = %e, "could not delete a finished redelivery at once; left to Lambda");
+                    warn!(message_id = id, error = %e, "could not delete a finished redelivery at once; left to Lambda");
                     return;
                 }
                 Err(_) => {
-                    warn!(
-                        message_id = message.id(),
-                        "deleting a finished redelivery took too long; left to Lambda"
+                    tracing::debug!(
+                        message_id = id,
+                        "deleting a finished redelivery took too long; trying again"
                     );
-                    return;
                 }
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -775,8 +809,9 @@ struct Budget {
 /// queue's visibility timeout ends, as any delay that cannot be set.
 const RECEIVED_BEFORE_START: Duration = Duration::from_secs(300);
 
-/// How long the adapter's own delete of a finished redelivery may take.
-const DIRECT_DELETE_TIME: Duration = Duration::from_secs(2);
+/// How long one try of the adapter's own delete of a finished redelivery
+/// may take before it is sent again.
+const DIRECT_DELETE_TRY: Duration = Duration::from_secs(2);
 
 /// The finished records whose large payloads are to be deleted, each after
 /// its message.
@@ -1148,10 +1183,12 @@ mod tests {
     }
 
     /// A queue that accepts every call and notes the receipts deleted; the
-    /// first `.1` single deletes are throttled (not applied).
+    /// first `.1` single deletes are throttled (not applied), and the first
+    /// `.2` after those never answer (not applied).
     #[derive(Clone, Default)]
     struct Deleted(
         Arc<std::sync::Mutex<Vec<String>>>,
+        Arc<std::sync::atomic::AtomicU32>,
         Arc<std::sync::atomic::AtomicU32>,
     );
 
@@ -1172,6 +1209,13 @@ mod tests {
                     "ThrottlingException",
                     true,
                 ));
+            }
+            if self
+                .2
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, throttle)
+                .is_ok()
+            {
+                return std::future::pending().await;
             }
             self.0.lock().unwrap().push(receipt.to_owned());
             Ok(())
@@ -1213,8 +1257,11 @@ mod tests {
     /// DLQ. A finished redelivery is deleted at once; a first delivery is
     /// left to Lambda. Simulator seed 200152: that delete was throttled
     /// once and left to Lambda, whose delete after the invocation came
-    /// after the visibility had run out; a transient failure is tried again
-    /// within the delete's time.
+    /// after the visibility had run out; a transient failure is tried again.
+    /// Simulator seed 335400: the delete's one try never answered, the
+    /// delete's whole time was spent, and Lambda's delete came after the
+    /// visibility; a try that does not answer is sent again, beside the
+    /// records after it, until the batch is done.
     #[tokio::test(start_paused = true)]
     async fn a_finished_redelivery_is_deleted_before_the_invocation_answers() {
         let handler = staged_only(handler_fn(move |m: Message, _ctx| async move {
@@ -1245,13 +1292,15 @@ mod tests {
                 "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q.fifo",
             })
         };
-        for (count, throttled, deleted) in [
-            (10, 0, vec!["r-m1".to_owned()]),
-            (10, 2, vec!["r-m1".to_owned()]),
-            (1, 0, vec![]),
+        for (count, throttled, hanging, deleted) in [
+            (10, 0, 0, vec!["r-m1".to_owned()]),
+            (10, 2, 0, vec!["r-m1".to_owned()]),
+            (10, 1, 2, vec!["r-m1".to_owned()]),
+            (1, 0, 0, vec![]),
         ] {
             queue.0.lock().unwrap().clear();
             queue.1.store(throttled, Ordering::SeqCst);
+            queue.2.store(hanging, Ordering::SeqCst);
             let event =
                 serde_json::json!({ "Records": [record("m1", count), record("m2", count)] });
             let invocation = adapter.handle_until(event, Instant::now() + Duration::from_secs(60));

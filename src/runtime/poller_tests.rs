@@ -1075,6 +1075,47 @@ async fn at_shutdown_a_redelivery_whose_key_is_held_elsewhere_is_left_invisible(
     assert_eq!(stats.held_back, 1, "{stats:?}");
 }
 
+/// Simulator seed 348641 (FIFO, wire path): a poller was told to stop
+/// while its lane keeper's extension call went unanswered; a message of
+/// that lane completed during the drain, and its hand-over waited for the
+/// keeper's lock past the cleanup's end, when the lane was dropped with its
+/// delete (the message, on its last allowed receive, reached the DLQ). At
+/// shutdown the hand-over does not wait: the delete goes first.
+#[tokio::test(start_paused = true)]
+async fn a_message_finished_during_the_drain_is_deleted_while_its_lane_keepers_call_hangs() {
+    let inner = MemoryQueue::new();
+    let url = inner.create_queue(QueueSettings::new("lane.fifo")).unwrap();
+    for i in 0..2 {
+        let m = OutgoingMessage {
+            body: i.to_string(),
+            group_id: Some("g".into()),
+            deduplication_id: Some(format!("d{i}")),
+            ..Default::default()
+        };
+        inner.send(&url, m).await.unwrap();
+    }
+    let (queue, _) = queue_with(0).await;
+    let queue = Watched { inner, ..queue };
+    queue.silent_batch_changes.store(true, Ordering::SeqCst);
+    // A 120 s lease: the keeper's first beat (20 s) hangs, the delete need
+    // not be sent before about 130 s; the handler ends at 30 s, inside the
+    // drain (20 s from 25 s), which ends with its cleanup at 50 s.
+    let p = processor(&queue.seen, Duration::from_secs(120), |i| {
+        Duration::from_secs(if i == 0 { 30 } else { 1 })
+    });
+    let inner = queue.inner.clone();
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue, p, config(&url, 1, 1), shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    shutdown.cancel();
+    poller.await.unwrap();
+    let counts = inner.counts(&url).unwrap();
+    assert_eq!(
+        counts.deleted, 1,
+        "the message finished during the drain was not deleted: {counts:?}"
+    );
+}
+
 /// Simulator seed 309608 (FIFO, wire path): the lane keeper's extension
 /// call was retried by the SDK for about 12 s against a 10.6 s lease, and
 /// the hand-over of a finished message's delete waited for the lane's
