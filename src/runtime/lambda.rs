@@ -489,9 +489,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 .and_then(|p| lanes::lane_of(&p.message, fifo, keys))
         });
         // Finished redeliveries' direct deletes, beside the lanes.
-        let (deletes, to_delete) = tokio::sync::mpsc::unbounded_channel();
+        let (sender, to_delete) = tokio::sync::mpsc::unbounded_channel();
         let deleter = self.delete_redeliveries(to_delete);
-        let deletes = &deletes;
+        tokio::pin!(deleter);
+        let deletes = &sender;
         let lanes = futures::stream::iter(lanes)
             .map(|lane| async move {
                 let mut failed = Vec::new();
@@ -563,10 +564,16 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .buffer_unordered(self.inner.config.concurrency.max(1))
             .flatten()
             .collect();
-        tokio::select! {
+        let failed = tokio::select! {
             failed = lanes => failed,
-            () = deleter => unreachable!("never returns"),
-        }
+            () = &mut deleter => unreachable!("runs until its sender is dropped"),
+        };
+        // The lanes are done: the deletes still to start or still trying
+        // (the last record's, handed over as its lane ended) get two tries'
+        // time more, within the answer's own deadline (the caller's).
+        drop(sender);
+        let _ = tokio::time::timeout(DIRECT_DELETE_TRY * 2, deleter).await;
+        failed
     }
 
     /// Runs one record through the shared step and acts on what became of
@@ -626,25 +633,28 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     }
 
     /// Runs the direct deletes of finished redeliveries (queue, receipt,
-    /// message id) as they come, each beside the others and beside the
-    /// lanes (a FIFO group's next record does not wait for one), until the
-    /// caller drops it when the lanes are done: the answer then goes, and
-    /// Lambda's own delete follows. Never returns.
+    /// message id) as they come, beside the lanes (a FIFO group's next
+    /// record does not wait for one), at most `concurrency` at once (the
+    /// rest wait their turn). Returns once the sender is dropped (the
+    /// lanes are done) and every delete has ended; the caller bounds that
+    /// wait, then the answer goes and Lambda's own delete follows.
     async fn delete_redeliveries(
         &self,
         mut to_delete: tokio::sync::mpsc::UnboundedReceiver<(String, String, String)>,
     ) {
+        let limit = self.inner.config.concurrency.max(1);
         let mut running = futures::stream::FuturesUnordered::new();
+        let mut open = true;
         loop {
             tokio::select! {
-                next = to_delete.recv() => match next {
+                next = to_delete.recv(), if open && running.len() < limit => match next {
                     Some((queue, receipt, id)) => running.push(async move {
                         self.delete_redelivery(&queue, &receipt, &id).await;
                     }),
-                    // The lanes are done; the caller drops this.
-                    None => return std::future::pending().await,
+                    None => open = false,
                 },
                 Some(()) = running.next(), if !running.is_empty() => {}
+                else => return,
             }
         }
     }
@@ -1309,5 +1319,21 @@ mod tests {
             assert!(died.is_err(), "the invocation answered: {died:?}");
             assert_eq!(*queue.0.lock().unwrap(), deleted, "receive count {count}");
         }
+        // The last record of a batch (its lane ends as it is handed over):
+        // deleted before the invocation answers, a throttled try included.
+        queue.0.lock().unwrap().clear();
+        queue.1.store(1, Ordering::SeqCst);
+        queue.2.store(0, Ordering::SeqCst);
+        let event = serde_json::json!({ "Records": [record("m1", 10)] });
+        let answer = adapter
+            .handle_until(event, Instant::now() + Duration::from_secs(60))
+            .await
+            .expect("answered");
+        assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+        assert_eq!(
+            *queue.0.lock().unwrap(),
+            ["r-m1".to_owned()],
+            "the last record's direct delete before the answer"
+        );
     }
 }

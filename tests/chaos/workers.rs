@@ -96,10 +96,15 @@ impl Workers {
         let mut child = c.spawn().expect("start a process under test");
         let stderr = child.stderr.take().unwrap();
         let me = self.clone();
-        // `CHAOS_LOG_DIR`: every process's stderr kept, one file per process.
+        // `CHAOS_LOG_DIR`: every process's stderr kept, a file per process
+        // id (appended to: an id used again keeps what was there).
         let mut kept = std::env::var_os("CHAOS_LOG_DIR").and_then(|dir| {
             let name = format!("{}.log", child.id().unwrap_or_default());
-            std::fs::File::create(std::path::Path::new(&dir).join(name)).ok()
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(std::path::Path::new(&dir).join(name))
+                .ok()
         });
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
