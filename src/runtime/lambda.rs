@@ -564,7 +564,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
             .buffer_unordered(self.inner.config.concurrency.max(1))
             .flatten()
             .collect();
+        // Biased, as every choice here: the simulator replays a seed only
+        // if the same branch is polled first each time.
         let failed = tokio::select! {
+            biased;
             failed = lanes => failed,
             () = &mut deleter => unreachable!("runs until its sender is dropped"),
         };
@@ -647,6 +650,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let mut open = true;
         loop {
             tokio::select! {
+                biased;
                 next = to_delete.recv(), if open && running.len() < limit => match next {
                     Some((queue, receipt, id)) => running.push(async move {
                         self.delete_redelivery(&queue, &receipt, &id).await;

@@ -1053,6 +1053,7 @@ async fn delete_batch<Q: QueueClient>(
         // delete slowed too, reached SQS after the visibility ended).
         let undeleted: Vec<String> = if on_its_way {
             tokio::select! {
+                biased;
                 u = &mut singles => u,
                 _ = &mut call => singles.await,
             }

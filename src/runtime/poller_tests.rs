@@ -1075,14 +1075,9 @@ async fn at_shutdown_a_redelivery_whose_key_is_held_elsewhere_is_left_invisible(
     assert_eq!(stats.held_back, 1, "{stats:?}");
 }
 
-/// Simulator seed 348641 (FIFO, wire path): a poller was told to stop
-/// while its lane keeper's extension call went unanswered; a message of
-/// that lane completed during the drain, and its hand-over waited for the
-/// keeper's lock past the cleanup's end, when the lane was dropped with its
-/// delete (the message, on its last allowed receive, reached the DLQ). At
-/// shutdown the hand-over does not wait: the delete goes first.
-#[tokio::test(start_paused = true)]
-async fn a_message_finished_during_the_drain_is_deleted_while_its_lane_keepers_call_hangs() {
+/// A FIFO queue with two messages of one group, behind a queue whose
+/// batch visibility changes (the lane keeper's) never answer.
+async fn lane_whose_keeper_hangs() -> (Watched, String) {
     let inner = MemoryQueue::new();
     let url = inner.create_queue(QueueSettings::new("lane.fifo")).unwrap();
     for i in 0..2 {
@@ -1097,6 +1092,18 @@ async fn a_message_finished_during_the_drain_is_deleted_while_its_lane_keepers_c
     let (queue, _) = queue_with(0).await;
     let queue = Watched { inner, ..queue };
     queue.silent_batch_changes.store(true, Ordering::SeqCst);
+    (queue, url)
+}
+
+/// Simulator seed 348641 (FIFO, wire path): a poller was told to stop
+/// while its lane keeper's extension call went unanswered; a message of
+/// that lane completed during the drain, and its hand-over waited for the
+/// keeper's lock past the cleanup's end, when the lane was dropped with its
+/// delete (the message, on its last allowed receive, reached the DLQ). At
+/// shutdown the hand-over does not wait: the delete goes first.
+#[tokio::test(start_paused = true)]
+async fn a_message_finished_during_the_drain_is_deleted_while_its_lane_keepers_call_hangs() {
+    let (queue, url) = lane_whose_keeper_hangs().await;
     // A 120 s lease: the keeper's first beat (20 s) hangs, the delete need
     // not be sent before about 130 s; the handler ends at 30 s, inside the
     // drain (20 s from 25 s), which ends with its cleanup at 50 s.
@@ -1125,20 +1132,7 @@ async fn a_message_finished_during_the_drain_is_deleted_while_its_lane_keepers_c
 /// call never answers, and the message is deleted all the same.
 #[tokio::test(start_paused = true)]
 async fn a_finished_message_is_deleted_in_time_while_its_lane_keepers_call_hangs() {
-    let inner = MemoryQueue::new();
-    let url = inner.create_queue(QueueSettings::new("lane.fifo")).unwrap();
-    for i in 0..2 {
-        let m = OutgoingMessage {
-            body: i.to_string(),
-            group_id: Some("g".into()),
-            deduplication_id: Some(format!("d{i}")),
-            ..Default::default()
-        };
-        inner.send(&url, m).await.unwrap();
-    }
-    let (queue, _) = queue_with(0).await;
-    let queue = Watched { inner, ..queue };
-    queue.silent_batch_changes.store(true, Ordering::SeqCst);
+    let (queue, url) = lane_whose_keeper_hangs().await;
     // A 30 s lease: the keeper's first beat (15 s) hangs; the handler's own
     // heartbeat extends the running message; it ends at 20 s.
     let p = processor(&queue.seen, Duration::from_secs(30), |i| {
