@@ -489,10 +489,10 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 .and_then(|p| lanes::lane_of(&p.message, fifo, keys))
         });
         // Finished redeliveries' direct deletes, beside the lanes.
-        let (sender, to_delete) = tokio::sync::mpsc::unbounded_channel();
+        let (deletes, to_delete) = tokio::sync::mpsc::unbounded_channel();
         let deleter = self.delete_redeliveries(to_delete);
         tokio::pin!(deleter);
-        let deletes = &sender;
+        let deletes = &deletes;
         let lanes = futures::stream::iter(lanes)
             .map(|lane| async move {
                 let mut failed = Vec::new();
@@ -569,14 +569,13 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let failed = tokio::select! {
             biased;
             failed = lanes => failed,
-            () = &mut deleter => unreachable!("runs until its sender is dropped"),
+            () = &mut deleter => unreachable!("never returns"),
         };
         // The lanes are done: the answer goes now, and Lambda's own delete
         // follows at once. A direct delete still to start or still trying
         // is dropped: waiting for it would only hold Lambda's back
         // (simulator seed 271312: a hanging try held the answer 2 s, and
         // the message was handed to another consumer meanwhile).
-        drop(sender);
         failed
     }
 
@@ -639,26 +638,24 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
     /// Runs the direct deletes of finished redeliveries (queue, receipt,
     /// message id) as they come, beside the lanes (a FIFO group's next
     /// record does not wait for one), at most `concurrency` at once (the
-    /// rest wait their turn). The caller drops it when the lanes are done:
-    /// the answer then goes and Lambda's own delete follows.
+    /// rest wait their turn). Never returns: the caller drops it when the
+    /// lanes are done, the answer then goes and Lambda's own delete follows.
     async fn delete_redeliveries(
         &self,
         mut to_delete: tokio::sync::mpsc::UnboundedReceiver<(String, String, String)>,
     ) {
         let limit = self.inner.config.concurrency.max(1);
         let mut running = futures::stream::FuturesUnordered::new();
-        let mut open = true;
         loop {
             tokio::select! {
                 biased;
-                next = to_delete.recv(), if open && running.len() < limit => match next {
-                    Some((queue, receipt, id)) => running.push(async move {
+                Some((queue, receipt, id)) = to_delete.recv(), if running.len() < limit => {
+                    running.push(async move {
                         self.delete_redelivery(&queue, &receipt, &id).await;
-                    }),
-                    None => open = false,
-                },
+                    });
+                }
                 Some(()) = running.next(), if !running.is_empty() => {}
-                else => return,
+                else => std::future::pending::<()>().await,
             }
         }
     }
