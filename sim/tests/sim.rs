@@ -1477,6 +1477,13 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   reach, the finished message's delete tries stopped 15.6 s before that
 ///   end. Fixed: a failed or dropped extension counts `LANDS_LATE` (30 s)
 ///   beyond its failure toward the latest end. Counted.
+/// - 360899 (eleventh search run): a Lambda record completed on its first
+///   receive 65 s before its batch answered; its heartbeat had set its
+///   visibility for a lease cut to the deadline, so it was received again
+///   while the batch ran, that receive and the next were lost with their
+///   consumers (a crash, a cut from SQS), and the one after moved it to
+///   the DLQ. Fixed: a Lambda record's extensions keep it invisible until
+///   30 s past the deadline.
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.
@@ -1510,6 +1517,7 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         (335_400, StorePath::Wire),
         (348_641, StorePath::Wire),
         (351_294, StorePath::Memory),
+        (360_899, StorePath::Memory),
     ] {
         let report = run_seed_with(seed, false, path, true).unwrap();
         assert!(

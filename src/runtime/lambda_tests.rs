@@ -448,3 +448,63 @@ async fn a_twin_in_the_batch_sets_no_retry_delay_while_the_other_runs() {
         assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{case}");
     }
 }
+
+/// Simulator seed 360899: a first delivery finished early in a long batch.
+/// Its heartbeat had extended its visibility for a lease (cut to end by the
+/// deadline), so it became visible again while the rest of the batch ran,
+/// before the invocation answered and Lambda deleted it: received again
+/// elsewhere, a receive spent each time. Every extension now keeps a record
+/// invisible past the answer, for the event source mapping's delete.
+#[tokio::test(start_paused = true)]
+async fn a_record_finished_early_in_a_long_batch_stays_invisible_until_lambda_deletes_it() {
+    let queue = MemoryQueue::new();
+    let (url, _) = queue_with_dlq(&queue, "early", 5);
+    for id in ["short", "long"] {
+        queue.send(&url, event(id)).await.unwrap();
+    }
+    let effects = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = handler_fn({
+        let effects = effects.clone();
+        move |m: Message, _ctx| {
+            let effects = effects.clone();
+            async move {
+                // Past the lease (10 s), so the heartbeat extends it.
+                let short = m.body().contains("short");
+                let takes = if short { 15 } else { 90 };
+                tokio::time::sleep(Duration::from_secs(takes)).await;
+                effects.lock().unwrap().push(m.body().to_owned());
+                Ok(None)
+            }
+        }
+    });
+    let (store, clock, config) = store_and_config("early");
+    let processor = Processor::new(store, handler, config)
+        .unwrap()
+        .with_clock(clock);
+    let adapter = adapter(&queue, &url, processor);
+    let request = ReceiveRequest {
+        max: 10,
+        wait: Duration::from_secs(5),
+        visibility: VISIBILITY,
+    };
+    let batch = queue.receive(&url, request).await.unwrap();
+    assert_eq!(batch.len(), 2);
+    let function = tokio::spawn({
+        let (queue, url) = (queue.clone(), url.clone());
+        let timeout = Duration::from_secs(120);
+        async move { invoke_with(&adapter, &queue, &url, batch, timeout).await }
+    });
+    // Another consumer of the queue, for as long as the invocation runs.
+    let mut elsewhere = Vec::new();
+    while !function.is_finished() {
+        elsewhere.extend(queue.receive(&url, request).await.unwrap());
+    }
+    let (received, failed) = function.await.unwrap();
+    let elsewhere: Vec<&str> = elsewhere.iter().map(Message::body).collect();
+    assert!(elsewhere.is_empty(), "received elsewhere: {elsewhere:?}");
+    assert_eq!((received.len(), failed.len()), (2, 0));
+    let mut effects = effects.lock().unwrap().clone();
+    effects.sort();
+    assert_eq!(effects, [r#"{"id":"long"}"#, r#"{"id":"short"}"#]);
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "both deleted");
+}

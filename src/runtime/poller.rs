@@ -272,6 +272,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             message: &message,
             received_at: held.received_at,
             superseded: false,
+            invisible_through: None,
         };
         let options = ProcessOptions {
             visibility: None,
@@ -452,6 +453,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             message,
             received_at,
             superseded: false,
+            invisible_through: None,
         };
         self.settler.retry_later(url, &at, after).await;
     }
@@ -753,6 +755,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                     message: &first,
                     received_at: self.received_at,
                     superseded: false,
+                    invisible_through: None,
                 };
                 rest_after = hold_group(&self.shared.settler, failed, after, more).await;
                 break;

@@ -89,6 +89,11 @@ pub(crate) struct Delivery<'a> {
     /// receipt must leave the message's visibility alone, as [`Holding`]
     /// says for the poller.
     pub(crate) superseded: bool,
+    /// Until when the message must stay invisible once the handler's
+    /// visibility is extended (Lambda: past the invocation's answer, for the
+    /// event source mapping's delete that follows it): every extension sets
+    /// at least that much. `None`: each extension sets what it asks.
+    pub(crate) invisible_through: Option<Instant>,
 }
 
 /// The deliveries a runtime holds, by message id, each marked once a newer
@@ -389,7 +394,9 @@ impl<Q: QueueClient> Settler<Q> {
         at: Delivery<'_>,
         options: ProcessOptions<'_>,
     ) -> Settlement {
-        let visibility = at.source.map(|url| QueueVisibility::new(&self.queue, url));
+        let visibility = at.source.map(|url| {
+            QueueVisibility::new(&self.queue, url).at_least_through(at.invisible_through)
+        });
         let options = ProcessOptions {
             visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
             ..options
@@ -706,6 +713,7 @@ mod tests {
                 message: &older,
                 received_at: Instant::now(),
                 superseded: false,
+                invisible_through: None,
             };
             let start = Instant::now();
             settler.retry_later(url, &at, Duration::from_secs(2)).await;

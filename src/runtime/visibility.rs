@@ -24,6 +24,9 @@ pub(crate) struct QueueVisibility<'a, Q> {
     /// invisible (answered at an instant, plus its timeout; a failure that
     /// passes counts too: it may have landed).
     pub(crate) extended_at_most: std::sync::Mutex<Option<Instant>>,
+    /// Every extension keeps the message invisible at least until then
+    /// ([`Self::at_least_through`]).
+    floor: Option<Instant>,
 }
 
 impl<'a, Q> QueueVisibility<'a, Q> {
@@ -33,7 +36,28 @@ impl<'a, Q> QueueVisibility<'a, Q> {
             url,
             extended_until: std::sync::Mutex::new(None),
             extended_at_most: std::sync::Mutex::new(None),
+            floor: None,
         }
+    }
+
+    /// Every extension sets at least what is left until `floor` (in whole
+    /// seconds, rounded up; at most SQS's 12 hours), whatever it asks: a
+    /// Lambda record is extended for a lease cut to end by the invocation's
+    /// deadline, and one that finished early in a long batch would
+    /// otherwise become visible again before the invocation answers and
+    /// the event source mapping deletes it.
+    pub(crate) fn at_least_through(self, floor: Option<Instant>) -> Self {
+        Self { floor, ..self }
+    }
+
+    /// `timeout`, raised to end no sooner than the floor.
+    fn floored(&self, timeout: Duration) -> Duration {
+        let Some(floor) = self.floor else {
+            return timeout;
+        };
+        let left = floor.saturating_duration_since(Instant::now());
+        let left = Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0));
+        timeout.max(left.min(SQS_MAX_VISIBILITY))
     }
 
     /// Until when the last successful extension keeps the message invisible.
@@ -85,6 +109,7 @@ impl<Q: QueueClient> VisibilityExtender for QueueVisibility<'_, Q> {
             let mut tries = 1;
             loop {
                 let sent = Instant::now();
+                let timeout = self.floored(timeout);
                 // A call dropped on its way (the handler finished and its
                 // heartbeat with it) may land all the same.
                 let in_flight = MayLand {
