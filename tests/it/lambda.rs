@@ -629,6 +629,71 @@ async fn heartbeat_extends_the_records_visibility_in_lambda() {
     );
 }
 
+/// A record finished early in a long batch stays invisible until the
+/// invocation answers (and Lambda deletes it), though its heartbeat's
+/// extensions ask for a lease shorter than the rest of the batch: each
+/// extension keeps it invisible past the deadline (simulator seed 360899).
+#[tokio::test]
+async fn a_record_finished_early_in_a_long_batch_is_not_received_again_before_the_answer() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    // A 2 s visibility timeout, a 3 s lease: the short record (4 s) is
+    // extended, its last extension ending about 7 s in; the long one runs 12 s.
+    let l = Ledger::with_visibility(&sqs, &ddb, 2).await;
+    let mut pconf = ledger_config();
+    pconf.lease = Duration::from_secs(3);
+    pconf.heartbeat = Duration::from_millis(500);
+    let effects: Arc<Mutex<Vec<String>>> = Default::default();
+    let handler = handler_fn({
+        let effects = effects.clone();
+        move |m, _ctx| {
+            let effects = effects.clone();
+            async move {
+                let takes = if m.body().contains("short") { 4 } else { 12 };
+                tokio::time::sleep(Duration::from_secs(takes)).await;
+                effects.lock().unwrap().push(m.body().to_owned());
+                Ok(None)
+            }
+        }
+    });
+    let a = adapter(&l.dedup, handler, pconf, LambdaConfig::default()).await;
+    let bodies = [
+        r#"{"id":"short"}"#.to_owned(),
+        r#"{"id":"long"}"#.to_owned(),
+    ];
+    send_all(&sqs, &l.queues.queue_url, &bodies).await;
+    let event = receive_event(&sqs, &l.queues.queue_url, 2).await;
+    let invocation = tokio::spawn(async move { a.handle(event, in_secs(60)).await });
+    // Another consumer, for as long as the invocation runs.
+    let mut seen = Vec::new();
+    while !invocation.is_finished() {
+        let got = sqs
+            .receive_message()
+            .queue_url(&l.queues.queue_url)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        seen.extend(got.messages.unwrap_or_default().into_iter().map(|m| m.body));
+    }
+    let response = invocation.await.unwrap().unwrap();
+    assert_eq!(failures(&response), Vec::<String>::new());
+    assert!(
+        seen.is_empty(),
+        "received again before the answer: {seen:?}"
+    );
+    let mut effects = effects.lock().unwrap().clone();
+    effects.sort();
+    assert_eq!(effects, [r#"{"id":"long"}"#, r#"{"id":"short"}"#]);
+    assert_eq!(
+        depth(&sqs, &l.queues.queue_url).await,
+        2,
+        "both in flight until Lambda deletes them"
+    );
+}
+
 #[tokio::test]
 async fn a_retried_record_comes_back_after_its_backoff() {
     if !crate::common::localstack_up().await {
