@@ -43,11 +43,12 @@
 //! secret) or the send fails, it is listed as before.
 //!
 //! # Deadline
-//! The claim lease never outlives the invocation: it and every heartbeat
-//! extension end by the deadline. The record's visibility does outlive
-//! it: each extension keeps the record invisible until 30 s past the
-//! deadline at least, so that one finished early in a long batch is not
-//! handed out again before the answer and Lambda's delete. A record is not started with less than the
+//! The claim lease never outlives the invocation: it and every heartbeat's
+//! lease extension end by the deadline. The record's visibility does
+//! outlive it: each visibility extension keeps the record invisible until
+//! 30 s past the deadline at least, so that one finished early in a long
+//! batch is not handed out again before the answer and Lambda's delete. A
+//! record is not started with less than the
 //! safety margin left; a handler still running at half the margin before the
 //! deadline is interrupted, its claim released and its record listed.
 //!
@@ -836,8 +837,10 @@ const RECEIVED_BEFORE_START: Duration = Duration::from_secs(300);
 /// 360899: a first delivery completed 65 s before the answer, its
 /// visibility ended at least 10 s before it; received again twice, by a poller that
 /// crashed and one cut from SQS, it reached the DLQ on its third receive
-/// with its effect recorded). A record interrupted at the deadline, or
-/// listed without a retry delay, comes back this much after the deadline.
+/// with its effect recorded). A record that is to come back still does
+/// when its retry delay ends (at once for one interrupted at the
+/// deadline); one whose delay could not be set, or a twin, comes back
+/// this much after the deadline instead of at it.
 const DELETED_WITHIN: Duration = Duration::from_secs(30);
 
 /// How long one try of the adapter's own delete of a finished redelivery

@@ -394,9 +394,15 @@ impl<Q: QueueClient> Settler<Q> {
         at: Delivery<'_>,
         options: ProcessOptions<'_>,
     ) -> Settlement {
-        let visibility = at.source.map(|url| {
-            QueueVisibility::new(&self.queue, url).at_least_through(at.invisible_through)
+        // The floor ends within SQS's 12 hours from the receive, as a
+        // delay does, or SQS would refuse every extension.
+        let floor = at.invisible_through.map(|t| {
+            Instant::now()
+                + within_visibility_cap(t.saturating_duration_since(Instant::now()), at.received_at)
         });
+        let visibility = at
+            .source
+            .map(|url| QueueVisibility::new(&self.queue, url).at_least_through(floor));
         let options = ProcessOptions {
             visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
             ..options

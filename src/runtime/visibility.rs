@@ -41,7 +41,8 @@ impl<'a, Q> QueueVisibility<'a, Q> {
     }
 
     /// Every extension sets at least what is left until `floor` (in whole
-    /// seconds, rounded up; at most SQS's 12 hours), whatever it asks: a
+    /// seconds, rounded up; the caller cuts it to SQS's 12 hours from the
+    /// receive), whatever it asks: a
     /// Lambda record is extended for a lease cut to end by the invocation's
     /// deadline, and one that finished early in a long batch would
     /// otherwise become visible again before the invocation answers and
