@@ -18,6 +18,10 @@
 //! - `--mutant NAME`: with a deliberately broken protocol (see
 //!   `sqs_once::mutants`): stops at the first failing seed, and exits 1 if
 //!   none fails.
+//! - `--jobs N` (with `--seeds` or `--minutes`, not `--mutant`): N seeds
+//!   at once, each on its own thread and runtime as always (a run shares
+//!   nothing with another); results are taken in seed order, so the output
+//!   and a campaign's totals are those of one job, sooner.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -37,6 +41,7 @@ struct Args {
     verbose: bool,
     campaign: Option<std::path::PathBuf>,
     store: Option<String>,
+    jobs: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -57,6 +62,7 @@ fn parse() -> Result<Args, String> {
             "--verify" => args.verify = true,
             "--campaign" => args.campaign = Some(value()?.into()),
             "--verbose" => args.verbose = true,
+            "--jobs" => args.jobs = num(value()?)?.max(1),
             "--store" => {
                 let v = value()?;
                 if v != "memory" && v != "wire" {
@@ -66,6 +72,11 @@ fn parse() -> Result<Args, String> {
             }
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if args.jobs > 1 && args.mutant.is_some() {
+        // A mutant's catch is checked by a run without it, switched off in
+        // the environment for that run.
+        return Err("--jobs runs without --mutant only".into());
     }
     Ok(args)
 }
@@ -263,43 +274,49 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     let mut totals = Totals::default();
     let mut seed = from;
     let mut paths = Paths::default();
-    while count.is_none_or(|c| ran < c) && until.is_none_or(|u| Instant::now() < u) {
-        let mut report = paths.run(seed);
-        if args.verify {
-            let again = run(seed, false).trace_hash;
-            if again != report.trace_hash {
-                report.violations.push(format!(
-                    "not deterministic: {} then {again}",
-                    report.trace_hash
-                ));
+    let end = count.map_or(u64::MAX, |c| from.saturating_add(c));
+    let more = |seed: u64| seed < end && until.is_none_or(|u| Instant::now() < u);
+    if args.jobs <= 1 {
+        while more(seed) {
+            let (report, secs) = run_timed(args, seed);
+            paths.note(&report, secs);
+            ran += 1;
+            if take(args, &mut campaign, seed, report, &mut totals, &mut failed) {
+                return ExitCode::SUCCESS;
             }
+            seed += 1;
         }
-        if args.verbose {
-            print_verbose(seed, &report);
-        }
-        if let Some(c) = campaign.as_mut() {
-            c.add(seed, &report);
-        }
-        ran += 1;
-        totals.add(&report);
-        if !report.violations.is_empty() {
-            failed += 1;
-            println!(
-                "FAIL seed {seed}: {} violation(s), first: {}",
-                report.violations.len(),
-                report.violations[0]
-            );
-            println!("  replay: {}", replay(seed, mutant));
-            if let Some(m) = mutant {
-                // Only a seed that passes with the protocol intact counts.
-                if passes_intact(seed) {
-                    println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
-                    return ExitCode::SUCCESS;
+    } else {
+        // The workers take seeds in turn until the count or the time is
+        // up; every seed taken is run to its end, so those run are `from`
+        // to the last one taken, with no gap, and they are taken into the
+        // totals in seed order.
+        let (done, results) = std::sync::mpsc::channel();
+        let next = std::sync::atomic::AtomicU64::new(from);
+        std::thread::scope(|scope| {
+            for _ in 0..args.jobs {
+                let (done, next, more) = (done.clone(), &next, &more);
+                scope.spawn(move || {
+                    loop {
+                        let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if !more(seed) || done.send((seed, run_timed(args, seed))).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(done);
+            let mut early = std::collections::BTreeMap::new();
+            for (s, result) in &results {
+                early.insert(s, result);
+                while let Some((report, secs)) = early.remove(&seed) {
+                    paths.note(&report, secs);
+                    ran += 1;
+                    take(args, &mut campaign, seed, report, &mut totals, &mut failed);
+                    seed += 1;
                 }
-                println!("  seed {seed} fails without the mutant too: not counted");
             }
-        }
-        seed += 1;
+        });
     }
     if let (Some(c), Some(path)) = (campaign.as_mut(), &args.campaign)
         && let Err(e) = c.finish(path)
@@ -309,7 +326,7 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     }
     let secs = started.elapsed().as_secs_f64();
     totals.print((from, seed, ran), failed, secs);
-    paths.print(ran, secs);
+    paths.print(ran);
     match (mutant, failed) {
         (Some(m), _) => {
             println!("mutant {m} NOT caught in {ran} seeds");
@@ -318,6 +335,66 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         (None, 0) => ExitCode::SUCCESS,
         (None, _) => ExitCode::FAILURE,
     }
+}
+
+/// Runs `seed` (twice with `--verify`, a differing trace hash then a
+/// violation); the report and the first run's wall time.
+fn run_timed(args: &Args, seed: u64) -> (Report, f64) {
+    let took = Instant::now();
+    let mut report = run(seed, false);
+    let secs = took.elapsed().as_secs_f64();
+    if args.verify {
+        let again = run(seed, false).trace_hash;
+        if again != report.trace_hash {
+            report.violations.push(format!(
+                "not deterministic: {} then {again}",
+                report.trace_hash
+            ));
+        }
+    }
+    (report, secs)
+}
+
+/// Takes `seed`'s report into the totals, the campaign and the output;
+/// true when a mutant is caught (its seed passes with the protocol intact).
+fn take(
+    args: &Args,
+    campaign: &mut Option<Campaign>,
+    seed: u64,
+    report: Report,
+    totals: &mut Totals,
+    failed: &mut u64,
+) -> bool {
+    let mutant = args.mutant.as_deref();
+    {
+        if args.verbose {
+            print_verbose(seed, &report);
+        }
+        if let Some(c) = campaign.as_mut() {
+            c.add(seed, &report);
+        }
+        totals.add(&report);
+        if !report.violations.is_empty() {
+            *failed += 1;
+            println!(
+                "FAIL seed {seed}: {} violation(s), first: {}",
+                report.violations.len(),
+                report.violations[0]
+            );
+            println!("  replay: {}", replay(seed, mutant));
+            if let Some(m) = mutant {
+                // Only a seed that passes with the protocol intact counts.
+                if passes_intact(seed) {
+                    let ran = seed + 1 - args.from;
+                    println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
+                    return true;
+                }
+                *failed -= 1;
+                println!("  seed {seed} fails without the mutant too: not counted");
+            }
+        }
+    }
+    false
 }
 
 /// What the seeds of a search added up to, for the summary.
@@ -369,31 +446,31 @@ impl Totals {
 #[derive(Debug, Default)]
 struct Paths {
     on_wire: u64,
+    /// Wall time of the seeds on each path, summed (over jobs too).
     wire_secs: f64,
+    memory_secs: f64,
 }
 
 impl Paths {
-    /// Runs `seed`, timing it if it is on the wire path.
-    fn run(&mut self, seed: u64) -> Report {
-        let started = Instant::now();
-        let report = run(seed, false);
+    /// Counts a seed's run of `secs` on its path.
+    fn note(&mut self, report: &Report, secs: f64) {
         if report.path == StorePath::Wire {
             self.on_wire += 1;
-            self.wire_secs += started.elapsed().as_secs_f64();
+            self.wire_secs += secs;
+        } else {
+            self.memory_secs += secs;
         }
-        report
     }
 
-    /// The share of seeds on each path, and each path's speed, of `ran`
-    /// seeds in `secs`.
-    fn print(&self, ran: u64, secs: f64) {
-        let memory_secs = (secs - self.wire_secs).max(1e-9);
+    /// The share of seeds on each path, and each path's speed (per job),
+    /// of `ran` seeds.
+    fn print(&self, ran: u64) {
         println!(
-            "store paths: {} seeds on the wire path ({:.1} seeds/s), {} on the memory path ({:.1} seeds/s)",
+            "store paths: {} seeds on the wire path ({:.1} seeds/s a job), {} on the memory path ({:.1} seeds/s a job)",
             self.on_wire,
             self.on_wire as f64 / self.wire_secs.max(1e-9),
             ran - self.on_wire,
-            (ran - self.on_wire) as f64 / memory_secs
+            (ran - self.on_wire) as f64 / self.memory_secs.max(1e-9)
         );
     }
 }
@@ -432,7 +509,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!(
-                "simulate: {e}\nusage: simulate (--seeds N | --minutes M | --seed S) [--from S] [--mutant NAME]"
+                "simulate: {e}\nusage: simulate (--seeds N | --minutes M | --seed S) [--from S] [--mutant NAME | --jobs N]"
             );
             return ExitCode::from(2);
         }
