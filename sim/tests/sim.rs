@@ -670,6 +670,39 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
             .any(|v| v.contains("after its record said COMPLETED")),
         "{v:?}"
     );
+    assert_eq!(sqs_once_sim::check::overlapping(&e), 0);
+
+    // Seed 387760: the caller's clock runs behind beyond the margin (its
+    // lease ends sooner in true time than by its clock): counted with the
+    // overlapping calls, not failed. Ahead, or another host's, it fails.
+    for (skew_ms, skewed, counted) in [
+        (-25_000, "c0", true),
+        (25_000, "c0", false),
+        (-25_000, "c1", false),
+    ] {
+        let mut skewed_run = s.clone();
+        skewed_run.skew_beyond_margin = Some(skewed.into());
+        skewed_run.consumers = ["c0", "c1"]
+            .into_iter()
+            .map(|name| ConsumerSpec {
+                name: name.into(),
+                runtime: Runtime::Poller { concurrency: 1 },
+                skew_ms: if name == skewed { skew_ms } else { 0 },
+                kind: Kind::External,
+            })
+            .collect();
+        let mut e = evidence(&skewed_run, &acc);
+        e.records.insert("evt-0000".into(), Status::Completed);
+        e.charged.insert("evt-0000".into(), 1);
+        e.calls = vec![call("k1", 0, false), call("k1", 10, true)];
+        let v = check(&e);
+        let failed = v
+            .iter()
+            .any(|v| v.contains("after its record said COMPLETED"));
+        assert_eq!(failed, !counted, "skew {skew_ms} ms on {skewed}: {v:?}");
+        let count = sqs_once_sim::check::overlapping(&e);
+        assert_eq!(count, usize::from(counted), "skew {skew_ms} ms on {skewed}");
+    }
 }
 
 #[test]
