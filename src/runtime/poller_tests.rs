@@ -1151,3 +1151,89 @@ async fn a_finished_message_is_deleted_in_time_while_its_lane_keepers_call_hangs
         "the finished message was not deleted in time: {counts:?}"
     );
 }
+
+/// A queue whose first `DeleteMessage` call takes `first_takes` and then
+/// fails as a call out of reach does; every later one succeeds at once,
+/// its time noted.
+#[derive(Clone, Default)]
+struct FirstDeleteHangs {
+    first_takes: Duration,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    deleted_at: Arc<Mutex<Option<Instant>>>,
+}
+
+impl QueueClient for FirstDeleteHangs {
+    async fn receive(&self, _: &str, _: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+        Ok(Vec::new())
+    }
+    async fn delete(&self, queue: &str, _: &str) -> Result<(), QueueError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            tokio::time::sleep(self.first_takes).await;
+            return Err(QueueError::new(
+                "DeleteMessage",
+                queue,
+                "connect timeout",
+                true,
+            ));
+        }
+        self.deleted_at
+            .lock()
+            .unwrap()
+            .get_or_insert(Instant::now());
+        Ok(())
+    }
+    async fn delete_batch(&self, _: &str, _: &[String]) -> Result<Vec<EntryFailure>, QueueError> {
+        Ok(Vec::new())
+    }
+    async fn change_visibility(&self, _: &str, _: &str, _: Duration) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn change_visibility_batch(
+        &self,
+        _: &str,
+        _: &[String],
+        _: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        Ok(Vec::new())
+    }
+    async fn send(&self, _: &str, _: OutgoingMessage) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn attributes(&self, _: &str) -> Result<QueueAttributes, QueueError> {
+        Ok(QueueAttributes::default())
+    }
+    async fn queue_url(&self, name: &str, _: &str) -> Result<String, QueueError> {
+        Ok(name.to_owned())
+    }
+}
+
+/// Simulator seed 391853 (wire path): a delete try sent while SQS was out
+/// of reach spent the client's own attempts and backoff (6 s), and its
+/// retry reached SQS 0.2 s after the visibility had ended; the message, on
+/// its last allowed receive, went to the DLQ. A try that has not answered
+/// in `DELETE_TRY` is now tried again beside it, and lands in time; the
+/// last try before giving up is still waited for (deletes SQS does not
+/// answer hold back receives).
+#[tokio::test(start_paused = true)]
+async fn a_delete_try_that_hangs_is_tried_again_before_the_visibility_ends() {
+    let queue = FirstDeleteHangs {
+        first_takes: Duration::from_secs(6),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let end = start + Duration::from_secs(3);
+    let finished = Finished {
+        receipt: "r".into(),
+        payload: None,
+        invisible_until: end,
+        retry_until: end,
+    };
+    delete_retrying(&queue, "q", &finished).await.unwrap();
+    let landed = queue.deleted_at.lock().unwrap().expect("deleted");
+    assert!(
+        landed < end,
+        "landed {:?} after the start, past the end",
+        landed - start
+    );
+    assert_eq!(queue.calls.load(Ordering::SeqCst), 2);
+}
