@@ -1166,13 +1166,12 @@ fn reruns(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// record already said `COMPLETED` when it started.
 fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut keys: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    let behind = skewed_behind(e);
     for c in &e.calls {
         keys.entry(c.event.as_str())
             .or_default()
             .insert(c.key.as_str());
         // Counted apart: [`late_skewed_calls`].
-        if c.after_completed && Some(c.consumer.as_str()) != behind {
+        if c.after_completed && !late_skewed(e, c) {
             v.push(format!(
                 "{}: API called by {} at {}ms after its record said COMPLETED",
                 c.event, c.consumer, c.start_ms
@@ -1232,22 +1231,30 @@ fn skewed_behind<'e>(e: &'e Evidence<'_>) -> Option<&'e str> {
         .then_some(skewed)
 }
 
-/// API calls the host whose clock runs behind beyond the margin started
-/// after their event's record said `COMPLETED`: its lease ended earlier in
-/// true time than by its clock, another attempt took the key over and
-/// completed, and it called on (seed 387760: 25.6 s behind, a call 1.6 s
-/// after the other's completion). The lease promises nothing there; the
-/// idempotency key is the same (checked), so an API that honours it
-/// charges once. Counted with the overlapping calls, not failed; the same
-/// call from any other host fails.
-fn late_skewed_calls(e: &Evidence<'_>) -> usize {
-    let Some(behind) = skewed_behind(e) else {
-        return 0;
-    };
-    e.calls
+/// An API call the host whose clock runs behind beyond the margin started
+/// after its event's record said `COMPLETED`, under an attempt that a later
+/// one took over (a call of that later attempt started before it, or its
+/// lease is in the store's history): the skewed host's lease ended earlier
+/// in true time than by its clock, the later attempt completed, and it
+/// called on (seed 387760: 25.6 s behind, a call 1.6 s after the other's
+/// completion). The lease promises nothing there; the idempotency key is
+/// the same (checked), so an API that honours it charges once. A call
+/// under the attempt that completed, or from any other host, still fails.
+fn late_skewed(e: &Evidence<'_>, c: &ApiCall) -> bool {
+    let taken_over = e
+        .calls
         .iter()
-        .filter(|c| c.after_completed && c.consumer == behind)
-        .count()
+        .any(|o| o.event == c.event && o.attempt > c.attempt && o.start_ms < c.start_ms)
+        || e.lease_ends.as_ref().is_some_and(|l| {
+            l.keys()
+                .any(|(event, attempt)| *event == c.event && *attempt > c.attempt)
+        });
+    c.after_completed && skewed_behind(e) == Some(c.consumer.as_str()) && taken_over
+}
+
+/// The calls [`late_skewed`] counts.
+fn late_skewed_calls(e: &Evidence<'_>) -> usize {
+    e.calls.iter().filter(|c| late_skewed(e, c)).count()
 }
 
 /// Where fast-path and claim-path consumers share records under a skew

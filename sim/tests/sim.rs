@@ -673,12 +673,19 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
     assert_eq!(sqs_once_sim::check::overlapping(&e), 0);
 
     // Seed 387760: the caller's clock runs behind beyond the margin (its
-    // lease ends sooner in true time than by its clock): counted with the
-    // overlapping calls, not failed. Ahead, or another host's, it fails.
-    for (skew_ms, skewed, counted) in [
-        (-25_000, "c0", true),
-        (25_000, "c0", false),
-        (-25_000, "c1", false),
+    // lease ends sooner in true time than by its clock) and c1's attempt 2
+    // took the key over: counted with the overlapping calls, not failed.
+    // Ahead, or another host's, or with no takeover, it fails.
+    let takeover = ApiCall {
+        consumer: "c1".into(),
+        attempt: 2,
+        ..call("k1", 5, false)
+    };
+    for (skew_ms, skewed, taken_over, counted) in [
+        (-25_000, "c0", true, true),
+        (25_000, "c0", true, false),
+        (-25_000, "c1", true, false),
+        (-25_000, "c0", false, false),
     ] {
         let mut skewed_run = s.clone();
         skewed_run.skew_beyond_margin = Some(skewed.into());
@@ -695,13 +702,19 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
         e.records.insert("evt-0000".into(), Status::Completed);
         e.charged.insert("evt-0000".into(), 1);
         e.calls = vec![call("k1", 0, false), call("k1", 10, true)];
+        if taken_over {
+            e.calls.insert(1, takeover.clone());
+            let leases = e.lease_ends.as_mut().expect("the memory path's history");
+            leases.insert(("evt-0000".into(), 2), 60_000);
+        }
         let v = check(&e);
         let failed = v
             .iter()
-            .any(|v| v.contains("after its record said COMPLETED"));
-        assert_eq!(failed, !counted, "skew {skew_ms} ms on {skewed}: {v:?}");
+            .any(|v| v.contains("API called by c0 at 10ms after its record said COMPLETED"));
+        let case = format!("skew {skew_ms} ms on {skewed}, taken over: {taken_over}");
+        assert_eq!(failed, !counted, "{case}: {v:?}");
         let count = sqs_once_sim::check::overlapping(&e);
-        assert_eq!(count, usize::from(counted), "skew {skew_ms} ms on {skewed}");
+        assert_eq!(count, usize::from(counted), "{case}");
     }
 }
 

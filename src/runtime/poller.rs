@@ -1132,26 +1132,32 @@ async fn delete_retrying<Q: QueueClient>(
 ) -> Result<(), QueueError> {
     let give_up = (Instant::now() + DELETE_RETRY_FOR).max(finished.retry_until);
     let mut pause = Duration::from_millis(250);
+    // The tries on their way: one not answered in `DELETE_TRY` gets
+    // another beside it (at most `DELETE_TRIES_AT_ONCE`; see there), and
+    // the first to succeed ends the delete. With none to start, those on
+    // their way are waited for, however long: deletes that SQS does not
+    // answer hold back the receives.
+    use futures::StreamExt as _;
+    let mut tries = futures::stream::FuturesUnordered::new();
+    let mut next_try = Instant::now();
     loop {
-        // Each try bounded by `DELETE_TRY` while another fits before the
-        // last chance (see there); the last is waited for, however long:
-        // deletes that SQS does not answer hold back the receives.
-        let deleting = queue.delete(url, &finished.receipt);
-        let tried = if Instant::now() + DELETE_TRY + DELETE_RETRY_LAST < give_up {
-            tokio::time::timeout(DELETE_TRY, deleting)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(QueueError::new(
-                        "DeleteMessage",
-                        url,
-                        format!("no answer within {DELETE_TRY:?}"),
-                        true,
-                    ))
-                })
-        } else {
-            deleting.await
+        let time_left = Instant::now() + DELETE_RETRY_LAST < give_up;
+        let another = time_left && tries.len() < DELETE_TRIES_AT_ONCE;
+        if tries.is_empty() || (another && Instant::now() >= next_try) {
+            tries.push(queue.delete(url, &finished.receipt));
+            next_try = Instant::now() + DELETE_TRY;
+        }
+        let another = time_left && tries.len() < DELETE_TRIES_AT_ONCE;
+        let answer = tokio::select! {
+            biased;
+            Some(answer) = tries.next() => answer,
+            () = tokio::time::sleep_until(next_try), if another => continue,
         };
-        match tried {
+        match answer {
+            Ok(()) => return Ok(()),
+            Err(e) if !tries.is_empty() => {
+                tracing::debug!(error = %e, "a delete try failed; another is on its way");
+            }
             Err(e) if e.is_transient() && Instant::now() + DELETE_RETRY_LAST < give_up => {
                 warn!(error = %e, "delete failed; trying again");
                 // Never a pause that runs past the last chance: near the
@@ -1177,22 +1183,25 @@ async fn delete_retrying<Q: QueueClient>(
                 tokio::time::sleep(pause.min(room / 2)).await;
                 pause = (pause * 2).min(DELETE_RETRY_PAUSE);
             }
-            done => return done,
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// How long one try of a failed message's delete may take before it is
-/// dropped and tried again (after the pause): a call started while SQS was
-/// out of reach spends the client's own attempts and backoff, each attempt
-/// up to a connect timeout, and near the visibility's end a new call lands
-/// sooner than that call's retry (simulator seed 391853, wire path: a try
-/// sent 1 s before a 37 s cut from SQS ended answered 6 s later, its retry
-/// inside the client reaching SQS 0.2 s after the visibility had ended; the
+/// How long one try of a failed message's delete goes unanswered before
+/// another is sent beside it: a call started while SQS was out of reach
+/// spends the client's own attempts and backoff, each attempt up to a
+/// connect timeout, and near the visibility's end a new call lands sooner
+/// than that call's retry (simulator seed 391853, wire path: a try sent 1 s
+/// before a 37 s cut from SQS ended answered 6 s later, its retry inside
+/// the client reaching SQS 0.2 s after the visibility had ended; the
 /// message, on its last allowed receive, went to the DLQ, its effect
-/// recorded). A try dropped on its way may still land: a delete twice is
-/// harmless.
+/// recorded). The slow try is kept (a slow SQS may still answer it first);
+/// a delete twice is harmless.
 const DELETE_TRY: Duration = Duration::from_secs(2);
+
+/// Delete tries of one message on their way at most ([`DELETE_TRY`]).
+const DELETE_TRIES_AT_ONCE: usize = 3;
 
 /// The least time before a failed delete's last chance for which it is
 /// still tried again.

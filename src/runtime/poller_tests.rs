@@ -1153,11 +1153,14 @@ async fn a_finished_message_is_deleted_in_time_while_its_lane_keepers_call_hangs
 }
 
 /// A queue whose first `DeleteMessage` call takes `first_takes` and then
-/// fails as a call out of reach does; every later one succeeds at once,
-/// its time noted.
+/// fails as a call out of reach does (`first_fails`) or succeeds; every
+/// later one takes `others_take` and succeeds. The first success's time
+/// is noted.
 #[derive(Clone, Default)]
 struct FirstDeleteHangs {
     first_takes: Duration,
+    first_fails: bool,
+    others_take: Duration,
     calls: Arc<std::sync::atomic::AtomicUsize>,
     deleted_at: Arc<Mutex<Option<Instant>>>,
 }
@@ -1169,12 +1172,16 @@ impl QueueClient for FirstDeleteHangs {
     async fn delete(&self, queue: &str, _: &str) -> Result<(), QueueError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
             tokio::time::sleep(self.first_takes).await;
-            return Err(QueueError::new(
-                "DeleteMessage",
-                queue,
-                "connect timeout",
-                true,
-            ));
+            if self.first_fails {
+                return Err(QueueError::new(
+                    "DeleteMessage",
+                    queue,
+                    "connect timeout",
+                    true,
+                ));
+            }
+        } else {
+            tokio::time::sleep(self.others_take).await;
         }
         self.deleted_at
             .lock()
@@ -1211,29 +1218,45 @@ impl QueueClient for FirstDeleteHangs {
 /// of reach spent the client's own attempts and backoff (6 s), and its
 /// retry reached SQS 0.2 s after the visibility had ended; the message, on
 /// its last allowed receive, went to the DLQ. A try that has not answered
-/// in `DELETE_TRY` is now tried again beside it, and lands in time; the
-/// last try before giving up is still waited for (deletes SQS does not
-/// answer hold back receives).
+/// in `DELETE_TRY` now gets another beside it, which lands in time; and a
+/// slow SQS that answers each call in 2.5 s still has the first try land
+/// (it is kept, not dropped, when the second is sent).
 #[tokio::test(start_paused = true)]
 async fn a_delete_try_that_hangs_is_tried_again_before_the_visibility_ends() {
-    let queue = FirstDeleteHangs {
-        first_takes: Duration::from_secs(6),
-        ..Default::default()
-    };
-    let start = Instant::now();
-    let end = start + Duration::from_secs(3);
-    let finished = Finished {
-        receipt: "r".into(),
-        payload: None,
-        invisible_until: end,
-        retry_until: end,
-    };
-    delete_retrying(&queue, "q", &finished).await.unwrap();
-    let landed = queue.deleted_at.lock().unwrap().expect("deleted");
-    assert!(
-        landed < end,
-        "landed {:?} after the start, past the end",
-        landed - start
-    );
-    assert_eq!(queue.calls.load(Ordering::SeqCst), 2);
+    let cases = [
+        // The first hangs 6 s then fails; the second lands at once.
+        (Duration::from_secs(6), true, Duration::ZERO, 2),
+        // Each call answers, with success, after 2.5 s.
+        (
+            Duration::from_millis(2500),
+            false,
+            Duration::from_millis(2500),
+            2,
+        ),
+    ];
+    for (first_takes, first_fails, others_take, calls) in cases {
+        let queue = FirstDeleteHangs {
+            first_takes,
+            first_fails,
+            others_take,
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let end = start + Duration::from_secs(3);
+        let finished = Finished {
+            receipt: "r".into(),
+            payload: None,
+            invisible_until: end,
+            retry_until: end,
+        };
+        delete_retrying(&queue, "q", &finished).await.unwrap();
+        let landed = queue.deleted_at.lock().unwrap().expect("deleted");
+        let case = format!("first takes {first_takes:?}, fails: {first_fails}");
+        assert!(
+            landed < end,
+            "{case}: landed {:?} in, past the end",
+            landed - start
+        );
+        assert_eq!(queue.calls.load(Ordering::SeqCst), calls, "{case}");
+    }
 }

@@ -275,7 +275,8 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
     let mut seed = from;
     let mut paths = Paths::default();
     let end = count.map_or(u64::MAX, |c| from.saturating_add(c));
-    let more = |seed: u64| seed < end && until.is_none_or(|u| Instant::now() < u);
+    let time_left = || until.is_none_or(|u| Instant::now() < u);
+    let more = |seed: u64| seed < end && time_left();
     if args.jobs <= 1 {
         while more(seed) {
             let (report, secs) = run_timed(args, seed);
@@ -295,11 +296,13 @@ fn many(args: &Args, count: Option<u64>, until: Option<Instant>) -> ExitCode {
         let next = std::sync::atomic::AtomicU64::new(from);
         std::thread::scope(|scope| {
             for _ in 0..args.jobs {
-                let (done, next, more) = (done.clone(), &next, &more);
+                let (done, next, time_left) = (done.clone(), &next, &time_left);
                 scope.spawn(move || {
-                    loop {
+                    // The time is read before a seed is taken: a seed taken
+                    // is run, whoever finds the time up afterwards.
+                    while time_left() {
                         let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if !more(seed) || done.send((seed, run_timed(args, seed))).is_err() {
+                        if seed >= end || done.send((seed, run_timed(args, seed))).is_err() {
                             break;
                         }
                     }
