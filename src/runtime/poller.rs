@@ -1142,8 +1142,8 @@ async fn delete_retrying<Q: QueueClient>(
     let mut next_try = Instant::now();
     loop {
         let time_left = Instant::now() + DELETE_RETRY_LAST < give_up;
-        let another = time_left && tries.len() < DELETE_TRIES_AT_ONCE;
-        if tries.is_empty() || (another && Instant::now() >= next_try) {
+        let due = time_left && tries.len() < DELETE_TRIES_AT_ONCE && Instant::now() >= next_try;
+        if tries.is_empty() || due {
             tries.push(queue.delete(url, &finished.receipt));
             next_try = Instant::now() + DELETE_TRY;
         }

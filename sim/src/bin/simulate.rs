@@ -369,33 +369,31 @@ fn take(
     failed: &mut u64,
 ) -> bool {
     let mutant = args.mutant.as_deref();
-    {
-        if args.verbose {
-            print_verbose(seed, &report);
+    if args.verbose {
+        print_verbose(seed, &report);
+    }
+    if let Some(c) = campaign.as_mut() {
+        c.add(seed, &report);
+    }
+    totals.add(&report);
+    if report.violations.is_empty() {
+        return false;
+    }
+    *failed += 1;
+    println!(
+        "FAIL seed {seed}: {} violation(s), first: {}",
+        report.violations.len(),
+        report.violations[0]
+    );
+    println!("  replay: {}", replay(seed, mutant));
+    if let Some(m) = mutant {
+        // Only a seed that passes with the protocol intact counts.
+        if passes_intact(seed) {
+            let ran = seed + 1 - args.from;
+            println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
+            return true;
         }
-        if let Some(c) = campaign.as_mut() {
-            c.add(seed, &report);
-        }
-        totals.add(&report);
-        if !report.violations.is_empty() {
-            *failed += 1;
-            println!(
-                "FAIL seed {seed}: {} violation(s), first: {}",
-                report.violations.len(),
-                report.violations[0]
-            );
-            println!("  replay: {}", replay(seed, mutant));
-            if let Some(m) = mutant {
-                // Only a seed that passes with the protocol intact counts.
-                if passes_intact(seed) {
-                    let ran = seed + 1 - args.from;
-                    println!("mutant {m} caught at seed {seed}, after {ran} seed(s)");
-                    return true;
-                }
-                *failed -= 1;
-                println!("  seed {seed} fails without the mutant too: not counted");
-            }
-        }
+        println!("  seed {seed} fails without the mutant too: not counted");
     }
     false
 }
