@@ -604,7 +604,10 @@ fn with_object_body(
         return m;
     };
     match world.s3.object(&pointer.bucket, &pointer.key) {
-        Some(bytes) => m.body = String::from_utf8_lossy(&bytes).into_owned(),
+        Some(bytes) => {
+            m.body = String::from_utf8(bytes)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        }
         None => problems.push(format!(
             "outbox: a message sent pointing to {}/{}, an object S3 never stored",
             pointer.bucket, pointer.key

@@ -1543,9 +1543,16 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 /// - 400349 (thirteenth search run): a poller (concurrency 1, prefetch 50)
 ///   ran a message 64 s after receiving it, while a Lambda consumer
 ///   received it five times (its handler asked each time to be retried),
-///   and the delete came after the Lambda's last receive; the next moved
-///   it to the DLQ, effect made. Not diagnosed: it replays clean since
-///   391853's fix moved its schedule; kept so that it stays so.
+///   and the delete through its stale receipt was not honoured; the next
+///   receive moved it to the DLQ, effect made. The lane had trusted its
+///   last extension (still covering it by the poller's clock) although its
+///   keeper's extensions were refused for the stale receipt since 70 s and
+///   the poller itself had received the message again at 70.8 s. Fixed: a
+///   waiting message whose extension SQS refuses is let go, and one of
+///   which a newer delivery arrived is skipped for it (unit test
+///   `a_waiting_message_whose_receipt_went_stale_is_not_run_through_it`).
+///   It replayed clean before the fix only because 391853's fix moved its
+///   schedule.
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these
 ///   fixes and the poller's of seed 919; clean since.

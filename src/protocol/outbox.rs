@@ -161,7 +161,7 @@ impl Outgoing {
         if self.body.is_empty() {
             return Err(OutboxError::EmptyBody);
         }
-        if let Some(c) = self.body.chars().find(|c| !sqs_char(*c)) {
+        if let Some(c) = refused_char(&self.body) {
             return Err(OutboxError::Character {
                 what: "body".into(),
                 found: u32::from(c),
@@ -181,7 +181,7 @@ impl Outgoing {
             if value.is_empty() {
                 return Err(OutboxError::EmptyAttribute(name.clone()));
             }
-            if let Some(c) = value.chars().find(|c| !sqs_char(*c)) {
+            if let Some(c) = refused_char(value) {
                 return Err(OutboxError::Character {
                     what: format!("attribute {name:?}"),
                     found: u32::from(c),
@@ -283,6 +283,27 @@ impl Outgoing {
             trace_header: None,
         }
     }
+}
+
+/// The first character of `s` SQS refuses, if any. A byte pass first
+/// (bodies run to megabytes when offloaded): only a control byte or `0xEF`,
+/// the lead byte of U+F000 to U+FFFF, can begin a refused character (a
+/// `str` holds no surrogates), and the pass is over chunks without an early
+/// exit so that it vectorises; a chunk with one is read a character at a
+/// time.
+fn refused_char(s: &str) -> Option<char> {
+    const CHUNK: usize = 64;
+    let suspect = |b: u8| (b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r')) || b == 0xEF;
+    let first = s
+        .as_bytes()
+        .chunks(CHUNK)
+        .position(|chunk| chunk.iter().fold(false, |any, &b| any | suspect(b)))?;
+    // Back to the start of the character the chunk begins inside.
+    let mut from = first * CHUNK;
+    while !s.is_char_boundary(from) {
+        from -= 1;
+    }
+    s[from..].chars().find(|c| !sqs_char(*c))
 }
 
 /// A character SQS takes in a body or attribute value (#x9, #xA, #xD,
@@ -683,6 +704,43 @@ mod tests {
             "AWS.SimpleQueueService.NonExistentQueue",
         ] {
             assert!(refused(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn the_byte_pass_finds_the_character_a_scan_of_every_character_finds() {
+        let scan = |s: &str| s.chars().find(|c| !sqs_char(*c));
+        let long = "a".repeat(200);
+        for s in [
+            String::new(),
+            "plain".into(),
+            format!("{long}\u{1}"),
+            format!("{long}\u{F000}{long}"),
+            format!("{long}\u{F000}{long}\u{FFFE}"),
+            format!("{}\u{FFFF}", "é".repeat(100)),
+            format!("{long}\t\n\r\u{7F}\u{FFFD}\u{10FFFF}"),
+            format!("{}\u{1F}{long}", "€".repeat(30)),
+        ] {
+            assert_eq!(refused_char(&s), scan(&s), "{s:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_byte_pass_agrees_with_the_character_scan(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    ".{0,80}",
+                    proptest::strategy::Just("\u{FFFE}".to_owned()),
+                    proptest::strategy::Just("\u{FFFF}".to_owned()),
+                    proptest::strategy::Just("\u{F8FF}".to_owned()),
+                    proptest::strategy::Just("\u{0}".to_owned()),
+                ],
+                0..8,
+            )
+        ) {
+            let s = parts.concat();
+            proptest::prop_assert_eq!(refused_char(&s), s.chars().find(|c| !sqs_char(*c)));
         }
     }
 

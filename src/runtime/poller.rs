@@ -37,7 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::protocol::limits::SQS_BATCH;
 use crate::protocol::outcome::OutcomeKind;
@@ -157,7 +157,8 @@ pub struct RunStats {
     /// Messages parked in the DLQ.
     pub parked: u64,
     /// Messages released unprocessed: after an earlier failure in their FIFO
-    /// group, or received but not started before shutdown.
+    /// group, received but not started before shutdown, or waiting when SQS
+    /// refused its receipt or a newer delivery of it arrived.
     pub held_back: u64,
 }
 
@@ -499,7 +500,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 crate::runtime::extend_many(&self.queue, url, &receipts, running, config.lease),
             )
             .await
-            .unwrap_or(false);
+            .unwrap_or_default();
             // Even a call that failed may have landed (a timeout, a lost
             // answer): the failed deletes of these messages, the running one
             // included, are tried until then (`Held::invisible_at_most`).
@@ -511,7 +512,35 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             let mut l = latest.lock().unwrap_or_else(|e| e.into_inner());
             *l = (*l).max(Instant::now() + config.lease + late);
             drop(l);
-            if extended {
+            // A waiting message whose receipt SQS refused is another
+            // delivery's now (received again, or visible again), whatever
+            // the last extension promised: it is let go, not started, and
+            // in a FIFO group those after it too (simulator seed 400349: a
+            // lane trusted an extension that SQS had since overtaken,
+            // started its message 26 s after another consumer had received
+            // it, and the effect's delete through the stale receipt left
+            // the message to reach the DLQ on its next receive).
+            let refused = |m: &Message| {
+                m.receipt_handle()
+                    .is_some_and(|r| extended.refused.iter().any(|x| x == r))
+            };
+            let before = w.messages.len();
+            if self.config.is_fifo() {
+                if let Some(first) = w.messages.iter().position(refused) {
+                    w.messages.truncate(first);
+                }
+            } else {
+                w.messages.retain(|m| !refused(m));
+            }
+            let let_go = (before - w.messages.len()) as u64;
+            if let_go > 0 {
+                warn!(
+                    messages = let_go,
+                    "SQS refused to keep a waiting message invisible through its receipt (received again, or visible again); let go unprocessed"
+                );
+                self.count(|s| s.held_back += let_go);
+            }
+            if extended.all {
                 // A message set again alone may end up to a second sooner
                 // (its timeout is what was left, rounded down).
                 w.invisible_until = sent + config.lease.saturating_sub(Duration::from_secs(1));
@@ -566,7 +595,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         match changed {
             Ok(()) => Some(invisible_until.max(sent + config.lease)),
             Err(e) => {
-                let covered = invisible_until > Instant::now();
+                // Refused outright (not a transient failure): this delivery
+                // no longer holds the message, however long it was covered.
+                let covered = e.is_transient() && invisible_until > Instant::now();
                 warn!(message_id = message.id(), error = %e, covered, "could not extend a waiting message before it starts");
                 covered.then_some(invisible_until)
             }
@@ -727,6 +758,24 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         // At shutdown the rest of the lane comes back at once.
         let mut rest_after = Duration::ZERO;
         while let Some((m, invisible_until)) = self.next().await {
+            // A newer delivery of it reached this poller while it waited
+            // (later in this lane, a twin, or in another): that one runs
+            // it. This receipt may be stale, and the last extension
+            // through it promises nothing (seed 400349). In a FIFO group
+            // the rest of the lane goes too.
+            if self.shared.holding.delivery_superseded(&m) {
+                debug!(
+                    message_id = m.id(),
+                    "a waiting message was received again before it started; the newer delivery runs it"
+                );
+                self.waiting.lock().await.running = None;
+                self.shared.count(|s| s.held_back += 1);
+                if self.fifo {
+                    break;
+                }
+                permits.pop();
+                continue;
+            }
             let Some(invisible_until) = self
                 .shared
                 .cover_until_first_beat(&m, invisible_until, &self.latest)

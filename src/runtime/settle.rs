@@ -218,6 +218,15 @@ impl Holding {
         })
     }
 
+    /// Whether a newer delivery of `message` reached the runtime after
+    /// this one (held or let go since).
+    pub(crate) fn delivery_superseded(&self, message: &Message) -> bool {
+        let Some(receipt) = message.receipt_handle() else {
+            return false;
+        };
+        self.with(|held| held.get(message.id()).is_some_and(|m| m.newest != receipt))
+    }
+
     /// The newest delivery of `message` held here, where that is not this
     /// delivery: its receipt handle and lease. Notes that its visibility
     /// is about to be set back, for a lease, through that receipt: it may

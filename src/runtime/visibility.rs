@@ -242,8 +242,11 @@ pub(crate) async fn retry_later<Q: QueueClient>(
 /// After a call that failed as a whole, the singles stop at the first that
 /// fails for a transient reason too: SQS is out of reach, and the caller
 /// holds its lane meanwhile. What still fails is logged; those messages
-/// return when their current visibility ends. True when every one was
-/// extended.
+/// return when their current visibility ends. A single that SQS refuses
+/// outright (not a transient failure: the receipt handle is stale because
+/// the message was received again, or the message is visible again) is
+/// named in [`Extended::refused`]: that delivery no longer holds the
+/// message, whatever the last extension that worked promised.
 #[cfg(feature = "poller")]
 pub(crate) async fn extend_many<Q: QueueClient>(
     queue: &Q,
@@ -251,7 +254,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
     receipts: &[String],
     running: Option<&str>,
     timeout: Duration,
-) -> bool {
+) -> Extended {
     let sent = Instant::now();
     // Each with whether its whole call failed.
     let mut again: Vec<(&String, bool)> = Vec::new();
@@ -270,6 +273,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
         }
     }
     let mut all = true;
+    let mut refused = Vec::new();
     let mut out_of_reach = false;
     for (receipt, whole_call_failed) in again {
         if whole_call_failed && out_of_reach {
@@ -293,10 +297,23 @@ pub(crate) async fn extend_many<Q: QueueClient>(
         if let Err(e) = queue.change_visibility(url, receipt, left).await {
             all = false;
             out_of_reach |= whole_call_failed && e.is_transient();
+            if !e.is_transient() {
+                refused.push(receipt.clone());
+            }
             warn!(error = %e, "could not keep a waiting message invisible");
         }
     }
-    all
+    Extended { all, refused }
+}
+
+/// What an [`extend_many`] did.
+#[cfg(feature = "poller")]
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Extended {
+    /// Every message was extended.
+    pub(crate) all: bool,
+    /// The receipt handles SQS refused outright.
+    pub(crate) refused: Vec<String>,
 }
 
 #[cfg(test)]
@@ -398,14 +415,48 @@ mod tests {
             .iter()
             .map(|m| m.receipt_handle().unwrap().to_owned())
             .collect();
-        let all = extend_many(&q, &url, &receipts, None, Duration::from_secs(120)).await;
-        assert!(all, "every message extended");
+        let extended = extend_many(&q, &url, &receipts, None, Duration::from_secs(120)).await;
+        assert!(extended.all, "every message extended");
+        assert!(extended.refused.is_empty());
         assert_eq!(q.counts(&url).unwrap().entry_errors, 1, "one entry failed");
         tokio::time::advance(Duration::from_secs(60)).await;
         assert!(
             q.receive(&url, request).await.unwrap().is_empty(),
             "a message came back though its extension was tried again"
         );
+    }
+
+    /// A waiting message received again elsewhere (its visibility lapsed)
+    /// is named refused: SQS will not take its old receipt handle, so that
+    /// delivery no longer holds it. The newer delivery is extended.
+    #[cfg(feature = "poller")]
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_receipt_is_named_refused() {
+        use crate::protocol::queue::{OutgoingMessage, ReceiveRequest};
+        use crate::testkit::queue::{MemoryQueue, QueueSettings};
+        let q = MemoryQueue::new();
+        let url = q.create_queue(QueueSettings::new("stale")).unwrap();
+        let m = OutgoingMessage {
+            body: "a".into(),
+            ..Default::default()
+        };
+        q.send(&url, m).await.unwrap();
+        let request = ReceiveRequest {
+            max: 10,
+            wait: Duration::ZERO,
+            visibility: Duration::from_secs(1),
+        };
+        let old = q.receive(&url, request).await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let new = q.receive(&url, request).await.unwrap();
+        let receipts: Vec<String> = old
+            .iter()
+            .chain(&new)
+            .map(|m| m.receipt_handle().unwrap().to_owned())
+            .collect();
+        let extended = extend_many(&q, &url, &receipts, None, Duration::from_secs(30)).await;
+        assert!(!extended.all);
+        assert_eq!(extended.refused, vec![receipts[0].clone()]);
     }
 
     /// A queue whose batch extensions take `batch_takes` and then fail
@@ -523,18 +574,27 @@ mod tests {
         let q = queue(Duration::from_millis(750), false);
         // The running one ("r0") is left to its own heartbeat, the waiting
         // ones get what is left.
-        assert!(extend_many(&q, "q", &receipts, Some("r0"), timeout).await);
+        assert!(
+            extend_many(&q, "q", &receipts, Some("r0"), timeout)
+                .await
+                .all
+        );
         let singles = q.singles.lock().unwrap().clone();
         assert_eq!(singles, vec![Duration::from_secs(28); 11]);
 
         // Nearly all of it gone in the batch calls: none set alone.
         let q = queue(Duration::from_millis(14_600), false);
-        assert!(!extend_many(&q, "q", &receipts, None, timeout).await);
+        assert!(!extend_many(&q, "q", &receipts, None, timeout).await.all);
         assert!(q.singles.lock().unwrap().is_empty());
 
         // Both calls failed as a whole: one single tried, then no more.
         let q = queue(Duration::from_secs(1), true);
-        assert!(!extend_many(&q, "q", &receipts, None, timeout).await);
+        let extended = extend_many(&q, "q", &receipts, None, timeout).await;
+        assert!(!extended.all);
+        assert!(
+            extended.refused.is_empty(),
+            "a transient failure refuses nothing"
+        );
         assert_eq!(
             q.singles.lock().unwrap().clone(),
             vec![Duration::from_secs(28)]

@@ -24,6 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use crc_fast::CrcAlgorithm;
 use sha2::Digest;
 
 /// What the model calls when an object is deleted: its bucket and key.
@@ -159,45 +160,22 @@ const CHECKSUMS: [&str; 5] = [
     "x-amz-checksum-crc64nvme",
 ];
 
-const fn crc_table(poly: u32) -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 == 1 { poly ^ (c >> 1) } else { c >> 1 };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-}
-
-/// CRC-32 (IEEE, reflected).
-const CRC32: [u32; 256] = crc_table(0xEDB8_8320);
-/// CRC-32C (Castagnoli, reflected).
-const CRC32C: [u32; 256] = crc_table(0x82F6_3B78);
-
-fn crc(table: &[u32; 256], data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = table[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
-}
-
 /// The checksum `header` names of `data`, base64 as S3 spells it; `None`
 /// for one the model does not compute.
 pub fn checksum(header: &str, data: &[u8]) -> Option<String> {
     let raw: Vec<u8> = match header {
-        "x-amz-checksum-crc32" => crc(&CRC32, data).to_be_bytes().to_vec(),
-        "x-amz-checksum-crc32c" => crc(&CRC32C, data).to_be_bytes().to_vec(),
+        "x-amz-checksum-crc32" => crc(CrcAlgorithm::Crc32IsoHdlc, data),
+        "x-amz-checksum-crc32c" => crc(CrcAlgorithm::Crc32Iscsi, data),
         "x-amz-checksum-sha256" => sha2::Sha256::digest(data).to_vec(),
         _ => return None,
     };
     Some(aws_smithy_types::base64::encode(raw))
+}
+
+/// A 32-bit CRC's four bytes, big-endian as S3's header carries them.
+fn crc(algorithm: CrcAlgorithm, data: &[u8]) -> Vec<u8> {
+    let c = u32::try_from(crc_fast::checksum(algorithm, data)).expect("a 32-bit CRC");
+    c.to_be_bytes().to_vec()
 }
 
 /// An object's `ETag`: 32 hex digits of its content's SHA-256 (S3's is the

@@ -881,3 +881,18 @@ async fn a_put_under_faults_is_retried_by_the_sdk_and_stores_the_object_whole() 
     assert!(failed.detail.contains("InternalError"), "{failed}");
     assert!(!model.contains("sim-payloads", "outbox/lost"));
 }
+
+#[test]
+fn the_s3_model_computes_the_checksums_s3_names() {
+    // The catalogue's check values of "123456789": CRC-32 0xCBF43926,
+    // CRC-32C 0xE3069283; base64 of their big-endian bytes.
+    assert_eq!(
+        s3::checksum("x-amz-checksum-crc32", b"123456789").as_deref(),
+        Some("y/Q5Jg==")
+    );
+    assert_eq!(
+        s3::checksum("x-amz-checksum-crc32c", b"123456789").as_deref(),
+        Some("4waSgw==")
+    );
+    assert_eq!(s3::checksum("x-amz-checksum-sha1", b"123456789"), None);
+}
