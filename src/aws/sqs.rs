@@ -58,7 +58,9 @@ where
 {
     let transient = crate::aws::is_transient(&e);
     let detail = crate::aws::error_detail(&e);
-    QueueError::new(operation, queue, detail, transient).with_source(e)
+    let code = e.as_service_error().and_then(|se| se.code()).unwrap_or("");
+    let error = QueueError::new(operation, queue, detail, transient).with_code(code);
+    error.with_source(e)
 }
 
 /// The failed entries of a batch of `entries`, by index. An id that is not
@@ -412,5 +414,49 @@ impl QueueClient for Client {
             .map_err(|e| queue_error("GetQueueUrl", name, e))?;
         out.queue_url
             .ok_or_else(|| QueueError::new("GetQueueUrl", name, "no QueueUrl in the answer", true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::error::SdkError;
+    use aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityError;
+    use aws_smithy_types::error::ErrorMetadata;
+
+    /// The service's code is read into the queue error, so that a stale
+    /// receipt handle is told from other refusals.
+    #[test]
+    fn a_refused_receipt_handle_is_told_from_other_refusals() {
+        let error = |code: &str, message: &str| {
+            let meta = ErrorMetadata::builder().code(code).message(message).build();
+            let e: SdkError<ChangeMessageVisibilityError, ()> =
+                SdkError::service_error(ChangeMessageVisibilityError::generic(meta), ());
+            super::queue_error("ChangeMessageVisibility", "q", e)
+        };
+        for (code, message) in [
+            ("ReceiptHandleIsInvalid", "stale"),
+            ("AWS.SimpleQueueService.MessageNotInflight", "visible"),
+            ("MessageNotInflight", "visible"),
+            (
+                "InvalidParameterValue",
+                "Value x for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for visibility timeout change.",
+            ),
+        ] {
+            assert!(
+                error(code, message).is_receipt_refused(),
+                "{code}: {message}"
+            );
+        }
+        for (code, message) in [
+            ("AccessDenied", "no"),
+            ("InvalidParameterValue", "VisibilityTimeout above 43200"),
+            ("", "no code"),
+            ("ServiceUnavailable", "later"),
+        ] {
+            assert!(
+                !error(code, message).is_receipt_refused(),
+                "{code}: {message}"
+            );
+        }
     }
 }

@@ -193,6 +193,8 @@ pub struct QueueError {
     /// What the service or the transport said.
     pub detail: String,
     transient: bool,
+    /// The service refused the receipt handle itself ([`Self::with_code`]).
+    receipt_refused: bool,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -211,8 +213,32 @@ impl QueueError {
             queue: queue.into(),
             detail: detail.into(),
             transient,
+            receipt_refused: false,
             source: None,
         }
+    }
+
+    /// Reads the service's error code (`ReceiptHandleIsInvalid`, ...) for
+    /// what [`Self::is_receipt_refused`] tells.
+    pub fn with_code(mut self, code: &str) -> Self {
+        self.receipt_refused = match code {
+            "ReceiptHandleIsInvalid"
+            | "MessageNotInflight"
+            | "AWS.SimpleQueueService.MessageNotInflight" => true,
+            // How some emulators refuse a stale receipt handle.
+            "InvalidParameterValue" => self.detail.contains("ReceiptHandle"),
+            _ => false,
+        };
+        self
+    }
+
+    /// Whether SQS refused the receipt handle itself: it is stale (the
+    /// message was received again since, or is gone), or the message is
+    /// not in flight (visible again). The delivery it came with no longer
+    /// holds the message. Other refusals (access, parameters) say nothing
+    /// of the delivery.
+    pub fn is_receipt_refused(&self) -> bool {
+        self.receipt_refused
     }
 
     /// Keeps the underlying error as the source.

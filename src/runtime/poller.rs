@@ -541,6 +541,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 self.count(|s| s.held_back += let_go);
             }
             if extended.all {
+                // (Those refused are let go above.)
                 // A message set again alone may end up to a second sooner
                 // (its timeout is what was left, rounded down).
                 w.invisible_until = sent + config.lease.saturating_sub(Duration::from_secs(1));
@@ -595,9 +596,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         match changed {
             Ok(()) => Some(invisible_until.max(sent + config.lease)),
             Err(e) => {
-                // Refused outright (not a transient failure): this delivery
-                // no longer holds the message, however long it was covered.
-                let covered = e.is_transient() && invisible_until > Instant::now();
+                // Its receipt refused: this delivery no longer holds the
+                // message, however long it was covered.
+                let covered = !e.is_receipt_refused() && invisible_until > Instant::now();
                 warn!(message_id = message.id(), error = %e, covered, "could not extend a waiting message before it starts");
                 covered.then_some(invisible_until)
             }
@@ -770,6 +771,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 );
                 self.waiting.lock().await.running = None;
                 self.shared.count(|s| s.held_back += 1);
+                // Let go now, not at the lane's end: while held it would
+                // keep the newer delivery from setting its retry delay.
+                if let Some(receipt) = m.receipt_handle() {
+                    self.shared.holding.let_go(m.id(), receipt);
+                }
                 if self.fifo {
                     break;
                 }

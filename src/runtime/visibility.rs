@@ -242,11 +242,12 @@ pub(crate) async fn retry_later<Q: QueueClient>(
 /// After a call that failed as a whole, the singles stop at the first that
 /// fails for a transient reason too: SQS is out of reach, and the caller
 /// holds its lane meanwhile. What still fails is logged; those messages
-/// return when their current visibility ends. A single that SQS refuses
-/// outright (not a transient failure: the receipt handle is stale because
+/// return when their current visibility ends. A single whose receipt
+/// handle SQS refuses ([`QueueError::is_receipt_refused`]: stale because
 /// the message was received again, or the message is visible again) is
 /// named in [`Extended::refused`]: that delivery no longer holds the
-/// message, whatever the last extension that worked promised.
+/// message, whatever the last extension that worked promised; the others
+/// count toward [`Extended::all`] as before.
 #[cfg(feature = "poller")]
 pub(crate) async fn extend_many<Q: QueueClient>(
     queue: &Q,
@@ -272,6 +273,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
             }
         }
     }
+    // Every one not refused was extended.
     let mut all = true;
     let mut refused = Vec::new();
     let mut out_of_reach = false;
@@ -295,10 +297,11 @@ pub(crate) async fn extend_many<Q: QueueClient>(
             continue;
         }
         if let Err(e) = queue.change_visibility(url, receipt, left).await {
-            all = false;
             out_of_reach |= whole_call_failed && e.is_transient();
-            if !e.is_transient() {
+            if e.is_receipt_refused() {
                 refused.push(receipt.clone());
+            } else {
+                all = false;
             }
             warn!(error = %e, "could not keep a waiting message invisible");
         }
@@ -310,7 +313,7 @@ pub(crate) async fn extend_many<Q: QueueClient>(
 #[cfg(feature = "poller")]
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Extended {
-    /// Every message was extended.
+    /// Every message was extended but those refused.
     pub(crate) all: bool,
     /// The receipt handles SQS refused outright.
     pub(crate) refused: Vec<String>,
@@ -428,7 +431,8 @@ mod tests {
 
     /// A waiting message received again elsewhere (its visibility lapsed)
     /// is named refused: SQS will not take its old receipt handle, so that
-    /// delivery no longer holds it. The newer delivery is extended.
+    /// delivery no longer holds it. The newer delivery is extended, and
+    /// counts as all the rest.
     #[cfg(feature = "poller")]
     #[tokio::test(start_paused = true)]
     async fn a_stale_receipt_is_named_refused() {
@@ -455,7 +459,7 @@ mod tests {
             .map(|m| m.receipt_handle().unwrap().to_owned())
             .collect();
         let extended = extend_many(&q, &url, &receipts, None, Duration::from_secs(30)).await;
-        assert!(!extended.all);
+        assert!(extended.all, "the newer delivery was extended");
         assert_eq!(extended.refused, vec![receipts[0].clone()]);
     }
 

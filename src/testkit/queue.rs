@@ -647,7 +647,7 @@ fn error(
     code: &str,
     detail: impl std::fmt::Display,
 ) -> QueueError {
-    QueueError::new(operation, queue, format!("{code}: {detail}"), false)
+    QueueError::new(operation, queue, format!("{code}: {detail}"), false).with_code(code)
 }
 
 fn no_queue(operation: &'static str, queue: &str) -> QueueError {
