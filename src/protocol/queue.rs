@@ -219,13 +219,18 @@ impl QueueError {
     }
 
     /// Reads the service's error code (`ReceiptHandleIsInvalid`, ...) for
-    /// what [`Self::is_receipt_refused`] tells.
+    /// what [`Self::is_receipt_refused`] tells; the code is not kept apart
+    /// (put it in the detail). A custom [`QueueClient`] calls it with the
+    /// code of each failed call.
     pub fn with_code(mut self, code: &str) -> Self {
         self.receipt_refused = match code {
             "ReceiptHandleIsInvalid"
             | "MessageNotInflight"
             | "AWS.SimpleQueueService.MessageNotInflight" => true,
-            // How some emulators refuse a stale receipt handle.
+            // How SQS is reported to refuse a receipt handle it no longer
+            // takes ("Value ... for parameter ReceiptHandle is invalid.
+            // Reason: Message does not exist or is not available for
+            // visibility timeout change."), and LocalStack likewise.
             "InvalidParameterValue" => self.detail.contains("ReceiptHandle"),
             _ => false,
         };

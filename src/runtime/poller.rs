@@ -524,15 +524,26 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 m.receipt_handle()
                     .is_some_and(|r| extended.refused.iter().any(|x| x == r))
             };
-            let before = w.messages.len();
-            if self.config.is_fifo() {
-                if let Some(first) = w.messages.iter().position(refused) {
-                    w.messages.truncate(first);
+            let gone: Vec<Message> = if self.config.is_fifo() {
+                match w.messages.iter().position(refused) {
+                    Some(first) => w.messages.drain(first..).collect(),
+                    None => Vec::new(),
                 }
             } else {
-                w.messages.retain(|m| !refused(m));
+                let (gone, kept) = std::mem::take(&mut w.messages)
+                    .into_iter()
+                    .partition(|m| refused(m));
+                w.messages = kept;
+                gone.into()
+            };
+            // Let go of in `holding` too: while held, a newer delivery of
+            // one of them would set no retry delay.
+            for m in &gone {
+                if let Some(receipt) = m.receipt_handle() {
+                    self.holding.let_go(m.id(), receipt);
+                }
             }
-            let let_go = (before - w.messages.len()) as u64;
+            let let_go = gone.len() as u64;
             if let_go > 0 {
                 warn!(
                     messages = let_go,

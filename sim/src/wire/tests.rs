@@ -376,6 +376,7 @@ mod sqs {
         let bad = client.delete(&url, "nonsense").await.unwrap_err();
         assert!(bad.detail.starts_with("ReceiptHandleIsInvalid"), "{bad}");
         assert!(!bad.is_transient());
+        assert!(bad.is_receipt_refused(), "{bad}");
         client
             .change_visibility(&url, &receipt, Duration::ZERO)
             .await
@@ -385,6 +386,7 @@ mod sqs {
             .await
             .unwrap_err();
         assert!(visible.detail.contains("MessageNotInflight"), "{visible}");
+        assert!(visible.is_receipt_refused(), "{visible}");
         let again = client.receive(&url, request()).await.unwrap();
         let fresh = again[0].receipt_handle().unwrap().to_owned();
         let failed = client
