@@ -1056,6 +1056,71 @@ async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay
     assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
 }
 
+/// A receive that returns one message twice (SQS's twin: both receipt
+/// handles valid) puts both deliveries in one lane; the older is skipped
+/// for the newer, and let go at once, so that the newer one, failing, sets
+/// its retry delay (2 s) instead of leaving the message to come back when
+/// its visibility (the 20 s lease) ends.
+#[tokio::test(start_paused = true)]
+async fn a_twin_skipped_for_the_newer_delivery_leaves_it_its_retry_delay() {
+    use crate::HandlerError;
+    use crate::testkit::queue::RedrivePolicy;
+    let queue = MemoryQueue::new();
+    let dlq = queue.create_queue(QueueSettings::new("twin-dlq")).unwrap();
+    let mut settings = QueueSettings::new("twin");
+    settings.redrive = Some(RedrivePolicy {
+        dlq_url: dlq.clone(),
+        max_receive_count: 5,
+    });
+    // The first receive's draws hit: the in-flight one (nothing is in
+    // flight), then the message's own: it is returned twice.
+    let draws = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    settings.might.twice = 1.0;
+    settings.might.draw = Some(Arc::new(Mutex::new(move || {
+        if draws.fetch_add(1, Ordering::SeqCst) < 2 {
+            0.0
+        } else {
+            1.0
+        }
+    })));
+    let url = queue.create_queue(settings).unwrap();
+    let message = OutgoingMessage {
+        body: r#"{"id":"e1"}"#.into(),
+        ..Default::default()
+    };
+    queue.send(&url, message).await.unwrap();
+    let calls = Arc::new(Mutex::new(Vec::<(u32, Instant)>::new()));
+    let c = calls.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let c = c.clone();
+        async move {
+            c.lock().unwrap().push((m.receive_count(), Instant::now()));
+            if c.lock().unwrap().len() == 1 {
+                return Err(HandlerError::retry("the first run fails"));
+            }
+            Ok(None)
+        }
+    });
+    let poller = spawn_twin_poller(&queue, &url, twin_store(), handler);
+    let stats = poller.await.unwrap();
+    assert!(!queue.twin_receipts(&url).is_empty(), "a twin: {stats:?}");
+    assert_eq!(stats.held_back, 1, "the older delivery skipped: {stats:?}");
+    let calls = calls.lock().unwrap().clone();
+    let counts: Vec<u32> = calls.iter().map(|c| c.0).collect();
+    assert_eq!(
+        counts,
+        [2, 3],
+        "the older delivery ran, or the message did not come back: {stats:?}"
+    );
+    let back_after = calls[1].1 - calls[0].1;
+    assert!(
+        back_after < Duration::from_secs(10),
+        "the retry delay was not set (back after {back_after:?}): {stats:?}"
+    );
+    assert_eq!(queue.counts(&dlq).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+}
+
 /// Simulator seed 647 (`maxReceiveCount` 4): SQS delivered a message to a
 /// poller that already held it (a twin delivery: the earlier receipt handle
 /// stays valid). The earlier delivery failed and set its retry delay
