@@ -539,9 +539,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             // Let go of in `holding` too: while held, a newer delivery of
             // one of them would set no retry delay.
             for m in &gone {
-                if let Some(receipt) = m.receipt_handle() {
-                    self.holding.let_go(m.id(), receipt);
-                }
+                self.holding.let_go_delivery(m);
             }
             let let_go = gone.len() as u64;
             if let_go > 0 {
@@ -784,9 +782,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 self.shared.count(|s| s.held_back += 1);
                 // Let go now, not at the lane's end: while held it would
                 // keep the newer delivery from setting its retry delay.
-                if let Some(receipt) = m.receipt_handle() {
-                    self.shared.holding.let_go(m.id(), receipt);
-                }
+                self.shared.holding.let_go_delivery(&m);
                 if self.fifo {
                     break;
                 }

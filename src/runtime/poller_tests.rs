@@ -951,31 +951,43 @@ async fn the_receive_loop_beats_its_liveness_while_a_long_handler_holds_every_pl
 /// flag answered is set, and never otherwise: (queue, its URL, the DLQ's
 /// URL, the flag).
 async fn queue_of_one_twin() -> (MemoryQueue, String, String, Arc<AtomicBool>) {
+    let armed = Arc::new(AtomicBool::new(false));
+    let a = armed.clone();
+    let (queue, url, dlq) = queue_of_one_drawing(2, move || {
+        if a.swap(false, Ordering::SeqCst) {
+            0.0
+        } else {
+            1.0
+        }
+    })
+    .await;
+    (queue, url, dlq, armed)
+}
+
+/// A queue (redrive after `max_receive_count` receives) holding one
+/// message, `{"id":"e1"}`, that SQS may deliver twice at once, each such
+/// "might" hit when `draw` answers below 1: (queue, its URL, the DLQ's URL).
+async fn queue_of_one_drawing(
+    max_receive_count: u32,
+    draw: impl FnMut() -> f64 + Send + 'static,
+) -> (MemoryQueue, String, String) {
     use crate::testkit::queue::RedrivePolicy;
     let queue = MemoryQueue::new();
     let dlq = queue.create_queue(QueueSettings::new("twin-dlq")).unwrap();
     let mut settings = QueueSettings::new("twin");
     settings.redrive = Some(RedrivePolicy {
         dlq_url: dlq.clone(),
-        max_receive_count: 2,
+        max_receive_count,
     });
-    let armed = Arc::new(AtomicBool::new(false));
-    let a = armed.clone();
     settings.might.twice = 1.0;
-    settings.might.draw = Some(Arc::new(Mutex::new(move || {
-        if a.swap(false, Ordering::SeqCst) {
-            0.0
-        } else {
-            1.0
-        }
-    })));
+    settings.might.draw = Some(Arc::new(Mutex::new(draw)));
     let url = queue.create_queue(settings).unwrap();
     let message = OutgoingMessage {
         body: r#"{"id":"e1"}"#.into(),
         ..Default::default()
     };
     queue.send(&url, message).await.unwrap();
-    (queue, url, dlq, armed)
+    (queue, url, dlq)
 }
 
 /// An in-memory store on a virtual clock, for [`spawn_twin_poller`].
@@ -1064,31 +1076,17 @@ async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay
 #[tokio::test(start_paused = true)]
 async fn a_twin_skipped_for_the_newer_delivery_leaves_it_its_retry_delay() {
     use crate::HandlerError;
-    use crate::testkit::queue::RedrivePolicy;
-    let queue = MemoryQueue::new();
-    let dlq = queue.create_queue(QueueSettings::new("twin-dlq")).unwrap();
-    let mut settings = QueueSettings::new("twin");
-    settings.redrive = Some(RedrivePolicy {
-        dlq_url: dlq.clone(),
-        max_receive_count: 5,
-    });
     // The first receive's draws hit: the in-flight one (nothing is in
     // flight), then the message's own: it is returned twice.
     let draws = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    settings.might.twice = 1.0;
-    settings.might.draw = Some(Arc::new(Mutex::new(move || {
+    let (queue, url, dlq) = queue_of_one_drawing(5, move || {
         if draws.fetch_add(1, Ordering::SeqCst) < 2 {
             0.0
         } else {
             1.0
         }
-    })));
-    let url = queue.create_queue(settings).unwrap();
-    let message = OutgoingMessage {
-        body: r#"{"id":"e1"}"#.into(),
-        ..Default::default()
-    };
-    queue.send(&url, message).await.unwrap();
+    })
+    .await;
     let calls = Arc::new(Mutex::new(Vec::<(u32, Instant)>::new()));
     let c = calls.clone();
     let handler = handler_fn(move |m: Message, _ctx| {

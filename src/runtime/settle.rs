@@ -218,6 +218,14 @@ impl Holding {
         })
     }
 
+    /// The runtime is done with this delivery of `message` ([`Self::let_go`]
+    /// by its receipt handle).
+    pub(crate) fn let_go_delivery(&self, message: &Message) {
+        if let Some(receipt) = message.receipt_handle() {
+            self.let_go(message.id(), receipt);
+        }
+    }
+
     /// Whether a newer delivery of `message` reached the runtime after
     /// this one (held or let go since).
     pub(crate) fn delivery_superseded(&self, message: &Message) -> bool {
