@@ -123,6 +123,19 @@ pub struct FaultCounts {
     pub late: AtomicU64,
     /// Sent after a pause of the host.
     pub pauses: AtomicU64,
+    /// Requests given up on by the client that have not landed yet.
+    landing: Arc<AtomicU64>,
+}
+
+/// A request given up on by its client, on its way to land later: counted
+/// in [`FaultCounts::landing`] until dropped (once it has landed).
+#[derive(Debug)]
+pub struct OnItsWay(Arc<AtomicU64>);
+
+impl Drop for OnItsWay {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl FaultCounts {
@@ -140,6 +153,18 @@ impl FaultCounts {
         .iter()
         .map(|(name, c)| (*name, c.load(Ordering::Relaxed)))
         .collect()
+    }
+
+    /// How many requests given up on by their clients have yet to land.
+    pub fn landing(&self) -> u64 {
+        self.landing.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request given up on that lands later, until the answer
+    /// is dropped.
+    pub fn lands_later(&self) -> OnItsWay {
+        self.landing.fetch_add(1, Ordering::Relaxed);
+        OnItsWay(self.landing.clone())
     }
 
     /// All faults injected into calls.
@@ -305,6 +330,12 @@ impl Link {
             "partition {} from {service:?} for {d:?}",
             self.name
         ));
+    }
+
+    /// Counts a request of this host given up on that lands later, until
+    /// the answer is dropped (see [`FaultCounts::lands_later`]).
+    pub(crate) fn lands_later(&self) -> OnItsWay {
+        self.counts.lands_later()
     }
 
     fn is_cut(&self, service: Service) -> bool {
@@ -700,10 +731,12 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
             return Ok(());
         };
         let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
+        let landing = self.link.lands_later();
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             land.await;
             trace.event(format!("landed late: {name} {op}"));
+            drop(landing);
         });
         self.life.guard(tokio::time::sleep(wait)).await;
         let detail = "timed out (the request lands later)";
@@ -961,10 +994,12 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
             {
                 let landing = land(self.inner.at(self.clock.now()));
                 let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
+                let counted = self.link.lands_later();
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
                     landing.await;
                     trace.event(format!("landed late: {name} {op}"));
+                    drop(counted);
                 });
                 self.life.guard(tokio::time::sleep(wait)).await;
                 last = "timed out (the request lands later)".into();

@@ -385,9 +385,11 @@ impl Wire {
             WireFault::Late(after) => {
                 let (model, method) = (model.clone(), method.clone());
                 let (bucket, key) = (bucket.clone(), key.clone());
+                let landing = self.link.as_ref().map(Link::lands_later);
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
                     let _ = model.handle_with(&method, &bucket, &key, &content);
+                    drop(landing);
                 });
                 return std::future::pending().await;
             }
@@ -457,9 +459,11 @@ impl Wire {
                     self.gives_up.min(sqs_once::aws::sqs::CALL_ATTEMPT)
                 };
                 let (model, at) = (model.clone(), gives_up + after);
+                let landing = self.link.as_ref().map(Link::lands_later);
                 tokio::spawn(async move {
                     tokio::time::sleep(at).await;
                     let _ = model.handle(&op, &body).await;
+                    drop(landing);
                 });
                 return std::future::pending().await;
             }
@@ -536,9 +540,11 @@ impl Wire {
                 let early = model.hold(&op, &body);
                 if early.is_none() {
                     let (model, op, body) = (model.clone(), op.clone(), body.clone());
+                    let landing = self.link.as_ref().map(Link::lands_later);
                     tokio::spawn(async move {
                         tokio::time::sleep(after).await;
                         let _ = model.handle(&op, &body);
+                        drop(landing);
                     });
                 }
                 std::future::pending().await

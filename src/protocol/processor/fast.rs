@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
@@ -181,14 +181,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// failed read only skips the shortcut.
     pub(super) async fn completed_before(&self, message: &Message, key: &str) -> Option<Outcome> {
         let r = self.completed_record(message, key).await?;
-        let payload_matches = r
-            .payload_sha256
-            .as_deref()
-            .is_none_or(|p| p == self.config.payload_sha256(message));
-        Some(
-            self.duplicate_sending(message, r.result, payload_matches, r.outbox)
-                .await,
-        )
+        Some(self.duplicate_of(message, r).await)
     }
 
     /// The `COMPLETED` record of a message that came back (receive count
@@ -202,6 +195,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         if message.receive_count() <= 1 || crate::protocol::mutants::active("no-redelivery-read") {
             return None;
         }
+        self.read_completed(message, key).await
+    }
+
+    /// The `COMPLETED` record under `key`, if its read answers one (a failed
+    /// read answers none).
+    async fn read_completed(&self, message: &Message, key: &str) -> Option<crate::Record> {
         let pk = self.config.record_key(key);
         // A record past its TTL counts as absent, as the claim condition
         // says (DynamoDB deletes expired items late, by days at times).
@@ -215,10 +214,21 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }
             Ok(_) => None,
             Err(e) => {
-                warn!(error = %e, "could not read the record of a redelivery");
+                warn!(error = %e, "could not read the record of a message's key");
                 None
             }
         }
+    }
+
+    /// A duplicate's outcome for the `COMPLETED` record `r` (its recorded
+    /// messages sent if still due).
+    async fn duplicate_of(&self, message: &Message, r: crate::Record) -> Outcome {
+        let payload_matches = r
+            .payload_sha256
+            .as_deref()
+            .is_none_or(|p| p == self.config.payload_sha256(message));
+        self.duplicate_sending(message, r.result, payload_matches, r.outbox)
+            .await
     }
 
     /// What the poller finds of a redelivery's key before giving the message
@@ -270,12 +280,26 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// record (a claim, then mark-failed) before it is parked, so that a
     /// redelivery of the parked message is recognised and never run; a
     /// duplicate of completed work found on the way is just a duplicate.
+    ///
+    /// A transient failure reads the key's record first: where another
+    /// delivery completed the key meanwhile (a copy SQS handed out twice at
+    /// once, another message of the same event), the message is a
+    /// duplicate, deleted, not sent back to spend its receives (simulator
+    /// seed 614771: a copy on its last allowed receive, whose twin's
+    /// delete through the older receipt SQS did not honour, answered retry
+    /// a second after its key completed, and went to the DLQ with its
+    /// effect made). One read per transient failure; a failed read keeps
+    /// the retry.
     pub(super) async fn fast_failure(&self, message: &Message, e: &HandlerError) -> Outcome {
         let outcome = self.failure_without_record(message, e);
+        let key = message.dedup_key().expect("set by process_with");
         let Outcome::Park { reason } = outcome else {
+            if let Some(r) = self.read_completed(message, key).await {
+                info!(error = %e, "the handler failed, but its key completed on another delivery meanwhile: a duplicate");
+                return self.duplicate_of(message, r).await;
+            }
             return outcome;
         };
-        let key = message.dedup_key().expect("set by process_with");
         let req = self.claim_request(message, key, self.config.lease);
         match self.store.claim(&req).await {
             Ok(Claim::Acquired { .. }) => self.mark_failed(message, &req, reason).await,

@@ -98,6 +98,38 @@ async fn a_redelivery_of_a_completed_message_on_the_fast_path_is_skipped_without
 }
 
 #[tokio::test]
+async fn a_transient_failure_of_a_key_completed_meanwhile_on_the_fast_path_is_a_duplicate() {
+    // The handler fails transiently for every message but m1.
+    let handler = crate::staged_only(handler_fn(move |m: Message, _ctx| async move {
+        if m.id() == "m1" {
+            Ok(Some(serde_json::json!({"ok": true})))
+        } else {
+            Err(HandlerError::retry_after(Duration::from_secs(1), "busy"))
+        }
+    }));
+    let p = Processor::new(MemoryStore::default(), handler, config()).unwrap();
+    let first = p.process(Message::new("m1", r#"{"id":"e1"}"#)).await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    // Another delivery of the key (a first one: nothing read before the
+    // handler) fails transiently after the key completed: a duplicate,
+    // deleted, not sent back to spend its receives.
+    let copy = p.process(Message::new("m2", r#"{"id":"e1"}"#)).await;
+    assert_eq!(
+        copy,
+        Outcome::Duplicate {
+            result: Some(StoredResult::Value(serde_json::json!({"ok": true}))),
+            payload_matches: true
+        }
+    );
+    // A key not completed is retried as the handler asked.
+    let other = p.process(Message::new("m3", r#"{"id":"e2"}"#)).await;
+    assert!(
+        matches!(other, Outcome::Retry { after, .. } if after == Duration::from_secs(1)),
+        "{other:?}"
+    );
+}
+
+#[tokio::test]
 async fn runs_once_then_skips_duplicates_with_the_result() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
