@@ -63,9 +63,8 @@ pub struct Evidence<'a> {
     /// The messages some delivery of which ended `completed` or `duplicate`:
     /// a consumer learned that the effect was recorded.
     pub confirmed: BTreeSet<String>,
-    /// Records left `IN_PROGRESS`, described, whether released (lease 0),
-    /// and whether their lease had ended by the run's end.
-    pub unfinished: BTreeMap<String, (String, bool, bool)>,
+    /// Records left `IN_PROGRESS`, by event.
+    pub unfinished: BTreeMap<String, Unfinished>,
     /// The DLQ's messages when the run first settled, before the redrive.
     pub dlq_before: Vec<StoredMessage>,
     /// The DLQ's messages at the end, after the redrive and a second settle.
@@ -406,6 +405,26 @@ fn moved_by_sqs(m: &StoredMessage) -> bool {
     !m.attributes.contains_key(REASON_ATTRIBUTE) && !m.attributes.contains_key(MESSAGE_ID_ATTRIBUTE)
 }
 
+/// A record left `IN_PROGRESS`.
+#[derive(Debug, Clone, Default)]
+pub struct Unfinished {
+    /// The record, described.
+    pub what: String,
+    /// Released (lease 0).
+    pub released: bool,
+    /// Its lease over when the hosts stopped.
+    pub lease_ended: bool,
+    /// The message whose delivery claimed it.
+    pub message: String,
+}
+
+impl Unfinished {
+    /// Claimable by anyone: released, or its lease over.
+    fn blocks_no_one(&self) -> bool {
+        self.released || self.lease_ended
+    }
+}
+
 /// Every violation found, in words.
 pub fn check(e: &Evidence<'_>) -> Vec<String> {
     let mut v = Vec::new();
@@ -430,7 +449,8 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     for breach in &e.fencing_breaches {
         v.push(format!("fencing broken: {breach}"));
     }
-    for (event, (what, released, lease_ended)) in &e.unfinished {
+    for (event, left) in &e.unfinished {
+        let (what, released) = (&left.what, &left.released);
         if *released && parked_permanent(e, event) && delivered_twice_at_once(e, event) {
             // A permanent event's copy SQS delivered twice at once (two live
             // receipts): one copy was parked and its delete removed the
@@ -452,10 +472,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
             // record blocks no one (seed 3355).
             continue;
         }
-        if (*released || *lease_ended)
-            && claimed_after_ttl(e, event)
-            && delivered_twice_at_once(e, event)
-        {
+        if later_copy_left(e, event) {
             // The same where the copy that claimed after the TTL ran its
             // handler (an application after TTL: the documented limit,
             // counted), and its release was lost: the record left is that
@@ -620,6 +637,24 @@ fn claimed_after_ttl(e: &Evidence<'_>, event: &str) -> bool {
         .is_some_and(|&first| ends.iter().any(|&t| t >= first))
 }
 
+/// The record of `event` left `IN_PROGRESS` is a copy's that came after
+/// TTL ended the first application's `COMPLETED` record, it blocks no one
+/// (released, or its lease over when the hosts stopped), and that copy's
+/// message was delivered twice at once: its twin, finding the record still
+/// alive, deleted the message as a duplicate, and nothing is left to come
+/// back and finish it (seed 567396).
+fn later_copy_left(e: &Evidence<'_>, event: &str) -> bool {
+    let Some(left) = e.unfinished.get(event) else {
+        return false;
+    };
+    let twin = e
+        .deliveries
+        .all_of(&left.message)
+        .iter()
+        .any(|d| e.twins.contains(&d.receipt));
+    left.blocks_no_one() && twin && claimed_after_ttl(e, event)
+}
+
 /// TTL ended a `COMPLETED` record of `event` at or after its last
 /// application, and no API call or row of it came after that end: the
 /// record left at the end (if any) is a later copy's, which made no effect,
@@ -707,11 +742,12 @@ fn first_applications(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>)
         }
         let status = e.records.get(&f.event);
         // The first application's record is judged as TTL ended it, where
-        // it did: the record left is then a later copy's (seed 567396).
+        // the record left is a later copy's that blocks no one, its message
+        // gone through its twin (seed 567396).
         if e.scenario.calls()
             && status != Some(&Status::Completed)
             && !ended_since_applied(e, &f.event)
-            && !claimed_after_ttl(e, &f.event)
+            && !later_copy_left(e, &f.event)
         {
             v.push(format!("{}: charged but its record is {status:?}", f.event));
         }
@@ -1121,10 +1157,15 @@ fn in_dlq_with_effect(e: &Evidence<'_>, v: &mut Vec<String>) {
             && !stranded.contains(&m.id)
             && !unconfirmed.contains(&from)
         {
+            let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
             let last = match e.deliveries.last_of(&from) {
                 Some(d) => format!(
-                    "; its last delivery (receive {}, by {}) was neither deleted while SQS could be reached nor lost with its consumer",
-                    d.count, d.consumer
+                    "; its last delivery (receive {}, by {}, held until {}ms, delete sent at {:?}ms, reached SQS at {:?}ms) was neither deleted while SQS could be reached nor lost with its consumer",
+                    d.count,
+                    d.consumer,
+                    ms(d.held_until),
+                    d.delete_sent.map(ms),
+                    d.delete_reached_at.map(ms)
                 ),
                 None => String::new(),
             };

@@ -497,13 +497,14 @@ pub async fn simulate_with(
         settled &= settle(&world).await;
     }
     let reports = stop_hosts(&senders, tasks).await;
+    let stopped = Instant::now();
     if let Some(sweeper) = sweeper {
         sweeper.abort();
     }
     let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    landed(&counts).await;
+    let all_landed = landed(&counts).await;
     let (next, large_bodies) = next_stage(&world).await;
-    let mut evidence = evidence(&world, &accepted, &reports, before);
+    let mut evidence = evidence(&world, &accepted, &reports, before, stopped);
     evidence.next = next;
     let mut violations = check::check(&evidence);
     violations.extend(large_bodies);
@@ -523,12 +524,7 @@ pub async fn simulate_with(
             "{exhausted} events reached the DLQ unprocessed in a run without a single fault"
         ));
     }
-    if !producer_done {
-        violations.push("the producer failed".into());
-    }
-    if !settled {
-        violations.push(format!("not settled {SETTLE_BY:?} into the run"));
-    }
+    violations.extend(run_failures(all_landed, &counts, producer_done, settled));
     let (trace_hash, trace_events) = trace.hash();
     Report {
         seed,
@@ -552,14 +548,40 @@ pub async fn simulate_with(
     }
 }
 
+/// What went wrong with the run itself: requests given up on that never
+/// landed, a failed producer, a run that never settled.
+fn run_failures(
+    all_landed: bool,
+    counts: &FaultCounts,
+    producer_done: bool,
+    settled: bool,
+) -> Vec<String> {
+    let mut v = Vec::new();
+    if !all_landed {
+        v.push(format!(
+            "{} requests given up on had not landed an hour after the hosts stopped",
+            counts.landing()
+        ));
+    }
+    if !producer_done {
+        v.push("the producer failed".into());
+    }
+    if !settled {
+        v.push(format!("not settled {SETTLE_BY:?} into the run"));
+    }
+    v
+}
+
 /// Waits (an hour at most) until every request given up on before the calm
 /// has landed: a send of the outbox that lands after the second stage has
 /// emptied its queue would be left there unprocessed (seed 609514).
-async fn landed(counts: &FaultCounts) {
+/// Answers whether all did.
+async fn landed(counts: &FaultCounts) -> bool {
     let deadline = Instant::now() + Duration::from_secs(3600);
     while counts.landing() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    counts.landing() == 0
 }
 
 /// Stops every host (each drains) and collects their reports.
@@ -1080,20 +1102,22 @@ fn records(world: &World) -> std::collections::BTreeMap<String, sqs_once::Status
         .collect()
 }
 
-fn evidence<'a>(
-    world: &'a World,
-    accepted: &'a BTreeSet<String>,
-    hosts: &'a [HostReport],
-    before: Before,
-) -> check::Evidence<'a> {
-    let rows = world.store.rows(world.trace.start());
-    let all = world.records();
-    let event = event_of_record;
-    let records = records(world);
-    let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
-    let clock_now_ms = epoch_ms + world.trace.start().elapsed().as_millis() as i64;
-    let unfinished = all
-        .iter()
+/// The records left `IN_PROGRESS`, by event; `epoch_ms` is the run's start
+/// on its clock, `stopped` when the hosts stopped.
+fn unfinished(
+    world: &World,
+    all: &[sqs_once::Record],
+    epoch_ms: i64,
+    stopped: Instant,
+) -> BTreeMap<String, check::Unfinished> {
+    let stopped_ms = epoch_ms
+        + i64::try_from(
+            stopped
+                .saturating_duration_since(world.trace.start())
+                .as_millis(),
+        )
+        .unwrap_or(i64::MAX);
+    all.iter()
         .filter(|r| r.status == sqs_once::Status::InProgress)
         .map(|r| {
             let what = format!(
@@ -1103,10 +1127,30 @@ fn evidence<'a>(
                 r.message_id.as_deref().unwrap_or("?"),
                 r.error
             );
-            let lease_ended = r.lease_until_ms <= clock_now_ms;
-            (event(r), (what, r.lease_until_ms == 0, lease_ended))
+            let left = check::Unfinished {
+                what,
+                released: r.lease_until_ms == 0,
+                lease_ended: r.lease_until_ms <= stopped_ms,
+                message: r.message_id.clone().unwrap_or_default(),
+            };
+            (event_of_record(r), left)
         })
-        .collect();
+        .collect()
+}
+
+fn evidence<'a>(
+    world: &'a World,
+    accepted: &'a BTreeSet<String>,
+    hosts: &'a [HostReport],
+    before: Before,
+    stopped: Instant,
+) -> check::Evidence<'a> {
+    let rows = world.store.rows(world.trace.start());
+    let all = world.records();
+    let event = event_of_record;
+    let records = records(world);
+    let epoch_ms = sqs_once::clock::Clock::now_ms(&TokioClock::starting_at(hosts::epoch()));
+    let unfinished = unfinished(world, &all, epoch_ms, stopped);
     let charged = world.api.charges().into_values().collect();
     let start = world.trace.start();
     let expired = expired(world, &all, epoch_ms);

@@ -22,7 +22,8 @@
 //!   and its receives run out (the check that the checker's excuses for a
 //!   completed message in the DLQ do not hide a consumer that never learns).
 //! - `no-redelivery-read`: a redelivery on the fast path runs its handler
-//!   without reading its record first, and a drain gives back a completed
+//!   without reading its record first, a transient failure there answers
+//!   retry without reading it either, and a drain gives back a completed
 //!   message instead of deleting it.
 //! - `visibility-not-kept`: a handler runs on after its message's visibility
 //!   could not be kept (SQS may deliver it to another consumer meanwhile).

@@ -1245,15 +1245,16 @@ async fn delete_retrying<Q: QueueClient>(
                     left
                 };
                 let mut wait = pause.min(room / 2);
-                // Past the known end, SQS's own may come at any moment
-                // until the latest: a try is sent at least every
-                // `DELETE_RETRY_PAST_KNOWN` from the last one's send (one
-                // cut off by a connect timeout is followed at once), so
-                // SQS back in reach is found within that (simulator seed
+                // At or past the known end, SQS's own may come at any
+                // moment until the latest: after a failed try the next is
+                // sent within `DELETE_RETRY_PAST_KNOWN` of the last one's
+                // send (one cut off by a connect timeout is followed at
+                // once; one not answered gets another beside it after
+                // `DELETE_TRY`), so SQS back in reach is found soon (seed
                 // 564057: a 4 s pause after a try cut off in a 30 s cut
                 // stepped over the 1.5 s between the cut's end and SQS's
                 // end of a message on its last allowed receive).
-                if known.is_zero() {
+                if known <= DELETE_RETRY_LAST {
                     let since = last_sent.elapsed();
                     wait = wait.min(DELETE_RETRY_PAST_KNOWN.saturating_sub(since));
                 }

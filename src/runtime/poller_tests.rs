@@ -1423,3 +1423,79 @@ async fn a_delete_try_that_hangs_is_tried_again_before_the_visibility_ends() {
         assert_eq!(queue.calls.load(Ordering::SeqCst), calls, "{case}");
     }
 }
+
+/// Deletes fail, each after `takes` (a connect timeout, or a quick 503),
+/// until `back_at`; from then on they succeed at once.
+#[derive(Clone)]
+struct DeletesFailUntil {
+    back_at: Instant,
+    takes: Duration,
+}
+
+impl QueueClient for DeletesFailUntil {
+    async fn receive(&self, _: &str, _: ReceiveRequest) -> Result<Vec<Message>, QueueError> {
+        Ok(Vec::new())
+    }
+    async fn delete(&self, queue: &str, _: &str) -> Result<(), QueueError> {
+        if Instant::now() >= self.back_at {
+            return Ok(());
+        }
+        tokio::time::sleep(self.takes).await;
+        Err(QueueError::new("DeleteMessage", queue, "unavailable", true))
+    }
+    async fn delete_batch(&self, _: &str, _: &[String]) -> Result<Vec<EntryFailure>, QueueError> {
+        Ok(Vec::new())
+    }
+    async fn change_visibility(&self, _: &str, _: &str, _: Duration) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn change_visibility_batch(
+        &self,
+        _: &str,
+        _: &[String],
+        _: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        Ok(Vec::new())
+    }
+    async fn send(&self, _: &str, _: OutgoingMessage) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn attributes(&self, _: &str) -> Result<QueueAttributes, QueueError> {
+        Ok(QueueAttributes::default())
+    }
+    async fn queue_url(&self, name: &str, _: &str) -> Result<String, QueueError> {
+        Ok(name.to_owned())
+    }
+}
+
+/// Simulator seed 564057: past its known visibility end, a failed delete's
+/// tries came 4 s apart, and one such pause stepped over the 1.5 s between
+/// SQS coming back in reach and SQS's own end of the message (on its last
+/// allowed receive: it went to the DLQ, effect made). Past the known end
+/// the next try now follows a failed one within a second of its send: the
+/// delete lands within a second of SQS's return when calls fail at once,
+/// and within a connect timeout when they are cut off (before the fix:
+/// 2.7 s after it, with quick failures).
+#[tokio::test(start_paused = true)]
+async fn past_its_known_end_a_failed_delete_is_tried_at_least_every_second() {
+    for (takes, within) in [
+        (Duration::from_millis(50), Duration::from_millis(1100)),
+        (Duration::from_secs(2), Duration::from_millis(2050)),
+    ] {
+        let start = Instant::now();
+        let back_at = start + Duration::from_millis(20_300);
+        let queue = DeletesFailUntil { back_at, takes };
+        let finished = Finished {
+            receipt: "r".into(),
+            payload: None,
+            invisible_until: start + Duration::from_secs(3),
+            retry_until: start + Duration::from_secs(40),
+        };
+        delete_retrying(&queue, "q", &finished).await.unwrap();
+        let after = Instant::now() - back_at;
+        assert!(
+            after <= within,
+            "failures taking {takes:?}: landed {after:?} after SQS was back"
+        );
+    }
+}

@@ -303,7 +303,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         match completed {
             Ok(()) => Ok(
                 match self
-                    .send_outbox(message, &req.pk, &outbox, Sending::Committed)
+                    .kept_visible(
+                        message,
+                        opts,
+                        visible,
+                        self.send_outbox(message, &req.pk, &outbox, Sending::Committed),
+                    )
                     .await
                 {
                     Ok(()) => Outcome::Completed { result },

@@ -129,7 +129,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         match committed {
             Ok(FastCommitted::Committed) => {
                 match self
-                    .send_outbox(message, &pk, &outbox, Sending::Committed)
+                    .kept_visible(
+                        message,
+                        opts,
+                        visible,
+                        self.send_outbox(message, &pk, &outbox, Sending::Committed),
+                    )
                     .await
                 {
                     Ok(()) => Outcome::Completed { result },
@@ -294,7 +299,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let outcome = self.failure_without_record(message, e);
         let key = message.dedup_key().expect("set by process_with");
         let Outcome::Park { reason } = outcome else {
-            if let Some(r) = self.read_completed(message, key).await {
+            // (The `no-redelivery-read` mutant skips this read too.)
+            let read = !crate::protocol::mutants::active("no-redelivery-read");
+            if read && let Some(r) = self.read_completed(message, key).await {
                 info!(error = %e, "the handler failed, but its key completed on another delivery meanwhile: a duplicate");
                 return self.duplicate_of(message, r).await;
             }

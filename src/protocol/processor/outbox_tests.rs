@@ -755,3 +755,86 @@ async fn the_queues_own_attribute_wins_over_an_sns_attribute_of_the_same_name() 
         .unwrap();
     assert_eq!(key, "acme");
 }
+
+/// [`Downstream`] whose every send takes `takes` (virtual time).
+#[derive(Clone)]
+struct SlowDownstream {
+    inner: Downstream,
+    takes: Duration,
+}
+
+impl crate::Dispatcher for SlowDownstream {
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'a, Result<Vec<EntryFailure>, QueueError>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.takes).await;
+            self.inner.send_batch(queue, messages).await
+        })
+    }
+}
+
+/// Counts the visibility extensions asked for (all succeed).
+#[derive(Default)]
+struct Extensions(AtomicU32);
+
+impl crate::protocol::processor::VisibilityExtender for Extensions {
+    fn extend<'a>(
+        &'a self,
+        _message: &'a Message,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), QueueError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Simulator seed 659792: a claim, a handler, a slow completion and an
+/// outbox send tried twice, each shorter than a beat, took 11.9 s of a
+/// 13.1 s lease: the send after the commit was the one step not kept
+/// visible, and the delete, on the message's last allowed receive, came
+/// after SQS's end. The message's visibility is now kept through the
+/// outbox's sends, on both paths: an 8 s send against a 10 s lease and a
+/// 3 s beat is extended twice or more while it runs.
+#[tokio::test(start_paused = true)]
+async fn the_visibility_is_kept_while_the_outbox_sends_after_the_commit() {
+    for fast in [true, false] {
+        let store = MemoryStore::default();
+        let down = Downstream::new();
+        let slow = SlowDownstream {
+            inner: down.clone(),
+            takes: Duration::from_secs(8),
+        };
+        let runs = Arc::new(AtomicU32::new(0));
+        let handler = sender(down.url.clone(), runs, false);
+        let mut c = config();
+        c.lease = Duration::from_secs(10);
+        c.heartbeat = Duration::from_secs(3);
+        c.lease_margin = Duration::from_secs(1);
+        let sqs = Extensions::default();
+        let received_at = tokio::time::Instant::now();
+        let opts = ProcessOptions {
+            visibility: Some(&sqs),
+            invisible_until: Some(received_at + c.lease),
+            received_at: Some(received_at),
+            ..ProcessOptions::default()
+        };
+        let message = Message::new("m1", r#"{"id":"e1"}"#);
+        let outcome = if fast {
+            let p = Processor::new(store.clone(), staged_only(handler), c).unwrap();
+            p.with_dispatcher(slow).process_with(message, opts).await
+        } else {
+            let p = Processor::new(store.clone(), handler, c).unwrap();
+            p.with_dispatcher(slow).process_with(message, opts).await
+        };
+        assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+        assert_eq!(down.ids().len(), 2, "fast path: {fast}");
+        let extended = sqs.0.load(Ordering::SeqCst);
+        assert!(
+            extended >= 2,
+            "fast path: {fast}: {extended} extensions during an 8 s send"
+        );
+    }
+}
