@@ -647,12 +647,11 @@ fn later_copy_left(e: &Evidence<'_>, event: &str) -> bool {
     let Some(left) = e.unfinished.get(event) else {
         return false;
     };
-    let twin = e
-        .deliveries
-        .all_of(&left.message)
-        .iter()
-        .any(|d| e.twins.contains(&d.receipt));
-    left.blocks_no_one() && twin && claimed_after_ttl(e, event)
+    let deliveries = e.deliveries.all_of(&left.message);
+    let twin = deliveries.iter().any(|d| e.twins.contains(&d.receipt));
+    // The message was deleted (not lost): a delete of it reached SQS.
+    let deleted = deliveries.iter().any(|d| d.delete_reached);
+    left.blocks_no_one() && twin && deleted && claimed_after_ttl(e, event)
 }
 
 /// TTL ended a `COMPLETED` record of `event` at or after its last

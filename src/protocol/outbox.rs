@@ -583,8 +583,9 @@ pub async fn dispatch(
 pub const ENTRY_RETRIES: u32 = 2;
 
 /// The pause before a batch whose whole call failed is sent again, doubled
-/// for the next try: short, since the incoming message's visibility is not
-/// extended meanwhile (its effect is committed).
+/// for the next try: short, so that the incoming message's delete, on its
+/// last allowed receive, is not held back (its visibility is kept at the
+/// heartbeat meanwhile, its effect committed).
 pub const CALL_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Sends one batch (`places`: its messages' places in the outbox, for

@@ -1245,8 +1245,8 @@ async fn delete_retrying<Q: QueueClient>(
                     left
                 };
                 let mut wait = pause.min(room / 2);
-                // At or past the known end, SQS's own may come at any
-                // moment until the latest: after a failed try the next is
+                // Within `DELETE_RETRY_LAST` of the known end, or past it,
+                // SQS's own may come at any moment until the latest: after a failed try the next is
                 // sent within `DELETE_RETRY_PAST_KNOWN` of the last one's
                 // send (one cut off by a connect timeout is followed at
                 // once; one not answered gets another beside it after

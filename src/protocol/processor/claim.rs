@@ -118,7 +118,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             // The lease is counted from before the claim was sent: the store
             // sets `lease_until` from a clock read no earlier than this.
             let sent = Instant::now();
-            match self.claim(message, req).await {
+            // Kept visible meanwhile: a duplicate's claim sends what its
+            // record left unsent before it answers (seed 659792's case on
+            // a later delivery).
+            match self
+                .kept_visible(message, opts, visible, self.claim(message, req))
+                .await
+            {
                 Ok(attempt) => return Ok((sent, attempt)),
                 Err(Outcome::InFlight { retry_after }) => {
                     let holder_end = Instant::now() + retry_after;

@@ -52,7 +52,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
         let ctx = self.context(Some(key), message.receive_count(), message);
-        if let Some(done) = self.completed_before(message, key).await {
+        // Kept visible through the read and a duplicate's sends, as
+        // through every step that follows (seed 659792).
+        let before = self.completed_before(message, key);
+        if let Some(done) = self.kept_visible(message, opts, visible, before).await {
             return done;
         }
         // No claim, so on a standard queue no visibility end enforced here:
@@ -92,7 +95,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 };
                 self.commit(message, key, opts, visible, done).await
             }
-            Err(e) => self.fast_failure(message, &e).await,
+            Err(e) => {
+                self.kept_visible(message, opts, visible, self.fast_failure(message, &e))
+                    .await
+            }
         }
     }
 
@@ -153,8 +159,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 } else {
                     recorded
                 };
-                self.duplicate_sending(message, result, payload_matches, recorded)
-                    .await
+                let sending = self.duplicate_sending(message, result, payload_matches, recorded);
+                self.kept_visible(message, opts, visible, sending).await
             }
             Ok(FastCommitted::InFlight {
                 lease_until_ms,
@@ -166,11 +172,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     kind,
                     format!("staged write #{index} failed its condition; nothing was written"),
                 );
-                self.fast_failure(message, &e).await
+                self.kept_visible(message, opts, visible, self.fast_failure(message, &e))
+                    .await
             }
             Err(e) if e.is_permanent() => {
                 let e = HandlerError::permanent(e.to_string());
-                self.fast_failure(message, &e).await
+                self.kept_visible(message, opts, visible, self.fast_failure(message, &e))
+                    .await
             }
             Err(e) => self.unrecorded_failure(message, e),
         }

@@ -330,10 +330,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             () = self.keep_visible(&message, opts, visible) => unreachable!("never returns"),
         };
         match resolved {
-            Err(duplicate @ Outcome::Duplicate { .. }) => Err(self
-                .duplicate_without_payload(&message)
-                .await
-                .unwrap_or(duplicate)),
+            Err(duplicate @ Outcome::Duplicate { .. }) => {
+                let sending = self.duplicate_without_payload(&message);
+                Err(self
+                    .kept_visible(&message, opts, visible, sending)
+                    .await
+                    .unwrap_or(duplicate))
+            }
             other => Ok(other?.unwrap_or(message)),
         }
     }
