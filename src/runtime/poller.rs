@@ -732,14 +732,21 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         // A lane of one message that gets its slot at once never has a
         // message waiting (the running one's visibility is its processor's
         // heartbeat's to keep): it runs without a keeper and its timer.
-        if self.waiting.get_mut().messages.len() == 1
-            && let Ok(slot) = self.shared.running.clone().try_acquire_owned()
-        {
-            return self.work(Some(slot), permits).await;
+        let slot = if self.waiting.get_mut().messages.len() == 1 {
+            self.shared.running.clone().try_acquire_owned().ok()
+        } else {
+            None
+        };
+        let alone = slot.is_some();
+        // One work future in either case: each message's step is boxed
+        // within it, so the lane's task stays small to spawn and move.
+        let mut work = std::pin::pin!(self.work(slot, permits));
+        if alone {
+            return work.await;
         }
         tokio::select! {
             biased;
-            () = self.work(None, permits) => {}
+            () = &mut work => {}
             () = self.shared.keep_waiting_invisible(&self.waiting, &self.latest) => unreachable!("never returns"),
         }
     }
@@ -760,7 +767,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 p = self.shared.running.clone().acquire_owned() => p.expect("semaphore open"),
                 () = self.shared.shutdown.cancelled() => {
                     let messages: Vec<Message> = self.waiting.lock().await.messages.drain(..).collect();
-                    give_back(&self.shared, messages, self.received_at).await;
+                    Box::pin(give_back(&self.shared, messages, self.received_at)).await;
                     return;
                 }
             },
@@ -807,7 +814,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 invisible_at_most: &self.latest,
                 waiting: &self.waiting,
             };
-            let settled = self.shared.handle(m, held).await;
+            // Boxed: the step's future is large (its nested awaits), and a
+            // lane task that held it inline would be copied whole when
+            // spawned (bench/RESULTS.md, 2026-12-05).
+            let settled = Box::pin(self.shared.handle(m, held)).await;
             self.waiting.lock().await.running = None;
             permits.pop();
             if let (Settled::Again { after: Some(after) }, Some(first)) = (settled, first) {
@@ -819,7 +829,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                     superseded: false,
                     invisible_through: None,
                 };
-                rest_after = hold_group(&self.shared.settler, failed, after, more).await;
+                rest_after = Box::pin(hold_group(&self.shared.settler, failed, after, more)).await;
                 break;
             }
         }
@@ -1525,9 +1535,33 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
         for lane in lanes::split(messages, |m| lanes::lane_of(m, by_group, keys)) {
             let permits: Vec<_> = held.drain(..lane.len().min(held.len())).collect();
             let lane = Lane::new(self.shared.clone(), lane, permits, received_at);
-            let ended = self.shared.ended.clone();
-            self.tasks
-                .spawn(ended.run_until_cancelled_owned(lane.run()));
+            self.tasks.spawn(lane_task(lane));
+        }
+    }
+}
+
+/// A lane's task: the lane run until it ends or [`run`] returns (then
+/// dropped, as in a crash).
+///
+/// The task is moved whole at its spawn, so its size is a cost paid per
+/// lane (bench/RESULTS.md, 2026-12-05: at 416 KiB, copying it was an
+/// eighth of the poller's instructions a message). It is kept small: each
+/// message's step is boxed within the lane ([`Lane::work`]), the lane's
+/// work future is held once ([`Lane::run`]), and the lane is run here,
+/// not through `CancellationToken::run_until_cancelled_owned`, whose two
+/// nested async fns each hold a copy of the future they run.
+fn lane_task<Q: QueueClient, S: DedupStore, H: Handler>(
+    lane: Lane<Q, S, H>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let ended = lane.shared.ended.clone();
+    async move {
+        if ended.is_cancelled() {
+            return;
+        }
+        tokio::select! {
+            biased;
+            () = lane.run() => {}
+            () = ended.cancelled() => {}
         }
     }
 }

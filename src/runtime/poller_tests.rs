@@ -1510,3 +1510,47 @@ async fn past_its_known_end_a_failed_delete_is_tried_at_least_every_second() {
         );
     }
 }
+
+/// A lane's task is moved whole when it is spawned, once per lane: it stays
+/// under the size at which tokio boxes a task before moving it (16 KiB in
+/// release). At 416 KiB, its copies were an eighth of the poller's
+/// instructions a message (bench/RESULTS.md, 2026-12-05). With the
+/// handler's 64 KiB future below held inline in the lane again (through
+/// the step, the processor and the fast path left unboxed) the task is
+/// 72 KiB and this fails.
+#[test]
+fn a_lane_task_is_small_whatever_the_handler() {
+    // A handler whose future is large: the lane holds none of it.
+    let handler = handler_fn(|_: Message, _ctx| async {
+        let scratch = [0u8; 64 * 1024];
+        tokio::task::yield_now().await;
+        Ok(Some(serde_json::json!(scratch.iter().map(|b| *b as u64).sum::<u64>())))
+    });
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    let processor =
+        Processor::new(MemoryStore::new(clock), handler, ProcessorConfig::new("small")).unwrap();
+    let queue = MemoryQueue::new();
+    let config = PollerConfig::new("http://sqs.local/000000000000/small");
+    let holding = Holding::default();
+    let shared = Arc::new(super::Shared {
+        settler: Settler::new(queue.clone(), None).holding(holding.clone()),
+        holding,
+        queue,
+        processor,
+        config,
+        deletes: mpsc::channel(1).0,
+        deletes_behind: AtomicBool::new(false),
+        stop: CancellationToken::new(),
+        ended: CancellationToken::new(),
+        shutdown: CancellationToken::new(),
+        running: Arc::new(Semaphore::new(1)),
+        stats: Default::default(),
+    });
+    let lane = Lane::new(shared, Vec::new(), Vec::new(), Instant::now());
+    let task = lane_task(lane);
+    let size = std::mem::size_of_val(&task);
+    assert!(
+        size <= 16 * 1024,
+        "a lane's task is {size} bytes: each spawn copies it whole"
+    );
+}

@@ -424,9 +424,10 @@ impl<Q: QueueClient> Settler<Q> {
             visibility: visibility.as_ref().map(|v| v as &dyn VisibilityExtender),
             ..options
         };
-        let outcome = processor.process_with(at.message.clone(), options).await;
+        // Each boxed, so that this future holds neither inline.
+        let outcome = Box::pin(processor.process_with(at.message.clone(), options)).await;
         let kind = outcome.kind();
-        let settled = self.settle(processor.config(), at, outcome).await;
+        let settled = Box::pin(self.settle(processor.config(), at, outcome)).await;
         Settlement {
             outcome: kind,
             settled,

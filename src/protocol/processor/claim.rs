@@ -56,10 +56,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return visibility_lost_before_claim();
         }
         let mut req = self.claim_request(message, key, lease);
-        let (sent, attempt) = match self.claim_or_wait(message, opts, visible, &mut req).await {
-            Ok(claimed) => claimed,
-            Err(outcome) => return outcome,
-        };
+        // (The steps around the handler boxed: inline, each would count in
+        // this future's size, moved whole into its box.)
+        let (sent, attempt) =
+            match Box::pin(self.claim_or_wait(message, opts, visible, &mut req)).await {
+                Ok(claimed) => claimed,
+                Err(outcome) => return outcome,
+            };
         // A wait for a holder shortened the time to the deadline: the lease
         // the claim took.
         let lease = req.lease;
@@ -82,23 +85,22 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             biased;
             r = self.handle(message, &ctx) => r,
             found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
-                return self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found)).await;
+                return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found))).await;
             }
             () = local.passed() => {
-                return self.lease_ended(message, &req, &ctx, LeaseEnd::NotExtended).await;
+                return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::NotExtended)).await;
             }
             () = visible.passed() => {
-                return self.lease_ended(message, &req, &ctx, LeaseEnd::VisibilityLost).await;
+                return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::VisibilityLost)).await;
             }
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
                 warn!("stopping: handler interrupted, claim released");
-                self.release(&req, "interrupted by shutdown").await;
+                Box::pin(self.release(&req, "interrupted by shutdown")).await;
                 return Outcome::Retry { after: Duration::ZERO, reason: "interrupted by shutdown".into() };
             }
         };
-        self.finish_claimed(message, &req, &ctx, handled, (opts, visible))
-            .await
+        Box::pin(self.finish_claimed(message, &req, &ctx, handled, (opts, visible))).await
     }
 
     /// Claims the key, waiting for another attempt that holds it (see

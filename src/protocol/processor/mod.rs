@@ -238,9 +238,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             // download included.
             let lease = lease_within(self.config.lease, opts.deadline);
             let visible = LocalEnd::visibility(&opts, self.config.margin_for(lease));
-            let message = match self.resolve_payload(message, &opts, &visible).await {
-                Ok(message) => message,
-                Err(outcome) => return outcome,
+            // The paths below are boxed, each only when taken: held inline,
+            // every one would count in this future's size.
+            let message = if self.payloads.is_some() {
+                match Box::pin(self.resolve_payload(message, &opts, &visible)).await {
+                    Ok(message) => message,
+                    Err(outcome) => return outcome,
+                }
+            } else {
+                message
             };
             let mut message = match self.open_envelope(message) {
                 Ok(message) => message,
@@ -258,7 +264,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     MissingKey::ProcessUnprotected => {
                         warn!(reason = %e, "no dedup key; processing unprotected as configured");
                         tracing::Span::current().record("sqs_once.path", "unprotected");
-                        return self.run_unprotected(&message).await;
+                        return Box::pin(self.run_unprotected(&message)).await;
                     }
                 },
             };
@@ -272,10 +278,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message.set_dedup_key(key);
             if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
-                self.run_fast(&message, &opts, &visible).await
+                Box::pin(self.run_fast(&message, &opts, &visible)).await
             } else {
                 span.record("sqs_once.path", "claim");
-                self.run_claimed(&message, &opts, &visible).await
+                Box::pin(self.run_claimed(&message, &opts, &visible)).await
             }
         }
         .instrument(span.clone())
