@@ -1540,8 +1540,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> ReceiveLoop<Q, S, H> {
     }
 }
 
-/// A lane's task: the lane run until it ends or [`run`] returns (then
-/// dropped, as in a crash).
+/// A lane's task: the lane run until it ends or [`Shared::ended`] is
+/// cancelled (after the drain and cleanup: then dropped, as in a crash);
+/// not started if that came first.
 ///
 /// The task is moved whole at its spawn, so its size is a cost paid per
 /// lane (bench/RESULTS.md, 2026-12-05: at 416 KiB, copying it was an
