@@ -1524,11 +1524,17 @@ fn a_lane_task_is_small_whatever_the_handler() {
     let handler = handler_fn(|_: Message, _ctx| async {
         let scratch = [0u8; 64 * 1024];
         tokio::task::yield_now().await;
-        Ok(Some(serde_json::json!(scratch.iter().map(|b| *b as u64).sum::<u64>())))
+        Ok(Some(serde_json::json!(
+            scratch.iter().map(|b| *b as u64).sum::<u64>()
+        )))
     });
     let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
-    let processor =
-        Processor::new(MemoryStore::new(clock), handler, ProcessorConfig::new("small")).unwrap();
+    let processor = Processor::new(
+        MemoryStore::new(clock),
+        handler,
+        ProcessorConfig::new("small"),
+    )
+    .unwrap();
     let queue = MemoryQueue::new();
     let config = PollerConfig::new("http://sqs.local/000000000000/small");
     let holding = Holding::default();

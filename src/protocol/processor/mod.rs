@@ -240,8 +240,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             let visible = LocalEnd::visibility(&opts, self.config.margin_for(lease));
             // The paths below are boxed, each only when taken: held inline,
             // every one would count in this future's size.
-            let message = if self.payloads.is_some() {
-                match Box::pin(self.resolve_payload(message, &opts, &visible)).await {
+            let message = if let Some(payloads) = &self.payloads {
+                match Box::pin(self.resolve_payload(payloads, message, &opts, &visible)).await {
                     Ok(message) => message,
                     Err(outcome) => return outcome,
                 }
@@ -305,20 +305,19 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     /// The message with a large payload's pointer replaced by the payload
-    /// (see [`crate::protocol::payloads`]); what cannot be read is the outcome. The
-    /// download runs under the same visibility keeping as a handler: the
+    /// read through `payloads` (see [`crate::protocol::payloads`]); what
+    /// cannot be read is the outcome. The download runs under the same
+    /// visibility keeping as a handler: the
     /// message is extended while it lasts, so a slow download does not let
     /// SQS hand it to another consumer, and it stops (the message not run)
     /// when its visibility could not be kept, or when the runtime stops.
     async fn resolve_payload(
         &self,
+        payloads: &LargePayloads,
         message: Message,
         opts: &ProcessOptions<'_>,
         visible: &LocalEnd,
     ) -> Result<Message, Outcome> {
-        let Some(payloads) = &self.payloads else {
-            return Ok(message);
-        };
         let resolved = tokio::select! {
             biased;
             r = payloads.resolve(&message, &self.config, &*self.store, &*self.clock) => r,
