@@ -20,9 +20,10 @@
 //!
 //! What cannot be read is an [`Outcome`]: a missing object (`NoSuchKey`), a
 //! body that is not a pointer, or a payload that is not UTF-8 text is parked
-//! with its reason; an S3 failure that may pass (no answer, throttling, 5xx) or
-//! a refusal (access denied: a permission that may yet be granted) is retried
-//! after the backoff. A missing object whose message is already completed (its
+//! with its reason; an S3 failure that may pass (no answer, throttling, 5xx) is
+//! tried again for up to 30 seconds while the message is kept invisible, and
+//! then, like a refusal (access denied: a permission that may yet be
+//! granted), retried after the backoff. A missing object whose message is already completed (its
 //! object was deleted after an earlier copy finished; dedup keys that do not
 //! come from the body only) is a duplicate, not a failure.
 //!
@@ -32,6 +33,7 @@
 //! ("Large payloads").
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tracing::{info, warn};
@@ -382,7 +384,7 @@ impl LargePayloads {
                 ),
             });
         }
-        let bytes = match self.store.get(&pointer, self.max_bytes).await {
+        let bytes = match self.read(&pointer).await {
             Ok(bytes) => bytes,
             Err(e) => return Err(failure(e, message, config, records, clock).await),
         };
@@ -399,7 +401,43 @@ impl LargePayloads {
             config.carry_secret.as_ref(),
         )))
     }
+
+    /// The object's bytes. A failure that may pass (no answer, throttling,
+    /// a 5xx) is tried again after [`READ_RETRY_PAUSE`], doubling up to
+    /// [`READ_RETRY_PAUSE_MAX`], for as long as [`READ_RETRY_WINDOW`] from
+    /// the first try: the caller keeps the message invisible meanwhile, so
+    /// a blip costs time, not one of the message's receives. Before, every
+    /// such failure gave the receive back at once, and a message whose key
+    /// is inside its payload cannot be recognised as done without it:
+    /// simulator seed 724910 (completed on a superseded receipt, its later
+    /// receives' reads failed one after another until SQS moved it, effect
+    /// recorded, to the DLQ). Any other failure is answered at once.
+    async fn read(&self, pointer: &S3Pointer) -> Result<Vec<u8>, PayloadError> {
+        let started = tokio::time::Instant::now();
+        let mut pause = READ_RETRY_PAUSE;
+        loop {
+            match self.store.get(pointer, self.max_bytes).await {
+                Err(e)
+                    if e.kind == PayloadErrorKind::Transient
+                        && started.elapsed() + pause <= READ_RETRY_WINDOW =>
+                {
+                    warn!(object = %pointer, error = %e, retry_in = ?pause, "large payload read failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(READ_RETRY_PAUSE_MAX);
+                }
+                read => return read,
+            }
+        }
+    }
 }
+
+/// The first pause before a large payload's failed read is tried again.
+pub(crate) const READ_RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// The longest pause between tries of a large payload's read.
+pub(crate) const READ_RETRY_PAUSE_MAX: Duration = Duration::from_secs(5);
+/// How long a large payload's read is tried, from its first try, before
+/// its failure is the message's outcome (retried after the backoff).
+pub(crate) const READ_RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 /// Warns when the payload's size is not the one the sender declared.
 fn check_size(message: &Message, actual: usize) {

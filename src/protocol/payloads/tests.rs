@@ -208,18 +208,24 @@ async fn a_missing_object_of_a_completed_message_is_a_duplicate() {
     assert!(matches!(other, Outcome::Park { .. }), "{other:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn s3_failures_other_than_a_missing_object_are_retried_never_parked() {
     let objects = MemoryPayloads::default();
     objects.put("big", "k1", r#"{"id":"a"}"#);
     let (p, seen) = processor("json:/id", &objects, MemoryStore::default());
     let m = pointer_message("m1", "big", "k1", 10).with_receive_count(2);
-    for kind in [
-        PayloadErrorKind::Transient,
-        PayloadErrorKind::Denied,
-        PayloadErrorKind::Refused,
+    // A transient failure is tried in place until the window is spent
+    // (pauses 0.2, 0.4, 0.8, 1.6, 3.2, then 5 s: ten tries in 26.2 s);
+    // a refusal is answered at once.
+    for (kind, failures) in [
+        (PayloadErrorKind::Transient, 10),
+        (PayloadErrorKind::Denied, 1),
+        (PayloadErrorKind::Refused, 1),
     ] {
-        objects.fail_next_get(kind);
+        for _ in 0..failures {
+            objects.fail_next_get(kind);
+        }
+        let (gets, start) = (objects.gets(), tokio::time::Instant::now());
         let o = p.process(m.clone()).await;
         let Outcome::Retry { after, reason } = o else {
             panic!("{kind:?}: {o:?}");
@@ -230,9 +236,44 @@ async fn s3_failures_other_than_a_missing_object_are_retried_never_parked() {
             "backoff of receive 2"
         );
         assert!(reason.contains("GetObject s3://big/k1 failed"), "{reason}");
+        assert_eq!(objects.gets() - gets, failures, "{kind:?}: tries");
+        let waited = start.elapsed();
+        assert!(waited <= super::READ_RETRY_WINDOW, "{kind:?}: {waited:?}");
+        if kind == PayloadErrorKind::Transient {
+            assert_eq!(waited, std::time::Duration::from_millis(26_200));
+        } else {
+            assert_eq!(waited, std::time::Duration::ZERO, "{kind:?}");
+        }
     }
     assert!(seen.lock().unwrap().is_empty());
     assert!(matches!(p.process(m).await, Outcome::Completed { .. }));
+}
+
+/// Simulator seed 724910: a message whose key is inside its payload, done
+/// on a receipt that did not delete it, spent its later receives on reads
+/// that each failed once. A read that fails for a moment is tried again
+/// in place, and the message is recognised (or run) on that receive.
+#[tokio::test(start_paused = true)]
+async fn a_read_that_fails_for_a_moment_is_tried_again_on_the_same_receive() {
+    let objects = MemoryPayloads::default();
+    objects.put("big", "k1", r#"{"id":"a"}"#);
+    let (p, seen) = processor("json:/id", &objects, MemoryStore::default());
+    let m = pointer_message("m1", "big", "k1", 10);
+    for _ in 0..3 {
+        objects.fail_next_get(PayloadErrorKind::Transient);
+    }
+    let start = tokio::time::Instant::now();
+    let o = p.process(m.clone()).await;
+    assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    assert_eq!(objects.gets(), 4);
+    assert_eq!(start.elapsed(), std::time::Duration::from_millis(1_400));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    // Its next delivery reads the payload after one more failure and is
+    // known done.
+    objects.fail_next_get(PayloadErrorKind::Transient);
+    let again = p.process(m.with_receive_count(2)).await;
+    assert!(matches!(again, Outcome::Duplicate { .. }), "{again:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]
