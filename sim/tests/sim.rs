@@ -1712,7 +1712,8 @@ fn regression_seeds_drawing_max_receive_run_clean() {
 ///   receives failed one after another (a host cut off, an answer lost),
 ///   and with no body there was no key to find it done: its last allowed
 ///   receive moved it to the DLQ, effect recorded. Fixed: a read failure
-///   that may pass is tried again in place for up to 30 s (unit test
+///   that may pass is tried again in place, tries starting for up to 30 s
+///   (unit test
 ///   `a_read_that_fails_for_a_moment_is_tried_again_on_the_same_receive`).
 /// - 197821, 198138, 200506, 201331: completed messages in the DLQ or
 ///   valid events left there after the redrive on the code before these

@@ -21,9 +21,10 @@
 //! What cannot be read is an [`Outcome`]: a missing object (`NoSuchKey`), a
 //! body that is not a pointer, or a payload that is not UTF-8 text is parked
 //! with its reason; an S3 failure that may pass (no answer, throttling, 5xx) is
-//! tried again for up to 30 seconds while the message is kept invisible, and
-//! then, like a refusal (access denied: a permission that may yet be
-//! granted), retried after the backoff. A missing object whose message is already completed (its
+//! tried again in place (tries starting up to 30 seconds after the first,
+//! the message kept invisible by the runtimes meanwhile), and then, like a
+//! refusal (access denied: a permission that may yet be granted), retried
+//! after the backoff. A missing object whose message is already completed (its
 //! object was deleted after an earlier copy finished; dedup keys that do not
 //! come from the body only) is a duplicate, not a failure.
 //!
@@ -55,7 +56,8 @@ pub use crate::protocol::pointer::{
 pub enum PayloadErrorKind {
     /// No such key or bucket: it will not appear later (parked).
     NotFound,
-    /// No answer, throttling, a 5xx: may pass when tried again (retried).
+    /// No answer, throttling, a 5xx: may pass when tried again (tried again
+    /// in place for a while, then retried after the backoff).
     Transient,
     /// Access denied: may pass once the permission is granted (retried).
     Denied,
@@ -352,13 +354,15 @@ impl LargePayloads {
 
     /// The message with its pointer body replaced by the payload (and
     /// without the size attribute); `None` for an ordinary message. What
-    /// cannot be read is the outcome.
+    /// cannot be read is the outcome. A read failing for a cause that may
+    /// pass is tried again until `until` at the latest (see [`Self::read`]).
     pub(crate) async fn resolve<S: DedupStore>(
         &self,
         message: &Message,
         config: &ProcessorConfig,
         records: &S,
         clock: &dyn Clock,
+        until: Option<tokio::time::Instant>,
     ) -> Result<Option<Message>, Outcome> {
         let Some(pointer) = S3Pointer::of(message).filter(|_| self.read) else {
             return Ok(None);
@@ -384,7 +388,7 @@ impl LargePayloads {
                 ),
             });
         }
-        let bytes = match self.read(&pointer).await {
+        let bytes = match self.read(&pointer, until).await {
             Ok(bytes) => bytes,
             Err(e) => return Err(failure(e, message, config, records, clock).await),
         };
@@ -404,24 +408,34 @@ impl LargePayloads {
 
     /// The object's bytes. A failure that may pass (no answer, throttling,
     /// a 5xx) is tried again after [`READ_RETRY_PAUSE`], doubling up to
-    /// [`READ_RETRY_PAUSE_MAX`], for as long as [`READ_RETRY_WINDOW`] from
-    /// the first try: the caller keeps the message invisible meanwhile, so
-    /// a blip costs time, not one of the message's receives. Before, every
+    /// [`READ_RETRY_PAUSE_MAX`], while the next try would start within
+    /// [`READ_RETRY_WINDOW`] of the first one and before `until` (Lambda:
+    /// the time by which the invocation stops waiting, so that the last
+    /// failure is answered with its backoff rather than cut off by the
+    /// deadline): the caller keeps the message invisible meanwhile, so a
+    /// blip costs time, not one of the message's receives. Before, every
     /// such failure gave the receive back at once, and a message whose key
     /// is inside its payload cannot be recognised as done without it:
     /// simulator seed 724910 (completed on a superseded receipt, its later
     /// receives' reads failed one after another until SQS moved it, effect
     /// recorded, to the DLQ). Any other failure is answered at once.
-    async fn read(&self, pointer: &S3Pointer) -> Result<Vec<u8>, PayloadError> {
+    async fn read(
+        &self,
+        pointer: &S3Pointer,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<Vec<u8>, PayloadError> {
         let started = tokio::time::Instant::now();
+        let last_start = until.map_or(started + READ_RETRY_WINDOW, |u| {
+            u.min(started + READ_RETRY_WINDOW)
+        });
         let mut pause = READ_RETRY_PAUSE;
         loop {
             match self.store.get(pointer, self.max_bytes).await {
                 Err(e)
                     if e.kind == PayloadErrorKind::Transient
-                        && started.elapsed() + pause <= READ_RETRY_WINDOW =>
+                        && tokio::time::Instant::now() + pause <= last_start =>
                 {
-                    warn!(object = %pointer, error = %e, retry_in = ?pause, "large payload read failed; trying again");
+                    tracing::debug!(object = %pointer, error = %e, retry_in = ?pause, "large payload read failed; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(READ_RETRY_PAUSE_MAX);
                 }
@@ -435,8 +449,9 @@ impl LargePayloads {
 pub(crate) const READ_RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// The longest pause between tries of a large payload's read.
 pub(crate) const READ_RETRY_PAUSE_MAX: Duration = Duration::from_secs(5);
-/// How long a large payload's read is tried, from its first try, before
-/// its failure is the message's outcome (retried after the backoff).
+/// How long after a large payload's first read a try may still start;
+/// a failure after that is the message's outcome (retried after the
+/// backoff).
 pub(crate) const READ_RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 /// Warns when the payload's size is not the one the sender declared.

@@ -76,7 +76,8 @@ pub struct ProcessOptions<'a> {
     /// A copy of a key in flight elsewhere waits for its holder until this
     /// instant at the latest, then comes back as [`Outcome::InFlight`]
     /// (Lambda: the margin before the invocation's deadline, which leaves
-    /// the runtime time to send the copy again). `None`: until `stop`.
+    /// the runtime time to send the copy again); a large payload's failing
+    /// read starts no try after it. `None`: until `stop`.
     pub wait_until: Option<Instant>,
 }
 
@@ -320,7 +321,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     ) -> Result<Message, Outcome> {
         let resolved = tokio::select! {
             biased;
-            r = payloads.resolve(&message, &self.config, &*self.store, &*self.clock) => r,
+            r = payloads.resolve(&message, &self.config, &*self.store, &*self.clock, opts.wait_until) => r,
             () = visible.passed() => {
                 error!("the message's visibility could not be kept during its large payload's download: not run");
                 Err(Outcome::Retry {
