@@ -351,6 +351,85 @@ async fn lost_fast_commit_response_applies_the_effect_once() {
     assert_eq!(balance(&plain, &ledger, "acct").await, (250, 1));
 }
 
+/// The fast path writes a new key's record with a put and a record it
+/// takes over with a conditional update: the two must leave the same
+/// attributes (a field one of them forgot would be lost on every new key,
+/// or kept from the old record on every takeover).
+#[tokio::test]
+async fn a_new_keys_record_is_the_record_a_takeover_leaves() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let clock = sqs_once::clock::ManualClock::starting_now();
+    let plain = ddb().await;
+    let dedup = dedup_table(&plain).await;
+    let store = DynamoStore::with_clock(plain.clone(), dedup.clone(), Arc::new(clock.clone()));
+    let outbox = vec![sqs_once::Outgoing::new(
+        "https://sqs.example/q",
+        "{\"n\":1}",
+    )];
+    let fast = |pk: &str, result: Option<StoredResult>| FastCommit {
+        pk: pk.into(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: "m".into(),
+        payload_sha256: "p".into(),
+        result,
+        ttl: TTL,
+        writes: vec![],
+        outbox: outbox.clone(),
+    };
+    let results = [
+        None,
+        Some(StoredResult::Value(serde_json::json!({"charge": "ch_1"}))),
+        Some(StoredResult::Digest {
+            sha256: "d".repeat(64),
+            bytes: 500_000,
+        }),
+    ];
+    for (i, result) in results.into_iter().enumerate() {
+        let (new, taken) = (format!("c#new-{i}"), format!("c#taken-{i}"));
+        // The record taken over: a claim released with an error, then expired,
+        // carrying every attribute a record can have that a completion drops.
+        let old = req(&taken);
+        store.claim(&old).await.unwrap();
+        store.release(&old.pk, &old.owner, "gave up").await.unwrap();
+        clock.advance(TTL + Duration::from_secs(1));
+        for pk in [&new, &taken] {
+            assert_eq!(
+                store.commit_fast(fast(pk, result.clone())).await.unwrap(),
+                FastCommitted::Committed,
+                "{pk}"
+            );
+        }
+        let item = |pk: String| {
+            let (plain, dedup) = (plain.clone(), dedup.clone());
+            async move {
+                let mut item = plain
+                    .get_item()
+                    .table_name(dedup)
+                    .key("pk", AttributeValue::S(pk))
+                    .consistent_read(true)
+                    .send()
+                    .await
+                    .unwrap()
+                    .item
+                    .expect("a record");
+                // What differs by construction: the key, the owner, and
+                // the attempts (the takeover's is the second).
+                for a in ["pk", "owner", "attempts"] {
+                    item.remove(a);
+                }
+                item
+            }
+        };
+        let (new_item, taken_item) = (item(new.clone()).await, item(taken.clone()).await);
+        assert_eq!(new_item, taken_item, "result {i}");
+        let record = store.get(&new).await.unwrap().unwrap();
+        assert_eq!((record.status, record.attempts), (Status::Completed, 1));
+        assert_eq!(store.get(&taken).await.unwrap().unwrap().attempts, 2);
+    }
+}
+
 #[tokio::test]
 async fn fast_commit_with_a_failing_staged_condition_writes_nothing() {
     if !crate::common::localstack_up().await {

@@ -23,7 +23,8 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
 };
 
 use crate::protocol::clock::{Clock, SystemClock};
@@ -454,6 +455,127 @@ fn conditional_failure<R>(
     }
 }
 
+impl DynamoStore {
+    /// The `COMPLETED` record of a fast-path commit, put where no record is:
+    /// the same attributes [`Self::takeover_update`] leaves on a record it
+    /// replaces (`attempts` 1, as its `if_not_exists` makes it on a new one).
+    fn new_record_put(&self, c: &FastCommit, now_ms: i64) -> Result<TransactWriteItem, StoreError> {
+        let mut item = HashMap::from([
+            (KEY_ATTRIBUTE.to_owned(), s(&c.pk)),
+            ("status".to_owned(), s(Status::Completed.as_str())),
+            ("owner".to_owned(), s(&c.owner)),
+            (
+                TTL_ATTRIBUTE.to_owned(),
+                n(now_ms.div_euclid(1000) + secs(c.ttl)),
+            ),
+            ("payload_sha256".to_owned(), s(&c.payload_sha256)),
+            ("message_id".to_owned(), s(&c.message_id)),
+            ("claimed_at".to_owned(), n(now_ms)),
+            ("completed_at".to_owned(), n(now_ms)),
+            ("attempts".to_owned(), n(1)),
+        ]);
+        match &c.result {
+            None => {}
+            Some(StoredResult::Value(v)) => {
+                item.insert("result".to_owned(), s(v.to_string()));
+            }
+            Some(StoredResult::Digest { sha256, bytes }) => {
+                item.insert("result_sha256".to_owned(), s(sha256));
+                item.insert(
+                    "result_bytes".to_owned(),
+                    n(i64::try_from(*bytes).unwrap_or(i64::MAX)),
+                );
+            }
+        }
+        if !c.outbox.is_empty() {
+            item.insert(
+                OUTBOX_ATTRIBUTE.to_owned(),
+                s(crate::protocol::outbox::to_stored(&c.outbox)),
+            );
+        }
+        let put = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    /// The `COMPLETED` record of a fast-path commit written over one that
+    /// is there, where a claim would have been taken (absent, expired,
+    /// `FAILED`, a lease that ran out): its other attributes removed.
+    fn takeover_update(&self, c: &FastCommit, now_ms: i64) -> Result<Update, StoreError> {
+        let mut values = HashMap::from([
+            (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
+            (":now_ms".to_owned(), n(now_ms)),
+            (":failed".to_owned(), s(Status::Failed.as_str())),
+            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
+            (":completed".to_owned(), s(Status::Completed.as_str())),
+            (":owner".to_owned(), s(&c.owner)),
+            (
+                ":expires_at".to_owned(),
+                n(now_ms.div_euclid(1000) + secs(c.ttl)),
+            ),
+            (":payload".to_owned(), s(&c.payload_sha256)),
+            (":mid".to_owned(), s(&c.message_id)),
+            (":zero".to_owned(), n(0)),
+            (":one".to_owned(), n(1)),
+        ]);
+        let mut set = "SET #status = :completed, #owner = :owner, expires_at = :expires_at, \
+             payload_sha256 = :payload, message_id = :mid, claimed_at = :now_ms, \
+             completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one"
+            .to_owned();
+        let mut remove = vec!["lease_until", "#error"];
+        set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
+        set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
+        let expr = format!("{set} REMOVE {}", remove.join(", "));
+        self.record_update(&c.pk, expr, CLAIM_CONDITION, values)
+    }
+
+    /// Sends a fast-path transaction (`items`, the record first), sending
+    /// it again with the same token while its outcome is unknown: `None`
+    /// when it committed, the record there when the record's condition
+    /// failed.
+    async fn send_fast(
+        &self,
+        what: &str,
+        items: &[TransactWriteItem],
+        token: &str,
+        on_failed: &[FailureKind],
+    ) -> Result<Option<Record>, StoreError> {
+        self.retrying(what, || async {
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.to_vec()))
+                .client_request_token(token)
+                .send()
+                .on_heap()
+                .await;
+            let Err(e) = res else {
+                return Ok(None);
+            };
+            match transaction_failure(&e, on_failed) {
+                TransactionFailure::Record(item) => {
+                    let Some(item) = item else {
+                        return Err(Attempt::Done(StoreError::Invalid(
+                            "conditional check failed without the old item (ALL_OLD not honoured)"
+                                .into(),
+                        )));
+                    };
+                    record_from_item(item)
+                        .map(Some)
+                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))
+                }
+                TransactionFailure::Other(attempt) => Err(attempt),
+            }
+        })
+        .await
+    }
+}
+
 /// The record's update (item 0) and the staged writes as one transaction, with
 /// a `ClientRequestToken` derived from `kind`, key and owner: every resend of
 /// the same attempt carries the same token.
@@ -467,9 +589,15 @@ fn transaction(
     let mut items = Vec::with_capacity(writes.len() + 1);
     items.push(TransactWriteItem::builder().update(record).build());
     items.extend(writes);
+    (items, transaction_token(kind, pk, owner))
+}
+
+/// A `ClientRequestToken` (at most 36 characters) derived from `kind`, key
+/// and owner.
+fn transaction_token(kind: &str, pk: &str, owner: &str) -> String {
     let mut token = crate::protocol::key::sha256_hex(format!("{kind}#{pk}#{owner}").as_bytes());
     token.truncate(36);
-    (items, token)
+    token
 }
 
 /// What a failure of each staged write's own condition means, in order.
@@ -805,67 +933,48 @@ impl DedupStore for DynamoStore {
         }
     }
 
+    /// A fast-path commit. Most keys are new, so the first try puts the
+    /// record whole where none is (`attribute_not_exists`): about half the
+    /// request the takeover's conditional update is (its SET, REMOVE and
+    /// condition, with 11 placeholders), which every message paid for in
+    /// hashing (SigV4 signs the body), JSON escaping and allocation. A
+    /// record found there (returned whole) that no claim could take
+    /// ([`Record::claimable_by`], the takeover's condition in Rust: a
+    /// duplicate, our own earlier try, a live lease, this delivery's park)
+    /// is answered from at once, as the takeover's failure would be; one
+    /// that could be taken (expired, another delivery's `FAILED`, a lease
+    /// run out) is written by the conditional update, whose own condition
+    /// decides again.
     async fn commit_fast(&self, mut c: FastCommit) -> Result<FastCommitted, StoreError> {
         check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         let now_ms = self.clock.now_ms();
-        let mut values = HashMap::from([
-            (":now_s".to_owned(), n(now_ms.div_euclid(1000))),
-            (":now_ms".to_owned(), n(now_ms)),
-            (":failed".to_owned(), s(Status::Failed.as_str())),
-            (":in_progress".to_owned(), s(Status::InProgress.as_str())),
-            (":completed".to_owned(), s(Status::Completed.as_str())),
-            (":owner".to_owned(), s(&c.owner)),
-            (
-                ":expires_at".to_owned(),
-                n(now_ms.div_euclid(1000) + secs(c.ttl)),
-            ),
-            (":payload".to_owned(), s(&c.payload_sha256)),
-            (":mid".to_owned(), s(&c.message_id)),
-            (":zero".to_owned(), n(0)),
-            (":one".to_owned(), n(1)),
-        ]);
-        let mut set = "SET #status = :completed, #owner = :owner, expires_at = :expires_at, \
-             payload_sha256 = :payload, message_id = :mid, claimed_at = :now_ms, \
-             completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one"
-            .to_owned();
-        let mut remove = vec!["lease_until", "#error"];
-        set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
-        set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
-        let expr = format!("{set} REMOVE {}", remove.join(", "));
-        let record = self.record_update(&c.pk, expr, CLAIM_CONDITION, values)?;
         // The staged writes move into the request; their failure kinds stay.
         let on_failed = kinds(&c.writes);
         let writes = std::mem::take(&mut c.writes).into_iter().map(|w| w.item);
-        let (items, token) = transaction("fast", record, writes, &c.pk, &c.owner);
-        let token = token.as_str();
-        self.retrying("commit (fast path)", || async {
-            let res = self
-                .client
-                .transact_write_items()
-                .set_transact_items(Some(items.clone()))
-                .client_request_token(token)
-                .send()
-                .on_heap()
-                .await;
-            let Err(e) = res else {
-                return Ok(FastCommitted::Committed);
-            };
-            match transaction_failure(&e, &on_failed) {
-                TransactionFailure::Record(item) => {
-                    let Some(item) = item else {
-                        return Err(Attempt::Done(StoreError::Invalid(
-                            "conditional check failed without the old item (ALL_OLD not honoured)"
-                                .into(),
-                        )));
-                    };
-                    let old = record_from_item(item)
-                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
-                    Ok(c.conflict(&old, now_ms))
-                }
-                TransactionFailure::Other(attempt) => Err(attempt),
-            }
-        })
-        .await
+        let mut items = Vec::with_capacity(writes.len() + 1);
+        items.push(self.new_record_put(&c, now_ms)?);
+        items.extend(writes);
+        let token = transaction_token("fast-new", &c.pk, &c.owner);
+        let old = match self
+            .send_fast("commit (fast path, new key)", &items, &token, &on_failed)
+            .await?
+        {
+            None => return Ok(FastCommitted::Committed),
+            Some(old) => old,
+        };
+        if !old.claimable_by(now_ms, &c.message_id) {
+            return Ok(c.conflict(&old, now_ms));
+        }
+        let record = self.takeover_update(&c, now_ms)?;
+        items[0] = TransactWriteItem::builder().update(record).build();
+        let token = transaction_token("fast", &c.pk, &c.owner);
+        match self
+            .send_fast("commit (fast path)", &items, &token, &on_failed)
+            .await?
+        {
+            None => Ok(FastCommitted::Committed),
+            Some(old) => Ok(c.conflict(&old, now_ms)),
+        }
     }
 
     async fn mark_dispatched(&self, pk: &str, sent: &[Outgoing]) -> Result<(), StoreError> {
