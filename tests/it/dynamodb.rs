@@ -18,6 +18,13 @@ use sqs_once::{
     Message, Outcome, Processor, Status, StoreError, StoredResult,
 };
 
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextMut,
+};
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_smithy_runtime_api::box_error::BoxError;
+use std::sync::atomic::AtomicU32;
+
 use crate::common::{ddb, ddb_losing, dedup_table, unique};
 
 const TTL: Duration = Duration::from_secs(3600);
@@ -386,15 +393,21 @@ async fn a_new_keys_record_is_the_record_a_takeover_leaves() {
             bytes: 500_000,
         }),
     ];
-    for (i, result) in results.into_iter().enumerate() {
+    for (i, result) in results.iter().cloned().enumerate() {
         let (new, taken) = (format!("c#new-{i}"), format!("c#taken-{i}"));
+        let done = format!("c#done-{i}");
         // The record taken over: a claim released with an error, then expired,
         // carrying every attribute a record can have that a completion drops.
         let old = req(&taken);
         store.claim(&old).await.unwrap();
         store.release(&old.pk, &old.owner, "gave up").await.unwrap();
+        // And one completed before with another result, its outbox sent,
+        // then expired: the takeover leaves nothing of the first completion.
+        let earlier = results[(i + 1) % results.len()].clone();
+        store.commit_fast(fast(&done, earlier)).await.unwrap();
+        store.mark_dispatched(&done, &outbox).await.unwrap();
         clock.advance(TTL + Duration::from_secs(1));
-        for pk in [&new, &taken] {
+        for pk in [&new, &taken, &done] {
             assert_eq!(
                 store.commit_fast(fast(pk, result.clone())).await.unwrap(),
                 FastCommitted::Committed,
@@ -422,12 +435,113 @@ async fn a_new_keys_record_is_the_record_a_takeover_leaves() {
                 item
             }
         };
-        let (new_item, taken_item) = (item(new.clone()).await, item(taken.clone()).await);
-        assert_eq!(new_item, taken_item, "result {i}");
+        let new_item = item(new.clone()).await;
+        assert_eq!(new_item, item(taken.clone()).await, "result {i}, released");
+        assert_eq!(new_item, item(done.clone()).await, "result {i}, completed");
         let record = store.get(&new).await.unwrap().unwrap();
         assert_eq!((record.status, record.attempts), (Status::Completed, 1));
         assert_eq!(store.get(&taken).await.unwrap().unwrap().attempts, 2);
+        assert_eq!(store.get(&done).await.unwrap().unwrap().attempts, 2);
     }
+}
+
+/// A policy that refuses `PutItem` on the dedup table, as IAM refuses a
+/// transaction with a `Put` item the role may not make: the request is
+/// emptied before it is sent (LocalStack then writes nothing) and answered
+/// `AccessDeniedException`. Counts the refused requests.
+#[derive(Debug, Default)]
+struct RefusePuts {
+    refused: Arc<AtomicU32>,
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+impl Intercept for RefusePuts {
+    fn name(&self) -> &'static str {
+        "RefusePuts"
+    }
+
+    fn modify_before_transmit(
+        &self,
+        ctx: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _rc: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = ctx.request_mut();
+        let put = request
+            .body()
+            .bytes()
+            .is_some_and(|b| String::from_utf8_lossy(b).contains("\"Put\":{"));
+        self.refusing.store(put, Ordering::SeqCst);
+        if put {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            *request.body_mut() = aws_smithy_types::body::SdkBody::from("{}");
+            request.headers_mut().insert("content-length", "2");
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        ctx: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _rc: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if self.refusing.swap(false, Ordering::SeqCst) {
+            let response = ctx.response_mut();
+            *response.status_mut() = 400.try_into().expect("a status");
+            response
+                .headers_mut()
+                .insert("x-amzn-errortype", "AccessDeniedException");
+            *response.body_mut() = aws_smithy_types::body::SdkBody::from(
+                r#"{"__type":"com.amazon.coral.service#AccessDeniedException","message":"not authorized to perform: dynamodb:PutItem"}"#,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where the table's policy predates the fast path's put (UpdateItem
+/// granted, PutItem not), the commit falls back to the conditional update,
+/// applies once, and stops trying the put.
+#[tokio::test]
+async fn a_policy_without_put_item_falls_back_to_the_update_once_and_for_all() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let refused = Arc::new(AtomicU32::new(0));
+    let conf = aws_sdk_dynamodb::config::Builder::from(&crate::common::sdk_config().await)
+        .interceptor(RefusePuts {
+            refused: refused.clone(),
+            ..RefusePuts::default()
+        })
+        .build();
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(conf), dedup);
+    for (i, pk) in ["c#no-put-1", "c#no-put-2"].into_iter().enumerate() {
+        let commit = FastCommit {
+            pk: pk.into(),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: "m".into(),
+            payload_sha256: "p".into(),
+            result: None,
+            ttl: TTL,
+            writes: vec![staged(add_to(&ledger, "acct", 10), FailureKind::Retry)],
+            outbox: vec![],
+        };
+        assert_eq!(
+            store.commit_fast(commit).await.unwrap(),
+            FastCommitted::Committed,
+            "{pk}"
+        );
+        let record = store.get(pk).await.unwrap().unwrap();
+        assert_eq!((record.status, record.attempts), (Status::Completed, 1));
+        assert_eq!(
+            balance(&plain, &ledger, "acct").await,
+            (10 * (i as i64 + 1), i as i64 + 1)
+        );
+    }
+    assert_eq!(refused.load(Ordering::SeqCst), 1, "the put tried once");
 }
 
 #[tokio::test]

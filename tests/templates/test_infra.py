@@ -75,6 +75,7 @@ class EcsTemplate(unittest.TestCase):
                 "${DeadLetterQueueName}": {"sqs:SendMessage", "sqs:GetQueueAttributes"},
                 "table/${DedupTableName}": {
                     "dynamodb:UpdateItem",
+                    "dynamodb:PutItem",
                     "dynamodb:GetItem",
                     "dynamodb:DescribeTable",
                     "dynamodb:DescribeTimeToLive",

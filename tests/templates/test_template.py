@@ -145,6 +145,7 @@ class SamTemplate(unittest.TestCase):
                 # GetItem: a completed key whose large payload is gone.
                 "DedupTable": {
                     "dynamodb:UpdateItem",
+                    "dynamodb:PutItem",
                     "dynamodb:GetItem",
                     "dynamodb:DescribeTable",
                     "dynamodb:DescribeTimeToLive",

@@ -75,6 +75,9 @@ pub struct DynamoStore {
     table: Arc<str>,
     clock: Arc<dyn Clock>,
     metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
+    /// `dynamodb:PutItem` was refused on the table (a policy from before the
+    /// fast path's put): new keys are written with the conditional update.
+    put_denied: Arc<std::sync::atomic::AtomicBool>,
 }
 
 enum Attempt {
@@ -177,6 +180,7 @@ impl DynamoStore {
             table: table.into(),
             clock,
             metrics: Arc::default(),
+            put_denied: Arc::default(),
         }
     }
 
@@ -535,16 +539,16 @@ impl DynamoStore {
     }
 
     /// Sends a fast-path transaction (`items`, the record first), sending
-    /// it again with the same token while its outcome is unknown: `None`
-    /// when it committed, the record there when the record's condition
-    /// failed.
+    /// it again with the same token while its outcome is unknown. A refusal
+    /// by the policy is answered apart (`Denied`), for the caller to tell a
+    /// missing `PutItem` from an outage.
     async fn send_fast(
         &self,
         what: &str,
         items: &[TransactWriteItem],
         token: &str,
         on_failed: &[FailureKind],
-    ) -> Result<Option<Record>, StoreError> {
+    ) -> Result<Sent, StoreError> {
         self.retrying(what, || async {
             let res = self
                 .client
@@ -555,8 +559,14 @@ impl DynamoStore {
                 .on_heap()
                 .await;
             let Err(e) = res else {
-                return Ok(None);
+                return Ok(Sent::Committed);
             };
+            if e.code() == Some("AccessDeniedException") {
+                return match classify(&e) {
+                    Attempt::Done(refused) => Ok(Sent::Denied(refused)),
+                    other => Err(other),
+                };
+            }
             match transaction_failure(&e, on_failed) {
                 TransactionFailure::Record(item) => {
                     let Some(item) = item else {
@@ -565,15 +575,24 @@ impl DynamoStore {
                                 .into(),
                         )));
                     };
-                    record_from_item(item)
-                        .map(Some)
-                        .map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))
+                    Ok(Sent::Found(record_from_item(item)))
                 }
                 TransactionFailure::Other(attempt) => Err(attempt),
             }
         })
         .await
     }
+}
+
+/// How a fast-path transaction ended.
+enum Sent {
+    /// The record and the writes committed.
+    Committed,
+    /// The record's condition failed: the record there (or why it does not
+    /// read as one).
+    Found(Result<Record, RecordError>),
+    /// The policy refused the call (`AccessDeniedException`).
+    Denied(StoreError),
 }
 
 /// The record's update (item 0) and the staged writes as one transaction, with
@@ -943,9 +962,12 @@ impl DedupStore for DynamoStore {
     /// duplicate, our own earlier try, a live lease, this delivery's park)
     /// is answered from at once, as the takeover's failure would be; one
     /// that could be taken (expired, another delivery's `FAILED`, a lease
-    /// run out) is written by the conditional update, whose own condition
-    /// decides again.
+    /// run out), or that does not read as a record, is written by the
+    /// conditional update, whose own condition decides again. Where the
+    /// table's policy refuses `PutItem` (one written before the put), every
+    /// commit takes the update, with a warning once.
     async fn commit_fast(&self, mut c: FastCommit) -> Result<FastCommitted, StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
         check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
         let now_ms = self.clock.now_ms();
         // The staged writes move into the request; their failure kinds stay.
@@ -954,26 +976,43 @@ impl DedupStore for DynamoStore {
         let mut items = Vec::with_capacity(writes.len() + 1);
         items.push(self.new_record_put(&c, now_ms)?);
         items.extend(writes);
-        let token = transaction_token("fast-new", &c.pk, &c.owner);
-        let old = match self
-            .send_fast("commit (fast path, new key)", &items, &token, &on_failed)
-            .await?
-        {
-            None => return Ok(FastCommitted::Committed),
-            Some(old) => old,
-        };
-        if !old.claimable_by(now_ms, &c.message_id) {
-            return Ok(c.conflict(&old, now_ms));
+        let mut put_refused = None;
+        if !self.put_denied.load(Relaxed) {
+            let token = transaction_token("fast-new", &c.pk, &c.owner);
+            let what = "commit (fast path, new key)";
+            match self.send_fast(what, &items, &token, &on_failed).await? {
+                Sent::Committed => return Ok(FastCommitted::Committed),
+                Sent::Found(Ok(old)) if !old.claimable_by(now_ms, &c.message_id) => {
+                    return Ok(c.conflict(&old, now_ms));
+                }
+                Sent::Found(Ok(_)) => {}
+                Sent::Found(Err(e)) => {
+                    tracing::warn!(pk = %c.pk, error = %e, "the record in the way does not read as one; written over by the conditional update where a claim could take it");
+                }
+                Sent::Denied(e) => put_refused = Some(e),
+            }
         }
         let record = self.takeover_update(&c, now_ms)?;
         items[0] = TransactWriteItem::builder().update(record).build();
         let token = transaction_token("fast", &c.pk, &c.owner);
-        match self
+        let sent = self
             .send_fast("commit (fast path)", &items, &token, &on_failed)
-            .await?
+            .await?;
+        // Refused for the put alone (the update was not): a policy that
+        // grants UpdateItem and not PutItem. Refused both ways, the cause is
+        // elsewhere (a staged write's table, the credentials).
+        if let Some(refused) = put_refused.filter(|_| !matches!(sent, Sent::Denied(_)))
+            && !self.put_denied.swap(true, Relaxed)
         {
-            None => Ok(FastCommitted::Committed),
-            Some(old) => Ok(c.conflict(&old, now_ms)),
+            tracing::warn!(table = %self.table, error = %refused, "dynamodb:PutItem is not granted on the dedup table: the fast path writes new keys with the conditional update instead (a larger request); grant PutItem beside UpdateItem");
+        }
+        match sent {
+            Sent::Committed => Ok(FastCommitted::Committed),
+            Sent::Found(old) => Ok(c.conflict(
+                &old.map_err(|e| StoreError::Invalid(e.to_string()))?,
+                now_ms,
+            )),
+            Sent::Denied(e) => Err(e),
         }
     }
 
