@@ -502,9 +502,10 @@ impl Intercept for RefusePuts {
 
 /// Where the table's policy predates the fast path's put (UpdateItem
 /// granted, PutItem not), the commit falls back to the conditional update,
-/// applies once, and stops trying the put.
+/// applies once, and stops trying the put for ten minutes (then tries it
+/// again: a grant made meanwhile is taken up without a restart).
 #[tokio::test]
-async fn a_policy_without_put_item_falls_back_to_the_update_once_and_for_all() {
+async fn a_policy_without_put_item_falls_back_to_the_update_for_ten_minutes() {
     if !crate::common::localstack_up().await {
         return;
     }
@@ -517,8 +518,20 @@ async fn a_policy_without_put_item_falls_back_to_the_update_once_and_for_all() {
             ..RefusePuts::default()
         })
         .build();
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(conf), dedup);
-    for (i, pk) in ["c#no-put-1", "c#no-put-2"].into_iter().enumerate() {
+    let clock = sqs_once::clock::ManualClock::starting_now();
+    let store = DynamoStore::with_clock(
+        aws_sdk_dynamodb::Client::from_conf(conf),
+        dedup,
+        Arc::new(clock.clone()),
+    );
+    for (i, pk) in ["c#no-put-1", "c#no-put-2", "c#no-put-3"]
+        .into_iter()
+        .enumerate()
+    {
+        if i == 2 {
+            assert_eq!(refused.load(Ordering::SeqCst), 1, "the put tried once");
+            clock.advance(Duration::from_secs(601));
+        }
         let commit = FastCommit {
             pk: pk.into(),
             owner: uuid::Uuid::new_v4().to_string(),
@@ -541,7 +554,58 @@ async fn a_policy_without_put_item_falls_back_to_the_update_once_and_for_all() {
             (10 * (i as i64 + 1), i as i64 + 1)
         );
     }
-    assert_eq!(refused.load(Ordering::SeqCst), 1, "the put tried once");
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        2,
+        "tried again after ten minutes"
+    );
+}
+
+/// A record whose `expires_at` another tool wrote as a fraction (long past)
+/// is expired to DynamoDB's condition though not a whole number: the fast
+/// path's put, finding it, leaves the decision to the conditional update,
+/// which takes it over, rather than answering "duplicate" from a number it
+/// could not read.
+#[tokio::test]
+async fn a_record_expired_in_a_fraction_of_a_second_is_taken_over() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let plain = ddb().await;
+    let (dedup, ledger) = (dedup_table(&plain).await, business_table(&plain).await);
+    let store = DynamoStore::new(plain.clone(), dedup.clone());
+    plain
+        .put_item()
+        .table_name(&dedup)
+        .item("pk", AttributeValue::S("c#fraction".into()))
+        .item("status", AttributeValue::S("COMPLETED".into()))
+        .item("owner", AttributeValue::S("someone-else".into()))
+        .item("expires_at", AttributeValue::N("1000000000.5".into()))
+        .send()
+        .await
+        .unwrap();
+    let commit = FastCommit {
+        pk: "c#fraction".into(),
+        owner: uuid::Uuid::new_v4().to_string(),
+        message_id: "m".into(),
+        payload_sha256: "p".into(),
+        result: None,
+        ttl: TTL,
+        writes: vec![staged(add_to(&ledger, "acct", 7), FailureKind::Retry)],
+        outbox: vec![],
+    };
+    assert_eq!(
+        store.commit_fast(commit).await.unwrap(),
+        FastCommitted::Committed
+    );
+    assert_eq!(
+        balance(&plain, &ledger, "acct").await,
+        (7, 1),
+        "applied once"
+    );
+    let record = store.get("c#fraction").await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert!(record.expires_at_s > 1_000_000_000, "a new expiry");
 }
 
 #[tokio::test]

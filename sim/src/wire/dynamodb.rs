@@ -551,10 +551,7 @@ fn parse_write(state: &State, op: &str, w: &Value) -> Result<Write, DdbError> {
         None => None,
     };
     ph.check_all_used()?;
-    let owner = match values.get(":owner") {
-        Some(Av::S(o)) => Some(o.clone()),
-        _ => None,
-    };
+    let owner = writer(&values, &kind);
     Ok(Write {
         table: name.to_owned(),
         key_attr: t.key.clone(),
@@ -564,6 +561,19 @@ fn parse_write(state: &State, op: &str, w: &Value) -> Result<Write, DdbError> {
         all_old_on_failure: text(w, "ReturnValuesOnConditionCheckFailure") == Some("ALL_OLD"),
         owner,
     })
+}
+
+/// A write's owner: its `:owner`, or the owner a put writes (the fast
+/// path's new record), so the fencing check sees puts as it sees updates.
+fn writer(values: &HashMap<String, Av>, kind: &WriteKind) -> Option<String> {
+    match (values.get(":owner"), kind) {
+        (Some(Av::S(o)), _) => Some(o.clone()),
+        (_, WriteKind::Put(item)) => match item.get("owner") {
+            Some(Av::S(o)) => Some(o.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 impl Write {

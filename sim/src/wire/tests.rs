@@ -898,3 +898,30 @@ fn the_s3_model_computes_the_checksums_s3_names() {
     );
     assert_eq!(s3::checksum("x-amz-checksum-sha1", b"123456789"), None);
 }
+
+/// The fencing check sees a put as it sees an update: a record put whole
+/// over another owner's live claim (what the fast path's put would do
+/// without its `attribute_not_exists`) is a breach.
+#[tokio::test(start_paused = true)]
+async fn a_put_over_a_live_claim_is_a_fencing_breach() {
+    let (model, store, client) = setup();
+    store.claim(&claim_request("a", "m1")).await.unwrap();
+    let put = Put::builder()
+        .table_name(TABLE)
+        .item("pk", AttributeValue::S("sim#e1".into()))
+        .item("status", AttributeValue::S("COMPLETED".into()))
+        .item("owner", AttributeValue::S("b".into()))
+        .item("expires_at", AttributeValue::N("9999999999".into()))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    client
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().put(put).build())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        model.fencing_breaches(),
+        vec!["sim#e1: a write of owner b applied while a held it".to_owned()]
+    );
+}

@@ -67,6 +67,21 @@ pub enum RecordError {
     },
 }
 
+/// Whether the numbers the claim condition compares (`expires_at`,
+/// `lease_until`, `claimed_at`) are, where present, whole numbers as
+/// [`record_from_item`] reads them. One written otherwise (`1800000000.5`
+/// by another tool) reads as absent, and an absent `expires_at` as never
+/// expiring, where DynamoDB's condition compares the number itself: a
+/// decision from such a record is left to the condition.
+pub(super) fn condition_numbers_exact(item: &HashMap<String, AttributeValue>) -> bool {
+    [TTL_ATTRIBUTE, "lease_until", "claimed_at"]
+        .iter()
+        .all(|k| {
+            item.get(*k)
+                .is_none_or(|v| v.as_n().is_ok_and(|n| n.parse::<i64>().is_ok()))
+        })
+}
+
 /// Reads a dedup record from a DynamoDB item.
 pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record, RecordError> {
     let str_of = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
@@ -122,4 +137,35 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record
         error: str_of("error"),
         pk,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_whole_numbers_in_the_compared_attributes_are_exact() {
+        let item = |pairs: &[(&str, AttributeValue)]| -> HashMap<String, AttributeValue> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect()
+        };
+        let n = |v: &str| AttributeValue::N(v.into());
+        assert!(condition_numbers_exact(&item(&[])));
+        assert!(condition_numbers_exact(&item(&[
+            ("expires_at", n("1800000000")),
+            ("lease_until", n("1800000000000")),
+            ("claimed_at", n("-5")),
+            ("attempts", n("1.5")),
+        ])));
+        for attribute in ["expires_at", "lease_until", "claimed_at"] {
+            for bad in [n("1800000000.5"), n("1e9"), AttributeValue::S("1".into())] {
+                assert!(
+                    !condition_numbers_exact(&item(&[(attribute, bad.clone())])),
+                    "{attribute} {bad:?}"
+                );
+            }
+        }
+    }
 }

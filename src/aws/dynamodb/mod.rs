@@ -67,6 +67,10 @@ const LIVE_LEASE_CONDITION: &str = "#owner = :owner AND #status = :in_progress \
 /// How many times an operation whose outcome is unknown is sent again (with the
 /// same token) before the message is given back to the queue.
 const UNKNOWN_OUTCOME_ATTEMPTS: u32 = 4;
+/// How long the fast path writes new keys with the conditional update after
+/// the table refused its put (`dynamodb:PutItem` not granted), before it
+/// tries the put again.
+const PUT_DENIED_FOR: Duration = Duration::from_secs(600);
 
 /// The DynamoDB dedup store. Build the client once and pass it in.
 #[derive(Debug, Clone)]
@@ -75,9 +79,12 @@ pub struct DynamoStore {
     table: Arc<str>,
     clock: Arc<dyn Clock>,
     metrics: Arc<std::sync::OnceLock<Arc<Metrics>>>,
-    /// `dynamodb:PutItem` was refused on the table (a policy from before the
-    /// fast path's put): new keys are written with the conditional update.
-    put_denied: Arc<std::sync::atomic::AtomicBool>,
+    /// Until when (ms; 0: never refused) new keys are written with the
+    /// conditional update because `dynamodb:PutItem` was refused on the
+    /// table (a policy from before the fast path's put): the put is tried
+    /// again [`PUT_DENIED_FOR`] after a refusal, so a grant made later is
+    /// taken up without a restart.
+    put_denied_until_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 enum Attempt {
@@ -180,7 +187,7 @@ impl DynamoStore {
             table: table.into(),
             clock,
             metrics: Arc::default(),
-            put_denied: Arc::default(),
+            put_denied_until_ms: Arc::default(),
         }
     }
 
@@ -575,7 +582,10 @@ impl DynamoStore {
                                 .into(),
                         )));
                     };
-                    Ok(Sent::Found(record_from_item(item)))
+                    Ok(Sent::Found(
+                        record_from_item(item),
+                        item::condition_numbers_exact(item),
+                    ))
                 }
                 TransactionFailure::Other(attempt) => Err(attempt),
             }
@@ -589,8 +599,9 @@ enum Sent {
     /// The record and the writes committed.
     Committed,
     /// The record's condition failed: the record there (or why it does not
-    /// read as one).
-    Found(Result<Record, RecordError>),
+    /// read as one), and whether the numbers the claim condition compares
+    /// read exactly ([`item::condition_numbers_exact`]).
+    Found(Result<Record, RecordError>, bool),
     /// The policy refused the call (`AccessDeniedException`).
     Denied(StoreError),
 }
@@ -962,10 +973,11 @@ impl DedupStore for DynamoStore {
     /// duplicate, our own earlier try, a live lease, this delivery's park)
     /// is answered from at once, as the takeover's failure would be; one
     /// that could be taken (expired, another delivery's `FAILED`, a lease
-    /// run out), or that does not read as a record, is written by the
-    /// conditional update, whose own condition decides again. Where the
-    /// table's policy refuses `PutItem` (one written before the put), every
-    /// commit takes the update, with a warning once.
+    /// run out), that does not read as a record, or whose numbers compared
+    /// by the condition are not whole, is written by the conditional
+    /// update, whose own condition decides again. Where the table's policy
+    /// refuses `PutItem` (one written before the put), commits take the
+    /// update for [`PUT_DENIED_FOR`] (with a warning), then try the put again.
     async fn commit_fast(&self, mut c: FastCommit) -> Result<FastCommitted, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
         check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
@@ -977,16 +989,19 @@ impl DedupStore for DynamoStore {
         items.push(self.new_record_put(&c, now_ms)?);
         items.extend(writes);
         let mut put_refused = None;
-        if !self.put_denied.load(Relaxed) {
+        if now_ms >= self.put_denied_until_ms.load(Relaxed) {
             let token = transaction_token("fast-new", &c.pk, &c.owner);
             let what = "commit (fast path, new key)";
             match self.send_fast(what, &items, &token, &on_failed).await? {
                 Sent::Committed => return Ok(FastCommitted::Committed),
-                Sent::Found(Ok(old)) if !old.claimable_by(now_ms, &c.message_id) => {
+                Sent::Found(Ok(old), true) if !old.claimable_by(now_ms, &c.message_id) => {
                     return Ok(c.conflict(&old, now_ms));
                 }
-                Sent::Found(Ok(_)) => {}
-                Sent::Found(Err(e)) => {
+                Sent::Found(Ok(_), true) => {}
+                Sent::Found(Ok(_), false) => {
+                    tracing::warn!(pk = %c.pk, "the record in the way holds a number the claim condition compares that is not a whole number; the conditional update decides on it");
+                }
+                Sent::Found(Err(e), _) => {
                     tracing::warn!(pk = %c.pk, error = %e, "the record in the way does not read as one; written over by the conditional update where a claim could take it");
                 }
                 Sent::Denied(e) => put_refused = Some(e),
@@ -1001,14 +1016,15 @@ impl DedupStore for DynamoStore {
         // Refused for the put alone (the update was not): a policy that
         // grants UpdateItem and not PutItem. Refused both ways, the cause is
         // elsewhere (a staged write's table, the credentials).
-        if let Some(refused) = put_refused.filter(|_| !matches!(sent, Sent::Denied(_)))
-            && !self.put_denied.swap(true, Relaxed)
-        {
-            tracing::warn!(table = %self.table, error = %refused, "dynamodb:PutItem is not granted on the dedup table: the fast path writes new keys with the conditional update instead (a larger request); grant PutItem beside UpdateItem");
+        if let Some(refused) = put_refused.filter(|_| !matches!(sent, Sent::Denied(_))) {
+            let until = now_ms.saturating_add(ms(PUT_DENIED_FOR));
+            if self.put_denied_until_ms.swap(until, Relaxed) < now_ms {
+                tracing::warn!(table = %self.table, error = %refused, "dynamodb:PutItem is not granted on the dedup table: the fast path writes new keys with the conditional update instead (a larger request) and tries the put again in 10 minutes; grant PutItem beside UpdateItem");
+            }
         }
         match sent {
             Sent::Committed => Ok(FastCommitted::Committed),
-            Sent::Found(old) => Ok(c.conflict(
+            Sent::Found(old, _) => Ok(c.conflict(
                 &old.map_err(|e| StoreError::Invalid(e.to_string()))?,
                 now_ms,
             )),
