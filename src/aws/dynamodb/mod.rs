@@ -977,7 +977,7 @@ impl DedupStore for DynamoStore {
     /// by the condition are not whole, is written by the conditional
     /// update, whose own condition decides again. Where the table's policy
     /// refuses `PutItem` (one written before the put), commits take the
-    /// update for [`PUT_DENIED_FOR`] (with a warning), then try the put again.
+    /// update for ten minutes (with a warning), then try the put again.
     async fn commit_fast(&self, mut c: FastCommit) -> Result<FastCommitted, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
         check_transaction_limits(&c.writes, record_bytes(&c.pk, c.result.as_ref(), &c.outbox))?;
