@@ -433,6 +433,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     order(e, &first, &mut v);
     parked_or_applied(e, &effects, &mut v);
     in_dlq_with_effect(e, &mut v);
+    deleted_through_the_newest(e, &mut v);
     if e.scenario.calls() {
         // Under a skew beyond the margin the skewed host's attempts may
         // overlap another's: counted apart ([`overlapping`]); every other
@@ -1135,6 +1136,62 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
             "{}: still in the source queue ({:?})",
             m.id, m.state
         ));
+    }
+}
+
+/// A poller that deletes a finished message deletes it through the newest
+/// receipt handle of it that it received too. The SQS Developer Guide: a
+/// delete must name the most recently received handle, else "the request
+/// succeeds, but the message might not be deleted". A newer delivery that
+/// reached the same poller and ended before the finished one's delete
+/// without a delete of its own (it came back: its key was held by the older
+/// one) leaves only its handle to delete the message by; a delete through
+/// the older one alone counts as done while the message comes back,
+/// spending a receive (on its last allowed receive, into the DLQ with its
+/// effect recorded: seed 269966). Lambda's event source mapping deletes
+/// each record's own handle and is not judged here.
+fn deleted_through_the_newest(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
+    let mut by_host: BTreeMap<(String, String, String), Vec<crate::deliveries::Delivery>> =
+        BTreeMap::new();
+    for d in e.deliveries.every() {
+        if d.consumer.ends_with("-esm") {
+            continue;
+        }
+        by_host
+            .entry((d.consumer.clone(), d.queue.clone(), d.message.clone()))
+            .or_default()
+            .push(d);
+    }
+    for ((consumer, _, message), ds) in &by_host {
+        for done in ds.iter().filter(|d| learned_done(e, d)) {
+            let Some(sent) = done.first_delete_try() else {
+                continue;
+            };
+            // The newest delivery here before that delete, ended before it
+            // to come back (one that learned the message done deletes it
+            // itself, and is judged as such).
+            let newest = ds
+                .iter()
+                .filter(|n| n.arrived < sent)
+                .max_by_key(|n| (n.arrived, n.count))
+                .filter(|n| n.count > done.count && !learned_done(e, n))
+                .filter(|n| {
+                    e.outcome_at
+                        .get(&(n.message.clone(), n.count))
+                        .is_some_and(|(at, _)| *at < ms(sent))
+                });
+            if let Some(n) = newest
+                && n.first_delete_try().is_none()
+            {
+                v.push(format!(
+                    "{message}: {consumer} deleted it, finished, through receive {} only; its newer receive {}, let go at {} ms, was never deleted",
+                    done.count,
+                    n.count,
+                    e.outcome_at[&(n.message.clone(), n.count)].0,
+                ));
+            }
+        }
     }
 }
 

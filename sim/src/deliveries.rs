@@ -81,6 +81,11 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// When a delete call with its receipt was first sent (held or not).
+    pub fn first_delete_try(&self) -> Option<Instant> {
+        self.tries.iter().map(|&(sent, _)| sent).min()
+    }
+
     /// Its consumer died while holding it.
     pub fn holder_died(&self) -> bool {
         self.life
@@ -529,6 +534,11 @@ impl Deliveries {
         });
         found.sort_by_key(|d| d.at);
         found
+    }
+
+    /// Every delivery that reached a consumer, by receipt handle.
+    pub fn every(&self) -> Vec<Delivery> {
+        self.with(|all| all.values().cloned().collect())
     }
 
     /// The last delivery of `message` that reached a consumer.

@@ -1077,3 +1077,91 @@ async fn fifo_pair_verdict(case: &str) -> (BTreeSet<String>, Vec<String>) {
     };
     (fifo_after_dlq(&evidence), check(&evidence))
 }
+
+/// A poller's delete of a finished message goes through the newest receipt
+/// of it that the poller received and let go before that delete (SQS: a
+/// delete through an older handle may succeed without deleting; seed
+/// 269966). The poller `c0` receives the message (receive 1), its
+/// visibility lapses, and it receives it again (receive 2), which comes
+/// back (`retry`) while receive 1 runs; receive 1 completes and is
+/// deleted. Judged whether or not the message reaches the DLQ; not where
+/// receive 2 ended after that delete, nor for Lambda's event source mapping.
+#[tokio::test(start_paused = true)]
+async fn a_delete_that_skips_the_newest_receipt_let_go_is_a_violation() {
+    // (consumer, receive 2 ended before the delete, the delete goes through
+    // receive 2 too, a violation)
+    for (consumer, let_go_first, through_newest, violation) in [
+        ("c0", true, false, true),
+        ("c0", true, true, false),
+        ("c0", false, false, false),
+        ("c0-esm", true, false, false),
+    ] {
+        let start = Instant::now();
+        let deliveries = Deliveries::default();
+        let (queue, url) = queue_of_one().await;
+        let (life, cuts) = (Life::default(), Cuts::default());
+        let short = Duration::from_secs(1);
+        let (id, first) =
+            receive_one(&queue, &url, &deliveries, (consumer, &life, &cuts), short).await;
+        tokio::time::advance(short * 2).await;
+        let (_, newest) = receive_one(
+            &queue,
+            &url,
+            &deliveries,
+            (consumer, &life, &cuts),
+            VISIBILITY,
+        )
+        .await;
+        let ms = |i: Instant| i.saturating_duration_since(start).as_millis();
+        let mut outcome_at = BTreeMap::new();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        if let_go_first {
+            outcome_at.insert((id.clone(), 2), (ms(Instant::now()), "retry".to_owned()));
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        outcome_at.insert(
+            (id.clone(), 1),
+            (ms(Instant::now()), "completed".to_owned()),
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        if through_newest {
+            deliveries.delete_sent(&url, std::slice::from_ref(&newest));
+        }
+        deliveries.delete_sent(&url, std::slice::from_ref(&first));
+        deliveries.delete_reached(&url, std::slice::from_ref(&first));
+        if !let_go_first {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            outcome_at.insert((id.clone(), 2), (ms(Instant::now()), "retry".to_owned()));
+        }
+        let s = scenario();
+        let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
+        let evidence = Evidence {
+            rows: vec![Effect {
+                event: "evt-0001".into(),
+                message: id.clone(),
+                at_ms: 0,
+                by: consumer.into(),
+            }],
+            records: [("evt-0001".to_owned(), Status::Completed)].into(),
+            records_before: [("evt-0001".to_owned(), Status::Completed)].into(),
+            completed_by: [id.clone()].into(),
+            confirmed: [id.clone()].into(),
+            outcome_at,
+            ..bare_evidence(&s, &accepted, &deliveries, start)
+        };
+        let violations = check(&evidence);
+        let case = format!(
+            "{consumer}, let go first: {let_go_first}, through the newest: {through_newest}"
+        );
+        if violation {
+            assert_eq!(violations.len(), 1, "{case}: {violations:#?}");
+            assert!(
+                violations[0].contains("through receive 1 only")
+                    && violations[0].contains("newer receive 2"),
+                "{case}: {violations:#?}"
+            );
+        } else {
+            assert!(violations.is_empty(), "{case}: {violations:#?}");
+        }
+    }
+}

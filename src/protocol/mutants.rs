@@ -27,6 +27,11 @@
 //!   message instead of deleting it.
 //! - `visibility-not-kept`: a handler runs on after its message's visibility
 //!   could not be kept (SQS may deliver it to another consumer meanwhile).
+//! - `stale-receipt-delete`: a finished delivery's delete goes only through
+//!   its own receipt handle, counted done when SQS answers, although a newer
+//!   delivery of the message reached the poller and came back: SQS may
+//!   answer a delete through the older handle without deleting (the
+//!   simulator's twin deliveries).
 //! - `bounce-in-flight`: a copy of a key in flight elsewhere comes back at
 //!   the holder's lease end instead of waiting for it (and, in Lambda,
 //!   instead of being sent again as a new message), spending a receive per

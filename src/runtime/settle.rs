@@ -278,6 +278,9 @@ impl Holding {
     /// keep the message invisible at the latest: a delete of the message
     /// goes through it too, tried until then.
     pub(crate) fn newest_let_go(&self, message: &Message) -> Option<(String, Option<Instant>)> {
+        if crate::protocol::mutants::active("stale-receipt-delete") {
+            return None;
+        }
         let receipt = message.receipt_handle()?;
         self.with(|held| {
             held.get(message.id())
