@@ -1211,8 +1211,11 @@ fn validate_send(
     Ok(delay)
 }
 
-/// Enqueues messages moved by a redrive policy at the end of the DLQ (same
-/// ids; retention still counted from the first send).
+/// Enqueues messages moved by a redrive policy at the end of the DLQ, with
+/// their ids. As the SQS Developer Guide says: a standard queue's message
+/// keeps its enqueue time (its retention counted from the first send); a
+/// FIFO queue's enqueue time starts again at the move, and its
+/// deduplication id is replaced by its message id.
 fn move_to_dlq(service: &mut Service, dlq_url: &str, moved: Vec<Entry>, now: Instant) {
     for mut e in moved {
         service.next_seq += 1;
@@ -1221,6 +1224,10 @@ fn move_to_dlq(service: &mut Service, dlq_url: &str, moved: Vec<Entry>, now: Ins
             tracing::error!(dlq = dlq_url, message_id = %e.id, "redrive DLQ missing; message dropped");
             continue;
         };
+        if dlq.fifo {
+            e.sent_at = now;
+            e.dedup_id = Some(e.id.clone());
+        }
         e.receive_count = 0;
         e.receipt = None;
         e.twin = None;
@@ -1625,6 +1632,56 @@ mod tests {
         assert_eq!(both.len(), 2, "receive 1 and its twin");
         assert!(q.receive(&url, req(30)).await.unwrap().is_empty());
         assert_eq!(q.counts(&url).unwrap().twice, 2);
+    }
+
+    /// The move to a DLQ as the SQS Developer Guide gives it: a standard
+    /// queue's message keeps its enqueue time (the DLQ's retention counts
+    /// from the first send), a FIFO queue's starts again at the move and its
+    /// deduplication id becomes its message id.
+    #[tokio::test(start_paused = true)]
+    async fn a_move_to_a_fifo_dlq_starts_its_retention_again_and_replaces_its_deduplication_id() {
+        for fifo in [false, true] {
+            let q = MemoryQueue::new();
+            let suffix = if fifo { ".fifo" } else { "" };
+            let mut dlq_settings = QueueSettings::new(format!("moved-dlq{suffix}"));
+            dlq_settings.retention = Duration::from_secs(120);
+            let dlq = q.create_queue(dlq_settings).unwrap();
+            let mut settings = QueueSettings::new(format!("moved{suffix}"));
+            settings.redrive = Some(RedrivePolicy {
+                dlq_url: dlq.clone(),
+                max_receive_count: 1,
+            });
+            let url = q.create_queue(settings).unwrap();
+            let m = OutgoingMessage {
+                group_id: fifo.then(|| "g".to_owned()),
+                deduplication_id: fifo.then(|| "producer-dedup".to_owned()),
+                ..plain("m")
+            };
+            q.send(&url, m).await.unwrap();
+            let got = q.receive(&url, req(30)).await.unwrap();
+            let id = got[0].id().to_owned();
+            // Its visibility runs out at 30 s; the receive at 100 s moves it.
+            tokio::time::advance(Duration::from_secs(100)).await;
+            assert!(q.receive(&url, req(30)).await.unwrap().is_empty());
+            // 160 s after the send, 60 s after the move.
+            tokio::time::advance(Duration::from_secs(60)).await;
+            let moved = q.receive(&dlq, req(30)).await.unwrap();
+            if fifo {
+                assert_eq!(
+                    moved.len(),
+                    1,
+                    "a FIFO message's retention starts at the move"
+                );
+                assert_eq!(moved[0].id(), id);
+                assert_eq!(moved[0].deduplication_id(), Some(id.as_str()));
+            } else {
+                assert!(
+                    moved.is_empty(),
+                    "kept past its first send's retention: {moved:?}"
+                );
+                assert_eq!(q.counts(&dlq).unwrap().expired, 1);
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]
