@@ -321,7 +321,7 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
 ///
 /// [`Delivery::overtaken_by`]: crate::deliveries::Delivery::overtaken_by
 fn overtaken(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
-    let Some(by) = d.overtaken_by() else {
+    let Some(by) = d.overtaken_by(e.deliveries.calm_at()) else {
         return false;
     };
     let all = e.deliveries.all_of(&d.message);

@@ -47,6 +47,10 @@ pub struct Delivery {
     pub held_until: Instant,
     /// When a delete of it was first sent to its queue while it was held.
     pub delete_sent: Option<Instant>,
+    /// When the link to SQS of the host that sent that first delete was
+    /// cut (the host's own for a Lambda record's direct delete, not the
+    /// event source mapping's), where the sender said.
+    first_sender_cuts: Option<Cuts>,
     /// A delete of it reached SQS (and was answered there, lost or not).
     pub delete_reached: bool,
     /// When a delete of it first reached SQS.
@@ -104,7 +108,24 @@ impl Delivery {
     /// the delete comes. Answers the receipt the change went through; the
     /// checker ([`crate::check::stranded`]) still asks whether that receipt
     /// was this one's twin and whether its delivery knew the message done.
-    pub fn overtaken_by(&self) -> Option<&str> {
+    pub fn overtaken_by(&self, calm_at: Option<Instant>) -> Option<&str> {
+        // Or its first delete was sent before that, by a host cut off from
+        // SQS from then until that instant, and none reached SQS before it
+        // (seed 882949: a Lambda record's direct delete, its host cut off
+        // from SQS, while a poller's retry delay through its twin's receipt
+        // made the message visible 1.9 s later; the event source mapping's
+        // delete came only at the invocation's end, naming nothing then).
+        let cut_through = |t: Instant| {
+            self.delete_sent.is_some_and(|s| {
+                s < t
+                    && self.delete_reached_at.is_none_or(|r| r >= t)
+                    && self.first_sender_cuts.as_ref().is_some_and(|c| {
+                        c.within(s, t, calm_at)
+                            .into_iter()
+                            .any(|(from, until)| from <= s && until >= t)
+                    })
+            })
+        };
         let slow_call = |t: Instant| {
             self.delete_reached_at.is_some_and(|r| {
                 t <= r
@@ -118,7 +139,9 @@ impl Delivery {
         self.visible_by_another
             .as_ref()
             .filter(|(t, _)| {
-                *t < self.held_until && self.delete_sent.is_some_and(|s| s >= *t || slow_call(*t))
+                *t < self.held_until
+                    && (self.delete_sent.is_some_and(|s| s >= *t || slow_call(*t))
+                        || cut_through(*t))
             })
             .map(|(_, by)| by.as_str())
     }
@@ -336,6 +359,7 @@ impl Deliveries {
                         arrived: now,
                         held_until,
                         delete_sent: None,
+                        first_sender_cuts: None,
                         delete_reached: false,
                         delete_reached_at: None,
                         visible_by_another: exposed,
@@ -409,6 +433,16 @@ impl Deliveries {
 
     /// A delete of these receipts was sent to `queue` (whatever became of it).
     pub fn delete_sent(&self, queue: &str, receipts: &[String]) {
+        self.note_delete(queue, receipts, None);
+    }
+
+    /// [`Deliveries::delete_sent`] by a host whose link to SQS was cut at
+    /// `cuts`.
+    pub fn delete_sent_by(&self, queue: &str, receipts: &[String], cuts: &Cuts) {
+        self.note_delete(queue, receipts, Some(cuts));
+    }
+
+    fn note_delete(&self, queue: &str, receipts: &[String], sender: Option<&Cuts>) {
         let now = Instant::now();
         self.with(|all| {
             for r in receipts {
@@ -418,6 +452,7 @@ impl Deliveries {
                 d.tries.push((now, None));
                 if d.delete_sent.is_none() && now < d.held_until {
                     d.delete_sent = Some(now);
+                    d.first_sender_cuts = sender.cloned();
                 }
             }
         });

@@ -796,7 +796,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
 
     async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
         let receipts = [receipt.to_owned()];
-        self.deliveries.delete_sent(queue, &receipts);
+        self.deliveries
+            .delete_sent_by(queue, &receipts, &self.link.sqs_cuts);
         let _back = Returned(&self.deliveries, queue, &receipts);
         self.delete_once(queue, receipt).await
     }
@@ -806,7 +807,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         queue: &str,
         receipts: &[String],
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        self.deliveries.delete_sent(queue, receipts);
+        self.deliveries
+            .delete_sent_by(queue, receipts, &self.link.sqs_cuts);
         let _back = Returned(&self.deliveries, queue, receipts);
         self.delete_batch_once(queue, receipts).await
     }

@@ -712,7 +712,7 @@ fn regression_seed_10422_stays_clean() {
 
 /// The cases of `a_twin_made_visible_by_another_host_...` below, each
 /// excused or not.
-const TWIN_CASES: [(&str, bool); 11] = [
+const TWIN_CASES: [(&str, bool); 13] = [
     ("another host", true),
     ("same host", false),
     ("same host, before its answer arrived", true),
@@ -720,6 +720,14 @@ const TWIN_CASES: [(&str, bool); 11] = [
     ("delete before, reaching SQS after", true),
     (
         "delete before, answered before, reaching SQS after on a retry",
+        false,
+    ),
+    (
+        "delete before, answered before, its sender cut off past the change",
+        true,
+    ),
+    (
+        "delete before, answered before, its sender cut off until before the change",
         false,
     ),
     ("extended after", false),
@@ -782,7 +790,19 @@ async fn a_twin_made_visible_by_another_host_before_its_delete_explains_it_and_n
         };
         tokio::time::advance(Duration::from_secs(3)).await;
         if case.starts_with("delete before") {
-            deliveries.delete_sent(&url, std::slice::from_ref(&second));
+            let receipts = std::slice::from_ref(&second);
+            // Sent by a host cut off from SQS from now (5 s) until 9 s, past
+            // the visibility the change below sets (7 s), or only until 6 s
+            // (seed 882949: a Lambda record's direct delete).
+            match case.split_once("its sender cut off ") {
+                Some((_, until)) => {
+                    let sender = Cuts::default();
+                    let secs = if until.starts_with("past") { 4 } else { 1 };
+                    sender.push(Instant::now(), Instant::now() + Duration::from_secs(secs));
+                    deliveries.delete_sent_by(&url, receipts, &sender);
+                }
+                None => deliveries.delete_sent(&url, receipts),
+            }
         }
         if case.starts_with("delete before, answered before") {
             // Its call failed at once; the next try comes only at 9 s.
