@@ -167,6 +167,9 @@ impl Generation {
                 .then(|| (world.scenario.retry_after, world.retry_dice.clone())),
             large_results: world.scenario.large_results,
             large_outgoing: Arc::new(world.scenario.large_outgoing.clone()),
+            long: matches!(spec.runtime, crate::world::Runtime::Poller { .. })
+                .then(|| world.scenario.long_handler.clone())
+                .flatten(),
         };
         let mut processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))

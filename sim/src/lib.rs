@@ -160,6 +160,11 @@ pub struct Draws {
     /// ([`Scenario::draw_large_outgoing`]; on in every run, off only for
     /// regression seeds found before it).
     pub outbox_payloads: bool,
+    /// Trouble that lasts: a long partition from SQS alone, a handler that
+    /// runs for hours ([`Scenario::draw_long_trouble`]; on in every run,
+    /// off for the regression seeds found before it, which
+    /// [`run_seed_with`] runs).
+    pub long_trouble: bool,
 }
 
 impl Draws {
@@ -170,13 +175,15 @@ impl Draws {
             max_receive: draws_max_receive(),
             payloads: true,
             outbox_payloads: true,
+            long_trouble: true,
         }
     }
 }
 
 /// Runs one seed on the given store path, drawing `maxReceiveCount` or not
 /// whatever the environment says (a regression seed found with the draw
-/// keeps it). See [`run_seed_on`].
+/// keeps it), without the trouble that lasts (every regression seed that
+/// runs this way was found before it). See [`run_seed_on`].
 pub fn run_seed_with(
     seed: u64,
     keep_trace: bool,
@@ -185,6 +192,7 @@ pub fn run_seed_with(
 ) -> std::io::Result<Report> {
     let draws = Draws {
         max_receive: draw_max_receive,
+        long_trouble: false,
         ..Draws::from_env()
     };
     run_seed_drawing(seed, keep_trace, path, draws)
@@ -269,6 +277,9 @@ const PAYLOADS_KNOB: u64 = 0x7061_796c_6f61_6473;
 /// Mixed into the seed for the dice of large outgoing bodies
 /// ([`Scenario::draw_large_outgoing`]).
 const OUTBOX_PAYLOADS_KNOB: u64 = 0x6f75_7462_6f78_5f73;
+/// Mixed into the seed for the dice of trouble that lasts
+/// ([`Scenario::draw_long_trouble`]).
+const LONG_TROUBLE_KNOB: u64 = 0x6c6f_6e67_5f74_726f;
 /// Mixed into the seed for the dice of the handlers' retry-after hints.
 const RETRY_AFTER_HINTS: u64 = 0x7265_7472_795f_6869;
 /// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
@@ -330,6 +341,9 @@ fn world(
     scenario.draw_retry_after(&Dice::new(seed ^ RETRY_AFTER_KNOB));
     scenario.draw_keys(&Dice::new(seed ^ KEYS_KNOB));
     scenario.draw_large_results(&Dice::new(seed ^ LARGE_RESULTS_KNOB));
+    if draws.long_trouble {
+        scenario.draw_long_trouble(&Dice::new(seed ^ LONG_TROUBLE_KNOB));
+    }
     if draws.payloads {
         scenario.draw_payloads(&Dice::new(seed ^ PAYLOADS_KNOB));
     }

@@ -253,6 +253,9 @@ pub struct Scenario {
     /// for SQS, which the outbox stores in S3 ([`Scenario::draw_large_outgoing`]);
     /// where there are any, the hosts send such bodies through S3.
     pub large_outgoing: BTreeSet<String>,
+    /// An event whose first run on a poller takes hours, and how long
+    /// ([`Scenario::draw_long_trouble`]).
+    pub long_handler: Option<(String, Duration)>,
 }
 
 /// What a deployment sets around the processor: the source queue's
@@ -439,6 +442,7 @@ impl Scenario {
             large_results: false,
             payloads: None,
             large_outgoing: BTreeSet::new(),
+            long_handler: None,
         }
     }
 
@@ -628,6 +632,41 @@ impl Scenario {
     pub fn draw_ttl(&mut self, dice: &Dice) {
         if dice.chance(0.2) {
             self.ttl = dice.millis(Duration::from_secs(180), Duration::from_secs(1200));
+        }
+    }
+
+    /// A swarm knob, from a dice of its own: trouble that lasts. One run in
+    /// ten cuts one consumer off from SQS alone for 5 to 15 minutes (from
+    /// 1 to 10 minutes into the run), while DynamoDB stays in reach: its
+    /// held messages' visibility runs out, its deletes cannot land, other
+    /// consumers receive them. One run in ten with a poller makes one
+    /// event's first run on a poller take 1 to 2.5 hours (a handler that
+    /// runs for hours: its visibility and lease kept by the heartbeat the
+    /// whole time, SQS's 12 hours from the receive the only cap; Lambda
+    /// functions stop at 15 minutes, so not there).
+    pub fn draw_long_trouble(&mut self, dice: &Dice) {
+        if dice.chance(0.1) {
+            let consumer = dice.int(0, self.consumers.len() as u64 - 1) as usize;
+            let at = dice.millis(Duration::from_secs(60), Duration::from_secs(600));
+            let length = dice.millis(Duration::from_secs(300), Duration::from_secs(900));
+            self.actions.push((
+                at,
+                Action::Partition {
+                    consumer,
+                    services: vec![Service::Sqs],
+                    length,
+                },
+            ));
+            self.actions.sort_by_key(|(at, _)| *at);
+        }
+        let poller = self
+            .consumers
+            .iter()
+            .any(|c| matches!(c.runtime, Runtime::Poller { .. }));
+        if dice.chance(0.1) && poller && !self.events.is_empty() {
+            let event = dice.int(0, self.events.len() as u64 - 1) as usize;
+            let took = dice.millis(Duration::from_secs(3600), Duration::from_secs(9000));
+            self.long_handler = Some((self.events[event].id.clone(), took));
         }
     }
 
@@ -1046,9 +1085,25 @@ pub struct SimHandler {
     /// The events whose message to the second stage has a large body
     /// ([`Scenario::draw_large_outgoing`]).
     pub large_outgoing: Arc<BTreeSet<String>>,
+    /// On a poller, the event whose first run takes hours, and how long
+    /// ([`Scenario::draw_long_trouble`]).
+    pub long: Option<(String, Duration)>,
 }
 
 impl SimHandler {
+    /// How long attempt `attempt` of event `id` runs: drawn, or the hours
+    /// of the run's long handler on its first attempt (drawn all the same,
+    /// so the dice stream stays as it was).
+    fn took(&self, id: &str, attempt: u32) -> Duration {
+        match &self.long {
+            Some((event, long)) if event == id && attempt == 1 => {
+                let _ = self.duration();
+                *long
+            }
+            _ => self.duration(),
+        }
+    }
+
     fn duration(&self) -> Duration {
         if self.dice.chance(self.slow_rate) {
             let longest = 2 * self.lease + Duration::from_secs(10);
@@ -1109,7 +1164,7 @@ impl SimHandler {
             );
         }
         let _live = self.gauge.enter();
-        let took = self.duration();
+        let took = self.took(&body.id, ctx.attempt());
         self.trace.event(format!(
             "handler {} {} attempt {} for {took:?}",
             self.consumer,

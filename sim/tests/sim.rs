@@ -44,6 +44,7 @@ fn as_found(seed: u64, path: StorePath, max_receive: bool) -> sqs_once_sim::Repo
         max_receive,
         payloads: false,
         outbox_payloads: false,
+        long_trouble: false,
     };
     run_seed_drawing(seed, false, path, draws).unwrap()
 }
@@ -56,6 +57,7 @@ fn before_large_outgoing() -> Draws {
         max_receive: false,
         payloads: true,
         outbox_payloads: false,
+        long_trouble: false,
     }
 }
 
@@ -409,6 +411,7 @@ fn scenario(kind: Kind, fifo: bool, events: Vec<EventSpec>) -> Scenario {
         large_results: false,
         payloads: None,
         large_outgoing: Default::default(),
+        long_handler: None,
     }
 }
 

@@ -21,6 +21,7 @@ fn regression_wire_seeds_24_34_a_silent_delete_attempt_is_given_up_in_time() {
             max_receive: false,
             payloads: false,
             outbox_payloads: false,
+            long_trouble: false,
         };
         let report = run_seed_drawing(seed, false, StorePath::Wire, draws).unwrap();
         assert!(
@@ -50,6 +51,7 @@ fn regression_wire_seeds_1678_1790_a_slow_answer_is_not_a_delivery_again() {
             max_receive: false,
             payloads: true,
             outbox_payloads: false,
+            long_trouble: false,
         };
         let report = run_seed_drawing(seed, false, StorePath::Wire, draws).unwrap();
         assert!(

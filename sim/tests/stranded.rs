@@ -135,6 +135,7 @@ fn scenario() -> Scenario {
         large_results: false,
         payloads: None,
         large_outgoing: Default::default(),
+        long_handler: None,
     }
 }
 
