@@ -296,6 +296,41 @@ impl sqs_once::Dispatcher for Watched {
     }
 }
 
+/// A host's clock that is off by `jump.before_ms` until `jump.at` into the
+/// run, and from then on by `skew_ms`: one step, forward or back.
+#[derive(Debug)]
+struct SteppingClock {
+    after: TokioClock,
+    step_at: tokio::time::Instant,
+    before_by_ms: i64,
+}
+
+impl SteppingClock {
+    /// `after` reads with `skew_ms`; made at the run's start.
+    fn new(after: TokioClock, skew_ms: i64, jump: crate::world::ClockJump) -> Self {
+        Self {
+            after,
+            step_at: tokio::time::Instant::now() + jump.at,
+            before_by_ms: jump.before_ms - skew_ms,
+        }
+    }
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> std::time::SystemTime {
+        let now = self.after.now();
+        if tokio::time::Instant::now() >= self.step_at {
+            return now;
+        }
+        let by = Duration::from_millis(self.before_by_ms.unsigned_abs());
+        if self.before_by_ms >= 0 {
+            now + by
+        } else {
+            now - by
+        }
+    }
+}
+
 /// Runs one host until told to stop.
 pub async fn host(
     world: Arc<World>,
@@ -312,7 +347,14 @@ pub async fn host(
     } else {
         epoch() - skew
     };
-    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(start));
+    let clock: Arc<dyn Clock> = match spec.jump {
+        None => Arc::new(TokioClock::starting_at(start)),
+        Some(jump) => Arc::new(SteppingClock::new(
+            TokioClock::starting_at(start),
+            spec.skew_ms,
+            jump,
+        )),
+    };
     loop {
         let generation = Generation::new(&world, &spec, &link, &clock);
         let gauge = generation.gauge.clone();

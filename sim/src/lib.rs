@@ -161,7 +161,8 @@ pub struct Draws {
     /// regression seeds found before it).
     pub outbox_payloads: bool,
     /// Trouble that lasts: a long partition from SQS alone, a handler that
-    /// runs for hours ([`Scenario::draw_long_trouble`]; on in every run,
+    /// runs for hours ([`Scenario::draw_long_trouble`]), and clocks that
+    /// step ([`Scenario::draw_clock_jumps`]); on in every run,
     /// off for the regression seeds found before it, which
     /// [`run_seed_with`] runs).
     pub long_trouble: bool,
@@ -280,6 +281,9 @@ const OUTBOX_PAYLOADS_KNOB: u64 = 0x6f75_7462_6f78_5f73;
 /// Mixed into the seed for the dice of trouble that lasts
 /// ([`Scenario::draw_long_trouble`]).
 const LONG_TROUBLE_KNOB: u64 = 0x6c6f_6e67_5f74_726f;
+/// Mixed into the seed for the dice of clock steps
+/// ([`Scenario::draw_clock_jumps`]).
+const CLOCK_JUMP_KNOB: u64 = 0x6a75_6d70_5f6b_6e6f;
 /// Mixed into the seed for the dice of the handlers' retry-after hints.
 const RETRY_AFTER_HINTS: u64 = 0x7265_7472_795f_6869;
 /// Mixed into the seed for the dice of TTL deletions' delays ([`sweep`]).
@@ -343,6 +347,7 @@ fn world(
     scenario.draw_large_results(&Dice::new(seed ^ LARGE_RESULTS_KNOB));
     if draws.long_trouble {
         scenario.draw_long_trouble(&Dice::new(seed ^ LONG_TROUBLE_KNOB));
+        scenario.draw_clock_jumps(&Dice::new(seed ^ CLOCK_JUMP_KNOB));
     }
     if draws.payloads {
         scenario.draw_payloads(&Dice::new(seed ^ PAYLOADS_KNOB));
@@ -422,7 +427,7 @@ fn clock_grace(scenario: &Scenario) -> Duration {
     let ahead = scenario
         .consumers
         .iter()
-        .map(|c| c.skew_ms.max(0).unsigned_abs())
+        .map(world::ConsumerSpec::most_ahead_ms)
         .max()
         .unwrap_or(0);
     Duration::from_millis(ahead + 1000)

@@ -160,11 +160,33 @@ pub struct ConsumerSpec {
     pub name: String,
     /// Its runtime.
     pub runtime: Runtime,
-    /// Its clock's offset from true time, in ms.
+    /// Its clock's offset from true time, in ms (from its jump on, where
+    /// it has one).
     pub skew_ms: i64,
+    /// A step of its clock ([`Scenario::draw_clock_jumps`]): until `at`
+    /// into the run its offset is `before_ms`, then `skew_ms`.
+    pub jump: Option<ClockJump>,
     /// Its handler's effect: the run's kind, unless the run mixes them
     /// ([`Scenario::draw_mixed`]).
     pub kind: Kind,
+}
+
+/// A step of a host's clock, as a time sync that corrects it at once
+/// does, forward or back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockJump {
+    /// When, into the run.
+    pub at: Duration,
+    /// Its offset from true time until then, in ms.
+    pub before_ms: i64,
+}
+
+impl ConsumerSpec {
+    /// The most its clock runs ahead of true time at any point, in ms.
+    pub fn most_ahead_ms(&self) -> u64 {
+        let before = self.jump.map_or(0, |j| j.before_ms);
+        self.skew_ms.max(before).max(0).unsigned_abs()
+    }
 }
 
 /// Something done to a consumer at a scheduled time.
@@ -635,6 +657,40 @@ impl Scenario {
         }
     }
 
+    /// A swarm knob, from a dice of its own: clocks that step. Half the
+    /// hosts whose clock is off beyond the margin
+    /// ([`Scenario::draw_skew_beyond_margin`]) got there by a jump, 30 s
+    /// to 10 minutes into the run, their clock within the margin until
+    /// then; in one run in ten of the others, one host's clock steps,
+    /// forward or back, to another offset within the margin (a time sync
+    /// correcting it at once: wall-clock time that goes backwards).
+    pub fn draw_clock_jumps(&mut self, dice: &Dice) {
+        let margin_ms = skew_margin_ms(&self.consumers, self.lease);
+        let half = margin_ms * 45 / 100;
+        let within = |dice: &Dice| dice.int(0, 2 * half) as i64 - half as i64;
+        let at = dice.millis(Duration::from_secs(30), Duration::from_secs(600));
+        if let Some(host) = self.skew_beyond_margin.clone() {
+            if dice.chance(0.5)
+                && let Some(c) = self.consumers.iter_mut().find(|c| c.name == host)
+            {
+                c.jump = Some(ClockJump {
+                    at,
+                    before_ms: within(dice),
+                });
+            }
+            return;
+        }
+        if dice.chance(0.1) {
+            let host = dice.int(0, self.consumers.len() as u64 - 1) as usize;
+            let c = &mut self.consumers[host];
+            c.jump = Some(ClockJump {
+                at,
+                before_ms: c.skew_ms,
+            });
+            c.skew_ms = within(dice);
+        }
+    }
+
     /// A swarm knob, from a dice of its own: trouble that lasts. One run in
     /// ten cuts one consumer off from SQS alone for 5 to 15 minutes (from
     /// 1 to 10 minutes into the run), while DynamoDB stays in reach: its
@@ -685,7 +741,12 @@ impl Scenario {
         let consumers: Vec<String> = self
             .consumers
             .iter()
-            .map(|c| format!("{}={:?}/skew {}ms", c.name, c.runtime, c.skew_ms))
+            .map(|c| {
+                let jump = c.jump.map_or(String::new(), |j| {
+                    format!(" ({}ms until {:?})", j.before_ms, j.at)
+                });
+                format!("{}={:?}/skew {}ms{jump}", c.name, c.runtime, c.skew_ms)
+            })
             .collect();
         format!(
             "scenario: lease {:?}, heartbeat {:?}, {} queue, {:?} handler{}, {} events, consumers [{}], faults {:?}, panic {:.3}, slow {:.3}, {} actions, SQS might: {}",
@@ -781,6 +842,7 @@ fn draw_consumer(dice: &Dice, i: u64) -> ConsumerSpec {
         name: format!("c{i}"),
         runtime,
         skew_ms: 0,
+        jump: None,
         kind: Kind::Staged,
     }
 }

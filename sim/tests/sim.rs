@@ -726,6 +726,7 @@ fn the_checker_flags_two_keys_for_one_event_and_a_call_after_completion() {
                 name: name.into(),
                 runtime: Runtime::Poller { concurrency: 1 },
                 skew_ms: if name == skewed { skew_ms } else { 0 },
+                jump: None,
                 kind: Kind::External,
             })
             .collect();
@@ -1105,6 +1106,7 @@ fn mixed_scenario() -> Scenario {
             name: format!("c{i}"),
             runtime: Runtime::Poller { concurrency: 1 },
             skew_ms: 0,
+            jump: None,
             kind,
         })
         .collect();
