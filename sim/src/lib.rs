@@ -552,7 +552,7 @@ pub async fn simulate_with(
         trace: trace.lines(),
         violations,
         faults: counts.total() + scheduled,
-        fault_classes: fault_classes(&counts, &world.scenario),
+        fault_classes: fault_classes(&counts, &world),
         redriven,
         events: world.scenario.events.len(),
         exhausted,
@@ -677,9 +677,25 @@ fn with_object_body(
     m
 }
 
-/// The run's faults by class: call faults, then scheduled actions by kind.
-fn fault_classes(counts: &FaultCounts, scenario: &Scenario) -> Vec<(&'static str, u64)> {
+/// The run's faults by class: call faults, scheduled actions by kind, what
+/// SQS's model did of what the guide says it might (the source queue's), and
+/// DynamoDB's TTL deletions.
+fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)> {
+    let scenario = &world.scenario;
     let mut classes = counts.by_class();
+    if let Some(q) = world.queue.counts(&world.url) {
+        classes.extend([
+            ("SQS: delivered twice at once", q.twice),
+            ("SQS: back after a delete", q.again_after_delete),
+            ("SQS: an old handle's delete deleted", q.old_handle_deletes),
+            ("SQS: an old handle's delete ignored", q.stale_deletes),
+            ("SQS: a batch entry failed alone", q.entry_errors),
+        ]);
+    }
+    classes.push((
+        "DynamoDB: TTL deletions",
+        world.swept.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
+    ));
     let kind = |a: &Action| match a {
         Action::Crash { .. } => "crash",
         Action::Sigterm { .. } => "sigterm",
