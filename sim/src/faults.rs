@@ -123,6 +123,9 @@ pub struct FaultCounts {
     pub late: AtomicU64,
     /// Sent after a pause of the host.
     pub pauses: AtomicU64,
+    /// Throttled in a storm (sustained throttling of one host's calls to
+    /// one service).
+    pub stormed: AtomicU64,
     /// Requests given up on by the client that have not landed yet.
     landing: Arc<AtomicU64>,
 }
@@ -149,6 +152,7 @@ impl FaultCounts {
             ("cut off", &self.cut),
             ("landed late", &self.late),
             ("pause", &self.pauses),
+            ("throttled in a storm", &self.stormed),
         ]
         .iter()
         .map(|(name, c)| (*name, c.load(Ordering::Relaxed)))
@@ -177,6 +181,7 @@ impl FaultCounts {
             &self.cut,
             &self.late,
             &self.pauses,
+            &self.stormed,
         ]
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -192,6 +197,9 @@ pub enum Service {
     /// DynamoDB.
     Ddb,
 }
+
+/// The code of a call throttled in a storm ([`Link::storm`]).
+const STORM: &str = "ThrottlingException (a storm)";
 
 /// What happens to one call.
 enum Fault {
@@ -275,6 +283,8 @@ pub struct Link {
     plan: FaultPlan,
     trace: Trace,
     cut_until: Arc<Mutex<[Option<Instant>; 2]>>,
+    /// Until when each service throttles nearly every call of this host.
+    storm_until: Arc<Mutex<[Option<Instant>; 2]>>,
     sqs_cuts: Cuts,
     calm: Arc<AtomicBool>,
     counts: Arc<FaultCounts>,
@@ -300,6 +310,7 @@ impl Link {
             plan,
             trace,
             cut_until: Arc::default(),
+            storm_until: Arc::default(),
             sqs_cuts: Cuts::default(),
             calm,
             counts,
@@ -316,6 +327,25 @@ impl Link {
         self.sqs_wire = Some(dice);
         self.sqs_late = late;
         self
+    }
+
+    /// Throttles nearly every call of the host to `service` for `d` (nine
+    /// in ten: `ThrottlingException`, or on DynamoDB's wire
+    /// `ProvisionedThroughputExceededException` too), as a service does
+    /// under a burst or a table short of capacity.
+    pub fn storm(&self, service: Service, d: Duration) {
+        let mut storm = self.storm_until.lock().unwrap_or_else(|e| e.into_inner());
+        storm[service as usize] = Some(Instant::now() + d);
+        self.trace.event(format!(
+            "throttling storm on {} from {service:?} for {d:?}",
+            self.name
+        ));
+    }
+
+    fn in_storm(&self, service: Service) -> bool {
+        let storm = self.storm_until.lock().unwrap_or_else(|e| e.into_inner());
+        storm[service as usize].is_some_and(|t| t > Instant::now())
+            && !self.calm.load(Ordering::Relaxed)
     }
 
     /// Cuts the host off from `service` for `d`.
@@ -357,7 +387,10 @@ impl Link {
             return Fault::None;
         }
         let p = self.plan;
-        let fault = if d.chance(p.error) {
+        let fault = if self.in_storm(service) && d.chance(0.9) {
+            self.counts.stormed.fetch_add(1, Ordering::Relaxed);
+            Fault::Fail(STORM)
+        } else if d.chance(p.error) {
             self.counts.errors.fetch_add(1, Ordering::Relaxed);
             Fault::Fail(if d.chance(0.5) {
                 "ServiceUnavailable (503)"
@@ -449,6 +482,8 @@ impl Link {
         let fault = match self.draw(Service::Ddb, op) {
             Fault::None => return W::None,
             Fault::Cut => W::Cut,
+            Fault::Fail(STORM) if self.dice.chance(0.5) => W::Provisioned,
+            Fault::Fail(STORM) => W::Throttled,
             Fault::Fail(_) => match self.dice.int(0, if transaction { 5 } else { 4 }) {
                 0 => W::InternalBefore,
                 1 => W::InternalAfter,
@@ -494,6 +529,7 @@ impl Link {
         let fault = match self.draw_from(dice, Service::Sqs, op) {
             Fault::None => return F::None,
             Fault::Cut => F::Cut,
+            Fault::Fail(STORM) => F::Throttled("ThrottlingException"),
             Fault::Fail(_) => match dice.int(0, if entries > 0 { 5 } else { 4 }) {
                 0 => F::InternalBefore,
                 1 => F::InternalAfter,

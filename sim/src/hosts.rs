@@ -61,6 +61,9 @@ pub struct World {
     pub sent: std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>,
     /// The dice of the handlers' retry-after hints (a stream of its own).
     pub retry_dice: crate::faults::Dice,
+    /// Set once the run's long handler ([`Scenario::long_handler`]) has
+    /// started its hours: only the first run of its event takes them.
+    pub long_started: Arc<std::sync::atomic::AtomicBool>,
     /// Records DynamoDB's TTL deleted, in order.
     pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
     /// When each record [`World::swept`] holds was deleted, in its order.
@@ -169,7 +172,8 @@ impl Generation {
             large_outgoing: Arc::new(world.scenario.large_outgoing.clone()),
             long: matches!(spec.runtime, crate::world::Runtime::Poller { .. })
                 .then(|| world.scenario.long_handler.clone())
-                .flatten(),
+                .flatten()
+                .map(|(event, took)| (event, took, world.long_started.clone())),
         };
         let mut processor = Processor::new(store, handler, processor_config(&world.scenario))
             .unwrap_or_else(|e| panic!("the simulator's processor config is valid: {e}"))

@@ -415,6 +415,7 @@ fn world(
         deliveries,
         sent: Mutex::default(),
         retry_dice: Dice::new(seed ^ RETRY_AFTER_HINTS),
+        long_started: Arc::default(),
         swept: Mutex::default(),
         swept_at: Mutex::default(),
     })
@@ -704,6 +705,7 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
             "partition (SQS only)"
         }
         Action::Partition { .. } => "partition (DynamoDB only)",
+        Action::Storm { .. } => "throttling storm",
     };
     for name in [
         "crash",
@@ -711,6 +713,7 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
         "partition (both)",
         "partition (SQS only)",
         "partition (DynamoDB only)",
+        "throttling storm",
     ] {
         let n = scenario
             .actions
@@ -892,6 +895,11 @@ async fn schedule(
                     links[*consumer].cut(*service, *length);
                 }
             }
+            Action::Storm {
+                consumer,
+                service,
+                length,
+            } => links[*consumer].storm(*service, *length),
         }
     }
     n

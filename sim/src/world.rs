@@ -206,6 +206,16 @@ pub enum Action {
         /// How long it stays down.
         down: Duration,
     },
+    /// One service throttles nearly every call of the host for a while
+    /// ([`Scenario::draw_long_trouble`]).
+    Storm {
+        /// Which consumer.
+        consumer: usize,
+        /// Which service.
+        service: Service,
+        /// For how long.
+        length: Duration,
+    },
     /// The host is cut off from SQS, DynamoDB or both for a while.
     Partition {
         /// Which consumer.
@@ -715,6 +725,29 @@ impl Scenario {
             ));
             self.actions.sort_by_key(|(at, _)| *at);
         }
+        // Sustained throttling: one run in five, one to three storms, each
+        // of one consumer's calls to SQS or DynamoDB, 20 s to 3 minutes.
+        if dice.chance(0.2) {
+            for _ in 0..dice.int(1, 3) {
+                let consumer = dice.int(0, self.consumers.len() as u64 - 1) as usize;
+                let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
+                let service = if dice.chance(0.5) {
+                    Service::Sqs
+                } else {
+                    Service::Ddb
+                };
+                let length = dice.millis(Duration::from_secs(20), Duration::from_secs(180));
+                self.actions.push((
+                    at,
+                    Action::Storm {
+                        consumer,
+                        service,
+                        length,
+                    },
+                ));
+            }
+            self.actions.sort_by_key(|(at, _)| *at);
+        }
         let poller = self
             .consumers
             .iter()
@@ -1147,18 +1180,22 @@ pub struct SimHandler {
     /// The events whose message to the second stage has a large body
     /// ([`Scenario::draw_large_outgoing`]).
     pub large_outgoing: Arc<BTreeSet<String>>,
-    /// On a poller, the event whose first run takes hours, and how long
-    /// ([`Scenario::draw_long_trouble`]).
-    pub long: Option<(String, Duration)>,
+    /// On a poller, the event whose first run takes hours, how long
+    /// ([`Scenario::draw_long_trouble`]), and whether that run has started
+    /// (shared by the run's hosts).
+    pub long: Option<(String, Duration, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl SimHandler {
     /// How long attempt `attempt` of event `id` runs: drawn, or the hours
-    /// of the run's long handler on its first attempt (drawn all the same,
-    /// so the dice stream stays as it was).
+    /// of the run's long handler on the first attempt of its event's first
+    /// run on a poller (drawn all the same, so the dice stream stays as it
+    /// was).
     fn took(&self, id: &str, attempt: u32) -> Duration {
         match &self.long {
-            Some((event, long)) if event == id && attempt == 1 => {
+            Some((event, long, started))
+                if event == id && attempt == 1 && !started.swap(true, Ordering::Relaxed) =>
+            {
                 let _ = self.duration();
                 *long
             }
