@@ -285,6 +285,8 @@ pub struct Link {
     cut_until: Arc<Mutex<[Option<Instant>; 2]>>,
     /// Until when each service throttles nearly every call of this host.
     storm_until: Arc<Mutex<[Option<Instant>; 2]>>,
+    /// Until when the host is frozen ([`Link::freeze`]).
+    frozen_until: Arc<Mutex<Option<Instant>>>,
     sqs_cuts: Cuts,
     calm: Arc<AtomicBool>,
     counts: Arc<FaultCounts>,
@@ -311,6 +313,7 @@ impl Link {
             trace,
             cut_until: Arc::default(),
             storm_until: Arc::default(),
+            frozen_until: Arc::default(),
             sqs_cuts: Cuts::default(),
             calm,
             counts,
@@ -340,6 +343,36 @@ impl Link {
             "throttling storm on {} from {service:?} for {d:?}",
             self.name
         ));
+    }
+
+    /// Freezes the host for `d`, as a stop-the-world pause or a frozen
+    /// Lambda environment does while time runs on: no request of it leaves
+    /// and no answer reaches it until then (its timers still fire, and
+    /// what they start waits at the door; a call on its way gets its answer
+    /// after the thaw). Faults switched off end it.
+    /// For the checker SQS is out of the host's reach meanwhile, as in a
+    /// cut: nothing it sends can land.
+    pub fn freeze(&self, d: Duration) {
+        let (from, until) = (Instant::now(), Instant::now() + d);
+        *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+        self.sqs_cuts.push(from, until);
+        self.trace.event(format!(
+            "freeze {} for {d:?} (a stop-the-world pause)",
+            self.name
+        ));
+    }
+
+    /// Waits until the host is not frozen.
+    pub async fn thaw(&self) {
+        loop {
+            let until = *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner());
+            match until {
+                Some(t) if t > Instant::now() && !self.calm.load(Ordering::Relaxed) => {
+                    tokio::time::sleep_until(t).await;
+                }
+                _ => return,
+            }
+        }
     }
 
     fn in_storm(&self, service: Service) -> bool {
@@ -575,6 +608,18 @@ impl Link {
     /// Runs `call` through the faults drawn for it: `Err(detail)` when it
     /// failed (after applying, for a lost answer).
     async fn through<T>(
+        &self,
+        service: Service,
+        op: &str,
+        call: impl Future<Output = T>,
+    ) -> Result<T, String> {
+        self.thaw().await;
+        let answer = self.through_faults(service, op, call).await;
+        self.thaw().await;
+        answer
+    }
+
+    async fn through_faults<T>(
         &self,
         service: Service,
         op: &str,

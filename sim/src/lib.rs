@@ -706,6 +706,7 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
         }
         Action::Partition { .. } => "partition (DynamoDB only)",
         Action::Storm { .. } => "throttling storm",
+        Action::Freeze { .. } => "host frozen (stop-the-world)",
     };
     for name in [
         "crash",
@@ -714,6 +715,7 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
         "partition (SQS only)",
         "partition (DynamoDB only)",
         "throttling storm",
+        "host frozen (stop-the-world)",
     ] {
         let n = scenario
             .actions
@@ -900,6 +902,7 @@ async fn schedule(
                 service,
                 length,
             } => links[*consumer].storm(*service, *length),
+            Action::Freeze { consumer, length } => links[*consumer].freeze(*length),
         }
     }
     n

@@ -216,6 +216,14 @@ pub enum Action {
         /// For how long.
         length: Duration,
     },
+    /// The host stops making and hearing requests for a while, its time
+    /// running on ([`crate::faults::Link::freeze`]).
+    Freeze {
+        /// Which consumer.
+        consumer: usize,
+        /// For how long.
+        length: Duration,
+    },
     /// The host is cut off from SQS, DynamoDB or both for a while.
     Partition {
         /// Which consumer.
@@ -756,6 +764,16 @@ impl Scenario {
             let event = dice.int(0, self.events.len() as u64 - 1) as usize;
             let took = dice.millis(Duration::from_secs(3600), Duration::from_secs(9000));
             self.long_handler = Some((self.events[event].id.clone(), took));
+        }
+        // Stop-the-world pauses: one run in five, one or two, 2 s to 90 s.
+        if dice.chance(0.2) {
+            for _ in 0..dice.int(1, 2) {
+                let consumer = dice.int(0, self.consumers.len() as u64 - 1) as usize;
+                let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
+                let length = dice.millis(Duration::from_secs(2), Duration::from_secs(90));
+                self.actions.push((at, Action::Freeze { consumer, length }));
+            }
+            self.actions.sort_by_key(|(at, _)| *at);
         }
     }
 

@@ -599,8 +599,14 @@ impl Wire {
                     Err(_) => return Err(reset()),
                 };
                 let content = s3::S3Content { headers, body };
-                life.guard(wire.s3(&model, method, uri, content, connect_timeout))
-                    .await
+                let link = wire.link.clone();
+                life.guard(async move {
+                    thaw(link.as_ref()).await;
+                    let answer = wire.s3(&model, method, uri, content, connect_timeout).await;
+                    thaw(link.as_ref()).await;
+                    answer
+                })
+                .await
             });
         }
         HttpConnectorFuture::new(async move {
@@ -613,8 +619,24 @@ impl Wire {
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b.to_bytes()).ok())
                 .unwrap_or(serde_json::Value::Null);
-            life.guard(wire.exchange(op, body, connect_timeout)).await
+            let link = wire.link.clone();
+            life.guard(async move {
+                thaw(link.as_ref()).await;
+                let answer = wire.exchange(op, body, connect_timeout).await;
+                thaw(link.as_ref()).await;
+                answer
+            })
+            .await
         })
+    }
+}
+
+/// Waits out a stop-the-world pause of the host, if it is in one
+/// ([`crate::faults::Link::freeze`]): no request leaves it and no answer
+/// reaches it meanwhile.
+async fn thaw(link: Option<&crate::faults::Link>) {
+    if let Some(link) = link {
+        link.thaw().await;
     }
 }
 
