@@ -321,7 +321,12 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
 ///
 /// [`Delivery::overtaken_by`]: crate::deliveries::Delivery::overtaken_by
 fn overtaken(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
-    let Some(by) = d.overtaken_by(e.deliveries.calm_at()) else {
+    // When it learned the message done (its outcome).
+    let learned = e
+        .outcome_at
+        .get(&(d.message.clone(), d.count))
+        .map(|(at, _)| e.start + std::time::Duration::from_millis(*at as u64));
+    let Some(by) = d.overtaken_by(e.deliveries.calm_at(), learned) else {
         return false;
     };
     let all = e.deliveries.all_of(&d.message);
@@ -1165,21 +1170,27 @@ fn deleted_through_the_newest(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
     for ((consumer, _, message), ds) in &by_host {
         for done in ds.iter().filter(|d| learned_done(e, d)) {
-            let Some(sent) = done.first_delete_try() else {
+            if done.first_delete_try().is_none() {
+                continue;
+            }
+            // When it ended: its delete is handed over then, and the
+            // runtime picks the receipts to delete through at that moment
+            // (the batcher may send it a second later).
+            let Some(&(ended, _)) = e.outcome_at.get(&(done.message.clone(), done.count)) else {
                 continue;
             };
-            // The newest delivery here before that delete, ended before it
-            // to come back (one that learned the message done deletes it
-            // itself, and is judged as such).
+            // The newest delivery here before then, ended before it to come
+            // back (one that learned the message done deletes it itself,
+            // and is judged as such).
             let newest = ds
                 .iter()
-                .filter(|n| n.arrived < sent)
+                .filter(|n| ms(n.arrived) < ended)
                 .max_by_key(|n| (n.arrived, n.count))
                 .filter(|n| n.count > done.count && !learned_done(e, n))
                 .filter(|n| {
                     e.outcome_at
                         .get(&(n.message.clone(), n.count))
-                        .is_some_and(|(at, _)| *at < ms(sent))
+                        .is_some_and(|(at, _)| *at < ended)
                 });
             if let Some(n) = newest
                 && n.first_delete_try().is_none()
@@ -1434,9 +1445,21 @@ pub fn skewed_cross_path(e: &Evidence<'_>) -> BTreeSet<String> {
 /// them unless a host's skew beyond the margin was drawn.
 fn unskewed_calls(e: &Evidence<'_>) -> Vec<ApiCall> {
     let skewed = e.scenario.skew_beyond_margin.as_deref();
+    // A host that got beyond the margin by a jump was within it until then:
+    // its calls that ended before the jump are judged as any other's.
+    let jumped_at_ms = e
+        .scenario
+        .consumers
+        .iter()
+        .find(|c| Some(c.name.as_str()) == skewed)
+        .and_then(|c| c.jump)
+        .map(|j| j.at.as_millis());
     e.calls
         .iter()
-        .filter(|c| Some(c.consumer.as_str()) != skewed)
+        .filter(|c| {
+            Some(c.consumer.as_str()) != skewed
+                || jumped_at_ms.is_some_and(|at| c.end_ms.is_some_and(|end| end < at))
+        })
         .cloned()
         .collect()
 }

@@ -84,6 +84,11 @@ pub struct Delivery {
     cuts: Cuts,
 }
 
+/// How long before a cut a delivery may have learned its message done and
+/// still be excused by it ([`Delivery::overtaken_by`]): the poller's delete
+/// batcher waits up to a second before it sends.
+const LEARNED_BEFORE_CUT: Duration = Duration::from_secs(1);
+
 impl Delivery {
     /// When a delete call with its receipt was first sent (held or not).
     pub fn first_delete_try(&self) -> Option<Instant> {
@@ -108,9 +113,12 @@ impl Delivery {
     /// the delete comes. Answers the receipt the change went through; the
     /// checker ([`crate::check::stranded`]) still asks whether that receipt
     /// was this one's twin and whether its delivery knew the message done.
-    pub fn overtaken_by(&self, calm_at: Option<Instant>) -> Option<&str> {
-        // Or its first delete was sent before that, by a host cut off from
-        // SQS from then until that instant, and none reached SQS before it
+    pub fn overtaken_by(&self, calm_at: Option<Instant>, learned: Option<Instant>) -> Option<&str> {
+        // Or it learned the message done (`learned`) while its host was cut
+        // off from SQS, and its first delete was sent before that instant
+        // by that host, cut off from then until that instant, none reaching
+        // SQS before it (a host that knew it done before the cut began had
+        // time to delete it)
         // (seed 882949: a Lambda record's direct delete, its host cut off
         // from SQS, while a poller's retry delay through its twin's receipt
         // made the message visible 1.9 s later; the event source mapping's
@@ -120,9 +128,11 @@ impl Delivery {
                 s < t
                     && self.delete_reached_at.is_none_or(|r| r >= t)
                     && self.first_sender_cuts.as_ref().is_some_and(|c| {
-                        c.within(s, t, calm_at)
-                            .into_iter()
-                            .any(|(from, until)| from <= s && until >= t)
+                        c.within(s, t, calm_at).into_iter().any(|(from, until)| {
+                            from <= s
+                                && until >= t
+                                && learned.is_some_and(|l| l + LEARNED_BEFORE_CUT >= from)
+                        })
                     })
             })
         };

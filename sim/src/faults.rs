@@ -230,10 +230,24 @@ pub struct Cuts(Arc<Mutex<Vec<(Instant, Instant)>>>);
 impl Cuts {
     /// Notes a partition from `from` until `until`.
     pub fn push(&self, from: Instant, until: Instant) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((from, until));
+        self.push_indexed(from, until);
+    }
+
+    /// [`Cuts::push`], answering where the cut is kept (for
+    /// [`Cuts::end_early`]).
+    fn push_indexed(&self, from: Instant, until: Instant) -> usize {
+        let mut cuts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        cuts.push((from, until));
+        cuts.len() - 1
+    }
+
+    /// Ends the cut kept at `index` at `at` if it would last longer: a
+    /// later cut of the same kind replaced it.
+    fn end_early(&self, index: usize, at: Instant) {
+        let mut cuts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cut) = cuts.get_mut(index) {
+            cut.1 = cut.1.min(at);
+        }
     }
 
     /// Whether the link was cut at some instant of `from..to` (before
@@ -287,6 +301,10 @@ pub struct Link {
     storm_until: Arc<Mutex<[Option<Instant>; 2]>>,
     /// Until when the host is frozen ([`Link::freeze`]).
     frozen_until: Arc<Mutex<Option<Instant>>>,
+    /// Where the last partition from SQS and the last freeze are kept in
+    /// `sqs_cuts`: a later one replaces it (it ends then), so the checker
+    /// must not count it on.
+    last_kept: Arc<Mutex<[Option<usize>; 2]>>,
     sqs_cuts: Cuts,
     calm: Arc<AtomicBool>,
     counts: Arc<FaultCounts>,
@@ -314,6 +332,7 @@ impl Link {
             cut_until: Arc::default(),
             storm_until: Arc::default(),
             frozen_until: Arc::default(),
+            last_kept: Arc::default(),
             sqs_cuts: Cuts::default(),
             calm,
             counts,
@@ -355,11 +374,21 @@ impl Link {
     pub fn freeze(&self, d: Duration) {
         let (from, until) = (Instant::now(), Instant::now() + d);
         *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
-        self.sqs_cuts.push(from, until);
+        self.keep_sqs_cut(1, from, until);
         self.trace.event(format!(
             "freeze {} for {d:?} (a stop-the-world pause)",
             self.name
         ));
+    }
+
+    /// Keeps a partition from SQS (`kind` 0) or a freeze (1) in
+    /// `sqs_cuts`, ending the last one of its kind now: it replaced that.
+    fn keep_sqs_cut(&self, kind: usize, from: Instant, until: Instant) {
+        let mut last = self.last_kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(index) = last[kind] {
+            self.sqs_cuts.end_early(index, from);
+        }
+        last[kind] = Some(self.sqs_cuts.push_indexed(from, until));
     }
 
     /// Waits until the host is not frozen.
@@ -387,7 +416,7 @@ impl Link {
         let (from, until) = (Instant::now(), Instant::now() + d);
         cut[service as usize] = Some(until);
         if service == Service::Sqs {
-            self.sqs_cuts.push(from, until);
+            self.keep_sqs_cut(0, from, until);
         }
         self.trace.event(format!(
             "partition {} from {service:?} for {d:?}",

@@ -428,6 +428,52 @@ async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
     );
 }
 
+/// A partition from SQS that a later, shorter one replaced ends when that
+/// one begins (the link obeys the later one): it does not explain a delete
+/// that could have landed after the shorter one ended (a review's case).
+#[tokio::test(start_paused = true)]
+async fn a_cut_replaced_by_a_shorter_one_no_longer_explains_a_delete() {
+    use sqs_once_sim::faults::{Dice, FaultCounts, FaultyQueue, Link, Service};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let deliveries = Deliveries::default();
+    let (queue, url) = queue_of_one().await;
+    let link = Link::new(
+        "c0",
+        Dice::new(1),
+        FaultPlan::NONE,
+        sqs_once_sim::trace::Trace::new(false),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(FaultCounts::default()),
+    );
+    let faulty = FaultyQueue::new(
+        queue.clone(),
+        link.clone(),
+        Life::default(),
+        deliveries.clone(),
+    );
+    let request = ReceiveRequest {
+        max: 1,
+        wait: Duration::ZERO,
+        visibility: VISIBILITY,
+    };
+    let got = faulty.receive(&url, request).await.expect("received");
+    let receipt = got[0].receipt_handle().expect("a receipt").to_owned();
+    // Cut off for far longer than the visibility; the delete is sent.
+    link.cut(Service::Sqs, VISIBILITY * 4);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    deliveries.delete_sent(&url, std::slice::from_ref(&receipt));
+    // A second later a 1 s partition replaces it: SQS is in reach from 3 s,
+    // 27 s before the visibility ends, and no delete is tried again.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    link.cut(Service::Sqs, Duration::from_secs(1));
+    tokio::time::advance(VISIBILITY).await;
+    let stored = queue.contents(&url).remove(0);
+    let id = stored.id.clone();
+    let (violations, stranded) = verdict(stored, &deliveries);
+    judged("a long cut replaced", false, &id, &violations, &stranded);
+}
+
 /// Seed 235811: SQS handed a held message out again (a twin) to a receive
 /// whose answer reached no consumer, with a shorter visibility; the message
 /// was visible again from its end, and the holder's delete, sent while it

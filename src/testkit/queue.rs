@@ -1225,8 +1225,12 @@ fn move_to_dlq(service: &mut Service, dlq_url: &str, moved: Vec<Entry>, now: Ins
             continue;
         };
         if dlq.fifo {
+            // In the DLQ's deduplication window too: a copy sent there under
+            // that id within five minutes (a park of the same delivery) is
+            // dropped as SQS drops it.
             e.sent_at = now;
             e.dedup_id = Some(e.id.clone());
+            dlq.dedup.insert(e.id.clone(), (now, e.id.clone()));
         }
         e.receive_count = 0;
         e.receipt = None;
@@ -1674,6 +1678,15 @@ mod tests {
                 );
                 assert_eq!(moved[0].id(), id);
                 assert_eq!(moved[0].deduplication_id(), Some(id.as_str()));
+                // In the DLQ's deduplication window: a park of the same
+                // delivery (its id as deduplication id) is dropped.
+                let park = OutgoingMessage {
+                    group_id: Some("g".to_owned()),
+                    deduplication_id: Some(id.clone()),
+                    ..plain("parked copy")
+                };
+                q.send(&dlq, park).await.unwrap();
+                assert_eq!(q.counts(&dlq).unwrap().deduplicated, 1);
             } else {
                 assert!(
                     moved.is_empty(),
