@@ -885,6 +885,15 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             let got = self.inner.receive(queue, request).await?;
             if !self.on_wire {
                 self.deliveries.taken(queue, &got, request.visibility);
+                // Issued now, whenever the answer reaches the host (after a
+                // freeze, later: seed 759, where a receive's answer held by
+                // a freeze reached its host after SQS had handed the
+                // message, its visibility run out, to another).
+                let receipts: Vec<String> = got
+                    .iter()
+                    .filter_map(|m| m.receipt_handle().map(str::to_owned))
+                    .collect();
+                self.deliveries.issued(&receipts);
             }
             Ok(got)
         };

@@ -263,6 +263,34 @@ fn regression_seeds_793926_780980_the_widening_s_two_seeds_stay_clean() {
     }
 }
 
+/// Seeds found since runs draw trouble that lasts, clocks that step,
+/// storms and freezes (run as found, with today's draws):
+/// - 932779 (twenty-third search run): a poller finished a message on its
+///   last allowed receive 3.4 s before its visibility ended, its
+///   `DeleteMessageBatch` sent into a cut from SQS; the single delete sent
+///   beside it 1.7 s before the end went unanswered (it landed 21 s
+///   later), and the next try was sent only when the client gave up on it,
+///   reaching SQS 0.6 s after the end: the message went to the DLQ, effect
+///   recorded. Fixed: near the end a try unanswered for half of what is
+///   left gets another beside it (unit test
+///   `a_delete_try_that_hangs_is_tried_again_before_the_visibility_ends`).
+/// - 759 (seeds 0..2,500 on that fix): a receive's answer held by a
+///   freeze reached its poller after SQS had handed the message, its
+///   visibility run out, to another consumer; the checker took the late
+///   answer for a new delivery made while the other's call was open. The
+///   memory path now notes a receipt issued when SQS takes the message.
+#[test]
+fn regression_seeds_found_with_lasting_trouble_stay_clean() {
+    for seed in [932_779, 759] {
+        let report = run_seed(seed, false).unwrap();
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+    }
+}
+
 /// Seeds 2159 and 2820 found a DynamoDB claim that landed late (sent by one
 /// delivery, applied seconds later after another delivery of the key had
 /// failed and been parked) taking the `FAILED` record: the key was left
@@ -1825,9 +1853,12 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
         // adapter's direct delete is tried until the batch is done
         // (335400), nor 307323 (a pause between two tries across the end,
         // SQS out of reach all through it) since the fixes of 335400 and
-        // 348641 moved its schedule; their rules keep their case tests in
-        // `stranded.rs`.
-        if [259_461, 294_007, 315_952, 882_949].contains(&seed) {
+        // 348641 moved its schedule, nor 259461 (a delete tried through a cut
+        // past the latest end) and 294007 (a delete's last stretch before the
+        // known end) since a try near the visibility's end gets
+        // another beside it sooner (932779); their rules keep their case
+        // tests in `stranded.rs`.
+        if [315_952, 882_949].contains(&seed) {
             assert!(
                 report.stranded >= 1,
                 "seed {seed} counts its completed message in the DLQ"
@@ -1839,7 +1870,7 @@ fn regression_seeds_of_the_first_search_drawing_max_receive() {
                 "seed {seed} counts the late call of the host whose clock runs behind"
             );
         }
-        if [271_312, 307_323].contains(&seed) {
+        if [271_312, 307_323, 259_461, 294_007].contains(&seed) {
             assert_eq!(
                 report.stranded, 0,
                 "seed {seed} no longer moves a completed message to the DLQ"
