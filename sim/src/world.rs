@@ -206,7 +206,7 @@ pub enum Action {
         /// How long it stays down.
         down: Duration,
     },
-    /// One service throttles nearly every call of the host for a while
+    /// One service throttles half the calls of the host for a while
     /// ([`Scenario::draw_long_trouble`]).
     Storm {
         /// Which consumer.
