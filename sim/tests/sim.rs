@@ -285,15 +285,16 @@ fn regression_seeds_793926_780980_the_widening_s_two_seeds_stay_clean() {
 ///   Storms now throttle half the calls (nine in ten was an outage that the
 ///   checker does not excuse as it does a cut).
 /// - The twenty-third run's other failures, each clean on these fixes:
-///   912485, 926272 (completed messages in the DLQ, the delete tries of
-///   932779), 928093, 928743, 935563 (answers held by a freeze, as 759),
-///   928703, 933263, 940804 (the newest-receipt rule judged at the
-///   delete's send rather than at the finished delivery's end).
+///   912485, 926272, 950517 (completed messages in the DLQ, the delete
+///   tries of 932779), 928093, 928743, 935563, 945863, 946683, 947337,
+///   955007 (answers held by a freeze, as 759), 928703, 933263, 940804,
+///   945378, 946089 (the newest-receipt rule judged at the delete's send
+///   rather than at the finished delivery's end).
 #[test]
 fn regression_seeds_found_with_lasting_trouble_stay_clean() {
     for seed in [
         932_779, 759, 918_183, 912_485, 926_272, 928_093, 928_743, 935_563, 928_703, 933_263,
-        940_804,
+        940_804, 945_378, 945_863, 946_089, 946_683, 947_337, 950_517, 955_007,
     ] {
         let report = run_seed(seed, false).unwrap();
         assert!(
