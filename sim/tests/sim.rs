@@ -253,7 +253,12 @@ fn regression_seed_5074_a_lambda_invocation_answers_by_its_deadline() {
 /// On today's generator both seeds must stay clean.
 #[test]
 fn regression_seeds_793926_780980_the_widening_s_two_seeds_stay_clean() {
-    for seed in [793_926, 780_980] {
+    clean_today(&[793_926, 780_980]);
+}
+
+/// Runs each of `seeds` with today's draws and requires it clean.
+fn clean_today(seeds: &[u64]) {
+    for &seed in seeds {
         let report = run_seed(seed, false).unwrap();
         assert!(
             report.violations.is_empty(),
@@ -292,17 +297,10 @@ fn regression_seeds_793926_780980_the_widening_s_two_seeds_stay_clean() {
 ///   rather than at the finished delivery's end).
 #[test]
 fn regression_seeds_found_with_lasting_trouble_stay_clean() {
-    for seed in [
+    clean_today(&[
         932_779, 759, 918_183, 912_485, 926_272, 928_093, 928_743, 935_563, 928_703, 933_263,
         940_804, 945_378, 945_863, 946_089, 946_683, 947_337, 950_517, 955_007,
-    ] {
-        let report = run_seed(seed, false).unwrap();
-        assert!(
-            report.violations.is_empty(),
-            "seed {seed}: {:#?}",
-            report.violations
-        );
-    }
+    ]);
 }
 
 /// Seeds 2159 and 2820 found a DynamoDB claim that landed late (sent by one

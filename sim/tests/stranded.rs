@@ -373,16 +373,21 @@ async fn a_pause_across_the_end_is_excused_only_while_sqs_stays_out_of_reach() {
     }
 }
 
-/// A delete call the consumer dropped (a batch's timeout, an invocation's
-/// deadline) came back then: through the simulator's own link, a try given
-/// up on in one cut is not on its way in a later cut at the visibility's
-/// end, so that cut does not explain the delete.
-#[tokio::test(start_paused = true)]
-async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
-    use sqs_once_sim::faults::{Dice, FaultCounts, FaultyQueue, Link, Service};
+/// The one event's message received by `c0` through the simulator's own
+/// link (no faults drawn), noted in `deliveries`: (queue, its URL, the
+/// link, the faulty queue, the receipt handle).
+async fn received_through_a_link(
+    deliveries: &Deliveries,
+) -> (
+    MemoryQueue,
+    String,
+    sqs_once_sim::faults::Link,
+    sqs_once_sim::faults::FaultyQueue<MemoryQueue>,
+    String,
+) {
+    use sqs_once_sim::faults::{Dice, FaultCounts, FaultyQueue, Link};
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
-    let deliveries = Deliveries::default();
     let (queue, url) = queue_of_one().await;
     let link = Link::new(
         "c0",
@@ -405,6 +410,18 @@ async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
     };
     let got = faulty.receive(&url, request).await.expect("received");
     let receipt = got[0].receipt_handle().expect("a receipt").to_owned();
+    (queue, url, link, faulty, receipt)
+}
+
+/// A delete call the consumer dropped (a batch's timeout, an invocation's
+/// deadline) came back then: through the simulator's own link, a try given
+/// up on in one cut is not on its way in a later cut at the visibility's
+/// end, so that cut does not explain the delete.
+#[tokio::test(start_paused = true)]
+async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
+    use sqs_once_sim::faults::Service;
+    let deliveries = Deliveries::default();
+    let (queue, url, link, faulty, receipt) = received_through_a_link(&deliveries).await;
     // Cut off at once: the delete waits for its connect timeout, and the
     // consumer drops it after a second and tries no more.
     link.cut(Service::Sqs, Duration::from_secs(10));
@@ -433,32 +450,9 @@ async fn a_delete_dropped_by_its_consumer_is_not_on_its_way_in_a_later_cut() {
 /// that could have landed after the shorter one ended (a review's case).
 #[tokio::test(start_paused = true)]
 async fn a_cut_replaced_by_a_shorter_one_no_longer_explains_a_delete() {
-    use sqs_once_sim::faults::{Dice, FaultCounts, FaultyQueue, Link, Service};
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
+    use sqs_once_sim::faults::Service;
     let deliveries = Deliveries::default();
-    let (queue, url) = queue_of_one().await;
-    let link = Link::new(
-        "c0",
-        Dice::new(1),
-        FaultPlan::NONE,
-        sqs_once_sim::trace::Trace::new(false),
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(FaultCounts::default()),
-    );
-    let faulty = FaultyQueue::new(
-        queue.clone(),
-        link.clone(),
-        Life::default(),
-        deliveries.clone(),
-    );
-    let request = ReceiveRequest {
-        max: 1,
-        wait: Duration::ZERO,
-        visibility: VISIBILITY,
-    };
-    let got = faulty.receive(&url, request).await.expect("received");
-    let receipt = got[0].receipt_handle().expect("a receipt").to_owned();
+    let (queue, url, link, _faulty, receipt) = received_through_a_link(&deliveries).await;
     // Cut off for far longer than the visibility; the delete is sent.
     link.cut(Service::Sqs, VISIBILITY * 4);
     tokio::time::advance(Duration::from_secs(1)).await;
