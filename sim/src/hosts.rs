@@ -631,3 +631,40 @@ fn lambda_event(messages: &[Message], queue: &str) -> serde_json::Value {
         .collect();
     serde_json::json!({ "Records": records })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clock reads `before_ms` off true time until the step, then
+    /// `skew_ms`: here 2 s ahead, then 1 s behind (a step back of 3 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_stepping_clock_reads_its_first_offset_until_the_step_then_its_second() {
+        let skew_ms = -1000;
+        let jump = crate::world::ClockJump {
+            at: Duration::from_secs(10),
+            before_ms: 2000,
+        };
+        let clock = SteppingClock::new(
+            TokioClock::starting_at(epoch() - Duration::from_secs(1)),
+            skew_ms,
+            jump,
+        );
+        let start = Instant::now();
+        let off = |c: &SteppingClock| {
+            let truth = epoch() + start.elapsed();
+            let read = c.now();
+            match read.duration_since(truth) {
+                Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
+                Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+            }
+        };
+        assert_eq!(off(&clock), 2000, "before the step");
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert_eq!(off(&clock), 2000, "just before the step");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(off(&clock), -1000, "at the step");
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(off(&clock), -1000, "after it");
+    }
+}
