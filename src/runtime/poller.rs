@@ -283,10 +283,24 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             received_at: Some(held.received_at),
             wait_until: None,
         };
-        let step = self
+        let mut step = self
             .settler
             .process_and_settle(&self.processor, at, options)
             .await;
+        // Another delivery of it, held here alongside this one, finished
+        // it (its delete handed over, maybe through a receipt SQS ignores):
+        // this one, which did not learn so (its turn with the store
+        // failed), is deleted through its own receipt too, instead of
+        // coming back as a duplicate to spend a receive (on the last
+        // allowed one, the message would reach the DLQ, its effect made).
+        if matches!(step.settled, Settled::Again { .. }) && self.holding.finished_here(&message) {
+            info!(
+                message_id = message.id(),
+                "not finished by this delivery, but by another one held here: deleted through this delivery's receipt too"
+            );
+            step.outcome = OutcomeKind::Duplicate;
+            step.settled = Settled::Done;
+        }
         self.count(|s| match step.outcome {
             OutcomeKind::Completed => s.completed += 1,
             OutcomeKind::Duplicate => s.duplicates += 1,
@@ -323,6 +337,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
                 return step.settled;
             }
         };
+        self.holding.finished(&message);
         self.hand_over(&message, held, &step, payload).await;
         step.settled
     }

@@ -999,8 +999,8 @@ fn twin_store() -> MemoryStore {
 
 /// Runs a poller of two slots (a 20 s lease, a 5 s heartbeat, keys from
 /// `/id`) over [`queue_of_one_twin`]'s queue until it has been idle a minute.
-fn spawn_twin_poller(
-    queue: &MemoryQueue,
+fn spawn_twin_poller<Q: QueueClient>(
+    queue: &Q,
     url: &str,
     store: MemoryStore,
     handler: impl crate::Handler,
@@ -1066,6 +1066,163 @@ async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay
     );
     assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
     assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
+}
+
+/// The in-memory queue, where a delete through the first receipt handle
+/// it hands out succeeds without deleting: SQS's answer to a delete
+/// through a receipt older than the newest ("the request succeeds, but
+/// the message might not be deleted").
+#[derive(Clone)]
+struct FirstReceiptIgnored {
+    inner: MemoryQueue,
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl FirstReceiptIgnored {
+    fn ignored(&self, receipt: &str) -> bool {
+        self.first.lock().unwrap().as_deref() == Some(receipt)
+    }
+}
+
+impl QueueClient for FirstReceiptIgnored {
+    async fn receive(
+        &self,
+        queue: &str,
+        request: ReceiveRequest,
+    ) -> Result<Vec<Message>, QueueError> {
+        let messages = self.inner.receive(queue, request).await?;
+        let mut first = self.first.lock().unwrap();
+        if first.is_none() {
+            *first = messages
+                .first()
+                .and_then(|m| m.receipt_handle().map(str::to_owned));
+        }
+        Ok(messages)
+    }
+    async fn delete(&self, queue: &str, receipt: &str) -> Result<(), QueueError> {
+        if self.ignored(receipt) {
+            return Ok(());
+        }
+        self.inner.delete(queue, receipt).await
+    }
+    async fn delete_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        let sent: Vec<String> = receipts
+            .iter()
+            .filter(|r| !self.ignored(r))
+            .cloned()
+            .collect();
+        if sent.is_empty() {
+            return Ok(Vec::new());
+        }
+        // (Entry ids are indexes: the ignored first receipt, if sent, is
+        // answered as deleted, so the failures are mapped back.)
+        let failures = self.inner.delete_batch(queue, &sent).await?;
+        Ok(failures
+            .into_iter()
+            .map(|mut f| {
+                let receipt = &sent[f.index];
+                f.index = receipts
+                    .iter()
+                    .position(|r| r == receipt)
+                    .unwrap_or(f.index);
+                f
+            })
+            .collect())
+    }
+    async fn change_visibility(
+        &self,
+        queue: &str,
+        receipt: &str,
+        timeout: Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.change_visibility(queue, receipt, timeout).await
+    }
+    async fn change_visibility_batch(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        self.inner
+            .change_visibility_batch(queue, receipts, timeout)
+            .await
+    }
+    async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
+        self.inner.send(queue, message).await
+    }
+    async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        self.inner.attributes(queue).await
+    }
+    async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
+        self.inner.queue_url(name, account).await
+    }
+}
+
+/// A newer delivery still held when an older one finished the message
+/// (its delete handed over through the older receipt, which SQS ignores
+/// here) and let go after that, its own turn with the store failed: it never
+/// learned the message done, and came back, spending a receive (here the
+/// last allowed one: the message reached the DLQ, its effect made). It is
+/// now deleted through its own receipt too.
+#[tokio::test(start_paused = true)]
+async fn a_newer_delivery_that_fails_after_an_older_one_finished_is_deleted_too() {
+    let (queue, url, dlq, armed) = queue_of_one_twin().await;
+    let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let c = calls.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let c = c.clone();
+        async move {
+            c.lock().unwrap().push(m.receive_count());
+            // Half a second off the newer delivery's claims (one a second
+            // while it waits: the key's lease is short on this store).
+            tokio::time::sleep(Duration::from_millis(10_500)).await;
+            Ok(None)
+        }
+    });
+    let store = twin_store();
+    let ignoring = FirstReceiptIgnored {
+        inner: queue.clone(),
+        first: Arc::default(),
+    };
+    let poller = spawn_twin_poller(&ignoring, &url, store.clone(), handler);
+    // While the older delivery's handler runs, SQS hands the poller the
+    // same message again; the newer delivery waits for the key.
+    wait_until(Duration::from_secs(5), || calls.lock().unwrap().len() == 1).await;
+    armed.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(5), || {
+        queue.twin_receipts(&url).len() == 1
+    })
+    .await;
+    // The older delivery completes; DynamoDB is then out of reach for the
+    // newer one's next claims, which fail.
+    wait_until(Duration::from_secs(15), || {
+        store
+            .records()
+            .iter()
+            .any(|r| r.status == crate::Status::Completed)
+    })
+    .await;
+    store.set_unavailable(true);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    store.set_unavailable(false);
+    let stats = poller.await.unwrap();
+    assert_eq!(*calls.lock().unwrap(), [1], "{stats:?}");
+    assert_eq!(
+        queue.counts(&dlq).unwrap().stored(),
+        0,
+        "the message reached the DLQ though it completed: {stats:?}"
+    );
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    assert_eq!(stats.received, 2, "it came back: {stats:?}");
+    assert_eq!(
+        (stats.completed, stats.duplicates, stats.retried),
+        (1, 1, 0),
+        "{stats:?}"
+    );
 }
 
 /// A receive that returns one message twice (SQS's twin: both receipt

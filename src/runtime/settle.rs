@@ -128,6 +128,9 @@ struct HeldMessage {
     /// Until when, at the latest, that delivery may keep the message
     /// invisible, noted when it was let go to come back.
     newest_until: Option<Instant>,
+    /// A delivery of it finished here (completed, a duplicate, or parked):
+    /// its delete was handed over.
+    finished: bool,
 }
 
 /// One delivery [`Holding`] knows of.
@@ -269,6 +272,21 @@ impl Holding {
                 .find(|d| d.receipt == receipt)?
                 .set_back_until
         })
+    }
+
+    /// A delivery of `message` finished here: its delete is handed over.
+    pub(crate) fn finished(&self, message: &Message) {
+        self.with(|held| {
+            if let Some(m) = held.get_mut(message.id()) {
+                m.finished = true;
+            }
+        });
+    }
+
+    /// Whether another delivery of `message`, held here alongside this
+    /// one, finished it ([`Self::finished`]).
+    pub(crate) fn finished_here(&self, message: &Message) -> bool {
+        self.with(|held| held.get(message.id()).is_some_and(|m| m.finished))
     }
 
     /// The receipt handle of the newest delivery of `message` this runtime
