@@ -98,6 +98,9 @@ pub struct Evidence<'a> {
     /// Receipt handles whose delete deleted a message SQS then brought back
     /// (its documented "might": a copy on a server the delete missed).
     pub back_after_delete: BTreeSet<String>,
+    /// Process pauses of Lambda invocations
+    /// ([`crate::world::Scenario::runs_on_after_timeout`]).
+    pub pauses: Vec<Pause>,
     /// The messages each event was sent as.
     pub sent: BTreeMap<String, Vec<String>>,
     /// When the run started (API call times count from it).
@@ -263,19 +266,16 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                     || taken_unheard(e, d)
             };
             // Its delete deleted the message, and SQS brought it back.
-            let undone = |d: &crate::deliveries::Delivery| {
-                d.delete_reached && e.back_after_delete.contains(&d.receipt)
-            };
+            let undone = |d: &crate::deliveries::Delivery| undone(e, d);
             let last = e
                 .deliveries
                 .last_of(&m.id)
                 .is_some_and(|d| out_of_reach(&d));
             // Or its last delivery's own delete deleted it, and SQS
-            // brought the message back (on its last allowed receive, the
-            // next receive moves it: no consumer sees it again). Judged by
-            // that delivery's receipt; an earlier delete that SQS undid
-            // excuses a later delivery only as `none_could` below says.
-            let deleted_then_back = e.deliveries.last_of(&m.id).is_some_and(|d| undone(&d));
+            // brought the message back ([`deleted_then_back`]); an earlier
+            // delete that SQS undid excuses a later delivery only as
+            // `none_could` below says.
+            let deleted_then_back = deleted_then_back(e, m);
             // Or no delivery that learned the effect was recorded could
             // keep it out: each ended after its visibility, or out of
             // reach; or its delete deleted the message and SQS brought it
@@ -307,6 +307,40 @@ pub fn stranded(e: &Evidence<'_>) -> BTreeSet<String> {
                     .all(|d| out_of_reach(d) || undone(d) || cut_short(d));
             last || deleted_then_back || none_could
         })
+        .map(|m| m.id.clone())
+        .collect()
+}
+
+/// `d`'s delete deleted its message, and SQS brought the message back (its
+/// documented "might").
+fn undone(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
+    d.delete_reached && e.back_after_delete.contains(&d.receipt)
+}
+
+/// `m`'s last delivery's own delete deleted it, and SQS brought the
+/// message back: on its last allowed receive, the next receive moves it to
+/// the DLQ, and no consumer sees it again. Judged by that delivery's
+/// receipt.
+fn deleted_then_back(e: &Evidence<'_>, m: &StoredMessage) -> bool {
+    e.deliveries.last_of(&m.id).is_some_and(|d| undone(e, &d))
+}
+
+/// After the redrive faults are off, but SQS's "might" is not: messages of
+/// events recorded completed that its redrive policy moved to the DLQ again because their
+/// last delivery's delete deleted them and SQS brought them back on their
+/// last allowed receive ([`deleted_then_back`]; campaign seed 983045: a
+/// redriven copy received on its third and last allowed receive, completed
+/// as a duplicate, deleted, brought back). The limit [`stranded`] names,
+/// counted with it; any other copy of a valid event left there is a
+/// violation.
+pub fn stranded_after_redrive(e: &Evidence<'_>) -> BTreeSet<String> {
+    e.dlq
+        .iter()
+        .filter(|m| moved_by_sqs(m))
+        .filter(|m| {
+            event_of(&m.body).is_some_and(|ev| e.records.get(&ev) == Some(&Status::Completed))
+        })
+        .filter(|m| deleted_then_back(e, m))
         .map(|m| m.id.clone())
         .collect()
 }
@@ -408,6 +442,19 @@ pub fn unconfirmed(e: &Evidence<'_>) -> BTreeSet<String> {
 /// A DLQ message SQS's redrive policy moved (not a copy sqs-once parked).
 fn moved_by_sqs(m: &StoredMessage) -> bool {
     !m.attributes.contains_key(REASON_ATTRIBUTE) && !m.attributes.contains_key(MESSAGE_ID_ATTRIBUTE)
+}
+
+/// A Lambda invocation's process pause: its tasks not polled meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct Pause {
+    /// Its host.
+    pub host: String,
+    /// The messages of the invocation.
+    pub messages: BTreeSet<String>,
+    /// From and until when, ms from the run's start.
+    pub from_ms: u128,
+    /// Until when.
+    pub until_ms: u128,
 }
 
 /// A record left `IN_PROGRESS`.
@@ -799,10 +846,12 @@ fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
             let mut times: Vec<u128> = rows().collect();
             if !skewed_cross_path(e).contains(event) {
                 let abandoned = abandoned_charges(e, event);
+                // A paused host's charge is counted apart ([`paused`]).
                 times.extend(
                     first_calls(e, event)
                         .into_iter()
                         .filter(|c| !abandoned.iter().any(|a| std::ptr::eq(*a, *c)))
+                        .filter(|c| !paused(e, c))
                         .map(|c| c.start_ms),
                 );
             }
@@ -1065,9 +1114,11 @@ fn parked_with_reason(m: &StoredMessage) -> bool {
 fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) {
     let applied: BTreeSet<&str> = effects.iter().map(|f| f.event.as_str()).collect();
     let gone = payload_gone(e);
+    let back = stranded_after_redrive(e);
     // A copy parked for its missing payload after its event's effect was
     // recorded is the documented limit ([`payload_gone`]), not a valid event
-    // kept from its effect; any other copy of the event still counts.
+    // kept from its effect, and so is one SQS brought back after its delete
+    // ([`stranded_after_redrive`]); any other copy of the event still counts.
     let in_dlq: BTreeSet<String> = e
         .dlq
         .iter()
@@ -1075,6 +1126,7 @@ fn parked_or_applied(e: &Evidence<'_>, effects: &[Effect], v: &mut Vec<String>) 
             !(parked_for_missing_payload(m)
                 && event_of(&m.body).is_some_and(|ev| gone.contains(&ev)))
         })
+        .filter(|m| !back.contains(&m.id))
         .filter_map(|m| event_of(&m.body))
         .collect();
     for ev in &e.scenario.events {
@@ -1262,7 +1314,8 @@ fn past_lease(e: &Evidence<'_>, v: &mut Vec<String>) {
             continue;
         };
         let end = c.end_ms.unwrap_or(u128::MAX);
-        if end > lease_end {
+        // (Counted apart: [`paused`].)
+        if end > lease_end && !paused(e, c) {
             let end = c
                 .end_ms
                 .map_or("never".to_owned(), |ms| format!("at {ms} ms"));
@@ -1314,8 +1367,8 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
         keys.entry(c.event.as_str())
             .or_default()
             .insert(c.key.as_str());
-        // Counted apart: [`late_skewed_calls`].
-        if c.after_completed && !late_skewed(e, c) {
+        // Counted apart: [`late_skewed_calls`], [`paused`].
+        if c.after_completed && !late_skewed(e, c) && !paused(e, c) {
             v.push(format!(
                 "{}: API called by {} at {}ms after its record said COMPLETED",
                 c.event, c.consumer, c.start_ms
@@ -1327,7 +1380,8 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
     // Except where SQS delivers a message twice at once (standard queues
     // may: the model marks such a delivery as a concurrent duplicate): no
     // runtime can keep that from meeting an open call, so it is skipped.
-    for c in &e.calls {
+    // (Counted apart where a process pause stopped the call: [`paused`].)
+    for c in e.calls.iter().filter(|c| !paused(e, c)) {
         let ms =
             |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
         let again = e
@@ -1349,6 +1403,27 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
             keys.len()
         ));
     }
+}
+
+/// A call for a message of a paused invocation, by its host, that the
+/// pause stopped while it was open (or before it started, the pause ending
+/// after): its handler's lease and
+/// delivery ran out while it could not run, and nothing it does can keep
+/// them (the heartbeat was paused too). As under a skew beyond the margin,
+/// the fencing promise is the only one left: its calls are counted apart
+/// ([`paused_calls`]), the staged effects still judged once.
+fn paused(e: &Evidence<'_>, c: &ApiCall) -> bool {
+    e.pauses.iter().any(|p| {
+        p.host == c.consumer
+            && p.messages.contains(&c.message)
+            && c.start_ms <= p.until_ms
+            && c.end_ms.is_none_or(|end| end >= p.from_ms)
+    })
+}
+
+/// The API calls a process pause stopped ([`paused`]), counted apart.
+pub fn paused_calls(e: &Evidence<'_>) -> usize {
+    e.calls.iter().filter(|c| paused(e, c)).count()
 }
 
 /// Overlapping calls of one key at the API, in a run with a host's clock
@@ -1441,8 +1516,9 @@ pub fn skewed_cross_path(e: &Evidence<'_>) -> BTreeSet<String> {
         .collect()
 }
 
-/// The API calls of every host whose clock is within the margin: all of
-/// them unless a host's skew beyond the margin was drawn.
+/// The API calls of every host whose clock is within the margin (all of
+/// them unless a host's skew beyond the margin was drawn), but for those a
+/// process pause stopped ([`paused`]).
 fn unskewed_calls(e: &Evidence<'_>) -> Vec<ApiCall> {
     let skewed = e.scenario.skew_beyond_margin.as_deref();
     // A host that got beyond the margin by a jump was within it until then:
@@ -1460,6 +1536,7 @@ fn unskewed_calls(e: &Evidence<'_>) -> Vec<ApiCall> {
             Some(c.consumer.as_str()) != skewed
                 || jumped_at_ms.is_some_and(|at| c.end_ms.is_some_and(|end| end < at))
         })
+        .filter(|c| !paused(e, c))
         .cloned()
         .collect()
 }

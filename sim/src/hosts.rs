@@ -64,6 +64,11 @@ pub struct World {
     /// Set once the run's long handler ([`Scenario::long_handler`]) has
     /// started its hours: only the first run of its event takes them.
     pub long_started: Arc<std::sync::atomic::AtomicBool>,
+    /// Invocations that timed out and ran on in their reused environment
+    /// ([`Scenario::runs_on_after_timeout`]), by host.
+    pub ran_on: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+    /// Process pauses of Lambda invocations.
+    pub pauses: std::sync::Mutex<Vec<crate::check::Pause>>,
     /// Records DynamoDB's TTL deleted, in order.
     pub swept: std::sync::Mutex<Vec<sqs_once::Record>>,
     /// When each record [`World::swept`] holds was deleted, in its order.
@@ -368,10 +373,18 @@ pub async fn host(
                 run_poller(&world, &spec, generation, concurrency, &mut commands).await,
                 concurrency,
             ),
-            Runtime::Lambda { batch } => (
-                run_lambda(&world, &spec, generation, batch, &mut commands).await,
-                batch,
-            ),
+            Runtime::Lambda { batch } => {
+                let ran_on = || {
+                    let ran_on = world.ran_on.lock().unwrap_or_else(|e| e.into_inner());
+                    ran_on.get(&spec.name).copied().unwrap_or_default()
+                };
+                let before = ran_on();
+                let next = run_lambda(&world, &spec, generation, batch, &mut commands).await;
+                // An invocation that timed out and ran on in the reused
+                // environment ran its records beside the next ones.
+                let extra = ran_on() - before;
+                (next, batch.saturating_mul(1 + extra))
+            }
         };
         report.peaks.push((gauge.peak(), bound));
         match next {
@@ -504,36 +517,141 @@ async fn invocations(
         wait: Duration::from_secs(20),
         visibility: world.scenario.deployment.visibility,
     };
-    while !stop.is_cancelled() {
-        let received = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            r = esm.receive(&world.url, request) => r,
-        };
-        let messages = match received {
-            Ok(m) if m.is_empty() => continue,
-            Ok(m) => m,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+    // Invocations that timed out and run on in the reused environment
+    // ([`Scenario::runs_on_after_timeout`]), polled beside the next ones
+    // until the environment ends.
+    let (ran_on, mut running_on) = mpsc::unbounded_channel::<RunningOn<'_>>();
+    let invoking = async {
+        while !stop.is_cancelled() {
+            let received = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                r = esm.receive(&world.url, request) => r,
+            };
+            let messages = match received {
+                Ok(m) if m.is_empty() => continue,
+                Ok(m) => m,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if let Some(on) = invoke(world, spec, &adapter, &esm, messages).await {
+                let _ = ran_on.send(on);
             }
-        };
-        invoke(world, spec, &adapter, &esm, messages).await;
+        }
+    };
+    let runs_on = async {
+        let mut running = futures::stream::FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                Some(on) = running_on.recv() => running.push(on),
+                Some(()) = futures::StreamExt::next(&mut running), if !running.is_empty() => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = invoking => {}
+        () = runs_on => {}
     }
 }
 
-/// One invocation, killed at its deadline as Lambda does; then the event
-/// source mapping deletes the records not listed as failures.
-async fn invoke(
+/// Where timed-out invocations run on, one invocation in ten is paused (its
+/// tasks not polled while time runs, as a process starved or stopped) for
+/// 1 s to a minute, from a point drawn within its time: a pause across its
+/// deadline times it out. Noted in [`World::pauses`].
+fn draw_pause(
     world: &World,
     spec: &ConsumerSpec,
-    adapter: &LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
+    messages: &[Message],
+) -> Option<(Instant, Instant)> {
+    if !(world.scenario.runs_on_after_timeout && world.dice.chance(0.1)) {
+        return None;
+    }
+    let within = world.scenario.deployment.function_timeout;
+    let in_ = world.dice.millis(Duration::ZERO, within);
+    let length = world
+        .dice
+        .millis(Duration::from_secs(1), Duration::from_secs(60));
+    let from_ms = world.trace.now_ms() + in_.as_millis();
+    world
+        .pauses
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(crate::check::Pause {
+            host: spec.name.clone(),
+            messages: messages.iter().map(|m| m.id().to_owned()).collect(),
+            from_ms,
+            until_ms: from_ms + length.as_millis(),
+        });
+    world.trace.event(format!(
+        "invocation {} to be paused in {in_:?} for {length:?}",
+        spec.name
+    ));
+    let from = Instant::now() + in_;
+    Some((from, from + length))
+}
+
+/// An invocation that timed out, running on in its reused environment.
+type RunningOn<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+/// A future that is not polled from `from` until `until` (a process
+/// pause): woken in that window, it waits for the window's end; its timers
+/// that came due meanwhile fire late, all at once, when it is polled again.
+struct Paused<F> {
+    inner: std::pin::Pin<Box<F>>,
+    window: Option<(Instant, Instant)>,
+    wake: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<F> Paused<F> {
+    fn new(inner: F, window: Option<(Instant, Instant)>) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            window,
+            wake: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Paused<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        if let Some((from, until)) = self.window {
+            let now = Instant::now();
+            if now >= until {
+                self.window = None;
+            } else if now >= from {
+                self.wake.as_mut().reset(until);
+                let _ = self.wake.as_mut().poll(cx);
+                return std::task::Poll::Pending;
+            }
+        }
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// One invocation, killed at its deadline as Lambda does (or, where the
+/// run says so, left to run on in its reused environment: returned, to be
+/// polled beside the next invocations); then the event source mapping
+/// deletes the records not listed as failures.
+async fn invoke<'a>(
+    world: &'a World,
+    spec: &'a ConsumerSpec,
+    adapter: &'a LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
     esm: &FaultyQueue<MemoryQueue>,
     messages: Vec<Message>,
-) {
+) -> Option<RunningOn<'a>> {
     let deadline = Instant::now() + world.scenario.deployment.function_timeout;
     let event = lambda_event(&messages, sqs_once::trace::queue_name(&world.url));
-    let answer = tokio::time::timeout_at(deadline, adapter.handle_until(event, deadline)).await;
+    let handling = adapter.handle_until(event, deadline);
+    let pause = draw_pause(world, spec, &messages);
+    let mut handling = Box::pin(Paused::new(handling, pause));
+    let answer = tokio::time::timeout_at(deadline, &mut handling).await;
     let failed: Vec<String> = match answer {
         Ok(Ok(response)) => response
             .batch_item_failures
@@ -544,13 +662,33 @@ async fn invoke(
             world
                 .trace
                 .event(format!("invocation {} failed: {e}", spec.name));
-            return;
+            return None;
+        }
+        Err(_) if world.scenario.runs_on_after_timeout => {
+            world.trace.event(format!(
+                "invocation {} timed out; it runs on in its reused environment",
+                spec.name
+            ));
+            *world
+                .ran_on
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(spec.name.clone())
+                .or_default() += 1;
+            return Some(Box::pin(async move {
+                let answer = handling.await;
+                world.trace.event(format!(
+                    "invocation {} that timed out ended: {}",
+                    spec.name,
+                    if answer.is_ok() { "answered" } else { "failed" }
+                ));
+            }));
         }
         Err(_) => {
             world
                 .trace
                 .event(format!("invocation {} timed out", spec.name));
-            return;
+            return None;
         }
     };
     let done: Vec<String> = messages
@@ -564,6 +702,12 @@ async fn invoke(
         messages.len(),
         failed.len()
     ));
+    esm_delete(world, esm, &done).await;
+    None
+}
+
+/// The event source mapping's delete of an invocation's finished records.
+async fn esm_delete(world: &World, esm: &FaultyQueue<MemoryQueue>, done: &[String]) {
     for chunk in done.chunks(10) {
         match esm.delete_batch(&world.url, chunk).await {
             // Entries that failed alone (SQS "might") are tried once more, one

@@ -86,7 +86,8 @@ pub struct Report {
     pub exhausted: usize,
     /// Messages SQS's redrive policy moved to the DLQ after their effect
     /// was recorded, because their last delivery's delete could not land
-    /// (see [`check::stranded`]).
+    /// or SQS brought the message back after it (see [`check::stranded`],
+    /// and [`check::stranded_after_redrive`] for those after the redrive).
     pub stranded: usize,
     /// Virtual time the run took.
     pub virtual_time: Duration,
@@ -102,6 +103,8 @@ pub struct Report {
     /// Overlapping API calls of one key in a run with a skew beyond the
     /// margin (see [`check::overlapping`]).
     pub overlapping: usize,
+    /// API calls a process pause stopped (see [`check::paused_calls`]).
+    pub paused_calls: usize,
     /// Events applied by a claim-path attempt that lost its claim and then
     /// by a fast-path commit, where the kinds mix (the documented limit;
     /// see [`check::claim_then_fast`]).
@@ -416,6 +419,8 @@ fn world(
         sent: Mutex::default(),
         retry_dice: Dice::new(seed ^ RETRY_AFTER_HINTS),
         long_started: Arc::default(),
+        ran_on: Mutex::default(),
+        pauses: Mutex::default(),
         swept: Mutex::default(),
         swept_at: Mutex::default(),
     })
@@ -529,11 +534,13 @@ pub async fn simulate_with(
     let mut violations = check::check(&evidence);
     violations.extend(large_bodies);
     let exhausted = check::exhausted(&evidence).len();
-    let stranded = check::stranded(&evidence).len();
+    let stranded =
+        check::stranded(&evidence).len() + check::stranded_after_redrive(&evidence).len();
     let (after_ttl, overlapping) = (
         check::after_ttl(&evidence).len(),
         check::overlapping(&evidence),
     );
+    let paused_calls = check::paused_calls(&evidence);
     let claim_then_fast = check::claim_then_fast(&evidence).len();
     let fifo_after_dlq = check::fifo_after_dlq(&evidence).len();
     let payload_gone = check::payload_gone(&evidence).len();
@@ -562,6 +569,7 @@ pub async fn simulate_with(
         path,
         after_ttl,
         overlapping,
+        paused_calls,
         claim_then_fast,
         fifo_after_dlq,
         payload_gone,
@@ -693,6 +701,15 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
             ("SQS: a batch entry failed alone", q.entry_errors),
         ]);
     }
+    classes.push((
+        "Lambda: timed-out invocations run on",
+        world
+            .ran_on
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum::<usize>() as u64,
+    ));
     classes.push((
         "DynamoDB: TTL deletions",
         world.swept.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
@@ -1224,6 +1241,11 @@ fn evidence<'a>(
         deliveries: &world.deliveries,
         twins: world.queue.twin_receipts(&world.url),
         back_after_delete: world.queue.back_after_delete(&world.url),
+        pauses: world
+            .pauses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
         sent: world.sent.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         fencing_breaches: world
             .store

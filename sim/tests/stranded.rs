@@ -136,6 +136,7 @@ fn scenario() -> Scenario {
         payloads: None,
         large_outgoing: Default::default(),
         long_handler: None,
+        runs_on_after_timeout: false,
     }
 }
 
@@ -243,6 +244,7 @@ fn bare_evidence<'a>(
         outcome_at: BTreeMap::new(),
         twins: BTreeSet::new(),
         back_after_delete: BTreeSet::new(),
+        pauses: Vec::new(),
         sent: BTreeMap::new(),
         start,
         next: None,

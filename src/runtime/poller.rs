@@ -293,7 +293,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         // failed), is deleted through its own receipt too, instead of
         // coming back as a duplicate to spend a receive (on the last
         // allowed one, the message would reach the DLQ, its effect made).
-        if matches!(step.settled, Settled::Again { .. }) && self.holding.finished_here(&message) {
+        let finished_elsewhere =
+            matches!(step.settled, Settled::Again { .. }) && self.holding.finished_here(&message);
+        if finished_elsewhere {
             info!(
                 message_id = message.id(),
                 "not finished by this delivery, but by another one held here: deleted through this delivery's receipt too"
@@ -310,6 +312,11 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         });
         // A parked message keeps its payload: its copy in the DLQ points to it.
         let payload = match step.settled {
+            // The delivery that finished it dealt with its object: deleted
+            // it, or kept it for its parked copy (simulator seed 2340: a
+            // delivery let go after another parked the message deleted the
+            // object the parked copy points to).
+            Settled::Done if finished_elsewhere => None,
             Settled::Done => self
                 .processor
                 .large_payloads()

@@ -116,6 +116,7 @@ fn run(seed: u64, keep_trace: bool) -> Report {
         path: StorePath::of(seed),
         after_ttl: 0,
         overlapping: 0,
+        paused_calls: 0,
         claim_then_fast: 0,
         fifo_after_dlq: 0,
         payload_gone: 0,
@@ -406,6 +407,7 @@ struct Totals {
     stranded: u64,
     after_ttl: u64,
     overlapping: u64,
+    paused_calls: u64,
     claim_then_fast: u64,
     fifo_after_dlq: u64,
     payload_gone: u64,
@@ -418,6 +420,7 @@ impl Totals {
         self.stranded += report.stranded as u64;
         self.after_ttl += report.after_ttl as u64;
         self.overlapping += report.overlapping as u64;
+        self.paused_calls += report.paused_calls as u64;
         self.claim_then_fast += report.claim_then_fast as u64;
         self.fifo_after_dlq += report.fifo_after_dlq as u64;
         self.payload_gone += report.payload_gone as u64;
@@ -433,9 +436,10 @@ impl Totals {
             self.stranded
         );
         println!(
-            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} events applied by a claim that lost its key and then by the fast path; {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ; {} events whose copy was parked for a large payload deleted after an earlier copy finished",
+            "counted, not failed: {} events applied again after TTL ended their record; {} overlapping API calls under a skew beyond the margin; {} API calls a process pause stopped; {} events applied by a claim that lost its key and then by the fast path; {} FIFO pairs applied out of send order after SQS moved the earlier message to the DLQ; {} events whose copy was parked for a large payload deleted after an earlier copy finished",
             self.after_ttl,
             self.overlapping,
+            self.paused_calls,
             self.claim_then_fast,
             self.fifo_after_dlq,
             self.payload_gone
