@@ -328,7 +328,8 @@ fn deleted_then_back(e: &Evidence<'_>, m: &StoredMessage) -> bool {
 /// After the redrive faults are off, but SQS's "might" is not: messages of
 /// events recorded completed that its redrive policy moved to the DLQ again because their
 /// last delivery's delete deleted them and SQS brought them back on their
-/// last allowed receive ([`deleted_then_back`]; campaign seed 983045: a
+/// last allowed receive ([`deleted_then_back`]), a delete sent once it
+/// learned the message done ([`deleted_after_learning`]; campaign seed 983045: a
 /// redriven copy received on its third and last allowed receive, completed
 /// as a duplicate, deleted, brought back). The limit [`stranded`] names,
 /// counted with it; any other copy of a valid event left there is a
@@ -341,8 +342,25 @@ pub fn stranded_after_redrive(e: &Evidence<'_>) -> BTreeSet<String> {
             event_of(&m.body).is_some_and(|ev| e.records.get(&ev) == Some(&Status::Completed))
         })
         .filter(|m| deleted_then_back(e, m))
+        .filter(|m| {
+            e.deliveries
+                .last_of(&m.id)
+                .is_some_and(|d| deleted_after_learning(e, &d))
+        })
         .map(|m| m.id.clone())
         .collect()
+}
+
+/// `d` learned its message done (completed, or a duplicate) no later than
+/// its delete reached SQS: a delete sent before the effect was recorded
+/// excuses nothing.
+fn deleted_after_learning(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
+    learned_done(e, d)
+        && e.outcome_at
+            .get(&(d.message.clone(), d.count))
+            .zip(d.delete_reached_at)
+            .is_some_and(|((at, _), reached)| *at <= ms(reached))
 }
 
 /// Another host made `d`'s message visible while `d` held it, through the
@@ -846,12 +864,16 @@ fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
             let mut times: Vec<u128> = rows().collect();
             if !skewed_cross_path(e).contains(event) {
                 let abandoned = abandoned_charges(e, event);
-                // A paused host's charge is counted apart ([`paused`]).
+                // A charge a pause stopped, where every row of its event
+                // was committed after the pause began, is counted apart
+                // ([`stopped_by`]): its lease ended under it. A row before
+                // the pause still makes two applications.
+                let rows_after = |from: u128| rows().all(|at| at >= from);
                 times.extend(
                     first_calls(e, event)
                         .into_iter()
                         .filter(|c| !abandoned.iter().any(|a| std::ptr::eq(*a, *c)))
-                        .filter(|c| !paused(e, c))
+                        .filter(|c| !stopped_by(e, c).is_some_and(rows_after) && !resumed(e, c))
                         .map(|c| c.start_ms),
                 );
             }
@@ -1305,7 +1327,7 @@ fn past_lease(e: &Evidence<'_>, v: &mut Vec<String>) {
     let Some(lease_ends) = &e.lease_ends else {
         return;
     };
-    for c in &e.calls {
+    for c in &judged_calls(e, &e.calls) {
         let Some(&lease_end) = lease_ends.get(&(c.event.clone(), c.attempt)) else {
             v.push(format!(
                 "{}: call by {} under attempt {}, which holds no lease",
@@ -1314,8 +1336,9 @@ fn past_lease(e: &Evidence<'_>, v: &mut Vec<String>) {
             continue;
         };
         let end = c.end_ms.unwrap_or(u128::MAX);
-        // (Counted apart: [`paused`].)
-        if end > lease_end && !paused(e, c) {
+        // (A call a pause stopped is judged until the pause began:
+        // [`judged_calls`].)
+        if end > lease_end {
             let end = c
                 .end_ms
                 .map_or("never".to_owned(), |ms| format!("at {ms} ms"));
@@ -1368,7 +1391,7 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
             .or_default()
             .insert(c.key.as_str());
         // Counted apart: [`late_skewed_calls`], [`paused`].
-        if c.after_completed && !late_skewed(e, c) && !paused(e, c) {
+        if c.after_completed && !late_skewed(e, c) && !resumed(e, c) {
             v.push(format!(
                 "{}: API called by {} at {}ms after its record said COMPLETED",
                 c.event, c.consumer, c.start_ms
@@ -1380,8 +1403,9 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
     // Except where SQS delivers a message twice at once (standard queues
     // may: the model marks such a delivery as a concurrent duplicate): no
     // runtime can keep that from meeting an open call, so it is skipped.
-    // (Counted apart where a process pause stopped the call: [`paused`].)
-    for c in e.calls.iter().filter(|c| !paused(e, c)) {
+    // (A call a pause stopped is judged until the pause began:
+    // [`judged_calls`].)
+    for c in &judged_calls(e, &e.calls) {
         let ms =
             |d: &crate::deliveries::Delivery| d.at.saturating_duration_since(e.start).as_millis();
         let again = e
@@ -1405,25 +1429,67 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
 }
 
-/// A call for a message of a paused invocation, by its host, that the
-/// pause stopped while it was open (or before it started, the pause ending
-/// after): its handler's lease and
-/// delivery ran out while it could not run, and nothing it does can keep
-/// them (the heartbeat was paused too). As under a skew beyond the margin,
-/// the fencing promise is the only one left: its calls are counted apart
-/// ([`paused_calls`]), the staged effects still judged once.
-fn paused(e: &Evidence<'_>, c: &ApiCall) -> bool {
+/// The pause of `c`'s invocation that stopped it while it was open: a call
+/// for one of a paused invocation's messages, by its host, started no later
+/// than the pause began and open then. Its handler's lease and delivery may
+/// run out while it cannot run (its heartbeat is paused too), and nothing
+/// it does can keep them: as under a skew beyond the margin, the fencing
+/// promise is the only one left. Such a call is judged as if it ended when
+/// the pause began ([`judged_end`]): whatever it overlapped before that,
+/// or a lease or delivery that ended before that, is still a violation;
+/// what came after is counted apart ([`paused_calls`]). (No call of the
+/// invocation starts inside the pause: one that does is another
+/// invocation's, and judged in full.)
+fn stopped_by(e: &Evidence<'_>, c: &ApiCall) -> Option<u128> {
+    e.pauses
+        .iter()
+        .filter(|p| p.host == c.consumer && p.messages.contains(&c.message))
+        .filter(|p| c.start_ms <= p.from_ms && c.end_ms.is_none_or(|end| end > p.from_ms))
+        .map(|p| p.from_ms)
+        .min()
+}
+
+/// A call a paused invocation started as it resumed (within a millisecond
+/// of its pause's end: the timers that came due meanwhile fire at once,
+/// and its handler may call before its lease check runs). Counted apart
+/// ([`paused_calls`]), not judged.
+fn resumed(e: &Evidence<'_>, c: &ApiCall) -> bool {
     e.pauses.iter().any(|p| {
         p.host == c.consumer
             && p.messages.contains(&c.message)
-            && c.start_ms <= p.until_ms
-            && c.end_ms.is_none_or(|end| end >= p.from_ms)
+            && (p.until_ms..=p.until_ms + 1).contains(&c.start_ms)
     })
 }
 
-/// The API calls a process pause stopped ([`paused`]), counted apart.
+/// When a call is judged to have ended: when a pause stopped it
+/// ([`stopped_by`]), else its end.
+fn judged_end(e: &Evidence<'_>, c: &ApiCall) -> Option<u128> {
+    stopped_by(e, c).or(c.end_ms)
+}
+
+/// The calls judged for overlaps, leases and deliveries: each as
+/// [`judged_end`] says, those that resumed from a pause left out.
+fn judged_calls<'c>(
+    e: &Evidence<'_>,
+    calls: impl IntoIterator<Item = &'c ApiCall>,
+) -> Vec<ApiCall> {
+    calls
+        .into_iter()
+        .filter(|c| !resumed(e, c))
+        .map(|c| ApiCall {
+            end_ms: judged_end(e, c),
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// The API calls process pauses stopped or that resumed from one, counted
+/// apart ([`stopped_by`], [`resumed`]).
 pub fn paused_calls(e: &Evidence<'_>) -> usize {
-    e.calls.iter().filter(|c| paused(e, c)).count()
+    e.calls
+        .iter()
+        .filter(|c| stopped_by(e, c).is_some() || resumed(e, c))
+        .count()
 }
 
 /// Overlapping calls of one key at the API, in a run with a host's clock
@@ -1517,8 +1583,8 @@ pub fn skewed_cross_path(e: &Evidence<'_>) -> BTreeSet<String> {
 }
 
 /// The API calls of every host whose clock is within the margin (all of
-/// them unless a host's skew beyond the margin was drawn), but for those a
-/// process pause stopped ([`paused`]).
+/// them unless a host's skew beyond the margin was drawn), judged as
+/// [`judged_calls`] says.
 fn unskewed_calls(e: &Evidence<'_>) -> Vec<ApiCall> {
     let skewed = e.scenario.skew_beyond_margin.as_deref();
     // A host that got beyond the margin by a jump was within it until then:
@@ -1530,15 +1596,11 @@ fn unskewed_calls(e: &Evidence<'_>) -> Vec<ApiCall> {
         .find(|c| Some(c.name.as_str()) == skewed)
         .and_then(|c| c.jump)
         .map(|j| j.at.as_millis());
-    e.calls
-        .iter()
-        .filter(|c| {
-            Some(c.consumer.as_str()) != skewed
-                || jumped_at_ms.is_some_and(|at| c.end_ms.is_some_and(|end| end < at))
-        })
-        .filter(|c| !paused(e, c))
-        .cloned()
-        .collect()
+    let calls = e.calls.iter().filter(|c| {
+        Some(c.consumer.as_str()) != skewed
+            || jumped_at_ms.is_some_and(|at| c.end_ms.is_some_and(|end| end < at))
+    });
+    judged_calls(e, calls)
 }
 
 /// The API never called by two live attempts of one key at once.

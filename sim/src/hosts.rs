@@ -374,15 +374,13 @@ pub async fn host(
                 concurrency,
             ),
             Runtime::Lambda { batch } => {
-                let ran_on = || {
-                    let ran_on = world.ran_on.lock().unwrap_or_else(|e| e.into_inner());
-                    ran_on.get(&spec.name).copied().unwrap_or_default()
-                };
-                let before = ran_on();
-                let next = run_lambda(&world, &spec, generation, batch, &mut commands).await;
-                // An invocation that timed out and ran on in the reused
-                // environment ran its records beside the next ones.
-                let extra = ran_on() - before;
+                let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                let next =
+                    run_lambda(&world, &spec, generation, (batch, &peak), &mut commands).await;
+                // Invocations that timed out and ran on in the reused
+                // environment ran their records beside the next ones: a
+                // batch more for each running on at once, at the most.
+                let extra = peak.load(std::sync::atomic::Ordering::Relaxed);
                 (next, batch.saturating_mul(1 + extra))
             }
         };
@@ -449,7 +447,7 @@ async fn run_lambda(
     world: &World,
     spec: &ConsumerSpec,
     generation: Generation,
-    batch: usize,
+    (batch, running_on_peak): (usize, &std::sync::atomic::AtomicUsize),
     commands: &mut mpsc::UnboundedReceiver<Command>,
 ) -> Option<Duration> {
     let config = {
@@ -477,7 +475,13 @@ async fn run_lambda(
         world.deliveries.clone(),
     );
     let stop = CancellationToken::new();
-    let work = invocations(world, spec, adapter, esm, batch, stop.clone());
+    let work = invocations(
+        world,
+        spec,
+        (adapter, esm),
+        (batch, running_on_peak),
+        stop.clone(),
+    );
     tokio::pin!(work);
     let command = tokio::select! {
         biased;
@@ -507,9 +511,11 @@ async fn run_lambda(
 async fn invocations(
     world: &World,
     spec: &ConsumerSpec,
-    adapter: LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
-    esm: FaultyQueue<MemoryQueue>,
-    batch: usize,
+    (adapter, esm): (
+        LambdaAdapter<HostStore, SimHandler, FaultyQueue<HostQueue>>,
+        FaultyQueue<MemoryQueue>,
+    ),
+    (batch, running_on_peak): (usize, &std::sync::atomic::AtomicUsize),
     stop: CancellationToken,
 ) {
     let request = ReceiveRequest {
@@ -545,7 +551,10 @@ async fn invocations(
         let mut running = futures::stream::FuturesUnordered::new();
         loop {
             tokio::select! {
-                Some(on) = running_on.recv() => running.push(on),
+                Some(on) = running_on.recv() => {
+                    running.push(on);
+                    running_on_peak.fetch_max(running.len(), std::sync::atomic::Ordering::Relaxed);
+                }
                 Some(()) = futures::StreamExt::next(&mut running), if !running.is_empty() => {}
             }
         }
@@ -559,38 +568,47 @@ async fn invocations(
 /// Where timed-out invocations run on, one invocation in ten is paused (its
 /// tasks not polled while time runs, as a process starved or stopped) for
 /// 1 s to a minute, from a point drawn within its time: a pause across its
-/// deadline times it out. Noted in [`World::pauses`].
-fn draw_pause(
-    world: &World,
-    spec: &ConsumerSpec,
+/// deadline times it out. The window, and what notes the pause in
+/// [`World::pauses`] when it begins (an invocation that ended first was
+/// never paused).
+fn draw_pause<'a>(
+    world: &'a World,
+    spec: &'a ConsumerSpec,
     messages: &[Message],
-) -> Option<(Instant, Instant)> {
+) -> Option<((Instant, Instant), OnPause<'a>)> {
     if !(world.scenario.runs_on_after_timeout && world.dice.chance(0.1)) {
         return None;
     }
     let within = world.scenario.deployment.function_timeout;
-    let in_ = world.dice.millis(Duration::ZERO, within);
-    let length = world
-        .dice
-        .millis(Duration::from_secs(1), Duration::from_secs(60));
-    let from_ms = world.trace.now_ms() + in_.as_millis();
-    world
-        .pauses
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(crate::check::Pause {
-            host: spec.name.clone(),
-            messages: messages.iter().map(|m| m.id().to_owned()).collect(),
-            from_ms,
-            until_ms: from_ms + length.as_millis(),
-        });
-    world.trace.event(format!(
-        "invocation {} to be paused in {in_:?} for {length:?}",
-        spec.name
-    ));
-    let from = Instant::now() + in_;
-    Some((from, from + length))
+    let from = Instant::now() + world.dice.millis(Duration::ZERO, within);
+    let until = from
+        + world
+            .dice
+            .millis(Duration::from_secs(1), Duration::from_secs(60));
+    let messages: std::collections::BTreeSet<String> =
+        messages.iter().map(|m| m.id().to_owned()).collect();
+    let noted = move |began: Instant| {
+        let from_ms = world.trace.now_ms();
+        let length = until.saturating_duration_since(began);
+        world
+            .trace
+            .event(format!("invocation {} paused for {length:?}", spec.name));
+        world
+            .pauses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(crate::check::Pause {
+                host: spec.name.clone(),
+                messages,
+                from_ms,
+                until_ms: from_ms + length.as_millis(),
+            });
+    };
+    Some(((from, until), Box::new(noted)))
 }
+
+/// What notes a pause when it begins.
+type OnPause<'a> = Box<dyn FnOnce(Instant) + Send + 'a>;
 
 /// An invocation that timed out, running on in its reused environment.
 type RunningOn<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
@@ -598,23 +616,27 @@ type RunningOn<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Se
 /// A future that is not polled from `from` until `until` (a process
 /// pause): woken in that window, it waits for the window's end; its timers
 /// that came due meanwhile fire late, all at once, when it is polled again.
-struct Paused<F> {
+struct Paused<'a, F> {
     inner: std::pin::Pin<Box<F>>,
     window: Option<(Instant, Instant)>,
     wake: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Called when the pause begins.
+    on_pause: Option<OnPause<'a>>,
 }
 
-impl<F> Paused<F> {
-    fn new(inner: F, window: Option<(Instant, Instant)>) -> Self {
+impl<'a, F> Paused<'a, F> {
+    fn new(inner: F, pause: Option<((Instant, Instant), OnPause<'a>)>) -> Self {
+        let (window, on_pause) = pause.unzip();
         Self {
             inner: Box::pin(inner),
             window,
             wake: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            on_pause,
         }
     }
 }
 
-impl<F: std::future::Future> std::future::Future for Paused<F> {
+impl<F: std::future::Future> std::future::Future for Paused<'_, F> {
     type Output = F::Output;
 
     fn poll(
@@ -626,6 +648,9 @@ impl<F: std::future::Future> std::future::Future for Paused<F> {
             if now >= until {
                 self.window = None;
             } else if now >= from {
+                if let Some(noted) = self.on_pause.take() {
+                    noted(now);
+                }
                 self.wake.as_mut().reset(until);
                 let _ = self.wake.as_mut().poll(cx);
                 return std::task::Poll::Pending;

@@ -319,9 +319,14 @@ fn regression_seeds_found_with_lasting_trouble_stay_clean() {
 ///   recorded. Fixed: a delivery let go after another delivery held beside
 ///   it finished the message is deleted through its own receipt (unit test
 ///   `a_newer_delivery_that_fails_after_an_older_one_finished_is_deleted_too`).
+/// - 2340 (CI's range, on that fix with paused invocations drawn): the
+///   fix's first form deleted the S3 object of a message that another
+///   delivery held beside it had parked, and the parked copies pointed to
+///   nothing. A delivery deleted for another's finish leaves the object
+///   to that one.
 #[test]
 fn regression_seeds_of_the_twenty_fifth_search_run_stay_clean() {
-    clean_today(&[992_105]);
+    clean_today(&[992_105, 2_340]);
     for seed in [983_045, 1_000_180] {
         let report = run_seed(seed, false).unwrap();
         assert!(
@@ -1110,11 +1115,13 @@ fn the_checker_lets_an_event_apply_again_only_after_a_ttl_end_of_its_record() {
 }
 
 /// A call of a paused Lambda invocation (its host, one of its messages,
-/// open across the pause) is counted apart, not judged as overlapping; the
-/// same call by another host, for another message, or clear of the pause
-/// is still a violation, and staged rows are still required once.
+/// open when the pause began) is judged as if it ended then: a call of
+/// the key started after that is counted apart, not judged as
+/// overlapping; one started before it, or the same after the pause by
+/// another host, for another message, or by a call the pause did not
+/// stop, is still a violation, and staged rows are still required once.
 #[test]
-fn a_call_a_process_pause_stopped_is_counted_and_the_rest_required() {
+fn a_call_a_process_pause_stopped_is_judged_until_the_pause_began() {
     use sqs_once_sim::check::{Pause, paused_calls};
     let mut s = scenario(Kind::External, false, vec![event(0, "g")]);
     s.claim_stages = true;
@@ -1144,31 +1151,35 @@ fn a_call_a_process_pause_stopped_is_counted_and_the_rest_required() {
         e.rows = vec![fx("evt-0000", "msg-00000001"); rows];
         (check(&e), paused_calls(&e))
     };
+    let other = call("c0", "msg-00000001", 45, Some(100));
     let (v, paused) = judged(
-        vec![
-            call("c0", "msg-00000001", 0, Some(100)),
-            call("c1", "msg-00000001", 30, Some(60)),
-        ],
+        vec![call("c1", "msg-00000001", 30, Some(95)), other.clone()],
         1,
     );
     assert!(v.is_empty(), "{v:?}");
     assert_eq!(paused, 1);
-    // Another host, another message, or a call clear of the pause.
-    for other in [
-        call("c2", "msg-00000001", 50, Some(60)),
-        call("c1", "msg-00000002", 50, Some(60)),
-        call("c1", "msg-00000001", 20, Some(30)),
+    // Before the pause began, another host's call was already open.
+    let (v, _) = judged(
+        vec![
+            call("c0", "msg-00000001", 0, Some(100)),
+            call("c1", "msg-00000001", 30, Some(95)),
+        ],
+        1,
+    );
+    assert!(v.iter().any(|v| v.contains("was still open")), "{v:?}");
+    // Another host, another message, or a call started inside the pause.
+    for open in [
+        call("c2", "msg-00000001", 30, Some(95)),
+        call("c1", "msg-00000002", 30, Some(95)),
+        call("c1", "msg-00000001", 41, Some(95)),
     ] {
-        let (v, paused) = judged(vec![call("c0", "msg-00000001", 0, Some(100)), other], 1);
+        let (v, paused) = judged(vec![open, other.clone()], 1);
         assert!(v.iter().any(|v| v.contains("was still open")), "{v:?}");
         assert_eq!(paused, 0);
     }
     // Staged rows are still required once.
     let (v, _) = judged(
-        vec![
-            call("c0", "msg-00000001", 0, Some(100)),
-            call("c1", "msg-00000001", 30, Some(60)),
-        ],
+        vec![call("c1", "msg-00000001", 30, Some(95)), other.clone()],
         2,
     );
     assert!(

@@ -11,7 +11,9 @@ use std::time::Duration;
 use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
 use sqs_once::testkit::queue::{QueueSettings, RedrivePolicy, StoredMessage};
 use sqs_once::{MemoryQueue, Status};
-use sqs_once_sim::check::{Effect, Evidence, check, fifo_after_dlq, stranded};
+use sqs_once_sim::check::{
+    Effect, Evidence, check, fifo_after_dlq, stranded, stranded_after_redrive,
+};
 use sqs_once_sim::deliveries::Deliveries;
 use sqs_once_sim::faults::{Cuts, FaultPlan, Life};
 use sqs_once_sim::run_seed_with;
@@ -607,6 +609,64 @@ async fn a_deleted_message_sqs_brought_back_explains_it_and_one_never_deleted_do
         let (violations, stranded) = verdict_with(one.stored, &deliveries, back.clone());
         let case = format!("deleted {deleted}, brought back after {back:?}: excused {excused}");
         judged(&case, excused, &id, &violations, &stranded);
+    }
+}
+
+/// Campaign seeds 983045 and 1000180: after the redrive, a copy received on
+/// its last allowed receive completed as a duplicate and was deleted; SQS
+/// brought it back (its "might", which the calm does not switch off) and
+/// the next receive moved it to the DLQ. Excused only where its last
+/// delivery learned it done no later than its delete reached SQS, and SQS
+/// brought the message back after that delete.
+#[tokio::test(start_paused = true)]
+async fn after_the_redrive_a_copy_sqs_brought_back_after_a_delete_sent_once_done_explains_it_and_no_other_does()
+ {
+    // (learned done before its delete reached SQS, brought back; excused)
+    for (learned_first, back, excused) in [
+        (true, true, true),
+        (false, true, false),
+        (true, false, false),
+    ] {
+        let start = Instant::now();
+        let deliveries = Deliveries::default();
+        let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
+        let receipts = std::slice::from_ref(&one.receipt);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        deliveries.delete_sent(&one.queue, receipts);
+        deliveries.delete_reached(&one.queue, receipts);
+        let learned_ms = if learned_first { 500 } else { 1_500 };
+        let outcome_at = BTreeMap::from([(
+            (one.stored.id.clone(), 1),
+            (learned_ms, "duplicate".to_owned()),
+        )]);
+        let back_after_delete = if back {
+            BTreeSet::from([one.receipt.clone()])
+        } else {
+            BTreeSet::new()
+        };
+        let id = one.stored.id.clone();
+        let s = scenario();
+        let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
+        let evidence = Evidence {
+            rows: vec![Effect {
+                event: "evt-0001".into(),
+                message: id.clone(),
+                at_ms: 0,
+                by: "c0".into(),
+            }],
+            records: [("evt-0001".to_owned(), Status::Completed)].into(),
+            records_before: [("evt-0001".to_owned(), Status::Completed)].into(),
+            completed_by: [id.clone()].into(),
+            confirmed: [id.clone()].into(),
+            // In the DLQ after the redrive.
+            dlq: vec![one.stored],
+            outcome_at,
+            back_after_delete,
+            ..bare_evidence(&s, &accepted, &deliveries, start)
+        };
+        let (violations, excused_ids) = (check(&evidence), stranded_after_redrive(&evidence));
+        let case = format!("learned first {learned_first}, brought back {back}: excused {excused}");
+        judged(&case, excused, &id, &violations, &excused_ids);
     }
 }
 
