@@ -1021,6 +1021,38 @@ fn spawn_twin_poller<Q: QueueClient>(
     ))
 }
 
+/// A handler that notes each receive count it runs on and takes `took`.
+fn noting_receives(took: Duration) -> (Arc<Mutex<Vec<u32>>>, impl crate::Handler) {
+    let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let c = calls.clone();
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let c = c.clone();
+        async move {
+            c.lock().unwrap().push(m.receive_count());
+            tokio::time::sleep(took).await;
+            Ok(None)
+        }
+    });
+    (calls, handler)
+}
+
+/// The handler ran once, on the first receive, and the message is gone from
+/// the queue and never reached the DLQ (queue URL, DLQ URL).
+fn ran_once_and_deleted(
+    queue: &MemoryQueue,
+    (url, dlq): (&str, &str),
+    calls: &Mutex<Vec<u32>>,
+    stats: &RunStats,
+) {
+    assert_eq!(*calls.lock().unwrap(), [1], "{stats:?}");
+    assert_eq!(
+        queue.counts(dlq).unwrap().stored(),
+        0,
+        "the message reached the DLQ though it completed: {stats:?}"
+    );
+    assert_eq!(queue.counts(url).unwrap().stored(), 0, "{stats:?}");
+}
+
 /// Simulator seed 919 (with a variant of the extension fix): a poller held
 /// a message whose older delivery ran its handler when SQS handed it the
 /// same message again (a twin); the newer delivery's turn with the store
@@ -1032,16 +1064,7 @@ fn spawn_twin_poller<Q: QueueClient>(
 #[tokio::test(start_paused = true)]
 async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay() {
     let (queue, url, dlq, armed) = queue_of_one_twin().await;
-    let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
-    let c = calls.clone();
-    let handler = handler_fn(move |m: Message, _ctx| {
-        let c = c.clone();
-        async move {
-            c.lock().unwrap().push(m.receive_count());
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            Ok(None)
-        }
-    });
+    let (calls, handler) = noting_receives(Duration::from_secs(10));
     let store = twin_store();
     let poller = spawn_twin_poller(&queue, &url, store.clone(), handler);
     // While the older delivery's handler runs, DynamoDB is out of reach
@@ -1058,13 +1081,7 @@ async fn a_newer_delivery_that_fails_while_an_older_one_runs_sets_no_retry_delay
     tokio::time::sleep(Duration::from_secs(1)).await;
     store.set_unavailable(false);
     let stats = poller.await.unwrap();
-    assert_eq!(*calls.lock().unwrap(), [1], "{stats:?}");
-    assert_eq!(
-        queue.counts(&dlq).unwrap().stored(),
-        0,
-        "the message reached the DLQ though its older delivery completed: {stats:?}"
-    );
-    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    ran_once_and_deleted(&queue, (&url, &dlq), &calls, &stats);
     assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
 }
 
@@ -1171,18 +1188,9 @@ impl QueueClient for FirstReceiptIgnored {
 #[tokio::test(start_paused = true)]
 async fn a_newer_delivery_that_fails_after_an_older_one_finished_is_deleted_too() {
     let (queue, url, dlq, armed) = queue_of_one_twin().await;
-    let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
-    let c = calls.clone();
-    let handler = handler_fn(move |m: Message, _ctx| {
-        let c = c.clone();
-        async move {
-            c.lock().unwrap().push(m.receive_count());
-            // Half a second off the newer delivery's claims (one a second
-            // while it waits: the key's lease is short on this store).
-            tokio::time::sleep(Duration::from_millis(10_500)).await;
-            Ok(None)
-        }
-    });
+    // Half a second off the newer delivery's claims (one a second while it
+    // waits: the key's lease is short on this store).
+    let (calls, handler) = noting_receives(Duration::from_millis(10_500));
     let store = twin_store();
     let ignoring = FirstReceiptIgnored {
         inner: queue.clone(),
@@ -1210,13 +1218,7 @@ async fn a_newer_delivery_that_fails_after_an_older_one_finished_is_deleted_too(
     tokio::time::sleep(Duration::from_secs(6)).await;
     store.set_unavailable(false);
     let stats = poller.await.unwrap();
-    assert_eq!(*calls.lock().unwrap(), [1], "{stats:?}");
-    assert_eq!(
-        queue.counts(&dlq).unwrap().stored(),
-        0,
-        "the message reached the DLQ though it completed: {stats:?}"
-    );
-    assert_eq!(queue.counts(&url).unwrap().stored(), 0, "{stats:?}");
+    ran_once_and_deleted(&queue, (&url, &dlq), &calls, &stats);
     assert_eq!(stats.received, 2, "it came back: {stats:?}");
     assert_eq!(
         (stats.completed, stats.duplicates, stats.retried),
