@@ -873,7 +873,7 @@ fn application_times(e: &Evidence<'_>, event: &str) -> Vec<u128> {
                     first_calls(e, event)
                         .into_iter()
                         .filter(|c| !abandoned.iter().any(|a| std::ptr::eq(*a, *c)))
-                        .filter(|c| !stopped_by(e, c).is_some_and(rows_after) && !resumed(e, c))
+                        .filter(|c| !stopped_by(e, c).is_some_and(rows_after))
                         .map(|c| c.start_ms),
                 );
             }
@@ -1390,8 +1390,8 @@ fn external_calls(e: &Evidence<'_>, v: &mut Vec<String>) {
         keys.entry(c.event.as_str())
             .or_default()
             .insert(c.key.as_str());
-        // Counted apart: [`late_skewed_calls`], [`paused`].
-        if c.after_completed && !late_skewed(e, c) && !resumed(e, c) {
+        // Counted apart: [`late_skewed_calls`].
+        if c.after_completed && !late_skewed(e, c) {
             v.push(format!(
                 "{}: API called by {} at {}ms after its record said COMPLETED",
                 c.event, c.consumer, c.start_ms
@@ -1449,18 +1449,6 @@ fn stopped_by(e: &Evidence<'_>, c: &ApiCall) -> Option<u128> {
         .min()
 }
 
-/// A call a paused invocation started as it resumed (within a millisecond
-/// of its pause's end: the timers that came due meanwhile fire at once,
-/// and its handler may call before its lease check runs). Counted apart
-/// ([`paused_calls`]), not judged.
-fn resumed(e: &Evidence<'_>, c: &ApiCall) -> bool {
-    e.pauses.iter().any(|p| {
-        p.host == c.consumer
-            && p.messages.contains(&c.message)
-            && (p.until_ms..=p.until_ms + 1).contains(&c.start_ms)
-    })
-}
-
 /// When a call is judged to have ended: when a pause stopped it
 /// ([`stopped_by`]), else its end.
 fn judged_end(e: &Evidence<'_>, c: &ApiCall) -> Option<u128> {
@@ -1468,14 +1456,15 @@ fn judged_end(e: &Evidence<'_>, c: &ApiCall) -> Option<u128> {
 }
 
 /// The calls judged for overlaps, leases and deliveries: each as
-/// [`judged_end`] says, those that resumed from a pause left out.
+/// [`judged_end`] says. (A call started as the invocation resumed is
+/// judged in full: the pause let its lease end, and the runtime must not
+/// start one after that.)
 fn judged_calls<'c>(
     e: &Evidence<'_>,
     calls: impl IntoIterator<Item = &'c ApiCall>,
 ) -> Vec<ApiCall> {
     calls
         .into_iter()
-        .filter(|c| !resumed(e, c))
         .map(|c| ApiCall {
             end_ms: judged_end(e, c),
             ..c.clone()
@@ -1483,12 +1472,11 @@ fn judged_calls<'c>(
         .collect()
 }
 
-/// The API calls process pauses stopped or that resumed from one, counted
-/// apart ([`stopped_by`], [`resumed`]).
+/// The API calls process pauses stopped, counted apart ([`stopped_by`]).
 pub fn paused_calls(e: &Evidence<'_>) -> usize {
     e.calls
         .iter()
-        .filter(|c| stopped_by(e, c).is_some() || resumed(e, c))
+        .filter(|c| stopped_by(e, c).is_some())
         .count()
 }
 
