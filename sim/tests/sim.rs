@@ -341,6 +341,27 @@ fn regression_seeds_of_the_twenty_fifth_search_run_stay_clean() {
     }
 }
 
+/// Seeds of the twenty-sixth search run, the first with Lambda invocations
+/// paused and run on after their timeout (run as found, with today's
+/// draws):
+/// - 1044452, 1036012, 1036654, 1045023: a claim-path handler paused
+///   before its external call woke with its lease over, all its timers
+///   due at once; the runtime's `select!` polled the handler before the
+///   lease's end, and the handler made its call (past its lease, while
+///   another held the key, after its record said `COMPLETED`, and once
+///   with a completed message then stranded). Fixed: the lease's and the
+///   delivery's ends are polled first, so a handler woken past them is
+///   not polled again.
+/// - 1046660: a poller's clock set back 21 s mid-call by a jump beyond the
+///   margin; its lease, written before the jump, ran out by true time
+///   while its clock said otherwise. Only fencing is promised for that
+///   host from its jump on: `past_lease` now judges its calls that ended
+///   before the jump only, as the overlap check does.
+#[test]
+fn regression_seeds_of_the_twenty_sixth_search_run_stay_clean() {
+    clean_today(&[1_044_452, 1_036_012, 1_036_654, 1_045_023, 1_046_660]);
+}
+
 /// Seeds 2159 and 2820 found a DynamoDB claim that landed late (sent by one
 /// delivery, applied seconds later after another delivery of the key had
 /// failed and been parked) taking the `FAILED` record: the key was left

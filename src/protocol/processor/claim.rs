@@ -81,17 +81,20 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
         let ctx = self.context(Some(key), attempt, message);
         bound(&ctx, opts, &[&local, visible]);
+        // The ends first: a handler woken with its lease or delivery over
+        // (a process paused past them, all its timers firing at once) is
+        // not polled again, so it starts nothing more.
         let handled = tokio::select! {
             biased;
-            r = self.handle(message, &ctx) => r,
-            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
-                return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found))).await;
-            }
             () = local.passed() => {
                 return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::NotExtended)).await;
             }
             () = visible.passed() => {
                 return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::VisibilityLost)).await;
+            }
+            r = self.handle(message, &ctx) => r,
+            found = self.heartbeat(message, &req, lease, opts, Ends { lease: &local, visible }) => {
+                return Box::pin(self.lease_ended(message, &req, &ctx, LeaseEnd::TakenOver(found))).await;
             }
             () = stopped(opts) => {
                 ctx.cancelled().cancel();
