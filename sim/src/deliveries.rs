@@ -80,6 +80,10 @@ pub struct Delivery {
     tries: Vec<(Instant, Option<Instant>)>,
     /// The life of the host that holds it.
     life: Life,
+    /// When its Lambda invocation timed out: the event source mapping
+    /// gave its records up, and deletes none of them (for them, as if
+    /// their holder died then).
+    given_up_at: Option<Instant>,
     /// When the host's link to SQS was cut.
     cuts: Cuts,
 }
@@ -99,6 +103,7 @@ impl Delivery {
     pub fn holder_died(&self) -> bool {
         self.life
             .died_at()
+            .or(self.given_up_at)
             .is_some_and(|t| t >= self.at && t < self.held_until)
     }
 
@@ -379,6 +384,7 @@ impl Deliveries {
                             .and_then(Result::ok)
                             .map(|p| p.key),
                         life: life.clone(),
+                        given_up_at: None,
                         cuts: cuts.clone(),
                     },
                 );
@@ -463,6 +469,22 @@ impl Deliveries {
                 if d.delete_sent.is_none() && now < d.held_until {
                     d.delete_sent = Some(now);
                     d.first_sender_cuts = sender.cloned();
+                }
+            }
+        });
+    }
+
+    /// The Lambda invocation holding these receipts of `queue` timed out
+    /// now: the event source mapping deletes none of them (campaign seed
+    /// 1044268: an invocation paused across its deadline had completed a
+    /// record; its later deliveries, cut off from DynamoDB, could not learn
+    /// it done before its receives ran out).
+    pub fn given_up(&self, queue: &str, receipts: &[String]) {
+        let now = Instant::now();
+        self.with(|all| {
+            for r in receipts {
+                if let Some(d) = all.get_mut(r).filter(|d| d.queue == queue) {
+                    d.given_up_at.get_or_insert(now);
                 }
             }
         });

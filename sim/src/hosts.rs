@@ -622,6 +622,8 @@ struct Paused<'a, F> {
     wake: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// Called when the pause begins.
     on_pause: Option<OnPause<'a>>,
+    /// When it began, if it did.
+    began: Option<Instant>,
 }
 
 impl<'a, F> Paused<'a, F> {
@@ -632,7 +634,13 @@ impl<'a, F> Paused<'a, F> {
             window,
             wake: Box::pin(tokio::time::sleep(Duration::ZERO)),
             on_pause,
+            began: None,
         }
+    }
+
+    /// Whether the pause began before `t`.
+    fn paused_before(&self, t: Instant) -> bool {
+        self.began.is_some_and(|b| b < t)
     }
 }
 
@@ -649,6 +657,7 @@ impl<F: std::future::Future> std::future::Future for Paused<'_, F> {
                 self.window = None;
             } else if now >= from {
                 if let Some(noted) = self.on_pause.take() {
+                    self.began = Some(now);
                     noted(now);
                 }
                 self.wake.as_mut().reset(until);
@@ -689,31 +698,19 @@ async fn invoke<'a>(
                 .event(format!("invocation {} failed: {e}", spec.name));
             return None;
         }
-        Err(_) if world.scenario.runs_on_after_timeout => {
-            world.trace.event(format!(
-                "invocation {} timed out; it runs on in its reused environment",
-                spec.name
-            ));
-            *world
-                .ran_on
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(spec.name.clone())
-                .or_default() += 1;
-            return Some(Box::pin(async move {
-                let answer = handling.await;
-                world.trace.event(format!(
-                    "invocation {} that timed out ended: {}",
-                    spec.name,
-                    if answer.is_ok() { "answered" } else { "failed" }
-                ));
-            }));
-        }
         Err(_) => {
-            world
-                .trace
-                .event(format!("invocation {} timed out", spec.name));
-            return None;
+            // Paused across its deadline, it could not answer: the event
+            // source mapping gives its records up (for the checker, as if
+            // their holder died). A timeout without a pause is the
+            // runtime's, and excuses nothing.
+            if handling.paused_before(deadline) {
+                let receipts: Vec<String> = messages
+                    .iter()
+                    .filter_map(|m| m.receipt_handle().map(str::to_owned))
+                    .collect();
+                world.deliveries.given_up(&world.url, &receipts);
+            }
+            return ran_on(world, spec, handling);
         }
     };
     let done: Vec<String> = messages
@@ -729,6 +726,37 @@ async fn invoke<'a>(
     ));
     esm_delete(world, esm, &done).await;
     None
+}
+
+/// A timed-out invocation: killed as Lambda does, or, where the run says
+/// so, left to run on in its reused environment (returned, to be polled
+/// beside the next invocations).
+fn ran_on<'a, F>(world: &'a World, spec: &'a ConsumerSpec, handling: F) -> Option<RunningOn<'a>>
+where
+    F: std::future::Future + Send + 'a,
+{
+    if !world.scenario.runs_on_after_timeout {
+        world
+            .trace
+            .event(format!("invocation {} timed out", spec.name));
+        return None;
+    }
+    world.trace.event(format!(
+        "invocation {} timed out; it runs on in its reused environment",
+        spec.name
+    ));
+    *world
+        .ran_on
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(spec.name.clone())
+        .or_default() += 1;
+    Some(Box::pin(async move {
+        handling.await;
+        world
+            .trace
+            .event(format!("invocation {} that timed out ended", spec.name));
+    }))
 }
 
 /// The event source mapping's delete of an invocation's finished records.

@@ -357,9 +357,19 @@ fn regression_seeds_of_the_twenty_fifth_search_run_stay_clean() {
 ///   while its clock said otherwise. Only fencing is promised for that
 ///   host from its jump on: `past_lease` now judges its calls that ended
 ///   before the jump only, as the overlap check does.
+/// - 1044268, 1048977, 1049945: a Lambda invocation that had completed a
+///   record (one had sent its direct delete into a cut from SQS) was
+///   paused across its deadline and timed out; the event source mapping
+///   deleted none of its records, and the later deliveries, cut off from
+///   DynamoDB or none left, could not delete the message before its
+///   receives ran out. Counted: for its records, an invocation paused
+///   across its deadline is a holder that died holding them
+///   (`Deliveries::given_up`); a timeout without a pause excuses nothing.
 #[test]
 fn regression_seeds_of_the_twenty_sixth_search_run_stay_clean() {
-    clean_today(&[1_044_452, 1_036_012, 1_036_654, 1_045_023, 1_046_660]);
+    clean_today(&[
+        1_044_452, 1_036_012, 1_036_654, 1_045_023, 1_046_660, 1_044_268, 1_048_977, 1_049_945,
+    ]);
 }
 
 /// Seeds 2159 and 2820 found a DynamoDB claim that landed late (sent by one

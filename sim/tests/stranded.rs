@@ -778,6 +778,31 @@ async fn an_extension_keeps_the_delete_in_time() {
     assert!(violations.is_empty(), "{violations:#?}");
 }
 
+/// Campaign seeds 1044268, 1048977, 1049945: a Lambda invocation paused
+/// across its deadline timed out holding a completed record, and the event
+/// source mapping deleted none of its records. Excused as a holder that
+/// died holding it, only where it was given up while it held the message.
+#[tokio::test(start_paused = true)]
+async fn a_record_given_up_with_its_timed_out_invocation_explains_it_and_one_given_up_later_does_not()
+ {
+    for (given_up_in, excused) in [
+        (Some(VISIBILITY / 2), true),
+        (Some(VISIBILITY * 2), false),
+        (None, false),
+    ] {
+        let deliveries = Deliveries::default();
+        let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
+        if let Some(after) = given_up_in {
+            tokio::time::advance(after).await;
+            deliveries.given_up(&one.queue, std::slice::from_ref(&one.receipt));
+        }
+        let id = one.stored.id.clone();
+        let (violations, stranded) = verdict(one.stored, &deliveries);
+        let case = format!("given up after {given_up_in:?}: excused {excused}");
+        judged(&case, excused, &id, &violations, &stranded);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_consumer_that_died_holding_it_explains_it_and_one_that_died_later_does_not() {
     let deliveries = Deliveries::default();
