@@ -344,7 +344,8 @@ fn regression_seeds_of_the_twenty_fifth_search_run_stay_clean() {
 /// Seeds of the twenty-sixth search run, the first with Lambda invocations
 /// paused and run on after their timeout (run as found, with today's
 /// draws):
-/// - 1044452, 1036012, 1036654, 1045023: a claim-path handler paused
+/// - 1044452, 1036012, 1036654, 1045023 (and 1060526, 1063112, 1064836,
+///   1069841 later in the run): a claim-path handler paused
 ///   before its external call woke with its lease over, all its timers
 ///   due at once; the runtime's `select!` polled the handler before the
 ///   lease's end, and the handler made its call (past its lease, while
@@ -357,7 +358,7 @@ fn regression_seeds_of_the_twenty_fifth_search_run_stay_clean() {
 ///   while its clock said otherwise. Only fencing is promised for that
 ///   host from its jump on: `past_lease` now judges its calls that ended
 ///   before the jump only, as the overlap check does.
-/// - 1044268, 1048977, 1049945: a Lambda invocation that had completed a
+/// - 1044268, 1048977, 1049945, 1064358: a Lambda invocation that had completed a
 ///   record (one had sent its direct delete into a cut from SQS) was
 ///   paused across its deadline and timed out; the event source mapping
 ///   deleted none of its records, and the later deliveries, cut off from
@@ -368,7 +369,8 @@ fn regression_seeds_of_the_twenty_fifth_search_run_stay_clean() {
 #[test]
 fn regression_seeds_of_the_twenty_sixth_search_run_stay_clean() {
     clean_today(&[
-        1_044_452, 1_036_012, 1_036_654, 1_045_023, 1_046_660, 1_044_268, 1_048_977, 1_049_945,
+        1_044_452, 1_036_012, 1_036_654, 1_045_023, 1_060_526, 1_063_112, 1_064_836, 1_069_841,
+        1_046_660, 1_044_268, 1_048_977, 1_049_945, 1_064_358,
     ]);
 }
 
