@@ -65,8 +65,8 @@ pub struct World {
     /// started its hours: only the first run of its event takes them.
     pub long_started: Arc<std::sync::atomic::AtomicBool>,
     /// Invocations that timed out and ran on in their reused environment
-    /// ([`Scenario::runs_on_after_timeout`]), by host.
-    pub ran_on: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+    /// ([`Scenario::runs_on_after_timeout`]).
+    pub ran_on: std::sync::atomic::AtomicU64,
     /// Process pauses of Lambda invocations.
     pub pauses: std::sync::Mutex<Vec<crate::check::Pause>>,
     /// Records DynamoDB's TTL deleted, in order.
@@ -745,12 +745,9 @@ where
         "invocation {} timed out; it runs on in its reused environment",
         spec.name
     ));
-    *world
+    world
         .ran_on
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(spec.name.clone())
-        .or_default() += 1;
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Some(Box::pin(async move {
         handling.await;
         world

@@ -287,22 +287,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             .settler
             .process_and_settle(&self.processor, at, options)
             .await;
-        // Another delivery of it, held here alongside this one, finished
-        // it (its delete handed over, maybe through a receipt SQS ignores):
-        // this one, which did not learn so (its turn with the store
-        // failed), is deleted through its own receipt too, instead of
-        // coming back as a duplicate to spend a receive (on the last
-        // allowed one, the message would reach the DLQ, its effect made).
-        let finished_elsewhere =
-            matches!(step.settled, Settled::Again { .. }) && self.holding.finished_here(&message);
-        if finished_elsewhere {
-            info!(
-                message_id = message.id(),
-                "not finished by this delivery, but by another one held here: deleted through this delivery's receipt too"
-            );
-            step.outcome = OutcomeKind::Duplicate;
-            step.settled = Settled::Done;
-        }
+        let finished_elsewhere = self.finished_elsewhere(&message, &mut step);
         self.count(|s| match step.outcome {
             OutcomeKind::Completed => s.completed += 1,
             OutcomeKind::Duplicate => s.duplicates += 1,
@@ -347,6 +332,30 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         self.holding.finished(&message);
         self.hand_over(&message, held, &step, payload).await;
         step.settled
+    }
+
+    /// Another delivery of `message`, held here alongside this one,
+    /// finished it (its delete handed over, maybe through a receipt SQS
+    /// ignores), and this one, which did not learn so (its turn with the
+    /// store failed), is to come back: it is made a duplicate, deleted
+    /// through its own receipt too, instead of coming back to spend a
+    /// receive (on the last allowed one, the message would reach the DLQ,
+    /// its effect made). Answers whether it was.
+    fn finished_elsewhere(
+        &self,
+        message: &Message,
+        step: &mut crate::runtime::settle::Settlement,
+    ) -> bool {
+        if !matches!(step.settled, Settled::Again { .. }) || !self.holding.finished_here(message) {
+            return false;
+        }
+        info!(
+            message_id = message.id(),
+            "not finished by this delivery, but by another one held here: deleted through this delivery's receipt too"
+        );
+        step.outcome = OutcomeKind::Duplicate;
+        step.settled = Settled::Done;
+        true
     }
 
     /// Hands a finished message's delete to the [`DeleteBatcher`], with
