@@ -92,6 +92,8 @@ pub struct Evidence<'a> {
     /// When each delivery's outcome came, and which: (message, receive
     /// count) -> (ms, outcome).
     pub outcome_at: BTreeMap<(String, u32), (u128, String)>,
+    /// What went wrong during the run, and when.
+    pub trouble: crate::trace::Trouble,
     /// Receipt handles the model issued while another handle of the message
     /// was valid: concurrent duplicate deliveries.
     pub twins: BTreeSet<String>,
@@ -239,6 +241,159 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
         .filter_map(|m| event_of(&m.body))
         .filter(|ev| e.records_before.get(ev) != Some(&Status::Completed))
         .collect()
+}
+
+/// Receives spent for nothing: deliveries of an event's message that ended
+/// without finishing it (to come back, in flight elsewhere, or with no
+/// outcome at all) and that nothing explains. A runtime may spend a receive
+/// only on trouble (docs/DESIGN.md, "What ends in the DLQ"); one that spends
+/// them otherwise drains messages into the DLQ, which the redrive would
+/// then hide. Judged for every delivery of every event's message, not only
+/// those the DLQ got ([`exhausted`]), whose lines say so. A delivery is
+/// explained by
+/// - its holder dying or its invocation timing out while it held it;
+/// - trouble on its host while it held it: a fault drawn for any of the
+///   host's calls (for the call's length), a request of the host landing
+///   late, a pause before a write, a freeze, a partition, a crash or a
+///   SIGTERM until the host is back, or a process pause of its invocation;
+/// - a handler call of its event that failed (a panic, a retry asked for)
+///   or ran long meanwhile;
+/// - another delivery of its event (a twin, a producer's duplicate), or on
+///   a FIFO queue of an earlier message of its group (the group stops
+///   behind it), held meanwhile, or up to a lease before if that one met
+///   trouble or ended without an outcome (its claim may still hold the key:
+///   a claim that landed late, a release lost).
+///
+/// A receive whose answer reached no consumer makes no delivery: SQS gives
+/// one out only to a call whose answer is lost, late or frozen, a fault of
+/// its own. Trouble is judged per host, not per message: a runtime that
+/// wastes receives only while its host meets some fault is not found here
+/// (docs/DESIGN.md says what that leaves).
+pub fn unexplained_receives(e: &Evidence<'_>) -> Vec<String> {
+    use crate::deliveries::Delivery;
+    use crate::trace::Trouble;
+    let exhausted = exhausted(e);
+    let (event_of_message, group_of) = events_and_groups(e);
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
+    let lease = e.scenario.lease.as_millis();
+    let outcome = |d: &Delivery| e.outcome_at.get(&(d.message.clone(), d.count));
+    // From its delivery to its outcome, or to its visibility's end.
+    let window = |d: &Delivery| {
+        let end = outcome(d).map_or_else(|| ms(d.held_until), |(at, _)| *at);
+        (ms(d.at), end)
+    };
+    let host = |d: &Delivery| d.consumer.trim_end_matches("-esm").to_owned();
+    // Until when `o` may hold its event's key: to its window's end, and
+    // past it where it ended without an outcome or met trouble that may
+    // leave a claim behind (to the end of that trouble).
+    let held_to = |o: &Delivery| {
+        let (f, u) = window(o);
+        if outcome(o).is_none() || o.holder_died() {
+            return Some(u);
+        }
+        e.trouble.hosts.get(&host(o)).and_then(|spans| {
+            spans
+                .iter()
+                .filter(|&&(a, b)| a <= u && b >= f)
+                .map(|&(_, b)| b.max(u))
+                .max()
+        })
+    };
+    let every: Vec<Delivery> = e
+        .deliveries
+        .every()
+        .into_iter()
+        .filter(|d| !d.queue.contains("sim-dlq"))
+        .collect();
+    let mut out = Vec::new();
+    for d in &every {
+        let Some(event) = event_of_message.get(d.message.as_str()).copied() else {
+            continue;
+        };
+        if matches!(
+            outcome(d).map(|(_, o)| o.as_str()),
+            Some("completed" | "duplicate" | "parked")
+        ) {
+            continue;
+        }
+        let (from, until) = window(d);
+        let group = group_of.get(event).copied();
+        let near = |o: &Delivery| {
+            let (f, u) = window(o);
+            let of = event_of_message.get(o.message.as_str()).copied();
+            let related = of == Some(event)
+                || (e.scenario.fifo
+                    && sent_order(&o.message) < sent_order(&d.message)
+                    && of.and_then(|x| group_of.get(x).copied()) == group);
+            related
+                && o.receipt != d.receipt
+                && f <= until
+                && (u >= from || held_to(o).is_some_and(|h| h + lease >= from))
+        };
+        let explained = d.holder_died()
+            || Trouble::meets(e.trouble.hosts.get(&host(d)), from, until)
+            || Trouble::meets(e.trouble.events.get(event), from, until)
+            || e.pauses
+                .iter()
+                .any(|p| p.host == host(d) && p.from_ms <= until && p.until_ms >= from)
+            || every.iter().any(near);
+        if !explained {
+            out.push(spent_for_nothing(
+                e,
+                d,
+                (from, until),
+                exhausted.contains(event),
+            ));
+        }
+    }
+    out
+}
+
+/// Each message's event, and each event's FIFO group.
+fn events_and_groups<'a>(
+    e: &'a Evidence<'_>,
+) -> (BTreeMap<&'a str, &'a str>, BTreeMap<&'a str, &'a str>) {
+    let event_of_message = e
+        .sent
+        .iter()
+        .flat_map(|(ev, ms)| ms.iter().map(move |m| (m.as_str(), ev.as_str())))
+        .collect();
+    let group_of = e
+        .scenario
+        .events
+        .iter()
+        .map(|ev| (ev.id.as_str(), ev.group.as_str()))
+        .collect();
+    (event_of_message, group_of)
+}
+
+/// The line of a receive spent for nothing ([`unexplained_receives`]).
+fn spent_for_nothing(
+    e: &Evidence<'_>,
+    d: &crate::deliveries::Delivery,
+    (from, until): (u128, u128),
+    in_dlq: bool,
+) -> String {
+    let key = (d.message.clone(), d.count);
+    let ended = e
+        .outcome_at
+        .get(&key)
+        .map_or("with no outcome", |(_, o)| o.as_str());
+    let reason = e.trouble.reasons.get(&key).map_or("", String::as_str);
+    let event = e
+        .sent
+        .iter()
+        .find(|(_, ms)| ms.contains(&d.message))
+        .map_or("", |(ev, _)| ev.as_str());
+    let dlq = if in_dlq {
+        "; its message reached the DLQ unprocessed"
+    } else {
+        ""
+    };
+    format!(
+        "{event} ({}): receive {} by {} ({from} ms to {until} ms) ended {ended} {reason:?}, spent with nothing to explain it{dlq}",
+        d.message, d.count, d.consumer
+    )
 }
 
 /// Messages SQS's redrive policy moved to the DLQ after their effect was
@@ -515,6 +670,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     }
     reruns(e, &mut v);
     downstream(e, &mut v);
+    v.extend(unexplained_receives(e));
     // Fencing: a write sent under a lease that another attempt has since
     // taken over never applies, however late it lands.
     for breach in &e.fencing_breaches {

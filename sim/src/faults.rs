@@ -126,6 +126,9 @@ pub struct FaultCounts {
     /// Throttled in a storm (sustained throttling of one host's calls to
     /// one service).
     pub stormed: AtomicU64,
+    /// Refused for a transaction conflict in a conflict storm (sustained
+    /// contention on the items one host writes).
+    pub conflicted: AtomicU64,
     /// Requests given up on by the client that have not landed yet.
     landing: Arc<AtomicU64>,
 }
@@ -153,6 +156,7 @@ impl FaultCounts {
             ("landed late", &self.late),
             ("pause", &self.pauses),
             ("throttled in a storm", &self.stormed),
+            ("transaction conflict in a storm", &self.conflicted),
         ]
         .iter()
         .map(|(name, c)| (*name, c.load(Ordering::Relaxed)))
@@ -182,6 +186,7 @@ impl FaultCounts {
             &self.late,
             &self.pauses,
             &self.stormed,
+            &self.conflicted,
         ]
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -200,6 +205,29 @@ pub enum Service {
 
 /// The code of a call throttled in a storm ([`Link::storm`]).
 const STORM: &str = "ThrottlingException (a storm)";
+/// The code of a write refused in a conflict storm ([`Link::conflict_storm`]).
+const CONFLICT: &str = "TransactionConflictException (a storm)";
+
+/// Whether `op` (a store operation, or a DynamoDB API call on the wire)
+/// writes an item: what a transaction on that item makes DynamoDB refuse
+/// with a `TransactionConflict` (reads are not refused).
+fn writes_item(op: &str) -> bool {
+    matches!(
+        op,
+        "claim"
+            | "complete"
+            | "release"
+            | "mark_failed"
+            | "extend_lease"
+            | "commit_unprotected"
+            | "commit_fast"
+            | "mark_dispatched"
+            | "PutItem"
+            | "UpdateItem"
+            | "DeleteItem"
+            | "TransactWriteItems"
+    )
+}
 
 /// What happens to one call.
 enum Fault {
@@ -299,6 +327,9 @@ pub struct Link {
     cut_until: Arc<Mutex<[Option<Instant>; 2]>>,
     /// Until when each service throttles half the calls of this host.
     storm_until: Arc<Mutex<[Option<Instant>; 2]>>,
+    /// Until when DynamoDB refuses half the writes of this host for a
+    /// transaction conflict ([`Link::conflict_storm`]).
+    conflict_until: Arc<Mutex<Option<Instant>>>,
     /// Until when the host is frozen ([`Link::freeze`]).
     frozen_until: Arc<Mutex<Option<Instant>>>,
     /// Where the last partition from SQS and the last freeze are kept in
@@ -331,6 +362,7 @@ impl Link {
             trace,
             cut_until: Arc::default(),
             storm_until: Arc::default(),
+            conflict_until: Arc::default(),
             frozen_until: Arc::default(),
             last_kept: Arc::default(),
             sqs_cuts: Cuts::default(),
@@ -365,6 +397,32 @@ impl Link {
         ));
     }
 
+    /// Refuses half the host's writes to DynamoDB for `d` with a
+    /// `TransactionConflict` (`TransactionConflictException`, or a
+    /// transaction cancelled for that reason on the wire), as DynamoDB does
+    /// while other transactions keep writing the same items: the store's
+    /// answer is then `StoreError::Busy` when every attempt was refused so,
+    /// whose short backoff spends a message's receives faster than an
+    /// outage's.
+    pub fn conflict_storm(&self, d: Duration) {
+        *self
+            .conflict_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + d);
+        self.trace.event(format!(
+            "transaction conflict storm on {} for {d:?}",
+            self.name
+        ));
+    }
+
+    fn in_conflict_storm(&self) -> bool {
+        self.conflict_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t > Instant::now())
+            && !self.calm.load(Ordering::Relaxed)
+    }
+
     /// Freezes the host for `d`, as a stop-the-world pause or a frozen
     /// Lambda environment does while time runs on: no request of it leaves
     /// and no answer reaches it until then (its timers still fire, and
@@ -376,6 +434,7 @@ impl Link {
         let (from, until) = (Instant::now(), Instant::now() + d);
         *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
         self.keep_sqs_cut(1, from, until);
+        self.trace.host_trouble(&self.name, d);
         self.trace.event(format!(
             "freeze {} for {d:?} (a stop-the-world pause)",
             self.name
@@ -419,6 +478,7 @@ impl Link {
         if service == Service::Sqs {
             self.keep_sqs_cut(0, from, until);
         }
+        self.trace.host_trouble(&self.name, d);
         self.trace.event(format!(
             "partition {} from {service:?} for {d:?}",
             self.name
@@ -450,7 +510,12 @@ impl Link {
             return Fault::None;
         }
         let p = self.plan;
-        let fault = if self.in_storm(service) && d.chance(0.5) {
+        let conflicted =
+            service == Service::Ddb && writes_item(op) && self.in_conflict_storm() && d.chance(0.5);
+        let fault = if conflicted {
+            self.counts.conflicted.fetch_add(1, Ordering::Relaxed);
+            Fault::Fail(CONFLICT)
+        } else if self.in_storm(service) && d.chance(0.5) {
             self.counts.stormed.fetch_add(1, Ordering::Relaxed);
             Fault::Fail(STORM)
         } else if d.chance(p.error) {
@@ -472,14 +537,15 @@ impl Link {
         } else {
             Fault::None
         };
-        let name = match &fault {
+        let (name, lasts) = match &fault {
             Fault::None => return fault,
-            Fault::Cut => "cut off",
-            Fault::Fail(code) => code,
-            Fault::Timeout(_) => "timeout",
-            Fault::Lose => "answer lost",
-            Fault::Delay(_) => "delayed",
+            Fault::Cut => ("cut off", CONNECT_TIMEOUT),
+            Fault::Fail(code) => (*code, Duration::ZERO),
+            Fault::Timeout(d) => ("timeout", *d),
+            Fault::Lose => ("answer lost", Duration::ZERO),
+            Fault::Delay(d) => ("delayed", *d),
         };
+        self.trace.host_trouble(&self.name, lasts);
         self.trace
             .event(format!("fault {} {service:?} {op}: {name}", self.name));
         fault
@@ -507,6 +573,7 @@ impl Link {
         self.counts.late.fetch_add(1, Ordering::Relaxed);
         let wait = dice.millis(Duration::from_millis(500), Duration::from_secs(3));
         let after = wait + dice.millis(Duration::ZERO, Duration::from_secs(20));
+        self.trace.host_trouble(&self.name, after);
         self.trace.event(format!(
             "fault {} {service:?} {op}: given up after {wait:?}, lands after {after:?}",
             self.name
@@ -523,6 +590,7 @@ impl Link {
         let d = self
             .dice
             .millis(Duration::from_secs(1), self.plan.max_pause);
+        self.trace.host_trouble(&self.name, d);
         self.trace.event(format!(
             "fault {} {service:?} {op}: the host pauses {d:?} before sending",
             self.name
@@ -547,6 +615,7 @@ impl Link {
             Fault::Cut => W::Cut,
             Fault::Fail(STORM) if self.dice.chance(0.5) => W::Provisioned,
             Fault::Fail(STORM) => W::Throttled,
+            Fault::Fail(CONFLICT) => W::Conflict,
             Fault::Fail(_) => match self.dice.int(0, if transaction { 5 } else { 4 }) {
                 0 => W::InternalBefore,
                 1 => W::InternalAfter,
@@ -1095,6 +1164,9 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
         F: Future<Output = Result<T, StoreError>>,
     {
         let mut last = String::new();
+        // Every attempt refused for a transaction conflict (as `DynamoStore`
+        // answers `Busy` only then).
+        let mut busy = true;
         for attempt in 0..STORE_ATTEMPTS {
             if attempt > 0 {
                 self.life
@@ -1125,6 +1197,7 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
                 });
                 self.life.guard(tokio::time::sleep(wait)).await;
                 last = "timed out (the request lands later)".into();
+                busy = false;
                 continue;
             }
             match self
@@ -1133,12 +1206,18 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
                 .await
             {
                 Ok(r) => return r,
-                Err(detail) => last = detail,
+                Err(detail) => {
+                    busy &= detail == CONFLICT;
+                    last = detail;
+                }
             }
         }
-        Err(StoreError::Unavailable(format!(
-            "{op}: {last} ({STORE_ATTEMPTS} attempts)"
-        )))
+        let detail = format!("{op}: {last} ({STORE_ATTEMPTS} attempts)");
+        Err(if busy {
+            StoreError::Busy(detail)
+        } else {
+            StoreError::Unavailable(detail)
+        })
     }
 }
 

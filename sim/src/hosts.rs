@@ -416,16 +416,21 @@ async fn run_poller(
     let task = tokio::spawn(run);
     let command = commands.recv().await.unwrap_or(Command::Stop);
     world.trace.event(format!("{command:?} {}", spec.name));
+    // A crash or a SIGTERM is trouble on the host until it is back: what
+    // it held or still receives meanwhile comes back unprocessed.
+    let from = world.trace.now_ms();
     match command {
         Command::Crash(down) => {
             generation.life.kill();
             task.abort();
+            world.trace.host_trouble_since(&spec.name, from, down);
             Some(down)
         }
         Command::Sigterm(down) => {
             shutdown.cancel();
             let _ = task.await;
             world.trace.event(format!("drained {}", spec.name));
+            world.trace.host_trouble_since(&spec.name, from, down);
             Some(down)
         }
         Command::Stop => {
@@ -489,14 +494,17 @@ async fn run_lambda(
         () = &mut work => Command::Stop,
     };
     world.trace.event(format!("{command:?} {}", spec.name));
+    let from = world.trace.now_ms();
     match command {
         Command::Crash(down) => {
             generation.life.kill();
+            world.trace.host_trouble_since(&spec.name, from, down);
             Some(down)
         }
         Command::Sigterm(down) => {
             stop.cancel();
             work.await;
+            world.trace.host_trouble_since(&spec.name, from, down);
             Some(down)
         }
         Command::Stop => {
@@ -550,7 +558,10 @@ async fn invocations(
     let runs_on = async {
         let mut running = futures::stream::FuturesUnordered::new();
         loop {
+            // Biased, as every select of a run: a random branch order
+            // would make a seed's schedule differ from one run to the next.
             tokio::select! {
+                biased;
                 Some(on) = running_on.recv() => {
                     running.push(on);
                     running_on_peak.fetch_max(running.len(), std::sync::atomic::Ordering::Relaxed);
@@ -560,6 +571,7 @@ async fn invocations(
         }
     };
     tokio::select! {
+        biased;
         () = invoking => {}
         () = runs_on => {}
     }

@@ -284,6 +284,9 @@ const OUTBOX_PAYLOADS_KNOB: u64 = 0x6f75_7462_6f78_5f73;
 /// Mixed into the seed for the dice of trouble that lasts
 /// ([`Scenario::draw_long_trouble`]).
 const LONG_TROUBLE_KNOB: u64 = 0x6c6f_6e67_5f74_726f;
+/// Mixed into the seed for the dice of conflict storms
+/// ([`Scenario::draw_conflict_storms`]).
+const CONFLICT_KNOB: u64 = 0x636f_6e66_6c69_6374;
 /// Mixed into the seed for the dice of clock steps
 /// ([`Scenario::draw_clock_jumps`]).
 const CLOCK_JUMP_KNOB: u64 = 0x6a75_6d70_5f6b_6e6f;
@@ -328,14 +331,9 @@ pub fn chained(seed: u64) -> bool {
     }
 }
 
-/// The run's world: its scenario (drawn), queues and store (on `path`).
-fn world(
-    seed: u64,
-    dice: &Dice,
-    trace: &Trace,
-    path: stores::StorePath,
-    draws: Draws,
-) -> Arc<World> {
+/// The run's scenario: its first draws from `dice`, then each knob from a
+/// dice of its own (so that a seed keeps the rest of its schedule).
+fn scenario(seed: u64, dice: &Dice, draws: Draws) -> Scenario {
     let mut scenario = Scenario::draw(dice);
     if draws.max_receive {
         scenario.draw_knobs(&Dice::new(seed ^ KNOBS));
@@ -351,6 +349,7 @@ fn world(
     if draws.long_trouble {
         scenario.draw_long_trouble(&Dice::new(seed ^ LONG_TROUBLE_KNOB));
         scenario.draw_clock_jumps(&Dice::new(seed ^ CLOCK_JUMP_KNOB));
+        scenario.draw_conflict_storms(&Dice::new(seed ^ CONFLICT_KNOB));
     }
     if draws.payloads {
         scenario.draw_payloads(&Dice::new(seed ^ PAYLOADS_KNOB));
@@ -358,6 +357,18 @@ fn world(
     if draws.outbox_payloads && chained(seed) {
         scenario.draw_large_outgoing(&Dice::new(seed ^ OUTBOX_PAYLOADS_KNOB));
     }
+    scenario
+}
+
+/// The run's world: its scenario (drawn), queues and store (on `path`).
+fn world(
+    seed: u64,
+    dice: &Dice,
+    trace: &Trace,
+    path: stores::StorePath,
+    draws: Draws,
+) -> Arc<World> {
+    let scenario = scenario(seed, dice, draws);
     trace.event(scenario.summary());
     let queue = MemoryQueue::new();
     let (url, dlq_url) = create_queues(&queue, &scenario);
@@ -718,6 +729,7 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
         }
         Action::Partition { .. } => "partition (DynamoDB only)",
         Action::Storm { .. } => "throttling storm",
+        Action::Conflicts { .. } => "transaction conflict storm",
         Action::Freeze { .. } => "host frozen (stop-the-world)",
     };
     for name in [
@@ -727,6 +739,7 @@ fn fault_classes(counts: &FaultCounts, world: &World) -> Vec<(&'static str, u64)
         "partition (SQS only)",
         "partition (DynamoDB only)",
         "throttling storm",
+        "transaction conflict storm",
         "host frozen (stop-the-world)",
     ] {
         let n = scenario
@@ -914,6 +927,7 @@ async fn schedule(
                 service,
                 length,
             } => links[*consumer].storm(*service, *length),
+            Action::Conflicts { consumer, length } => links[*consumer].conflict_storm(*length),
             Action::Freeze { consumer, length } => links[*consumer].freeze(*length),
         }
     }
@@ -1258,6 +1272,7 @@ fn evidence<'a>(
         reruns: world.trace.reruns(),
         failed_reads: world.trace.failed_reads(),
         outcome_at: world.trace.outcome_times(),
+        trouble: world.trace.trouble(),
         start: world.trace.start(),
         next: None,
         ended_by_ttl,

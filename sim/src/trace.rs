@@ -29,6 +29,32 @@ struct TraceInner {
     /// `COMPLETED`: (message id, receive count, consumer, event, when the
     /// record was completed in ms).
     reruns: Vec<(String, u32, String, String, u128)>,
+    /// What went wrong, and when ([`Trouble`]).
+    trouble: Trouble,
+}
+
+/// What went wrong during a run, and when (ms from its start, each a span
+/// `(from, until)`): what may explain a receive a message spent without
+/// completing ([`crate::check::unexplained_receives`]).
+#[derive(Debug, Clone, Default)]
+pub struct Trouble {
+    /// By host: a fault drawn for one of its calls (for the call's length),
+    /// a freeze, a partition, a pause before a write, a request landing
+    /// late, a crash or a SIGTERM.
+    pub hosts: std::collections::BTreeMap<String, Vec<(u128, u128)>>,
+    /// By event: a handler call that panicked, asked to be retried or ran
+    /// long (drawn), for its length.
+    pub events: std::collections::BTreeMap<String, Vec<(u128, u128)>>,
+    /// By delivery (message id, receive count): why it was retried or
+    /// parked, as its span said.
+    pub reasons: std::collections::BTreeMap<(String, u32), String>,
+}
+
+impl Trouble {
+    /// Whether `spans` has one that meets `from..=until`.
+    pub fn meets(spans: Option<&Vec<(u128, u128)>>, from: u128, until: u128) -> bool {
+        spans.is_some_and(|s| s.iter().any(|&(f, u)| f <= until && u >= from))
+    }
 }
 
 impl Trace {
@@ -44,6 +70,7 @@ impl Trace {
                 outcome_at: std::collections::BTreeMap::new(),
                 failed_reads: Vec::new(),
                 reruns: Vec::new(),
+                trouble: Trouble::default(),
             })),
             start: Instant::now(),
         }
@@ -92,6 +119,40 @@ impl Trace {
         ));
     }
 
+    /// Notes trouble on `host` from now for `d` ([`Trouble::hosts`]).
+    pub fn host_trouble(&self, host: &str, d: std::time::Duration) {
+        self.host_trouble_since(host, self.now_ms(), d);
+    }
+
+    /// Notes trouble on `host` from `from` (ms) until `d` from now.
+    pub fn host_trouble_since(&self, host: &str, from: u128, d: std::time::Duration) {
+        let now = self.now_ms();
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.trouble
+            .hosts
+            .entry(host.to_owned())
+            .or_default()
+            .push((from, now + d.as_millis()));
+    }
+
+    /// Notes a handler call of `event` that fails or runs long, from now
+    /// for `d` ([`Trouble::events`]).
+    pub fn event_trouble(&self, event: &str, d: std::time::Duration) {
+        let now = self.now_ms();
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.trouble
+            .events
+            .entry(event.to_owned())
+            .or_default()
+            .push((now, now + d.as_millis()));
+    }
+
+    /// What went wrong during the run.
+    pub fn trouble(&self) -> Trouble {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.trouble.clone()
+    }
+
     /// Record reads that failed: (consumer, record key, ms).
     pub fn failed_reads(&self) -> Vec<(String, String, u128)> {
         let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -121,12 +182,17 @@ impl Trace {
     }
 
     /// Notes that a delivery of `message` ended with `outcome`.
-    fn outcome(&self, message: &str, count: &str, outcome: &str) {
+    fn outcome(&self, message: &str, count: &str, outcome: &str, reason: Option<&str>) {
         let now = self.now_ms();
         let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Ok(count) = count.parse::<u32>() {
             t.outcome_at
                 .insert((message.to_owned(), count), (now, outcome.to_owned()));
+            if let Some(reason) = reason {
+                t.trouble
+                    .reasons
+                    .insert((message.to_owned(), count), reason.to_owned());
+            }
         }
         t.outcomes
             .entry(message.to_owned())
@@ -229,6 +295,12 @@ where
             "outcome {message} key {} receive {count}: {outcome}",
             get("sqs_once.dedup_key"),
         ));
-        self.0.outcome(message, count, outcome);
+        let reason = fields
+            .fields
+            .iter()
+            .rev()
+            .find(|(n, _)| n == "otel.status_description")
+            .map(|(_, v)| v.as_str());
+        self.0.outcome(message, count, outcome, reason);
     }
 }

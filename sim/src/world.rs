@@ -216,6 +216,14 @@ pub enum Action {
         /// For how long.
         length: Duration,
     },
+    /// DynamoDB refuses half the host's writes with a `TransactionConflict`
+    /// for a while ([`Scenario::draw_conflict_storms`]).
+    Conflicts {
+        /// Which consumer.
+        consumer: usize,
+        /// For how long.
+        length: Duration,
+    },
     /// The host stops making and hearing requests for a while, its time
     /// running on ([`crate::faults::Link::freeze`]).
     Freeze {
@@ -795,6 +803,35 @@ impl Scenario {
         self.runs_on_after_timeout = lambda && dice.chance(1.0 / 3.0);
     }
 
+    /// Sustained contention (from `dice`, a stream of its own, so the
+    /// other draws keep their schedules): one run in six, one or two
+    /// storms of 20 s to 3 minutes in which DynamoDB refuses half the
+    /// writes with a `TransactionConflict`, each of one consumer's writes
+    /// or (one in three) every consumer's, as when other writers keep
+    /// transactions on the same items. The store answers `Busy` after
+    /// every attempt was refused, and the message comes back after the
+    /// short contention backoff: its receives run out faster than under
+    /// throttling, toward the DLQ and the redrive.
+    pub fn draw_conflict_storms(&mut self, dice: &Dice) {
+        if !dice.chance(1.0 / 6.0) {
+            return;
+        }
+        for _ in 0..dice.int(1, 2) {
+            let at = dice.millis(Duration::from_secs(1), Duration::from_secs(600));
+            let length = dice.millis(Duration::from_secs(20), Duration::from_secs(180));
+            let consumers = if dice.chance(1.0 / 3.0) {
+                (0..self.consumers.len()).collect()
+            } else {
+                vec![dice.int(0, self.consumers.len() as u64 - 1) as usize]
+            };
+            for consumer in consumers {
+                self.actions
+                    .push((at, Action::Conflicts { consumer, length }));
+            }
+        }
+        self.actions.sort_by_key(|(at, _)| *at);
+    }
+
     /// Draws the knobs added after the scenario's first draws from `knobs`,
     /// a dice of their own, so that a seed keeps the rest of its schedule:
     /// half the runs keep SQS's `maxReceiveCount` at 10, the others draw it
@@ -1303,6 +1340,9 @@ impl SimHandler {
         }
         let _live = self.gauge.enter();
         let took = self.took(&body.id, ctx.attempt());
+        if took > Duration::from_millis(1500) {
+            self.trace.event_trouble(&body.id, took);
+        }
         self.trace.event(format!(
             "handler {} {} attempt {} for {took:?}",
             self.consumer,
@@ -1338,6 +1378,7 @@ impl SimHandler {
         // dice stream before the calm point is the same.)
         let calm = tokio::time::Instant::now() >= self.trace.start() + crate::CALM_AT;
         if self.dice.chance(self.panic_rate) && !calm {
+            self.trace.event_trouble(&body.id, Duration::ZERO);
             panic!("simulated handler panic");
         }
         if body.permanent {
@@ -1348,6 +1389,7 @@ impl SimHandler {
                 "handler {} {} retry after {hint:?}",
                 self.consumer, body.id
             ));
+            self.trace.event_trouble(&body.id, hint);
             return Err(HandlerError::retry_after(hint, "rate limited"));
         }
         match self.kind {

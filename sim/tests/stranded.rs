@@ -12,12 +12,13 @@ use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
 use sqs_once::testkit::queue::{QueueSettings, RedrivePolicy, StoredMessage};
 use sqs_once::{MemoryQueue, Status};
 use sqs_once_sim::check::{
-    Effect, Evidence, check, fifo_after_dlq, stranded, stranded_after_redrive,
+    Effect, Evidence, check, fifo_after_dlq, stranded, stranded_after_redrive, unexplained_receives,
 };
 use sqs_once_sim::deliveries::Deliveries;
 use sqs_once_sim::faults::{Cuts, FaultPlan, Life};
 use sqs_once_sim::run_seed_with;
 use sqs_once_sim::stores::StorePath;
+use sqs_once_sim::trace::Trouble;
 use sqs_once_sim::world::{EventSpec, Kind, Scenario};
 use tokio::time::Instant;
 
@@ -244,6 +245,7 @@ fn bare_evidence<'a>(
         reruns: Vec::new(),
         failed_reads: Vec::new(),
         outcome_at: BTreeMap::new(),
+        trouble: Default::default(),
         twins: BTreeSet::new(),
         back_after_delete: BTreeSet::new(),
         pauses: Vec::new(),
@@ -1312,4 +1314,89 @@ async fn a_delete_that_skips_the_newest_receipt_let_go_is_a_violation() {
             assert!(violations.is_empty(), "{case}: {violations:#?}");
         }
     }
+}
+
+/// Receives spent for nothing: a delivery of an event's message that ended
+/// to come back with no trouble to explain it is a violation (a runtime
+/// that spends receives so drains messages into the DLQ, which the redrive
+/// would hide); a fault on its host while it was held, or a handler
+/// failure of its event meanwhile, explains it. Trouble after it ended, or
+/// on another host, does not.
+#[tokio::test(start_paused = true)]
+async fn a_receive_spent_with_nothing_to_explain_it_is_a_violation() {
+    let start = Instant::now();
+    let (s, accepted) = (scenario(), ["evt-0001".to_owned()].into());
+    let deliveries = Deliveries::default();
+    let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
+    let id = one.stored.id.clone();
+    let judged = |trouble: Trouble, outcome: &str| {
+        unexplained_receives(&Evidence {
+            outcome_at: [((id.clone(), 1), (1_000, outcome.to_owned()))].into(),
+            sent: [("evt-0001".to_owned(), vec![id.clone()])].into(),
+            trouble,
+            ..bare_evidence(&s, &accepted, &deliveries, start)
+        })
+    };
+    let on = |host: &str, from: u128, until: u128| {
+        let mut t = Trouble::default();
+        t.hosts.insert(host.into(), vec![(from, until)]);
+        t
+    };
+    let nothing = judged(Trouble::default(), "retry");
+    assert_eq!(nothing.len(), 1, "{nothing:#?}");
+    assert!(
+        nothing[0].contains("receive 1 by c0") && nothing[0].contains("ended retry"),
+        "{nothing:#?}"
+    );
+    assert!(judged(Trouble::default(), "in_flight").len() == 1);
+    assert!(judged(on("c0", 500, 500), "retry").is_empty());
+    assert_eq!(judged(on("c0", 1_500, 2_000), "retry").len(), 1);
+    assert_eq!(judged(on("c1", 500, 500), "retry").len(), 1);
+    let mut failed = Trouble::default();
+    failed.events.insert("evt-0001".into(), vec![(200, 200)]);
+    assert!(judged(failed, "retry").is_empty());
+    // A delivery that finished its message spent nothing.
+    assert!(judged(Trouble::default(), "completed").is_empty());
+}
+
+/// A producer's duplicate found its event's key held (`in_flight`) 20 s
+/// after the first message's delivery ended to come back: explained only
+/// if that delivery met trouble that may have left its claim behind (a
+/// claim landing late, a release lost), within a lease; each delivery
+/// with nothing to explain it is a violation of its own.
+#[tokio::test(start_paused = true)]
+async fn a_claim_left_behind_by_trouble_explains_a_later_in_flight() {
+    let start = Instant::now();
+    let (s, accepted) = (scenario(), ["evt-0001".to_owned()].into());
+    let deliveries = Deliveries::default();
+    let (queue, url) = queue_of_one().await;
+    let body = serde_json::json!({ "id": "evt-0001" }).to_string();
+    let again = OutgoingMessage {
+        body,
+        ..OutgoingMessage::default()
+    };
+    let (life, cuts) = (Life::default(), Cuts::default());
+    let (first, _) = receive_one(&queue, &url, &deliveries, ("c0", &life, &cuts), VISIBILITY).await;
+    queue.send(&url, again).await.expect("sent");
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let (second, _) =
+        receive_one(&queue, &url, &deliveries, ("c1", &life, &cuts), VISIBILITY).await;
+    let judged = |trouble: Trouble| {
+        unexplained_receives(&Evidence {
+            outcome_at: [
+                ((first.clone(), 1), (1_000, "retry".to_owned())),
+                ((second.clone(), 1), (20_100, "in_flight".to_owned())),
+            ]
+            .into(),
+            sent: [("evt-0001".to_owned(), vec![first.clone(), second.clone()])].into(),
+            trouble,
+            ..bare_evidence(&s, &accepted, &deliveries, start)
+        })
+    };
+    assert_eq!(judged(Trouble::default()).len(), 2);
+    // c0's claim landed late (a trouble from 0 to 3 s): the key may be
+    // held to a lease (30 s) past it, which covers the second delivery.
+    let mut late = Trouble::default();
+    late.hosts.insert("c0".into(), vec![(0, 3_000)]);
+    assert!(judged(late).is_empty());
 }
