@@ -13,8 +13,9 @@ use sqs_once::Status;
 use sqs_once::parking::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
 use sqs_once::testkit::queue::StoredMessage;
 
-use crate::deliveries::Deliveries;
+use crate::deliveries::{Deliveries, Delivery};
 use crate::hosts::HostReport;
+use crate::trace::Trouble;
 use crate::world::{ApiCall, Kind, Scenario};
 
 /// One effect made: the event, and the message whose delivery made it.
@@ -270,83 +271,164 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
 /// wastes receives only while its host meets some fault is not found here
 /// (docs/DESIGN.md says what that leaves).
 pub fn unexplained_receives(e: &Evidence<'_>) -> Vec<String> {
-    use crate::deliveries::Delivery;
-    use crate::trace::Trouble;
+    let r = Receives::of(e);
+    // A delivery excuses another only if it finished its event's message
+    // (it held the key meanwhile) or is explained itself: two that did
+    // nothing do not excuse each other. Worked out to a fixpoint.
+    let judged: Vec<&Delivery> = r.every.iter().filter(|d| !r.finished(d)).collect();
+    let mut explained: BTreeSet<&str> = judged
+        .iter()
+        .filter(|d| r.troubled(d))
+        .map(|d| d.receipt.as_str())
+        .collect();
+    loop {
+        let more: Vec<&str> = judged
+            .iter()
+            .filter(|d| !explained.contains(d.receipt.as_str()))
+            .filter(|d| {
+                r.every.iter().any(|o| {
+                    r.near(o, d)
+                        && ((r.finished(o) && r.event(o) == r.event(d))
+                            || explained.contains(o.receipt.as_str()))
+                })
+            })
+            .map(|d| d.receipt.as_str())
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        explained.extend(more);
+    }
     let exhausted = exhausted(e);
-    let (event_of_message, group_of) = events_and_groups(e);
-    let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
-    let lease = e.scenario.lease.as_millis();
-    let outcome = |d: &Delivery| e.outcome_at.get(&(d.message.clone(), d.count));
-    // From its delivery to its outcome, or to its visibility's end.
-    let window = |d: &Delivery| {
-        let end = outcome(d).map_or_else(|| ms(d.held_until), |(at, _)| *at);
+    judged
+        .iter()
+        .filter(|d| !explained.contains(d.receipt.as_str()))
+        .map(|d| spent_for_nothing(e, d, r.window(d), exhausted.contains(r.event(d))))
+        .collect()
+}
+
+/// What [`unexplained_receives`] judges by.
+struct Receives<'a> {
+    e: &'a Evidence<'a>,
+    /// Each message's event.
+    event_of_message: BTreeMap<&'a str, &'a str>,
+    /// Each event's FIFO group.
+    group_of: BTreeMap<&'a str, &'a str>,
+    /// A lease, and the most any host's clock is off (one off beyond the
+    /// margin takes a lease that ended for one that still holds), in ms.
+    lease: u128,
+    /// Every delivery of an event's message.
+    every: Vec<Delivery>,
+}
+
+impl<'a> Receives<'a> {
+    fn of(e: &'a Evidence<'a>) -> Self {
+        let (event_of_message, group_of) = events_and_groups(e);
+        let every = e
+            .deliveries
+            .every()
+            .into_iter()
+            .filter(|d| event_of_message.contains_key(d.message.as_str()))
+            .collect();
+        Self {
+            e,
+            event_of_message,
+            group_of,
+            lease: e.scenario.lease.as_millis() + u128::from(clock_off_ms(e.scenario)),
+            every,
+        }
+    }
+
+    fn event(&self, d: &Delivery) -> &'a str {
+        self.event_of_message[d.message.as_str()]
+    }
+
+    fn outcome(&self, d: &Delivery) -> Option<&'a (u128, String)> {
+        self.e.outcome_at.get(&(d.message.clone(), d.count))
+    }
+
+    fn finished(&self, d: &Delivery) -> bool {
+        matches!(
+            self.outcome(d).map(|(_, o)| o.as_str()),
+            Some("completed" | "duplicate" | "parked")
+        )
+    }
+
+    /// From its delivery to its outcome, or to its visibility's end (ms).
+    fn window(&self, d: &Delivery) -> (u128, u128) {
+        let ms = |t: tokio::time::Instant| t.saturating_duration_since(self.e.start).as_millis();
+        let end = self
+            .outcome(d)
+            .map_or_else(|| ms(d.held_until), |(at, _)| *at);
         (ms(d.at), end)
-    };
-    let host = |d: &Delivery| d.consumer.trim_end_matches("-esm").to_owned();
-    // Until when `o` may hold its event's key: to its window's end, and
-    // past it where it ended without an outcome or met trouble that may
-    // leave a claim behind (to the end of that trouble).
-    let held_to = |o: &Delivery| {
-        let (f, u) = window(o);
-        if outcome(o).is_none() || o.holder_died() {
+    }
+
+    fn host_trouble(&self, d: &Delivery) -> Option<&'a Vec<(u128, u128)>> {
+        self.e
+            .trouble
+            .hosts
+            .get(d.consumer.trim_end_matches("-esm"))
+    }
+
+    /// Until when `o` may hold its event's key: to its window's end, and
+    /// past it where it ended without an outcome or met trouble that may
+    /// leave a claim behind (to the end of that trouble); a delivery that
+    /// finished its message left none.
+    fn held_to(&self, o: &Delivery) -> Option<u128> {
+        let (f, u) = self.window(o);
+        if self.finished(o) {
+            return None;
+        }
+        if self.outcome(o).is_none() || o.holder_died() {
             return Some(u);
         }
-        e.trouble.hosts.get(&host(o)).and_then(|spans| {
+        self.host_trouble(o).and_then(|spans| {
             spans
                 .iter()
                 .filter(|&&(a, b)| a <= u && b >= f)
                 .map(|&(_, b)| b.max(u))
                 .max()
         })
-    };
-    let every: Vec<Delivery> = e
-        .deliveries
-        .every()
-        .into_iter()
-        .filter(|d| !d.queue.contains("sim-dlq"))
-        .collect();
-    let mut out = Vec::new();
-    for d in &every {
-        let Some(event) = event_of_message.get(d.message.as_str()).copied() else {
-            continue;
-        };
-        if matches!(
-            outcome(d).map(|(_, o)| o.as_str()),
-            Some("completed" | "duplicate" | "parked")
-        ) {
-            continue;
-        }
-        let (from, until) = window(d);
-        let group = group_of.get(event).copied();
-        let near = |o: &Delivery| {
-            let (f, u) = window(o);
-            let of = event_of_message.get(o.message.as_str()).copied();
-            let related = of == Some(event)
-                || (e.scenario.fifo
-                    && sent_order(&o.message) < sent_order(&d.message)
-                    && of.and_then(|x| group_of.get(x).copied()) == group);
-            related
-                && o.receipt != d.receipt
-                && f <= until
-                && (u >= from || held_to(o).is_some_and(|h| h + lease >= from))
-        };
-        let explained = d.holder_died()
-            || Trouble::meets(e.trouble.hosts.get(&host(d)), from, until)
-            || Trouble::meets(e.trouble.events.get(event), from, until)
-            || e.pauses
-                .iter()
-                .any(|p| p.host == host(d) && p.from_ms <= until && p.until_ms >= from)
-            || every.iter().any(near);
-        if !explained {
-            out.push(spent_for_nothing(
-                e,
-                d,
-                (from, until),
-                exhausted.contains(event),
-            ));
-        }
     }
-    out
+
+    /// Explained by trouble of its own: its holder's death, its host's
+    /// trouble, its invocation's pause, its event's handler failing.
+    fn troubled(&self, d: &Delivery) -> bool {
+        let (from, until) = self.window(d);
+        d.holder_died()
+            || Trouble::meets(self.host_trouble(d), from, until)
+            || Trouble::meets(self.e.trouble.events.get(self.event(d)), from, until)
+            || self.e.pauses.iter().any(|p| {
+                p.messages.contains(&d.message) && p.from_ms <= until && p.until_ms >= from
+            })
+    }
+
+    /// `o` may have kept `d` from finishing: a delivery of its event, or of
+    /// an earlier message of its FIFO group, held meanwhile or (holding the
+    /// key) up to a lease before.
+    fn near(&self, o: &Delivery, d: &Delivery) -> bool {
+        let ((f, u), (from, until)) = (self.window(o), self.window(d));
+        let (of, event) = (self.event(o), self.event(d));
+        let related = of == event
+            || (self.e.scenario.fifo
+                && sent_order(&o.message) < sent_order(&d.message)
+                && self.group_of.get(of) == self.group_of.get(event));
+        related
+            && o.receipt != d.receipt
+            && f <= until
+            && (u >= from || self.held_to(o).is_some_and(|h| h + self.lease >= from))
+    }
+}
+
+/// The most any host's clock is off from true time, in ms.
+fn clock_off_ms(s: &crate::world::Scenario) -> u64 {
+    s.consumers
+        .iter()
+        .flat_map(|c| [Some(c.skew_ms), c.jump.map(|j| j.before_ms)])
+        .flatten()
+        .map(i64::unsigned_abs)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Each message's event, and each event's FIFO group.

@@ -434,7 +434,7 @@ impl Link {
         let (from, until) = (Instant::now(), Instant::now() + d);
         *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
         self.keep_sqs_cut(1, from, until);
-        self.trace.host_trouble(&self.name, d);
+        self.trace.host_trouble(&self.name, self.until_calm(d));
         self.trace.event(format!(
             "freeze {} for {d:?} (a stop-the-world pause)",
             self.name
@@ -449,6 +449,13 @@ impl Link {
             self.sqs_cuts.end_early(index, from);
         }
         last[kind] = Some(self.sqs_cuts.push_indexed(from, until));
+    }
+
+    /// `d` from now, cut at the calm point (which ends partitions and
+    /// freezes).
+    fn until_calm(&self, d: Duration) -> Duration {
+        let calm = self.trace.start() + crate::CALM_AT;
+        d.min(calm.saturating_duration_since(Instant::now()))
     }
 
     /// Waits until the host is not frozen.
@@ -478,7 +485,7 @@ impl Link {
         if service == Service::Sqs {
             self.keep_sqs_cut(0, from, until);
         }
-        self.trace.host_trouble(&self.name, d);
+        self.trace.host_trouble(&self.name, self.until_calm(d));
         self.trace.event(format!(
             "partition {} from {service:?} for {d:?}",
             self.name
@@ -1213,7 +1220,9 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
             }
         }
         let detail = format!("{op}: {last} ({STORE_ATTEMPTS} attempts)");
-        Err(if busy {
+        // As `DynamoStore` does, an unprotected commit's conflict is no
+        // `Busy`: it has no key of its own to come back to.
+        Err(if busy && op != "commit_unprotected" {
             StoreError::Busy(detail)
         } else {
             StoreError::Unavailable(detail)

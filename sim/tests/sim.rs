@@ -1035,6 +1035,9 @@ fn the_checker_judges_a_charge_by_the_record_ttl_ended_and_a_later_copys_record_
         vec!["m0".to_owned(), "m1".to_owned()],
     )]
     .into();
+    // The fault that lost the copy's release (without it, its receives
+    // were spent for nothing).
+    e.trouble.hosts.insert("c0".into(), vec![(3_000, 3_200)]);
     let flagged = |e: &sqs_once_sim::check::Evidence<'_>| {
         let v = check(e);
         (

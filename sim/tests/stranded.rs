@@ -1400,3 +1400,40 @@ async fn a_claim_left_behind_by_trouble_explains_a_later_in_flight() {
     late.hosts.insert("c0".into(), vec![(0, 3_000)]);
     assert!(judged(late).is_empty());
 }
+
+/// Two deliveries of one event held at once excuse each other only where
+/// one finished the message (it held the key) or met trouble of its own:
+/// a producer's duplicate found the key in flight while the first
+/// delivery, which met nothing, went on to come back. Two that did nothing
+/// are each a receive spent for nothing.
+#[tokio::test(start_paused = true)]
+async fn deliveries_that_did_nothing_do_not_excuse_each_other() {
+    let start = Instant::now();
+    let (s, accepted) = (scenario(), ["evt-0001".to_owned()].into());
+    let deliveries = Deliveries::default();
+    let (queue, url) = queue_of_one().await;
+    let again = OutgoingMessage {
+        body: serde_json::json!({ "id": "evt-0001" }).to_string(),
+        ..OutgoingMessage::default()
+    };
+    let (life, cuts) = (Life::default(), Cuts::default());
+    let (first, _) = receive_one(&queue, &url, &deliveries, ("c0", &life, &cuts), VISIBILITY).await;
+    queue.send(&url, again).await.expect("sent");
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let (second, _) =
+        receive_one(&queue, &url, &deliveries, ("c1", &life, &cuts), VISIBILITY).await;
+    let judged = |first_ended: &str| {
+        unexplained_receives(&Evidence {
+            outcome_at: [
+                ((first.clone(), 1), (25_000, first_ended.to_owned())),
+                ((second.clone(), 1), (20_100, "in_flight".to_owned())),
+            ]
+            .into(),
+            sent: [("evt-0001".to_owned(), vec![first.clone(), second.clone()])].into(),
+            ..bare_evidence(&s, &accepted, &deliveries, start)
+        })
+    };
+    let nothing = judged("retry");
+    assert_eq!(nothing.len(), 2, "{nothing:#?}");
+    assert!(judged("completed").is_empty());
+}
