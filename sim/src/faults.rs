@@ -930,6 +930,21 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
         Err(QueueError::new(op, url, detail, true))
     }
 
+    /// Notes a batch call whose entries failed alone (a fault drawn on
+    /// the wire, or SQS's model doing it: one of its "might"s, which the
+    /// calm does not end) as trouble on the host.
+    fn entries_noted(
+        &self,
+        out: Result<Vec<EntryFailure>, QueueError>,
+    ) -> Result<Vec<EntryFailure>, QueueError> {
+        if out.as_ref().is_ok_and(|failed| !failed.is_empty()) {
+            self.link
+                .trace
+                .host_trouble(&self.link.name, Duration::ZERO);
+        }
+        out
+    }
+
     async fn call<T>(
         &self,
         op: &'static str,
@@ -1006,7 +1021,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         self.deliveries
             .delete_sent_by(queue, receipts, &self.link.sqs_cuts);
         let _back = Returned(&self.deliveries, queue, receipts);
-        self.delete_batch_once(queue, receipts).await
+        self.entries_noted(self.delete_batch_once(queue, receipts).await)
     }
 
     async fn change_visibility(
@@ -1067,7 +1082,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             }
             out
         };
-        self.call("ChangeMessageVisibilityBatch", queue, f).await
+        self.entries_noted(self.call("ChangeMessageVisibilityBatch", queue, f).await)
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
@@ -1086,7 +1101,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         })
         .await?;
         let f = self.inner.send_batch(queue, messages);
-        self.call("SendMessageBatch", queue, f).await
+        self.entries_noted(self.call("SendMessageBatch", queue, f).await)
     }
 
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {

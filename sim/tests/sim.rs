@@ -391,6 +391,17 @@ fn regression_seeds_of_the_twenty_sixth_search_run_stay_clean() {
     ]);
 }
 
+/// Seed 1130186 of the twenty-eighth run: after the calm, a Lambda
+/// record's outbox send had its one batch entry fail alone (SQS's model
+/// doing what the guide says it might, which the calm does not end), and
+/// the record came back to send it on its redelivery: a receive spent on
+/// trouble, which the checker now sees (a batch call's failed entries are
+/// trouble on the host).
+#[test]
+fn regression_seeds_of_the_twenty_eighth_search_run_stay_clean() {
+    clean_today(&[1_130_186]);
+}
+
 /// Seeds 2159 and 2820 found a DynamoDB claim that landed late (sent by one
 /// delivery, applied seconds later after another delivery of the key had
 /// failed and been parked) taking the `FAILED` record: the key was left
