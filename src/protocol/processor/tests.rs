@@ -644,6 +644,55 @@ async fn a_fifo_fast_path_handler_is_interrupted_at_its_visibility_end_and_commi
     }
 }
 
+/// Simulator seed 1162266: a Lambda invocation paused before its first
+/// extension (its visibility end not known) ran on past its deadline, and
+/// its FIFO fast-path record committed after the event source mapping had
+/// given it up, its receives spent and its group gone on. A FIFO fast-path
+/// handler is interrupted at the invocation's deadline and commits
+/// nothing; a standard queue's finishes (its commit's condition makes a
+/// late finish harmless).
+#[tokio::test(start_paused = true)]
+async fn a_fifo_fast_path_handler_running_past_its_invocations_deadline_commits_nothing() {
+    for fifo in [true, false] {
+        let store = MemoryStore::default();
+        let live = Arc::new(Live::default());
+        let handler = crate::staged_only(slow_external(live.clone(), Duration::from_secs(120)));
+        let p = Processor::new(store.clone(), handler, lease_config()).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let message = Message::new("m", r#"{"id":"k"}"#);
+        let message = if fifo {
+            message.with_group_id("g")
+        } else {
+            message
+        };
+        let o = p
+            .process_with(
+                message,
+                ProcessOptions {
+                    deadline: Some(deadline),
+                    ..ProcessOptions::default()
+                },
+            )
+            .await;
+        if fifo {
+            assert!(
+                matches!(&o, Outcome::Retry { reason, .. } if reason.contains("before the commit")),
+                "{o:?}"
+            );
+            assert_eq!(
+                live.now.load(Ordering::SeqCst),
+                0,
+                "the handler was dropped"
+            );
+            assert_eq!(tokio::time::Instant::now(), deadline);
+            assert!(store.records().is_empty(), "{:?}", store.records());
+        } else {
+            assert!(matches!(&o, Outcome::Completed { .. }), "{o:?}");
+            assert_eq!(store.records().len(), 1);
+        }
+    }
+}
+
 /// The commit window after the handler: a FIFO message's commit (fast
 /// path or claim path) still trying when its visibility ends is dropped,
 /// so no try lands after the next receive may have moved the message to
