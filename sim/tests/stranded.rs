@@ -1369,18 +1369,7 @@ async fn a_claim_left_behind_by_trouble_explains_a_later_in_flight() {
     let start = Instant::now();
     let (s, accepted) = (scenario(), ["evt-0001".to_owned()].into());
     let deliveries = Deliveries::default();
-    let (queue, url) = queue_of_one().await;
-    let body = serde_json::json!({ "id": "evt-0001" }).to_string();
-    let again = OutgoingMessage {
-        body,
-        ..OutgoingMessage::default()
-    };
-    let (life, cuts) = (Life::default(), Cuts::default());
-    let (first, _) = receive_one(&queue, &url, &deliveries, ("c0", &life, &cuts), VISIBILITY).await;
-    queue.send(&url, again).await.expect("sent");
-    tokio::time::advance(Duration::from_secs(20)).await;
-    let (second, _) =
-        receive_one(&queue, &url, &deliveries, ("c1", &life, &cuts), VISIBILITY).await;
+    let (first, second) = a_message_and_its_duplicate(&deliveries).await;
     let judged = |trouble: Trouble| {
         unexplained_receives(&Evidence {
             outcome_at: [
@@ -1411,17 +1400,7 @@ async fn deliveries_that_did_nothing_do_not_excuse_each_other() {
     let start = Instant::now();
     let (s, accepted) = (scenario(), ["evt-0001".to_owned()].into());
     let deliveries = Deliveries::default();
-    let (queue, url) = queue_of_one().await;
-    let again = OutgoingMessage {
-        body: serde_json::json!({ "id": "evt-0001" }).to_string(),
-        ..OutgoingMessage::default()
-    };
-    let (life, cuts) = (Life::default(), Cuts::default());
-    let (first, _) = receive_one(&queue, &url, &deliveries, ("c0", &life, &cuts), VISIBILITY).await;
-    queue.send(&url, again).await.expect("sent");
-    tokio::time::advance(Duration::from_secs(20)).await;
-    let (second, _) =
-        receive_one(&queue, &url, &deliveries, ("c1", &life, &cuts), VISIBILITY).await;
+    let (first, second) = a_message_and_its_duplicate(&deliveries).await;
     let judged = |first_ended: &str| {
         unexplained_receives(&Evidence {
             outcome_at: [
@@ -1436,4 +1415,20 @@ async fn deliveries_that_did_nothing_do_not_excuse_each_other() {
     let nothing = judged("retry");
     assert_eq!(nothing.len(), 2, "{nothing:#?}");
     assert!(judged("completed").is_empty());
+}
+
+/// Two messages of one event: the first received by c0 now, a producer's
+/// duplicate received by c1 20 s later; their ids.
+async fn a_message_and_its_duplicate(deliveries: &Deliveries) -> (String, String) {
+    let (queue, url) = queue_of_one().await;
+    let again = OutgoingMessage {
+        body: serde_json::json!({ "id": "evt-0001" }).to_string(),
+        ..OutgoingMessage::default()
+    };
+    let (life, cuts) = (Life::default(), Cuts::default());
+    let (first, _) = receive_one(&queue, &url, deliveries, ("c0", &life, &cuts), VISIBILITY).await;
+    queue.send(&url, again).await.expect("sent");
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let (second, _) = receive_one(&queue, &url, deliveries, ("c1", &life, &cuts), VISIBILITY).await;
+    (first, second)
 }
