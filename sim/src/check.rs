@@ -252,18 +252,22 @@ pub fn exhausted(e: &Evidence<'_>) -> BTreeSet<String> {
 /// then hide. Judged for every delivery of every event's message, not only
 /// those the DLQ got ([`exhausted`]), whose lines say so. A delivery is
 /// explained by
-/// - its holder dying or its invocation timing out while it held it;
+/// - its holder dying, or its invocation timing out or being paused, while
+///   it held it;
 /// - trouble on its host while it held it: a fault drawn for any of the
-///   host's calls (for the call's length), a request of the host landing
-///   late, a pause before a write, a freeze, a partition, a crash or a
-///   SIGTERM until the host is back, or a process pause of its invocation;
+///   host's calls (over the call's wait, where it has one), a request of
+///   the host landing late, a batch call whose entries failed alone, a
+///   pause before a write, a freeze or a partition (up to the calm point),
+///   a crash or a SIGTERM until the host is back;
 /// - a handler call of its event that failed (a panic, a retry asked for)
 ///   or ran long meanwhile;
 /// - another delivery of its event (a twin, a producer's duplicate), or on
 ///   a FIFO queue of an earlier message of its group (the group stops
-///   behind it), held meanwhile, or up to a lease before if that one met
-///   trouble or ended without an outcome (its claim may still hold the key:
-///   a claim that landed late, a release lost).
+///   behind it), held meanwhile, or up to a lease (plus the most any clock
+///   is off) before if that one met trouble or ended without an outcome
+///   (its claim may still hold the key: a claim that landed late, a
+///   release lost); and that one finished its event's message or is
+///   explained itself.
 ///
 /// A receive whose answer reached no consumer makes no delivery: SQS gives
 /// one out only to a call whose answer is lost, late or frozen, a fault of
@@ -306,7 +310,7 @@ pub fn unexplained_receives(e: &Evidence<'_>) -> Vec<String> {
     judged
         .iter()
         .filter(|d| !explained.contains(d.receipt.as_str()))
-        .map(|d| spent_for_nothing(e, d, r.window(d), exhausted.contains(r.event(d))))
+        .map(|d| r.spent_for_nothing(d, exhausted.contains(r.event(d))))
         .collect()
 }
 
@@ -394,6 +398,29 @@ impl<'a> Receives<'a> {
         })
     }
 
+    /// The line of a receive spent for nothing.
+    fn spent_for_nothing(&self, d: &Delivery, in_dlq: bool) -> String {
+        let ((from, until), event) = (self.window(d), self.event(d));
+        let ended = self
+            .outcome(d)
+            .map_or("with no outcome", |(_, o)| o.as_str());
+        let reason = self
+            .e
+            .trouble
+            .reasons
+            .get(&(d.message.clone(), d.count))
+            .map_or("", String::as_str);
+        let dlq = if in_dlq {
+            "; its message reached the DLQ unprocessed"
+        } else {
+            ""
+        };
+        format!(
+            "{event} ({}): receive {} by {} ({from} ms to {until} ms) ended {ended} {reason:?}, spent with nothing to explain it{dlq}",
+            d.message, d.count, d.consumer
+        )
+    }
+
     /// Explained by trouble of its own: its holder's death, its host's
     /// trouble, its invocation's pause, its event's handler failing.
     fn troubled(&self, d: &Delivery) -> bool {
@@ -450,35 +477,6 @@ fn events_and_groups<'a>(
         .map(|ev| (ev.id.as_str(), ev.group.as_str()))
         .collect();
     (event_of_message, group_of)
-}
-
-/// The line of a receive spent for nothing ([`unexplained_receives`]).
-fn spent_for_nothing(
-    e: &Evidence<'_>,
-    d: &crate::deliveries::Delivery,
-    (from, until): (u128, u128),
-    in_dlq: bool,
-) -> String {
-    let key = (d.message.clone(), d.count);
-    let ended = e
-        .outcome_at
-        .get(&key)
-        .map_or("with no outcome", |(_, o)| o.as_str());
-    let reason = e.trouble.reasons.get(&key).map_or("", String::as_str);
-    let event = e
-        .sent
-        .iter()
-        .find(|(_, ms)| ms.contains(&d.message))
-        .map_or("", |(ev, _)| ev.as_str());
-    let dlq = if in_dlq {
-        "; its message reached the DLQ unprocessed"
-    } else {
-        ""
-    };
-    format!(
-        "{event} ({}): receive {} by {} ({from} ms to {until} ms) ended {ended} {reason:?}, spent with nothing to explain it{dlq}",
-        d.message, d.count, d.consumer
-    )
 }
 
 /// Messages SQS's redrive policy moved to the DLQ after their effect was

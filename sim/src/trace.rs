@@ -33,18 +33,22 @@ struct TraceInner {
     trouble: Trouble,
 }
 
+/// Spans of trouble by host or event: (from, until), ms from the run's start.
+pub type Spans = std::collections::BTreeMap<String, Vec<(u128, u128)>>;
+
 /// What went wrong during a run, and when (ms from its start, each a span
 /// `(from, until)`): what may explain a receive a message spent without
 /// completing ([`crate::check::unexplained_receives`]).
 #[derive(Debug, Clone, Default)]
 pub struct Trouble {
-    /// By host: a fault drawn for one of its calls (for the call's length),
-    /// a freeze, a partition, a pause before a write, a request landing
+    /// By host: a fault drawn for one of its calls (over the call's wait,
+    /// where it has one), a batch call whose entries failed alone, a
+    /// freeze, a partition, a pause before a write, a request landing
     /// late, a crash or a SIGTERM.
-    pub hosts: std::collections::BTreeMap<String, Vec<(u128, u128)>>,
+    pub hosts: Spans,
     /// By event: a handler call that panicked, asked to be retried or ran
     /// long (drawn), for its length.
-    pub events: std::collections::BTreeMap<String, Vec<(u128, u128)>>,
+    pub events: Spans,
     /// By delivery (message id, receive count): why it was retried or
     /// parked, as its span said.
     pub reasons: std::collections::BTreeMap<(String, u32), String>,
@@ -126,25 +130,30 @@ impl Trace {
 
     /// Notes trouble on `host` from `from` (ms) until `d` from now.
     pub fn host_trouble_since(&self, host: &str, from: u128, d: std::time::Duration) {
-        let now = self.now_ms();
-        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        t.trouble
-            .hosts
-            .entry(host.to_owned())
-            .or_default()
-            .push((from, now + d.as_millis()));
+        self.note_trouble(|t| &mut t.hosts, host, from, d);
     }
 
     /// Notes a handler call of `event` that fails or runs long, from now
     /// for `d` ([`Trouble::events`]).
     pub fn event_trouble(&self, event: &str, d: std::time::Duration) {
+        self.note_trouble(|t| &mut t.events, event, self.now_ms(), d);
+    }
+
+    /// Adds the span from `from` (ms) to `d` from now to `key`'s in the
+    /// map `which` picks.
+    fn note_trouble(
+        &self,
+        which: fn(&mut Trouble) -> &mut Spans,
+        key: &str,
+        from: u128,
+        d: std::time::Duration,
+    ) {
         let now = self.now_ms();
         let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        t.trouble
-            .events
-            .entry(event.to_owned())
+        which(&mut t.trouble)
+            .entry(key.to_owned())
             .or_default()
-            .push((now, now + d.as_millis()));
+            .push((from, now + d.as_millis()));
     }
 
     /// What went wrong during the run.
@@ -295,12 +304,7 @@ where
             "outcome {message} key {} receive {count}: {outcome}",
             get("sqs_once.dedup_key"),
         ));
-        let reason = fields
-            .fields
-            .iter()
-            .rev()
-            .find(|(n, _)| n == "otel.status_description")
-            .map(|(_, v)| v.as_str());
+        let reason = Some(get("otel.status_description")).filter(|r| *r != "-");
         self.0.outcome(message, count, outcome, reason);
     }
 }
