@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 use crate::aws::calls::CallCounter;
 use crate::aws::dynamodb::TableCheckError;
 use crate::protocol::config::{ConfigError, ProcessorConfig};
+use crate::protocol::queue::{
+    LONGEST_TTL, QueueClient, TTL_SLACK, retention_window, warn_unread_dlq,
+};
 #[cfg(feature = "s3-payloads")]
 use crate::protocol::payloads::{LargePayloads, PayloadLocation};
 #[cfg(feature = "lambda")]
@@ -153,7 +156,8 @@ impl SqsOnce {
     /// A consumer named `consumer` (the namespace of its dedup records) with
     /// its records in the DynamoDB table `table`, with the binaries' defaults:
     /// dedup key `message-id` (set a business key with [`key`](Self::key)),
-    /// lease 60 s, heartbeat 20 s, TTL 7 days, concurrency 10, prefetch 10,
+    /// lease 60 s, heartbeat 20 s, TTL fitted to the queue's retention plus
+    /// its DLQ's plus a day, concurrency 10, prefetch 10,
     /// EMF metrics every 60 s (after every invocation in Lambda), retention
     /// checked against the TTL, DynamoDB requests abandoned after 5 s.
     pub fn builder(table: impl Into<String>, consumer: impl Into<String>) -> Self {
@@ -237,9 +241,11 @@ impl SqsOnce {
 
     /// The secret that seals the dedup key a parked copy carries, and
     /// verifies a carried one (`SQS_ONCE_CARRY_SECRET` for the binaries).
-    /// Without it, under `message-id`/`dedup-id` keys a copy brought back
-    /// from the DLQ is processed under a new key (a warning at start-up says
-    /// so).
+    /// Without it the consumer uses the secret kept in the dedup table
+    /// (item `sqs-once:carry-secret`), made by the first consumer to start:
+    /// `sqs-once redrive --table` reads the same one. Only when neither can
+    /// be had (a warning at start-up says so) is a copy brought back from
+    /// the DLQ under `message-id`/`dedup-id` keys processed under a new key.
     pub fn carry_secret(mut self, secret: crate::protocol::key::CarrySecret) -> Self {
         self.processor.carry_secret = Some(secret);
         self
@@ -268,10 +274,13 @@ impl SqsOnce {
         self
     }
 
-    /// How long records are kept (must exceed the queue's retention and the
-    /// redelivery window; checked at start-up).
+    /// How long records are kept (must exceed the queue's retention plus
+    /// its DLQ's; checked at start-up, with a warning). Unset, the TTL is
+    /// fitted at start-up to the queue's retention plus its DLQ's plus a day
+    /// (43 days when they cannot be read: see [`ProcessorConfig::fit_ttl`]).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.processor.ttl = ttl;
+        self.processor.fit_ttl = false;
         self
     }
 
@@ -406,7 +415,11 @@ impl SqsOnce {
             lambda.dlq_url.clone_from(&self.dlq_url);
         }
         lambda.concurrency = self.concurrency.unwrap_or(lambda.concurrency);
-        let prepared = self.prepare(handler, lambda.concurrency, SQS_SLACK).await?;
+        let fit_to = lambda.queue_url.clone();
+        let parking = lambda.dlq_url.clone();
+        let prepared = self
+            .prepare(handler, lambda.concurrency, SQS_SLACK, fit_to, parking)
+            .await?;
         Ok(LambdaAdapter::new(prepared.sqs, prepared.processor, lambda))
     }
 
@@ -430,12 +443,19 @@ impl SqsOnce {
             }
             .into());
         }
-        let (heartbeat, ttl) = (self.processor.heartbeat, self.processor.ttl);
+        let heartbeat = self.processor.heartbeat;
         let start = async {
             let prepared = self
-                .prepare(handler, poller.concurrency, poller.wait_time + SQS_SLACK)
+                .prepare(
+                    handler,
+                    poller.concurrency,
+                    poller.wait_time + SQS_SLACK,
+                    Some(poller.queue_url.clone()),
+                    poller.dlq_url.clone(),
+                )
                 .await?;
             retry_transient(|| async {
+                let ttl = prepared.processor.config().ttl;
                 check_queue(&prepared.sqs, &poller.queue_url, heartbeat, ttl)
                     .await
                     .map_err(StartError::from)
@@ -463,20 +483,19 @@ impl SqsOnce {
 
     /// Loads the SDK configuration, builds the clients, checks the dedup
     /// table and builds the processor for a runtime running `concurrency`
-    /// handlers at once. `sqs_timeout` bounds one SQS request.
+    /// handlers at once. `sqs_timeout` bounds one SQS request. The records'
+    /// TTL is fitted to the retention of `fit_to` (the source queue, when
+    /// known) and its DLQ (its redrive policy's, else `parking_dlq`) unless
+    /// one was set.
     async fn prepare<H: Handler>(
-        self,
+        mut self,
         handler: H,
         concurrency: usize,
         sqs_timeout: Duration,
+        fit_to: Option<String>,
+        parking_dlq: Option<String>,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
-        let carries = self.processor.key_source.uses_ids();
-        if carries && self.processor.carry_secret.is_none() {
-            tracing::warn!(
-                "no carry secret (SQS_ONCE_CARRY_SECRET): parked copies carry no dedup key and carried ones are not honoured, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ (parked, or moved by the queue's redrive policy) is processed under a new key"
-            );
-        }
         if concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
@@ -504,8 +523,34 @@ impl SqsOnce {
                 .timeout_config(attempt_timeout(sqs_timeout))
                 .build(),
         );
+        if self.processor.fit_ttl {
+            self.processor.ttl = fitted_ttl(&sqs, fit_to.as_deref(), parking_dlq.as_deref()).await;
+        }
         let store = DynamoStore::new(ddb, self.table);
-        retry_transient(|| async { store.check_table().await.map_err(StartError::from) }).await?;
+        // The table's own carry secret unless one was set: read (or made,
+        // by the first consumer) beside the table check, in one round trip.
+        let wants_secret = self.processor.carry_secret.is_none();
+        let (checked, secret) = tokio::join!(
+            retry_transient(|| async { store.check_table().await.map_err(StartError::from) }),
+            async {
+                if wants_secret {
+                    Some(store.table_carry_secret(true).await)
+                } else {
+                    None
+                }
+            }
+        );
+        checked?;
+        match secret {
+            Some(Ok(secret)) => self.processor.carry_secret = secret,
+            Some(Err(e)) => tracing::warn!(error = %e, "no carry secret"),
+            None => {}
+        }
+        if self.processor.carry_secret.is_none() && self.processor.key_source.uses_ids() {
+            tracing::warn!(
+                "no carry secret: parked copies carry no dedup key and carried ones are not honoured, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ (parked, or moved by the queue's redrive policy) is processed under a new key and can apply its effect again"
+            );
+        }
         #[cfg_attr(not(feature = "s3-payloads"), allow(unused_mut))]
         let mut processor = Processor::new(store, handler, self.processor)?;
         #[cfg(feature = "s3-payloads")]
@@ -563,6 +608,50 @@ impl LargePayloadOptions {
         tracing::info!(read, delete = self.delete, "large payloads through S3: on");
         Ok(payloads)
     }
+}
+
+/// The TTL that outlives every copy of a message of `queue_url`: its
+/// retention plus its DLQ's (see [`retention_window`]) plus [`TTL_SLACK`];
+/// [`LONGEST_TTL`] when there is no queue URL to read or its retention
+/// cannot be read (a warning names the permission).
+async fn fitted_ttl(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: Option<&str>,
+    parking_dlq: Option<&str>,
+) -> Duration {
+    let longest = |why: &str| {
+        tracing::warn!(
+            ttl = %humantime::format_duration(LONGEST_TTL),
+            "{why}: records are kept 43 days, longer than any queue can keep a copy of a message (set SQS_ONCE_TTL to choose)"
+        );
+        LONGEST_TTL
+    };
+    let Some(url) = queue_url.filter(|u| !u.is_empty()) else {
+        tracing::info!(
+            ttl = %humantime::format_duration(LONGEST_TTL),
+            "no queue URL to fit the record TTL to (SQS_ONCE_QUEUE_URL): records are kept 43 days, longer than any queue can keep a copy of a message"
+        );
+        return LONGEST_TTL;
+    };
+    let attributes = match QueueClient::attributes(sqs, url).await {
+        Ok(a) => a,
+        Err(e) => {
+            return longest(&format!(
+                "cannot read the queue's retention (grant sqs:GetQueueAttributes on {url}): {e}"
+            ));
+        }
+    };
+    let Some(window) = retention_window(sqs, url, &attributes, parking_dlq).await else {
+        return longest("the queue's attributes name no MessageRetentionPeriod");
+    };
+    warn_unread_dlq(&window);
+    let ttl = window.total + TTL_SLACK;
+    tracing::info!(
+        queue = url,
+        ttl = %humantime::format_duration(ttl),
+        "record TTL fitted to the queue's retention plus its DLQ's, plus a day"
+    );
+    ttl
 }
 
 /// The clients, counting their calls, and the processor for a runtime.

@@ -71,9 +71,12 @@ pub struct Settings {
     /// Claim lease.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_LEASE", default_value = "60s", value_parser = duration("SQS_ONCE_LEASE")))]
     pub lease: Duration,
-    /// Record retention (must exceed the queue's retention + redelivery window).
-    #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_TTL", default_value = "7d", value_parser = duration("SQS_ONCE_TTL")))]
-    pub ttl: Duration,
+    /// Record retention (must exceed the queue's retention plus its DLQ's).
+    /// Unset: fitted at start-up to the queue's retention plus its DLQ's plus
+    /// a day, or 43 days (longer than any queue can keep a copy) when they
+    /// cannot be read.
+    #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_TTL", value_parser = duration("SQS_ONCE_TTL")))]
+    pub ttl: Option<Duration>,
     /// Heartbeat interval: lease and visibility extension while a handler runs.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_HEARTBEAT", default_value = "20s", value_parser = duration("SQS_ONCE_HEARTBEAT")))]
     pub heartbeat: Duration,
@@ -352,7 +355,10 @@ impl Settings {
             concurrency: v.number("SQS_ONCE_CONCURRENCY", 10)?,
             prefetch: v.number("SQS_ONCE_PREFETCH", 10)?,
             lease: v.duration("SQS_ONCE_LEASE", "60s")?,
-            ttl: v.duration("SQS_ONCE_TTL", "7d")?,
+            ttl: v
+                .text("SQS_ONCE_TTL")
+                .map(|t| parse_duration("SQS_ONCE_TTL", &t))
+                .transpose()?,
             heartbeat: v.duration("SQS_ONCE_HEARTBEAT", "20s")?,
             lease_margin: v.duration("SQS_ONCE_LEASE_MARGIN", "5s")?,
             drain: v.duration("SQS_ONCE_DRAIN", "20s")?,
@@ -418,7 +424,10 @@ impl Settings {
             p.missing_key = MissingKey::ProcessUnprotected;
         }
         p.lease = self.lease;
-        p.ttl = self.ttl;
+        if let Some(ttl) = self.ttl {
+            p.ttl = ttl;
+            p.fit_ttl = false;
+        }
         p.heartbeat = self.heartbeat;
         p.lease_margin = self.lease_margin;
         p.backoff_base = self.backoff;

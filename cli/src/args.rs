@@ -57,7 +57,7 @@ pub(crate) enum Command {
     /// failed delete is reported, and its second copy is a duplicate, not a
     /// second effect.
     ///
-    /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --max 100
+    /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --table dedup --max 100
     ///
     /// Example: sqs-once redrive --dlq-url $DLQ --queue-url $QUEUE --dry-run
     Redrive(RedriveArgs),
@@ -223,6 +223,11 @@ pub(crate) struct RedriveArgs {
     /// no key.
     #[arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)]
     pub(crate) carry_secret: Option<String>,
+    /// The dedup table whose kept carry secret seals the copies (the one
+    /// consumers make and use when no secret is set), when --carry-secret
+    /// is not given.
+    #[arg(long, env = "SQS_ONCE_TABLE")]
+    pub(crate) table: Option<String>,
 }
 
 #[derive(clap::Args)]

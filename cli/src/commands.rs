@@ -12,6 +12,22 @@ use sqs_once_cli::setup::{self, Outcome};
 use crate::BoxError;
 use crate::args::{ForgetArgs, InitArgs, KeyArgs, LocalLambdaArgs, RedriveArgs, StatsArgs};
 
+/// What a redrive with `options` can re-apply, said before anything moves.
+pub(crate) fn redrive_warnings(options: &ops::RedriveOptions) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if options.move_task {
+        out.push(
+            "--move-task: SQS's message move task gives every message a new id and adds no attribute, so under `message-id` keys a message the queue's redrive policy moved (its effect perhaps made) runs again; parked copies keep their sealed key",
+        );
+    }
+    if options.carry_secret.is_none() {
+        out.push(
+            "no carry secret (--carry-secret, SQS_ONCE_CARRY_SECRET, or the one kept in the dedup table: --table): copies carry no dedup key, so under `message-id`/`dedup-id` keys each runs under a new key and a message whose effect was made before it reached the DLQ applies it again",
+        );
+    }
+    out
+}
+
 /// `init`: creates what is missing, reports how existing resources differ.
 pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result<(), BoxError> {
     let table = &args.table;
@@ -27,6 +43,17 @@ pub(crate) async fn init(sdk: &aws_config::SdkConfig, args: &InitArgs) -> Result
             .check_table()
             .await?;
         println!("dedup table {table}: ok (key pk, TTL on expires_at)");
+        if !args.check {
+            // The secret that seals the keys parked copies carry: made here
+            // (or by the first consumer), read by consumers and `redrive`.
+            DynamoStore::new(ddb.clone(), table.as_str())
+                .table_carry_secret(true)
+                .await?;
+            println!(
+                "carry secret: kept in {table} (item {}; producers must not read this table)",
+                sqs_once::aws::dynamodb::CARRY_SECRET_ITEM
+            );
+        }
     }
     outcome.merge(o);
     if let Some(ledger) = &args.ledger_table {
@@ -240,8 +267,22 @@ pub(crate) async fn redrive(
     sdk: &aws_config::SdkConfig,
     args: &RedriveArgs,
 ) -> Result<(), BoxError> {
-    let options = &args.options()?;
+    let mut options = args.options()?;
     let (dlq_url, queue_url) = (&args.dlq_url, &args.queue_url);
+    if options.carry_secret.is_none()
+        && let Some(table) = &args.table
+    {
+        let ddb = aws_sdk_dynamodb::Client::new(sdk);
+        options.carry_secret = DynamoStore::new(ddb, table.as_str())
+            .table_carry_secret(false)
+            .await?;
+    }
+    if !options.dry_run {
+        for warning in redrive_warnings(&options) {
+            eprintln!("warning: {warning}");
+        }
+    }
+    let options = &options;
     let sqs = sqs_with_timeouts(sdk);
     let report = ops::redrive(&sqs, dlq_url, queue_url, options, |moved| {
         eprintln!("moved {moved}...");

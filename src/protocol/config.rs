@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::protocol::envelope::Opened;
 use crate::protocol::key::{CarrySecret, KeyError};
+pub use crate::protocol::queue::LONGEST_TTL;
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::message::Envelope;
 use crate::{KeySource, Message};
@@ -54,9 +55,19 @@ pub struct ProcessorConfig {
     /// How long a claim holds the key before another consumer may take over
     /// (`SQS_ONCE_LEASE`, default 60 s).
     pub lease: Duration,
-    /// How long records are kept (`SQS_ONCE_TTL`, default 7 days); must exceed the
-    /// queue's retention plus the redelivery window.
+    /// How long records are kept (`SQS_ONCE_TTL`); must exceed the queue's
+    /// retention plus its DLQ's, so no copy of a message comes back after
+    /// its record expired. Default: [`LONGEST_TTL`] (43 days: longer than
+    /// any queue SQS allows can keep a copy), fitted at start-up by
+    /// [`SqsOnce`](crate::SqsOnce) to the queue's retention plus its DLQ's
+    /// plus a day while [`Self::fit_ttl`] is on.
     pub ttl: Duration,
+    /// Whether the front door ([`SqsOnce`](crate::SqsOnce)) replaces
+    /// [`Self::ttl`] at start-up by the queue's retention plus its DLQ's
+    /// plus a day, read from SQS (on by default; off once a TTL is set by
+    /// `SQS_ONCE_TTL` or [`SqsOnce::ttl`](crate::SqsOnce::ttl)). When the
+    /// retention cannot be read the TTL stays [`LONGEST_TTL`].
+    pub fit_ttl: bool,
     /// How often a running handler's lease (and visibility) is extended
     /// (`SQS_ONCE_HEARTBEAT`, default 20 s); must be below the lease.
     pub heartbeat: Duration,
@@ -140,7 +151,8 @@ impl ProcessorConfig {
             missing_key: MissingKey::default(),
             envelope: Envelope::default(),
             lease: Duration::from_secs(60),
-            ttl: Duration::from_secs(7 * 24 * 60 * 60),
+            ttl: LONGEST_TTL,
+            fit_ttl: true,
             heartbeat: Duration::from_secs(20),
             lease_margin: Duration::from_secs(5),
             max_extension: SQS_MAX_VISIBILITY,

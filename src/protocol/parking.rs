@@ -86,7 +86,8 @@ impl<Q: QueueClient> Dlq<Q> {
     }
 
     /// Sends a copy of the message to the DLQ: the body and every message
-    /// attribute exactly as received (data types included), plus
+    /// attribute exactly as received (data types included; an
+    /// `sqs_once_outbox_id` a second stage keys on among them), plus
     /// `sqs_once_dedup_key` (the key it was processed under, so a copy brought
     /// back is processed under the same key), `sqs_once_reason` (this park's
     /// reason, replacing an earlier one) and `sqs_once_message_id` (the first
@@ -134,11 +135,17 @@ impl ParkedCopy {
         secret: Option<&CarrySecret>,
         limit: usize,
     ) -> Result<Self, ParkError> {
-        let ours = |name: &str| name.starts_with("sqs_once_");
+        // Only what parking writes itself is replaced: a carried key that
+        // verifies is sealed again below, one that does not is dropped. Any
+        // other attribute, ours or not, stays, since a key source may read it
+        // (`attribute:sqs_once_outbox_id` keys a second stage).
+        let rewritten = |name: &str| {
+            [DEDUP_KEY_ATTRIBUTE, REASON_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE].contains(&name)
+        };
         let original: Vec<(&String, &Attribute)> = message
             .attributes()
             .iter()
-            .filter(|(name, _)| !ours(name))
+            .filter(|(name, _)| !rewritten(name))
             .collect();
         let mut bytes =
             message.body().len() + original.iter().map(|(name, a)| a.size(name)).sum::<usize>();
@@ -199,4 +206,36 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parked_copy_keeps_every_attribute_but_the_ones_parking_writes() {
+        let secret = CarrySecret::new([5u8; 32]).unwrap();
+        let message = Message::new("m-1", "{}")
+            .with_attribute(crate::protocol::outbox::OUTBOX_ID_ATTRIBUTE, "ob-1")
+            .with_attribute("tenant", "t-1")
+            .with_attribute(REASON_ATTRIBUTE, "an earlier reason")
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, "forged:victim");
+        let copy = ParkedCopy::new(&message, "bad", Some("k-1"), Some(&secret), 262_144).unwrap();
+        let text = |name: &str| match copy.attributes.get(name).map(|a| &a.value) {
+            Some(crate::protocol::message::AttributeValue::Text(t)) => Some(t.clone()),
+            _ => None,
+        };
+        assert_eq!(
+            text(crate::protocol::outbox::OUTBOX_ID_ATTRIBUTE).as_deref(),
+            Some("ob-1"),
+            "a second stage's key survives parking"
+        );
+        assert_eq!(text("tenant").as_deref(), Some("t-1"));
+        assert_eq!(text(REASON_ATTRIBUTE).as_deref(), Some("bad"));
+        assert_eq!(
+            text(DEDUP_KEY_ATTRIBUTE),
+            Some(carry_key(&secret, "{}", "k-1")),
+            "the key is sealed again, the forged one dropped"
+        );
+    }
 }

@@ -92,13 +92,99 @@ pub(crate) fn queue_arn_parts(arn: &str) -> Option<(&str, &str)> {
     }
 }
 
-/// Warns when a message could come back after its dedup record expired, and
-/// so run again: `ttl` (`SQS_ONCE_TTL`) not above the source queue's retention
-/// plus that of the DLQ its redrive policy names (a message can wait its
+/// The longest SQS keeps a message (`MessageRetentionPeriod`'s upper bound).
+pub const SQS_MAX_RETENTION: Duration = Duration::from_secs(14 * 86_400);
+
+/// What a record's TTL is fitted above: the source queue's retention plus its
+/// DLQ's, as far as they could be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RetentionWindow {
+    /// How long after its first send a copy of a message can still be
+    /// received (see [`retention_window`]).
+    pub total: Duration,
+    /// The DLQ counted, if any, and why its retention was assumed rather
+    /// than read (SQS's longest, 14 days), when it could not be read.
+    pub dlq: Option<(String, Option<String>)>,
+}
+
+/// The URL of the queue named by `arn`, built beside `source_url`: SQS
+/// requires a queue's DLQ to be in its account and region, so only the last
+/// two path segments differ (no `GetQueueUrl`, which a consumer's role
+/// need not grant). `None` when `source_url` has no such shape.
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub(crate) fn sibling_queue_url(source_url: &str, arn: &str) -> Option<String> {
+    let (name, account) = queue_arn_parts(arn)?;
+    let (base, source_name) = source_url.trim_end_matches('/').rsplit_once('/')?;
+    let (host, _source_account) = base.rsplit_once('/')?;
+    if source_name.is_empty() || !host.contains("://") {
+        return None;
+    }
+    Some(format!("{host}/{account}/{name}"))
+}
+
+/// How long a copy of a message of `queue_url` can come back after its first
+/// send: the source's retention plus that of the DLQ its redrive policy names
+/// (else `parking_dlq`, where sqs-once parks). A message can wait its
 /// retention in the source, then in the DLQ, before it is brought back; on a
-/// FIFO queue the source's counts twice, as a move restarts it). The
-/// DLQ is looked up only for this warning: a failed lookup is logged and
-/// ignored. Returns the retention the TTL should exceed, when it warned.
+/// FIFO queue the source's counts twice, as a move restarts it. A DLQ whose
+/// retention cannot be read counts as SQS's longest (14 days) and says why.
+/// `None` when the source's own retention is unknown.
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub(crate) async fn retention_window<Q: QueueClient>(
+    queue: &Q,
+    queue_url: &str,
+    source: &QueueAttributes,
+    parking_dlq: Option<&str>,
+) -> Option<RetentionWindow> {
+    let retention = source.retention?;
+    let dlq_url = match source.dead_letter_target_arn.as_deref() {
+        Some(arn) => match sibling_queue_url(queue_url, arn) {
+            Some(url) => Some(url),
+            None => match queue_arn_parts(arn) {
+                Some((name, account)) => queue.queue_url(name, account).await.ok(),
+                None => None,
+            },
+        },
+        None => parking_dlq.map(str::to_owned),
+    };
+    let (dlq_retention, dlq) = match dlq_url {
+        None => (Duration::ZERO, None),
+        Some(url) => match queue.attributes(&url).await.map(|a| a.retention) {
+            Ok(Some(r)) => (r, Some((url, None))),
+            Ok(None) => (
+                SQS_MAX_RETENTION,
+                Some((url, Some("no MessageRetentionPeriod in the answer".to_owned()))),
+            ),
+            Err(e) => (SQS_MAX_RETENTION, Some((url, Some(e.to_string())))),
+        },
+    };
+    // A standard queue's message keeps its first enqueue time in the DLQ, so
+    // the DLQ's retention bounds its whole age; a FIFO queue's starts again
+    // when it is moved (SQS Developer Guide, dead-letter queues), and a copy
+    // brought back starts again in the source.
+    let total = if is_fifo(queue_url) {
+        retention * 2 + dlq_retention
+    } else {
+        retention + dlq_retention
+    };
+    Some(RetentionWindow { total, dlq })
+}
+
+/// How much longer than [`RetentionWindow::total`] a fitted TTL keeps a
+/// record: the last receive of a message can come a lease and a retry delay
+/// after its retention's start, and a record is written after the send.
+pub const TTL_SLACK: Duration = Duration::from_secs(86_400);
+
+/// The TTL that keeps a record longer than any copy of its message can come
+/// back, on any queue SQS allows (a FIFO source kept 14 days, moved to a DLQ
+/// kept 14 days, brought back for 14 more), plus [`TTL_SLACK`]: the default
+/// when the queue's retention cannot be read.
+pub const LONGEST_TTL: Duration = Duration::from_secs(43 * 86_400);
+
+/// Warns when a message could come back after its dedup record expired, and
+/// so run again: `ttl` (`SQS_ONCE_TTL`) not above [`retention_window`]. A DLQ
+/// whose retention could not be read is warned about too, naming the
+/// permission. Returns the retention the TTL should exceed, when it warned.
 #[cfg(any(feature = "poller", feature = "lambda"))]
 pub(crate) async fn check_retention<Q: QueueClient>(
     queue: &Q,
@@ -106,44 +192,33 @@ pub(crate) async fn check_retention<Q: QueueClient>(
     source: &QueueAttributes,
     ttl: Duration,
 ) -> Option<Duration> {
-    let retention = source.retention?;
-    let dlq = match source
-        .dead_letter_target_arn
-        .as_deref()
-        .and_then(queue_arn_parts)
-    {
-        Some((name, account)) => match queue.queue_url(name, account).await {
-            Ok(url) => queue.attributes(&url).await.map(|a| (url, a.retention)),
-            Err(e) => Err(e),
-        },
-        None => Ok((String::new(), None)),
-    };
-    let (dlq_url, dlq_retention) = dlq.unwrap_or_else(|e| {
-        tracing::debug!(error = %e, "cannot read the DLQ's retention for the TTL check");
-        (String::new(), None)
-    });
-    // A standard queue's message keeps its first enqueue time in the DLQ, so
-    // the DLQ's retention bounds its whole age; a FIFO queue's starts again
-    // when it is moved (SQS Developer Guide, dead-letter queues), and a copy
-    // brought back starts again in the source.
-    let total = if is_fifo(queue_url) {
-        retention * 2 + dlq_retention.unwrap_or_default()
-    } else {
-        retention + dlq_retention.unwrap_or_default()
-    };
+    let window = retention_window(queue, queue_url, source, None).await?;
+    warn_unread_dlq(&window);
+    let total = window.total;
     if total >= ttl {
         tracing::warn!(
             queue = queue_url,
-            ?retention,
-            dlq = dlq_url,
-            ?dlq_retention,
+            retention = ?source.retention,
+            dlq = window.dlq.as_ref().map_or("", |(url, _)| url.as_str()),
             ?ttl,
-            "SQS_ONCE_TTL is not longer than the queue's retention plus its DLQ's: a message brought back late (redelivered, or redriven from the DLQ) could find its record expired and run again; raise SQS_ONCE_TTL above {}",
+            "SQS_ONCE_TTL is not longer than the queue's retention plus its DLQ's: a message brought back late (redelivered, or redriven from the DLQ) could find its record expired and run again; raise SQS_ONCE_TTL above {} (or leave it unset: the TTL is then fitted to the queues)",
             humantime::format_duration(total)
         );
         return Some(total);
     }
     None
+}
+
+/// A warning when the DLQ's retention was assumed rather than read.
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub(crate) fn warn_unread_dlq(window: &RetentionWindow) {
+    if let Some((url, Some(why))) = &window.dlq {
+        tracing::warn!(
+            dlq = %url,
+            error = %why,
+            "cannot read the DLQ's retention (grant sqs:GetQueueAttributes on the DLQ): counted as SQS's longest, 14 days"
+        );
+    }
 }
 
 /// Error codes that may pass when tried again: throttling, and the
@@ -379,6 +454,44 @@ mod tests {
         let url = queue.create_queue(source).unwrap();
         let attributes = queue.attributes(&url).await.unwrap();
         (queue, url, attributes)
+    }
+
+    #[test]
+    fn a_dlq_url_is_built_beside_its_source_queue() {
+        let arn = "arn:aws:sqs:us-east-1:000000000000:orders-dlq";
+        assert_eq!(
+            sibling_queue_url("http://localhost:4566/000000000000/orders", arn).as_deref(),
+            Some("http://localhost:4566/000000000000/orders-dlq")
+        );
+        assert_eq!(
+            sibling_queue_url(
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
+                "arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo"
+            )
+            .as_deref(),
+            Some("https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq.fifo")
+        );
+        assert_eq!(sibling_queue_url("orders", arn), None);
+    }
+
+    #[tokio::test]
+    async fn a_dlq_whose_retention_cannot_be_read_counts_as_fourteen_days() {
+        let (queue, url, mut attributes) = source_with_dlq().await;
+        attributes.dead_letter_target_arn =
+            Some("arn:aws:sqs:us-east-1:000000000000:no-such-dlq".to_owned());
+        let window = retention_window(&queue, &url, &attributes, None)
+            .await
+            .unwrap();
+        assert_eq!(window.total, Duration::from_secs(4 * 86_400) + SQS_MAX_RETENTION);
+        assert!(matches!(window.dlq, Some((_, Some(_)))), "{window:?}");
+        // Fitted, the TTL outlives the longest a copy can come back.
+        let (queue, url, attributes) = source_with_dlq().await;
+        let window = retention_window(&queue, &url, &attributes, None)
+            .await
+            .unwrap();
+        assert_eq!(window.total, Duration::from_secs(18 * 86_400));
+        assert_eq!(window.dlq.as_ref().map(|(_, why)| why.is_none()), Some(true));
+        assert!(SQS_MAX_RETENTION * 3 + TTL_SLACK <= LONGEST_TTL);
     }
 
     #[tokio::test]

@@ -802,7 +802,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     crate::protocol::queue::check_retention(&queue, &url, &a, ttl).await;
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "cannot read the queue's retention for the TTL check");
+                    tracing::warn!(queue = %url, error = %e, "cannot read the queue's retention for the TTL check (grant sqs:GetQueueAttributes on the queue)");
                 }
             }
         });

@@ -1152,3 +1152,120 @@ async fn a_fifo_commit_slower_than_the_visibility_timeout_keeps_its_message_invi
         assert_eq!(status, Some(sqs_once::Status::Completed), "{id}: {stats:?}");
     }
 }
+
+/// Refuses every delete before it is sent: a consumer whose deletes are
+/// lost until SQS's redrive policy moves the message.
+#[derive(Debug)]
+struct RefuseDeletes;
+
+impl aws_sdk_sqs::config::Intercept for RefuseDeletes {
+    fn name(&self) -> &'static str {
+        "RefuseDeletes"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _ctx: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _rc: &aws_sdk_sqs::config::RuntimeComponents,
+        cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let op = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>();
+        if op.is_some_and(|m| m.name().starts_with("DeleteMessage")) {
+            return Err("injected: the delete is lost".into());
+        }
+        Ok(())
+    }
+}
+
+/// The defaults end to end (issue: a redrive must not re-apply by default):
+/// a `message-id` consumer with no secret set (it uses the one kept in the
+/// table, as the front door does) makes its effect, its delete is lost, and
+/// SQS's redrive policy (maxReceiveCount 1) moves the message to the DLQ.
+/// `sqs-once redrive --table`, given no secret either, brings it back
+/// carrying its key sealed with the table's secret: it is a duplicate.
+#[tokio::test]
+async fn a_message_moved_after_its_effect_is_redriven_as_a_duplicate_with_no_secret_set() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (plain, ddb) = (sqs().await, ddb().await);
+    let q = queue_pair(&plain, false, 2, 1).await;
+    let table = dedup_table(&ddb).await;
+    plain
+        .send_message()
+        .queue_url(&q.queue_url)
+        .message_body(r#"{"id":"evt-1"}"#)
+        .send()
+        .await
+        .unwrap();
+    let store = DynamoStore::new(ddb.clone(), table.as_str());
+    let mut pc = ProcessorConfig::new("defaults");
+    pc.carry_secret = store.table_carry_secret(true).await.unwrap();
+    assert!(pc.carry_secret.is_some(), "the table's secret was made");
+    let effects = Arc::new(AtomicU32::new(0));
+    let consumer = |sqs: aws_sdk_sqs::Client| {
+        let effects = effects.clone();
+        let handler = handler_fn(move |_m, _c| {
+            let effects = effects.clone();
+            async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            }
+        });
+        let processor = Processor::new(store.clone(), handler, pc.clone()).unwrap();
+        let mut config = PollerConfig::new(&q.queue_url);
+        config.wait_time = Duration::from_secs(1);
+        config.drain = Duration::from_secs(2);
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(sqs_once::poller::run(sqs, processor, config, stop.clone()));
+        (stop, run)
+    };
+
+    let conf = aws_sdk_sqs::config::Builder::from(&crate::common::sdk_config().await)
+        .interceptor(RefuseDeletes)
+        .build();
+    let (stop, run) = consumer(aws_sdk_sqs::Client::from_conf(conf));
+    // The poller tries a delete for a minute (holding back receives) before
+    // it lets the message come back; the next receive moves it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while depth(&plain, &q.dlq_url).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never moved to the DLQ"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    run.await.unwrap();
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect was made");
+
+    let out = tokio::process::Command::new(crate::common::binary("sqs-once"))
+        .args(["redrive", "--dlq-url", &q.dlq_url, "--queue-url", &q.queue_url])
+        .args(["--table", &table])
+        .env("AWS_ENDPOINT_URL", crate::common::endpoint())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env_remove("SQS_ONCE_CARRY_SECRET")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no carry secret"), "{stderr}");
+
+    let (stop, run) = consumer(plain.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while depth(&plain, &q.queue_url).await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    let stats = run.await.unwrap();
+    assert_eq!(stats.duplicates, 1, "{stats:?}");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "the redriven copy applied nothing twice"
+    );
+}

@@ -10,7 +10,7 @@ use sqs_once::{HandlerError, HandlerResult, KeySource, Message, SqsOnce, StartEr
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
-    bodies_with_reasons, ddb, dedup_table, depth, queues, sdk_config, send_all, sqs, unique,
+    ddb, dedup_table, depth, queues, sdk_config, send_all, sqs, unique,
 };
 use crate::lambda::receive_event;
 
@@ -82,11 +82,44 @@ async fn the_front_door_runs_a_poller_that_applies_each_order_once() {
         0,
         "nothing left in the queue"
     );
-    let parked = bodies_with_reasons(&sqs, &q.dlq_url).await;
-    assert_eq!(parked.len(), 1, "{parked:?}");
+    // No TTL set: fitted to the source's retention (4 days, SQS's default)
+    // plus its DLQ's (14 days, as `sqs-once init` makes it) plus a day.
+    let store = sqs_once::DynamoStore::new(ddb.clone(), table.as_str());
+    let record = sqs_once::DedupStore::get(&store, "front-door#o-1")
+        .await
+        .unwrap()
+        .expect("o-1's record");
+    let kept_s = record.expires_at_s - record.claimed_at_ms.unwrap() / 1000;
     assert!(
-        parked[0].1.contains("order_id"),
-        "the reason names the key: {parked:?}"
+        (19 * 86_400 - 60..=19 * 86_400 + 60).contains(&kept_s),
+        "the record is kept {kept_s} s, not 4 + 14 + 1 days"
+    );
+    // No secret set: the consumer made one and kept it in the table, and
+    // sealed the parked copy's first message id with it.
+    let secret = store
+        .table_carry_secret(false)
+        .await
+        .unwrap()
+        .expect("the consumer kept a carry secret in the table");
+    let parked = crate::common::receive_all(&sqs, &q.dlq_url).await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let copy = &parked[0];
+    let reason = copy.message_attributes().unwrap()["sqs_once_reason"]
+        .string_value()
+        .unwrap();
+    assert!(reason.contains("order_id"), "the reason names the key: {reason}");
+    let sealed = copy.message_attributes().unwrap()[sqs_once::parking::MESSAGE_ID_ATTRIBUTE]
+        .string_value()
+        .unwrap();
+    assert!(
+        secret
+            .open(
+                sqs_once::parking::MESSAGE_ID_ATTRIBUTE,
+                copy.body().unwrap(),
+                sealed
+            )
+            .is_some(),
+        "the parked copy's first id is sealed with the table's secret"
     );
 }
 

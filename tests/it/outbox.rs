@@ -498,3 +498,132 @@ async fn a_large_outgoing_body_is_read_by_the_sqs_extended_client() {
     let bodies = crate::large_payloads::receive_extended(b_url, &bucket, 1).await;
     assert_eq!(bodies, [large_paid("order-0")]);
 }
+
+/// Stage B keyed on the outbox id (`attribute:sqs_once_outbox_id`, as a
+/// second stage that shares no secret with the first is set up), failing
+/// permanently while `failing`: its effects counted per event.
+fn stage_b_on_outbox_ids(applied: Counts, failing: Arc<AtomicBool>) -> impl Handler {
+    handler_fn(move |m: Message, _ctx| {
+        let (applied, failing) = (applied.clone(), failing.clone());
+        async move {
+            if failing.load(Ordering::SeqCst) {
+                return Err(sqs_once::HandlerError::permanent("rejected until fixed"));
+            }
+            *applied.lock().unwrap().entry(id_of(m.body())).or_default() += 1;
+            Ok(None)
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_stage_keyed_on_the_outbox_id_runs_a_redriven_copy_once_and_skips_a_resend() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let p = Pipeline::new(5, &events(1)[..1]).await;
+    let (sqs, b) = (&p.sqs, &p.b);
+    let mut b_config = ProcessorConfig::new("stage-b");
+    b_config.key_source = format!("attribute:{OUTBOX_ID_ATTRIBUTE}").parse().unwrap();
+    let failing = Arc::new(AtomicBool::new(true));
+    let stop = CancellationToken::new();
+    let mut b_poller = poller_config(&b.queue_url);
+    b_poller.dlq_url = Some(b.dlq_url.clone());
+    let b_processor = |failing: Arc<AtomicBool>| {
+        let handler = stage_b_on_outbox_ids(p.applied.clone(), failing);
+        Processor::new(p.store(), handler, b_config.clone()).unwrap()
+    };
+    let a = Processor::new(p.store(), p.stage_a(), a_config()).unwrap();
+    let ra = tokio::spawn(run(
+        sqs.clone(),
+        a,
+        poller_config(&p.a.queue_url),
+        stop.clone(),
+    ));
+    let rb = tokio::spawn(run(
+        sqs.clone(),
+        b_processor(failing.clone()),
+        b_poller.clone(),
+        stop.clone(),
+    ));
+    until("B parked the event", 60, async || {
+        depth(sqs, &b.dlq_url).await == 1 && depth(sqs, &b.queue_url).await == 0
+    })
+    .await;
+    stop.cancel();
+    ra.await.unwrap();
+    rb.await.unwrap();
+    assert!(p.applied.lock().unwrap().is_empty(), "nothing applied yet");
+
+    // The parked copy keeps the outbox id B keys on.
+    let parked = sqs
+        .receive_message()
+        .queue_url(&b.dlq_url)
+        .message_attribute_names("All")
+        .visibility_timeout(0)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(parked.len(), 1);
+    let attributes = parked[0].message_attributes().unwrap();
+    let outbox_id = attributes
+        .get(OUTBOX_ID_ATTRIBUTE)
+        .and_then(|a| a.string_value())
+        .expect("the parked copy keeps sqs_once_outbox_id")
+        .to_owned();
+    let body = parked[0].body().unwrap().to_owned();
+
+    // The handler is fixed, and the DLQ redriven as `sqs-once redrive` does.
+    let options = sqs_once_cli::ops::RedriveOptions::default();
+    let report = sqs_once_cli::ops::redrive(sqs, &b.dlq_url, &b.queue_url, &options, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.moved, 1, "{report:?}");
+    let run_b = |stop: CancellationToken| {
+        tokio::spawn(run(
+            sqs.clone(),
+            b_processor(Arc::new(AtomicBool::new(false))),
+            b_poller.clone(),
+            stop,
+        ))
+    };
+    let stop = CancellationToken::new();
+    let rb = run_b(stop.clone());
+    until("the redriven copy applied", 60, async || {
+        p.applied.lock().unwrap().len() == 1 && depth(sqs, &b.queue_url).await == 0
+    })
+    .await;
+    stop.cancel();
+    let first = rb.await.unwrap();
+    assert_eq!(first.parked, 0, "{first:?}");
+
+    // The same outgoing message sent again (an outbox re-send): skipped.
+    sqs.send_message()
+        .queue_url(&b.queue_url)
+        .message_body(&body)
+        .message_attributes(
+            OUTBOX_ID_ATTRIBUTE,
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(&outbox_id)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let rb = run_b(stop.clone());
+    until("the resend settled", 60, async || {
+        depth(sqs, &b.queue_url).await == 0
+    })
+    .await;
+    stop.cancel();
+    let second = rb.await.unwrap();
+    assert_eq!(second.duplicates, 1, "{second:?}");
+    assert_eq!(second.parked, 0, "{second:?}");
+    exactly_once(&p.applied, 1);
+    assert_eq!(depth(sqs, &b.dlq_url).await, 0, "nothing parked again");
+}

@@ -96,6 +96,14 @@ class EcsTemplate(unittest.TestCase):
         [st] = read["Properties"]["PolicyDocument"]["Statement"]
         self.assertEqual((st["Action"], st["Resource"]), (["secretsmanager:GetSecretValue"], {"Ref": "CarrySecretArn"}))
         self.assertEqual(self.env["SQS_ONCE_PAYLOAD_MISMATCH"], "park")
+        # Without one, the secret kept in the table.
+        [policy] = self.res["TaskRole"]["Properties"]["Policies"]
+        [st] = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "TableCarrySecret"]
+        self.assertEqual(st["Action"], ["dynamodb:GetItem", "dynamodb:PutItem"])
+        self.assertEqual(
+            st["Condition"],
+            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["sqs-once:carry-secret"]}},
+        )
 
     def test_the_consumer_writes_only_its_own_records(self):
         [policy] = self.res["TaskRole"]["Properties"]["Policies"]

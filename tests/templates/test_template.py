@@ -157,15 +157,17 @@ class SamTemplate(unittest.TestCase):
     def test_carried_keys_are_sealed_and_key_reuse_is_parked(self):
         env = self.function()["Properties"]["Environment"]["Variables"]
         self.assertEqual(env["SQS_ONCE_PAYLOAD_MISMATCH"], "park")
+        # The secret kept in the table, read at run time: never in the
+        # function's configuration.
+        self.assertNotIn("SQS_ONCE_CARRY_SECRET", env)
+        self.assertNotIn("CarrySecret", self.raw["Resources"])
+        [policy] = self.res(False, "LedgerRole")["Properties"]["Policies"]
+        [st] = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "TableCarrySecret"]
+        self.assertEqual(st["Action"], ["dynamodb:GetItem", "dynamodb:PutItem"])
         self.assertEqual(
-            env["SQS_ONCE_CARRY_SECRET"],
-            {"Fn::Sub": "{{resolve:secretsmanager:${CarrySecret}:SecretString}}"},
+            st["Condition"],
+            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["sqs-once:carry-secret"]}},
         )
-        secret = self.res(False, "CarrySecret")
-        self.assertEqual(secret["Type"], "AWS::SecretsManager::Secret")
-        generated = secret["Properties"]["GenerateSecretString"]
-        self.assertGreaterEqual(generated["PasswordLength"], 32)
-        self.assertTrue(generated["ExcludePunctuation"], "no comma: a comma separates rotated secrets")
 
     def test_the_consumer_writes_only_its_own_records(self):
         [policy] = self.res(False, "LedgerRole")["Properties"]["Policies"]

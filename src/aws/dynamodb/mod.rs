@@ -3,14 +3,17 @@
 //! - this module: [`DynamoStore`], the requests the protocol makes and how
 //!   their failures are read;
 //! - `table`: the start-up check of the table's key schema and TTL;
-//! - `item`: a record read from its item.
+//! - `item`: a record read from its item;
+//! - `secret`: the carry secret kept in the table.
 
 mod item;
+mod secret;
 mod table;
 
 use crate::aws::OnHeap;
 use item::replaced;
 pub use item::{RecordError, record_from_item};
+pub use secret::{CARRY_SECRET_ITEM, SecretError};
 pub use table::TableCheckError;
 
 use std::collections::HashMap;
