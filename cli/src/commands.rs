@@ -326,6 +326,12 @@ pub(crate) async fn redrive(
             escape(id)
         );
     }
+    if !report.other_queues.is_empty() {
+        eprintln!(
+            "left {} message(s) of other queues that share {dlq_url} where they are (parked from, or moved from, another queue): redrive them to their own",
+            report.other_queues.len()
+        );
+    }
     for (id, why) in &report.not_sent {
         eprintln!(
             "warning: message {} was not sent ({}); it stays in {dlq_url}, visible again in 60 s",

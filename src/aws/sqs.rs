@@ -17,6 +17,7 @@ use tracing::error;
 
 use crate::Message;
 use crate::protocol::limits::{SQS_MAX_DELAY, visibility_secs};
+use crate::protocol::message::is_fifo;
 use crate::protocol::message::{Attribute, AttributeValue};
 use crate::protocol::queue::{
     EntryFailure, OutgoingMessage, QueueAttributes, QueueClient, QueueError, ReceiveRequest,
@@ -251,9 +252,15 @@ impl QueueClient for Client {
         queue: &str,
         request: ReceiveRequest,
     ) -> Result<Vec<Message>, QueueError> {
+        // On a FIFO queue an attempt id: the SDK sends the same request again
+        // after a timeout or a 5xx, and SQS answers a repeated attempt with
+        // the messages the lost answer held instead of keeping their groups
+        // locked for a visibility timeout.
+        let attempt = is_fifo(queue).then(|| uuid::Uuid::new_v4().simple().to_string());
         let out = self
             .receive_message()
             .queue_url(queue)
+            .set_receive_request_attempt_id(attempt)
             .visibility_timeout(visibility_secs(request.visibility))
             .max_number_of_messages(i32::try_from(request.max.clamp(1, 10)).unwrap_or(10))
             .wait_time_seconds(i32::try_from(request.wait.as_secs().min(20)).unwrap_or(20))

@@ -16,6 +16,26 @@ use crate::protocol::queue::{OutgoingMessage, QueueClient, QueueError, is_fifo};
 /// The message attribute that carries a parked message's reason.
 pub const REASON_ATTRIBUTE: &str = "sqs_once_reason";
 
+/// The message attribute that names the queue a parked copy came from (its
+/// name), so a redrive from a DLQ that several queues share moves back only
+/// the copies of the queue it is given.
+pub const SOURCE_QUEUE_ATTRIBUTE: &str = "sqs_once_source_queue";
+
+/// Whether DLQ message attributes and system attributes say it came from a
+/// queue other than the one named `source` (a name or URL): its
+/// [`SOURCE_QUEUE_ATTRIBUTE`] (parked by sqs-once) or SQS's
+/// `DeadLetterQueueSourceArn` (moved by a redrive policy). Neither: `false`.
+pub fn from_another_queue(
+    parked_from: Option<&str>,
+    dead_letter_source_arn: Option<&str>,
+    source: &str,
+) -> bool {
+    let name = crate::protocol::trace::queue_name;
+    parked_from
+        .or(dead_letter_source_arn)
+        .is_some_and(|from| name(from) != name(source))
+}
+
 /// A reason shorter than this is dropped rather than cut to nothing useful.
 const MIN_REASON_BYTES: usize = 64;
 
@@ -95,7 +115,9 @@ impl<Q: QueueClient> Dlq<Q> {
     /// allow; the reason is shortened to fit, the body is never altered. The
     /// key and the first id are sealed under `secret` (see [`CarrySecret`]);
     /// without one no key is carried and the id is this delivery's, unsealed
-    /// (for people to read: nothing honours it). The caller deletes the
+    /// (for people to read: nothing honours it), and `sqs_once_source_queue`
+    /// (the name of the queue it was received from, when known: a redrive
+    /// from a shared DLQ moves it back only there). The caller deletes the
     /// original after this succeeds.
     pub async fn park(
         &self,
@@ -140,7 +162,13 @@ impl ParkedCopy {
         // other attribute, ours or not, stays, since a key source may read it
         // (`attribute:sqs_once_outbox_id` keys a second stage).
         let rewritten = |name: &str| {
-            [DEDUP_KEY_ATTRIBUTE, REASON_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE].contains(&name)
+            [
+                DEDUP_KEY_ATTRIBUTE,
+                REASON_ATTRIBUTE,
+                MESSAGE_ID_ATTRIBUTE,
+                SOURCE_QUEUE_ATTRIBUTE,
+            ]
+            .contains(&name)
         };
         let original: Vec<(&String, &Attribute)> = message
             .attributes()
@@ -186,6 +214,10 @@ impl ParkedCopy {
         }
         add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
         add(MESSAGE_ID_ATTRIBUTE, first_id, false);
+        if let Some(queue) = message.queue() {
+            let queue = crate::protocol::trace::queue_name(queue).to_owned();
+            add(SOURCE_QUEUE_ATTRIBUTE, queue, false);
+        }
         if dedup_key.is_some() && !attributes.contains_key(DEDUP_KEY_ATTRIBUTE) {
             error!(
                 message_id = message.id(),
@@ -219,7 +251,8 @@ mod tests {
             .with_attribute(crate::protocol::outbox::OUTBOX_ID_ATTRIBUTE, "ob-1")
             .with_attribute("tenant", "t-1")
             .with_attribute(REASON_ATTRIBUTE, "an earlier reason")
-            .with_attribute(DEDUP_KEY_ATTRIBUTE, "forged:victim");
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, "forged:victim")
+            .with_queue("https://sqs.us-east-1.amazonaws.com/123456789012/orders");
         let copy = ParkedCopy::new(&message, "bad", Some("k-1"), Some(&secret), 262_144).unwrap();
         let text = |name: &str| match copy.attributes.get(name).map(|a| &a.value) {
             Some(crate::protocol::message::AttributeValue::Text(t)) => Some(t.clone()),
@@ -231,11 +264,23 @@ mod tests {
             "a second stage's key survives parking"
         );
         assert_eq!(text("tenant").as_deref(), Some("t-1"));
+        assert_eq!(text(SOURCE_QUEUE_ATTRIBUTE).as_deref(), Some("orders"));
         assert_eq!(text(REASON_ATTRIBUTE).as_deref(), Some("bad"));
         assert_eq!(
             text(DEDUP_KEY_ATTRIBUTE),
             Some(carry_key(&secret, "{}", "k-1")),
             "the key is sealed again, the forged one dropped"
         );
+    }
+
+    #[test]
+    fn a_copy_from_another_queue_is_told_by_its_attribute_or_by_sqs() {
+        let orders = "https://sqs.us-east-1.amazonaws.com/1/orders";
+        assert!(!from_another_queue(Some("orders"), None, orders));
+        assert!(from_another_queue(Some("refunds"), None, orders));
+        let arn = "arn:aws:sqs:us-east-1:1:refunds";
+        assert!(from_another_queue(None, Some(arn), orders));
+        assert!(!from_another_queue(None, Some(arn), "refunds"));
+        assert!(!from_another_queue(None, None, orders), "unknown: moved");
     }
 }

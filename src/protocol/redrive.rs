@@ -1,5 +1,6 @@
 //! Bringing messages back from a DLQ to their source queue through any
-//! [`QueueClient`]: each is sent to the source with its body and attributes
+//! [`QueueClient`] (only those parked from it, when the DLQ is shared): each
+//! is sent to the source with its body and attributes
 //! (carrying the dedup key it was first processed under) and only then
 //! deleted from the DLQ, so a failure in between leaves a copy in both queues,
 //! never none. The simulator redrives its DLQ with it at the end of every
@@ -123,6 +124,13 @@ pub async fn redrive<Q: QueueClient>(
         }
         taken += got.len() as u64;
         for m in got {
+            let parked_from = m.attribute(crate::protocol::parking::SOURCE_QUEUE_ATTRIBUTE);
+            if crate::protocol::parking::from_another_queue(parked_from, None, source_url) {
+                // Another queue's copy in a shared DLQ: left for its redrive.
+                let receipt = m.receipt_handle().unwrap_or_default();
+                let _ = queue.change_visibility(dlq_url, receipt, Duration::ZERO).await;
+                continue;
+            }
             let (copy, carries) = copy_for_source(&m, fifo, max_bytes, secret);
             if !carries {
                 report.without_key.push(m.id().to_owned());

@@ -10,7 +10,7 @@ use aws_sdk_sqs::types::{
 
 use super::error::*;
 use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key};
-use sqs_once::parking::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE};
+use sqs_once::parking::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_QUEUE_ATTRIBUTE};
 
 /// A queue's approximate counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,6 +73,9 @@ pub struct Redriven {
     /// message attributes already, or the source's size limit) or were
     /// parked without one: under `message-id` keys each runs as a new message.
     pub without_key: Vec<String>,
+    /// Left in the DLQ: parked from, or moved by the redrive policy of,
+    /// another queue that shares it.
+    pub other_queues: Vec<String>,
 }
 
 /// How [`redrive`] runs.
@@ -197,6 +200,10 @@ pub async fn redrive(
             break;
         }
         taken += got.len() as u64;
+        let (got, others): (Vec<Message>, Vec<Message>) = got
+            .into_iter()
+            .partition(|m| !from_another_queue(m, source_url));
+        leave_for_their_queue(sqs, dlq_url, others, &mut report).await;
         let got: Vec<Message> = got
             .into_iter()
             .map(|m| carrying_key(m, max_size, options.carry_secret.as_ref(), &mut report))
@@ -207,6 +214,46 @@ pub async fn redrive(
         }
     }
     Ok(report)
+}
+
+/// Whether DLQ message `m` came from a queue other than `source_url`: parked
+/// from there (`sqs_once_source_queue`) or moved from there by its redrive
+/// policy (SQS's `DeadLetterQueueSourceArn`).
+fn from_another_queue(m: &Message, source_url: &str) -> bool {
+    let parked_from = m
+        .message_attributes()
+        .and_then(|a| a.get(SOURCE_QUEUE_ATTRIBUTE))
+        .and_then(|v| v.string_value());
+    let moved_from = m
+        .attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::DeadLetterQueueSourceArn))
+        .map(String::as_str);
+    sqs_once::parking::from_another_queue(parked_from, moved_from, source_url)
+}
+
+/// Makes the messages of other queues visible again in the DLQ at once (a
+/// failed change leaves them to their 60 s), for a redrive to their own.
+async fn leave_for_their_queue(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    others: Vec<Message>,
+    report: &mut Redriven,
+) {
+    for m in others {
+        if let Some(receipt) = m.receipt_handle() {
+            let _ = sqs
+                .change_message_visibility()
+                .queue_url(dlq_url)
+                .receipt_handle(receipt)
+                .visibility_timeout(0)
+                .send()
+                .await;
+        }
+        let id = m.message_id().unwrap_or_default().to_owned();
+        if !report.other_queues.contains(&id) {
+            report.other_queues.push(id);
+        }
+    }
 }
 
 /// The most one redrive takes from the DLQ: what was in it when the run

@@ -1194,3 +1194,46 @@ async fn redrive_sends_a_message_with_no_room_for_the_key_as_it_is_and_says_so()
     assert_eq!(got[0].body(), Some(body.as_str()));
     assert_eq!(depth(&sqs, &q.dlq_url).await, 0);
 }
+
+/// Two source queues share one DLQ: `redrive` to one of them moves back
+/// only the copies parked from it (their `sqs_once_source_queue`), and
+/// leaves the other's for its own redrive.
+#[tokio::test]
+async fn redrive_from_a_shared_dlq_moves_only_the_copies_of_the_queue_it_is_given() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let sqs = sqs().await;
+    let a = queues(&sqs, false, 30).await;
+    let dlq_arn = queue_attrs(&sqs, &a.dlq_url).await[&A::QueueArn].clone();
+    let b_url = sqs
+        .create_queue()
+        .queue_name(unique("shares-dlq"))
+        .attributes(
+            A::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "3"}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let dlq = sqs_once::parking::Dlq::new(sqs.clone(), a.dlq_url.clone());
+    for (id, from) in [("m-a", &a.queue_url), ("m-b", &b_url)] {
+        let m = sqs_once::Message::new(id, format!("{{\"from\":\"{id}\"}}")).with_queue(from);
+        dlq.park(&m, "failed", None, None).await.unwrap();
+    }
+
+    let r = cli_owned(redrive_args(&a.dlq_url, &a.queue_url, &[])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("moved 1 message(s)"), "{}", r.stdout);
+    assert!(r.stderr.contains("other queues"), "{}", r.stderr);
+    assert_eq!(bodies(&sqs, &a.queue_url).await, [r#"{"from":"m-a"}"#]);
+    assert_eq!(depth(&sqs, &a.dlq_url).await, 1, "B's copy stays");
+
+    let r = cli_owned(redrive_args(&a.dlq_url, &b_url, &[])).await;
+    assert!(r.ok, "{}", r.stderr);
+    assert_eq!(bodies(&sqs, &b_url).await, [r#"{"from":"m-b"}"#]);
+    assert_eq!(depth(&sqs, &a.dlq_url).await, 0);
+}
