@@ -13,11 +13,12 @@ use tokio_util::sync::CancellationToken;
 use crate::aws::calls::CallCounter;
 use crate::aws::dynamodb::TableCheckError;
 use crate::protocol::config::{ConfigError, ProcessorConfig};
-use crate::protocol::queue::{
-    LONGEST_TTL, QueueClient, TTL_SLACK, retention_window, warn_unread_dlq,
-};
 #[cfg(feature = "s3-payloads")]
 use crate::protocol::payloads::{LargePayloads, PayloadLocation};
+use crate::protocol::queue::{
+    LONGEST_TTL, QueueAttributes, QueueClient, QueueError, TTL_SLACK, retention_window,
+    warn_unread_dlq,
+};
 #[cfg(feature = "lambda")]
 use crate::runtime::lambda::{LambdaAdapter, LambdaConfig};
 #[cfg(feature = "poller")]
@@ -523,8 +524,15 @@ impl SqsOnce {
                 .timeout_config(attempt_timeout(sqs_timeout))
                 .build(),
         );
+        let source = match fit_to.as_deref().filter(|u| !u.is_empty()) {
+            Some(url) => Some((url, QueueClient::attributes(&sqs, url).await)),
+            None => None,
+        };
         if self.processor.fit_ttl {
-            self.processor.ttl = fitted_ttl(&sqs, fit_to.as_deref(), parking_dlq.as_deref()).await;
+            self.processor.ttl = fitted_ttl(&sqs, source.as_ref(), parking_dlq.as_deref()).await;
+        }
+        if let Some((url, Ok(attributes))) = &source {
+            warn_content_deduplication(url, attributes, &self.processor);
         }
         let store = DynamoStore::new(ddb, self.table);
         // The table's own carry secret unless one was set: read (or made,
@@ -610,13 +618,14 @@ impl LargePayloadOptions {
     }
 }
 
-/// The TTL that outlives every copy of a message of `queue_url`: its
-/// retention plus its DLQ's (see [`retention_window`]) plus [`TTL_SLACK`];
-/// [`LONGEST_TTL`] when there is no queue URL to read or its retention
-/// cannot be read (a warning names the permission).
+/// The TTL that outlives every copy of a message of the source queue (its
+/// URL and attributes, as read): its retention plus its DLQ's (see
+/// [`retention_window`]) plus [`TTL_SLACK`]; [`LONGEST_TTL`] when there is
+/// no queue URL to read or its retention cannot be read (a warning names the
+/// permission).
 async fn fitted_ttl(
     sqs: &aws_sdk_sqs::Client,
-    queue_url: Option<&str>,
+    source: Option<&(&str, Result<QueueAttributes, QueueError>)>,
     parking_dlq: Option<&str>,
 ) -> Duration {
     let longest = |why: &str| {
@@ -626,22 +635,22 @@ async fn fitted_ttl(
         );
         LONGEST_TTL
     };
-    let Some(url) = queue_url.filter(|u| !u.is_empty()) else {
-        tracing::info!(
-            ttl = %humantime::format_duration(LONGEST_TTL),
-            "no queue URL to fit the record TTL to (SQS_ONCE_QUEUE_URL): records are kept 43 days, longer than any queue can keep a copy of a message"
-        );
-        return LONGEST_TTL;
-    };
-    let attributes = match QueueClient::attributes(sqs, url).await {
-        Ok(a) => a,
-        Err(e) => {
+    let (url, attributes) = match source {
+        None => {
+            tracing::info!(
+                ttl = %humantime::format_duration(LONGEST_TTL),
+                "no queue URL to fit the record TTL to (SQS_ONCE_QUEUE_URL): records are kept 43 days, longer than any queue can keep a copy of a message"
+            );
+            return LONGEST_TTL;
+        }
+        Some((url, Err(e))) => {
             return longest(&format!(
                 "cannot read the queue's retention (grant sqs:GetQueueAttributes on {url}): {e}"
             ));
         }
+        Some((url, Ok(attributes))) => (*url, attributes),
     };
-    let Some(window) = retention_window(sqs, url, &attributes, parking_dlq).await else {
+    let Some(window) = retention_window(sqs, url, attributes, parking_dlq).await else {
         return longest("the queue's attributes name no MessageRetentionPeriod");
     };
     warn_unread_dlq(&window);
@@ -652,6 +661,21 @@ async fn fitted_ttl(
         "record TTL fitted to the queue's retention plus its DLQ's, plus a day"
     );
     ttl
+}
+
+/// Under `dedup-id` keys on a queue with content-based deduplication, two
+/// equal bodies are one key for as long as the record lives, not for SQS's
+/// five minutes: said at start-up.
+fn warn_content_deduplication(url: &str, attributes: &QueueAttributes, config: &ProcessorConfig) {
+    if attributes.content_based_deduplication == Some(true)
+        && config.key_source.uses_deduplication_id()
+    {
+        tracing::warn!(
+            queue = url,
+            ttl = %humantime::format_duration(config.ttl),
+            "`dedup-id` keys on a queue with ContentBasedDeduplication: SQS drops an equal body only within five minutes, this consumer skips it for the record's TTL; send an explicit MessageDeduplicationId per event, or key on a business id (json:/attribute:)"
+        );
+    }
 }
 
 /// The clients, counting their calls, and the processor for a runtime.
@@ -702,4 +726,62 @@ pub fn shutdown_on_signals() -> CancellationToken {
         t.cancel();
     });
     token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `f` logs at `warn` and above.
+    fn warnings_of(f: impl FnOnce()) -> String {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(logs.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn dedup_id_keys_on_a_content_deduplicated_queue_are_warned_about() {
+        let url = "https://sqs.us-east-1.amazonaws.com/1/orders.fifo";
+        let mut config = ProcessorConfig::new("c");
+        config.key_source = KeySource::DeduplicationId;
+        let content = QueueAttributes {
+            content_based_deduplication: Some(true),
+            ..QueueAttributes::default()
+        };
+        let warned = warnings_of(|| warn_content_deduplication(url, &content, &config));
+        assert!(warned.contains("ContentBasedDeduplication"), "{warned}");
+        let explicit = QueueAttributes {
+            content_based_deduplication: Some(false),
+            ..QueueAttributes::default()
+        };
+        assert_eq!(
+            warnings_of(|| warn_content_deduplication(url, &explicit, &config)),
+            ""
+        );
+        config.key_source = KeySource::MessageId;
+        assert_eq!(
+            warnings_of(|| warn_content_deduplication(url, &content, &config)),
+            ""
+        );
+    }
 }

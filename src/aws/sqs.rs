@@ -381,13 +381,19 @@ impl QueueClient for Client {
     }
 
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
+        let mut names = vec![
+            QueueAttributeName::VisibilityTimeout,
+            QueueAttributeName::MessageRetentionPeriod,
+            QueueAttributeName::MaximumMessageSize,
+            QueueAttributeName::RedrivePolicy,
+        ];
+        if is_fifo(queue) {
+            names.push(QueueAttributeName::ContentBasedDeduplication);
+        }
         let out = self
             .get_queue_attributes()
             .queue_url(queue)
-            .attribute_names(QueueAttributeName::VisibilityTimeout)
-            .attribute_names(QueueAttributeName::MessageRetentionPeriod)
-            .attribute_names(QueueAttributeName::MaximumMessageSize)
-            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .set_attribute_names(Some(names))
             .customize()
             .config_override(quick_call(self))
             .send()
@@ -405,6 +411,9 @@ impl QueueClient for Client {
                 .get(&QueueAttributeName::MaximumMessageSize)
                 .and_then(|v| v.parse().ok()),
             dead_letter_target_arn,
+            content_based_deduplication: attrs
+                .get(&QueueAttributeName::ContentBasedDeduplication)
+                .map(|v| v == "true"),
         })
     }
 

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use crate::protocol::envelope::Opened;
 use crate::protocol::key::{CarrySecret, KeyError};
-pub use crate::protocol::queue::LONGEST_TTL;
 use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::message::Envelope;
+pub use crate::protocol::queue::LONGEST_TTL;
 use crate::{KeySource, Message};
 
 /// What to do with a message from which no dedup key can be taken.

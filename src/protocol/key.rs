@@ -162,6 +162,16 @@ impl KeySource {
         }
     }
 
+    /// Whether the key comes (wholly or in part) from the FIFO
+    /// deduplication id.
+    pub(crate) fn uses_deduplication_id(&self) -> bool {
+        match self {
+            KeySource::DeduplicationId => true,
+            KeySource::Compound(parts) => parts.iter().any(KeySource::uses_deduplication_id),
+            _ => false,
+        }
+    }
+
     /// Whether the key comes (wholly or in part) from the message id or the
     /// FIFO deduplication id: what a copy brought back from the DLQ has anew,
     /// so its key is carried (see [`DEDUP_KEY_ATTRIBUTE`]).

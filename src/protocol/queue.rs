@@ -69,6 +69,8 @@ pub struct QueueAttributes {
     pub max_message_bytes: Option<usize>,
     /// The ARN of the DLQ its `RedrivePolicy` names.
     pub dead_letter_target_arn: Option<String>,
+    /// `ContentBasedDeduplication` (FIFO queues; `None` elsewhere).
+    pub content_based_deduplication: Option<bool>,
 }
 
 /// The DLQ ARN a queue's `RedrivePolicy` attribute (JSON) names.
@@ -153,7 +155,10 @@ pub(crate) async fn retention_window<Q: QueueClient>(
             Ok(Some(r)) => (r, Some((url, None))),
             Ok(None) => (
                 SQS_MAX_RETENTION,
-                Some((url, Some("no MessageRetentionPeriod in the answer".to_owned()))),
+                Some((
+                    url,
+                    Some("no MessageRetentionPeriod in the answer".to_owned()),
+                )),
             ),
             Err(e) => (SQS_MAX_RETENTION, Some((url, Some(e.to_string())))),
         },
@@ -482,7 +487,10 @@ mod tests {
         let window = retention_window(&queue, &url, &attributes, None)
             .await
             .unwrap();
-        assert_eq!(window.total, Duration::from_secs(4 * 86_400) + SQS_MAX_RETENTION);
+        assert_eq!(
+            window.total,
+            Duration::from_secs(4 * 86_400) + SQS_MAX_RETENTION
+        );
         assert!(matches!(window.dlq, Some((_, Some(_)))), "{window:?}");
         // Fitted, the TTL outlives the longest a copy can come back.
         let (queue, url, attributes) = source_with_dlq().await;
@@ -490,7 +498,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(window.total, Duration::from_secs(18 * 86_400));
-        assert_eq!(window.dlq.as_ref().map(|(_, why)| why.is_none()), Some(true));
+        assert_eq!(
+            window.dlq.as_ref().map(|(_, why)| why.is_none()),
+            Some(true)
+        );
         assert!(SQS_MAX_RETENTION * 3 + TTL_SLACK <= LONGEST_TTL);
     }
 

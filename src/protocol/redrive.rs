@@ -128,7 +128,9 @@ pub async fn redrive<Q: QueueClient>(
             if crate::protocol::parking::from_another_queue(parked_from, None, source_url) {
                 // Another queue's copy in a shared DLQ: left for its redrive.
                 let receipt = m.receipt_handle().unwrap_or_default();
-                let _ = queue.change_visibility(dlq_url, receipt, Duration::ZERO).await;
+                let _ = queue
+                    .change_visibility(dlq_url, receipt, Duration::ZERO)
+                    .await;
                 continue;
             }
             let (copy, carries) = copy_for_source(&m, fifo, max_bytes, secret);

@@ -1417,6 +1417,8 @@ impl QueueClient for MemoryQueue {
                 let name = r.dlq_url.rsplit('/').next().unwrap_or_default();
                 format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}")
             }),
+            content_based_deduplication: is_fifo(queue)
+                .then_some(q.settings.content_based_deduplication),
         })
     }
 

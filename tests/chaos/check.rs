@@ -122,7 +122,10 @@ pub async fn records(ddb: &aws_sdk_dynamodb::Client, table: &str) -> (Vec<String
     while let Some(item) = pages.next().await {
         let item = item.unwrap();
         // The table's carry secret is no record.
-        if item.get("pk").and_then(|v| v.as_s().ok()).map(String::as_str)
+        if item
+            .get("pk")
+            .and_then(|v| v.as_s().ok())
+            .map(String::as_str)
             == Some(sqs_once::aws::dynamodb::CARRY_SECRET_ITEM)
         {
             continue;

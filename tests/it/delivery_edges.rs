@@ -1240,7 +1240,13 @@ async fn a_message_moved_after_its_effect_is_redriven_as_a_duplicate_with_no_sec
     assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect was made");
 
     let out = tokio::process::Command::new(crate::common::binary("sqs-once"))
-        .args(["redrive", "--dlq-url", &q.dlq_url, "--queue-url", &q.queue_url])
+        .args([
+            "redrive",
+            "--dlq-url",
+            &q.dlq_url,
+            "--queue-url",
+            &q.queue_url,
+        ])
         .args(["--table", &table])
         .env("AWS_ENDPOINT_URL", crate::common::endpoint())
         .env("AWS_REGION", "us-east-1")

@@ -9,9 +9,7 @@ use std::time::{Duration, SystemTime};
 use sqs_once::{HandlerError, HandlerResult, KeySource, Message, SqsOnce, StartError, handler_fn};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{
-    ddb, dedup_table, depth, queues, sdk_config, send_all, sqs, unique,
-};
+use crate::common::{ddb, dedup_table, depth, queues, sdk_config, send_all, sqs, unique};
 use crate::lambda::receive_event;
 
 /// A handler that counts its effect per order id (a body without one is a
@@ -107,7 +105,10 @@ async fn the_front_door_runs_a_poller_that_applies_each_order_once() {
     let reason = copy.message_attributes().unwrap()["sqs_once_reason"]
         .string_value()
         .unwrap();
-    assert!(reason.contains("order_id"), "the reason names the key: {reason}");
+    assert!(
+        reason.contains("order_id"),
+        "the reason names the key: {reason}"
+    );
     let sealed = copy.message_attributes().unwrap()[sqs_once::parking::MESSAGE_ID_ATTRIBUTE]
         .string_value()
         .unwrap();

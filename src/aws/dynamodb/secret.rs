@@ -52,7 +52,10 @@ impl DynamoStore {
             .client
             .put_item()
             .table_name(&*self.table)
-            .item(KEY_ATTRIBUTE, AttributeValue::S(CARRY_SECRET_ITEM.to_owned()))
+            .item(
+                KEY_ATTRIBUTE,
+                AttributeValue::S(CARRY_SECRET_ITEM.to_owned()),
+            )
             .item(SECRET_ATTRIBUTE, AttributeValue::S(made))
             .condition_expression("attribute_not_exists(pk)")
             .send()
@@ -67,12 +70,15 @@ impl DynamoStore {
                     .is_some_and(|e| e.is_conditional_check_failed_exception()) => {}
             Err(e) => return Err(self.secret_error("make", "PutItem", &e)),
         }
-        self.read_carry_secret().await?.map(Some).ok_or_else(|| SecretError {
-            table: self.table.to_string(),
-            doing: "read back",
-            action: "GetItem",
-            reason: "no secret after it was written".into(),
-        })
+        self.read_carry_secret()
+            .await?
+            .map(Some)
+            .ok_or_else(|| SecretError {
+                table: self.table.to_string(),
+                doing: "read back",
+                action: "GetItem",
+                reason: "no secret after it was written".into(),
+            })
     }
 
     async fn read_carry_secret(&self) -> Result<Option<CarrySecret>, SecretError> {
@@ -80,7 +86,10 @@ impl DynamoStore {
             .client
             .get_item()
             .table_name(&*self.table)
-            .key(KEY_ATTRIBUTE, AttributeValue::S(CARRY_SECRET_ITEM.to_owned()))
+            .key(
+                KEY_ATTRIBUTE,
+                AttributeValue::S(CARRY_SECRET_ITEM.to_owned()),
+            )
             .consistent_read(true)
             .send()
             .await
@@ -92,14 +101,12 @@ impl DynamoStore {
         else {
             return Ok(None);
         };
-        CarrySecret::parse(text)
-            .map(Some)
-            .map_err(|e| SecretError {
-                table: self.table.to_string(),
-                doing: "use",
-                action: "GetItem",
-                reason: e.to_string(),
-            })
+        CarrySecret::parse(text).map(Some).map_err(|e| SecretError {
+            table: self.table.to_string(),
+            doing: "use",
+            action: "GetItem",
+            reason: e.to_string(),
+        })
     }
 
     fn secret_error<E: std::error::Error + 'static>(
