@@ -31,7 +31,11 @@ const SQS_SLACK: Duration = Duration::from_secs(10);
 const START_UP_RETRIES_FOR: Duration = Duration::from_secs(60);
 
 /// Why a consumer could not start (or its Lambda runtime stopped).
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its message and its sources', so a `main` that returns
+/// `Result<(), StartError>` prints what was wrong and how to fix it, not
+/// the enum's shape.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
     /// A setting is invalid; the error names it.
@@ -53,6 +57,21 @@ pub enum StartError {
     /// The runtime asked for is not compiled in (its feature is off).
     #[error("the {0} runtime is not compiled in: turn on the `{0}` feature of sqs-once")]
     NotCompiledIn(&'static str),
+}
+
+impl std::fmt::Debug for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")?;
+        let mut source = std::error::Error::source(self);
+        while let Some(e) = source {
+            // `#[error(transparent)]` variants show their source already.
+            if e.to_string() != self.to_string() {
+                write!(f, ": {e}")?;
+            }
+            source = e.source();
+        }
+        Ok(())
+    }
 }
 
 impl From<crate::protocol::key::KeySourceParseError> for StartError {
@@ -123,6 +142,7 @@ pub struct SqsOnce {
     large_payloads: Option<LargePayloadOptions>,
     sdk: Option<aws_config::SdkConfig>,
     shutdown: Option<CancellationToken>,
+    default_logging: bool,
 }
 
 /// Large payloads through S3 (the SQS Extended Client's pointers).
@@ -184,6 +204,7 @@ impl SqsOnce {
             large_payloads: None,
             sdk: None,
             shutdown: None,
+            default_logging: true,
         }
     }
 
@@ -342,6 +363,15 @@ impl SqsOnce {
         self.large_payloads.get_or_insert_default().places = Some(places);
     }
 
+    /// Whether the consumer logs to stderr when the process has installed no
+    /// `tracing` subscriber of its own (on by default, feature `logging`):
+    /// text at a terminal, JSON in Lambda, filtered by `RUST_LOG` (default
+    /// `info`). Off: nothing is logged unless the process installs one.
+    pub fn default_logging(mut self, on: bool) -> Self {
+        self.default_logging = on;
+        self
+    }
+
     /// The AWS configuration to use instead of loading it from the environment.
     pub fn sdk_config(mut self, sdk: aws_config::SdkConfig) -> Self {
         self.sdk = Some(sdk);
@@ -408,6 +438,7 @@ impl SqsOnce {
         self,
         handler: H,
     ) -> Result<LambdaAdapter<DynamoStore, H, aws_sdk_sqs::Client>, StartError> {
+        self.log_by_default();
         let mut lambda = self.lambda.clone();
         if lambda.queue_url.is_none() {
             lambda.queue_url.clone_from(&self.queue_url);
@@ -428,6 +459,7 @@ impl SqsOnce {
     /// `exit_when_idle`, until idle), draining what is in flight.
     #[cfg(feature = "poller")]
     pub async fn run_poller<H: Handler>(mut self, handler: H) -> Result<PollerReport, StartError> {
+        self.log_by_default();
         let shutdown = self.shutdown.take().unwrap_or_else(shutdown_on_signals);
         let mut poller = self.poller.clone();
         if poller.queue_url.is_empty() {
@@ -480,6 +512,15 @@ impl SqsOnce {
             stats,
             calls: prepared.calls.snapshot(),
         })
+    }
+
+    /// Installs the default logging unless turned off or the process has a
+    /// subscriber of its own.
+    fn log_by_default(&self) {
+        #[cfg(feature = "logging")]
+        if self.default_logging && !tracing::dispatcher::has_been_set() {
+            install_default_logging();
+        }
     }
 
     /// Loads the SDK configuration, builds the clients, checks the dedup
@@ -616,6 +657,30 @@ impl LargePayloadOptions {
         tracing::info!(read, delete = self.delete, "large payloads through S3: on");
         Ok(payloads)
     }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): JSON lines in
+/// Lambda (CloudWatch reads them), else text with every field escaped (a
+/// value from a message cannot forge a line). A subscriber installed
+/// meanwhile by another thread wins.
+#[cfg(feature = "logging")]
+fn install_default_logging() {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+        fmt.json().boxed()
+    } else {
+        fmt.fmt_fields(crate::protocol::logfmt::escaped_fields())
+            .boxed()
+    };
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .try_init();
 }
 
 /// The TTL that outlives every copy of a message of the source queue (its
@@ -757,6 +822,15 @@ mod tests {
             .finish();
         tracing::subscriber::with_default(subscriber, f);
         String::from_utf8(logs.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_start_error_returned_from_main_prints_its_message() {
+        let e = StartError::Table(TableCheckError::Missing("sqs-once-dedup".into()));
+        let shown = format!("{e:?}");
+        assert_eq!(shown, e.to_string());
+        assert!(shown.contains("sqs-once init"), "{shown}");
+        assert!(!shown.contains("Missing("), "{shown}");
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub mod envelope;
 pub(crate) mod handler;
 pub mod key;
 pub mod limits;
+// Re-exported by `env` (the binaries), used by the front door.
+#[allow(unreachable_pub)]
+pub(crate) mod logfmt;
 pub(crate) mod message;
 pub mod metrics;
 pub mod mutants;
