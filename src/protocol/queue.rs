@@ -175,8 +175,8 @@ pub(crate) async fn retention_window<Q: QueueClient>(
     Some(RetentionWindow { total, dlq })
 }
 
-/// How much longer than [`RetentionWindow::total`] a fitted TTL keeps a
-/// record: the last receive of a message can come a lease and a retry delay
+/// How much longer than the queue's retention plus its DLQ's a fitted TTL
+/// keeps a record: the last receive of a message can come a lease and a retry delay
 /// after its retention's start, and a record is written after the send.
 pub const TTL_SLACK: Duration = Duration::from_secs(86_400);
 

@@ -237,7 +237,9 @@ class LambdaConcurrency(unittest.TestCase):
         self.assertEqual(self.event_source_mapping("50")["ScalingConfig"], {"MaximumConcurrency": "50"})
 
     def test_zero_leaves_the_event_source_mapping_unlimited(self):
-        self.assertEqual(self.t["Parameters"]["MaximumConcurrency"]["Default"], "0")
+        # Bounded by default; 0 is the explicit choice of no limit.
+        self.assertEqual(self.t["Parameters"]["MaximumConcurrency"]["Default"], "10")
+        self.assertEqual(self.event_source_mapping("10")["ScalingConfig"], {"MaximumConcurrency": "10"})
         self.assertEqual(
             self.t["Conditions"]["HasConcurrencyLimit"],
             {"Fn::Not": [{"Fn::Equals": [{"Ref": "MaximumConcurrency"}, "0"]}]},
