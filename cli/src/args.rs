@@ -292,6 +292,12 @@ pub(crate) struct LocalLambdaArgs {
     /// Stop once the queue has been empty this long.
     #[arg(long, default_value = "3s", value_parser = sqs_once::settings::duration("--exit-when-idle"))]
     pub(crate) exit_when_idle: Duration,
+    /// Run even when the AWS endpoint is not local: the function then
+    /// consumes (and deletes) a real queue's messages on this machine. By
+    /// default it refuses anything but an `AWS_ENDPOINT_URL` on localhost or
+    /// LocalStack.
+    #[arg(long)]
+    pub(crate) allow_remote: bool,
 }
 
 impl RedriveArgs {

@@ -462,7 +462,7 @@ fn calls_per_message(calls: &serde_json::Value, messages: u64, empty_receives: u
 }
 
 /// Whether `endpoint` is on this machine or LocalStack's (no endpoint: AWS).
-fn is_local(endpoint: Option<&str>) -> bool {
+pub(crate) fn is_local(endpoint: Option<&str>) -> bool {
     let Some(endpoint) = endpoint else {
         return false;
     };

@@ -1237,3 +1237,29 @@ async fn redrive_from_a_shared_dlq_moves_only_the_copies_of_the_queue_it_is_give
     assert_eq!(bodies(&sqs, &b_url).await, [r#"{"from":"m-b"}"#]);
     assert_eq!(depth(&sqs, &a.dlq_url).await, 0);
 }
+
+/// `local-lambda` feeds a queue to a function on this machine, deleting
+/// what it answers for: against AWS's own endpoints (no `AWS_ENDPOINT_URL`)
+/// it refuses before it starts anything, unless told.
+#[tokio::test]
+async fn local_lambda_refuses_a_non_local_endpoint_unless_told() {
+    let out = tokio::process::Command::new(crate::common::binary("sqs-once"))
+        .args(["local-lambda", "--function", "/bin/true"])
+        .args([
+            "--queue-url",
+            "https://sqs.us-east-1.amazonaws.com/1/orders",
+        ])
+        .env_remove("AWS_ENDPOINT_URL")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("refusing") && stderr.contains("--allow-remote"),
+        "{stderr}"
+    );
+}
