@@ -50,6 +50,11 @@ pub enum StartError {
     #[cfg(feature = "poller")]
     #[error(transparent)]
     Queue(#[from] QueueCheckError),
+    /// The carry secret kept in the dedup table could not be read or made,
+    /// and the dedup key comes from message or deduplication ids (a copy
+    /// brought back from the DLQ would run again under a new key).
+    #[error(transparent)]
+    Secret(#[from] crate::aws::dynamodb::SecretError),
     /// The Lambda runtime failed.
     #[cfg(feature = "lambda")]
     #[error("Lambda runtime failed: {0}")]
@@ -89,6 +94,7 @@ impl StartError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Table(e) => e.is_transient(),
+            Self::Secret(e) => e.is_transient(),
             #[cfg(feature = "poller")]
             Self::Queue(e) => e.is_transient(),
             _ => false,
@@ -386,7 +392,12 @@ impl SqsOnce {
 
     /// Any other processor setting.
     pub fn processor_config(mut self, f: impl FnOnce(&mut ProcessorConfig)) -> Self {
+        let ttl = self.processor.ttl;
         f(&mut self.processor);
+        // A TTL set here is a TTL set: it is not fitted over.
+        if self.processor.ttl != ttl {
+            self.processor.fit_ttl = false;
+        }
         self
     }
 
@@ -582,23 +593,23 @@ impl SqsOnce {
         let (checked, secret) = tokio::join!(
             retry_transient(|| async { store.check_table().await.map_err(StartError::from) }),
             async {
-                if wants_secret {
-                    Some(store.table_carry_secret(true).await)
-                } else {
-                    None
+                if !wants_secret {
+                    return Ok(None);
                 }
+                retry_value(|| async { Ok(store.table_carry_secret(true).await?) }).await
             }
         );
         checked?;
         match secret {
-            Some(Ok(secret)) => self.processor.carry_secret = secret,
-            Some(Err(e)) => tracing::warn!(error = %e, "no carry secret"),
-            None => {}
-        }
-        if self.processor.carry_secret.is_none() && self.processor.key_source.uses_ids() {
-            tracing::warn!(
-                "no carry secret: parked copies carry no dedup key and carried ones are not honoured, so under `message-id`/`dedup-id` keys a copy brought back from the DLQ (parked, or moved by the queue's redrive policy) is processed under a new key and can apply its effect again"
-            );
+            Ok(secret) => self.processor.carry_secret = secret.or(self.processor.carry_secret),
+            // Under id keys a consumer without it would run a redriven copy
+            // again under a new key: refused. Other keys never read a
+            // carried key; what this consumer parks and sends is unsealed.
+            Err(e) if self.processor.key_source.uses_ids() => return Err(e),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "no carry secret: what this consumer parks and sends carries no sealed key"
+            ),
         }
         #[cfg_attr(not(feature = "s3-payloads"), allow(unused_mut))]
         let mut processor = Processor::new(store, handler, self.processor)?;
@@ -754,16 +765,25 @@ struct Prepared<H> {
 /// Runs a start-up check again while it fails for a reason that may pass (no
 /// answer, throttling) for up to a minute; a definite failure, or one that
 /// lasts, is returned.
-async fn retry_transient<F, Fut>(mut check: F) -> Result<(), StartError>
+async fn retry_transient<F, Fut>(check: F) -> Result<(), StartError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), StartError>>,
+{
+    retry_value(check).await
+}
+
+/// [`retry_transient`] for a step that answers a value.
+async fn retry_value<T, F, Fut>(mut check: F) -> Result<T, StartError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StartError>>,
 {
     let give_up = tokio::time::Instant::now() + START_UP_RETRIES_FOR;
     let mut delay = Duration::from_millis(500);
     loop {
         match check().await {
-            Ok(()) => return Ok(()),
+            Ok(value) => return Ok(value),
             Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < give_up => {
                 tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
                 tokio::time::sleep(delay).await;

@@ -334,6 +334,8 @@ fn reserved(name: &str) -> bool {
         || name == SIZE_ATTRIBUTE
         || name == LEGACY_SIZE_ATTRIBUTE
         || SEALED_ATTRIBUTES.contains(&name)
+        || name == crate::protocol::parking::REASON_ATTRIBUTE
+        || name == crate::protocol::parking::SOURCE_QUEUE_ATTRIBUTE
 }
 
 /// The stable id of the `index`th message sent for the record `pk`.

@@ -22,17 +22,18 @@ pub const REASON_ATTRIBUTE: &str = "sqs_once_reason";
 pub const SOURCE_QUEUE_ATTRIBUTE: &str = "sqs_once_source_queue";
 
 /// Whether DLQ message attributes and system attributes say it came from a
-/// queue other than the one named `source` (a name or URL): its
-/// [`SOURCE_QUEUE_ATTRIBUTE`] (parked by sqs-once) or SQS's
-/// `DeadLetterQueueSourceArn` (moved by a redrive policy). Neither: `false`.
+/// queue other than the one named `source` (a name or URL): SQS's
+/// `DeadLetterQueueSourceArn` (moved by a redrive policy: SQS's word, which
+/// no producer sets, wins), else its [`SOURCE_QUEUE_ATTRIBUTE`] (parked by
+/// sqs-once, which writes it over any a producer set). Neither: `false`.
 pub fn from_another_queue(
     parked_from: Option<&str>,
     dead_letter_source_arn: Option<&str>,
     source: &str,
 ) -> bool {
     let name = crate::protocol::trace::queue_name;
-    parked_from
-        .or(dead_letter_source_arn)
+    dead_letter_source_arn
+        .or(parked_from)
         .is_some_and(|from| name(from) != name(source))
 }
 
@@ -282,5 +283,8 @@ mod tests {
         assert!(from_another_queue(None, Some(arn), orders));
         assert!(!from_another_queue(None, Some(arn), "refunds"));
         assert!(!from_another_queue(None, None, orders), "unknown: moved");
+        // A producer's attribute on a message SQS moved: SQS's word wins.
+        let own = "arn:aws:sqs:us-east-1:1:orders";
+        assert!(!from_another_queue(Some("refunds"), Some(own), orders));
     }
 }

@@ -104,9 +104,10 @@ pub(crate) struct RetentionWindow {
     /// How long after its first send a copy of a message can still be
     /// received (see [`retention_window`]).
     pub total: Duration,
-    /// The DLQ counted, if any, and why its retention was assumed rather
-    /// than read (SQS's longest, 14 days), when it could not be read.
-    pub dlq: Option<(String, Option<String>)>,
+    /// The DLQs counted (the redrive policy's, the parking one), each with
+    /// why its retention was assumed rather than read (SQS's longest, 14
+    /// days), when it could not be read.
+    pub dlqs: Vec<(String, Option<String>)>,
 }
 
 /// The URL of the queue named by `arn`, built beside `source_url`: SQS
@@ -125,8 +126,8 @@ pub(crate) fn sibling_queue_url(source_url: &str, arn: &str) -> Option<String> {
 }
 
 /// How long a copy of a message of `queue_url` can come back after its first
-/// send: the source's retention plus that of the DLQ its redrive policy names
-/// (else `parking_dlq`, where sqs-once parks). A message can wait its
+/// send: the source's retention plus the longer of those of the DLQ its
+/// redrive policy names and `parking_dlq`, where sqs-once parks. A message can wait its
 /// retention in the source, then in the DLQ, before it is brought back; on a
 /// FIFO queue the source's counts twice, as a move restarts it. A DLQ whose
 /// retention cannot be read counts as SQS's longest (14 days) and says why.
@@ -139,30 +140,48 @@ pub(crate) async fn retention_window<Q: QueueClient>(
     parking_dlq: Option<&str>,
 ) -> Option<RetentionWindow> {
     let retention = source.retention?;
-    let dlq_url = match source.dead_letter_target_arn.as_deref() {
-        Some(arn) => match sibling_queue_url(queue_url, arn) {
-            Some(url) => Some(url),
-            None => match queue_arn_parts(arn) {
-                Some((name, account)) => queue.queue_url(name, account).await.ok(),
-                None => None,
+    // The redrive policy's DLQ and the parking DLQ, when they differ, may
+    // each hold a copy: the longer retention counts.
+    let mut urls: Vec<(String, Result<String, String>)> = Vec::new();
+    if let Some(arn) = source.dead_letter_target_arn.as_deref() {
+        let url = match (sibling_queue_url(queue_url, arn), queue_arn_parts(arn)) {
+            (Some(url), _) => Ok(url),
+            (None, Some((name, account))) => queue
+                .queue_url(name, account)
+                .await
+                .map_err(|e| e.to_string()),
+            (None, None) => Err("the redrive policy names no queue ARN".to_owned()),
+        };
+        urls.push((arn.to_owned(), url));
+    }
+    if let Some(parking) = parking_dlq
+        && !urls.iter().any(|(_, u)| u.as_deref() == Ok(parking))
+    {
+        urls.push((parking.to_owned(), Ok(parking.to_owned())));
+    }
+    let mut dlq_retention = Duration::ZERO;
+    let mut dlqs = Vec::new();
+    for (name, url) in urls {
+        let read = match &url {
+            Ok(url) => match queue.attributes(url).await.map(|a| a.retention) {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err("no MessageRetentionPeriod in the answer".to_owned()),
+                Err(e) => Err(e.to_string()),
             },
-        },
-        None => parking_dlq.map(str::to_owned),
-    };
-    let (dlq_retention, dlq) = match dlq_url {
-        None => (Duration::ZERO, None),
-        Some(url) => match queue.attributes(&url).await.map(|a| a.retention) {
-            Ok(Some(r)) => (r, Some((url, None))),
-            Ok(None) => (
-                SQS_MAX_RETENTION,
-                Some((
-                    url,
-                    Some("no MessageRetentionPeriod in the answer".to_owned()),
-                )),
-            ),
-            Err(e) => (SQS_MAX_RETENTION, Some((url, Some(e.to_string())))),
-        },
-    };
+            Err(why) => Err(why.clone()),
+        };
+        let shown = url.unwrap_or(name);
+        match read {
+            Ok(r) => {
+                dlq_retention = dlq_retention.max(r);
+                dlqs.push((shown, None));
+            }
+            Err(why) => {
+                dlq_retention = SQS_MAX_RETENTION;
+                dlqs.push((shown, Some(why)));
+            }
+        }
+    }
     // A standard queue's message keeps its first enqueue time in the DLQ, so
     // the DLQ's retention bounds its whole age; a FIFO queue's starts again
     // when it is moved (SQS Developer Guide, dead-letter queues), and a copy
@@ -172,7 +191,7 @@ pub(crate) async fn retention_window<Q: QueueClient>(
     } else {
         retention + dlq_retention
     };
-    Some(RetentionWindow { total, dlq })
+    Some(RetentionWindow { total, dlqs })
 }
 
 /// How much longer than the queue's retention plus its DLQ's a fitted TTL
@@ -204,7 +223,7 @@ pub(crate) async fn check_retention<Q: QueueClient>(
         tracing::warn!(
             queue = queue_url,
             retention = ?source.retention,
-            dlq = window.dlq.as_ref().map_or("", |(url, _)| url.as_str()),
+            dlqs = ?window.dlqs.iter().map(|(url, _)| url).collect::<Vec<_>>(),
             ?ttl,
             "SQS_ONCE_TTL is not longer than the queue's retention plus its DLQ's: a message brought back late (redelivered, or redriven from the DLQ) could find its record expired and run again; raise SQS_ONCE_TTL above {} (or leave it unset: the TTL is then fitted to the queues)",
             humantime::format_duration(total)
@@ -217,7 +236,8 @@ pub(crate) async fn check_retention<Q: QueueClient>(
 /// A warning when the DLQ's retention was assumed rather than read.
 #[cfg(any(feature = "poller", feature = "lambda"))]
 pub(crate) fn warn_unread_dlq(window: &RetentionWindow) {
-    if let Some((url, Some(why))) = &window.dlq {
+    for (url, why) in &window.dlqs {
+        let Some(why) = why else { continue };
         tracing::warn!(
             dlq = %url,
             error = %why,
@@ -491,18 +511,44 @@ mod tests {
             window.total,
             Duration::from_secs(4 * 86_400) + SQS_MAX_RETENTION
         );
-        assert!(matches!(window.dlq, Some((_, Some(_)))), "{window:?}");
+        assert!(matches!(window.dlqs[..], [(_, Some(_))]), "{window:?}");
         // Fitted, the TTL outlives the longest a copy can come back.
         let (queue, url, attributes) = source_with_dlq().await;
         let window = retention_window(&queue, &url, &attributes, None)
             .await
             .unwrap();
         assert_eq!(window.total, Duration::from_secs(18 * 86_400));
-        assert_eq!(
-            window.dlq.as_ref().map(|(_, why)| why.is_none()),
-            Some(true)
-        );
+        assert!(matches!(window.dlqs[..], [(_, None)]), "{window:?}");
         assert!(SQS_MAX_RETENTION * 3 + TTL_SLACK <= LONGEST_TTL);
+    }
+
+    #[tokio::test]
+    async fn a_parking_dlq_that_keeps_copies_longer_than_the_redrive_policys_counts() {
+        let queue = crate::MemoryQueue::new();
+        let days = |d: u64| Duration::from_secs(d * 86_400);
+        let mut short = QueueSettings::new("orders-dlq");
+        short.retention = days(2);
+        let dlq_url = queue.create_queue(short).unwrap();
+        let mut parking = QueueSettings::new("parked");
+        parking.retention = days(14);
+        let parking_url = queue.create_queue(parking).unwrap();
+        let mut source = QueueSettings::new("orders");
+        source.retention = days(4);
+        source.redrive = Some(RedrivePolicy {
+            dlq_url,
+            max_receive_count: 5,
+        });
+        let url = queue.create_queue(source).unwrap();
+        let attributes = queue.attributes(&url).await.unwrap();
+        let alone = retention_window(&queue, &url, &attributes, None)
+            .await
+            .unwrap();
+        assert_eq!(alone.total, days(6));
+        let both = retention_window(&queue, &url, &attributes, Some(&parking_url))
+            .await
+            .unwrap();
+        assert_eq!(both.total, days(18), "{both:?}");
+        assert_eq!(both.dlqs.len(), 2, "{both:?}");
     }
 
     #[tokio::test]

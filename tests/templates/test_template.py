@@ -21,7 +21,7 @@ class SamTemplate(unittest.TestCase):
         cls.variants = {
             fifo: resolve(
                 cls.raw,
-                {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasAlarmTopicArn": False, "HasKmsKey": False, **NO_LARGE_PAYLOADS},
+                {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasRecordRetention": False, "HasAlarmTopicArn": False, "HasKmsKey": False, **NO_LARGE_PAYLOADS},
                 defaults,
             )
             for fifo in (False, True)
@@ -79,12 +79,18 @@ class SamTemplate(unittest.TestCase):
         self.assertGreaterEqual(visibility, timeout, "AWS rejects a visibility timeout below the function timeout")
         self.assertGreaterEqual(visibility, 6 * timeout, "AWS recommends 6x the function timeout")
 
-    def test_record_retention_outlives_the_queue_retention(self):
+    def test_record_retention_is_fitted_to_the_queues_unless_set(self):
         params = self.raw["Parameters"]
-        days = int(params["RecordRetentionDays"]["Default"])
-        self.assertGreater(days * 86400, int(params["QueueRetentionSeconds"]["Default"]))
+        self.assertEqual(int(params["RecordRetentionDays"]["Default"]), 0)
         env = self.raw["Resources"]["LedgerFunction"]["Properties"]["Environment"]["Variables"]
-        self.assertEqual(env["SQS_ONCE_TTL"], {"Fn::Sub": "${RecordRetentionDays}d"})
+        self.assertEqual(
+            env["SQS_ONCE_TTL"],
+            {"Fn::If": ["HasRecordRetention", {"Fn::Sub": "${RecordRetentionDays}d"}, {"Ref": "AWS::NoValue"}]},
+        )
+        # Unset by default: the function fits it (it may read both queues).
+        for fifo in (False, True):
+            variables = self.function(fifo)["Properties"]["Environment"]["Variables"]
+            self.assertNotIn("SQS_ONCE_TTL", variables)
 
     def test_function_is_the_ledger_binary_on_al2023_arm64(self):
         fn = self.function()

@@ -179,6 +179,7 @@ pub async fn redrive(
     report.waiting = queue_depth(sqs, dlq_url).await?.visible;
     report.limit = redrive_limit(report.waiting, options.max);
     let mut taken = 0;
+    let mut left = Vec::new();
     while let Some(want) = next_receive(report.limit, taken) {
         let got = sqs
             .receive_message()
@@ -199,20 +200,25 @@ pub async fn redrive(
         if got.is_empty() {
             break;
         }
-        taken += got.len() as u64;
+        // Other queues' copies stay invisible while the run goes on and are
+        // not counted (a DLQ that holds mostly theirs still gives up all of
+        // this queue's in one run), then are made visible again.
         let (got, others): (Vec<Message>, Vec<Message>) = got
             .into_iter()
             .partition(|m| !from_another_queue(m, source_url));
-        leave_for_their_queue(sqs, dlq_url, others, &mut report).await;
+        note_other_queues(&others, &mut report);
+        left.extend(others);
+        taken += got.len() as u64;
         let got: Vec<Message> = got
             .into_iter()
-            .map(|m| carrying_key(m, max_size, options.carry_secret.as_ref(), &mut report))
+            .filter_map(|m| carrying_key(m, max_size, options.carry_secret.as_ref(), &mut report))
             .collect();
         for batch in size_batches(&got, max_size) {
             move_batch(sqs, dlq_url, source_url, fifo, batch, &mut report).await?;
             progress(report.moved);
         }
     }
+    release(sqs, dlq_url, &left).await;
     Ok(report)
 }
 
@@ -231,24 +237,24 @@ fn from_another_queue(m: &Message, source_url: &str) -> bool {
     sqs_once::parking::from_another_queue(parked_from, moved_from, source_url)
 }
 
-/// Makes the messages of other queues visible again in the DLQ at once (a
-/// failed change leaves them to their 60 s), for a redrive to their own.
-async fn leave_for_their_queue(
-    sqs: &aws_sdk_sqs::Client,
-    dlq_url: &str,
-    others: Vec<Message>,
-    report: &mut Redriven,
-) {
+/// Makes `messages` visible again in the DLQ at once (a failed change
+/// leaves them to their 60 s).
+async fn release(sqs: &aws_sdk_sqs::Client, dlq_url: &str, messages: &[Message]) {
+    for receipt in messages.iter().filter_map(Message::receipt_handle) {
+        let _ = sqs
+            .change_message_visibility()
+            .queue_url(dlq_url)
+            .receipt_handle(receipt)
+            .visibility_timeout(0)
+            .send()
+            .await;
+    }
+}
+
+/// Notes the messages of other queues, left in the DLQ for a redrive to
+/// their own.
+fn note_other_queues(others: &[Message], report: &mut Redriven) {
     for m in others {
-        if let Some(receipt) = m.receipt_handle() {
-            let _ = sqs
-                .change_message_visibility()
-                .queue_url(dlq_url)
-                .receipt_handle(receipt)
-                .visibility_timeout(0)
-                .send()
-                .await;
-        }
         let id = m.message_id().unwrap_or_default().to_owned();
         if !report.other_queues.contains(&id) {
             report.other_queues.push(id);
@@ -288,7 +294,7 @@ pub(super) fn carrying_key(
     max_size: usize,
     secret: Option<&CarrySecret>,
     report: &mut Redriven,
-) -> Message {
+) -> Option<Message> {
     let body = m.body.clone().unwrap_or_default();
     let id = m.message_id.clone().unwrap_or_default();
     let sealed = |name: &str| {
@@ -309,12 +315,20 @@ pub(super) fn carrying_key(
                     .expect("complete attribute"),
             );
         }
-        return m;
+        return Some(m);
+    }
+    if secret.is_some() && parked_under_another_secret(&m) {
+        // Replacing its key would run it under a new one: left where it is.
+        report.not_sent.push((
+            id,
+            "parked by sqs-once with a key sealed under another secret than this redrive's (give the consumers' secret: --carry-secret, or --table for the one kept in their table)".into(),
+        ));
+        return None;
     }
     let original = sealed(MESSAGE_ID_ATTRIBUTE).unwrap_or_else(|| id.clone());
     let Some(secret) = secret else {
         report.without_key.push(id);
-        return m;
+        return Some(m);
     };
     if let Some(attrs) = m.message_attributes.as_mut() {
         attrs.remove(DEDUP_KEY_ATTRIBUTE);
@@ -339,7 +353,22 @@ pub(super) fn carrying_key(
         }
         _ => report.without_key.push(id),
     }
-    m
+    Some(m)
+}
+
+/// Whether `m` is a copy sqs-once parked (its reason, and no SQS move
+/// behind it) that carries a sealed key or first id: one that did not
+/// verify was sealed under another secret (a producer's forgery cannot be
+/// told from it, and is left too, never given a key).
+fn parked_under_another_secret(m: &Message) -> bool {
+    let attrs = m.message_attributes();
+    let has = |name: &str| attrs.is_some_and(|a| a.contains_key(name));
+    let moved_by_sqs = m
+        .attributes()
+        .is_some_and(|a| a.contains_key(&MessageSystemAttributeName::DeadLetterQueueSourceArn));
+    has(REASON_ATTRIBUTE)
+        && !moved_by_sqs
+        && (has(DEDUP_KEY_ATTRIBUTE) || has(MESSAGE_ID_ATTRIBUTE))
 }
 
 /// The DLQ's depth and its first messages (peeked: visible again at once).

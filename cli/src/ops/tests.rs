@@ -9,6 +9,7 @@ use aws_sdk_sqs::types::{Message, MessageAttributeValue};
 use sqs_once::Record;
 use sqs_once::aws::dynamodb::record_from_item;
 use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key};
+use sqs_once::parking::REASON_ATTRIBUTE;
 
 use super::records::*;
 use super::redrive::*;
@@ -152,7 +153,7 @@ fn the_operator_redrive_seals_a_carried_key_again_under_the_first_secret() {
         )
         .build();
     let mut report = Redriven::default();
-    let copy = carrying_key(parked, 262_144, Some(&rotating), &mut report);
+    let copy = carrying_key(parked, 262_144, Some(&rotating), &mut report).unwrap();
     let carried = copy.message_attributes.as_ref().unwrap()[DEDUP_KEY_ATTRIBUTE]
         .string_value()
         .unwrap()
@@ -182,4 +183,53 @@ fn size_batches_keep_each_batch_within_the_size_and_ten_messages() {
     let huge = vec![message(300_000), message(10)];
     let sizes: Vec<usize> = size_batches(&huge, max).iter().map(|b| b.len()).collect();
     assert_eq!(sizes, vec![1, 1], "an oversized message goes alone");
+}
+
+#[test]
+fn a_copy_parked_under_another_secret_is_left_in_the_dlq_not_given_a_new_key() {
+    let consumers = CarrySecret::parse(&"c".repeat(32)).unwrap();
+    let other = CarrySecret::parse(&"x".repeat(32)).unwrap();
+    let string = |v: String| {
+        MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+            .unwrap()
+    };
+    let parked = Message::builder()
+        .message_id("dlq-1")
+        .body("{}")
+        .message_attributes(REASON_ATTRIBUTE, string("failed".into()))
+        .message_attributes(
+            DEDUP_KEY_ATTRIBUTE,
+            string(carry_key(&consumers, "{}", "k-1")),
+        )
+        .build();
+    let mut report = Redriven::default();
+    assert!(carrying_key(parked.clone(), 262_144, Some(&other), &mut report).is_none());
+    assert_eq!(report.not_sent.len(), 1, "{report:?}");
+    assert!(
+        report.not_sent[0].1.contains("another secret"),
+        "{report:?}"
+    );
+    // Under the consumers' own secret it goes back with its key.
+    let mut report = Redriven::default();
+    let copy = carrying_key(parked, 262_144, Some(&consumers), &mut report).unwrap();
+    assert_eq!(
+        copy.message_attributes.unwrap()[DEDUP_KEY_ATTRIBUTE].string_value(),
+        Some(carry_key(&consumers, "{}", "k-1").as_str())
+    );
+    // A message SQS moved (no reason) whose key does not verify gets one
+    // from its own id instead.
+    let moved = Message::builder()
+        .message_id("dlq-2")
+        .body("{}")
+        .message_attributes(DEDUP_KEY_ATTRIBUTE, string("forged:victim".into()))
+        .build();
+    let mut report = Redriven::default();
+    let copy = carrying_key(moved, 262_144, Some(&other), &mut report).unwrap();
+    assert_eq!(
+        copy.message_attributes.unwrap()[DEDUP_KEY_ATTRIBUTE].string_value(),
+        Some(carry_key(&other, "{}", "dlq-2").as_str())
+    );
 }

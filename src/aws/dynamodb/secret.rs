@@ -2,11 +2,16 @@
 //! consumer that starts without one, read by every later one and by the
 //! operator tool's redrive, so sealing works without a secret to provision.
 //!
+//! Deleting the item re-keys: consumers started after it make a new secret,
+//! those running keep the old one, and copies sealed under either are not
+//! honoured by the other (processed under a new key). Never delete it.
+//!
 //! Whoever can read the dedup table can read it, and so forge a carried key
 //! (see docs/DESIGN.md, "Parking"): producers must not be granted
 //! `dynamodb:GetItem` on the table. A secret set explicitly
 //! (`SQS_ONCE_CARRY_SECRET`) wins and is never written here.
 
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_smithy_types::error::display::DisplayErrorContext;
 
@@ -30,6 +35,14 @@ pub struct SecretError {
     doing: &'static str,
     action: &'static str,
     reason: String,
+    transient: bool,
+}
+
+impl SecretError {
+    /// Whether trying again may succeed (no answer, throttling, a 5xx).
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
 }
 
 impl DynamoStore {
@@ -78,6 +91,7 @@ impl DynamoStore {
                 doing: "read back",
                 action: "GetItem",
                 reason: "no secret after it was written".into(),
+                transient: true,
             })
     }
 
@@ -106,20 +120,26 @@ impl DynamoStore {
             doing: "use",
             action: "GetItem",
             reason: e.to_string(),
+            transient: false,
         })
     }
 
-    fn secret_error<E: std::error::Error + 'static>(
+    fn secret_error<E, R>(
         &self,
         doing: &'static str,
         action: &'static str,
-        e: &E,
-    ) -> SecretError {
+        e: &SdkError<E, R>,
+    ) -> SecretError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
+    {
         SecretError {
             table: self.table.to_string(),
             doing,
             action,
             reason: DisplayErrorContext(e).to_string(),
+            transient: crate::aws::is_transient(e),
         }
     }
 }
