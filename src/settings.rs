@@ -130,13 +130,14 @@ pub struct Settings {
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_FAST_PATH", default_value = "on", num_args = 0..=1, default_missing_value = "on", value_parser = switch("SQS_ONCE_FAST_PATH"), action = clap::ArgAction::Set))]
     pub fast_path: bool,
     /// A duplicate whose body differs from the recorded one (a producer reusing
-    /// a key): `warn` (skip it as its key says, with a warning) or `park`.
+    /// a key): `park` (the default: parked with the reason, never dropped
+    /// silently) or `warn` (skipped as its key says, with a warning).
     #[cfg_attr(
         feature = "env",
         arg(
             long,
             env = "SQS_ONCE_PAYLOAD_MISMATCH",
-            default_value = "warn",
+            default_value = "park",
             value_enum
         )
     )]

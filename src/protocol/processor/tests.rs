@@ -164,10 +164,15 @@ async fn runs_once_then_skips_duplicates_with_the_result() {
 async fn a_duplicate_with_another_body_is_counted_and_skipped_or_parked_as_configured() {
     let (calls, handler) = counting();
     let store = MemoryStore::default();
-    let warn = Processor::new(store.clone(), handler.clone(), config()).unwrap();
-    let mut parking = config();
-    parking.payload_mismatch = PayloadMismatch::Park;
-    let park = Processor::new(store, handler, parking).unwrap();
+    let mut warning = config();
+    warning.payload_mismatch = PayloadMismatch::Warn;
+    let warn = Processor::new(store.clone(), handler.clone(), warning).unwrap();
+    let park = Processor::new(store, handler, config()).unwrap();
+    assert_eq!(
+        config().payload_mismatch,
+        PayloadMismatch::Park,
+        "the default"
+    );
     let first = warn
         .process(Message::new("m1", r#"{"id":"e1","amount":5}"#))
         .await;
