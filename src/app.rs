@@ -435,22 +435,25 @@ impl SqsOnce {
             let prepared = self
                 .prepare(handler, poller.concurrency, poller.wait_time + SQS_SLACK)
                 .await?;
-            retry_transient(|| async {
+            let attributes = retry_transient(|| async {
                 check_queue(&prepared.sqs, &poller.queue_url, heartbeat, ttl)
                     .await
                     .map_err(StartError::from)
             })
             .await?;
-            Ok::<_, StartError>(prepared)
+            Ok::<_, StartError>((prepared, attributes.max_receive_count))
         };
         // A signal during the start-up checks stops the process cleanly too.
-        let prepared = tokio::select! {
+        let (prepared, max_receive_count) = tokio::select! {
             r = start => r?,
             () = shutdown.cancelled() => {
                 tracing::info!("stopped during start-up");
                 return Ok(PollerReport::default());
             }
         };
+        if poller.max_receive_count.is_none() {
+            poller.max_receive_count = max_receive_count;
+        }
         tracing::info!(queue = %poller.queue_url, concurrency = poller.concurrency, "polling");
         let stats =
             crate::runtime::poller::run(prepared.sqs, prepared.processor, poller, shutdown).await;
@@ -576,16 +579,16 @@ struct Prepared<H> {
 /// Runs a start-up check again while it fails for a reason that may pass (no
 /// answer, throttling) for up to a minute; a definite failure, or one that
 /// lasts, is returned.
-async fn retry_transient<F, Fut>(mut check: F) -> Result<(), StartError>
+async fn retry_transient<T, F, Fut>(mut check: F) -> Result<T, StartError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), StartError>>,
+    Fut: Future<Output = Result<T, StartError>>,
 {
     let give_up = tokio::time::Instant::now() + START_UP_RETRIES_FOR;
     let mut delay = Duration::from_millis(500);
     loop {
         match check().await {
-            Ok(()) => return Ok(()),
+            Ok(t) => return Ok(t),
             Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < give_up => {
                 tracing::warn!(error = %e, retry_in = ?delay, "start-up check failed; trying again");
                 tokio::time::sleep(delay).await;

@@ -391,6 +391,9 @@ impl QueueClient for Client {
         let dead_letter_target_arn = attrs
             .get(&QueueAttributeName::RedrivePolicy)
             .and_then(|p| crate::protocol::queue::dead_letter_target_arn(p));
+        let max_receive_count = attrs
+            .get(&QueueAttributeName::RedrivePolicy)
+            .and_then(|p| crate::protocol::queue::max_receive_count(p));
         Ok(QueueAttributes {
             visibility_timeout: attribute_secs(&attrs, &QueueAttributeName::VisibilityTimeout),
             retention: attribute_secs(&attrs, &QueueAttributeName::MessageRetentionPeriod),
@@ -398,6 +401,7 @@ impl QueueClient for Client {
                 .get(&QueueAttributeName::MaximumMessageSize)
                 .and_then(|v| v.parse().ok()),
             dead_letter_target_arn,
+            max_receive_count,
         })
     }
 

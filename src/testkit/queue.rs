@@ -1417,6 +1417,7 @@ impl QueueClient for MemoryQueue {
                 let name = r.dlq_url.rsplit('/').next().unwrap_or_default();
                 format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}")
             }),
+            max_receive_count: q.settings.redrive.as_ref().map(|r| r.max_receive_count),
         })
     }
 
