@@ -772,7 +772,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
 
     /// Runs the lane's messages in order while keeping the ones that wait
     /// invisible. On a FIFO queue a failure stops the lane: the rest come back
-    /// unprocessed, a second before the failed message (or at once at shutdown).
+    /// unprocessed, a second before the failed message (or at once at
+    /// shutdown); unless the failed message runs again in place
+    /// ([`Self::on_retry`]).
     async fn run(mut self) {
         let permits = std::mem::take(&mut self.permits);
         // A lane of one message that gets its slot at once never has a
@@ -928,8 +930,10 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         let Some(max) = config.max_receive_count else {
             return OnRetry::SetDelay;
         };
-        let ahead = in_place > 0 || !self.waiting.lock().await.messages.is_empty();
-        if !self.fifo || config.dlq_url.is_none() || !ahead || self.shared.shutdown.is_cancelled() {
+        if !self.fifo || config.dlq_url.is_none() || self.shared.shutdown.is_cancelled() {
+            return OnRetry::SetDelay;
+        }
+        if in_place == 0 && self.waiting.lock().await.messages.is_empty() {
             return OnRetry::SetDelay;
         }
         if m.receive_count() >= max {
@@ -973,7 +977,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         // Still first, unless the keeper let the lane go.
         let (head, more) = {
             let mut w = self.waiting.lock().await;
-            if !w.messages.front().is_some_and(|m| m.id() == head.id()) {
+            if w.messages.front().is_none_or(|m| m.id() != head.id()) {
                 return None;
             }
             let head = w.messages.pop_front()?;
