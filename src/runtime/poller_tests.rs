@@ -1755,13 +1755,14 @@ struct GroupRuns {
     effects: Vec<String>,
 }
 
-/// A processor (keys from the message id, a 30 s lease, a `backoff` base)
+/// A processor (keys from the message id, a `lease`, a `backoff` base)
 /// whose handler fails "m1" transiently `m1_fails` times, then succeeds;
 /// every run and effect noted in `seen`.
 fn group_processor(
     seen: &Arc<Mutex<GroupRuns>>,
     m1_fails: usize,
     backoff: Duration,
+    lease: Duration,
 ) -> Processor<MemoryStore, impl Handler> {
     let seen = seen.clone();
     let handler = handler_fn(move |m: Message, ctx: crate::Context| {
@@ -1778,7 +1779,8 @@ fn group_processor(
         }
     });
     let mut pc = ProcessorConfig::new("group");
-    pc.lease = Duration::from_secs(30);
+    pc.lease = lease;
+    pc.heartbeat = pc.heartbeat.min(lease / 3);
     pc.backoff_base = backoff;
     let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
     Processor::new(MemoryStore::new(clock), handler, pc).unwrap()
@@ -1801,7 +1803,12 @@ async fn a_failing_fifo_head_is_retried_in_place_and_its_group_spends_no_receive
         config.dlq_url = Some(dlq.clone());
         config.max_receive_count = Some(3);
         config.exit_when_idle = Some(Duration::from_secs(30));
-        let p = group_processor(&seen, m1_fails, Duration::from_secs(2));
+        let p = group_processor(
+            &seen,
+            m1_fails,
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+        );
         let stats = run(queue.clone(), p, config, CancellationToken::new()).await;
         let s = seen.lock().unwrap();
         let expected: &[&str] = if parked {
@@ -1843,7 +1850,7 @@ async fn a_shutdown_during_an_in_place_wait_hands_the_group_back_in_order() {
     config.max_receive_count = Some(3);
     config.exit_when_idle = None;
     config.wait_time = Duration::from_secs(1);
-    let p = group_processor(&seen, 5, Duration::from_secs(10));
+    let p = group_processor(&seen, 5, Duration::from_secs(10), Duration::from_secs(30));
     let shutdown = CancellationToken::new();
     let poller = tokio::spawn(run(queue.clone(), p, config.clone(), shutdown.clone()));
     wait_until(Duration::from_secs(30), || {
@@ -1870,10 +1877,55 @@ async fn a_shutdown_during_an_in_place_wait_hands_the_group_back_in_order() {
     // Nothing applied yet; all of it runs, in order, once m1 works.
     assert!(seen.lock().unwrap().effects.is_empty());
     config.exit_when_idle = Some(Duration::from_secs(30));
-    let p = group_processor(&seen, 2, Duration::from_secs(10));
+    let p = group_processor(&seen, 2, Duration::from_secs(10), Duration::from_secs(30));
     run(queue.clone(), p, config, CancellationToken::new()).await;
     let s = seen.lock().unwrap();
     assert_eq!(s.effects, ["m1", "m2", "m3"]);
     assert_eq!(queue.counts(&url).unwrap().stored(), 0);
+    assert_eq!(queue.counts(&dlq).unwrap().stored(), 0);
+}
+
+/// A wait in place longer than the lease (a 45 s retry delay against a
+/// 10 s lease): the lane keeper extends the waiting first message with the
+/// rest of its group (all of them stay in flight), so none of them is
+/// received again meanwhile; the
+/// group then runs in order, each effect once.
+#[tokio::test(start_paused = true)]
+async fn a_wait_in_place_longer_than_the_lease_keeps_the_whole_group_invisible() {
+    use crate::testkit::queue::MessageState;
+    let (queue, url, dlq) = fifo_group_with_dlq().await;
+    let seen = Arc::new(Mutex::new(GroupRuns::default()));
+    let mut config = config(&url, 2, 2);
+    config.dlq_url = Some(dlq.clone());
+    config.max_receive_count = Some(3);
+    config.exit_when_idle = Some(Duration::from_secs(30));
+    config.wait_time = Duration::from_secs(1);
+    let p = group_processor(&seen, 1, Duration::from_secs(45), Duration::from_secs(10));
+    let poller = tokio::spawn(run(queue.clone(), p, config, CancellationToken::new()));
+    wait_until(Duration::from_secs(30), || {
+        !seen.lock().unwrap().runs.is_empty()
+    })
+    .await;
+    // Three leases into the wait: every message of the group is still in
+    // flight, the waiting first one too.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let states: Vec<(String, MessageState)> = queue
+        .contents(&url)
+        .into_iter()
+        .map(|m| (m.body, m.state))
+        .collect();
+    let in_flight = |b: &str| (b.to_owned(), MessageState::InFlight);
+    assert_eq!(states, [in_flight("m1"), in_flight("m2"), in_flight("m3")]);
+    let stats = poller.await.unwrap();
+    let s = seen.lock().unwrap();
+    assert_eq!(s.effects, ["m1", "m2", "m3"], "{stats:?}");
+    let (first, second) = (s.runs[0].1, s.runs[1].1);
+    assert_eq!((first, second), (1, 2), "{:?}", s.runs);
+    let counts = queue.counts(&url).unwrap();
+    assert_eq!(
+        counts.received, 3,
+        "received again while waiting: {counts:?}"
+    );
+    assert_eq!(counts.stored(), 0, "{counts:?}");
     assert_eq!(queue.counts(&dlq).unwrap().stored(), 0);
 }
