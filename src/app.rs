@@ -498,23 +498,26 @@ impl SqsOnce {
                     poller.dlq_url.clone(),
                 )
                 .await?;
-            retry_transient(|| async {
-                let ttl = prepared.processor.config().ttl;
+            let ttl = prepared.processor.config().ttl;
+            let attributes = retry_transient(|| async {
                 check_queue(&prepared.sqs, &poller.queue_url, heartbeat, ttl)
                     .await
                     .map_err(StartError::from)
             })
             .await?;
-            Ok::<_, StartError>(prepared)
+            Ok::<_, StartError>((prepared, attributes.max_receive_count))
         };
         // A signal during the start-up checks stops the process cleanly too.
-        let prepared = tokio::select! {
+        let (prepared, max_receive_count) = tokio::select! {
             r = start => r?,
             () = shutdown.cancelled() => {
                 tracing::info!("stopped during start-up");
                 return Ok(PollerReport::default());
             }
         };
+        if poller.max_receive_count.is_none() {
+            poller.max_receive_count = max_receive_count;
+        }
         tracing::info!(queue = %poller.queue_url, concurrency = poller.concurrency, "polling");
         let stats =
             crate::runtime::poller::run(prepared.sqs, prepared.processor, poller, shutdown).await;
@@ -596,7 +599,7 @@ impl SqsOnce {
                 if !wants_secret {
                     return Ok(None);
                 }
-                retry_value(|| async { Ok(store.table_carry_secret(true).await?) }).await
+                retry_transient(|| async { Ok(store.table_carry_secret(true).await?) }).await
             }
         );
         checked?;
@@ -765,16 +768,7 @@ struct Prepared<H> {
 /// Runs a start-up check again while it fails for a reason that may pass (no
 /// answer, throttling) for up to a minute; a definite failure, or one that
 /// lasts, is returned.
-async fn retry_transient<F, Fut>(check: F) -> Result<(), StartError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), StartError>>,
-{
-    retry_value(check).await
-}
-
-/// [`retry_transient`] for a step that answers a value.
-async fn retry_value<T, F, Fut>(mut check: F) -> Result<T, StartError>
+async fn retry_transient<T, F, Fut>(mut check: F) -> Result<T, StartError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StartError>>,

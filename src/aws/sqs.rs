@@ -404,6 +404,9 @@ impl QueueClient for Client {
         let dead_letter_target_arn = attrs
             .get(&QueueAttributeName::RedrivePolicy)
             .and_then(|p| crate::protocol::queue::dead_letter_target_arn(p));
+        let max_receive_count = attrs
+            .get(&QueueAttributeName::RedrivePolicy)
+            .and_then(|p| crate::protocol::queue::max_receive_count(p));
         Ok(QueueAttributes {
             visibility_timeout: attribute_secs(&attrs, &QueueAttributeName::VisibilityTimeout),
             retention: attribute_secs(&attrs, &QueueAttributeName::MessageRetentionPeriod),
@@ -414,6 +417,7 @@ impl QueueClient for Client {
             content_based_deduplication: attrs
                 .get(&QueueAttributeName::ContentBasedDeduplication)
                 .map(|v| v == "true"),
+            max_receive_count,
         })
     }
 

@@ -71,6 +71,9 @@ pub struct QueueAttributes {
     pub dead_letter_target_arn: Option<String>,
     /// `ContentBasedDeduplication` (FIFO queues; `None` elsewhere).
     pub content_based_deduplication: Option<bool>,
+    /// The `maxReceiveCount` of its `RedrivePolicy`: the receives after
+    /// which SQS moves a message to that DLQ.
+    pub max_receive_count: Option<u32>,
 }
 
 /// The DLQ ARN a queue's `RedrivePolicy` attribute (JSON) names.
@@ -80,6 +83,19 @@ pub fn dead_letter_target_arn(redrive_policy: &str) -> Option<String> {
         .get("deadLetterTargetArn")?
         .as_str()
         .map(str::to_owned)
+}
+
+/// The `maxReceiveCount` a queue's `RedrivePolicy` attribute (JSON) names
+/// (a number, or a number in a string as SQS answers it); `None` when it
+/// names none, or 0.
+pub fn max_receive_count(redrive_policy: &str) -> Option<u32> {
+    let policy: serde_json::Value = serde_json::from_str(redrive_policy).ok()?;
+    let count = policy.get("maxReceiveCount")?;
+    let count = match count {
+        serde_json::Value::String(s) => s.parse().ok()?,
+        v => u32::try_from(v.as_u64()?).ok()?,
+    };
+    (count > 0).then_some(count)
 }
 
 /// (name, account) of a queue ARN (`arn:aws:sqs:region:account:name`).
@@ -462,6 +478,29 @@ mod tests {
         );
         assert_eq!(queue_arn_parts("orders"), None);
         assert_eq!(queue_arn_parts("arn:aws:sqs:eu-west-1:123:"), None);
+    }
+
+    #[test]
+    fn a_redrive_policy_gives_its_max_receive_count() {
+        let arn = "arn:aws:sqs:eu-west-1:123456789012:dlq";
+        for (policy, count) in [
+            (
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"3"}}"#),
+                Some(3),
+            ),
+            (
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":5}}"#),
+                Some(5),
+            ),
+            (
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":0}}"#),
+                None,
+            ),
+            (format!(r#"{{"deadLetterTargetArn":"{arn}"}}"#), None),
+            ("not json".to_owned(), None),
+        ] {
+            assert_eq!(max_receive_count(&policy), count, "{policy}");
+        }
     }
 
     /// A source queue keeping messages 4 days whose DLQ keeps them 14.

@@ -75,7 +75,7 @@ use crate::protocol::payloads::{LargePayloads, S3Pointer};
 use crate::protocol::processor::ProcessOptions;
 use crate::protocol::queue::QueueClient;
 use crate::protocol::store::DedupStore;
-use crate::runtime::{Delivery, Settled, Settler, hold_group, lanes, retry_later};
+use crate::runtime::{Delivery, OnRetry, Settled, Settler, hold_group, lanes, retry_later};
 use crate::{Handler, Message, Processor};
 
 /// Settings of the Lambda runtime.
@@ -632,7 +632,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         };
         let settled = inner
             .settler
-            .process_and_settle(&inner.processor, at, options)
+            .process_and_settle(&inner.processor, at, options, OnRetry::SetDelay)
             .await
             .settled;
         // A parked record's copy in the DLQ, and a copy sent again, point to

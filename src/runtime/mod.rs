@@ -22,7 +22,7 @@ mod payload_tests;
 
 #[cfg(feature = "poller")]
 pub(crate) use settle::Holding;
-pub(crate) use settle::{Delivery, Settled, Settler, hold_group};
+pub(crate) use settle::{Delivery, OnRetry, Settled, Settler, hold_group};
 #[cfg(feature = "poller")]
 pub(crate) use visibility::extend_many;
 #[cfg(feature = "lambda")]

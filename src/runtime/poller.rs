@@ -45,7 +45,7 @@ use crate::protocol::payloads::{LargePayloads, S3Pointer};
 use crate::protocol::processor::{KeyFound, ProcessOptions};
 use crate::protocol::queue::{QueueClient, QueueError, ReceiveRequest};
 use crate::protocol::store::DedupStore;
-use crate::runtime::{Delivery, Holding, Settled, Settler, hold_group, lanes};
+use crate::runtime::{Delivery, Holding, OnRetry, Settled, Settler, hold_group, lanes};
 use crate::{Handler, Message, Processor};
 
 /// Settings of the long-polling runtime.
@@ -82,6 +82,15 @@ pub struct PollerConfig {
     /// Print the processor's counters as EMF lines on stdout this often, and
     /// once at exit (`SQS_ONCE_METRICS_INTERVAL`; the binaries default to 60 s).
     pub metrics_interval: Option<Duration>,
+    /// The source queue's `maxReceiveCount` (its redrive policy's; read at
+    /// start-up by the binaries). On a FIFO queue, with a DLQ to park in,
+    /// a message that fails transiently while later messages of its group
+    /// wait behind it is retried in place, its group kept invisible, and
+    /// parked on its `max_receive_count`th attempt (receives and retries in
+    /// place counted together) instead of handed back with its group: the
+    /// group's other messages spend no receive for it. `None`: the failed
+    /// message is handed back, the rest of its group with it.
+    pub max_receive_count: Option<u32>,
     /// Beaten by the receive loop at every turn, and every [`BEAT_WHILE_FULL`]
     /// while every place is held by running or waiting messages: what a
     /// health check reads (`SQS_ONCE_HEALTH_PORT`). Left alone once the loop
@@ -128,6 +137,7 @@ impl PollerConfig {
             exit_when_idle: None,
             batch_wait: Duration::from_secs(1),
             metrics_interval: None,
+            max_receive_count: None,
             liveness: None,
         }
     }
@@ -188,13 +198,14 @@ impl QueueCheckError {
 
 /// Reads the queue's attributes and warns about settings that defeat the
 /// protocol: a visibility timeout below the heartbeat, a retention longer than
-/// the records are kept.
+/// the records are kept. Answers the attributes read (their
+/// `max_receive_count` is [`PollerConfig::max_receive_count`]'s).
 pub async fn check_queue<Q: QueueClient>(
     queue: &Q,
     queue_url: &str,
     heartbeat: Duration,
     ttl: Duration,
-) -> Result<(), QueueCheckError> {
+) -> Result<crate::protocol::queue::QueueAttributes, QueueCheckError> {
     let attributes =
         queue
             .attributes(queue_url)
@@ -212,7 +223,7 @@ pub async fn check_queue<Q: QueueClient>(
         );
     }
     crate::protocol::queue::check_retention(queue, queue_url, &attributes, ttl).await;
-    Ok(())
+    Ok(attributes)
 }
 
 /// What the poller's tasks share: the queue, the processor, where finished
@@ -285,7 +296,7 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
         };
         let mut step = self
             .settler
-            .process_and_settle(&self.processor, at, options)
+            .process_and_settle(&self.processor, at, options, held.on_retry)
             .await;
         let finished_elsewhere = self.finished_elsewhere(&message, &mut step);
         self.count(|s| match step.outcome {
@@ -316,6 +327,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Shared<Q, S, H> {
             }
             // (The poller waits for a key held elsewhere: never sent again.)
             Settled::SentAgain => None,
+            // Still held: its lane runs it again (`Lane::work`).
+            Settled::InPlace { .. } => return step.settled,
             Settled::Again { .. } => {
                 // Let go now (not at its lane's end): a copy of it in this
                 // lane or another may then set its own delay. A finished one
@@ -663,6 +676,8 @@ struct Held<'a> {
     invisible_at_most: &'a std::sync::Mutex<Instant>,
     /// The lane's messages not yet started, and its running one.
     waiting: &'a Waiting,
+    /// What a transient failure of it becomes ([`Lane::on_retry`]).
+    on_retry: OnRetry,
 }
 
 impl Held<'_> {
@@ -757,7 +772,9 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
 
     /// Runs the lane's messages in order while keeping the ones that wait
     /// invisible. On a FIFO queue a failure stops the lane: the rest come back
-    /// unprocessed, a second before the failed message (or at once at shutdown).
+    /// unprocessed, a second before the failed message (or at once at
+    /// shutdown); unless the failed message runs again in place
+    /// ([`Self::on_retry`]).
     async fn run(mut self) {
         let permits = std::mem::take(&mut self.permits);
         // A lane of one message that gets its slot at once never has a
@@ -805,6 +822,8 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
         };
         // At shutdown the rest of the lane comes back at once.
         let mut rest_after = Duration::ZERO;
+        // The attempts of the lane's first message run in place so far.
+        let mut in_place = 0;
         while let Some((m, invisible_until)) = self.next().await {
             // A newer delivery of it reached this poller while it waited
             // (later in this lane, a twin, or in another): that one runs
@@ -838,29 +857,36 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 self.shared.count(|s| s.held_back += 1);
                 break;
             };
-            let first = self.fifo.then(|| m.clone());
+            let mut first = self.fifo.then(|| m.clone());
             let held = Held {
                 received_at: self.received_at,
                 invisible_until,
                 invisible_at_most: &self.latest,
                 waiting: &self.waiting,
+                on_retry: self.on_retry(&m, in_place).await,
             };
             // Boxed: the step's future is large (its nested awaits), and a
             // lane task that held it inline would be copied whole when
             // spawned (bench/RESULTS.md, 2026-12-05).
             let settled = Box::pin(self.shared.handle(m, held)).await;
+            if let Settled::InPlace { after } = settled
+                && let Some(first) = first.take()
+            {
+                // Its place is kept: it runs again.
+                in_place += 1;
+                match Box::pin(self.again_in_place(first, after)).await {
+                    Some(rest) => {
+                        rest_after = rest;
+                        break;
+                    }
+                    None => continue,
+                }
+            }
+            in_place = 0;
             self.waiting.lock().await.running = None;
             permits.pop();
             if let (Settled::Again { after: Some(after) }, Some(first)) = (settled, first) {
-                let more = !self.waiting.lock().await.messages.is_empty();
-                let failed = Delivery {
-                    source: Some(self.shared.config.queue_url.as_str()),
-                    message: &first,
-                    received_at: self.received_at,
-                    superseded: false,
-                    invisible_through: None,
-                };
-                rest_after = Box::pin(hold_group(&self.shared.settler, failed, after, more)).await;
+                rest_after = Box::pin(self.hold_rest(&first, after)).await;
                 break;
             }
         }
@@ -872,6 +898,106 @@ impl<Q: QueueClient, S: DedupStore, H: Handler> Lane<Q, S, H> {
                 .retry_later(&m, rest_after, self.received_at)
                 .await;
         }
+    }
+
+    /// After `first`, the lane's running message on a FIFO queue, failed
+    /// with its delay `after` set: the delay for the rest of its group
+    /// ([`hold_group`]).
+    async fn hold_rest(&self, first: &Message, after: Duration) -> Duration {
+        let more = !self.waiting.lock().await.messages.is_empty();
+        let failed = Delivery {
+            source: Some(self.shared.config.queue_url.as_str()),
+            message: first,
+            received_at: self.received_at,
+            superseded: false,
+            invisible_through: None,
+        };
+        hold_group(&self.shared.settler, failed, after, more).await
+    }
+
+    /// What a transient failure of `m`, the lane's next message, becomes,
+    /// after `in_place` attempts of it run in place: on a FIFO queue with a
+    /// DLQ and a known `maxReceiveCount`, the first message of a group with
+    /// more of it waiting behind (or already run again in place) is run
+    /// again in place, its group kept invisible, until its attempts
+    /// (receives, and runs in place, counted in its receive count) reach
+    /// `maxReceiveCount`: that last attempt's failure parks it, as SQS
+    /// would move it at its next receive. The rest of its group then runs,
+    /// none of it having spent a receive. Otherwise (and at shutdown) its
+    /// delay is set: it comes back, the rest of its group with it.
+    async fn on_retry(&self, m: &Message, in_place: u32) -> OnRetry {
+        let config = &self.shared.config;
+        let Some(max) = config.max_receive_count else {
+            return OnRetry::SetDelay;
+        };
+        if !self.fifo || config.dlq_url.is_none() || self.shared.shutdown.is_cancelled() {
+            return OnRetry::SetDelay;
+        }
+        if in_place == 0 && self.waiting.lock().await.messages.is_empty() {
+            return OnRetry::SetDelay;
+        }
+        if m.receive_count() >= max {
+            OnRetry::Park {
+                attempt: m.receive_count(),
+            }
+        } else {
+            OnRetry::InPlace
+        }
+    }
+
+    /// `head`, the lane's first message, failed transiently and is to run
+    /// again in place after `after`: it goes back to the front of the lane,
+    /// its receive count one more (its backoff and its handler's count go
+    /// on as if it had been received again), and waits, kept invisible
+    /// with the rest by the lane keeper (which lets it go, and the rest
+    /// with it, as it would any waiting message whose visibility it cannot
+    /// keep). `None`: run it (the lane's next message). At shutdown, or
+    /// when the wait would outlast SQS's 12 hours from the receive, it is
+    /// handed back instead, with what is left of its delay:
+    /// `Some(delay)` for the rest of its group, as after any failure.
+    async fn again_in_place(&self, head: Message, after: Duration) -> Option<Duration> {
+        let again = head.clone().with_receive_count(head.receive_count() + 1);
+        {
+            let mut w = self.waiting.lock().await;
+            w.running = None;
+            w.messages.push_front(again);
+        }
+        let lease = self.shared.processor.config().lease;
+        let until = Instant::now() + after;
+        let capped =
+            crate::runtime::visibility::within_visibility_cap(after + lease, self.received_at)
+                < after + lease;
+        if !capped {
+            tokio::select! {
+                biased;
+                () = self.shared.shutdown.cancelled() => {}
+                () = tokio::time::sleep_until(until) => return None,
+            }
+        }
+        // Still first, unless the keeper let the lane go.
+        let (head, more) = {
+            let mut w = self.waiting.lock().await;
+            if w.messages.front().is_none_or(|m| m.id() != head.id()) {
+                return None;
+            }
+            let head = w.messages.pop_front()?;
+            (head, !w.messages.is_empty())
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        let (again, rest) = lanes::hold_behind(left, more);
+        info!(
+            message_id = head.id(),
+            ?left,
+            "a message run again in place is handed back (shutdown, or SQS's 12-hour cap)"
+        );
+        self.shared
+            .retry_later(&head, again.unwrap_or(left), self.received_at)
+            .await;
+        if let Some(receipt) = head.receipt_handle() {
+            let latest = *self.latest.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.holding.let_go_until(head.id(), receipt, latest);
+        }
+        Some(rest)
     }
 
     /// The next message to start, marked running, and until when it is known

@@ -1721,3 +1721,211 @@ fn a_lane_task_is_small_whatever_the_handler() {
         "a lane's task is {size} bytes: each spawn copies it whole"
     );
 }
+
+/// A FIFO queue `group.fifo` (its DLQ after three receives) holding
+/// "m1", "m2", "m3" in one group: (queue, its URL, the DLQ's URL).
+async fn fifo_group_with_dlq() -> (MemoryQueue, String, String) {
+    use crate::testkit::queue::RedrivePolicy;
+    let queue = MemoryQueue::new();
+    let dlq = queue
+        .create_queue(QueueSettings::new("group-dlq.fifo"))
+        .unwrap();
+    let mut settings = QueueSettings::new("group.fifo");
+    settings.redrive = Some(RedrivePolicy {
+        dlq_url: dlq.clone(),
+        max_receive_count: 3,
+    });
+    let url = queue.create_queue(settings).unwrap();
+    for body in ["m1", "m2", "m3"] {
+        let m = OutgoingMessage {
+            body: body.into(),
+            group_id: Some("g".into()),
+            deduplication_id: Some(body.into()),
+            ..Default::default()
+        };
+        queue.send(&url, m).await.unwrap();
+    }
+    (queue, url, dlq)
+}
+
+/// Every handler run: (body, receive count), and the effects made.
+#[derive(Default)]
+struct GroupRuns {
+    runs: Vec<(String, u32)>,
+    effects: Vec<String>,
+}
+
+/// A processor (keys from the message id, a `lease`, a `backoff` base)
+/// whose handler fails "m1" transiently `m1_fails` times, then succeeds;
+/// every run and effect noted in `seen`.
+fn group_processor(
+    seen: &Arc<Mutex<GroupRuns>>,
+    m1_fails: usize,
+    backoff: Duration,
+    lease: Duration,
+) -> Processor<MemoryStore, impl Handler> {
+    let seen = seen.clone();
+    let handler = handler_fn(move |m: Message, ctx: crate::Context| {
+        let seen = seen.clone();
+        async move {
+            let mut s = seen.lock().unwrap();
+            s.runs.push((m.body().to_owned(), ctx.receive_count()));
+            let m1_runs = s.runs.iter().filter(|(b, _)| b == "m1").count();
+            if m.body() == "m1" && m1_runs <= m1_fails {
+                return Err(crate::HandlerError::retry("m1 fails"));
+            }
+            s.effects.push(m.body().to_owned());
+            Ok(None)
+        }
+    });
+    let mut pc = ProcessorConfig::new("group");
+    pc.lease = lease;
+    pc.heartbeat = pc.heartbeat.min(lease / 3);
+    pc.backoff_base = backoff;
+    let clock = Arc::new(TokioClock::starting_at(std::time::SystemTime::UNIX_EPOCH));
+    Processor::new(MemoryStore::new(clock), handler, pc).unwrap()
+}
+
+/// Issue 57: a FIFO group's first message that fails transiently is run
+/// again in place (its backoff honoured, counted as a receive), the rest of
+/// its group kept invisible without a receive; on its third attempt
+/// (`maxReceiveCount` 3) it is parked, alone, and the rest runs in order.
+/// Before, the rest was handed back with it at every failure, spent its
+/// receives with it and reached the DLQ unrun. And when it succeeds within
+/// its attempts, the group runs in order, each effect once.
+#[tokio::test(start_paused = true)]
+async fn a_failing_fifo_head_is_retried_in_place_and_its_group_spends_no_receive() {
+    for (m1_fails, parked) in [(5, true), (2, false)] {
+        let case = format!("m1 fails {m1_fails} times");
+        let (queue, url, dlq) = fifo_group_with_dlq().await;
+        let seen = Arc::new(Mutex::new(GroupRuns::default()));
+        let mut config = config(&url, 2, 2);
+        config.dlq_url = Some(dlq.clone());
+        config.max_receive_count = Some(3);
+        config.exit_when_idle = Some(Duration::from_secs(30));
+        let p = group_processor(
+            &seen,
+            m1_fails,
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+        );
+        let stats = run(queue.clone(), p, config, CancellationToken::new()).await;
+        let s = seen.lock().unwrap();
+        let expected: &[&str] = if parked {
+            &["m2", "m3"]
+        } else {
+            &["m1", "m2", "m3"]
+        };
+        assert_eq!(s.effects, expected, "{case}: {stats:?}");
+        // m1 three times, its attempts counted on; m2 and m3 once, on
+        // their first receive.
+        let runs: Vec<(&str, u32)> = s.runs.iter().map(|(b, n)| (b.as_str(), *n)).collect();
+        assert_eq!(
+            runs,
+            [("m1", 1), ("m1", 2), ("m1", 3), ("m2", 1), ("m3", 1)],
+            "{case}: {stats:?}"
+        );
+        let in_dlq: Vec<String> = queue.contents(&dlq).into_iter().map(|m| m.body).collect();
+        let expected: &[&str] = if parked { &["m1"] } else { &[] };
+        assert_eq!(in_dlq, expected, "{case}");
+        let counts = queue.counts(&url).unwrap();
+        assert_eq!(counts.stored(), 0, "{case}: {counts:?}");
+        assert_eq!(counts.received, 3, "{case}: one receive each: {counts:?}");
+        assert_eq!(counts.moved_to_dlq, 0, "{case}: {counts:?}");
+        assert_eq!(stats.parked, u64::from(parked), "{case}: {stats:?}");
+    }
+}
+
+/// A shutdown while the head of a FIFO group waits to run again in place
+/// (a 10 s backoff: its second attempt fails, and its next waits 20 s; the
+/// group received once) hands the group back at once: the poller returns
+/// within its long poll (1 s), nothing deleted, nothing in the DLQ, and a
+/// poller started after it runs the group in order, each effect once.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_an_in_place_wait_hands_the_group_back_in_order() {
+    let (queue, url, dlq) = fifo_group_with_dlq().await;
+    let seen = Arc::new(Mutex::new(GroupRuns::default()));
+    let mut config = config(&url, 2, 2);
+    config.dlq_url = Some(dlq.clone());
+    config.max_receive_count = Some(3);
+    config.exit_when_idle = None;
+    config.wait_time = Duration::from_secs(1);
+    let p = group_processor(&seen, 5, Duration::from_secs(10), Duration::from_secs(30));
+    let shutdown = CancellationToken::new();
+    let poller = tokio::spawn(run(queue.clone(), p, config.clone(), shutdown.clone()));
+    wait_until(Duration::from_secs(30), || {
+        seen.lock().unwrap().runs.len() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        queue.counts(&url).unwrap().received,
+        3,
+        "the group was received again for its first message"
+    );
+    shutdown.cancel();
+    let stopped = Instant::now();
+    poller.await.unwrap();
+    assert!(
+        stopped.elapsed() <= Duration::from_millis(1500),
+        "took {:?}",
+        stopped.elapsed()
+    );
+    let counts = queue.counts(&url).unwrap();
+    assert_eq!((counts.stored(), counts.deleted), (3, 0), "{counts:?}");
+    assert_eq!(queue.counts(&dlq).unwrap().stored(), 0);
+    // Nothing applied yet; all of it runs, in order, once m1 works.
+    assert!(seen.lock().unwrap().effects.is_empty());
+    config.exit_when_idle = Some(Duration::from_secs(30));
+    let p = group_processor(&seen, 2, Duration::from_secs(10), Duration::from_secs(30));
+    run(queue.clone(), p, config, CancellationToken::new()).await;
+    let s = seen.lock().unwrap();
+    assert_eq!(s.effects, ["m1", "m2", "m3"]);
+    assert_eq!(queue.counts(&url).unwrap().stored(), 0);
+    assert_eq!(queue.counts(&dlq).unwrap().stored(), 0);
+}
+
+/// A wait in place longer than the lease (a 45 s retry delay against a
+/// 10 s lease): the lane keeper extends the waiting first message with the
+/// rest of its group (all of them stay in flight), so none of them is
+/// received again meanwhile; the
+/// group then runs in order, each effect once.
+#[tokio::test(start_paused = true)]
+async fn a_wait_in_place_longer_than_the_lease_keeps_the_whole_group_invisible() {
+    use crate::testkit::queue::MessageState;
+    let (queue, url, dlq) = fifo_group_with_dlq().await;
+    let seen = Arc::new(Mutex::new(GroupRuns::default()));
+    let mut config = config(&url, 2, 2);
+    config.dlq_url = Some(dlq.clone());
+    config.max_receive_count = Some(3);
+    config.exit_when_idle = Some(Duration::from_secs(30));
+    config.wait_time = Duration::from_secs(1);
+    let p = group_processor(&seen, 1, Duration::from_secs(45), Duration::from_secs(10));
+    let poller = tokio::spawn(run(queue.clone(), p, config, CancellationToken::new()));
+    wait_until(Duration::from_secs(30), || {
+        !seen.lock().unwrap().runs.is_empty()
+    })
+    .await;
+    // Three leases into the wait: every message of the group is still in
+    // flight, the waiting first one too.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let states: Vec<(String, MessageState)> = queue
+        .contents(&url)
+        .into_iter()
+        .map(|m| (m.body, m.state))
+        .collect();
+    let in_flight = |b: &str| (b.to_owned(), MessageState::InFlight);
+    assert_eq!(states, [in_flight("m1"), in_flight("m2"), in_flight("m3")]);
+    let stats = poller.await.unwrap();
+    let s = seen.lock().unwrap();
+    assert_eq!(s.effects, ["m1", "m2", "m3"], "{stats:?}");
+    let (first, second) = (s.runs[0].1, s.runs[1].1);
+    assert_eq!((first, second), (1, 2), "{:?}", s.runs);
+    let counts = queue.counts(&url).unwrap();
+    assert_eq!(
+        counts.received, 3,
+        "received again while waiting: {counts:?}"
+    );
+    assert_eq!(counts.stored(), 0, "{counts:?}");
+    assert_eq!(queue.counts(&dlq).unwrap().stored(), 0);
+}

@@ -43,6 +43,33 @@ pub(crate) enum Settled {
         /// The delay set, if any.
         after: Option<Duration>,
     },
+    /// Failed transiently and left as it was, to be run again in place
+    /// after `after` ([`OnRetry::InPlace`]): no delay was set, the runtime
+    /// keeps it invisible meanwhile (the poller, for the head of a FIFO
+    /// group).
+    InPlace {
+        /// The retry delay the outcome asked for.
+        after: Duration,
+    },
+}
+
+/// What a runtime has a transient failure ([`Outcome::Retry`]) of a message
+/// become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnRetry {
+    /// Its retry delay is set on its visibility: it comes back then.
+    SetDelay,
+    /// Nothing is set ([`Settled::InPlace`]): the runtime runs it again.
+    #[cfg_attr(not(feature = "poller"), allow(dead_code))]
+    InPlace,
+    /// Its attempts are spent (`attempt` of the queue's `maxReceiveCount`):
+    /// it is parked, as SQS's redrive policy would move it at its next
+    /// receive.
+    #[cfg_attr(not(feature = "poller"), allow(dead_code))]
+    Park {
+        /// The attempt that failed.
+        attempt: u32,
+    },
 }
 
 impl Settled {
@@ -50,7 +77,7 @@ impl Settled {
     /// it out of the batch's failures.
     #[cfg(feature = "lambda")]
     pub(crate) fn lets_go(self) -> bool {
-        !matches!(self, Settled::Again { .. })
+        !matches!(self, Settled::Again { .. } | Settled::InPlace { .. })
     }
 }
 
@@ -431,6 +458,7 @@ impl<Q: QueueClient> Settler<Q> {
         processor: &Processor<S, H>,
         at: Delivery<'_>,
         options: ProcessOptions<'_>,
+        on_retry: OnRetry,
     ) -> Settlement {
         // The floor ends within SQS's 12 hours from the receive, as a
         // delay does, or SQS would refuse every extension.
@@ -448,7 +476,7 @@ impl<Q: QueueClient> Settler<Q> {
         // Each boxed, so that this future holds neither inline.
         let outcome = Box::pin(processor.process_with(at.message.clone(), options)).await;
         let kind = outcome.kind();
-        let settled = Box::pin(self.settle(processor.config(), at, outcome)).await;
+        let settled = Box::pin(self.settle(processor.config(), at, outcome, on_retry)).await;
         Settlement {
             outcome: kind,
             settled,
@@ -461,12 +489,14 @@ impl<Q: QueueClient> Settler<Q> {
         }
     }
 
-    /// Acts on `outcome` for the message received as `at` says.
+    /// Acts on `outcome` for the message received as `at` says, a
+    /// transient failure as `on_retry` says.
     async fn settle(
         &self,
         config: &ProcessorConfig,
         at: Delivery<'_>,
         outcome: Outcome,
+        on_retry: OnRetry,
     ) -> Settled {
         match outcome {
             Outcome::Completed { .. } | Outcome::Duplicate { .. } => Settled::Done,
@@ -481,10 +511,22 @@ impl<Q: QueueClient> Settler<Q> {
                 }
                 self.again(&at, retry_after).await
             }
-            Outcome::Retry { after, reason } => {
-                info!(message_id = at.message.id(), %reason, ?after, "will retry");
-                self.again(&at, after).await
-            }
+            Outcome::Retry { after, reason } => match on_retry {
+                OnRetry::SetDelay => {
+                    info!(message_id = at.message.id(), %reason, ?after, "will retry");
+                    self.again(&at, after).await
+                }
+                OnRetry::InPlace => {
+                    info!(message_id = at.message.id(), %reason, ?after, "will retry in place, kept invisible with the rest of its group");
+                    Settled::InPlace { after }
+                }
+                OnRetry::Park { attempt } => {
+                    let reason = format!(
+                        "{reason} (attempt {attempt}, the queue's maxReceiveCount, retried in place ahead of its FIFO group)"
+                    );
+                    self.park(config, &at, &reason).await
+                }
+            },
             Outcome::Park { reason } => self.park(config, &at, &reason).await,
         }
     }

@@ -1419,6 +1419,7 @@ impl QueueClient for MemoryQueue {
             }),
             content_based_deduplication: is_fifo(queue)
                 .then_some(q.settings.content_based_deduplication),
+            max_receive_count: q.settings.redrive.as_ref().map(|r| r.max_receive_count),
         })
     }
 

@@ -441,6 +441,112 @@ async fn fifo_keeps_group_order_and_a_failure_holds_only_its_group() {
     assert_eq!(depth(&sqs, &q.queue_url).await, 0);
 }
 
+/// Issue 57: on a FIFO queue whose redrive policy allows 3 receives, the
+/// first of three messages of one group fails transiently every time (it
+/// would five times). It runs again in place after its own retry delay
+/// (1 s), its group kept invisible, and its third attempt's failure parks
+/// it alone: the other two never reach the DLQ, each applies once, in
+/// order. Before, they were handed back with it at each failure, spent
+/// their three receives with it and reached the DLQ unrun. The
+/// `maxReceiveCount` is read from the queue as the binaries read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_fifo_head_is_parked_alone_and_its_group_runs_in_order() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = sqs_once_cli::setup::ensure_queue_with_dlq(
+        &sqs,
+        &crate::common::unique("inplace"),
+        true,
+        Duration::from_secs(30),
+        3,
+    )
+    .await
+    .unwrap();
+    for body in ["m1", "m2", "m3"] {
+        sqs.send_message()
+            .queue_url(&q.queue_url)
+            .message_body(body)
+            .message_group_id("g")
+            .message_deduplication_id(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    // Every run: (body, receive count, when); every effect, in order.
+    type Runs = Arc<Mutex<Vec<(String, u32, tokio::time::Instant)>>>;
+    let runs: Runs = Arc::default();
+    let effects: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (r, e) = (runs.clone(), effects.clone());
+    let handler = handler_fn(move |m: Message, ctx: sqs_once::Context| {
+        let (r, e) = (r.clone(), e.clone());
+        async move {
+            let mut r = r.lock().unwrap();
+            r.push((
+                m.body().to_owned(),
+                ctx.receive_count(),
+                tokio::time::Instant::now(),
+            ));
+            let m1_runs = r.iter().filter(|(b, _, _)| b == "m1").count();
+            if m.body() == "m1" && m1_runs <= 5 {
+                return Err(HandlerError::retry_after(
+                    Duration::from_secs(1),
+                    "m1 fails",
+                ));
+            }
+            e.lock().unwrap().push(m.body().to_owned());
+            Ok(None)
+        }
+    });
+    let config = ProcessorConfig::new("inplace");
+    let (heartbeat, ttl) = (config.heartbeat, config.ttl);
+    let processor = Processor::new(
+        DynamoStore::new(ddb.clone(), dedup_table(&ddb).await),
+        handler,
+        config,
+    )
+    .unwrap();
+    let attributes = sqs_once::poller::check_queue(&sqs, &q.queue_url, heartbeat, ttl)
+        .await
+        .unwrap();
+    assert_eq!(attributes.max_receive_count, Some(3));
+    let mut qc = PollerConfig::new(&q.queue_url);
+    qc.dlq_url = Some(q.dlq_url.clone());
+    qc.max_receive_count = attributes.max_receive_count;
+    qc.wait_time = Duration::from_secs(1);
+    qc.exit_when_idle = Some(Duration::from_secs(8));
+    let stats = run(sqs.clone(), processor, qc, CancellationToken::new()).await;
+    let runs = runs.lock().unwrap().clone();
+    let effects = effects.lock().unwrap().clone();
+    assert_eq!(
+        effects,
+        ["m2", "m3"],
+        "each once, in order: {runs:?} {stats:?}"
+    );
+    let seen: Vec<(&str, u32)> = runs.iter().map(|(b, n, _)| (b.as_str(), *n)).collect();
+    assert_eq!(
+        seen,
+        [("m1", 1), ("m1", 2), ("m1", 3), ("m2", 1), ("m3", 1)],
+        "m1 three attempts, m2 and m3 on their first receive: {stats:?}"
+    );
+    // Its own retry delay between m1's attempts.
+    for pair in runs[..3].windows(2) {
+        let gap = pair[1].2 - pair[0].2;
+        assert!(gap >= Duration::from_secs(1), "m1 ran again after {gap:?}");
+    }
+    let parked = bodies_with_reasons(&sqs, &q.dlq_url).await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0].0, "m1", "{parked:?}");
+    assert!(parked[0].1.contains("maxReceiveCount"), "{parked:?}");
+    assert_eq!(
+        (stats.received, stats.parked, stats.completed),
+        (3, 1, 2),
+        "{stats:?}"
+    );
+    assert_eq!(depth(&sqs, &q.queue_url).await, 0);
+}
+
 #[tokio::test]
 async fn sigkill_mid_handler_loses_nothing_and_applies_once_after_restart() {
     if !crate::common::localstack_up().await {

@@ -504,7 +504,8 @@ impl SqsModel {
             attrs["MaximumMessageSize"] = m.to_string().into();
         }
         if let Some(arn) = a.dead_letter_target_arn {
-            attrs["RedrivePolicy"] = json!({ "deadLetterTargetArn": arn, "maxReceiveCount": 0 })
+            let max = a.max_receive_count.unwrap_or_default();
+            attrs["RedrivePolicy"] = json!({ "deadLetterTargetArn": arn, "maxReceiveCount": max })
                 .to_string()
                 .into();
         }
