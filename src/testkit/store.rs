@@ -51,6 +51,11 @@ struct State {
     /// (the documented limit) from one applied twice: each with the instant
     /// of the tokio clock it ended at.
     ended_by_ttl: Vec<(String, tokio::time::Instant)>,
+    /// The highest fence each key's records have held, deleted ones
+    /// included: a claim or fast-path commit that stores one not above it
+    /// is a fencing breach (never, with the fence's rules intact and the
+    /// clocks within the TTL of each other).
+    fences: HashMap<String, u64>,
 }
 
 /// Committed transactions' staged writes, in commit order, each with the
@@ -263,6 +268,20 @@ fn ended_by_ttl(state: &mut State, (pk, expired): (String, bool), owner: &str) {
     }
 }
 
+/// Notes the fence a claim or fast-path commit of `owner` stored for
+/// `pk`: one not above every fence the key held before is a breach.
+fn note_fence(state: &mut State, pk: &str, fence: u64, owner: &str) {
+    let highest = state.fences.entry(pk.to_owned()).or_default();
+    if fence <= *highest {
+        let highest = *highest;
+        state.fencing_breaches.push(format!(
+            "{pk}: owner {owner} stored fence {fence}, not above the {highest} the key held"
+        ));
+    } else {
+        *highest = fence;
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
@@ -309,6 +328,7 @@ impl DedupStore for MemoryStore {
         if let Some(replaced) = replaced {
             ended_by_ttl(&mut state, replaced, &req.owner);
         }
+        note_fence(&mut state, &req.pk, fence, &req.owner);
         state.lease_ends.insert(
             (req.pk.clone(), attempts),
             tokio::time::Instant::now() + req.lease,
@@ -473,6 +493,7 @@ impl DedupStore for MemoryStore {
         if let Some(replaced) = replaced {
             ended_by_ttl(state, replaced, &c.owner);
         }
+        note_fence(state, &c.pk, c.fence, &c.owner);
         state.records.insert(
             c.pk.clone(),
             Record {
@@ -608,6 +629,26 @@ mod tests {
         assert!(store.get("c#k").await.unwrap().is_none());
         let fourth = fence_of(&store, &req("c#k", "m3")).await;
         assert!(fourth > third, "{fourth} after {third}");
+        assert_eq!(store.fencing_breaches(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_fence_stored_not_above_the_keys_highest_is_a_breach_for_the_checker() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let first = req("c#k", "m1");
+        fence_of(&store, &first).await;
+        store.complete(completion(&first)).await.unwrap();
+        clock.advance(TTL + Duration::from_secs(1));
+        store.sweep_expired(clock.now_ms(), |_| true);
+        // A clock a whole TTL behind, far beyond any skew the lease allows
+        // for, starts the record again below the deleted one's fence.
+        let behind = ManualClock::starting_now();
+        behind.set(SystemTime::now() - TTL);
+        fence_of(&store.with_clock(Arc::new(behind)), &req("c#k", "m2")).await;
+        let breaches = store.fencing_breaches();
+        assert_eq!(breaches.len(), 1, "{breaches:?}");
+        assert!(breaches[0].contains("not above"), "{breaches:?}");
     }
 
     #[tokio::test]

@@ -937,3 +937,47 @@ async fn a_put_over_a_live_claim_is_a_fencing_breach() {
         vec!["sim#e1: a write of owner b applied while a held it".to_owned()]
     );
 }
+
+/// A claim's fence is one above the record's; a write that stores a fence
+/// not above every one the key held (here a lower one, put by hand after
+/// the record was deleted) is a breach.
+#[tokio::test(start_paused = true)]
+async fn a_fence_stored_not_above_the_keys_highest_is_a_fencing_breach() {
+    let (model, store, client) = setup();
+    let Claim::Acquired { fence: first, .. } =
+        store.claim(&claim_request("a", "m1")).await.unwrap()
+    else {
+        panic!("not acquired");
+    };
+    tokio::time::advance(Duration::from_secs(31)).await;
+    let Claim::Acquired { fence: taken, .. } =
+        store.claim(&claim_request("b", "m2")).await.unwrap()
+    else {
+        panic!("not acquired");
+    };
+    assert_eq!(taken, first + 1);
+    assert!(model.fencing_breaches().is_empty());
+    client
+        .delete_item()
+        .table_name(TABLE)
+        .key("pk", AttributeValue::S("sim#e1".into()))
+        .send()
+        .await
+        .unwrap();
+    client
+        .put_item()
+        .table_name(TABLE)
+        .item("pk", AttributeValue::S("sim#e1".into()))
+        .item("status", AttributeValue::S("COMPLETED".into()))
+        .item("owner", AttributeValue::S("c".into()))
+        .item("fence", AttributeValue::N(first.to_string()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        model.fencing_breaches(),
+        vec![format!(
+            "sim#e1: a write stored fence {first}, not above the {taken} the key held"
+        )]
+    );
+}
