@@ -36,7 +36,7 @@ pub(crate) enum Command {
     ///
     /// Example: sqs-once init --table dedup --queue orders --visibility-timeout 360 --set-visibility-timeout
     Init(InitArgs),
-    /// Show the dedup record of one key: status, owner, lease, attempts, times,
+    /// Show the dedup record of one key: status, owner, lease, attempts, fence, times,
     /// result (or its digest) and last error.
     ///
     /// Example: sqs-once inspect evt-42 --table dedup --consumer ledger

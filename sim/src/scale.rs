@@ -40,12 +40,12 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use sqs_once::clock::TokioClock;
+use sqs_once::clock::{Clock, TokioClock};
 use sqs_once::dynamodb_types::{AttributeValue, Put, TransactWriteItem, Update};
 use sqs_once::metrics::Snapshot;
 use sqs_once::poller::{PollerConfig, RunStats};
 use sqs_once::queue::{OutgoingMessage, QueueClient, ReceiveRequest};
-use sqs_once::store::{FastCommit, FastCommitted};
+use sqs_once::store::{FastCommit, FastCommitted, clock_fence};
 use sqs_once::testkit::queue::{QueueSettings, SendOptions};
 use sqs_once::{
     Context, DedupStore, Effects, FailureKind, Handler, HandlerError, HandlerResult, MemoryQueue,
@@ -735,6 +735,8 @@ impl LoopWorker {
         let Ok(body) = m.json::<Body>() else {
             return false;
         };
+        // The fence, read before the handler's work, as the fast path does.
+        let fence = clock_fence(self.services.clock.now_ms());
         work(self.took, &self.services.handler_micros).await;
         let Ok(items) = staged(&body, m.id(), self.services.hot_accounts) else {
             return false;
@@ -744,6 +746,7 @@ impl LoopWorker {
             owner: m.id().to_owned(),
             message_id: m.id().to_owned(),
             payload_sha256: String::new(),
+            fence,
             result: None,
             ttl: Duration::from_secs(7 * 24 * 3600),
             writes: items

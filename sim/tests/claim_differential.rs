@@ -1,17 +1,18 @@
 //! The claim condition twice: `Record::claimable_by` (what `MemoryStore`
 //! decides by) and DynamoDB's `CLAIM_CONDITION` (what `DynamoStore` sends),
-//! evaluated by the wire model's evaluator, agree on random records; and a
-//! claim through the real `DynamoStore` and SDK over the wire answers as the
-//! memory store's rule says, on the same records.
+//! evaluated by the wire model's evaluator, agree on random records, as do
+//! the fast path's (`FastCommit::may_replace`, `FAST_COMMIT_CONDITION`);
+//! and a claim through the real `DynamoStore` and SDK over the wire answers
+//! as the memory store's rule says (its fence included), on the same records.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
-use sqs_once::aws::dynamodb::{CLAIM_CONDITION, record_from_item};
+use sqs_once::aws::dynamodb::{CLAIM_CONDITION, FAST_COMMIT_CONDITION, record_from_item};
 use sqs_once::clock::ManualClock;
-use sqs_once::store::{ClaimRequest, decide_conflict};
+use sqs_once::store::{ClaimRequest, FastCommit, clock_fence, decide_conflict, next_fence};
 use sqs_once::{Claim, DedupStore, DynamoStore};
 use sqs_once_sim::faults::Life;
 use sqs_once_sim::wire::expr::{self, Av, Item, Placeholders};
@@ -29,6 +30,18 @@ fn offset_ms() -> impl Strategy<Value = i64> {
         Just(-1_000),
         Just(1_000),
         -100_000i64..100_000
+    ]
+}
+
+/// A fence around the clock's at the claim's time (as every fence written is
+/// near a writer's clock), never 0.
+fn fence_near_now() -> impl Strategy<Value = u64> {
+    let now = clock_fence(NOW_MS);
+    prop_oneof![
+        Just(now - 1),
+        Just(now),
+        Just(now + 1),
+        (-3_000i64..3_000).prop_map(move |o| now.saturating_add_signed(o * 1_000)),
     ]
 }
 
@@ -54,9 +67,10 @@ fn item() -> impl Strategy<Value = Item> {
         maybe(offset_ms().prop_map(|o| NOW_MS + o)),
         0u32..4,
         maybe(prop_oneof![Just("p1"), Just("p2")]),
+        maybe(fence_near_now()),
     )
         .prop_map(
-            |(status, owner, lease, expires, mid, claimed, attempts, payload)| {
+            |(status, owner, lease, expires, mid, claimed, attempts, payload, fence)| {
                 let mut it = Item::new();
                 it.insert("pk".into(), Av::S("sim#e".into()));
                 it.insert("status".into(), Av::S(status.into()));
@@ -74,6 +88,7 @@ fn item() -> impl Strategy<Value = Item> {
                     ("claimed_at", claimed.map(n)),
                     ("attempts", Some(n(i64::from(attempts)))),
                     ("payload_sha256", payload.map(|p| Av::S(p.into()))),
+                    ("fence", fence.map(|f| Av::N(f.to_string()))),
                 ];
                 for (k, v) in fields {
                     if let Some(v) = v {
@@ -101,6 +116,12 @@ fn sdk_item(item: &Item) -> HashMap<String, aws_sdk_dynamodb::types::AttributeVa
 
 /// `CLAIM_CONDITION` on `item`, by the evaluator, with the values the claim sends.
 fn condition_holds(item: &Item, now_ms: i64, mid: &str) -> bool {
+    evaluate(CLAIM_CONDITION, item, now_ms, mid, None)
+}
+
+/// `condition` on `item`, by the evaluator, with the values a claim sends
+/// (and a fast-path commit's `:fence`).
+fn evaluate(condition: &str, item: &Item, now_ms: i64, mid: &str, fence: Option<u64>) -> bool {
     let names = HashMap::from([("#status".to_owned(), "status".to_owned())]);
     let values = HashMap::from([
         (
@@ -112,9 +133,13 @@ fn condition_holds(item: &Item, now_ms: i64, mid: &str) -> bool {
         (":in_progress".to_owned(), Av::S("IN_PROGRESS".into())),
         (":mid".to_owned(), Av::S(mid.into())),
     ]);
+    let mut values = values;
+    if let Some(fence) = fence {
+        values.insert(":fence".to_owned(), Av::N(fence.to_string()));
+    }
     let mut ph = Placeholders::new(&names, &values);
-    let cond = expr::parse_condition(CLAIM_CONDITION, &mut ph)
-        .unwrap_or_else(|e| panic!("CLAIM_CONDITION parses: {e:?}"));
+    let cond = expr::parse_condition(condition, &mut ph)
+        .unwrap_or_else(|e| panic!("{condition} parses: {e:?}"));
     ph.check_all_used().unwrap_or_else(|e| panic!("{e:?}"));
     expr::eval(&cond, item).unwrap_or_else(|e| panic!("{e:?}"))
 }
@@ -132,6 +157,31 @@ proptest! {
             "record {:?}", record
         );
     }
+
+    #[test]
+    fn the_rust_fast_commit_rule_and_the_dynamodb_condition_agree(
+        item in item(),
+        mid in prop_oneof![Just("m1"), Just("m2")],
+        fence in fence_near_now(),
+    ) {
+        let record = record_from_item(&sdk_item(&item)).unwrap_or_else(|e| panic!("{e}"));
+        let commit = FastCommit {
+            pk: "sim#e".into(),
+            owner: "o3".into(),
+            message_id: mid.into(),
+            payload_sha256: "p1".into(),
+            fence,
+            result: None,
+            ttl: Duration::from_secs(3600),
+            writes: Vec::new(),
+            outbox: Vec::new(),
+        };
+        prop_assert_eq!(
+            commit.may_replace(&record, NOW_MS),
+            evaluate(FAST_COMMIT_CONDITION, &item, NOW_MS, mid, Some(fence)),
+            "record {:?}", record
+        );
+    }
 }
 
 /// The claim the memory store's rule gives on `item`.
@@ -140,6 +190,7 @@ fn memory_rule(item: &Item, req: &ClaimRequest) -> Claim {
     if record.claimable_by(NOW_MS, &req.message_id) {
         Claim::Acquired {
             attempt: record.attempts + 1,
+            fence: next_fence((record.fence > 0).then_some(record.fence), NOW_MS),
         }
     } else {
         decide_conflict(&record, req, NOW_MS)

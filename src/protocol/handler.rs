@@ -287,6 +287,7 @@ struct ContextInner {
     /// most handlers never ask).
     idempotency_key: std::sync::OnceLock<Option<String>>,
     attempt: u32,
+    fence: u64,
     max_result_bytes: usize,
     staged: Mutex<Vec<StagedWrite>>,
     /// What the handler sent.
@@ -340,7 +341,7 @@ impl Context {
     pub(crate) fn new(
         consumer: &str,
         dedup_key: Option<&str>,
-        attempt: u32,
+        (attempt, fence): (u32, u64),
         message: &Message,
         max_result_bytes: usize,
     ) -> Self {
@@ -350,6 +351,7 @@ impl Context {
                 dedup_key: dedup_key.map(str::to_owned),
                 idempotency_key: std::sync::OnceLock::new(),
                 attempt,
+                fence,
                 max_result_bytes,
                 staged: Mutex::new(Vec::new()),
                 outbox: Mutex::default(),
@@ -412,8 +414,31 @@ impl Context {
 
     /// How many claims this key has seen, this one included (1 on the first run).
     /// On the fast path, which makes no claim: the message's receive count.
+    /// A count for logs, not a fence: it starts again at 1 when the record's
+    /// TTL deletes it, and the fast path does not count claims (see
+    /// [`Self::fence`]).
     pub fn attempt(&self) -> u32 {
         self.inner.attempt
+    }
+
+    /// This run's fence for the key: a number that only grows for a key,
+    /// across claims, takeovers of a lease that ran out, and the record's
+    /// deletion by its TTL. Send it with every call outside DynamoDB (a
+    /// header, say): an API that keeps the highest fence it has seen per key
+    /// and refuses a lower one refuses the call of an older holder that a
+    /// cooperative interrupt could not stop (a blocking section, a spawned
+    /// task, a request already sent) once the next holder has called.
+    ///
+    /// On the claim path it is the claim's, stored with the record before
+    /// the handler runs: above every fence given out for the key before.
+    /// On the fast path, which writes nothing before the handler, it is the
+    /// clock's ([`FENCE_PER_MS`](crate::store::FENCE_PER_MS) per millisecond
+    /// since the epoch), and the commit applies only over a lower stored
+    /// fence, storing this one (otherwise nothing is written and the message
+    /// runs again with a later fence). 0 for a message processed without a
+    /// key. See docs/DESIGN.md, "Fencing an API".
+    pub fn fence(&self) -> u64 {
+        self.inner.fence
     }
 
     /// The largest result (as JSON text) that is stored as is; a larger one is
@@ -625,12 +650,12 @@ mod tests {
     #[test]
     fn the_idempotency_key_is_derived_from_consumer_and_dedup_key_when_asked_for() {
         let message = Message::new("m-1", "{}");
-        let ctx = Context::new("payments", Some("order-7"), 1, &message, 1024);
+        let ctx = Context::new("payments", Some("order-7"), (1, 1), &message, 1024);
         let expected = crate::protocol::key::idempotency_key("payments", "order-7");
         assert_eq!(ctx.idempotency_key(), Some(expected.as_str()));
         // Asked again (and through a clone): the same key.
         assert_eq!(ctx.clone().idempotency_key(), Some(expected.as_str()));
-        let unkeyed = Context::new("payments", None, 1, &message, 1024);
+        let unkeyed = Context::new("payments", None, (1, 0), &message, 1024);
         assert_eq!(unkeyed.idempotency_key(), None);
     }
 

@@ -7,7 +7,11 @@
 //!    that has run out; otherwise the old record says what the message is:
 //!    [`Claim::Duplicate`] (completed), [`Claim::InFlight`] (someone else holds a
 //!    live lease). Every claim attempt carries a fresh random `owner` token: the
-//!    fencing token.
+//!    fencing token of the record's own writes. Every claim also stores a
+//!    `fence`, a number one above the stored one (or, on a record made where
+//!    none is, the clock's: [`FENCE_PER_MS`]), that the handler can send to an
+//!    API outside DynamoDB for it to refuse an older holder
+//!    ([`Context::fence`](crate::Context::fence)).
 //! 2. **Complete** (status `COMPLETED`, the result, staged writes in the same
 //!    transaction), **release** (lease ended so a redelivery can run) and
 //!    **mark failed** only succeed while `owner` is still our token.
@@ -78,6 +82,9 @@ pub struct Record {
     pub expires_at_s: i64,
     /// Claims this key has seen.
     pub attempts: u32,
+    /// The fence of the latest claim or fast-path commit (see [`FENCE_PER_MS`]);
+    /// 0 on a record written before fences were stored.
+    pub fence: u64,
     /// SHA-256 of the body that claimed it.
     pub payload_sha256: Option<String>,
     /// The recorded result.
@@ -140,6 +147,37 @@ impl Record {
 /// then fail).
 pub const MAX_ERROR_BYTES: usize = 4096;
 
+/// How many fences one millisecond of the clock is worth: a record made where
+/// none is (a new key, or one whose record TTL deleted) starts its fence at
+/// the writer's clock in milliseconds since the epoch times this; every claim
+/// adds one to the stored fence; a fast-path commit stores the fence its
+/// handler read, and only over a lower one. So a key's fence only grows while
+/// its record lives, and after a deletion starts again above every fence the
+/// deleted record held: that record lived at least its TTL past its last
+/// write, which exceeds the lease, ten times the clock skew the lease margin
+/// allows for, while a thousand claims per millisecond of its life would be
+/// needed to reach the new start. Values stay below 2^53 (exact as a
+/// JavaScript number) until the year 2255.
+pub const FENCE_PER_MS: u64 = 1000;
+
+/// The fence a record made at `now_ms` (the writer's clock) starts from, and
+/// the fast path's fence: `now_ms` × [`FENCE_PER_MS`].
+pub fn clock_fence(now_ms: i64) -> u64 {
+    u64::try_from(now_ms)
+        .unwrap_or(0)
+        .saturating_mul(FENCE_PER_MS)
+}
+
+/// The fence a claim stores over `stored` (the record's fence, 0 for none,
+/// or no record) at `now_ms`: one above the stored fence, or, where none is
+/// stored, one above the clock's ([`clock_fence`]).
+pub fn next_fence(stored: Option<u64>, now_ms: i64) -> u64 {
+    match stored {
+        Some(f) if f > 0 => f + 1,
+        _ => clock_fence(now_ms) + 1,
+    }
+}
+
 /// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary, saying how long
 /// it was.
 pub fn bounded_error(error: &str) -> String {
@@ -177,6 +215,8 @@ pub enum Claim {
     Acquired {
         /// Claims this key has seen, this one included.
         attempt: u32,
+        /// This claim's fence: above every fence the key had before.
+        fence: u64,
     },
     /// Already completed: skip the handler.
     Duplicate {
@@ -215,6 +255,7 @@ pub fn decide_conflict(old: &Record, req: &ClaimRequest, now_ms: i64) -> Claim {
         // Our own earlier attempt committed and only its response was lost.
         Status::InProgress if old.owner.as_deref() == Some(req.owner.as_str()) => Claim::Acquired {
             attempt: old.attempts,
+            fence: old.fence,
         },
         Status::Completed => Claim::Duplicate {
             result: old.result.clone(),
@@ -276,6 +317,9 @@ pub struct FastCommit {
     pub message_id: String,
     /// SHA-256 of the body.
     pub payload_sha256: String,
+    /// The fence the handler read ([`clock_fence`] before it ran): stored,
+    /// and only over a lower fence (else [`FastCommitted::FenceBehind`]).
+    pub fence: u64,
     /// The result to record.
     pub result: Option<StoredResult>,
     /// Retention from now.
@@ -315,9 +359,22 @@ pub enum FastCommitted {
         /// The recorded reason.
         reason: Option<String>,
     },
+    /// The record could be taken, but its fence is not below the one the
+    /// handler read (a claim or commit made since, or by a clock ahead of
+    /// ours): nothing was written; run again with a later fence.
+    FenceBehind {
+        /// The stored fence.
+        stored: u64,
+    },
 }
 
 impl FastCommit {
+    /// Whether this commit may write over `old` at `now_ms`: where a claim
+    /// could take it ([`Record::claimable_by`]) and its fence is below ours.
+    pub fn may_replace(&self, old: &Record, now_ms: i64) -> bool {
+        old.claimable_by(now_ms, &self.message_id) && old.fence < self.fence
+    }
+
     /// How a commit that lost the record's condition is answered, given the
     /// record that was there. Shared by every store.
     pub fn conflict(&self, old: &Record, now_ms: i64) -> FastCommitted {
@@ -338,6 +395,10 @@ impl FastCommit {
             Status::Failed if old.failed_by(&self.message_id) => FastCommitted::Parked {
                 reason: old.error.clone(),
             },
+            // Free to take but for its fence.
+            _ if old.claimable_by(now_ms, &self.message_id) && old.fence >= self.fence => {
+                FastCommitted::FenceBehind { stored: old.fence }
+            }
             // A live lease of a general-path consumer (or, with clock skew, one
             // that only looks claimable to us).
             _ => FastCommitted::InFlight {

@@ -122,7 +122,7 @@ mod tests {
     }
 
     fn ctx() -> Context {
-        Context::new("c", Some("k"), 1, &message("a"), 1024)
+        Context::new("c", Some("k"), (1, 1), &message("a"), 1024)
     }
 
     #[tokio::test(start_paused = true)]

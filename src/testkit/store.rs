@@ -16,7 +16,8 @@ use crate::protocol::metrics::Metrics;
 use crate::protocol::outcome::StagedWrite;
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
+    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, next_fence,
+    record_bytes,
 };
 
 /// The in-memory store. Clones share state.
@@ -50,6 +51,11 @@ struct State {
     /// (the documented limit) from one applied twice: each with the instant
     /// of the tokio clock it ended at.
     ended_by_ttl: Vec<(String, tokio::time::Instant)>,
+    /// The highest fence each key's records have held, deleted ones
+    /// included: a claim or fast-path commit that stores one not above it
+    /// is a fencing breach (never, with the fence's rules intact and the
+    /// clocks within the TTL of each other).
+    fences: HashMap<String, u64>,
 }
 
 /// Committed transactions' staged writes, in commit order, each with the
@@ -262,6 +268,20 @@ fn ended_by_ttl(state: &mut State, (pk, expired): (String, bool), owner: &str) {
     }
 }
 
+/// Notes the fence a claim or fast-path commit of `owner` stored for
+/// `pk`: one not above every fence the key held before is a breach.
+fn note_fence(state: &mut State, pk: &str, fence: u64, owner: &str) {
+    let highest = state.fences.entry(pk.to_owned()).or_default();
+    if fence <= *highest {
+        let highest = *highest;
+        state.fencing_breaches.push(format!(
+            "{pk}: owner {owner} stored fence {fence}, not above the {highest} the key held"
+        ));
+    } else {
+        *highest = fence;
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
@@ -300,6 +320,7 @@ impl DedupStore for MemoryStore {
             m.takeover();
         }
         let attempts = old.map_or(0, |o| o.attempts) + 1;
+        let fence = next_fence(old.map(|o| o.fence), now_ms);
         let error = old.and_then(|o| o.error.clone());
         let replaced = old
             .filter(|o| o.status == Status::Completed)
@@ -307,6 +328,7 @@ impl DedupStore for MemoryStore {
         if let Some(replaced) = replaced {
             ended_by_ttl(&mut state, replaced, &req.owner);
         }
+        note_fence(&mut state, &req.pk, fence, &req.owner);
         state.lease_ends.insert(
             (req.pk.clone(), attempts),
             tokio::time::Instant::now() + req.lease,
@@ -320,6 +342,7 @@ impl DedupStore for MemoryStore {
                 lease_until_ms: now_ms + ms(req.lease),
                 expires_at_s: expires_at(now_ms, req.ttl),
                 attempts,
+                fence,
                 payload_sha256: Some(req.payload_sha256.clone()),
                 result: None,
                 message_id: Some(req.message_id.clone()),
@@ -329,7 +352,10 @@ impl DedupStore for MemoryStore {
                 outbox: Vec::new(),
             },
         );
-        Ok(Claim::Acquired { attempt: attempts })
+        Ok(Claim::Acquired {
+            attempt: attempts,
+            fence,
+        })
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
@@ -456,7 +482,7 @@ impl DedupStore for MemoryStore {
             });
         }
         if let Some(old) = old
-            && !old.claimable_by(now_ms, &c.message_id)
+            && !c.may_replace(old, now_ms)
         {
             return Ok(c.conflict(old, now_ms));
         }
@@ -467,6 +493,7 @@ impl DedupStore for MemoryStore {
         if let Some(replaced) = replaced {
             ended_by_ttl(state, replaced, &c.owner);
         }
+        note_fence(state, &c.pk, c.fence, &c.owner);
         state.records.insert(
             c.pk.clone(),
             Record {
@@ -476,6 +503,7 @@ impl DedupStore for MemoryStore {
                 lease_until_ms: 0,
                 expires_at_s: expires_at(now_ms, c.ttl),
                 attempts,
+                fence: c.fence,
                 payload_sha256: Some(c.payload_sha256.clone()),
                 result: c.result,
                 message_id: Some(c.message_id.clone()),
@@ -511,5 +539,157 @@ impl DedupStore for MemoryStore {
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         self.check_available()?;
         Ok(self.lock().records.get(pk).cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::protocol::clock::ManualClock;
+    use crate::protocol::store::clock_fence;
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const TTL: Duration = Duration::from_secs(3600);
+
+    fn req(pk: &str, message_id: &str) -> ClaimRequest {
+        ClaimRequest {
+            pk: pk.to_owned(),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: message_id.to_owned(),
+            payload_sha256: "p".into(),
+            lease: LEASE,
+            ttl: TTL,
+        }
+    }
+
+    fn completion(r: &ClaimRequest) -> Completion {
+        Completion {
+            pk: r.pk.clone(),
+            owner: r.owner.clone(),
+            result: None,
+            ttl: TTL,
+            writes: vec![],
+            outbox: vec![],
+        }
+    }
+
+    fn fast(pk: &str, fence: u64) -> FastCommit {
+        FastCommit {
+            pk: pk.to_owned(),
+            owner: uuid::Uuid::new_v4().to_string(),
+            message_id: uuid::Uuid::new_v4().to_string(),
+            payload_sha256: "p".into(),
+            fence,
+            result: None,
+            ttl: TTL,
+            writes: vec![],
+            outbox: vec![],
+        }
+    }
+
+    /// The fence of an acquired claim.
+    async fn fence_of(store: &MemoryStore, r: &ClaimRequest) -> u64 {
+        match store.claim(r).await.unwrap() {
+            Claim::Acquired { fence, .. } => {
+                let stored = store.get(&r.pk).await.unwrap().unwrap().fence;
+                assert_eq!(stored, fence, "the claim's fence is the one stored");
+                fence
+            }
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_fence_grows_across_a_claim_a_takeover_and_the_records_expiry_and_deletion() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let first = fence_of(&store, &req("c#k", "m1")).await;
+        assert!(first > clock_fence(clock.now_ms()), "starts from the clock");
+
+        // The first holder's lease runs out: taken over.
+        clock.advance(LEASE + Duration::from_secs(1));
+        let taker = req("c#k", "m1");
+        let second = fence_of(&store, &taker).await;
+        assert!(second > first, "{second} after {first}");
+        store.complete(completion(&taker)).await.unwrap();
+
+        // Past its expires_at, still there: claimed again.
+        clock.advance(TTL + Duration::from_secs(1));
+        let late = req("c#k", "m2");
+        let third = fence_of(&store, &late).await;
+        assert!(third > second, "{third} after {second}");
+        store.complete(completion(&late)).await.unwrap();
+
+        // Deleted by the TTL: a claim starts again from the clock, above.
+        clock.advance(TTL + Duration::from_secs(1));
+        let deleted = store.sweep_expired(clock.now_ms(), |_| true);
+        assert_eq!(deleted.len(), 1);
+        assert!(store.get("c#k").await.unwrap().is_none());
+        let fourth = fence_of(&store, &req("c#k", "m3")).await;
+        assert!(fourth > third, "{fourth} after {third}");
+        assert_eq!(store.fencing_breaches(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_fence_stored_not_above_the_keys_highest_is_a_breach_for_the_checker() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let first = req("c#k", "m1");
+        fence_of(&store, &first).await;
+        store.complete(completion(&first)).await.unwrap();
+        clock.advance(TTL + Duration::from_secs(1));
+        store.sweep_expired(clock.now_ms(), |_| true);
+        // A clock a whole TTL behind, far beyond any skew the lease allows
+        // for, starts the record again below the deleted one's fence.
+        let behind = ManualClock::starting_now();
+        behind.set(SystemTime::now() - TTL);
+        fence_of(&store.with_clock(Arc::new(behind)), &req("c#k", "m2")).await;
+        let breaches = store.fencing_breaches();
+        assert_eq!(breaches.len(), 1, "{breaches:?}");
+        assert!(breaches[0].contains("not above"), "{breaches:?}");
+    }
+
+    #[tokio::test]
+    async fn a_claim_by_a_clock_behind_the_last_claimers_still_gets_a_higher_fence() {
+        let ahead = ManualClock::starting_now();
+        let behind = ManualClock::starting_now();
+        behind.set(SystemTime::now() - Duration::from_secs(4));
+        let store = MemoryStore::new(Arc::new(ahead.clone()));
+        let first_req = req("c#k", "m1");
+        let first = fence_of(&store, &first_req).await;
+        store
+            .release("c#k", &first_req.owner, "retry")
+            .await
+            .unwrap();
+        let slow = store.with_clock(Arc::new(behind));
+        let second = fence_of(&slow, &req("c#k", "m1")).await;
+        assert!(second > first, "{second} after {first}");
+    }
+
+    #[tokio::test]
+    async fn a_fast_commit_stores_its_fence_only_over_a_lower_one() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let held = req("c#k", "m1");
+        let claimed = fence_of(&store, &held).await;
+        store.release("c#k", &held.owner, "retry").await.unwrap();
+
+        // A handler that read its fence before the claim: refused, nothing written.
+        let refused = store.commit_fast(fast("c#k", claimed - 1)).await.unwrap();
+        assert_eq!(refused, FastCommitted::FenceBehind { stored: claimed });
+        let record = store.get("c#k").await.unwrap().unwrap();
+        assert_eq!((record.status, record.fence), (Status::InProgress, claimed));
+
+        // One that read a later fence: committed with it; the next claim is above.
+        clock.advance(Duration::from_millis(1));
+        let later = clock_fence(clock.now_ms());
+        assert!(later > claimed);
+        let committed = store.commit_fast(fast("c#k", later)).await.unwrap();
+        assert_eq!(committed, FastCommitted::Committed);
+        assert_eq!(store.get("c#k").await.unwrap().unwrap().fence, later);
+        clock.advance(TTL + Duration::from_secs(1));
+        assert!(fence_of(&store, &req("c#k", "m2")).await > later);
     }
 }

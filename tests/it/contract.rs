@@ -11,6 +11,14 @@ use sqs_once::{Claim, DedupStore, Outgoing, Status, StoreError, StoredResult};
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(3600);
 
+/// The attempt of an acquired claim, or the claim that was not.
+fn acquired(claim: Claim) -> Result<u32, Claim> {
+    match claim {
+        Claim::Acquired { attempt, .. } => Ok(attempt),
+        other => Err(other),
+    }
+}
+
 fn req(pk: &str, payload: &str) -> ClaimRequest {
     ClaimRequest {
         pk: pk.to_owned(),
@@ -35,10 +43,7 @@ fn completion(r: &ClaimRequest, result: Option<serde_json::Value>) -> Completion
 
 pub async fn first_claim_acquires<S: DedupStore>(store: &S, clock: &ManualClock) {
     let r = req("c#first", "body");
-    assert_eq!(
-        store.claim(&r).await.unwrap(),
-        Claim::Acquired { attempt: 1 }
-    );
+    assert_eq!(acquired(store.claim(&r).await.unwrap()), Ok(1));
     let rec = store.get(&r.pk).await.unwrap().expect("record written");
     assert_eq!(rec.status, Status::InProgress);
     assert_eq!(rec.owner.as_deref(), Some(r.owner.as_str()));
@@ -101,10 +106,7 @@ pub async fn stale_lease_is_taken_over_and_old_owner_is_fenced<S: DedupStore>(
     store.claim(&old).await.unwrap();
     clock.advance(LEASE + Duration::from_secs(1));
     let new = req("c#stale", "body");
-    assert_eq!(
-        store.claim(&new).await.unwrap(),
-        Claim::Acquired { attempt: 2 }
-    );
+    assert_eq!(acquired(store.claim(&new).await.unwrap()), Ok(2));
     // The old owner wakes up: every guarded operation fails the fencing check.
     let err = store.complete(completion(&old, None)).await.unwrap_err();
     assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
@@ -137,10 +139,7 @@ pub async fn release_lets_the_next_claim_acquire<S: DedupStore>(store: &S, _cloc
         .await
         .unwrap();
     let b = req("c#rel", "body");
-    assert_eq!(
-        store.claim(&b).await.unwrap(),
-        Claim::Acquired { attempt: 2 }
-    );
+    assert_eq!(acquired(store.claim(&b).await.unwrap()), Ok(2));
     let rec = store.get(&b.pk).await.unwrap().unwrap();
     assert_eq!(
         rec.error.as_deref(),
@@ -177,8 +176,8 @@ pub async fn expired_record_is_reclaimable_while_it_still_exists<S: DedupStore>(
         "TTL deletion is lazy: the item is still there"
     );
     assert_eq!(
-        store.claim(&req("c#exp", "body")).await.unwrap(),
-        Claim::Acquired { attempt: 2 },
+        acquired(store.claim(&req("c#exp", "body")).await.unwrap()),
+        Ok(2),
         "expiry is decided by the clock"
     );
 }
@@ -214,18 +213,12 @@ pub async fn retry_with_same_token_after_commit_is_idempotent<S: DedupStore>(
     // What a caller whose response was lost does: send the same request again.
     // Each repeat answers as the first did and leaves the record as it was.
     let a = req("c#again", "body");
-    assert_eq!(
-        store.claim(&a).await.unwrap(),
-        Claim::Acquired { attempt: 1 }
-    );
+    assert_eq!(acquired(store.claim(&a).await.unwrap()), Ok(1));
     let claimed = store.get(&a.pk).await.unwrap().unwrap();
     // Time passes between a request and its repeat: a repeat that acted anew
     // would show in the timestamps.
     clock.advance(Duration::from_secs(1));
-    assert_eq!(
-        store.claim(&a).await.unwrap(),
-        Claim::Acquired { attempt: 1 }
-    );
+    assert_eq!(acquired(store.claim(&a).await.unwrap()), Ok(1));
     let again = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(again.status, Status::InProgress);
     assert_eq!(again.attempts, 1, "a repeated claim is not a new attempt");
@@ -290,8 +283,8 @@ pub async fn failed_record_does_not_block_a_redrive<S: DedupStore>(
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Failed);
     assert_eq!(
-        store.claim(&req("c#failed", "body")).await.unwrap(),
-        Claim::Acquired { attempt: 2 }
+        acquired(store.claim(&req("c#failed", "body")).await.unwrap()),
+        Ok(2)
     );
     assert_eq!(
         store.get(&a.pk).await.unwrap().unwrap().error.as_deref(),
@@ -322,10 +315,7 @@ pub async fn fifty_concurrent_claims_yield_one_acquired<S: DedupStore>(
 pub async fn hashed_long_keys_work<S: DedupStore>(store: &S, _clock: &ManualClock) {
     let pk = sqs_once::key::record_key("c", &"k".repeat(3000));
     let a = req(&pk, "body");
-    assert_eq!(
-        store.claim(&a).await.unwrap(),
-        Claim::Acquired { attempt: 1 }
-    );
+    assert_eq!(acquired(store.claim(&a).await.unwrap()), Ok(1));
     store.complete(completion(&a, None)).await.unwrap();
     assert!(matches!(
         store.claim(&req(&pk, "body")).await.unwrap(),
@@ -333,12 +323,19 @@ pub async fn hashed_long_keys_work<S: DedupStore>(store: &S, _clock: &ManualCloc
     ));
 }
 
-fn fast(pk: &str, payload: &str, result: Option<serde_json::Value>) -> FastCommit {
+/// A fast-path commit whose handler read its fence from `clock` now.
+fn fast(
+    clock: &ManualClock,
+    pk: &str,
+    payload: &str,
+    result: Option<serde_json::Value>,
+) -> FastCommit {
     FastCommit {
         pk: pk.to_owned(),
         owner: uuid::Uuid::new_v4().to_string(),
         message_id: uuid::Uuid::new_v4().to_string(),
         payload_sha256: sqs_once::key::sha256_hex(payload.as_bytes()),
+        fence: sqs_once::store::clock_fence(clock.now_ms()),
         result: result.map(StoredResult::Value),
         ttl: TTL,
         writes: vec![],
@@ -350,7 +347,7 @@ pub async fn fast_commit_records_completed_once_and_then_is_a_duplicate<S: Dedup
     store: &S,
     clock: &ManualClock,
 ) {
-    let a = fast("c#fast", "body", Some(serde_json::json!({"ok": 1})));
+    let a = fast(clock, "c#fast", "body", Some(serde_json::json!({"ok": 1})));
     assert_eq!(
         store.commit_fast(a.clone()).await.unwrap(),
         FastCommitted::Committed
@@ -368,7 +365,7 @@ pub async fn fast_commit_records_completed_once_and_then_is_a_duplicate<S: Dedup
     // Another delivery of the key: a duplicate with the stored result, by both paths.
     assert_eq!(
         store
-            .commit_fast(fast("c#fast", "body", None))
+            .commit_fast(fast(clock, "c#fast", "body", None))
             .await
             .unwrap(),
         FastCommitted::Duplicate {
@@ -399,7 +396,7 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
     store.claim(&held).await.unwrap();
     assert_eq!(
         store
-            .commit_fast(fast("c#fast-held", "body", None))
+            .commit_fast(fast(clock, "c#fast-held", "body", None))
             .await
             .unwrap(),
         FastCommitted::InFlight {
@@ -414,9 +411,11 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
         .mark_failed(&failed.pk, &failed.owner, "bad", TTL)
         .await
         .unwrap();
+    // (Its handler reads its fence after the failure: a later millisecond.)
+    clock.advance(Duration::from_millis(1));
     assert_eq!(
         store
-            .commit_fast(fast("c#fast-failed", "body", None))
+            .commit_fast(fast(clock, "c#fast-failed", "body", None))
             .await
             .unwrap(),
         FastCommitted::Committed
@@ -427,13 +426,13 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
     );
     // An expired record is decided by the clock, not by TTL deletion.
     store
-        .commit_fast(fast("c#fast-exp", "body", None))
+        .commit_fast(fast(clock, "c#fast-exp", "body", None))
         .await
         .unwrap();
     clock.advance(TTL + Duration::from_secs(2));
     assert_eq!(
         store
-            .commit_fast(fast("c#fast-exp", "body", None))
+            .commit_fast(fast(clock, "c#fast-exp", "body", None))
             .await
             .unwrap(),
         FastCommitted::Committed
@@ -441,7 +440,7 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
     // The held lease ran out long ago: the key can be committed now.
     assert_eq!(
         store
-            .commit_fast(fast("c#fast-held", "body", None))
+            .commit_fast(fast(clock, "c#fast-held", "body", None))
             .await
             .unwrap(),
         FastCommitted::Committed
@@ -457,12 +456,13 @@ pub async fn fast_commit_respects_claims_failures_and_expiry<S: DedupStore>(
 
 pub async fn fifty_concurrent_fast_commits_yield_one_committed<S: DedupStore>(
     store: Arc<S>,
-    _clock: &ManualClock,
+    clock: &ManualClock,
 ) {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..50 {
         let store = store.clone();
-        tasks.spawn(async move { store.commit_fast(fast("c#fast-race", "body", None)).await });
+        let commit = fast(clock, "c#fast-race", "body", None);
+        tasks.spawn(async move { store.commit_fast(commit).await });
     }
     let (mut committed, mut duplicates) = (0, 0);
     while let Some(r) = tasks.join_next().await {
@@ -493,8 +493,8 @@ pub async fn an_extension_that_lands_after_a_release_does_not_hold_the_key<S: De
     assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
     let b = req("c#late-ext", "body");
     assert_eq!(
-        store.claim(&b).await.unwrap(),
-        Claim::Acquired { attempt: 2 },
+        acquired(store.claim(&b).await.unwrap()),
+        Ok(2),
         "the released key is free at once"
     );
 }
@@ -554,7 +554,7 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
     S: DedupStore,
 >(
     store: &S,
-    _clock: &ManualClock,
+    clock: &ManualClock,
 ) {
     let a = req("c#parked", "body");
     store.claim(&a).await.unwrap();
@@ -571,7 +571,7 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
             reason: Some("insufficient funds".into())
         }
     );
-    let mut fast_again = fast("c#parked", "body", None);
+    let mut fast_again = fast(clock, "c#parked", "body", None);
     fast_again.message_id = a.message_id.clone();
     assert_eq!(
         store.commit_fast(fast_again).await.unwrap(),
@@ -581,8 +581,8 @@ pub async fn a_failed_record_is_parked_for_its_own_delivery_and_claimable_by_oth
     );
     // A copy brought back from the DLQ is a new message: it may run.
     assert_eq!(
-        store.claim(&req("c#parked", "body")).await.unwrap(),
-        Claim::Acquired { attempt: 2 }
+        acquired(store.claim(&req("c#parked", "body")).await.unwrap()),
+        Ok(2)
     );
 }
 
@@ -616,8 +616,8 @@ pub async fn a_claim_sent_before_a_failure_does_not_take_the_failed_record<S: De
     let rec = store.get(&a.pk).await.unwrap().unwrap();
     assert_eq!(rec.status, Status::Failed, "the failure stands");
     assert_eq!(
-        store.claim(&late).await.unwrap(),
-        Claim::Acquired { attempt: 2 },
+        acquired(store.claim(&late).await.unwrap()),
+        Ok(2),
         "a claim made after the failure takes it"
     );
 }
@@ -677,7 +677,7 @@ pub async fn a_claim_of_an_expired_record_drops_its_unsent_messages<S: DedupStor
     store: &S,
     clock: &ManualClock,
 ) {
-    let mut first = fast("c#claim-outbox", "body", None);
+    let mut first = fast(clock, "c#claim-outbox", "body", None);
     first.outbox = sent();
     first.ttl = Duration::from_secs(2);
     store.commit_fast(first).await.unwrap();
@@ -698,7 +698,7 @@ pub async fn a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit<S: 
     store: &S,
     clock: &ManualClock,
 ) {
-    let mut first = fast("c#fast-outbox", "body", None);
+    let mut first = fast(clock, "c#fast-outbox", "body", None);
     first.outbox = sent();
     first.ttl = Duration::from_secs(2);
     assert_eq!(
@@ -706,13 +706,13 @@ pub async fn a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit<S: 
         FastCommitted::Committed
     );
     assert!(matches!(
-        store.commit_fast(fast("c#fast-outbox", "body", None)).await.unwrap(),
+        store.commit_fast(fast(clock, "c#fast-outbox", "body", None)).await.unwrap(),
         FastCommitted::Duplicate { outbox, .. } if outbox == sent()
     ));
     clock.advance(Duration::from_secs(5));
     assert_eq!(
         store
-            .commit_fast(fast("c#fast-outbox", "body", None))
+            .commit_fast(fast(clock, "c#fast-outbox", "body", None))
             .await
             .unwrap(),
         FastCommitted::Committed,
@@ -720,6 +720,73 @@ pub async fn a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit<S: 
     );
     let rec = store.get("c#fast-outbox").await.unwrap().unwrap();
     assert!(rec.outbox.is_empty(), "inherited {:?}", rec.outbox);
+}
+
+/// The fence of an acquired claim, checked to be the one stored.
+async fn claimed_fence<S: DedupStore>(store: &S, r: &ClaimRequest) -> u64 {
+    match store.claim(r).await.unwrap() {
+        Claim::Acquired { fence, .. } => {
+            let stored = store.get(&r.pk).await.unwrap().unwrap().fence;
+            assert_eq!(stored, fence, "the claim's fence is the one stored");
+            fence
+        }
+        other => panic!("not acquired: {other:?}"),
+    }
+}
+
+pub async fn the_fence_grows_across_claims_a_takeover_expiry_and_fast_commits<S: DedupStore>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let pk = "c#fence";
+    let first = claimed_fence(store, &req(pk, "body")).await;
+    assert!(
+        first > sqs_once::store::clock_fence(clock.now_ms()),
+        "starts from the clock"
+    );
+    clock.advance(LEASE + Duration::from_secs(1));
+    let taker = req(pk, "body");
+    let taken = claimed_fence(store, &taker).await;
+    assert!(taken > first, "takeover: {taken} after {first}");
+    store.complete(completion(&taker, None)).await.unwrap();
+    clock.advance(TTL + Duration::from_secs(1));
+    let late = req(pk, "body");
+    let expired = claimed_fence(store, &late).await;
+    assert!(
+        expired > taken,
+        "claim of the expired record: {expired} after {taken}"
+    );
+    store.release(pk, &late.owner, "gave up").await.unwrap();
+
+    // A fast-path commit whose handler read a fence not above the stored
+    // one writes nothing; one whose handler read a later one stores it.
+    let mut behind = fast(clock, pk, "body", None);
+    behind.fence = expired;
+    assert_eq!(
+        store.commit_fast(behind).await.unwrap(),
+        FastCommitted::FenceBehind { stored: expired }
+    );
+    let rec = store.get(pk).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.fence),
+        (Status::InProgress, expired),
+        "unchanged"
+    );
+    clock.advance(Duration::from_millis(1));
+    let ahead = fast(clock, pk, "body", None);
+    assert_eq!(
+        store.commit_fast(ahead.clone()).await.unwrap(),
+        FastCommitted::Committed
+    );
+    assert!(ahead.fence > expired);
+    assert_eq!(store.get(pk).await.unwrap().unwrap().fence, ahead.fence);
+    clock.advance(TTL + Duration::from_secs(1));
+    let after = claimed_fence(store, &req(pk, "body")).await;
+    assert!(
+        after > ahead.fence,
+        "{after} after the fast commit's {}",
+        ahead.fence
+    );
 }
 
 macro_rules! contract_suite {
@@ -745,6 +812,7 @@ macro_rules! contract_suite {
         contract_suite!(@one $make, a_completion_records_its_outbox_until_marked_dispatched);
         contract_suite!(@one $make, a_fast_commit_records_its_outbox_and_a_new_one_does_not_inherit);
         contract_suite!(@one $make, a_claim_of_an_expired_record_drops_its_unsent_messages);
+        contract_suite!(@one $make, the_fence_grows_across_claims_a_takeover_expiry_and_fast_commits);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn fifty_concurrent_fast_commits_yield_one_committed() {

@@ -29,6 +29,21 @@ use crate::common::{ddb, ddb_losing, dedup_table, unique};
 
 const TTL: Duration = Duration::from_secs(3600);
 
+/// The fast path's fence now, by the system clock.
+fn now_fence() -> u64 {
+    sqs_once::store::clock_fence(sqs_once::clock::Clock::now_ms(
+        &sqs_once::clock::SystemClock,
+    ))
+}
+
+/// The attempt of an acquired claim, or the claim that was not.
+fn acquired(claim: Claim) -> Result<u32, Claim> {
+    match claim {
+        Claim::Acquired { attempt, .. } => Ok(attempt),
+        other => Err(other),
+    }
+}
+
 fn req(pk: &str) -> ClaimRequest {
     ClaimRequest {
         pk: pk.to_owned(),
@@ -214,6 +229,80 @@ async fn too_many_staged_writes_is_a_clear_error_and_nothing_is_written() {
     assert_eq!(balance(&client, &ledger, "acct-0").await, (0, 0));
 }
 
+/// The fence of an acquired claim.
+fn fence_of(claim: Claim) -> u64 {
+    match claim {
+        Claim::Acquired { fence, .. } => fence,
+        other => panic!("not acquired: {other:?}"),
+    }
+}
+
+/// The `fence` attribute as DynamoDB holds it.
+async fn stored_fence(client: &aws_sdk_dynamodb::Client, table: &str, pk: &str) -> u64 {
+    let item = client
+        .get_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("a record");
+    item["fence"].as_n().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn the_fence_grows_across_a_takeover_expiry_and_the_records_deletion_by_ttl() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let clock = sqs_once::clock::ManualClock::starting_now();
+    let client = ddb().await;
+    let dedup = dedup_table(&client).await;
+    let store = DynamoStore::with_clock(client.clone(), dedup.clone(), Arc::new(clock.clone()));
+    let pk = "c#fence";
+    let first = fence_of(store.claim(&req(pk)).await.unwrap());
+    assert_eq!(stored_fence(&client, &dedup, pk).await, first);
+
+    // The lease runs out: taken over, one above.
+    clock.advance(Duration::from_secs(31));
+    let taker = req(pk);
+    let taken = fence_of(store.claim(&taker).await.unwrap());
+    assert_eq!(taken, first + 1);
+    store
+        .complete(Completion {
+            pk: pk.into(),
+            owner: taker.owner.clone(),
+            result: None,
+            ttl: TTL,
+            writes: vec![],
+            outbox: vec![],
+        })
+        .await
+        .unwrap();
+
+    // Past its expires_at, still there: one above again.
+    clock.advance(TTL + Duration::from_secs(1));
+    let late = req(pk);
+    let expired = fence_of(store.claim(&late).await.unwrap());
+    assert_eq!(expired, taken + 1);
+    store.release(pk, &late.owner, "gave up").await.unwrap();
+
+    // Deleted, as TTL deletes it, later: a claim starts from the clock, above.
+    clock.advance(TTL + Duration::from_secs(1));
+    client
+        .delete_item()
+        .table_name(&dedup)
+        .key("pk", AttributeValue::S(pk.into()))
+        .send()
+        .await
+        .unwrap();
+    let again = fence_of(store.claim(&req(pk)).await.unwrap());
+    assert!(again > expired, "{again} after {expired}");
+    assert_eq!(stored_fence(&client, &dedup, pk).await, again);
+}
+
 #[tokio::test]
 async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
     if !crate::common::localstack_up().await {
@@ -224,10 +313,7 @@ async fn lost_claim_response_is_retried_with_the_same_token_and_acquires() {
     let metrics = Arc::new(sqs_once::metrics::Metrics::default());
     store.report_to(metrics.clone());
     let a = req("c#lost");
-    assert_eq!(
-        store.claim(&a).await.unwrap(),
-        Claim::Acquired { attempt: 1 }
-    );
+    assert_eq!(acquired(store.claim(&a).await.unwrap()), Ok(1));
     assert_eq!(
         lost.load(Ordering::SeqCst),
         1,
@@ -255,10 +341,7 @@ async fn a_claim_over_an_expired_one_is_counted_as_a_takeover_and_numbered_after
     store.report_to(metrics.clone());
     let (gone, released) = (req("c#gone"), req("c#released"));
     for r in [&gone, &released] {
-        assert_eq!(
-            store.claim(r).await.unwrap(),
-            Claim::Acquired { attempt: 1 }
-        );
+        assert_eq!(acquired(store.claim(r).await.unwrap()), Ok(1));
     }
     store
         .release(&released.pk, &released.owner, "gave up")
@@ -270,10 +353,7 @@ async fn a_claim_over_an_expired_one_is_counted_as_a_takeover_and_numbered_after
             owner: uuid::Uuid::new_v4().to_string(),
             ..r.clone()
         };
-        assert_eq!(
-            store.claim(&next).await.unwrap(),
-            Claim::Acquired { attempt: 2 }
-        );
+        assert_eq!(acquired(store.claim(&next).await.unwrap()), Ok(2));
     }
     let seen = metrics.take();
     assert_eq!(
@@ -325,6 +405,7 @@ async fn lost_fast_commit_response_applies_the_effect_once() {
         owner: uuid::Uuid::new_v4().to_string(),
         message_id: "m".into(),
         payload_sha256: "p".into(),
+        fence: now_fence(),
         result: None,
         ttl: TTL,
         writes: vec![staged(add_to(&ledger, "acct", 250), FailureKind::Retry)],
@@ -380,6 +461,7 @@ async fn a_new_keys_record_is_the_record_a_takeover_leaves() {
         owner: uuid::Uuid::new_v4().to_string(),
         message_id: "m".into(),
         payload_sha256: "p".into(),
+        fence: sqs_once::store::clock_fence(sqs_once::clock::Clock::now_ms(&clock)),
         result,
         ttl: TTL,
         writes: vec![],
@@ -537,6 +619,7 @@ async fn a_policy_without_put_item_falls_back_to_the_update_for_ten_minutes() {
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: "m".into(),
             payload_sha256: "p".into(),
+            fence: now_fence(),
             result: None,
             ttl: TTL,
             writes: vec![staged(add_to(&ledger, "acct", 10), FailureKind::Retry)],
@@ -589,6 +672,7 @@ async fn a_record_expired_in_a_fraction_of_a_second_is_taken_over() {
         owner: uuid::Uuid::new_v4().to_string(),
         message_id: "m".into(),
         payload_sha256: "p".into(),
+        fence: now_fence(),
         result: None,
         ttl: TTL,
         writes: vec![staged(add_to(&ledger, "acct", 7), FailureKind::Retry)],
@@ -621,6 +705,7 @@ async fn fast_commit_with_a_failing_staged_condition_writes_nothing() {
         owner: uuid::Uuid::new_v4().to_string(),
         message_id: "m".into(),
         payload_sha256: "p".into(),
+        fence: now_fence(),
         result: None,
         ttl: TTL,
         writes: vec![
@@ -656,6 +741,7 @@ async fn fast_path_transaction_over_the_limits_is_a_clear_error_and_writes_nothi
         owner: uuid::Uuid::new_v4().to_string(),
         message_id: "m".into(),
         payload_sha256: "p".into(),
+        fence: now_fence(),
         result: None,
         ttl: TTL,
         writes,

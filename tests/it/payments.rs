@@ -250,6 +250,76 @@ async fn the_payment_client_calls_only_an_api_whose_certificate_it_trusts() {
     assert_eq!(api.charges(), 1);
 }
 
+/// The lease does not stop a call its holder's interrupt cannot reach (here a
+/// task the handler spawned, sending late): the fence does. The first
+/// holder's call goes out after its claim was released and the next holder
+/// charged; the stub, keeping the highest `Fencing-Token` per key, refuses it.
+#[tokio::test]
+async fn an_older_holders_late_call_is_refused_by_its_fencing_token() {
+    use sqs_once::{
+        Context, Handler, HandlerError, MemoryStore, Message, Outcome, Processor, ProcessorConfig,
+        handler_fn,
+    };
+    use sqs_once_example_payments::PaymentHandler;
+    use std::sync::{Arc, Mutex};
+
+    let api = StubApi::start().await;
+    let roots = std::fs::read(&api.ca_file).unwrap();
+    let payments = PaymentHandler::new(&api.url, Some(&roots)).unwrap();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (late_tx, late_rx) = tokio::sync::oneshot::channel();
+    let late_tx = Arc::new(Mutex::new(Some(late_tx)));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let (g, f) = (go.clone(), fences.clone());
+    let handler = handler_fn(move |message: Message, ctx: Context| {
+        let (payments, go, late_tx, fences) =
+            (payments.clone(), g.clone(), late_tx.clone(), f.clone());
+        async move {
+            fences.lock().unwrap().push(ctx.fence());
+            let Some(tx) = late_tx.lock().unwrap().take() else {
+                return payments.handle(&message, &ctx).await;
+            };
+            // The first holder: its call is left to a task, which sends it
+            // late, and the handler gives up (its claim is released).
+            tokio::spawn(async move {
+                go.notified().await;
+                let _ = tx.send(payments.handle(&message, &ctx).await);
+            });
+            Err(HandlerError::retry("payment API too slow; given up"))
+        }
+    });
+    let mut config = ProcessorConfig::new("payments");
+    config.key_source = "json:/id".parse().unwrap();
+    let processor = Processor::new(MemoryStore::default(), handler, config).unwrap();
+    let body = payment("pay-late", 700);
+    let first = processor.process(Message::new("m-1", body.clone())).await;
+    assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
+    let second = processor
+        .process(Message::new("m-1", body).with_receive_count(2))
+        .await;
+    assert!(matches!(second, Outcome::Completed { .. }), "{second:?}");
+    assert_eq!(api.charges(), 1);
+
+    // The older holder's call arrives now.
+    go.notify_one();
+    let late = late_rx.await.unwrap();
+    let refused = late.expect_err("the late call must be refused");
+    assert!(
+        refused.to_string().contains("409") && refused.to_string().contains("stale fencing token"),
+        "{refused}"
+    );
+    let fences = fences.lock().unwrap().clone();
+    assert!(fences[1] > fences[0], "{fences:?}");
+    let key = sqs_once::key::idempotency_key("payments", "pay-late");
+    assert_eq!(api.stale(), [(key.clone(), fences[0])]);
+    assert_eq!(
+        api.fence(&key),
+        Some(fences[1]),
+        "the next holder's call set it"
+    );
+    assert_eq!(api.charges(), 1, "charged once");
+}
+
 /// A TLS server on 127.0.0.1 that answers every request with `status` and
 /// `Location: target`; its URL and its certificate's PEM.
 async fn redirecting(status: u16, target: String) -> (String, String) {

@@ -3,7 +3,9 @@
 //! [`StubApi::env`]), that honours `Idempotency-Key` (as Stripe
 //! does) and records every call: `POST /charges` charges once per key; a
 //! repeated key with the same body gets the first response, with another body a
-//! 422; customer `cus_declined` gets a 402, `cus_verbose` a 400 with a 1 MB
+//! 422; a call whose `Fencing-Token` is below the highest seen for its key is
+//! refused with a 409 before anything else (the late call of an older
+//! holder); customer `cus_declined` gets a 402, `cus_verbose` a 400 with a 1 MB
 //! body. It also counts calls that were open
 //! at the same time for one key, and can hold calls and lose responses after
 //! the charge (faults for the chaos harness).
@@ -43,6 +45,10 @@ pub struct Api {
     pub overlapping: Vec<String>,
     /// Responses lost after the charge.
     pub lost_responses: u64,
+    /// The highest `Fencing-Token` seen, by key.
+    pub fences: HashMap<String, u64>,
+    /// Calls refused for a `Fencing-Token` below the highest: (key, token).
+    pub stale: Vec<(String, u64)>,
 }
 
 pub struct StubApi {
@@ -115,6 +121,16 @@ impl StubApi {
     pub fn charges(&self) -> u64 {
         self.state.lock().unwrap().charged.len() as u64
     }
+
+    /// Calls refused for a `Fencing-Token` below the highest: (key, token).
+    pub fn stale(&self) -> Vec<(String, u64)> {
+        self.state.lock().unwrap().stale.clone()
+    }
+
+    /// The highest `Fencing-Token` seen for `key`.
+    pub fn fence(&self, key: &str) -> Option<u64> {
+        self.state.lock().unwrap().fences.get(key).copied()
+    }
 }
 
 /// Marks a call open for its key until dropped (also when the caller hangs up).
@@ -181,6 +197,11 @@ async fn charge(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let fence = req
+        .headers()
+        .get("fencing-token")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     let Ok(body) = req.into_body().collect().await else {
         return Err(ResponseLost);
     };
@@ -200,6 +221,18 @@ async fn charge(
         tokio::time::sleep(Duration::from_millis(hold)).await;
     }
     let mut api = state.lock().unwrap();
+    if let Some(fence) = fence {
+        let highest = api.fences.entry(key.clone()).or_default();
+        if fence < *highest {
+            let highest = *highest;
+            api.stale.push((key, fence));
+            return reply(
+                409,
+                json!({"error": "stale fencing token", "fence": fence, "highest": highest}),
+            );
+        }
+        *highest = fence;
+    }
     if body["customer"] == "cus_declined" {
         return reply(402, json!({"error": "card_declined"}));
     }

@@ -37,7 +37,7 @@ fn relative(ms: i64, now: i64) -> String {
     }
 }
 
-/// A record for a person: status, owner, lease, attempts, times as UTC and
+/// A record for a person: status, owner, lease, attempts, fence, times as UTC and
 /// relative to now, result or digest, last error. Every field read from the
 /// table is [`escape`]d.
 pub fn describe_record(r: &Record, now: i64) -> String {
@@ -46,6 +46,9 @@ pub fn describe_record(r: &Record, now: i64) -> String {
         format!("status     {}", r.status.as_str()),
         format!("attempts   {}", r.attempts),
     ];
+    if r.fence > 0 {
+        out.push(format!("fence      {}", r.fence));
+    }
     if let Some(o) = &r.owner {
         out.push(format!("owner      {}", escape(o)));
     }

@@ -151,6 +151,7 @@ async fn inspect_and_forget_round_trip() {
     for part in [
         "status     COMPLETED",
         "attempts   1",
+        "fence      ",
         "ch_1",
         "expires",
         "message    m-1",

@@ -1,7 +1,8 @@
 //! The external-effect example: charging a card through an HTTPS payment API.
 //! Body: `{"id", "customer", "amount_cents"}`. Effect: `POST {base}/charges`
-//! with the header `Idempotency-Key: <ctx.idempotency_key()>` (and
-//! `traceparent`, so the API's spans join the message's trace). The call is
+//! with the headers `Idempotency-Key: <ctx.idempotency_key()>` and
+//! `Fencing-Token: <ctx.fence()>` (and `traceparent`, so the API's spans join
+//! the message's trace). The call is
 //! outside DynamoDB, so the handler keeps the default
 //! [`Effects::External`](sqs_once::Effects::External): the key is claimed
 //! before the call and completed after it with the charge as the result.
@@ -9,7 +10,11 @@
 //! A crash between the charge and the completion leaves the claim to expire;
 //! the redelivery calls again **with the same idempotency key**, and an API
 //! that honours it (Stripe and most payment APIs do) answers with the first
-//! charge. Answers map to the protocol: 2xx is done; 409, 429, 5xx, a timeout
+//! charge. An API that also keeps the highest `Fencing-Token` per key and
+//! refuses a lower one (with 409) refuses the call of an older holder that
+//! went on after its lease was lost (a request already sent, a task the
+//! interrupt could not reach) once the next holder has called. Answers map
+//! to the protocol: 2xx is done; 409, 429, 5xx, a timeout
 //! or no answer are retried; any other status (declined, invalid, a
 //! redirect) is permanent.
 
@@ -98,6 +103,7 @@ impl Handler for PaymentHandler {
             .post(&self.charges_url)
             .header("content-type", "application/json")
             .header("idempotency-key", key)
+            .header(FENCING_TOKEN, ctx.fence())
             .body(body.to_string());
         if let Some(traceparent) = ctx.traceparent() {
             request = request.header("traceparent", traceparent);
@@ -108,6 +114,10 @@ impl Handler for PaymentHandler {
         outcome(status, &answer).map(Some)
     }
 }
+
+/// The header that carries [`Context::fence`]: an API that keeps the highest
+/// one it has seen per `Idempotency-Key` refuses a call with a lower one.
+pub const FENCING_TOKEN: &str = "fencing-token";
 
 /// A failed call's outcome: a request that cannot be made is permanent; no
 /// connection means nothing was sent; any other failure (no answer, one cut

@@ -230,6 +230,10 @@ struct State {
     ended_by_ttl: Vec<(String, i64, Instant)>,
     /// Requests applied (not answered from a token).
     applied: u64,
+    /// The highest `fence` each record of the fenced table has held,
+    /// deleted ones included: a write that stores one not above it is a
+    /// breach.
+    fences: HashMap<String, i128>,
 }
 
 /// The DynamoDB model. Clones share the tables.
@@ -622,6 +626,27 @@ fn number(v: &Av) -> Option<i64> {
     }
 }
 
+/// Notes a `fence` a write to record `key` stored (one other than the old
+/// item's): one not above every fence the key held is a breach.
+fn note_fence(state: &mut State, key: &str, old: Option<&Item>, new: Option<&Item>) {
+    let fence = |i: Option<&Item>| match i.and_then(|i| i.get("fence")) {
+        Some(Av::N(n)) => n.parse::<i128>().ok(),
+        _ => None,
+    };
+    let Some(stored) = fence(new).filter(|f| Some(*f) != fence(old)) else {
+        return;
+    };
+    let highest = state.fences.entry(key.to_owned()).or_insert(i128::MIN);
+    if stored <= *highest {
+        let highest = *highest;
+        state.breaches.push(format!(
+            "{key}: a write stored fence {stored}, not above the {highest} the key held"
+        ));
+    } else {
+        *highest = stored;
+    }
+}
+
 /// Stores the result of a write, noting a fencing breach.
 fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
     if matches!(w.kind, WriteKind::Check) {
@@ -652,6 +677,9 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
         }
     }
     let fenced = state.fenced.as_deref() == Some(w.table.as_str());
+    if fenced {
+        note_fence(state, &w.key, old, new.as_ref());
+    }
     if fenced {
         let completed =
             |i: Option<&Item>| i.and_then(|i| i.get("status")) == Some(&Av::S("COMPLETED".into()));

@@ -72,7 +72,10 @@ async fn the_table_check_passes_on_the_models_table_and_fails_on_a_missing_one()
 async fn a_claim_is_exclusive_until_completed_and_then_a_duplicate() {
     let (model, store, _) = setup();
     let first = store.claim(&claim_request("a", "m1")).await.unwrap();
-    assert!(matches!(first, Claim::Acquired { attempt: 1 }), "{first:?}");
+    assert!(
+        matches!(first, Claim::Acquired { attempt: 1, .. }),
+        "{first:?}"
+    );
     let second = store.claim(&claim_request("b", "m2")).await.unwrap();
     assert!(matches!(second, Claim::InFlight { .. }), "{second:?}");
     store
@@ -93,7 +96,10 @@ async fn a_completion_after_losing_the_lease_is_refused_and_writes_nothing() {
     store.claim(&claim_request("a", "m1")).await.unwrap();
     tokio::time::advance(Duration::from_secs(31)).await;
     let taken = store.claim(&claim_request("b", "m2")).await.unwrap();
-    assert!(matches!(taken, Claim::Acquired { attempt: 2 }), "{taken:?}");
+    assert!(
+        matches!(taken, Claim::Acquired { attempt: 2, .. }),
+        "{taken:?}"
+    );
     let late = store.complete(completion("a", vec![row("e1", "m1")])).await;
     assert!(
         matches!(late, Err(StoreError::LeaseLost { .. })),
@@ -241,7 +247,10 @@ async fn a_claim_refused_for_contention_on_every_attempt_is_busy_and_writes_noth
         .claim(&claim_request("b", "m1"))
         .await
         .unwrap();
-    assert!(matches!(claim, Claim::Acquired { attempt: 1 }), "{claim:?}");
+    assert!(
+        matches!(claim, Claim::Acquired { attempt: 1, .. }),
+        "{claim:?}"
+    );
     // A completion cancelled by conflicts on every attempt: busy, and the
     // claim still open (nothing of the transaction written).
     let model = dynamo_model();
@@ -296,7 +305,10 @@ async fn a_claim_refused_for_contention_then_let_through_acquires() {
     .claim(&claim_request("a", "m1"))
     .await
     .unwrap();
-    assert!(matches!(claim, Claim::Acquired { attempt: 1 }), "{claim:?}");
+    assert!(
+        matches!(claim, Claim::Acquired { attempt: 1, .. }),
+        "{claim:?}"
+    );
 }
 
 mod sqs {
@@ -923,5 +935,49 @@ async fn a_put_over_a_live_claim_is_a_fencing_breach() {
     assert_eq!(
         model.fencing_breaches(),
         vec!["sim#e1: a write of owner b applied while a held it".to_owned()]
+    );
+}
+
+/// A claim's fence is one above the record's; a write that stores a fence
+/// not above every one the key held (here a lower one, put by hand after
+/// the record was deleted) is a breach.
+#[tokio::test(start_paused = true)]
+async fn a_fence_stored_not_above_the_keys_highest_is_a_fencing_breach() {
+    let (model, store, client) = setup();
+    let Claim::Acquired { fence: first, .. } =
+        store.claim(&claim_request("a", "m1")).await.unwrap()
+    else {
+        panic!("not acquired");
+    };
+    tokio::time::advance(Duration::from_secs(31)).await;
+    let Claim::Acquired { fence: taken, .. } =
+        store.claim(&claim_request("b", "m2")).await.unwrap()
+    else {
+        panic!("not acquired");
+    };
+    assert_eq!(taken, first + 1);
+    assert!(model.fencing_breaches().is_empty());
+    client
+        .delete_item()
+        .table_name(TABLE)
+        .key("pk", AttributeValue::S("sim#e1".into()))
+        .send()
+        .await
+        .unwrap();
+    client
+        .put_item()
+        .table_name(TABLE)
+        .item("pk", AttributeValue::S("sim#e1".into()))
+        .item("status", AttributeValue::S("COMPLETED".into()))
+        .item("owner", AttributeValue::S("c".into()))
+        .item("fence", AttributeValue::N(first.to_string()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        model.fencing_breaches(),
+        vec![format!(
+            "sim#e1: a write stored fence {first}, not above the {taken} the key held"
+        )]
     );
 }

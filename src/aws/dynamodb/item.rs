@@ -8,13 +8,13 @@ use super::{KEY_ATTRIBUTE, OUTBOX_ATTRIBUTE, TTL_ATTRIBUTE};
 use crate::protocol::outcome::StoredResult;
 use crate::protocol::store::{Record, Status};
 
-/// What a committed claim replaced (its `ALL_OLD` item): the attempts so far,
-/// and whether it was another consumer's claim left to expire. Read field by
-/// field and leniently: the claim is ours whatever the old item held (a
-/// status from a newer version, say), and must not fail after it committed.
-pub(super) fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &str) -> (u32, bool) {
+/// What a committed claim replaced (its `ALL_OLD` item), as [`Replaced`].
+/// Read field by field and leniently: the claim is ours whatever the old
+/// item held (a status from a newer version, say), and must not fail after
+/// it committed.
+pub(super) fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &str) -> Replaced {
     let Some(old) = old else {
-        return (0, false);
+        return Replaced::default();
     };
     let text = |k: &str| old.get(k).and_then(|v| v.as_s().ok()).map(String::as_str);
     let number = |k: &str| -> Option<i64> { old.get(k)?.as_n().ok()?.parse().ok() };
@@ -24,7 +24,27 @@ pub(super) fn replaced(old: Option<&HashMap<String, AttributeValue>>, owner: &st
     let taken_over = text("status") == Some(Status::InProgress.as_str())
         && number("lease_until").is_some_and(|l| l > 0)
         && text("owner") != Some(owner);
-    (attempts, taken_over)
+    Replaced {
+        attempts,
+        taken_over,
+        fence: number_u64(old, "fence"),
+    }
+}
+
+/// What a committed claim replaced.
+#[derive(Debug, Default)]
+pub(super) struct Replaced {
+    /// The attempts so far.
+    pub(super) attempts: u32,
+    /// Whether it was another consumer's claim left to expire.
+    pub(super) taken_over: bool,
+    /// Its fence, if it had one.
+    pub(super) fence: Option<u64>,
+}
+
+/// The whole number `key` of `item`, if it reads as one.
+fn number_u64(item: &HashMap<String, AttributeValue>, key: &str) -> Option<u64> {
+    item.get(key)?.as_n().ok()?.parse().ok()
 }
 
 /// A DynamoDB item that is not a dedup record.
@@ -74,7 +94,7 @@ pub enum RecordError {
 /// expiring, where DynamoDB's condition compares the number itself: a
 /// decision from such a record is left to the condition.
 pub(super) fn condition_numbers_exact(item: &HashMap<String, AttributeValue>) -> bool {
-    [TTL_ATTRIBUTE, "lease_until", "claimed_at"]
+    [TTL_ATTRIBUTE, "lease_until", "claimed_at", "fence"]
         .iter()
         .all(|k| {
             item.get(*k)
@@ -129,6 +149,7 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record
         attempts: num_of("attempts")
             .and_then(|a| u32::try_from(a).ok())
             .unwrap_or(0),
+        fence: number_u64(item, "fence").unwrap_or(0),
         payload_sha256: str_of("payload_sha256"),
         result,
         message_id: str_of("message_id"),

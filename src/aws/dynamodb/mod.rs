@@ -36,7 +36,8 @@ use crate::protocol::outbox::Outgoing;
 use crate::protocol::outcome::{FailureKind, StagedWrite, StoredResult};
 use crate::protocol::store::{
     Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, record_bytes,
+    StoreError, bounded_error, check_transaction_limits, clock_fence, decide_conflict, describe,
+    next_fence, record_bytes,
 };
 
 /// The name of the TTL attribute the dedup table must have enabled.
@@ -47,6 +48,16 @@ pub const KEY_ATTRIBUTE: &str = "pk";
 /// (JSON text; see [`crate::protocol::outbox`]), removed once they are sent.
 pub const OUTBOX_ATTRIBUTE: &str = "outbox";
 
+// `CLAIM_CONDITION`'s text, for `FAST_COMMIT_CONDITION` to repeat.
+macro_rules! claim_condition {
+    () => {
+        "attribute_not_exists(pk) OR expires_at < :now_s \
+         OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) \
+             AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) \
+         OR (#status = :in_progress AND lease_until < :now_ms)"
+    };
+}
+
 /// Who may take a record (see [`Record::claimable_by`]): nobody has it, it
 /// expired, it failed in another delivery (a redriven copy, a re-send), or its
 /// lease ran out.
@@ -55,10 +66,15 @@ pub const OUTBOX_ATTRIBUTE: &str = "outbox";
 /// late must not erase the failure it never saw).
 /// [`Record::claimable_by`] is the same predicate in Rust (the simulator
 /// checks that the two agree).
-pub const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_at < :now_s \
-     OR (#status = :failed AND (attribute_not_exists(message_id) OR message_id <> :mid) \
-         AND (attribute_not_exists(claimed_at) OR claimed_at <= :now_ms)) \
-     OR (#status = :in_progress AND lease_until < :now_ms)";
+pub const CLAIM_CONDITION: &str = claim_condition!();
+/// Where a fast-path commit writes over a record: where a claim could take
+/// it, and only over a lower fence than the one its handler read
+/// ([`FastCommit::may_replace`] in Rust).
+pub const FAST_COMMIT_CONDITION: &str = concat!(
+    "(",
+    claim_condition!(),
+    ") AND (attribute_not_exists(fence) OR fence < :fence)"
+);
 const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
 /// An extension also needs the lease to be live (one that lands after a release,
 /// or after the lease ran out, must not hold the key again) and only moves it
@@ -159,6 +175,10 @@ fn s(v: impl Into<String>) -> AttributeValue {
 }
 
 fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn fence(v: u64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
@@ -487,6 +507,7 @@ impl DynamoStore {
             ("claimed_at".to_owned(), n(now_ms)),
             ("completed_at".to_owned(), n(now_ms)),
             ("attempts".to_owned(), n(1)),
+            ("fence".to_owned(), fence(c.fence)),
         ]);
         match &c.result {
             None => {}
@@ -536,16 +557,18 @@ impl DynamoStore {
             (":mid".to_owned(), s(&c.message_id)),
             (":zero".to_owned(), n(0)),
             (":one".to_owned(), n(1)),
+            (":fence".to_owned(), fence(c.fence)),
         ]);
         let mut set = "SET #status = :completed, #owner = :owner, expires_at = :expires_at, \
              payload_sha256 = :payload, message_id = :mid, claimed_at = :now_ms, \
-             completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one"
+             completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one, \
+             fence = :fence"
             .to_owned();
         let mut remove = vec!["lease_until", "#error"];
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
         set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
-        self.record_update(&c.pk, expr, CLAIM_CONDITION, values)
+        self.record_update(&c.pk, expr, FAST_COMMIT_CONDITION, values)
     }
 
     /// Sends a fast-path transaction (`items`, the record first), sending
@@ -586,7 +609,7 @@ impl DynamoStore {
                         )));
                     };
                     Ok(Sent::Found(
-                        record_from_item(item),
+                        record_from_item(item).map(Box::new),
                         item::condition_numbers_exact(item),
                     ))
                 }
@@ -604,7 +627,7 @@ enum Sent {
     /// The record's condition failed: the record there (or why it does not
     /// read as one), and whether the numbers the claim condition compares
     /// read exactly ([`item::condition_numbers_exact`]).
-    Found(Result<Record, RecordError>, bool),
+    Found(Result<Box<Record>, RecordError>, bool),
     /// The policy refused the call (`AccessDeniedException`).
     Denied(StoreError),
 }
@@ -788,10 +811,14 @@ impl DedupStore for DynamoStore {
             (":mid".to_owned(), s(&req.message_id)),
             (":zero".to_owned(), n(0)),
             (":one".to_owned(), n(1)),
+            (":fence_start".to_owned(), fence(clock_fence(now_ms))),
         ]);
+        // The fence: one above the stored one, or above the clock's where
+        // none is stored (see `next_fence`).
         let update = "SET #status = :in_progress, #owner = :owner, lease_until = :lease_until, \
              expires_at = :expires_at, payload_sha256 = :payload, message_id = :mid, \
-             claimed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one \
+             claimed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one, \
+             fence = if_not_exists(fence, :fence_start) + :one \
              REMOVE #result, result_sha256, result_bytes, completed_at, #outbox";
         let attr_names = names(&[
             ("#status", "status"),
@@ -816,12 +843,13 @@ impl DedupStore for DynamoStore {
                 .await;
             match res {
                 Ok(out) => {
-                    let (attempts, taken_over) = replaced(out.attributes(), &req.owner);
-                    if taken_over {
+                    let old = replaced(out.attributes(), &req.owner);
+                    if old.taken_over {
                         self.count(Metrics::takeover);
                     }
                     Ok(Claim::Acquired {
-                        attempt: attempts + 1,
+                        attempt: old.attempts + 1,
+                        fence: next_fence(old.fence, now_ms),
                     })
                 }
                 Err(e) => {
@@ -997,7 +1025,7 @@ impl DedupStore for DynamoStore {
             let what = "commit (fast path, new key)";
             match self.send_fast(what, &items, &token, &on_failed).await? {
                 Sent::Committed => return Ok(FastCommitted::Committed),
-                Sent::Found(Ok(old), true) if !old.claimable_by(now_ms, &c.message_id) => {
+                Sent::Found(Ok(old), true) if !c.may_replace(&old, now_ms) => {
                     return Ok(c.conflict(&old, now_ms));
                 }
                 Sent::Found(Ok(_), true) => {}
@@ -1027,10 +1055,10 @@ impl DedupStore for DynamoStore {
         }
         match sent {
             Sent::Committed => Ok(FastCommitted::Committed),
-            Sent::Found(old, _) => Ok(c.conflict(
-                &old.map_err(|e| StoreError::Invalid(e.to_string()))?,
-                now_ms,
-            )),
+            Sent::Found(old, _) => {
+                let old = old.map_err(|e| StoreError::Invalid(e.to_string()))?;
+                Ok(c.conflict(&old, now_ms))
+            }
             Sent::Denied(e) => Err(e),
         }
     }

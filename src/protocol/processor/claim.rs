@@ -66,7 +66,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // A wait for a holder shortened the time to the deadline: the lease
         // the claim took.
         let lease = req.lease;
-        tracing::Span::current().record("sqs_once.attempt", attempt);
+        tracing::Span::current().record("sqs_once.attempt", attempt.0);
         let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
         if local.remaining() < lease / 2 || visible.passed_already() {
             // The claim's own retries used most of the lease: running now would
@@ -108,7 +108,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// Claims the key, waiting for another attempt that holds it (see
     /// [`Self::wait_for_holder`]): when the claim was sent and the attempt
-    /// number, or the outcome when it was not acquired. Each claim after a
+    /// number and fence, or the outcome when it was not acquired. Each claim after a
     /// wait asks for a lease cut again to end by the deadline, which the
     /// wait brought closer (Lambda), so that it never outlives the
     /// invocation.
@@ -118,7 +118,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         opts: &ProcessOptions<'_>,
         visible: &LocalEnd,
         req: &mut ClaimRequest,
-    ) -> Result<(Instant, u32), Outcome> {
+    ) -> Result<(Instant, (u32, u64)), Outcome> {
         loop {
             // The lease is counted from before the claim was sent: the store
             // sets `lease_until` from a clock read no earlier than this.
@@ -206,16 +206,16 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 
-    /// Claims the key: the attempt number, or the outcome when the claim
-    /// was not acquired (a duplicate, in flight elsewhere, parked before, or
+    /// Claims the key: the attempt number and the claim's fence, or the
+    /// outcome when the claim was not acquired (a duplicate, in flight elsewhere, parked before, or
     /// the claim failed).
     pub(super) async fn claim(
         &self,
         message: &Message,
         req: &ClaimRequest,
-    ) -> Result<u32, Outcome> {
+    ) -> Result<(u32, u64), Outcome> {
         match self.store.claim(req).await {
-            Ok(Claim::Acquired { attempt }) => Ok(attempt),
+            Ok(Claim::Acquired { attempt, fence }) => Ok((attempt, fence)),
             Ok(Claim::Duplicate {
                 result,
                 payload_matches,

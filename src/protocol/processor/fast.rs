@@ -8,7 +8,9 @@ use tracing::{info, warn};
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
 use crate::protocol::outcome::{FailureKind, Outcome};
-use crate::protocol::store::{Claim, DedupStore, FastCommit, FastCommitted, StoreError};
+use crate::protocol::store::{
+    Claim, DedupStore, FENCE_PER_MS, FastCommit, FastCommitted, StoreError, clock_fence,
+};
 
 use super::lease::bound;
 use super::outbox::Sending;
@@ -17,7 +19,7 @@ use crate::protocol::outbox::Outgoing;
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
     pub(super) async fn run_unprotected(&self, message: &Message) -> Outcome {
-        let ctx = self.context(None, message.receive_count(), message);
+        let ctx = self.context(None, (message.receive_count(), 0), message);
         let handled = self.handle(message, &ctx).await;
         match handled {
             Ok((value, outbox)) => match self.store.commit_unprotected(ctx.take_staged()).await {
@@ -51,7 +53,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         visible: &LocalEnd,
     ) -> Outcome {
         let key = message.dedup_key().expect("set by process_with");
-        let ctx = self.context(Some(key), message.receive_count(), message);
+        // The fence: the clock's, taken before the handler runs; the commit
+        // stores it only over a lower one.
+        let fence = clock_fence(self.clock.now_ms());
+        let ctx = self.context(Some(key), (message.receive_count(), fence), message);
         // Kept visible through the read and a duplicate's sends, as
         // through every step that follows (seed 659792).
         // (This step and the commit boxed: inline, each would count in
@@ -134,6 +139,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             owner: uuid::Uuid::new_v4().to_string(),
             message_id: message.id().to_owned(),
             payload_sha256: self.config.payload_sha256(message),
+            fence: ctx.fence(),
             result: result.clone(),
             ttl: self.config.ttl,
             writes: ctx.take_staged(),
@@ -180,6 +186,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 payload_matches,
             }) => self.in_flight(lease_until_ms, payload_matches),
             Ok(FastCommitted::Parked { reason }) => already_parked(reason),
+            Ok(FastCommitted::FenceBehind { stored }) => self.fence_behind(ctx.fence(), stored),
             Err(StoreError::WriteConditionFailed { index, kind }) => {
                 let e = HandlerError::new(
                     kind,
@@ -345,6 +352,24 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             }) => self.in_flight(lease_until_ms, payload_matches),
             Ok(Claim::Parked { reason }) => already_parked(reason),
             Err(e) => self.unrecorded_failure(message, e),
+        }
+    }
+
+    /// A fast-path commit refused because the key's stored fence is not
+    /// below the one its handler read: a claim or commit came since, or by a
+    /// clock ahead of ours. Nothing was written; the message runs again once
+    /// this clock's fence passes the stored one.
+    fn fence_behind(&self, fence: u64, stored: u64) -> Outcome {
+        let behind_ms = (stored - fence.min(stored)) / FENCE_PER_MS + 1;
+        warn!(
+            fence,
+            stored, "the key's fence passed the one the handler read: not committed; it runs again"
+        );
+        Outcome::Retry {
+            after: Duration::from_millis(behind_ms)
+                .max(Duration::from_secs(1))
+                .min(self.config.backoff_max),
+            reason: format!("the key's fence {stored} is not below this run's {fence}"),
         }
     }
 

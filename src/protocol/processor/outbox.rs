@@ -27,8 +27,13 @@ pub(super) enum Sending {
 
 impl<S: DedupStore, H: Handler> Processor<S, H> {
     /// A context for the handler of `message` (keyed by `key`, unless it
-    /// runs unprotected), in the processor's settings.
-    pub(super) fn context(&self, key: Option<&str>, attempt: u32, message: &Message) -> Context {
+    /// runs unprotected), its attempt and fence, in the processor's settings.
+    pub(super) fn context(
+        &self,
+        key: Option<&str>,
+        attempt: (u32, u64),
+        message: &Message,
+    ) -> Context {
         Context::new(
             &self.config.consumer,
             key,

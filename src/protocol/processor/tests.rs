@@ -1,7 +1,7 @@
 //! Unit tests of the processor on the in-memory models.
 
 use super::*;
-use crate::protocol::clock::ManualClock;
+use crate::protocol::clock::{Clock, ManualClock};
 use crate::protocol::config::{PayloadMismatch, ProcessorConfig};
 use crate::protocol::handler::{Context, Handler, HandlerError};
 use crate::protocol::key::{record_key, sha256_hex};
@@ -295,6 +295,107 @@ async fn retryable_failure_releases_and_the_redelivery_runs_again() {
         .await;
     assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A handler that logs the fence it reads, failing (retry) on its first run.
+fn fence_logging(failing_first: bool) -> (Arc<std::sync::Mutex<Vec<u64>>>, impl Handler + Clone) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let handler = handler_fn(move |_m, ctx: Context| {
+        let log = log.clone();
+        async move {
+            let mut log = log.lock().unwrap();
+            log.push(ctx.fence());
+            if failing_first && log.len() == 1 {
+                return Err(HandlerError::retry("downstream 503"));
+            }
+            Ok(None)
+        }
+    });
+    (seen, handler)
+}
+
+#[tokio::test]
+async fn a_claimed_handler_reads_the_fence_its_claim_stored_and_a_rerun_a_higher_one() {
+    let clock = ManualClock::starting_now();
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let (seen, handler) = fence_logging(true);
+    let p = Processor::new(store.clone(), handler, config())
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+    assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    let o = p
+        .process(Message::new("m", r#"{"id":"e"}"#).with_receive_count(2))
+        .await;
+    assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    let seen = seen.lock().unwrap().clone();
+    let record = store.get(&record_key("test", "e")).await.unwrap().unwrap();
+    assert!(seen[0] > 0 && seen[1] > seen[0], "{seen:?}");
+    assert_eq!(record.fence, seen[1], "the fence of the run that completed");
+}
+
+#[tokio::test]
+async fn a_fast_path_handler_reads_the_clocks_fence_and_a_claim_since_refuses_its_commit() {
+    let clock = ManualClock::starting_now();
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (log, other, c) = (seen.clone(), store.clone(), clock.clone());
+    // On its first run, another consumer claims the key (and lets it go)
+    // while the handler runs, as a claim-path consumer of the same records would.
+    let handler = crate::staged_only(handler_fn(move |_m, ctx: Context| {
+        let (log, other, c) = (log.clone(), other.clone(), c.clone());
+        async move {
+            let first = {
+                let mut log = log.lock().unwrap();
+                log.push(ctx.fence());
+                log.len() == 1
+            };
+            if first {
+                let r = ClaimRequest {
+                    pk: record_key("test", "e"),
+                    owner: "other".into(),
+                    message_id: "other-message".into(),
+                    payload_sha256: "p".into(),
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(3600),
+                };
+                assert!(matches!(other.claim(&r).await, Ok(Claim::Acquired { .. })));
+                other.release(&r.pk, "other", "let go").await.unwrap();
+            }
+            c.advance(Duration::from_millis(1));
+            Ok(None)
+        }
+    }));
+    let p = Processor::new(store.clone(), handler, config())
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let started = crate::protocol::store::clock_fence(clock.now_ms());
+    let o = p.process(Message::new("m", r#"{"id":"e"}"#)).await;
+    assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    let pk = record_key("test", "e");
+    let record = store.get(&pk).await.unwrap().unwrap();
+    assert_eq!(
+        record.status,
+        crate::Status::InProgress,
+        "nothing committed"
+    );
+    let claimed = record.fence;
+    let o = p
+        .process(Message::new("m", r#"{"id":"e"}"#).with_receive_count(2))
+        .await;
+    assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0], started, "the clock's fence before the handler");
+    assert!(
+        claimed > seen[0] && seen[1] > claimed,
+        "{seen:?} around {claimed}"
+    );
+    let record = store.get(&pk).await.unwrap().unwrap();
+    assert_eq!(
+        record.fence, seen[1],
+        "the commit stores the fence its handler read"
+    );
 }
 
 #[tokio::test]
