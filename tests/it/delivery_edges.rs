@@ -1275,3 +1275,112 @@ async fn a_message_moved_after_its_effect_is_redriven_as_a_duplicate_with_no_sec
         "the redriven copy applied nothing twice"
     );
 }
+
+/// Answers the first `ReceiveMessage` with a 500 (the SDK tries the call
+/// again) and notes each receive request's `ReceiveRequestAttemptId`.
+#[derive(Debug, Default)]
+struct FirstReceiveFails {
+    attempt_ids: std::sync::Mutex<Vec<Option<String>>>,
+}
+
+impl aws_sdk_sqs::config::Intercept for FirstReceiveFails {
+    fn name(&self) -> &'static str {
+        "FirstReceiveFails"
+    }
+
+    fn read_before_transmit(
+        &self,
+        ctx: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _rc: &aws_sdk_sqs::config::RuntimeComponents,
+        cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let op = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>();
+        if op.is_some_and(|m| m.name() == "ReceiveMessage") {
+            let body = ctx.request().body().bytes().unwrap_or_default();
+            let body: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            let id = body["ReceiveRequestAttemptId"].as_str().map(str::to_owned);
+            self.attempt_ids.lock().unwrap().push(id);
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        ctx: &mut aws_sdk_sqs::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
+        _rc: &aws_sdk_sqs::config::RuntimeComponents,
+        cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let op = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>();
+        if op.is_some_and(|m| m.name() == "ReceiveMessage")
+            && self.attempt_ids.lock().unwrap().len() == 1
+        {
+            *ctx.response_mut().status_mut() = 500.try_into().expect("a status");
+        }
+        Ok(())
+    }
+}
+
+/// A FIFO receive carries a `ReceiveRequestAttemptId`, and the SDK's second
+/// attempt after a lost answer the same one, so SQS answers it with the
+/// messages the first attempt took rather than keeping their groups locked
+/// (LocalStack ignores the id: what SQS does with it is its documented
+/// behaviour, not checked here); a standard queue's receive carries none.
+#[tokio::test]
+async fn a_fifo_receive_tried_again_by_the_sdk_repeats_its_attempt_id() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let plain = crate::common::sqs().await;
+    for fifo in [true, false] {
+        let q = crate::common::queues(&plain, fifo, 30).await;
+        let watch = std::sync::Arc::new(FirstReceiveFails::default());
+        let conf = aws_sdk_sqs::config::Builder::from(&crate::common::sdk_config().await)
+            .interceptor(SharedIntercept(watch.clone()))
+            .build();
+        let client = aws_sdk_sqs::Client::from_conf(conf);
+        let request = sqs_once::queue::ReceiveRequest {
+            max: 10,
+            wait: Duration::from_secs(1),
+            visibility: Duration::from_secs(30),
+        };
+        sqs_once::QueueClient::receive(&client, &q.queue_url, request)
+            .await
+            .unwrap();
+        let ids = watch.attempt_ids.lock().unwrap().clone();
+        assert_eq!(ids.len(), 2, "the SDK tried the receive again: {ids:?}");
+        if fifo {
+            assert!(ids[0].is_some(), "{ids:?}");
+            assert_eq!(ids[0], ids[1], "the same attempt id on the retry");
+        } else {
+            assert_eq!(ids, [None, None], "no attempt id on a standard queue");
+        }
+    }
+}
+
+/// An interceptor shared with the test that reads what it noted.
+#[derive(Debug)]
+struct SharedIntercept(std::sync::Arc<FirstReceiveFails>);
+
+impl aws_sdk_sqs::config::Intercept for SharedIntercept {
+    fn name(&self) -> &'static str {
+        "SharedIntercept"
+    }
+
+    fn read_before_transmit(
+        &self,
+        ctx: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        rc: &aws_sdk_sqs::config::RuntimeComponents,
+        cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        self.0.read_before_transmit(ctx, rc, cfg)
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        ctx: &mut aws_sdk_sqs::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
+        rc: &aws_sdk_sqs::config::RuntimeComponents,
+        cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        self.0.modify_before_deserialization(ctx, rc, cfg)
+    }
+}
