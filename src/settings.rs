@@ -717,7 +717,7 @@ mod tests {
             ("SQS_ONCE_METRICS_INTERVAL", "0s"),
             ("SQS_ONCE_EXIT_WHEN_IDLE", "15s"),
             ("SQS_ONCE_FAST_PATH", "OFF"),
-            ("SQS_ONCE_PAYLOAD_MISMATCH", "park"),
+            ("SQS_ONCE_PAYLOAD_MISMATCH", "warn"),
             ("SQS_ONCE_CARRY_SECRET", "k0123456789abcdef0123456789abcdef"),
             ("SQS_ONCE_HASH_KEYS", "1"),
             ("SQS_ONCE_REDACT_REASONS", "true"),
@@ -788,7 +788,7 @@ mod tests {
         let s = from_map(&every_variable()).unwrap();
         let (p, q) = s.poller_configs().unwrap();
         assert_eq!(p.lease, Duration::from_secs(120));
-        assert_eq!(p.payload_mismatch, PayloadMismatch::Park);
+        assert_eq!(p.payload_mismatch, PayloadMismatch::Warn);
         assert_eq!(p.missing_key, MissingKey::ProcessUnprotected);
         assert!(!p.fast_path && p.hash_keys && p.carry_secret.is_some());
         assert_eq!(q.drain, Duration::from_secs(90));

@@ -164,6 +164,7 @@ impl KeySource {
 
     /// Whether the key comes (wholly or in part) from the FIFO
     /// deduplication id.
+    #[cfg(any(feature = "poller", feature = "lambda"))]
     pub(crate) fn uses_deduplication_id(&self) -> bool {
         match self {
             KeySource::DeduplicationId => true,

@@ -21,7 +21,6 @@ pub fn escape(s: &str) -> String {
 /// The text format's fields, each value escaped with [`escape`]: a
 /// field carrying message content (a reason, a key read from a body) cannot
 /// start a forged log line or send escape sequences to a terminal.
-#[cfg(feature = "logging")]
 pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|w, field, value| {

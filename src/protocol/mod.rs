@@ -27,6 +27,7 @@ pub mod key;
 pub mod limits;
 // Re-exported by `env` (the binaries), used by the front door.
 #[allow(unreachable_pub)]
+#[cfg(all(feature = "logging", any(feature = "poller", feature = "lambda")))]
 pub(crate) mod logfmt;
 pub(crate) mod message;
 pub mod metrics;

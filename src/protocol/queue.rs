@@ -115,6 +115,7 @@ pub const SQS_MAX_RETENTION: Duration = Duration::from_secs(14 * 86_400);
 
 /// What a record's TTL is fitted above: the source queue's retention plus its
 /// DLQ's, as far as they could be read.
+#[cfg(any(feature = "poller", feature = "lambda"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RetentionWindow {
     /// How long after its first send a copy of a message can still be

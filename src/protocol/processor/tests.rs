@@ -1333,6 +1333,8 @@ async fn a_key_read_by_another_config_is_read_again() {
     let by_id = Processor::new(MemoryStore::default(), handler.clone(), config()).unwrap();
     let mut by_account = config();
     by_account.key_source = "json:/account".parse().unwrap();
+    // The second body differs: skipped as its key says, not parked.
+    by_account.payload_mismatch = PayloadMismatch::Warn;
     let by_account = Processor::new(MemoryStore::default(), handler, by_account).unwrap();
     let body = r#"{"id":"e1","account":"a1"}"#;
     let pre_read = |id: &str, body: &str| {
