@@ -130,14 +130,14 @@ pub struct Settings {
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_FAST_PATH", default_value = "on", num_args = 0..=1, default_missing_value = "on", value_parser = switch("SQS_ONCE_FAST_PATH"), action = clap::ArgAction::Set))]
     pub fast_path: bool,
     /// A duplicate whose body differs from the recorded one (a producer reusing
-    /// a key): `park` (the default: parked with the reason, never dropped
-    /// silently) or `warn` (skipped as its key says, with a warning).
+    /// a key): `warn` (the default: skipped as its key says, with a
+    /// warning) or `park` (parked with the reason, never dropped silently).
     #[cfg_attr(
         feature = "env",
         arg(
             long,
             env = "SQS_ONCE_PAYLOAD_MISMATCH",
-            default_value = "park",
+            default_value = "warn",
             value_enum
         )
     )]
@@ -717,7 +717,7 @@ mod tests {
             ("SQS_ONCE_METRICS_INTERVAL", "0s"),
             ("SQS_ONCE_EXIT_WHEN_IDLE", "15s"),
             ("SQS_ONCE_FAST_PATH", "OFF"),
-            ("SQS_ONCE_PAYLOAD_MISMATCH", "warn"),
+            ("SQS_ONCE_PAYLOAD_MISMATCH", "park"),
             ("SQS_ONCE_CARRY_SECRET", "k0123456789abcdef0123456789abcdef"),
             ("SQS_ONCE_HASH_KEYS", "1"),
             ("SQS_ONCE_REDACT_REASONS", "true"),
@@ -788,7 +788,7 @@ mod tests {
         let s = from_map(&every_variable()).unwrap();
         let (p, q) = s.poller_configs().unwrap();
         assert_eq!(p.lease, Duration::from_secs(120));
-        assert_eq!(p.payload_mismatch, PayloadMismatch::Warn);
+        assert_eq!(p.payload_mismatch, PayloadMismatch::Park);
         assert_eq!(p.missing_key, MissingKey::ProcessUnprotected);
         assert!(!p.fast_path && p.hash_keys && p.carry_secret.is_some());
         assert_eq!(q.drain, Duration::from_secs(90));

@@ -284,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn payload_mismatch_parks_by_default_warns_when_asked_and_takes_nothing_else() {
+    fn payload_mismatch_warns_by_default_parks_when_asked_and_takes_nothing_else() {
         use crate::protocol::config::PayloadMismatch;
         let mismatch = |extra: &[&str]| {
             parse(extra)
@@ -294,7 +294,7 @@ mod tests {
                 .0
                 .payload_mismatch
         };
-        assert_eq!(mismatch(&[]), PayloadMismatch::Park);
+        assert_eq!(mismatch(&[]), PayloadMismatch::Warn);
         assert_eq!(
             mismatch(&["--payload-mismatch", "park"]),
             PayloadMismatch::Park

@@ -26,15 +26,17 @@ pub enum MissingKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PayloadMismatch {
-    /// Treat it as the duplicate its key says it is: its body is dropped,
-    /// with a warning. Right where producers send one event with fields
-    /// that change between sends (better: name the stable ones with
-    /// `payload_pointers`), wrong where another producer can reuse a key.
-    Warn,
-    /// Park it in the DLQ with the reason, for someone to look at (the
-    /// default: a different body under a known key is never dropped
-    /// silently). The record of the first body is left as it is.
+    /// Treat it as the duplicate its key says it is (the default): its body
+    /// is dropped, with a warning and a count. Right where producers send
+    /// one event with fields that change between sends, and where a
+    /// second stage may get a re-applied event's new body under its old
+    /// outbox id; wrong where another producer can reuse a key (see the
+    /// threat model in docs/DESIGN.md).
     #[default]
+    Warn,
+    /// Park it in the DLQ with the reason, for someone to look at: a
+    /// different body under a known key is never dropped silently. The
+    /// record of the first body is left as it is.
     Park,
 }
 
@@ -165,7 +167,7 @@ impl ProcessorConfig {
             busy_backoff_max: Duration::from_secs(30),
             max_result_bytes: 32 * 1024,
             fast_path: true,
-            payload_mismatch: PayloadMismatch::Park,
+            payload_mismatch: PayloadMismatch::Warn,
             payload_pointers: Vec::new(),
             carry_secret: None,
             hash_keys: false,

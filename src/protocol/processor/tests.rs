@@ -167,10 +167,12 @@ async fn a_duplicate_with_another_body_is_counted_and_skipped_or_parked_as_confi
     let mut warning = config();
     warning.payload_mismatch = PayloadMismatch::Warn;
     let warn = Processor::new(store.clone(), handler.clone(), warning).unwrap();
-    let park = Processor::new(store, handler, config()).unwrap();
+    let mut parking = config();
+    parking.payload_mismatch = PayloadMismatch::Park;
+    let park = Processor::new(store, handler, parking).unwrap();
     assert_eq!(
         config().payload_mismatch,
-        PayloadMismatch::Park,
+        PayloadMismatch::Warn,
         "the default"
     );
     let first = warn
