@@ -357,18 +357,27 @@ pub(super) fn carrying_key(
 }
 
 /// Whether `m` is a copy sqs-once parked (its reason, and no SQS move
-/// behind it) that carries a sealed key or first id: one that did not
-/// verify was sealed under another secret (a producer's forgery cannot be
-/// told from it, and is left too, never given a key).
+/// behind it) that carries a sealed key or first id (`{tag}:{value}`, the
+/// tag 64 hex digits; a consumer without a secret parks its first id
+/// unsealed, for people to read): one that did not verify was sealed under
+/// another secret (a producer's forgery cannot be told from it, and is
+/// left too, never given a key).
 fn parked_under_another_secret(m: &Message) -> bool {
     let attrs = m.message_attributes();
+    let sealed = |name: &str| {
+        attrs
+            .and_then(|a| a.get(name))
+            .and_then(|v| v.string_value())
+            .and_then(|v| v.split_once(':'))
+            .is_some_and(|(tag, _)| tag.len() == 64 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
     let has = |name: &str| attrs.is_some_and(|a| a.contains_key(name));
     let moved_by_sqs = m
         .attributes()
         .is_some_and(|a| a.contains_key(&MessageSystemAttributeName::DeadLetterQueueSourceArn));
     has(REASON_ATTRIBUTE)
         && !moved_by_sqs
-        && (has(DEDUP_KEY_ATTRIBUTE) || has(MESSAGE_ID_ATTRIBUTE))
+        && (sealed(DEDUP_KEY_ATTRIBUTE) || sealed(MESSAGE_ID_ATTRIBUTE))
 }
 
 /// The DLQ's depth and its first messages (peeked: visible again at once).

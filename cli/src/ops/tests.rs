@@ -219,6 +219,20 @@ fn a_copy_parked_under_another_secret_is_left_in_the_dlq_not_given_a_new_key() {
         copy.message_attributes.unwrap()[DEDUP_KEY_ATTRIBUTE].string_value(),
         Some(carry_key(&consumers, "{}", "k-1").as_str())
     );
+    // A copy parked by a consumer without a secret (its first id unsealed,
+    // for people to read) goes back, keyed by its DLQ id.
+    let unsealed = Message::builder()
+        .message_id("dlq-3")
+        .body("{}")
+        .message_attributes(REASON_ATTRIBUTE, string("failed".into()))
+        .message_attributes(
+            sqs_once::parking::MESSAGE_ID_ATTRIBUTE,
+            string("first-id".into()),
+        )
+        .build();
+    let mut report = Redriven::default();
+    assert!(carrying_key(unsealed, 262_144, Some(&other), &mut report).is_some());
+    assert!(report.not_sent.is_empty(), "{report:?}");
     // A message SQS moved (no reason) whose key does not verify gets one
     // from its own id instead.
     let moved = Message::builder()
