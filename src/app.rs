@@ -579,41 +579,15 @@ impl SqsOnce {
                 .timeout_config(attempt_timeout(sqs_timeout))
                 .build(),
         );
-        let source = match fit_to.as_deref().filter(|u| !u.is_empty()) {
-            Some(url) => Some((url, QueueClient::attributes(&sqs, url).await)),
-            None => None,
-        };
-        if self.processor.fit_ttl {
-            self.processor.ttl = fitted_ttl(&sqs, source.as_ref(), parking_dlq.as_deref()).await;
-        }
-        if let Some((url, Ok(attributes))) = &source {
-            warn_content_deduplication(url, attributes, &self.processor);
-        }
+        fit_to_queue(
+            &mut self.processor,
+            &sqs,
+            fit_to.as_deref(),
+            parking_dlq.as_deref(),
+        )
+        .await;
         let store = DynamoStore::new(ddb, self.table);
-        // The table's own carry secret unless one was set: read (or made,
-        // by the first consumer) beside the table check, in one round trip.
-        let wants_secret = self.processor.carry_secret.is_none();
-        let (checked, secret) = tokio::join!(
-            retry_transient(|| async { store.check_table().await.map_err(StartError::from) }),
-            async {
-                if !wants_secret {
-                    return Ok(None);
-                }
-                retry_transient(|| async { Ok(store.table_carry_secret(true).await?) }).await
-            }
-        );
-        checked?;
-        match secret {
-            Ok(secret) => self.processor.carry_secret = secret.or(self.processor.carry_secret),
-            // Under id keys a consumer without it would run a redriven copy
-            // again under a new key: refused. Other keys never read a
-            // carried key; what this consumer parks and sends is unsealed.
-            Err(e) if self.processor.key_source.uses_ids() => return Err(e),
-            Err(e) => tracing::warn!(
-                error = %e,
-                "no carry secret: what this consumer parks and sends carries no sealed key"
-            ),
-        }
+        check_table_and_secret(&store, &mut self.processor).await?;
         #[cfg_attr(not(feature = "s3-payloads"), allow(unused_mut))]
         let mut processor = Processor::new(store, handler, self.processor)?;
         #[cfg(feature = "s3-payloads")]
@@ -671,6 +645,59 @@ impl LargePayloadOptions {
         tracing::info!(read, delete = self.delete, "large payloads through S3: on");
         Ok(payloads)
     }
+}
+
+/// Reads the source queue `fit_to` once: fits the records' TTL to it and
+/// its DLQs unless one was set, and warns about settings that defeat the
+/// dedup key.
+async fn fit_to_queue(
+    config: &mut ProcessorConfig,
+    sqs: &aws_sdk_sqs::Client,
+    fit_to: Option<&str>,
+    parking_dlq: Option<&str>,
+) {
+    let source = match fit_to.filter(|u| !u.is_empty()) {
+        Some(url) => Some((url, QueueClient::attributes(sqs, url).await)),
+        None => None,
+    };
+    if config.fit_ttl {
+        config.ttl = fitted_ttl(sqs, source.as_ref(), parking_dlq).await;
+    }
+    if let Some((url, Ok(attributes))) = &source {
+        warn_content_deduplication(url, attributes, config);
+    }
+}
+
+/// Checks the table and, unless a carry secret was set, reads (or, first,
+/// makes) the one the table keeps, beside the check in one round trip. A
+/// consumer keyed by ids does not start without a secret (it would run a
+/// redriven copy again under a new key); others warn, since they never read
+/// a carried key (what they park and send is unsealed).
+async fn check_table_and_secret(
+    store: &DynamoStore,
+    config: &mut ProcessorConfig,
+) -> Result<(), StartError> {
+    let wants_secret = config.carry_secret.is_none();
+    let (checked, secret) = tokio::join!(
+        retry_transient(|| async { store.check_table().await.map_err(StartError::from) }),
+        async {
+            if !wants_secret {
+                return Ok(None);
+            }
+            retry_transient(|| async { Ok(store.table_carry_secret(true).await?) }).await
+        }
+    );
+    checked?;
+    match secret {
+        Ok(Some(secret)) => config.carry_secret = Some(secret),
+        Ok(None) => {}
+        Err(e) if config.key_source.uses_ids() => return Err(e),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "no carry secret: what this consumer parks and sends carries no sealed key"
+        ),
+    }
+    Ok(())
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`): JSON lines in

@@ -12,6 +12,29 @@ use sqs_once_cli::setup::{self, Outcome};
 use crate::BoxError;
 use crate::args::{ForgetArgs, InitArgs, KeyArgs, LocalLambdaArgs, RedriveArgs, StatsArgs};
 
+/// The redrive's options, its secret the one given or else the one kept in
+/// `--table`; what it can re-apply is said before anything moves.
+async fn redrive_options(
+    sdk: &aws_config::SdkConfig,
+    args: &RedriveArgs,
+) -> Result<ops::RedriveOptions, BoxError> {
+    let mut options = args.options()?;
+    if options.carry_secret.is_none()
+        && let Some(table) = &args.table
+    {
+        let ddb = aws_sdk_dynamodb::Client::new(sdk);
+        options.carry_secret = DynamoStore::new(ddb, table.as_str())
+            .table_carry_secret(false)
+            .await?;
+    }
+    if !options.dry_run {
+        for warning in redrive_warnings(&options) {
+            eprintln!("warning: {warning}");
+        }
+    }
+    Ok(options)
+}
+
 /// What a redrive with `options` can re-apply, said before anything moves.
 pub(crate) fn redrive_warnings(options: &ops::RedriveOptions) -> Vec<&'static str> {
     let mut out = Vec::new();
@@ -267,22 +290,8 @@ pub(crate) async fn redrive(
     sdk: &aws_config::SdkConfig,
     args: &RedriveArgs,
 ) -> Result<(), BoxError> {
-    let mut options = args.options()?;
+    let options = &redrive_options(sdk, args).await?;
     let (dlq_url, queue_url) = (&args.dlq_url, &args.queue_url);
-    if options.carry_secret.is_none()
-        && let Some(table) = &args.table
-    {
-        let ddb = aws_sdk_dynamodb::Client::new(sdk);
-        options.carry_secret = DynamoStore::new(ddb, table.as_str())
-            .table_carry_secret(false)
-            .await?;
-    }
-    if !options.dry_run {
-        for warning in redrive_warnings(&options) {
-            eprintln!("warning: {warning}");
-        }
-    }
-    let options = &options;
     let sqs = sqs_with_timeouts(sdk);
     let report = ops::redrive(&sqs, dlq_url, queue_url, options, |moved| {
         eprintln!("moved {moved}...");

@@ -1280,7 +1280,7 @@ async fn a_message_moved_after_its_effect_is_redriven_as_a_duplicate_with_no_sec
 /// again) and notes each receive request's `ReceiveRequestAttemptId`.
 #[derive(Debug, Default)]
 struct FirstReceiveFails {
-    attempt_ids: std::sync::Mutex<Vec<Option<String>>>,
+    attempt_ids: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 impl aws_sdk_sqs::config::Intercept for FirstReceiveFails {
@@ -1333,9 +1333,10 @@ async fn a_fifo_receive_tried_again_by_the_sdk_repeats_its_attempt_id() {
     let plain = crate::common::sqs().await;
     for fifo in [true, false] {
         let q = crate::common::queues(&plain, fifo, 30).await;
-        let watch = std::sync::Arc::new(FirstReceiveFails::default());
+        let watch = FirstReceiveFails::default();
+        let attempt_ids = watch.attempt_ids.clone();
         let conf = aws_sdk_sqs::config::Builder::from(&crate::common::sdk_config().await)
-            .interceptor(SharedIntercept(watch.clone()))
+            .interceptor(watch)
             .build();
         let client = aws_sdk_sqs::Client::from_conf(conf);
         let request = sqs_once::queue::ReceiveRequest {
@@ -1346,7 +1347,7 @@ async fn a_fifo_receive_tried_again_by_the_sdk_repeats_its_attempt_id() {
         sqs_once::QueueClient::receive(&client, &q.queue_url, request)
             .await
             .unwrap();
-        let ids = watch.attempt_ids.lock().unwrap().clone();
+        let ids = attempt_ids.lock().unwrap().clone();
         assert_eq!(ids.len(), 2, "the SDK tried the receive again: {ids:?}");
         if fifo {
             assert!(ids[0].is_some(), "{ids:?}");
@@ -1354,33 +1355,5 @@ async fn a_fifo_receive_tried_again_by_the_sdk_repeats_its_attempt_id() {
         } else {
             assert_eq!(ids, [None, None], "no attempt id on a standard queue");
         }
-    }
-}
-
-/// An interceptor shared with the test that reads what it noted.
-#[derive(Debug)]
-struct SharedIntercept(std::sync::Arc<FirstReceiveFails>);
-
-impl aws_sdk_sqs::config::Intercept for SharedIntercept {
-    fn name(&self) -> &'static str {
-        "SharedIntercept"
-    }
-
-    fn read_before_transmit(
-        &self,
-        ctx: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        rc: &aws_sdk_sqs::config::RuntimeComponents,
-        cfg: &mut aws_sdk_sqs::config::ConfigBag,
-    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        self.0.read_before_transmit(ctx, rc, cfg)
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        ctx: &mut aws_sdk_sqs::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
-        rc: &aws_sdk_sqs::config::RuntimeComponents,
-        cfg: &mut aws_sdk_sqs::config::ConfigBag,
-    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        self.0.modify_before_deserialization(ctx, rc, cfg)
     }
 }
