@@ -67,7 +67,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // the claim took.
         let lease = req.lease;
         tracing::Span::current().record("sqs_once.attempt", attempt.0);
-        let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease));
+        let local = LocalEnd::lease(
+            sent,
+            lease,
+            self.config.margin_for(lease),
+            self.clock.now_ms(),
+        );
         if local.remaining() < lease / 2 || visible.passed_already() {
             // The claim's own retries used most of the lease: running now would
             // leave the handler too little time before it must be interrupted.

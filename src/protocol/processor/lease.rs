@@ -1,6 +1,7 @@
 //! The local lease and visibility ends a handler never runs past, and the
 //! heartbeat that moves them.
 
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -128,7 +129,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let interval = self.config.beat_for(lease);
         let counted_from = opts.received_at.unwrap_or_else(Instant::now);
         loop {
-            tokio::time::sleep(ends.visible.next_beat(interval)).await;
+            // The wall clock read every second meanwhile, so that a step
+            // back between two extensions is seen (`LocalEnd::extended`).
+            let beat_at = Instant::now() + ends.visible.next_beat(interval);
+            while Instant::now() < beat_at {
+                tokio::time::sleep_until(beat_at.min(Instant::now() + WALL_READ_EVERY)).await;
+                ends.lease.note_wall(self.clock.now_ms());
+            }
             if counted_from.elapsed() + lease > self.config.max_extension {
                 warn!(
                     "maximum extension reached: the lease is no longer extended and the handler is interrupted when it ends"
@@ -144,6 +151,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             // Visibility and lease together: a slow DynamoDB must not delay
             // the message's extension past its visibility timeout.
             let sent = Instant::now();
+            // The store writes the lease's end by this host's wall clock,
+            // read as the extension is sent.
+            let wall_ms = self.clock.now_ms();
             let visibility = async {
                 if let Some(v) = opts.visibility {
                     match v.extend(message, lease).await {
@@ -157,7 +167,8 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 .extend_lease(&req.pk, &req.owner, lease, self.config.ttl);
             match futures::join!(extended, visibility).0 {
                 Ok(()) => {
-                    ends.lease.move_to(sent + lease.saturating_sub(margin));
+                    ends.lease
+                        .extended(sent, wall_ms, lease.saturating_sub(margin));
                     self.metrics.heartbeat_extension();
                 }
                 Err(StoreError::LeaseLost { found, .. }) => return found,
@@ -166,6 +177,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         }
     }
 }
+
+/// How often a running claim's heartbeat reads the wall clock between
+/// extensions, to see it step back.
+const WALL_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// A running claim's two local ends, both moved by the heartbeat.
 #[derive(Clone, Copy)]
@@ -197,6 +212,19 @@ pub(super) struct LocalEnd {
     end: watch::Sender<Option<Instant>>,
     /// The message's visibility (else the claim's lease).
     visibility: bool,
+    /// For a lease: the wall clock against the monotonic one (see
+    /// [`LocalEnd::extended`]).
+    anchor: Option<Anchor>,
+}
+
+/// This host's wall clock (ms) and monotonic clock read together once a
+/// claim was answered, and whether the wall clock was since seen to step
+/// back (a reading below the one before it).
+struct Anchor {
+    at: Instant,
+    wall_ms: i64,
+    last_ms: AtomicI64,
+    stepped_back: AtomicBool,
 }
 
 /// Tells `ctx` the ends its handler must finish by: the invocation's
@@ -211,11 +239,63 @@ pub(super) fn bound(ctx: &Context, opts: &ProcessOptions<'_>, ends: &[&LocalEnd]
 }
 
 impl LocalEnd {
-    pub(super) fn lease(sent: Instant, lease: Duration, margin: Duration) -> Self {
+    /// A claim's lease, sent at `sent`; `wall_ms` is this host's wall
+    /// clock read now (with no step since `sent`).
+    pub(super) fn lease(sent: Instant, lease: Duration, margin: Duration, wall_ms: i64) -> Self {
         Self {
             end: watch::Sender::new(Some(sent + lease.saturating_sub(margin))),
             visibility: false,
+            anchor: Some(Anchor {
+                at: Instant::now(),
+                wall_ms,
+                last_ms: AtomicI64::new(wall_ms),
+                stepped_back: AtomicBool::new(false),
+            }),
         }
+    }
+
+    /// Notes a reading of this host's wall clock: one below the reading
+    /// before it is a step back (a time sync correcting the clock at once,
+    /// or an operator setting it). A clock that stands still (a test's
+    /// system clock under tokio's paused time) never steps back.
+    pub(super) fn note_wall(&self, wall_ms: i64) {
+        if let Some(a) = &self.anchor
+            && a.last_ms.swap(wall_ms, Ordering::Relaxed) > wall_ms
+        {
+            a.stepped_back.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// An extension sent at `sent` (the wall clock then read `wall_ms`)
+    /// succeeded: the store holds the lease until `wall_ms` plus the lease,
+    /// and this end moves to `keep` (the lease less the margin) after
+    /// `sent`; or less far once the wall clock stepped back since the claim.
+    /// Other hosts judge the stored end by their own clocks: a step back of
+    /// `s` on this host writes an end `s` earlier than the monotonic clock
+    /// counts, and without this the handler could run up to `s` past the
+    /// moment another consumer may take the key. The stored end is then
+    /// mapped through the anchor: the monotonic instant of the claim's
+    /// answer plus how far the wall clock moved since, plus `keep`. A step
+    /// forward changes nothing: the end never reaches past `sent` plus
+    /// `keep`. (The heartbeat reads the wall clock every second between
+    /// extensions, so a step back longer than that is seen; a shorter one
+    /// is within the margin.)
+    pub(super) fn extended(&self, sent: Instant, wall_ms: i64, keep: Duration) {
+        self.note_wall(wall_ms);
+        let by_monotonic = sent + keep;
+        let end = match &self.anchor {
+            Some(a) if a.stepped_back.load(Ordering::Relaxed) => {
+                let moved = Duration::from_millis((wall_ms - a.wall_ms).unsigned_abs());
+                let stored = if wall_ms >= a.wall_ms {
+                    Some(a.at + keep + moved)
+                } else {
+                    (a.at + keep).checked_sub(moved)
+                };
+                stored.map_or(by_monotonic, |stored| by_monotonic.min(stored))
+            }
+            _ => by_monotonic,
+        };
+        self.move_to(end);
     }
 
     /// The visibility end the runtime knows of, less `margin`.
@@ -226,6 +306,7 @@ impl LocalEnd {
         Self {
             end: watch::Sender::new(end),
             visibility: true,
+            anchor: None,
         }
     }
 

@@ -1362,3 +1362,116 @@ async fn a_key_read_by_another_config_is_read_again() {
     ));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// A host's wall clock: tokio's virtual time plus an offset that a test
+/// steps (a time sync correcting the clock at once).
+#[derive(Debug)]
+struct SteppedClock {
+    base: clock::TokioClock,
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl clock::Clock for SteppedClock {
+    fn now(&self) -> std::time::SystemTime {
+        let t = self.base.now();
+        let off = self.offset_ms.load(Ordering::SeqCst);
+        let by = Duration::from_millis(off.unsigned_abs());
+        if off >= 0 { t + by } else { t - by }
+    }
+}
+
+/// A's wall clock steps 5 s back after its claim; its next extension writes a
+/// lease end 5 s earlier, by every other host's clock, than A's monotonic
+/// clock would count; then A loses DynamoDB. A must stop by the stored end
+/// less the margin, before B (on the true clock) can claim the key. Without
+/// the anchor, A ran until 4 s after B took the key.
+#[tokio::test(start_paused = true)]
+async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_shortened_the_stored_one()
+ {
+    let start = std::time::SystemTime::now();
+    let truth: Arc<dyn clock::Clock> = Arc::new(clock::TokioClock::starting_at(start));
+    let a_clock = Arc::new(SteppedClock {
+        base: clock::TokioClock::starting_at(start),
+        offset_ms: std::sync::atomic::AtomicI64::new(0),
+    });
+    let shared = MemoryStore::new(truth.clone());
+    let a_store = Faulty::new(shared.with_clock(a_clock.clone()));
+    let live = Arc::new(Live::default());
+    let a = Processor::new(
+        a_store.clone(),
+        slow_external(live.clone(), Duration::from_secs(60)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(a_clock.clone());
+    let b = Processor::new(
+        shared.clone(),
+        slow_external(live.clone(), Duration::from_millis(10)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(truth.clone());
+    let msg = Message::new("m", r#"{"id":"k"}"#);
+    let a_run = tokio::spawn({
+        let (a, msg) = (a.clone(), msg.clone());
+        async move {
+            let o = a.process(msg).await;
+            (o, tokio::time::Instant::now())
+        }
+    });
+    let started = tokio::time::Instant::now();
+    let give_up = started + Duration::from_secs(30);
+    let lease_until = || async {
+        shared
+            .get("test#k")
+            .await
+            .unwrap()
+            .map_or(0, |r| r.lease_until_ms)
+    };
+    // The claim lands (a lease of 10 s from the start), then the clock steps back.
+    while lease_until().await == 0 {
+        assert!(tokio::time::Instant::now() < give_up, "A never claimed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let claimed_until = lease_until().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a_clock.offset_ms.store(-5_000, Ordering::SeqCst);
+    // Wait for an extension that moved the stored end (sent at 6 s by the
+    // true clock, 1 s by A's: to 11 s), then cut A off from DynamoDB.
+    while lease_until().await <= claimed_until {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "no extension moved the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a_store.extends_fail.store(true, Ordering::SeqCst);
+    a_store.releases_fail.store(true, Ordering::SeqCst);
+    let stored_until = lease_until().await;
+    // B tries every 100 ms until it gets the key.
+    let b_outcome = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match b.process(msg.clone()).await {
+            Outcome::InFlight { .. } => continue,
+            o => break o,
+        }
+    };
+    let (a_outcome, a_stopped) = a_run.await.unwrap();
+    assert!(
+        matches!(b_outcome, Outcome::Completed { .. }),
+        "{b_outcome:?}"
+    );
+    assert!(matches!(&a_outcome, Outcome::Retry { .. }), "{a_outcome:?}");
+    assert_eq!(
+        live.max.load(Ordering::SeqCst),
+        1,
+        "two live attempts of one key"
+    );
+    // A stopped a margin before the stored end (by the true clock).
+    let a_stopped_ms = clock::to_ms(start + (a_stopped - started));
+    assert!(
+        a_stopped_ms <= stored_until - 1_000 + 50,
+        "A stopped {} ms after the stored lease end less the margin",
+        a_stopped_ms - (stored_until - 1_000)
+    );
+}
