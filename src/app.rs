@@ -164,6 +164,23 @@ struct LargePayloadOptions {
     outgoing: Option<PayloadLocation>,
     /// Whether incoming pointers are read ([`SqsOnce::large_payloads`]).
     read: bool,
+    /// The account S3 calls expect to own the bucket.
+    owner: BucketOwner,
+}
+
+/// The account the front door's S3 calls expect to own a payload's bucket
+/// (`ExpectedBucketOwner`).
+#[cfg(feature = "s3-payloads")]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum BucketOwner {
+    /// The source queue's account, read from its URL (when the front door
+    /// knows it); else none, with a warning.
+    #[default]
+    QueueAccount,
+    /// This account.
+    Account(String),
+    /// None checked.
+    Any,
 }
 
 #[cfg(feature = "s3-payloads")]
@@ -175,6 +192,7 @@ impl Default for LargePayloadOptions {
             places: None,
             outgoing: None,
             read: false,
+            owner: BucketOwner::QueueAccount,
         }
     }
 }
@@ -361,6 +379,27 @@ impl SqsOnce {
     #[cfg(feature = "s3-payloads")]
     pub fn any_payload_bucket(mut self) -> Self {
         self.payload_places(None);
+        self
+    }
+
+    /// The AWS account (12 digits) that must own every bucket a payload is
+    /// read from, stored in or deleted from (S3's `ExpectedBucketOwner`;
+    /// `SQS_ONCE_PAYLOAD_BUCKET_OWNER`): a bucket deleted and made again
+    /// under the same name by another account is refused (403), so the
+    /// message is parked rather than its payload taken from, or written
+    /// to, a stranger's bucket. The default is the source queue's account,
+    /// from its URL, when the front door is given the queue.
+    #[cfg(feature = "s3-payloads")]
+    pub fn payload_bucket_owner(mut self, account: impl Into<String>) -> Self {
+        self.large_payloads.get_or_insert_default().owner = BucketOwner::Account(account.into());
+        self
+    }
+
+    /// Check no bucket owner on S3 calls (`SQS_ONCE_PAYLOAD_BUCKET_OWNER=any`):
+    /// for buckets owned by an account that is not known in advance.
+    #[cfg(feature = "s3-payloads")]
+    pub fn any_payload_bucket_owner(mut self) -> Self {
+        self.large_payloads.get_or_insert_default().owner = BucketOwner::Any;
         self
     }
 
@@ -592,7 +631,9 @@ impl SqsOnce {
         let mut processor = Processor::new(store, handler, self.processor)?;
         #[cfg(feature = "s3-payloads")]
         if let Some(options) = self.large_payloads {
-            processor = processor.with_large_payloads(options.reader(&sdk, &calls)?);
+            let queue_account = fit_to.as_deref().and_then(account_of_queue_url);
+            processor =
+                processor.with_large_payloads(options.reader(&sdk, &calls, queue_account)?);
         }
         Ok(Prepared {
             sqs,
@@ -610,6 +651,7 @@ impl LargePayloadOptions {
         self,
         sdk: &aws_config::SdkConfig,
         calls: &CallCounter,
+        queue_account: Option<&str>,
     ) -> Result<LargePayloads, StartError> {
         // Sending only: no incoming pointer is read.
         let read = self.read || self.places.is_some() || self.outgoing.is_none();
@@ -628,6 +670,26 @@ impl LargePayloadOptions {
                 .timeout_config(crate::aws::attempt_timeouts(Duration::from_secs(30)))
                 .build(),
         );
+        let s3 = match (self.owner, queue_account) {
+            (BucketOwner::Account(account), _) => {
+                tracing::info!(%account, "S3 calls expect the payload buckets' owner");
+                crate::aws::s3::S3Payloads::new(s3).expecting_owner(account)
+            }
+            (BucketOwner::QueueAccount, Some(account)) => {
+                tracing::info!(%account, "S3 calls expect the payload buckets to be the source queue's account's");
+                crate::aws::s3::S3Payloads::new(s3).expecting_owner(account)
+            }
+            (BucketOwner::QueueAccount, None) => {
+                tracing::warn!(
+                    "S3 calls check no bucket owner: the source queue's account is not known; set SQS_ONCE_PAYLOAD_BUCKET_OWNER (or the queue URL)"
+                );
+                crate::aws::s3::S3Payloads::new(s3)
+            }
+            (BucketOwner::Any, _) => {
+                tracing::warn!("SQS_ONCE_PAYLOAD_BUCKET_OWNER=any: S3 calls check no bucket owner");
+                crate::aws::s3::S3Payloads::new(s3)
+            }
+        };
         let mut payloads = LargePayloads::new(s3)
             .deleting(self.delete)
             .max_bytes(self.max_bytes)
@@ -645,6 +707,17 @@ impl LargePayloadOptions {
         tracing::info!(read, delete = self.delete, "large payloads through S3: on");
         Ok(payloads)
     }
+}
+
+/// The account (12 digits) in an SQS queue URL's path
+/// (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`, LocalStack's alike).
+#[cfg(feature = "s3-payloads")]
+fn account_of_queue_url(url: &str) -> Option<&str> {
+    let path = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let mut parts = path.split('/').skip(1);
+    let account = parts.next()?;
+    (account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()) && parts.next().is_some())
+        .then_some(account)
 }
 
 /// Reads the source queue `fit_to` once: fits the records' TTL to it and
@@ -836,6 +909,25 @@ pub fn shutdown_on_signals() -> CancellationToken {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "s3-payloads")]
+    #[test]
+    fn a_queue_urls_account_is_the_path_s_first_part_of_twelve_digits() {
+        use super::account_of_queue_url as account;
+        let aws = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
+        assert_eq!(account(aws), Some("123456789012"));
+        let local = "http://localhost:4566/000000000000/orders.fifo";
+        assert_eq!(account(local), Some("000000000000"));
+        assert_eq!(
+            account("https://sqs.eu-west-1.amazonaws.com/12345/orders"),
+            None
+        );
+        assert_eq!(
+            account("https://sqs.eu-west-1.amazonaws.com/123456789012"),
+            None
+        );
+        assert_eq!(account("orders"), None);
+    }
+
     use super::*;
     use std::io::Write;
     use std::sync::{Arc, Mutex};

@@ -216,6 +216,13 @@ pub struct Settings {
     /// fails the message permanently.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_OUTBOX_PAYLOAD_BUCKET"))]
     pub outbox_payload_bucket: Option<String>,
+    /// The AWS account (12 digits) that must own every payload bucket the
+    /// consumer reads, writes or deletes in (S3's `ExpectedBucketOwner`: a
+    /// bucket made again under the same name by another account is
+    /// refused). Unset: the source queue's account, from its URL; `any`:
+    /// none checked.
+    #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_PAYLOAD_BUCKET_OWNER"))]
+    pub payload_bucket_owner: Option<String>,
 }
 
 /// `SQS_ONCE_LAMBDA_FULL_FAILURE`: how a Lambda batch whose every record is
@@ -404,6 +411,7 @@ impl Settings {
             )?,
             large_payload_buckets: v.text("SQS_ONCE_LARGE_PAYLOAD_BUCKETS"),
             outbox_payload_bucket: v.text("SQS_ONCE_OUTBOX_PAYLOAD_BUCKET"),
+            payload_bucket_owner: v.text("SQS_ONCE_PAYLOAD_BUCKET_OWNER"),
         })
     }
 
@@ -609,6 +617,19 @@ impl Settings {
         if let Some(location) = self.outbox_payload_location()? {
             front = front.send_large_through(location);
         }
+        match self.payload_bucket_owner.as_deref().map(str::trim) {
+            None | Some("") => {}
+            Some("any") => front = front.any_payload_bucket_owner(),
+            Some(account) if account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()) => {
+                front = front.payload_bucket_owner(account);
+            }
+            Some(other) => {
+                return Err(ConfigError {
+                    setting: "SQS_ONCE_PAYLOAD_BUCKET_OWNER",
+                    problem: format!("`{other}` is not a 12-digit AWS account id or `any`"),
+                });
+            }
+        }
         if !self.large_payloads {
             return Ok(front);
         }
@@ -732,6 +753,7 @@ mod tests {
             ("SQS_ONCE_HEALTH_PORT", "8081"),
             ("SQS_ONCE_HEALTH_MAX_AGE", "90s"),
             ("SQS_ONCE_OUTBOX_PAYLOAD_BUCKET", "out/sent/"),
+            ("SQS_ONCE_PAYLOAD_BUCKET_OWNER", "123456789012"),
             (
                 "SQS_ONCE_LARGE_PAYLOAD_BUCKETS",
                 "payloads, shared/tenant-a/",

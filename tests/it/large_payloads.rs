@@ -449,3 +449,71 @@ async fn a_pointer_outside_the_payload_buckets_is_parked_without_calling_s3() {
         vec!["elsewhere/k".to_owned()]
     );
 }
+
+/// Records the `x-amz-expected-bucket-owner` header of each S3 request.
+#[derive(Debug, Default, Clone)]
+struct OwnerHeaders(std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+
+impl aws_sdk_s3::config::Intercept for OwnerHeaders {
+    fn name(&self) -> &'static str {
+        "OwnerHeaders"
+    }
+
+    fn read_before_transmit(
+        &self,
+        ctx: &aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _rc: &aws_sdk_s3::config::RuntimeComponents,
+        cfg: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let op = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .map_or_else(String::new, |m| m.name().to_owned());
+        let owner = ctx
+            .request()
+            .headers()
+            .get("x-amz-expected-bucket-owner")
+            .map(str::to_owned);
+        self.0.lock().unwrap().push((op, owner));
+        Ok(())
+    }
+}
+
+/// The S3 payload store the front door builds names the bucket's owner on
+/// every call (S3's `ExpectedBucketOwner`), so a payload bucket deleted and
+/// made again by another account is refused. (LocalStack does not enforce
+/// the header: this checks that each call carries it, and that the calls
+/// still work against the bucket's real owner.)
+#[tokio::test]
+async fn every_s3_payload_call_names_the_expected_bucket_owner() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    use sqs_once::aws::s3::S3Payloads;
+    use sqs_once::payloads::PayloadStore;
+    let plain = s3().await;
+    let bucket = bucket(&plain).await;
+    let seen = OwnerHeaders::default();
+    let conf = aws_sdk_s3::config::Builder::from(&sdk_config().await)
+        .endpoint_url(s3_endpoint())
+        .force_path_style(true)
+        .interceptor(seen.clone())
+        .build();
+    let store =
+        S3Payloads::new(aws_sdk_s3::Client::from_conf(conf)).expecting_owner("000000000000");
+    let pointer = S3Pointer {
+        bucket: bucket.clone(),
+        key: "owned/one".into(),
+    };
+    store.put(&pointer, b"payload".to_vec()).await.unwrap();
+    assert_eq!(store.get(&pointer, 1024).await.unwrap(), b"payload");
+    store.delete(&pointer).await.unwrap();
+    assert_eq!(objects(&plain, &bucket).await, Vec::<String>::new());
+    let seen = seen.0.lock().unwrap().clone();
+    let ops: Vec<&str> = seen.iter().map(|(op, _)| op.as_str()).collect();
+    assert_eq!(ops, ["PutObject", "GetObject", "DeleteObject"], "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|(_, owner)| owner.as_deref() == Some("000000000000")),
+        "a call without the expected owner: {seen:?}"
+    );
+}
