@@ -124,5 +124,15 @@ pub use testkit::{MemoryQueue, MemoryStore};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// The guide's code (docs/guide), compiled as doctests as the README's is.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/getting-started.md")]
+pub struct GuideGettingStartedDoctests;
+
+/// The guide's handlers (docs/guide), compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/handlers-and-keys.md")]
+pub struct GuideHandlersDoctests;
+
 /// The DynamoDB types handlers use to stage writes.
 pub use aws_sdk_dynamodb::types as dynamodb_types;

@@ -152,8 +152,10 @@ pub struct Settings {
     /// The secret that seals the dedup key and first message id a parked copy
     /// carries (at least 32 bytes; several separated by commas rotate: the
     /// first seals, each verifies). Only consumers and operators hold it: a
-    /// carried key is honoured only when it verifies. Unset, nothing carried
-    /// is honoured and parked copies carry no key.
+    /// carried key is honoured only when it verifies. Unset: the secret kept
+    /// in the dedup table (made by `sqs-once init` or the first consumer to
+    /// start); only where that can be neither read nor made is nothing
+    /// carried honoured, and parked copies carry no key.
     #[cfg_attr(
         feature = "env",
         arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)

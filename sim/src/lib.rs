@@ -143,8 +143,8 @@ pub fn run_seed_on(
 /// Whether runs draw the source queue's `maxReceiveCount`
 /// ([`Scenario::draw_knobs`]): every run does, unless
 /// `SIM_FIXED_MAX_RECEIVE=1` keeps it at 10 (to replay a seed found before
-/// the draw, seeds below 193,255 in the long search: see the README,
-/// "Simulation").
+/// the draw, seeds below 193,255 in the long search: see the guide,
+/// docs/guide/simulator.md).
 pub fn draws_max_receive() -> bool {
     std::env::var_os("SIM_FIXED_MAX_RECEIVE").is_none()
 }
