@@ -12,9 +12,15 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 /// SQS: the longest visibility timeout, and the longest a message may stay
 /// invisible after its receive (so the cap on any retry delay).
 pub const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
-/// SQS: the default (and largest standard) `MaximumMessageSize`, 256 KiB;
-/// queues may be set from 1 KiB up.
+/// SQS: a queue's default `MaximumMessageSize`, 256 KiB (queues may be set
+/// from 1 KiB up to [`SQS_MAX_MESSAGE_BYTES`]). What the outbox and parking
+/// count against: a body over it goes through S3 (or fails) rather than be
+/// refused by a queue left at its default.
 pub const SQS_DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// SQS: the largest `MaximumMessageSize` a queue may be set to, 1 MiB
+/// (since August 2025; the SendMessage API reference). A pointer's payload
+/// is above it by definition; nothing here sends more than the default.
+pub const SQS_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// SQS: the longest delay, per queue or per message.
 pub const SQS_MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 /// SQS: the longest long-poll wait.
