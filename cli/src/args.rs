@@ -223,6 +223,15 @@ pub(crate) struct RedriveArgs {
     /// no key.
     #[arg(long, env = "SQS_ONCE_CARRY_SECRET", hide_env_values = true)]
     pub(crate) carry_secret: Option<String>,
+    /// A file holding the secret (as --carry-secret takes it; surrounding
+    /// whitespace ignored), so it is not on the command line or in the
+    /// environment. Not with --carry-secret.
+    #[arg(
+        long,
+        env = "SQS_ONCE_CARRY_SECRET_FILE",
+        conflicts_with = "carry_secret"
+    )]
+    pub(crate) carry_secret_file: Option<std::path::PathBuf>,
     /// The dedup table whose kept carry secret seals the copies (the one
     /// consumers make and use when no secret is set), when --carry-secret
     /// is not given.
@@ -303,13 +312,32 @@ pub(crate) struct LocalLambdaArgs {
 impl RedriveArgs {
     /// How the redrive runs.
     pub(crate) fn options(&self) -> Result<RedriveOptions, String> {
-        let carry_secret = self
-            .carry_secret
-            .as_deref()
-            .filter(|s| !s.is_empty())
-            .map(CarrySecret::parse)
-            .transpose()
-            .map_err(|e| format!("invalid setting SQS_ONCE_CARRY_SECRET (--carry-secret): {e}"))?;
+        let carry_secret = match &self.carry_secret_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    format!(
+                        "cannot read SQS_ONCE_CARRY_SECRET_FILE (--carry-secret-file) {}: {e}",
+                        path.display()
+                    )
+                })?;
+                let secret = CarrySecret::parse(text.trim()).map_err(|e| {
+                    format!(
+                        "invalid secret in SQS_ONCE_CARRY_SECRET_FILE (--carry-secret-file) {}: {e}",
+                        path.display()
+                    )
+                })?;
+                Some(secret)
+            }
+            None => self
+                .carry_secret
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(CarrySecret::parse)
+                .transpose()
+                .map_err(|e| {
+                    format!("invalid setting SQS_ONCE_CARRY_SECRET (--carry-secret): {e}")
+                })?,
+        };
         Ok(RedriveOptions {
             max: self.max,
             dry_run: self.dry_run,
@@ -325,4 +353,62 @@ impl RedriveArgs {
 pub(crate) enum Runtime {
     Poller,
     Lambda,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redrive(extra: &[&str]) -> Result<RedriveArgs, clap::Error> {
+        let mut argv = vec!["sqs-once", "redrive", "--dlq-url", "d", "--queue-url", "q"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Redrive(args) => Ok(args),
+            _ => unreachable!("parsed a redrive"),
+        }
+    }
+
+    #[test]
+    fn the_redrive_secret_is_read_from_a_file_and_seals_as_the_same_secret_given_inline() {
+        let secret = "k0123456789abcdef0123456789abcdef";
+        let dir = std::env::temp_dir().join(format!("sqs-once-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("carry-secret");
+        std::fs::write(&file, format!("{secret}\n")).unwrap();
+        let from_file = redrive(&["--carry-secret-file", file.to_str().unwrap()])
+            .unwrap()
+            .options()
+            .unwrap()
+            .carry_secret
+            .expect("a secret");
+        let inline = redrive(&["--carry-secret", secret])
+            .unwrap()
+            .options()
+            .unwrap()
+            .carry_secret
+            .expect("a secret");
+        assert_eq!(
+            from_file.seal("a", "body", "k"),
+            inline.seal("a", "body", "k"),
+            "the file's secret (its newline dropped) is the inline one"
+        );
+        let missing = dir.join("absent");
+        let err = redrive(&["--carry-secret-file", missing.to_str().unwrap()])
+            .unwrap()
+            .options()
+            .err()
+            .expect("a missing file is an error");
+        assert!(
+            err.contains("SQS_ONCE_CARRY_SECRET_FILE") && err.contains("absent"),
+            "{err}"
+        );
+        let both = redrive(&[
+            "--carry-secret",
+            secret,
+            "--carry-secret-file",
+            file.to_str().unwrap(),
+        ]);
+        assert!(both.is_err(), "the secret given twice is refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
