@@ -709,14 +709,16 @@ impl LargePayloadOptions {
     }
 }
 
-/// The account (12 digits) in an SQS queue URL's path
-/// (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`, LocalStack's alike).
+/// The account (12 digits) in an SQS queue URL's path: the part before the
+/// queue's name (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`;
+/// LocalStack's `/ACCOUNT/NAME` and `/queue/REGION/ACCOUNT/NAME` alike).
 #[cfg(feature = "s3-payloads")]
 fn account_of_queue_url(url: &str) -> Option<&str> {
     let path = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let mut parts = path.split('/').skip(1);
-    let account = parts.next()?;
-    (account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()) && parts.next().is_some())
+    let (_host, path) = path.split_once('/')?;
+    let (rest, name) = path.rsplit_once('/')?;
+    let account = rest.rsplit('/').next()?;
+    (!name.is_empty() && account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()))
         .then_some(account)
 }
 
@@ -917,6 +919,8 @@ mod tests {
         assert_eq!(account(aws), Some("123456789012"));
         let local = "http://localhost:4566/000000000000/orders.fifo";
         assert_eq!(account(local), Some("000000000000"));
+        let by_path = "http://localhost:4566/queue/us-east-1/000000000000/orders";
+        assert_eq!(account(by_path), Some("000000000000"));
         assert_eq!(
             account("https://sqs.eu-west-1.amazonaws.com/12345/orders"),
             None
