@@ -43,12 +43,20 @@ pub struct Settings {
     /// The consumer name: the namespace of its dedup records.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_CONSUMER"))]
     pub consumer: String,
-    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer (json:/a>/b inside a JSON string), body-sha256, or several joined by commas.
+    /// Where the dedup key comes from: message-id, dedup-id, attribute:NAME, json:/pointer (json:/a>/b inside a JSON string), body-sha256, sender (SQS's SenderId), or several joined by commas.
     #[cfg_attr(
         feature = "env",
         arg(long, env = "SQS_ONCE_DEDUP_KEY", default_value = "message-id")
     )]
     pub dedup_key: String,
+    /// Whose keys a key is: `none` (one space for every producer) or
+    /// `sender` (a key from the body or an attribute scoped to SQS's
+    /// SenderId, so a producer cannot make another producer's message skip
+    /// by sending its id first; a copy brought back from the DLQ keeps its
+    /// first sender, sealed). `message-id` and `dedup-id` keys stay as they
+    /// are: SQS sets the one, and deduplicates the other across senders.
+    #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_KEY_SCOPE", default_value = "none", value_parser = ["none", "sender"]))]
+    pub key_scope: String,
     /// What wraps the payload in each body: none, sns (a notification
     /// without raw message delivery), eventbridge or s3. The dedup key and
     /// the handler read the payload inside.
@@ -359,6 +367,9 @@ impl Settings {
             dedup_key: v
                 .text("SQS_ONCE_DEDUP_KEY")
                 .unwrap_or_else(|| "message-id".into()),
+            key_scope: v
+                .text("SQS_ONCE_KEY_SCOPE")
+                .unwrap_or_else(|| "none".into()),
             envelope: v.text("SQS_ONCE_ENVELOPE").unwrap_or_else(|| "none".into()),
             allow_missing_key: v.switch("SQS_ONCE_ALLOW_MISSING_KEY", false)?,
             dlq_url: v.text("SQS_ONCE_DLQ_URL"),
@@ -427,6 +438,16 @@ impl Settings {
                 setting: "SQS_ONCE_DEDUP_KEY",
                 problem: e.to_string(),
             })?;
+        match self.key_scope.trim() {
+            "none" | "" => {}
+            "sender" => p.key_source = p.key_source.scoped_to_sender(),
+            other => {
+                return Err(ConfigError {
+                    setting: "SQS_ONCE_KEY_SCOPE",
+                    problem: format!("`{other}`: expected `none` or `sender`"),
+                });
+            }
+        }
         p.envelope = self.envelope.parse().map_err(|e| ConfigError {
             setting: "SQS_ONCE_ENVELOPE",
             problem: format!("{e}"),
@@ -723,6 +744,7 @@ mod tests {
             ("SQS_ONCE_TABLE", "dedup"),
             ("SQS_ONCE_CONSUMER", "orders"),
             ("SQS_ONCE_DEDUP_KEY", "json:/id"),
+            ("SQS_ONCE_KEY_SCOPE", "sender"),
             ("SQS_ONCE_ALLOW_MISSING_KEY", "yes"),
             ("SQS_ONCE_DLQ_URL", "https://sqs.example/1/dlq"),
             ("SQS_ONCE_CONCURRENCY", "4"),

@@ -98,13 +98,14 @@ fn failures(failed: &[BatchResultErrorEntry], entries: usize) -> Vec<EntryFailur
 }
 
 /// The system attributes a receive asks for: those [`to_message`] reads, no
-/// more (`All` would add `SentTimestamp`, `SenderId`,
+/// more (`All` would add `SentTimestamp`,
 /// `ApproximateFirstReceiveTimestamp`, `SequenceNumber`, ... to every
 /// message, to be parsed and dropped). Message attributes are all asked for:
 /// key sources, trace contexts and carried keys read them, and a parked or
 /// retried copy carries them on.
-const RECEIVED_SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 4] = [
+const RECEIVED_SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 5] = [
     MessageSystemAttributeName::ApproximateReceiveCount,
+    MessageSystemAttributeName::SenderId,
     MessageSystemAttributeName::MessageGroupId,
     MessageSystemAttributeName::MessageDeduplicationId,
     MessageSystemAttributeName::AwsTraceHeader,
@@ -130,6 +131,9 @@ pub fn to_message(m: aws_sdk_sqs::types::Message) -> Option<Message> {
     }
     if let Some(d) = sys.get(&MessageSystemAttributeName::MessageDeduplicationId) {
         msg = msg.with_deduplication_id(d);
+    }
+    if let Some(s) = sys.get(&MessageSystemAttributeName::SenderId) {
+        msg = msg.with_sender_id(s);
     }
     if let Some(t) = sys.get(&MessageSystemAttributeName::AwsTraceHeader) {
         msg = msg.with_aws_trace_header(t);

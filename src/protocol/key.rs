@@ -47,6 +47,13 @@ pub enum KeySource {
     JsonPointer(String),
     /// The SHA-256 of the body.
     BodySha256,
+    /// Who sent the message (SQS's `SenderId`, set by SQS, not the
+    /// producer): as a part of a compound key (`sender,json:/order_id`), it
+    /// scopes a producer-chosen key to its sender, so one producer cannot
+    /// make another's message skip by sending its id first. A copy brought
+    /// back from the DLQ (sent again by a consumer or an operator) carries
+    /// its first sender sealed ([`SENDER_ATTRIBUTE`]).
+    Sender,
     /// Several sources, each part's key length-prefixed and joined.
     Compound(Vec<KeySource>),
     /// A key computed by the application.
@@ -137,6 +144,10 @@ pub enum KeyError {
     /// A custom key's closure failed.
     #[error("the custom dedup key could not be taken: {0}")]
     Custom(String),
+    /// The key is scoped to the sender, and the message has no `SenderId`
+    /// (a runtime that did not read it, or a test message without one).
+    #[error("the message has no SenderId (the key is scoped to its sender)")]
+    NoSender,
 }
 
 impl KeySource {
@@ -156,7 +167,10 @@ impl KeySource {
     /// Whether the key is taken without reading the body.
     pub(crate) fn is_body_free(&self) -> bool {
         match self {
-            KeySource::MessageId | KeySource::DeduplicationId | KeySource::Attribute(_) => true,
+            KeySource::MessageId
+            | KeySource::DeduplicationId
+            | KeySource::Attribute(_)
+            | KeySource::Sender => true,
             KeySource::Compound(parts) => parts.iter().all(KeySource::is_body_free),
             KeySource::JsonPointer(_) | KeySource::BodySha256 | KeySource::Custom(_) => false,
         }
@@ -181,6 +195,32 @@ impl KeySource {
             KeySource::MessageId | KeySource::DeduplicationId => true,
             KeySource::Compound(parts) => parts.iter().any(KeySource::uses_ids),
             _ => false,
+        }
+    }
+
+    /// Whether the key is scoped to its sender (wholly or in part).
+    pub fn uses_sender(&self) -> bool {
+        match self {
+            KeySource::Sender => true,
+            KeySource::Compound(parts) => parts.iter().any(KeySource::uses_sender),
+            _ => false,
+        }
+    }
+
+    /// This source scoped to the message's sender: `sender` and it, as a
+    /// compound key. Unchanged when it already reads the sender, and for the
+    /// ids: a message id is SQS's own, unique whoever sent it, and SQS
+    /// deduplicates a FIFO deduplication id across senders itself (and the
+    /// ids cannot be part of a compound key).
+    #[must_use]
+    pub fn scoped_to_sender(self) -> Self {
+        match self {
+            s if s.uses_sender() || s.uses_ids() => s,
+            KeySource::Compound(mut parts) => {
+                parts.insert(0, KeySource::Sender);
+                KeySource::Compound(parts)
+            }
+            s => KeySource::Compound(vec![KeySource::Sender, s]),
         }
     }
 
@@ -218,9 +258,10 @@ impl KeySource {
                 .to_owned(),
             KeySource::JsonPointer(pointer) => json_key(message.body(), pointer)?,
             KeySource::BodySha256 => sha256_hex(message.body().as_bytes()),
+            KeySource::Sender => sender_of(message, secret)?.to_owned(),
             KeySource::Compound(parts) => match carried_key(message, secret) {
                 Some(original) if self.uses_ids() => original.to_owned(),
-                _ => compound_key(parts, message)?,
+                _ => compound_key(parts, message, secret)?,
             },
             KeySource::Custom(CustomKey(key)) => key(message).map_err(KeyError::Custom)?,
         };
@@ -244,8 +285,15 @@ pub const DEDUP_KEY_ATTRIBUTE: &str = "sqs_once_dedup_key";
 /// has no [`DEDUP_KEY_ATTRIBUTE`]). Sealed like it.
 pub const MESSAGE_ID_ATTRIBUTE: &str = "sqs_once_message_id";
 
+/// The message attribute that carries who sent a parked message first (SQS's
+/// `SenderId` of its first delivery), so that a copy brought back from the
+/// DLQ, which SQS credits to whoever sent it back, keeps a sender-scoped key.
+/// Sealed like [`DEDUP_KEY_ATTRIBUTE`]: a producer cannot name another sender.
+pub const SENDER_ATTRIBUTE: &str = "sqs_once_sender";
+
 /// The attributes sqs-once seals: honoured only when their seal verifies.
-pub const SEALED_ATTRIBUTES: [&str; 2] = [DEDUP_KEY_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE];
+pub const SEALED_ATTRIBUTES: [&str; 3] =
+    [DEDUP_KEY_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE, SENDER_ATTRIBUTE];
 
 /// The shortest secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -394,6 +442,23 @@ pub(crate) fn carried_key<'a>(
     carried(message, DEDUP_KEY_ATTRIBUTE, secret)
 }
 
+/// The value of [`SENDER_ATTRIBUTE`] for the first sender `sender` of a
+/// message with `body`.
+pub fn carry_sender(secret: &CarrySecret, body: &str, sender: &str) -> String {
+    secret.seal(SENDER_ATTRIBUTE, body, sender)
+}
+
+/// Who sent `message` first: the sender a copy brought back from the DLQ
+/// carries sealed for its own body, else SQS's `SenderId` of this delivery.
+pub fn first_sender<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> Option<&'a str> {
+    carried(message, SENDER_ATTRIBUTE, secret).or(message.sender_id())
+}
+
+/// The sender part of a key ([`KeySource::Sender`]).
+fn sender_of<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> Result<&'a str, KeyError> {
+    first_sender(message, secret).ok_or(KeyError::NoSender)
+}
+
 /// The first delivery's id a parked copy carries, if sealed for its own body.
 pub(crate) fn carried_message_id<'a>(
     message: &'a Message,
@@ -418,14 +483,22 @@ pub(crate) fn unverified_attributes(
 }
 
 /// The parts' keys, each as `{bytes}:{key}`, joined by `|`.
-fn compound_key(parts: &[KeySource], message: &Message) -> Result<String, KeyError> {
+fn compound_key(
+    parts: &[KeySource],
+    message: &Message,
+    secret: Option<&CarrySecret>,
+) -> Result<String, KeyError> {
     let mut joined = String::new();
     for (i, part) in parts.iter().enumerate() {
-        let key = part.extract(message).map_err(|e| KeyError::Part {
-            position: i + 1,
-            part: part.to_string(),
-            error: Box::new(e),
-        })?;
+        // (A part from the ids honours no carried key here: a whole key
+        // carried for them was taken before.)
+        let key = part
+            .extract_with(message, secret)
+            .map_err(|e| KeyError::Part {
+                position: i + 1,
+                part: part.to_string(),
+                error: Box::new(e),
+            })?;
         if i > 0 {
             joined.push('|');
         }
@@ -651,6 +724,7 @@ impl fmt::Display for KeySource {
             KeySource::Attribute(n) => write!(f, "attribute:{n}"),
             KeySource::JsonPointer(p) => write!(f, "json:{p}"),
             KeySource::BodySha256 => f.write_str("body-sha256"),
+            KeySource::Sender => f.write_str("sender"),
             KeySource::Compound(parts) => {
                 for (i, part) in parts.iter().enumerate() {
                     if i > 0 {
@@ -668,7 +742,7 @@ impl fmt::Display for KeySource {
 /// An unparseable key source.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid dedup key source `{0}`: expected `message-id`, `dedup-id`, `attribute:NAME`, `json:/pointer`, `json:/pointer>/pointer` or `body-sha256`, or several of them separated by commas"
+    "invalid dedup key source `{0}`: expected `message-id`, `dedup-id`, `attribute:NAME`, `json:/pointer`, `json:/pointer>/pointer`, `body-sha256` or `sender`, or several of them separated by commas"
 )]
 pub struct KeySourceParseError(String);
 
@@ -688,6 +762,7 @@ impl FromStr for KeySource {
             "message-id" => Ok(KeySource::MessageId),
             "dedup-id" => Ok(KeySource::DeduplicationId),
             "body-sha256" => Ok(KeySource::BodySha256),
+            "sender" => Ok(KeySource::Sender),
             _ => {
                 if let Some(name) = s.strip_prefix("attribute:") {
                     if name.is_empty() {
@@ -1156,6 +1231,50 @@ mod tests {
         let hashed = record_key("c", &long);
         let lookalike = hashed.strip_prefix("c#").unwrap();
         assert_ne!(record_key("c", lookalike), hashed);
+    }
+
+    #[test]
+    fn a_sender_scoped_key_is_the_senders_and_a_copy_brought_back_keeps_its_first_sender() {
+        let src: KeySource = "json:/id".parse::<KeySource>().unwrap().scoped_to_sender();
+        assert_eq!(src.to_string(), "sender,json:/id");
+        assert_eq!(src.clone().scoped_to_sender(), src, "scoped once");
+        assert_eq!(
+            KeySource::MessageId.scoped_to_sender(),
+            KeySource::MessageId,
+            "SQS's own id"
+        );
+        assert_eq!("sender,json:/id".parse::<KeySource>().unwrap(), src);
+        let body = r#"{"id":"o-1"}"#;
+        let alice = Message::new("m-1", body).with_sender_id("AIDAALICE");
+        let mallory = Message::new("m-2", body).with_sender_id("AIDAMALLORY");
+        let (a, m) = (src.extract(&alice).unwrap(), src.extract(&mallory).unwrap());
+        assert_eq!(a, "9:AIDAALICE|3:o-1");
+        assert_ne!(a, m, "one order id, two senders: two keys");
+        // Brought back by an operator: SQS names the operator; the sealed
+        // first sender wins, and only when it verifies.
+        let s = secret();
+        let redriven = Message::new("m-3", body)
+            .with_sender_id("AIDAOPERATOR")
+            .with_attribute(SENDER_ATTRIBUTE, carry_sender(&s, body, "AIDAALICE"));
+        assert_eq!(src.extract_with(&redriven, Some(&s)).unwrap(), a);
+        let forged = Message::new("m-4", body)
+            .with_sender_id("AIDAMALLORY")
+            .with_attribute(SENDER_ATTRIBUTE, "AIDAALICE");
+        assert_eq!(
+            src.extract_with(&forged, Some(&s)).unwrap(),
+            m,
+            "an unsealed sender is ignored"
+        );
+        let other_body = Message::new("m-5", r#"{"id":"o-1","x":1}"#)
+            .with_sender_id("AIDAMALLORY")
+            .with_attribute(SENDER_ATTRIBUTE, carry_sender(&s, body, "AIDAALICE"));
+        assert_eq!(
+            src.extract_with(&other_body, Some(&s)).unwrap(),
+            m,
+            "a seal copied onto another body does not verify"
+        );
+        let err = src.extract(&Message::new("m-6", body)).unwrap_err();
+        assert!(err.to_string().contains("no SenderId"), "{err}");
     }
 
     fn secret() -> CarrySecret {

@@ -13,6 +13,7 @@ pub struct Message {
     attributes: BTreeMap<String, Attribute>,
     group_id: Option<String>,
     deduplication_id: Option<String>,
+    sender_id: Option<String>,
     receive_count: u32,
     receipt_handle: Option<String>,
     dedup_key: Option<String>,
@@ -35,6 +36,7 @@ impl Message {
             attributes: BTreeMap::new(),
             group_id: None,
             deduplication_id: None,
+            sender_id: None,
             receive_count: 1,
             receipt_handle: None,
             dedup_key: None,
@@ -84,6 +86,12 @@ impl Message {
     /// Sets the FIFO deduplication id.
     pub fn with_deduplication_id(mut self, id: impl Into<String>) -> Self {
         self.deduplication_id = Some(id.into());
+        self
+    }
+
+    /// Sets who sent the message (SQS's `SenderId`).
+    pub fn with_sender_id(mut self, sender: impl Into<String>) -> Self {
+        self.sender_id = Some(sender.into());
         self
     }
 
@@ -229,6 +237,13 @@ impl Message {
     /// The FIFO deduplication id, `None` on a standard queue.
     pub fn deduplication_id(&self) -> Option<&str> {
         self.deduplication_id.as_deref()
+    }
+
+    /// Who sent the message, as SQS's `SenderId` names them (an account id,
+    /// or an IAM user's or role's unique id): set by SQS, not the producer.
+    /// `None` where the runtime did not read it.
+    pub fn sender_id(&self) -> Option<&str> {
+        self.sender_id.as_deref()
     }
 
     /// How many times SQS has delivered this message, 1 on the first delivery.

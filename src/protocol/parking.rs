@@ -7,7 +7,8 @@ use tracing::{error, warn};
 use crate::Message;
 pub use crate::protocol::key::MESSAGE_ID_ATTRIBUTE;
 use crate::protocol::key::{
-    CarrySecret, DEDUP_KEY_ATTRIBUTE, carried_message_id, carry_key, carry_message_id,
+    CarrySecret, DEDUP_KEY_ATTRIBUTE, SENDER_ATTRIBUTE, carried_message_id, carry_key,
+    carry_message_id, carry_sender, first_sender,
 };
 use crate::protocol::limits::{SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_ATTRIBUTES};
 use crate::protocol::message::Attribute;
@@ -116,7 +117,8 @@ impl<Q: QueueClient> Dlq<Q> {
     /// allow; the reason is shortened to fit, the body is never altered. The
     /// key and the first id are sealed under `secret` (see [`CarrySecret`]);
     /// without one no key is carried and the id is this delivery's, unsealed
-    /// (for people to read: nothing honours it), and `sqs_once_source_queue`
+    /// (for people to read: nothing honours it), `sqs_once_sender` (who sent
+    /// it first, sealed; with a secret only), and `sqs_once_source_queue`
     /// (the name of the queue it was received from, when known: a redrive
     /// from a shared DLQ moves it back only there). The caller deletes the
     /// original after this succeeds.
@@ -167,6 +169,7 @@ impl ParkedCopy {
                 DEDUP_KEY_ATTRIBUTE,
                 REASON_ATTRIBUTE,
                 MESSAGE_ID_ATTRIBUTE,
+                SENDER_ATTRIBUTE,
                 SOURCE_QUEUE_ATTRIBUTE,
             ]
             .contains(&name)
@@ -215,6 +218,16 @@ impl ParkedCopy {
         }
         add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
         add(MESSAGE_ID_ATTRIBUTE, first_id, false);
+        // Who sent it first: a copy sent back is SQS's from whoever sends it.
+        if let Some(secret) = secret
+            && let Some(sender) = first_sender(message, Some(secret))
+        {
+            add(
+                SENDER_ATTRIBUTE,
+                carry_sender(secret, message.body(), sender),
+                false,
+            );
+        }
         if let Some(queue) = message.queue() {
             let queue = crate::protocol::trace::queue_name(queue).to_owned();
             add(SOURCE_QUEUE_ATTRIBUTE, queue, false);

@@ -81,6 +81,9 @@ pub(crate) fn copy_for_source(
             }
         }
     }
+    if let Some(secret) = secret {
+        carry_first_sender(m, &mut attributes, max_bytes, secret);
+    }
     let copy = OutgoingMessage {
         body: m.body().to_owned(),
         attributes,
@@ -93,6 +96,30 @@ pub(crate) fn copy_for_source(
         ..OutgoingMessage::default()
     };
     (copy, carries)
+}
+
+/// Who sent `m` first, sealed under `secret` into `attributes`: the copy sent
+/// back is SQS's from whoever redrives it, so a key scoped to the sender
+/// would change. The sender a parked copy carries when it verifies, else
+/// the DLQ message's own `SenderId` (SQS keeps the producer's through a move
+/// by the redrive policy), where there is room.
+fn carry_first_sender(
+    m: &Message,
+    attributes: &mut std::collections::BTreeMap<String, Attribute>,
+    max_bytes: usize,
+    secret: &CarrySecret,
+) {
+    use crate::protocol::key::{SENDER_ATTRIBUTE, carry_sender, first_sender};
+    let Some(sender) = first_sender(m, Some(secret)).filter(|s| !s.is_empty()) else {
+        return;
+    };
+    let attribute = Attribute::string(carry_sender(secret, m.body(), sender));
+    attributes.remove(SENDER_ATTRIBUTE);
+    let size: usize = m.body().len() + attributes.iter().map(|(n, a)| a.size(n)).sum::<usize>();
+    if attributes.len() < SQS_MAX_ATTRIBUTES && size + attribute.size(SENDER_ATTRIBUTE) <= max_bytes
+    {
+        attributes.insert(SENDER_ATTRIBUTE.to_owned(), attribute);
+    }
 }
 
 /// Moves up to `limit` messages from `dlq_url` back to `source_url` (whose

@@ -924,6 +924,9 @@ fn to_message(id: &str, m: SqsMessage) -> Message {
     if let Some(d) = m.attributes.get("MessageDeduplicationId") {
         msg = msg.with_deduplication_id(d);
     }
+    if let Some(s) = m.attributes.get("SenderId") {
+        msg = msg.with_sender_id(s);
+    }
     if let Some(t) = m.attributes.get(crate::protocol::trace::AWS_TRACE_HEADER) {
         msg = msg.with_aws_trace_header(t);
     }

@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::{
 };
 
 use super::error::*;
-use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, carry_key};
+use sqs_once::key::{CarrySecret, DEDUP_KEY_ATTRIBUTE, SENDER_ATTRIBUTE, carry_key, carry_sender};
 use sqs_once::parking::{MESSAGE_ID_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_QUEUE_ATTRIBUTE};
 
 /// A queue's approximate counts.
@@ -290,6 +290,63 @@ pub fn next_receive(limit: u64, taken: u64) -> Option<i32> {
 /// no room left for it (10 attributes, or the source's `max_size`), or with
 /// no secret to seal it, is sent as it is and reported.
 pub(super) fn carrying_key(
+    m: Message,
+    max_size: usize,
+    secret: Option<&CarrySecret>,
+    report: &mut Redriven,
+) -> Option<Message> {
+    let m = carrying_key_alone(m, max_size, secret, report)?;
+    Some(match secret {
+        Some(secret) => carrying_sender(m, max_size, secret),
+        None => m,
+    })
+}
+
+/// `m` carrying who sent it first, sealed under `secret`: the copy sent back
+/// is SQS's from this redrive's identity, so a key scoped to the sender
+/// (`SQS_ONCE_KEY_SCOPE=sender`) would change. A sender a parked copy
+/// carries that verifies is sealed again under the first secret; else one
+/// is added from the DLQ message's own `SenderId` (SQS keeps the producer's
+/// through a move by the redrive policy), where there is room.
+fn carrying_sender(mut m: Message, max_size: usize, secret: &CarrySecret) -> Message {
+    let body = m.body.clone().unwrap_or_default();
+    let carried = m
+        .message_attributes
+        .as_ref()
+        .and_then(|a| a.get(SENDER_ATTRIBUTE))
+        .and_then(|v| v.string_value())
+        .and_then(|v| secret.open(SENDER_ATTRIBUTE, &body, v))
+        .map(str::to_owned);
+    let sender = carried.or_else(|| {
+        m.attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::SenderId))
+            .cloned()
+    });
+    let Some(sender) = sender.filter(|s| !s.is_empty()) else {
+        return m;
+    };
+    let sealed = carry_sender(secret, &body, &sender);
+    if let Some(attrs) = m.message_attributes.as_mut() {
+        attrs.remove(SENDER_ATTRIBUTE);
+    }
+    let size = message_size(&m);
+    let attrs = m.message_attributes.get_or_insert_with(HashMap::new);
+    if attrs.len() < 10 && size + SENDER_ATTRIBUTE.len() + "String".len() + sealed.len() <= max_size
+    {
+        attrs.insert(
+            SENDER_ATTRIBUTE.to_owned(),
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(sealed)
+                .build()
+                .expect("complete attribute"),
+        );
+    }
+    m
+}
+
+/// [`carrying_key`]'s key alone.
+fn carrying_key_alone(
     mut m: Message,
     max_size: usize,
     secret: Option<&CarrySecret>,

@@ -535,7 +535,7 @@ fn with_body(
     payload: String,
     secret: Option<&crate::protocol::key::CarrySecret>,
 ) -> Message {
-    use crate::protocol::key::{MESSAGE_ID_ATTRIBUTE, carried, carry_key, carry_message_id};
+    use crate::protocol::key::carried;
     // A copy brought back from the DLQ carries its key and first id sealed
     // for the body it was parked with, the pointer: sealed again for the
     // payload when they verify, so that they hold for the body the key is
@@ -543,11 +543,7 @@ fn with_body(
     let reseal = |name: &str| {
         let value = carried(received, name, secret)?;
         let secret = secret?;
-        Some(if name == MESSAGE_ID_ATTRIBUTE {
-            carry_message_id(secret, &payload, value)
-        } else {
-            carry_key(secret, &payload, value)
-        })
+        Some(secret.seal(name, &payload, value))
     };
     let resealed: Vec<(&str, String)> = crate::protocol::key::SEALED_ATTRIBUTES
         .into_iter()
@@ -562,6 +558,9 @@ fn with_body(
     }
     if let Some(d) = received.deduplication_id() {
         m = m.with_deduplication_id(d);
+    }
+    if let Some(s) = received.sender_id() {
+        m = m.with_sender_id(s);
     }
     // The queue tells a FIFO queue from a fair one (`Message::from_fifo_queue`).
     if let Some(q) = received.queue() {
