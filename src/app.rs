@@ -414,8 +414,8 @@ impl SqsOnce {
     /// billing, backups and alarms are chosen;
     /// [`allow_remote_ensure_table`](Self::allow_remote_ensure_table) lets
     /// this call create it anywhere. Creating needs `dynamodb:CreateTable`,
-    /// `DescribeTimeToLive` and `UpdateTimeToLive`, which the policies in
-    /// `docs/iam/` do not grant.
+    /// `DescribeTable`, `DescribeTimeToLive` and `UpdateTimeToLive`; the
+    /// policies in `docs/iam/` grant no `CreateTable` or `UpdateTimeToLive`.
     ///
     /// ```no_run
     /// # async fn f(handler: impl sqs_once::Handler) -> Result<(), sqs_once::StartError> {
