@@ -1013,6 +1013,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_denied_start_up_check_names_the_permission_to_grant() {
+        let table = StartError::Table(TableCheckError::Unreachable {
+            table: "dedup".into(),
+            transient: false,
+            reason: "AccessDeniedException".into(),
+        });
+        let shown = table.to_string();
+        assert!(
+            shown.contains("grant dynamodb:DescribeTable and dynamodb:DescribeTimeToLive"),
+            "{shown}"
+        );
+        #[cfg(feature = "poller")]
+        {
+            let queue = StartError::Queue(QueueCheckError::Unreachable {
+                queue: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
+                source: QueueError::new(
+                    "GetQueueAttributes",
+                    "https://sqs.us-east-1.amazonaws.com/1/orders",
+                    "AccessDenied",
+                    false,
+                ),
+            });
+            let shown = queue.to_string();
+            assert!(shown.contains("grant sqs:GetQueueAttributes"), "{shown}");
+        }
+    }
+
     /// An SDK configuration pointed at `endpoint`, with no credentials: a
     /// call through it would fail, so a refusal is made before any call.
     fn sdk_at(endpoint: Option<&str>) -> aws_config::SdkConfig {
