@@ -55,6 +55,21 @@ pub enum StartError {
     /// brought back from the DLQ would run again under a new key).
     #[error(transparent)]
     Secret(#[from] crate::aws::dynamodb::SecretError),
+    /// [`SqsOnce::ensure_table`] was asked for against an endpoint that is
+    /// not this machine's or LocalStack's, without
+    /// [`SqsOnce::allow_remote_ensure_table`]. Nothing was created.
+    #[error(
+        "ensure_table: refusing to create the dedup table {table} at {endpoint}: creating the table from the consumer is for development (LocalStack, a local endpoint); create it with `sqs-once init --table {table}` or your template, or call allow_remote_ensure_table() to create it there"
+    )]
+    EnsureTableRefused {
+        /// The dedup table.
+        table: String,
+        /// The DynamoDB endpoint (AWS's own when none is configured).
+        endpoint: String,
+    },
+    /// [`SqsOnce::ensure_table`] could not create or check the dedup table.
+    #[error("ensure_table: {0}")]
+    EnsureTable(#[from] crate::aws::setup::SetupError),
     /// The Lambda runtime failed.
     #[cfg(feature = "lambda")]
     #[error("Lambda runtime failed: {0}")]
@@ -149,6 +164,8 @@ pub struct SqsOnce {
     sdk: Option<aws_config::SdkConfig>,
     shutdown: Option<CancellationToken>,
     default_logging: bool,
+    ensure_table: bool,
+    ensure_table_remote: bool,
 }
 
 /// Large payloads through S3 (the SQS Extended Client's pointers).
@@ -229,6 +246,8 @@ impl SqsOnce {
             sdk: None,
             shutdown: None,
             default_logging: true,
+            ensure_table: false,
+            ensure_table_remote: false,
         }
     }
 
@@ -414,6 +433,49 @@ impl SqsOnce {
     /// `info`). Off: nothing is logged unless the process installs one.
     pub fn default_logging(mut self, on: bool) -> Self {
         self.default_logging = on;
+        self
+    }
+
+    /// Creates the dedup table at start-up when it is missing, for
+    /// development: the same table `sqs-once init` makes (one string
+    /// partition key `pk`, on-demand billing, TTL on `expires_at`), waiting
+    /// until it is active. An existing table is only checked (one with other
+    /// keys is an error and nothing is written to it); TTL off on an existing
+    /// table is turned on.
+    ///
+    /// Refused ([`StartError::EnsureTableRefused`], before any call) unless
+    /// the DynamoDB endpoint is this machine's or LocalStack's (a loopback
+    /// address, `localhost`, `localstack`, `localhost.localstack.cloud`: the
+    /// rule `sqs-once demo` follows), read from `AWS_ENDPOINT_URL_DYNAMODB`,
+    /// else the SDK configuration's endpoint URL (`AWS_ENDPOINT_URL`); with
+    /// none, the endpoint is AWS's own and the call is refused. In production
+    /// the table belongs to your template (or `sqs-once init`), where its
+    /// billing, backups and alarms are chosen;
+    /// [`allow_remote_ensure_table`](Self::allow_remote_ensure_table) lets
+    /// this call create it anywhere. Creating needs `dynamodb:CreateTable`,
+    /// `DescribeTable`, `DescribeTimeToLive` and `UpdateTimeToLive`; the
+    /// policies in `docs/iam/` grant no `CreateTable` or `UpdateTimeToLive`.
+    ///
+    /// ```no_run
+    /// # async fn f(handler: impl sqs_once::Handler) -> Result<(), sqs_once::StartError> {
+    /// // AWS_ENDPOINT_URL=http://localhost:4566 (LocalStack)
+    /// sqs_once::SqsOnce::builder("dedup-dev", "orders")
+    ///     .queue_url("http://localhost:4566/000000000000/orders")
+    ///     .ensure_table()
+    ///     .run(handler)
+    ///     .await
+    /// # }
+    /// ```
+    pub fn ensure_table(mut self) -> Self {
+        self.ensure_table = true;
+        self
+    }
+
+    /// Lets [`ensure_table`](Self::ensure_table) create the dedup table at an
+    /// endpoint that is not local (AWS's own included). Without
+    /// `ensure_table` it does nothing.
+    pub fn allow_remote_ensure_table(mut self) -> Self {
+        self.ensure_table_remote = true;
         self
     }
 
@@ -618,6 +680,10 @@ impl SqsOnce {
                 .timeout_config(attempt_timeout(sqs_timeout))
                 .build(),
         );
+        if self.ensure_table {
+            let endpoint = dynamodb_endpoint(&sdk);
+            ensure_dedup_table(&ddb, &self.table, endpoint, self.ensure_table_remote).await?;
+        }
         fit_to_queue(
             &mut self.processor,
             &sqs,
@@ -720,6 +786,53 @@ fn account_of_queue_url(url: &str) -> Option<&str> {
     let account = rest.rsplit('/').next()?;
     (!name.is_empty() && account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()))
         .then_some(account)
+}
+
+/// [`SqsOnce::ensure_table`]'s work: `sqs-once init`'s dedup table, made if
+/// missing (TTL turned on if off); an existing table with other keys, or
+/// with TTL on another attribute, is an error. Refused before any call when
+/// `endpoint` is not local, unless `remote` allows it.
+async fn ensure_dedup_table(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    endpoint: Option<String>,
+    remote: bool,
+) -> Result<(), StartError> {
+    use crate::aws::setup::{Change, SetupError, init_dedup_table, is_local_endpoint};
+    if !remote && !is_local_endpoint(endpoint.as_deref()) {
+        return Err(StartError::EnsureTableRefused {
+            table: table.to_owned(),
+            endpoint: endpoint.unwrap_or_else(|| "AWS's own endpoint".into()),
+        });
+    }
+    let outcome = init_dedup_table(ddb, table, &[Change::EnableTtl]).await?;
+    if !outcome.differences.is_empty() {
+        return Err(SetupError::Differences(outcome.differences).into());
+    }
+    if outcome.created.is_empty() {
+        tracing::info!(table, "ensure_table: the dedup table exists");
+    } else {
+        tracing::info!(
+            table,
+            "ensure_table: created the dedup table (TTL on expires_at)"
+        );
+    }
+    for change in &outcome.changed {
+        tracing::info!(table, "ensure_table: {change}");
+    }
+    Ok(())
+}
+
+/// The DynamoDB endpoint the clients built from `sdk` use: the service's own
+/// (`AWS_ENDPOINT_URL_DYNAMODB`) unless configured endpoints are ignored,
+/// else the configuration's; `None` for AWS's own.
+fn dynamodb_endpoint(sdk: &aws_config::SdkConfig) -> Option<String> {
+    let ignored = std::env::var("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+        .is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    let service = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
+        .ok()
+        .filter(|v| !v.is_empty() && !ignored);
+    service.or_else(|| sdk.endpoint_url().map(str::to_owned))
 }
 
 /// Reads the source queue `fit_to` once: fits the records' TTL to it and
@@ -993,6 +1106,97 @@ mod tests {
         assert_eq!(
             warnings_of(|| warn_content_deduplication(url, &content, &config)),
             ""
+        );
+    }
+
+    #[test]
+    fn a_denied_start_up_check_names_the_permission_to_grant() {
+        let table = StartError::Table(TableCheckError::Unreachable {
+            table: "dedup".into(),
+            transient: false,
+            reason: "AccessDeniedException".into(),
+        });
+        let shown = table.to_string();
+        assert!(
+            shown.contains("grant dynamodb:DescribeTable and dynamodb:DescribeTimeToLive"),
+            "{shown}"
+        );
+        #[cfg(feature = "poller")]
+        {
+            let queue = StartError::Queue(QueueCheckError::Unreachable {
+                queue: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
+                source: QueueError::new(
+                    "GetQueueAttributes",
+                    "https://sqs.us-east-1.amazonaws.com/1/orders",
+                    "AccessDenied",
+                    false,
+                ),
+            });
+            let shown = queue.to_string();
+            assert!(shown.contains("grant sqs:GetQueueAttributes"), "{shown}");
+        }
+    }
+
+    /// An SDK configuration pointed at `endpoint`, with no credentials: a
+    /// call through it would fail, so a refusal is made before any call.
+    fn sdk_at(endpoint: Option<&str>) -> aws_config::SdkConfig {
+        let mut sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"));
+        if let Some(endpoint) = endpoint {
+            sdk = sdk.endpoint_url(endpoint);
+        }
+        sdk.build()
+    }
+
+    #[tokio::test]
+    async fn ensure_table_is_refused_against_a_remote_endpoint_unless_allowed() {
+        let ddb = aws_sdk_dynamodb::Client::new(&sdk_at(None));
+        for endpoint in [
+            None,
+            Some("https://dynamodb.us-east-1.amazonaws.com"),
+            Some("http://localhost.evil.example:4566"),
+        ] {
+            let err = ensure_dedup_table(&ddb, "dev-dedup", endpoint.map(str::to_owned), false)
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(&err, StartError::EnsureTableRefused { table, .. } if table == "dev-dedup"),
+                "{err:?}"
+            );
+            let shown = err.to_string();
+            assert!(shown.contains("allow_remote_ensure_table"), "{shown}");
+            assert!(shown.contains("sqs-once init --table dev-dedup"), "{shown}");
+            assert!(!err.is_transient());
+        }
+        // Allowed, the same call goes on to DynamoDB (and fails here for want
+        // of credentials: not a refusal).
+        let err = ensure_dedup_table(&ddb, "dev-dedup", None, true)
+            .await
+            .expect_err("no credentials");
+        assert!(matches!(err, StartError::EnsureTable(_)), "{err:?}");
+    }
+
+    #[cfg(feature = "poller")]
+    #[tokio::test]
+    async fn the_front_door_refuses_ensure_table_at_aws() {
+        if std::env::var_os("AWS_ENDPOINT_URL_DYNAMODB").is_some() {
+            return; // the endpoint is that one, whatever the configuration says
+        }
+        let handler =
+            crate::handler_fn(|_m: crate::Message, _c| async { crate::HandlerResult::Ok(None) });
+        let err = SqsOnce::builder("dev-dedup", "orders")
+            .sdk_config(sdk_at(Some("https://dynamodb.eu-west-1.amazonaws.com")))
+            .queue_url("https://sqs.eu-west-1.amazonaws.com/123456789012/orders")
+            .default_logging(false)
+            .shutdown_on(CancellationToken::new())
+            .ensure_table()
+            .run_poller(handler)
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&err, StartError::EnsureTableRefused { endpoint, .. } if endpoint == "https://dynamodb.eu-west-1.amazonaws.com"),
+            "{err:?}"
         );
     }
 }

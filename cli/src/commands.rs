@@ -409,7 +409,7 @@ pub(crate) async fn local_lambda(
     sdk: &aws_config::SdkConfig,
     args: &LocalLambdaArgs,
 ) -> Result<(), BoxError> {
-    if !args.allow_remote && !crate::demo::is_local(sdk.endpoint_url()) {
+    if !args.allow_remote && !sqs_once_cli::setup::is_local_endpoint(sdk.endpoint_url()) {
         return Err(format!(
             "local-lambda: refusing to run against {}: it is for LocalStack (set AWS_ENDPOINT_URL=http://localhost:4566), or pass --allow-remote to let the function consume that account's queues from here",
             sdk.endpoint_url().unwrap_or("AWS's own endpoints")

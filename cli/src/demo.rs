@@ -14,23 +14,49 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use sqs_once_cli::local_lambda::{LocalLambda, run_event_source};
 use sqs_once_cli::setup::{self, QueuePair};
-use sqs_once_example_ledger::LedgerEvent;
 
 use crate::BoxError;
 use crate::args::{DemoArgs, Runtime};
+
+/// One ledger event as the ledger example reads it (its `LedgerEvent`; the
+/// operator tool does not depend on the example, a test checks the two agree).
+#[derive(Debug, serde::Serialize)]
+struct DemoEvent {
+    id: String,
+    account: String,
+    amount_cents: i64,
+}
+
+/// The ledger example's binary, built next to this one by `cargo build
+/// --workspace` (`scripts/demo`); an installed `sqs-once` has none.
+fn ledger_binary() -> Result<PathBuf, BoxError> {
+    let bin = std::env::current_exe()?
+        .parent()
+        .ok_or("no directory for this executable")?
+        .join(format!("ledger{}", std::env::consts::EXE_SUFFIX));
+    if !bin.is_file() {
+        return Err(format!(
+            "demo: it runs the ledger example's binary, which is not next to this one ({}): run `scripts/demo` in a clone of the repository, which builds both",
+            bin.display()
+        )
+        .into());
+    }
+    Ok(bin)
+}
 
 /// The bodies that are not ledger events: one is not JSON, one lacks the amount.
 const MALFORMED: [&str; 2] = ["not json", r#"{"id":"evt-bad","account":"acct-0"}"#];
 
 /// Runs the demo; an error when a balance or a count is not what was sent.
 pub(crate) async fn demo(sdk: &aws_config::SdkConfig, args: &DemoArgs) -> Result<(), BoxError> {
-    if !args.allow_remote && !is_local(sdk.endpoint_url()) {
+    if !args.allow_remote && !setup::is_local_endpoint(sdk.endpoint_url()) {
         return Err(format!(
             "demo: refusing to create tables and queues at {}: the demo is for LocalStack (set AWS_ENDPOINT_URL=http://localhost:4566), or pass --allow-remote to run it against this account",
             sdk.endpoint_url().unwrap_or("AWS's own endpoints")
         )
         .into());
     }
+    ledger_binary()?;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let resources = Resources::create(&ddb, &sqs).await?;
@@ -73,10 +99,7 @@ async fn second_stage(
     sent: &Events,
     events: usize,
 ) -> Result<(), BoxError> {
-    let ledger_bin = std::env::current_exe()?
-        .parent()
-        .ok_or("no directory for this executable")?
-        .join("ledger");
+    let ledger_bin = ledger_binary()?;
     let env: Vec<(String, String)> = [
         ("SQS_ONCE_DLQ_URL", resources.next.dlq_url.as_str()),
         ("SQS_ONCE_TABLE", &resources.dedup_table),
@@ -171,11 +194,10 @@ impl Events {
         let mut expected: BTreeMap<String, i64> = BTreeMap::new();
         let mut bodies = Vec::new();
         for i in 0..events {
-            let e = LedgerEvent {
+            let e = DemoEvent {
                 id: format!("evt-{i}"),
                 account: format!("acct-{}", i % 5),
                 amount_cents: 100 + i as i64,
-                seq: None,
             };
             *expected.entry(e.account.clone()).or_default() += e.amount_cents;
             bodies.push(serde_json::to_string(&e)?);
@@ -235,10 +257,7 @@ async fn process(
     args: &DemoArgs,
     resources: &Resources,
 ) -> Result<Processed, BoxError> {
-    let ledger_bin = std::env::current_exe()?
-        .parent()
-        .ok_or("no directory for this executable")?
-        .join("ledger");
+    let ledger_bin = ledger_binary()?;
     let env = ledger_env(resources, args.general_path);
     let queue_url = &resources.queues.queue_url;
     match args.runtime {
@@ -461,50 +480,23 @@ fn calls_per_message(calls: &serde_json::Value, messages: u64, empty_receives: u
     )
 }
 
-/// Whether `endpoint` is on this machine or LocalStack's (no endpoint: AWS).
-pub(crate) fn is_local(endpoint: Option<&str>) -> bool {
-    let Some(endpoint) = endpoint else {
-        return false;
-    };
-    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.split(':').next().unwrap_or_default(),
-    }
-    .to_ascii_lowercase();
-    host.parse::<std::net::IpAddr>()
-        .is_ok_and(|ip| ip.is_loopback())
-        || host == "localhost"
-        || host == "localstack"
-        || host.ends_with(".localhost")
-        || host == "localhost.localstack.cloud"
-        || host.ends_with(".localhost.localstack.cloud")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::is_local;
+    use super::{Events, MALFORMED};
 
     #[test]
-    fn only_local_endpoints_are_local() {
-        for local in [
-            "http://localhost:4566",
-            "http://127.0.0.1:4566/",
-            "http://[::1]:4566",
-            "http://localstack:4566",
-            "https://s3.localhost.localstack.cloud:4566",
-        ] {
-            assert!(is_local(Some(local)), "{local}");
+    fn the_demo_events_are_ledger_events() {
+        let sent = Events::new(7).expect("events");
+        let (events, malformed) = sent.bodies.split_at(sent.bodies.len() - MALFORMED.len());
+        for body in events {
+            serde_json::from_str::<sqs_once_example_ledger::LedgerEvent>(body)
+                .unwrap_or_else(|e| panic!("{body}: {e}"));
         }
-        for remote in [
-            "https://sqs.us-east-1.amazonaws.com",
-            "http://localhost.evil.example",
-            "http://127.0.0.1.example.com",
-            "https://localstack.example.com",
-        ] {
-            assert!(!is_local(Some(remote)), "{remote}");
+        for body in malformed {
+            assert!(
+                serde_json::from_str::<sqs_once_example_ledger::LedgerEvent>(body).is_err(),
+                "{body}"
+            );
         }
-        assert!(!is_local(None), "no endpoint is AWS");
     }
 }

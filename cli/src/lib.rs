@@ -17,4 +17,6 @@
 
 pub mod local_lambda;
 pub mod ops;
-pub mod setup;
+/// The resources' setup lives in the library (`sqs_once::aws::setup`), which
+/// [`SqsOnce::ensure_table`](sqs_once::SqsOnce::ensure_table) shares.
+pub use sqs_once::aws::setup;

@@ -10,6 +10,7 @@ pub mod calls;
 pub mod dynamodb;
 #[cfg(feature = "s3-payloads")]
 pub mod s3;
+pub mod setup;
 pub mod sqs;
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;

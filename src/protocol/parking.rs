@@ -102,7 +102,7 @@ impl<Q: QueueClient> Dlq<Q> {
             })
             .await;
         read.copied().unwrap_or_else(|e| {
-            warn!(dlq = %self.url, error = %e, "cannot read the DLQ's MaximumMessageSize; assuming SQS's default");
+            warn!(dlq = %self.url, error = %e, "cannot read the DLQ's MaximumMessageSize (grant sqs:GetQueueAttributes on the DLQ); assuming SQS's default");
             SQS_DEFAULT_MAX_MESSAGE_BYTES
         })
     }

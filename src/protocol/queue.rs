@@ -166,7 +166,7 @@ pub(crate) async fn retention_window<Q: QueueClient>(
             (None, Some((name, account))) => queue
                 .queue_url(name, account)
                 .await
-                .map_err(|e| e.to_string()),
+                .map_err(|e| format!("grant sqs:GetQueueUrl on the DLQ: {e}")),
             (None, None) => Err("the redrive policy names no queue ARN".to_owned()),
         };
         urls.push((arn.to_owned(), url));
@@ -183,7 +183,7 @@ pub(crate) async fn retention_window<Q: QueueClient>(
             Ok(url) => match queue.attributes(url).await.map(|a| a.retention) {
                 Ok(Some(r)) => Ok(r),
                 Ok(None) => Err("no MessageRetentionPeriod in the answer".to_owned()),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(format!("grant sqs:GetQueueAttributes on the DLQ: {e}")),
             },
             Err(why) => Err(why.clone()),
         };
@@ -258,7 +258,7 @@ pub(crate) fn warn_unread_dlq(window: &RetentionWindow) {
         tracing::warn!(
             dlq = %url,
             error = %why,
-            "cannot read the DLQ's retention (grant sqs:GetQueueAttributes on the DLQ): counted as SQS's longest, 14 days"
+            "cannot read the DLQ's retention (the error names the permission to grant): counted as SQS's longest, 14 days"
         );
     }
 }
@@ -552,6 +552,13 @@ mod tests {
             Duration::from_secs(4 * 86_400) + SQS_MAX_RETENTION
         );
         assert!(matches!(window.dlqs[..], [(_, Some(_))]), "{window:?}");
+        // The warning says which permission would let it be read.
+        let why = window.dlqs[0].1.as_deref().unwrap_or_default();
+        assert!(
+            why.starts_with("grant sqs:GetQueueAttributes on the DLQ")
+                || why.starts_with("grant sqs:GetQueueUrl on the DLQ"),
+            "{why}"
+        );
         // Fitted, the TTL outlives the longest a copy can come back.
         let (queue, url, attributes) = source_with_dlq().await;
         let window = retention_window(&queue, &url, &attributes, None)

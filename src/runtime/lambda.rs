@@ -762,7 +762,7 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                     Some(url)
                 }
                 Err(e) => {
-                    warn!(arn, error = %e, "cannot look up the queue URL (set SQS_ONCE_QUEUE_URL): visibility will not be extended or delayed");
+                    warn!(arn, error = %e, "cannot look up the queue URL (grant sqs:GetQueueUrl on the queue, or set SQS_ONCE_QUEUE_URL): visibility will not be extended or delayed");
                     None
                 }
             },

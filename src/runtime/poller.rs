@@ -177,7 +177,9 @@ pub struct RunStats {
 #[non_exhaustive]
 pub enum QueueCheckError {
     /// `GetQueueAttributes` failed.
-    #[error("cannot read queue {queue} (setting SQS_ONCE_QUEUE_URL): {source}")]
+    #[error(
+        "cannot read queue {queue} (setting SQS_ONCE_QUEUE_URL; grant sqs:GetQueueAttributes on it): {source}"
+    )]
     Unreachable {
         /// The queue's URL.
         queue: String,

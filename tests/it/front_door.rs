@@ -230,3 +230,62 @@ async fn the_front_door_rejects_a_poller_without_a_queue() {
     assert!(err.to_string().contains("SQS_ONCE_QUEUE_URL"), "{err}");
     assert!(effects.lock().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn the_front_door_creates_its_table_on_localstack_when_asked() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 30).await;
+    let fresh = unique("ensured");
+    send_all(&sqs, &q.queue_url, &[order("o-1"), order("o-1")]).await;
+    let run = |handler| {
+        let (table, queue_url, dlq_url) = (fresh.clone(), q.queue_url.clone(), q.dlq_url.clone());
+        async move {
+            SqsOnce::builder(&table, "front-door-ensured")
+                .sdk_config(sdk_config().await)
+                .key("json:/order_id".parse::<KeySource>().unwrap())
+                .queue_url(&queue_url)
+                .dlq_url(&dlq_url)
+                .ensure_table()
+                .poller_config(|c| {
+                    c.wait_time = Duration::from_secs(1);
+                    c.exit_when_idle = Some(Duration::from_secs(2));
+                    c.metrics_interval = None;
+                })
+                .shutdown_on(CancellationToken::new())
+                .run_poller(handler)
+                .await
+        }
+    };
+    let (effects, handler) = counting();
+    let report = run(handler)
+        .await
+        .expect("the poller creates its table, starts and runs until idle");
+    assert_eq!(effects.lock().unwrap().get("o-1"), Some(&1), "{report:?}");
+    assert_eq!(report.stats.duplicates, 1, "{report:?}");
+    assert!(
+        report.calls.contains_key("DynamoDB.CreateTable"),
+        "{:?}",
+        report.calls
+    );
+    // The table `sqs-once init` makes: its check finds nothing to change.
+    let check = sqs_once_cli::setup::init_dedup_table(&ddb, &fresh, &[])
+        .await
+        .expect("the table exists");
+    assert!(
+        check.created.is_empty() && check.changed.is_empty() && check.differences.is_empty(),
+        "{check:?}"
+    );
+    // A second start finds the table and creates nothing.
+    send_all(&sqs, &q.queue_url, &[order("o-2")]).await;
+    let (effects, handler) = counting();
+    let report = run(handler).await.expect("starts on the existing table");
+    assert_eq!(effects.lock().unwrap().get("o-2"), Some(&1), "{report:?}");
+    assert!(
+        !report.calls.contains_key("DynamoDB.CreateTable"),
+        "{:?}",
+        report.calls
+    );
+}

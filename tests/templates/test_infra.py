@@ -71,8 +71,9 @@ class EcsTemplate(unittest.TestCase):
                     "sqs:DeleteMessage",
                     "sqs:ChangeMessageVisibility",
                     "sqs:GetQueueAttributes",
+                    "sqs:GetQueueUrl",
                 },
-                "${DeadLetterQueueName}": {"sqs:SendMessage", "sqs:GetQueueAttributes"},
+                "${DeadLetterQueueName}": {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"},
                 "table/${DedupTableName}": {
                     "dynamodb:UpdateItem",
                     "dynamodb:PutItem",

@@ -143,11 +143,12 @@ class SamTemplate(unittest.TestCase):
                     "sqs:ReceiveMessage",
                     "sqs:DeleteMessage",
                     "sqs:GetQueueAttributes",
+                    "sqs:GetQueueUrl",
                     "sqs:ChangeMessageVisibility",
                     "sqs:SendMessage",
                 },
                 # Parking reads the DLQ's MaximumMessageSize; start-up its retention.
-                "DeadLetterQueue": {"sqs:SendMessage", "sqs:GetQueueAttributes"},
+                "DeadLetterQueue": {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"},
                 # GetItem: a completed key whose large payload is gone.
                 "DedupTable": {
                     "dynamodb:UpdateItem",

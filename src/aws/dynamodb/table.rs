@@ -34,7 +34,9 @@ pub enum TableCheckError {
         found: String,
     },
     /// The check itself failed.
-    #[error("could not describe dedup table `{table}`: {reason}")]
+    #[error(
+        "could not describe dedup table `{table}` (grant dynamodb:DescribeTable and dynamodb:DescribeTimeToLive on it): {reason}"
+    )]
     Unreachable {
         /// The table.
         table: String,

@@ -1,6 +1,7 @@
 //! Creating the resources sqs-once needs: the dedup table (key `pk`, TTL on
 //! `expires_at`) and queues with a dead-letter queue and redrive policy.
-//! What exists is never changed unless asked: an existing resource is checked and
+//! `sqs-once init` and [`SqsOnce::ensure_table`](crate::SqsOnce::ensure_table)
+//! use it. What exists is never changed unless asked: an existing resource is checked and
 //! its differences reported; a change is made only when its [`Change`] is allowed.
 
 use std::collections::HashMap;
@@ -14,7 +15,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use sqs_once::aws::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
+use crate::aws::dynamodb::{KEY_ATTRIBUTE, TTL_ATTRIBUTE};
 
 type DescribeTableError = aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 type CreateTableError = aws_sdk_dynamodb::operation::create_table::CreateTableError;
@@ -783,4 +784,57 @@ pub async fn ensure_queue_with_dlq(
         queue_url,
         dlq_url: dlq_url.unwrap_or_default(),
     })
+}
+
+/// Whether `endpoint` (an SDK endpoint URL override) is on this machine or
+/// LocalStack's: a loopback address, `localhost` or a name under it,
+/// `localstack`, or `localhost.localstack.cloud` and its names. No endpoint
+/// means AWS's own. What `sqs-once demo`, `sqs-once local-lambda` and
+/// [`SqsOnce::ensure_table`](crate::SqsOnce::ensure_table) create or run
+/// against without being told to go remote.
+pub fn is_local_endpoint(endpoint: Option<&str>) -> bool {
+    let Some(endpoint) = endpoint else {
+        return false;
+    };
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    }
+    .to_ascii_lowercase();
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+        || host == "localhost"
+        || host == "localstack"
+        || host.ends_with(".localhost")
+        || host == "localhost.localstack.cloud"
+        || host.ends_with(".localhost.localstack.cloud")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_local_endpoint;
+
+    #[test]
+    fn only_local_endpoints_are_local() {
+        for local in [
+            "http://localhost:4566",
+            "http://127.0.0.1:4566/",
+            "http://[::1]:4566",
+            "http://localstack:4566",
+            "https://s3.localhost.localstack.cloud:4566",
+        ] {
+            assert!(is_local_endpoint(Some(local)), "{local}");
+        }
+        for remote in [
+            "https://sqs.us-east-1.amazonaws.com",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.example.com",
+            "https://localstack.example.com",
+        ] {
+            assert!(!is_local_endpoint(Some(remote)), "{remote}");
+        }
+        assert!(!is_local_endpoint(None), "no endpoint is AWS");
+    }
 }
