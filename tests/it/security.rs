@@ -187,3 +187,69 @@ async fn a_hashing_redacting_consumer_parks_without_quoting_the_body_or_storing_
     let plain = sqs_once::key::record_key("ledger", "evt-card");
     assert_eq!(store.get(&plain).await.unwrap(), None);
 }
+
+/// A client whose requests LocalStack credits to another account
+/// (`SenderId` 111111111111): a second producer's identity.
+async fn other_producer() -> aws_sdk_sqs::Client {
+    let conf = aws_sdk_sqs::config::Builder::from(&crate::common::sdk_config().await)
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "111111111111",
+            "test",
+            None,
+            None,
+            "other-producer",
+        ))
+        .build();
+    aws_sdk_sqs::Client::from_conf(conf)
+}
+
+/// Runs one race: another producer's message carrying the victim's
+/// business id, then the victim's event (delayed, so received after it);
+/// the ledger keyed on the id, with `scope`. Answers the ledger's rows.
+async fn race_for_a_business_id(scope: &str) -> std::collections::HashMap<String, (i64, i64)> {
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let l = Ledger::new(&sqs, &ddb).await;
+    other_producer()
+        .await
+        .send_message()
+        .queue_url(&l.queues.queue_url)
+        .message_body(event("evt-1", "acct-attacker", 1))
+        .send()
+        .await
+        .unwrap();
+    send_victim(&sqs, &l, &event("evt-1", "acct-victim", 500)).await;
+    let env = [
+        ("SQS_ONCE_DEDUP_KEY", "json:/id"),
+        ("SQS_ONCE_KEY_SCOPE", scope),
+    ];
+    let stats = run_until_drained(&l, &sqs, 1, &env).await;
+    assert_eq!(depth(&sqs, &l.queues.dlq_url).await, 0, "{stats:?}");
+    ledger_rows(&ddb, &l.ledger).await
+}
+
+/// A producer who knows (or guesses) another producer's business id sends
+/// it first. Keyed on the id alone, the victim's message is then a
+/// duplicate of the attacker's and skipped (the payload mismatch is only
+/// warned of, the library's default); scoped to the sender
+/// (`SQS_ONCE_KEY_SCOPE=sender`, SQS's `SenderId`, which a producer cannot
+/// set), each producer's id is its own and both are applied once.
+#[tokio::test]
+async fn a_producer_sending_anothers_business_id_first_does_not_make_it_skip_under_sender_scope() {
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let unscoped = race_for_a_business_id("none").await;
+    assert_eq!(unscoped.get("acct-attacker"), Some(&(1, 1)));
+    assert_eq!(
+        unscoped.get("acct-victim"),
+        None,
+        "unscoped, the victim's message is skipped: the premise of this test"
+    );
+    let scoped = race_for_a_business_id("sender").await;
+    assert_eq!(scoped.get("acct-attacker"), Some(&(1, 1)));
+    assert_eq!(
+        scoped.get("acct-victim"),
+        Some(&(500, 1)),
+        "scoped to the sender, the victim's event is applied once"
+    );
+}
