@@ -77,6 +77,11 @@ pub enum StartError {
     /// The runtime asked for is not compiled in (its feature is off).
     #[error("the {0} runtime is not compiled in: turn on the `{0}` feature of sqs-once")]
     NotCompiledIn(&'static str),
+    /// The process was started with `--health` (a container's health
+    /// check) and the poller beside it is not alive, or no port is known
+    /// to ask it on.
+    #[error("unhealthy: {0}")]
+    Unhealthy(String),
 }
 
 impl std::fmt::Debug for StartError {
@@ -166,6 +171,12 @@ pub struct SqsOnce {
     default_logging: bool,
     ensure_table: bool,
     ensure_table_remote: bool,
+    /// Where the poller answers health checks (`SQS_ONCE_HEALTH_PORT` when
+    /// not set here), and how old its last receive may be.
+    #[cfg(feature = "poller")]
+    health_port: Option<u16>,
+    #[cfg(feature = "poller")]
+    health_max_age: Option<Duration>,
 }
 
 /// Large payloads through S3 (the SQS Extended Client's pointers).
@@ -248,6 +259,10 @@ impl SqsOnce {
             default_logging: true,
             ensure_table: false,
             ensure_table_remote: false,
+            #[cfg(feature = "poller")]
+            health_port: None,
+            #[cfg(feature = "poller")]
+            health_max_age: None,
         }
     }
 
@@ -517,11 +532,86 @@ impl SqsOnce {
         self
     }
 
+    /// The poller answers a container's health check on `127.0.0.1:port`
+    /// (default: `SQS_ONCE_HEALTH_PORT`, else none), with how long ago its
+    /// receive loop last turned; the same binary started with `--health`
+    /// asks it (see [`run`](Self::run)).
+    #[cfg(feature = "poller")]
+    pub fn health_port(mut self, port: u16) -> Self {
+        self.health_port = Some(port);
+        self
+    }
+
+    /// The oldest last turn of the receive loop `--health` accepts (default:
+    /// `SQS_ONCE_HEALTH_MAX_AGE`, else 60 s).
+    #[cfg(feature = "poller")]
+    pub fn health_max_age(mut self, age: Duration) -> Self {
+        self.health_max_age = Some(age);
+        self
+    }
+
+    /// The health check's port: set here, else `SQS_ONCE_HEALTH_PORT`.
+    #[cfg(feature = "poller")]
+    fn health_port_or_env(&self) -> Result<Option<u16>, StartError> {
+        if self.health_port.is_some() {
+            return Ok(self.health_port);
+        }
+        match std::env::var("SQS_ONCE_HEALTH_PORT") {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
+                ConfigError {
+                    setting: "SQS_ONCE_HEALTH_PORT",
+                    problem: format!("`{v}` is not a port number"),
+                }
+                .into()
+            }),
+            _ => Ok(None),
+        }
+    }
+
+    /// Answers `--health`: `Ok` (printed) when the poller on the health
+    /// port turned its receive loop recently enough, else
+    /// [`StartError::Unhealthy`] (a `main` returning it exits 1).
+    #[cfg(feature = "poller")]
+    pub async fn check_health(&self) -> Result<(), StartError> {
+        let Some(port) = self.health_port_or_env()? else {
+            return Err(StartError::Unhealthy(
+                "--health needs the port the poller answers on (SQS_ONCE_HEALTH_PORT, or health_port)".into(),
+            ));
+        };
+        let max_age = match self.health_max_age {
+            Some(age) => age,
+            None => match std::env::var("SQS_ONCE_HEALTH_MAX_AGE") {
+                Ok(v) if !v.trim().is_empty() => {
+                    humantime::parse_duration(v.trim()).map_err(|e| {
+                        StartError::from(ConfigError {
+                            setting: "SQS_ONCE_HEALTH_MAX_AGE",
+                            problem: e.to_string(),
+                        })
+                    })?
+                }
+                _ => Duration::from_secs(60),
+            },
+        };
+        let age = tokio::task::spawn_blocking(move || crate::runtime::health::ask(port, max_age))
+            .await
+            .map_err(|e| StartError::Unhealthy(e.to_string()))?
+            .map_err(StartError::Unhealthy)?;
+        println!("healthy: the receive loop last turned {age:?} ago");
+        Ok(())
+    }
+
     /// Runs `handler` in the runtime the environment asks for: the Lambda
     /// function when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
     /// SIGTERM/SIGINT or the [`shutdown_on`](Self::shutdown_on) token).
     /// A runtime whose feature is off is a [`StartError::NotCompiledIn`].
+    /// A process started with the argument `--health` (the ECS template's
+    /// container health check) runs nothing: it asks the poller beside it
+    /// ([`check_health`](Self::check_health)).
     pub async fn run<H: Handler>(self, handler: H) -> Result<(), StartError> {
+        #[cfg(feature = "poller")]
+        if std::env::args().skip(1).any(|a| a == "--health") {
+            return self.check_health().await;
+        }
         if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
             #[cfg(feature = "lambda")]
             return self.run_lambda(handler).await;
@@ -574,6 +664,23 @@ impl SqsOnce {
         self.log_by_default();
         let shutdown = self.shutdown.take().unwrap_or_else(shutdown_on_signals);
         let mut poller = self.poller.clone();
+        if let Some(port) = self.health_port_or_env()? {
+            // Answered from the start, so a check during the start-up checks
+            // says "not receiving yet" rather than nothing.
+            let liveness = poller
+                .liveness
+                .get_or_insert_with(crate::runtime::poller::Liveness::new)
+                .clone();
+            crate::runtime::health::serve(port, liveness)
+                .await
+                .map_err(|e| {
+                    StartError::from(ConfigError {
+                        setting: "SQS_ONCE_HEALTH_PORT",
+                        problem: format!("cannot listen on 127.0.0.1:{port}: {e}"),
+                    })
+                })?;
+            tracing::info!(port, "answering health checks on 127.0.0.1");
+        }
         if poller.queue_url.is_empty() {
             poller.queue_url = self.queue_url.clone().unwrap_or_default();
         }

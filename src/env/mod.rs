@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use crate::Handler;
 use crate::app::StartError;
 
-mod health;
+use crate::runtime::health;
 mod logging;
 
 /// The binaries' settings: [`Settings`] under the name the binaries' flags
@@ -83,23 +83,17 @@ pub async fn run_poller<H: Handler>(args: RuntimeArgs, handler: H) -> ExitCode {
     // First, so a signal during the start-up checks stops the process cleanly.
     let shutdown = shutdown_on_signals();
     let configs = args.poller_configs();
-    if let (Some(port), Ok((_, poller))) = (args.health_port, &configs)
-        && let Some(liveness) = &poller.liveness
-    {
-        // Answered from the start, so a check during the start-up checks says
-        // "not receiving yet" rather than nothing.
-        if let Err(e) = health::serve(port, liveness.clone()).await {
-            eprintln!("SQS_ONCE_HEALTH_PORT={port}: cannot listen on 127.0.0.1: {e}");
-            return ExitCode::from(2);
-        }
-    }
     // The poller's settings as checked, with the liveness the health answer
-    // reads.
+    // (served by the front door from the start) reads.
     let front = configs.and_then(|(_, poller)| {
-        Ok(args
+        let front = args
             .builder()?
             .poller_config(|c| *c = poller)
-            .shutdown_on(shutdown))
+            .shutdown_on(shutdown);
+        Ok(match args.health_port {
+            Some(port) => front.health_port(port),
+            None => front,
+        })
     });
     let report = match front {
         Ok(front) => match front.run_poller(handler).await {

@@ -14,6 +14,9 @@ pub(crate) mod lanes;
 #[cfg(feature = "poller")]
 pub mod poller;
 
+#[cfg(feature = "poller")]
+pub(crate) mod health;
+
 mod settle;
 mod visibility;
 

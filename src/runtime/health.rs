@@ -1,4 +1,6 @@
-//! The poller's health check, for a container without a shell (`--health`).
+//! The poller's health check, for a container without a shell (`--health`):
+//! answered by any binary that runs the front door ([`crate::SqsOnce`]) and by
+//! the `env` feature's [`crate::env::run`].
 //!
 //! With `SQS_ONCE_HEALTH_PORT` set, a running poller answers on
 //! `127.0.0.1:PORT` with how long ago its receive loop last turned, in
