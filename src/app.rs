@@ -1131,6 +1131,33 @@ pub fn shutdown_on_signals() -> CancellationToken {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "poller")]
+    #[tokio::test]
+    async fn the_front_door_answers_health_from_the_poller_beside_it() {
+        let liveness = crate::runtime::poller::Liveness::new();
+        let port = crate::runtime::health::serve(0, liveness.clone())
+            .await
+            .unwrap()
+            .port();
+        let front = SqsOnce::builder("t", "c").health_port(port);
+        let before = front.check_health().await.unwrap_err();
+        assert!(
+            before.to_string().contains("not started receiving"),
+            "{before}"
+        );
+        liveness.beat();
+        front.check_health().await.unwrap();
+        let nobody = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let closed = nobody.local_addr().unwrap().port();
+        drop(nobody);
+        let err = SqsOnce::builder("t", "c")
+            .health_port(closed)
+            .check_health()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StartError::Unhealthy(_)), "{err}");
+    }
+
     #[cfg(feature = "s3-payloads")]
     #[test]
     fn a_queue_urls_account_is_the_path_s_first_part_of_twelve_digits() {

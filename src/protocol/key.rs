@@ -454,9 +454,16 @@ pub fn first_sender<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> O
     carried(message, SENDER_ATTRIBUTE, secret).or(message.sender_id())
 }
 
-/// The sender part of a key ([`KeySource::Sender`]).
+/// The sender part of a key ([`KeySource::Sender`]): the principal of the
+/// first sender. SQS names an assumed role's caller `AROA…:SESSION` (the
+/// session an instance, a task or a function runs under): one producer
+/// sending again from another instance is the same principal, so the
+/// session is dropped; role and user ids are unique to their principal.
 fn sender_of<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> Result<&'a str, KeyError> {
-    first_sender(message, secret).ok_or(KeyError::NoSender)
+    let sender = first_sender(message, secret).ok_or(KeyError::NoSender)?;
+    Ok(sender
+        .split_once(':')
+        .map_or(sender, |(principal, _)| principal))
 }
 
 /// The first delivery's id a parked copy carries, if sealed for its own body.
@@ -1272,6 +1279,14 @@ mod tests {
             src.extract_with(&other_body, Some(&s)).unwrap(),
             m,
             "a seal copied onto another body does not verify"
+        );
+        let role = |session: &str| {
+            Message::new("m-7", body).with_sender_id(format!("AROAPRODUCER:{session}"))
+        };
+        assert_eq!(
+            src.extract(&role("i-0aaa")).unwrap(),
+            src.extract(&role("i-0bbb")).unwrap(),
+            "one role's instances are one sender"
         );
         let err = src.extract(&Message::new("m-6", body)).unwrap_err();
         assert!(err.to_string().contains("no SenderId"), "{err}");

@@ -240,7 +240,8 @@ impl Message {
     }
 
     /// Who sent the message, as SQS's `SenderId` names them (an account id,
-    /// or an IAM user's or role's unique id): set by SQS, not the producer.
+    /// an IAM user's unique id, or an assumed role's `ROLEID:SESSION`): set
+    /// by SQS, not the producer.
     /// `None` where the runtime did not read it.
     pub fn sender_id(&self) -> Option<&str> {
         self.sender_id.as_deref()

@@ -216,21 +216,27 @@ impl ParkedCopy {
                 false,
             );
         }
-        add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
-        add(MESSAGE_ID_ATTRIBUTE, first_id, false);
-        // Who sent it first: a copy sent back is SQS's from whoever sends it.
-        if let Some(secret) = secret
-            && let Some(sender) = first_sender(message, Some(secret))
-        {
+        // Who sent it first (a copy sent back is SQS's from whoever sends
+        // it): before the reason, since a sender-scoped key needs it.
+        let sender = secret.zip(first_sender(message, secret));
+        if let Some((secret, sender)) = sender {
             add(
                 SENDER_ATTRIBUTE,
                 carry_sender(secret, message.body(), sender),
                 false,
             );
         }
+        add(REASON_ATTRIBUTE, truncate(reason, 4096), true);
+        add(MESSAGE_ID_ATTRIBUTE, first_id, false);
         if let Some(queue) = message.queue() {
             let queue = crate::protocol::trace::queue_name(queue).to_owned();
             add(SOURCE_QUEUE_ATTRIBUTE, queue, false);
+        }
+        if sender.is_some() && !attributes.contains_key(SENDER_ATTRIBUTE) {
+            error!(
+                message_id = message.id(),
+                "parked without its first sender (no attribute slot or size left): under a sender-scoped key a copy brought back is keyed under whoever sends it back"
+            );
         }
         if dedup_key.is_some() && !attributes.contains_key(DEDUP_KEY_ATTRIBUTE) {
             error!(
@@ -257,6 +263,29 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message with seven attributes of its own: the copy's three slots
+    /// left go to the key, the first sender and the reason (the first id
+    /// and the source queue give way), so a sender-scoped key survives.
+    #[test]
+    fn a_crowded_parked_copy_keeps_its_sealed_first_sender() {
+        let secret = CarrySecret::new([5u8; 32]).unwrap();
+        let mut message = Message::new("m-1", "{}").with_sender_id("AIDAALICE");
+        for i in 0..7 {
+            message = message.with_attribute(format!("a{i}"), "v");
+        }
+        let copy = ParkedCopy::new(&message, "bad", Some("k-1"), Some(&secret), 262_144).unwrap();
+        assert_eq!(copy.attributes.len(), SQS_MAX_ATTRIBUTES);
+        let sealed = match copy.attributes.get(SENDER_ATTRIBUTE).map(|a| &a.value) {
+            Some(crate::protocol::message::AttributeValue::Text(t)) => t.clone(),
+            other => panic!("no sealed sender: {other:?}"),
+        };
+        assert_eq!(
+            secret.open(SENDER_ATTRIBUTE, "{}", &sealed),
+            Some("AIDAALICE")
+        );
+        assert!(copy.attributes.contains_key(REASON_ATTRIBUTE));
+    }
 
     #[test]
     fn a_parked_copy_keeps_every_attribute_but_the_ones_parking_writes() {

@@ -100,18 +100,30 @@ pub(crate) fn copy_for_source(
 
 /// Who sent `m` first, sealed under `secret` into `attributes`: the copy sent
 /// back is SQS's from whoever redrives it, so a key scoped to the sender
-/// would change. The sender a parked copy carries when it verifies, else
-/// the DLQ message's own `SenderId` (SQS keeps the producer's through a move
-/// by the redrive policy), where there is room.
+/// would change. The sender a parked copy carries when it verifies (sealed
+/// again under the first secret), else, for a message SQS's redrive policy
+/// moved (no parking reason), its own `SenderId` (SQS keeps the producer's
+/// through such a move), where there is room; a carried one that does not
+/// verify is left as it is.
 fn carry_first_sender(
     m: &Message,
     attributes: &mut std::collections::BTreeMap<String, Attribute>,
     max_bytes: usize,
     secret: &CarrySecret,
 ) {
-    use crate::protocol::key::{SENDER_ATTRIBUTE, carry_sender, first_sender};
-    let Some(sender) = first_sender(m, Some(secret)).filter(|s| !s.is_empty()) else {
-        return;
+    use crate::protocol::key::{SENDER_ATTRIBUTE, carried, carry_sender};
+    let sender = match carried(m, SENDER_ATTRIBUTE, Some(secret)) {
+        Some(first) => first,
+        // One that does not verify under this secret may under the
+        // consumers': left as it is.
+        None if attributes.contains_key(SENDER_ATTRIBUTE) => return,
+        // A copy a consumer parked is SQS's from that consumer: its own
+        // SenderId is not the producer's.
+        None if attributes.contains_key(crate::protocol::parking::REASON_ATTRIBUTE) => return,
+        None => match m.sender_id() {
+            Some(own) if !own.is_empty() => own,
+            _ => return,
+        },
     };
     let attribute = Attribute::string(carry_sender(secret, m.body(), sender));
     attributes.remove(SENDER_ATTRIBUTE);

@@ -266,16 +266,25 @@ fn a_copy_sent_again_keeps_its_dedup_key_or_is_not_made() {
     let secret = crate::protocol::key::CarrySecret::new([3u8; 32]).unwrap();
     let received = Message::new("m-1", r#"{"id":"e1"}"#)
         .with_attribute("order", "o-1")
+        .with_sender_id("AIDAALICE")
         .with_aws_trace_header("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1");
     let after = Duration::from_secs(2000);
+    // SQS credits the copy to the function's role.
     let as_received = |copy: &OutgoingMessage| {
-        let mut m = Message::new("m-2", copy.body.clone());
+        let mut m =
+            Message::new("m-2", copy.body.clone()).with_sender_id("AROALAMBDAROLE:my-function");
         for (name, a) in &copy.attributes {
             m = m.with_typed_attribute(name, a.clone());
         }
         m
     };
-    for source in ["json:/id", "attribute:order", "body-sha256", "message-id"] {
+    for source in [
+        "json:/id",
+        "attribute:order",
+        "body-sha256",
+        "message-id",
+        "sender,json:/id",
+    ] {
         let mut config = ProcessorConfig::new("c");
         config.key_source = source.parse().unwrap();
         config.carry_secret = Some(secret.clone());
@@ -291,7 +300,8 @@ fn a_copy_sent_again_keeps_its_dedup_key_or_is_not_made() {
         assert!(copy_to_send_again(&received, "https://q/f.fifo", &config, after).is_none());
         config.carry_secret = None;
         let without = copy_to_send_again(&received, "https://q/std", &config, after);
-        assert_eq!(without.is_some(), source != "message-id", "{source}");
+        let needs_secret = source == "message-id" || source.starts_with("sender");
+        assert_eq!(without.is_some(), !needs_secret, "{source}");
     }
 }
 

@@ -638,7 +638,9 @@ pub(crate) async fn hold_group<Q: QueueClient>(
 /// the copy would not keep its place or its key: a FIFO queue (a copy
 /// would join the end of its group, and per-message delays are refused),
 /// those key sources without a carry secret or with 10 attributes already,
-/// no key.
+/// no key. A key scoped to its sender likewise: the copy is SQS's from this
+/// consumer, so its first sender goes with it sealed in `sqs_once_sender`
+/// ([`crate::protocol::key::carry_sender`]), or no copy is sent.
 pub(crate) fn copy_to_send_again(
     message: &Message,
     queue: &str,
@@ -659,6 +661,19 @@ pub(crate) fn copy_to_send_again(
         let sealed = carry_key(secret, message.body(), &key);
         attributes.insert(
             DEDUP_KEY_ATTRIBUTE.to_owned(),
+            crate::protocol::message::Attribute::string(sealed),
+        );
+        if attributes.len() > SQS_MAX_ATTRIBUTES {
+            return None;
+        }
+    }
+    if config.key_source.uses_sender() {
+        use crate::protocol::key::{SENDER_ATTRIBUTE, carry_sender, first_sender};
+        let secret = config.carry_secret.as_ref()?;
+        let sender = first_sender(message, Some(secret))?;
+        let sealed = carry_sender(secret, message.body(), sender);
+        attributes.insert(
+            SENDER_ATTRIBUTE.to_owned(),
             crate::protocol::message::Attribute::string(sealed),
         );
         if attributes.len() > SQS_MAX_ATTRIBUTES {

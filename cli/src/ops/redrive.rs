@@ -305,9 +305,10 @@ pub(super) fn carrying_key(
 /// `m` carrying who sent it first, sealed under `secret`: the copy sent back
 /// is SQS's from this redrive's identity, so a key scoped to the sender
 /// (`SQS_ONCE_KEY_SCOPE=sender`) would change. A sender a parked copy
-/// carries that verifies is sealed again under the first secret; else one
-/// is added from the DLQ message's own `SenderId` (SQS keeps the producer's
-/// through a move by the redrive policy), where there is room.
+/// carries that verifies is sealed again under the first secret; else, for
+/// a message SQS's redrive policy moved (no parking reason), one is added
+/// from its own `SenderId` (SQS keeps the producer's through such a move),
+/// where there is room. One that does not verify is left as it is.
 fn carrying_sender(mut m: Message, max_size: usize, secret: &CarrySecret) -> Message {
     let body = m.body.clone().unwrap_or_default();
     let carried = m
@@ -317,6 +318,17 @@ fn carrying_sender(mut m: Message, max_size: usize, secret: &CarrySecret) -> Mes
         .and_then(|v| v.string_value())
         .and_then(|v| secret.open(SENDER_ATTRIBUTE, &body, v))
         .map(str::to_owned);
+    let has = |name: &str| {
+        m.message_attributes
+            .as_ref()
+            .is_some_and(|a| a.contains_key(name))
+    };
+    // One that does not verify under this secret may under the consumers':
+    // left as it is. A copy a consumer parked (its reason) is SQS's from
+    // that consumer: its own SenderId is not the producer's.
+    if carried.is_none() && (has(SENDER_ATTRIBUTE) || has(REASON_ATTRIBUTE)) {
+        return m;
+    }
     let sender = carried.or_else(|| {
         m.attributes()
             .and_then(|a| a.get(&MessageSystemAttributeName::SenderId))
