@@ -11,6 +11,7 @@
 
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+#[cfg(feature = "env")]
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -73,6 +74,7 @@ pub(crate) fn ask(port: u16, max_age: Duration) -> Result<Duration, String> {
 
 /// `--health`: exit 0 when the poller on `port` is alive, 1 (with the reason
 /// on stderr) when not.
+#[cfg(feature = "env")]
 pub(crate) fn check(port: u16, max_age: Duration) -> ExitCode {
     match ask(port, max_age) {
         Ok(age) => {
