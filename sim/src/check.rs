@@ -79,6 +79,11 @@ pub struct Evidence<'a> {
     /// Guarded writes the store applied for an owner that no longer held
     /// the record (read from the store's history).
     pub fencing_breaches: Vec<String>,
+    /// Record writes whose `expires_at` was not the writer's clock plus the
+    /// configured TTL, and TTL ends of such records (read from the store:
+    /// [`crate::stores::Backend::expect_ttl`]). TTL excuses an application
+    /// after it only for a record that passed.
+    pub ttl_breaches: Vec<String>,
     /// Each claim's lease end as stored (its claim and extensions, cut at
     /// its release): (event, attempt) -> ms from the start. `None` where the
     /// store keeps no such history (the wire path: see
@@ -758,6 +763,11 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     // taken over never applies, however late it lands.
     for breach in &e.fencing_breaches {
         v.push(format!("fencing broken: {breach}"));
+    }
+    // The TTL excuses (an application after it, a record it ended or
+    // deleted) hold only for records written with the configured TTL.
+    for breach in &e.ttl_breaches {
+        v.push(format!("TTL not as configured: {breach}"));
     }
     for (event, left) in &e.unfinished {
         let (what, released) = (&left.what, &left.released);

@@ -241,6 +241,7 @@ fn bare_evidence<'a>(
         hosts: &[],
         deliveries,
         fencing_breaches: Vec::new(),
+        ttl_breaches: Vec::new(),
         lease_ends: Some(BTreeMap::new()),
         reruns: Vec::new(),
         failed_reads: Vec::new(),

@@ -68,6 +68,10 @@
 //!   S3 in the background without waiting for the put, so its pointer
 //!   message can be sent (and read) before the object is stored, or without
 //!   it when the put fails (the simulator's large outbox sends).
+//! - `short-ttl`: every record write carries a twentieth of the configured
+//!   TTL (`ProcessorConfig::record_ttl`), so records expire long before
+//!   their copies stop coming (the simulator's check of each write's
+//!   `expires_at`, which the excuses of an application after TTL rest on).
 //! - `next-by-message-id`: the simulator's second stage keys on the message
 //!   id instead of the outbox id each message carries, so a message the
 //!   outbox sent twice is applied twice (a check of that check).

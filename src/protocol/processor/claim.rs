@@ -32,7 +32,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message_id: message.id().to_owned(),
             payload_sha256: self.config.payload_sha256(message),
             lease,
-            ttl: self.config.ttl,
+            ttl: self.config.record_ttl(),
         }
     }
 
@@ -299,7 +299,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             pk: req.pk.clone(),
             owner: req.owner.clone(),
             result: result.clone(),
-            ttl: self.config.ttl,
+            ttl: self.config.record_ttl(),
             writes: ctx.take_staged(),
             outbox: recorded,
         };
@@ -398,7 +398,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     ) -> Outcome {
         match self
             .store
-            .mark_failed(&req.pk, &req.owner, &reason, self.config.ttl)
+            .mark_failed(&req.pk, &req.owner, &reason, self.config.record_ttl())
             .await
         {
             Ok(()) => Outcome::Park { reason },
