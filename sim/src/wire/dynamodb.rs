@@ -777,8 +777,27 @@ fn check_ttl(state: &mut State, key: &str, writer: Option<&str>, old: Option<&It
         .stamps
         .get(&(key.to_owned(), writer.clone(), call))
         .map_or(&[][..], Vec::as_slice);
-    if stored.is_some_and(|e| times.iter().any(|t| t.div_euclid(1000) + ttl_s == e)) {
+    let matched: Vec<i64> = times
+        .iter()
+        .copied()
+        .filter(|t| stored.is_some_and(|e| t.div_euclid(1000) + ttl_s == e))
+        .collect();
+    if !matched.is_empty() {
         state.ttl.wrong.remove(key);
+        // An extension holds only a live lease: one over by its writer's
+        // clock when the call read it (at or before the earliest reading
+        // the write can be, so at its own) must not apply, whatever
+        // condition the store sent.
+        let lease = old.and_then(|o| num(o, "lease_until"));
+        if call == Stamp::Extend
+            && let Some(lease) = lease
+            && matched.iter().all(|&t| lease <= t)
+        {
+            let t = matched.iter().min().copied().unwrap_or_default();
+            state.breaches.push(format!(
+                "{key}: an extension of owner {writer} applied to a lease over by its clock (lease until {lease}, its clock at least {t})"
+            ));
+        }
         return;
     }
     let seconds: Vec<i64> = times.iter().map(|t| t.div_euclid(1000)).collect();

@@ -396,6 +396,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         req: &ClaimRequest,
         reason: String,
     ) -> Outcome {
+        // (The `failed-not-marked` mutant, for the simulator only, parks
+        // without recording FAILED: the claim is left IN_PROGRESS.)
+        if crate::protocol::mutants::active("failed-not-marked") {
+            return Outcome::Park { reason };
+        }
         match self
             .store
             .mark_failed(&req.pk, &req.owner, &reason, self.config.record_ttl())
