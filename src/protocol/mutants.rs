@@ -81,6 +81,10 @@
 //! - `failed-not-marked`: a permanent failure on the claim path parks its
 //!   message without recording `FAILED`, so its claim is left
 //!   `IN_PROGRESS` (the simulator).
+//! - `release-skipped`: a claim whose run failed for a cause that passes is
+//!   not released, so its key stays blocked until its lease ends and the
+//!   copies that meet it meanwhile spend their receives (the simulator's
+//!   check of each receive).
 //! - `outbox-id-per-send`: each send of a record's messages mints their ids
 //!   anew (from the sender's clock), so a message sent again (a duplicate
 //!   recovering what its record left unsent) carries another id (the

@@ -436,6 +436,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     pub(super) async fn release(&self, req: &ClaimRequest, reason: &str) {
+        // (The `release-skipped` mutant, for the simulator only, leaves the
+        // claim held: the key stays blocked until its lease ends.)
+        if crate::protocol::mutants::active("release-skipped") {
+            return;
+        }
         if let Err(e) = self.store.release(&req.pk, &req.owner, reason).await {
             warn!(error = %e, "release failed; the key stays claimed until its lease ends");
         }
