@@ -669,10 +669,22 @@ fn taken_unheard(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
 /// visibility) holds a receipt that can no longer delete the message, and
 /// on its last allowed receive SQS moves it at the next receive.
 fn ended_unheld(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
-    let held_until = d.held_until.saturating_duration_since(e.start).as_millis();
-    e.outcome_at
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
+    let (from, held_until) = (ms(d.at), ms(d.held_until));
+    let ended_after = e
+        .outcome_at
         .get(&(d.message.clone(), d.count))
-        .is_some_and(|(at, _)| *at >= held_until)
+        .is_some_and(|(at, _)| *at >= held_until);
+    // Only a stall of its own can make a delivery outlive its visibility
+    // (the heartbeat keeps it otherwise): its host frozen, cut from SQS or
+    // paused before a request, or its invocation paused, while it held
+    // the message.
+    let host = d.consumer.trim_end_matches("-esm");
+    let stalled = Trouble::meets(e.trouble.stalls.get(host), from, held_until)
+        || e.pauses.iter().any(|p| {
+            p.messages.contains(&d.message) && p.from_ms <= held_until && p.until_ms >= from
+        });
+    ended_after && stalled
 }
 
 /// The delivery ended knowing its message's effect was recorded.
