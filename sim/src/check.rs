@@ -79,6 +79,11 @@ pub struct Evidence<'a> {
     /// Guarded writes the store applied for an owner that no longer held
     /// the record (read from the store's history).
     pub fencing_breaches: Vec<String>,
+    /// Record writes whose `expires_at` was not the writer's clock plus the
+    /// configured TTL, and TTL ends of such records (read from the store:
+    /// [`crate::stores::Backend::expect_ttl`]). TTL excuses an application
+    /// after it only for a record that passed.
+    pub ttl_breaches: Vec<String>,
     /// Each claim's lease end as stored (its claim and extensions, cut at
     /// its release): (event, attempt) -> ms from the start. `None` where the
     /// store keeps no such history (the wire path: see
@@ -664,10 +669,22 @@ fn taken_unheard(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
 /// visibility) holds a receipt that can no longer delete the message, and
 /// on its last allowed receive SQS moves it at the next receive.
 fn ended_unheld(e: &Evidence<'_>, d: &crate::deliveries::Delivery) -> bool {
-    let held_until = d.held_until.saturating_duration_since(e.start).as_millis();
-    e.outcome_at
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(e.start).as_millis();
+    let (from, held_until) = (ms(d.at), ms(d.held_until));
+    let ended_after = e
+        .outcome_at
         .get(&(d.message.clone(), d.count))
-        .is_some_and(|(at, _)| *at >= held_until)
+        .is_some_and(|(at, _)| *at >= held_until);
+    // Only a stall of its own can make a delivery outlive its visibility
+    // (the heartbeat keeps it otherwise): its host frozen, cut from SQS or
+    // paused before a request, or its invocation paused, while it held
+    // the message.
+    let host = d.consumer.trim_end_matches("-esm");
+    let stalled = Trouble::meets(e.trouble.stalls.get(host), from, held_until)
+        || e.pauses.iter().any(|p| {
+            p.messages.contains(&d.message) && p.from_ms <= held_until && p.until_ms >= from
+        });
+    ended_after && stalled
 }
 
 /// The delivery ended knowing its message's effect was recorded.
@@ -758,6 +775,11 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     // taken over never applies, however late it lands.
     for breach in &e.fencing_breaches {
         v.push(format!("fencing broken: {breach}"));
+    }
+    // The TTL excuses (an application after it, a record it ended or
+    // deleted) hold only for records written with the configured TTL.
+    for breach in &e.ttl_breaches {
+        v.push(format!("TTL not as configured: {breach}"));
     }
     for (event, left) in &e.unfinished {
         let (what, released) = (&left.what, &left.released);

@@ -435,6 +435,7 @@ impl Link {
         *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
         self.keep_sqs_cut(1, from, until);
         self.trace.host_trouble(&self.name, self.until_calm(d));
+        self.trace.host_stall(&self.name, self.until_calm(d));
         self.trace.event(format!(
             "freeze {} for {d:?} (a stop-the-world pause)",
             self.name
@@ -484,6 +485,7 @@ impl Link {
         cut[service as usize] = Some(until);
         if service == Service::Sqs {
             self.keep_sqs_cut(0, from, until);
+            self.trace.host_stall(&self.name, self.until_calm(d));
         }
         self.trace.host_trouble(&self.name, self.until_calm(d));
         self.trace.event(format!(
@@ -598,6 +600,7 @@ impl Link {
             .dice
             .millis(Duration::from_secs(1), self.plan.max_pause);
         self.trace.host_trouble(&self.name, d);
+        self.trace.host_stall(&self.name, d);
         self.trace.event(format!(
             "fault {} {service:?} {op}: the host pauses {d:?} before sending",
             self.name

@@ -385,6 +385,9 @@ fn world(
             .unwrap_or_else(|e| panic!("the simulator's next queue settings are valid: {e}"))
     });
     let store = stores::Backend::new(path);
+    // Every record write must carry the TTL the consumers are configured
+    // with ([`hosts`]' `processor_config`): what the TTL excuses rests on it.
+    store.expect_ttl(scenario.ttl);
     trace.event(format!("store path: {path:?}"));
     let deliveries = Deliveries::default();
     let s3 = S3Model::with_bucket(world::PAYLOAD_BUCKET);
@@ -1259,6 +1262,7 @@ fn evidence<'a>(
         fencing_breaches: world
             .store
             .fencing_breaches((epoch_ms, start), clock_grace(&world.scenario)),
+        ttl_breaches: world.store.ttl_breaches(),
         lease_ends: world.store.lease_ends().map(|ends| {
             ends.into_iter()
                 .map(|(pk, attempt, end)| {

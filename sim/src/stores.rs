@@ -23,7 +23,7 @@ use sqs_once::{
 
 use crate::check::Effect;
 use crate::faults::{FaultyStore, Life, Link};
-use crate::wire::dynamodb::DynamoModel;
+use crate::wire::dynamodb::{DynamoModel, Stamp};
 use crate::wire::expr::{Av, Item};
 use crate::wire::{self, Service, Wire};
 
@@ -258,6 +258,27 @@ impl Backend {
         }
     }
 
+    /// Checks from now on that every record write carries `ttl`, the TTL
+    /// the consumers are configured with: its `expires_at` is the writer's
+    /// clock, as the store read it for the write, in whole seconds plus
+    /// `ttl` ([`MemoryStore::expect_ttl`], [`DynamoModel::expect_ttl`]).
+    /// TTL ending a record that failed it excuses nothing.
+    pub fn expect_ttl(&self, ttl: Duration) {
+        match self {
+            Self::Memory(s) => s.expect_ttl(ttl),
+            Self::Wire(m) => m.expect_ttl(ttl),
+        }
+    }
+
+    /// Record writes that did not carry the expected TTL (see
+    /// [`Backend::expect_ttl`]), and TTL ends of their records.
+    pub fn ttl_breaches(&self) -> Vec<String> {
+        match self {
+            Self::Memory(s) => s.ttl_breaches(),
+            Self::Wire(m) => m.ttl_breaches(),
+        }
+    }
+
     /// Writes that changed a record another owner held (none while fencing holds).
     pub fn fencing_breaches(
         &self,
@@ -297,7 +318,11 @@ impl Backend {
                 let wire = Wire::new(Service::Dynamo(m.clone()), Some(link.clone()), life.clone());
                 let client = wire::dynamodb_client(wire, clock.clone());
                 let store = DynamoStore::with_clock(client, wire::TABLE, clock.clone());
-                HostStore::Wire(store, link.clone())
+                let stamps = Stamps {
+                    model: m.clone(),
+                    clock: clock.clone(),
+                };
+                HostStore::Wire(store, link.clone(), stamps)
             }
         }
     }
@@ -308,36 +333,61 @@ impl Backend {
 pub enum HostStore {
     /// The memory path.
     Memory(FaultyStore<MemoryStore>),
-    /// The wire path (the link notes failed reads, as `FaultyStore` does).
-    Wire(DynamoStore, Link),
+    /// The wire path (the link notes failed reads, as `FaultyStore` does;
+    /// the stamps note each write call's clock reading for the model's
+    /// check of its TTL).
+    Wire(DynamoStore, Link, Stamps),
+}
+
+/// Notes the clock reading of each store call that writes a record on the
+/// wire path ([`DynamoModel::stamp`]): read on the store's own clock just
+/// before the call, in the same poll as the store's own reading (virtual
+/// time does not move within a poll), so it is the very time the store
+/// computes the record's `expires_at` from.
+#[derive(Debug, Clone)]
+pub struct Stamps {
+    model: DynamoModel,
+    clock: Arc<dyn Clock>,
+}
+
+impl Stamps {
+    fn note(&self, pk: &str, owner: &str, call: Stamp) {
+        self.model.stamp(pk, owner, call, self.clock.now_ms());
+    }
 }
 
 impl DedupStore for HostStore {
     fn report_to(&self, metrics: Arc<sqs_once::metrics::Metrics>) {
         match self {
             Self::Memory(s) => s.report_to(metrics),
-            Self::Wire(s, _) => s.report_to(metrics),
+            Self::Wire(s, ..) => s.report_to(metrics),
         }
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         match self {
             Self::Memory(s) => s.claim(req).await,
-            Self::Wire(s, _) => s.claim(req).await,
+            Self::Wire(s, _, stamps) => {
+                stamps.note(&req.pk, &req.owner, Stamp::Claim);
+                s.claim(req).await
+            }
         }
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.complete(c).await,
-            Self::Wire(s, _) => s.complete(c).await,
+            Self::Wire(s, _, stamps) => {
+                stamps.note(&c.pk, &c.owner, Stamp::Complete);
+                s.complete(c).await
+            }
         }
     }
 
     async fn release(&self, pk: &str, owner: &str, error: &str) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.release(pk, owner, error).await,
-            Self::Wire(s, _) => s.release(pk, owner, error).await,
+            Self::Wire(s, ..) => s.release(pk, owner, error).await,
         }
     }
 
@@ -350,7 +400,10 @@ impl DedupStore for HostStore {
     ) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.mark_failed(pk, owner, error, ttl).await,
-            Self::Wire(s, _) => s.mark_failed(pk, owner, error, ttl).await,
+            Self::Wire(s, _, stamps) => {
+                stamps.note(pk, owner, Stamp::Fail);
+                s.mark_failed(pk, owner, error, ttl).await
+            }
         }
     }
 
@@ -363,21 +416,27 @@ impl DedupStore for HostStore {
     ) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.extend_lease(pk, owner, lease, ttl).await,
-            Self::Wire(s, _) => s.extend_lease(pk, owner, lease, ttl).await,
+            Self::Wire(s, _, stamps) => {
+                stamps.note(pk, owner, Stamp::Extend);
+                s.extend_lease(pk, owner, lease, ttl).await
+            }
         }
     }
 
     async fn commit_unprotected(&self, writes: Vec<StagedWrite>) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.commit_unprotected(writes).await,
-            Self::Wire(s, _) => s.commit_unprotected(writes).await,
+            Self::Wire(s, ..) => s.commit_unprotected(writes).await,
         }
     }
 
     async fn commit_fast(&self, c: FastCommit) -> Result<FastCommitted, StoreError> {
         match self {
             Self::Memory(s) => s.commit_fast(c).await,
-            Self::Wire(s, _) => s.commit_fast(c).await,
+            Self::Wire(s, _, stamps) => {
+                stamps.note(&c.pk, &c.owner, Stamp::Fast);
+                s.commit_fast(c).await
+            }
         }
     }
 
@@ -388,14 +447,14 @@ impl DedupStore for HostStore {
     ) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.mark_dispatched(pk, sent).await,
-            Self::Wire(s, _) => s.mark_dispatched(pk, sent).await,
+            Self::Wire(s, ..) => s.mark_dispatched(pk, sent).await,
         }
     }
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         match self {
             Self::Memory(s) => s.get(pk).await,
-            Self::Wire(s, link) => {
+            Self::Wire(s, link, _) => {
                 let read = s.get(pk).await;
                 if read.is_err() {
                     link.failed_read(pk);

@@ -46,6 +46,9 @@ pub struct Trouble {
     /// freeze, a partition, a pause before a write, a request landing
     /// late, a crash or a SIGTERM.
     pub hosts: Spans,
+    /// By host: what stops it keeping a message's visibility, a freeze, a
+    /// cut from SQS, a pause before a request (each also in `hosts`).
+    pub stalls: Spans,
     /// By event: a handler call that panicked, asked to be retried or ran
     /// long (drawn), for its length.
     pub events: Spans,
@@ -129,6 +132,12 @@ impl Trace {
     }
 
     /// Notes trouble on `host` from `from` (ms) until `d` from now.
+    /// Notes a stall of `host` (see [`Trouble::stalls`]) from now for `d`.
+    pub fn host_stall(&self, host: &str, d: std::time::Duration) {
+        self.note_trouble(|t| &mut t.stalls, host, self.now_ms(), d);
+    }
+
+    /// Notes trouble on `host` from `from` (ms) to `d` from now.
     pub fn host_trouble_since(&self, host: &str, from: u128, d: std::time::Duration) {
         self.note_trouble(|t| &mut t.hosts, host, from, d);
     }

@@ -587,6 +587,7 @@ fn evidence<'a>(s: &'a Scenario, accepted: &'a BTreeSet<String>) -> Evidence<'a>
         // No deliveries: these cases have nothing in the DLQ.
         deliveries: Box::leak(Box::default()),
         fencing_breaches: Vec::new(),
+        ttl_breaches: Vec::new(),
         // Every event's first attempt holds a lease to the end of these cases.
         lease_ends: Some(
             s.events

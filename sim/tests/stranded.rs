@@ -241,6 +241,7 @@ fn bare_evidence<'a>(
         hosts: &[],
         deliveries,
         fencing_breaches: Vec::new(),
+        ttl_breaches: Vec::new(),
         lease_ends: Some(BTreeMap::new()),
         reruns: Vec::new(),
         failed_reads: Vec::new(),
@@ -1431,4 +1432,73 @@ async fn a_message_and_its_duplicate(deliveries: &Deliveries) -> (String, String
     tokio::time::advance(Duration::from_secs(20)).await;
     let (second, _) = receive_one(&queue, &url, deliveries, ("c1", &life, &cuts), VISIBILITY).await;
     (first, second)
+}
+
+/// A delivery that ended (learning its message done) only after its
+/// visibility ran out, its delete then naming nothing: excused only where a
+/// stall of its own came while it held the message (its host frozen, cut
+/// off from SQS or paused before a request: `Trouble::stalls`); other
+/// trouble of the host, or a stall after its visibility ended, does not
+/// excuse it (the heartbeat keeps the visibility otherwise).
+#[tokio::test(start_paused = true)]
+async fn a_delivery_that_outran_its_visibility_is_excused_only_by_a_stall_while_it_held_it() {
+    let held_ms = VISIBILITY.as_millis();
+    for (case, stall, other, excused) in [
+        (
+            "a stall while held",
+            Some((held_ms / 2, held_ms / 2 + 5_000)),
+            None,
+            true,
+        ),
+        ("no stall", None, None, false),
+        (
+            "other trouble only",
+            None,
+            Some((held_ms / 2, held_ms)),
+            false,
+        ),
+        (
+            "a stall after",
+            Some((held_ms + 1_000, held_ms + 5_000)),
+            None,
+            false,
+        ),
+    ] {
+        let start = Instant::now();
+        let deliveries = Deliveries::default();
+        let one = one_delivery(&deliveries, &Life::default(), &Cuts::default()).await;
+        tokio::time::advance(VISIBILITY * 3 / 2).await;
+        deliveries.delete_sent(&one.queue, std::slice::from_ref(&one.receipt));
+        let id = one.stored.id.clone();
+        let ended = (VISIBILITY * 3 / 2).as_millis();
+        let outcome_at = BTreeMap::from([((id.clone(), 1), (ended, "completed".to_owned()))]);
+        let mut trouble = Trouble::default();
+        if let Some(span) = stall {
+            trouble.stalls.insert("c0".into(), vec![span]);
+            trouble.hosts.insert("c0".into(), vec![span]);
+        }
+        if let Some(span) = other {
+            trouble.hosts.insert("c0".into(), vec![span]);
+        }
+        let s = scenario();
+        let accepted: BTreeSet<String> = ["evt-0001".to_owned()].into();
+        let evidence = Evidence {
+            rows: vec![Effect {
+                event: "evt-0001".into(),
+                message: id.clone(),
+                at_ms: 0,
+                by: "c0".into(),
+            }],
+            records: [("evt-0001".to_owned(), Status::Completed)].into(),
+            records_before: [("evt-0001".to_owned(), Status::Completed)].into(),
+            completed_by: [id.clone()].into(),
+            confirmed: [id.clone()].into(),
+            dlq_before: vec![one.stored],
+            outcome_at,
+            trouble,
+            ..bare_evidence(&s, &accepted, &deliveries, start)
+        };
+        let (violations, stranded) = (check(&evidence), stranded(&evidence));
+        judged(case, excused, &id, &violations, &stranded);
+    }
 }

@@ -142,6 +142,15 @@ pub struct ProcessorConfig {
 }
 
 impl ProcessorConfig {
+    /// The TTL each record write carries: [`Self::ttl`]. (The `short-ttl`
+    /// mutant, for the simulator only, writes a twentieth of it.)
+    pub(crate) fn record_ttl(&self) -> Duration {
+        if crate::protocol::mutants::active("short-ttl") {
+            return self.ttl / 20;
+        }
+        self.ttl
+    }
+
     /// This config's identity while it lives (its address): a key read by
     /// it for the lane split is taken as read only by the processor that
     /// holds this very config.

@@ -407,7 +407,13 @@ impl Context {
             .idempotency_key
             .get_or_init(|| {
                 let key = inner.dedup_key.as_deref()?;
-                Some(crate::protocol::key::idempotency_key(&inner.consumer, key))
+                let stable = crate::protocol::key::idempotency_key(&inner.consumer, key);
+                // (The `key-per-attempt` mutant, for the simulator only,
+                // hands each attempt a key of its own.)
+                if crate::protocol::mutants::active("key-per-attempt") {
+                    return Some(format!("{stable}-{}", inner.attempt));
+                }
+                Some(stable)
             })
             .as_deref()
     }

@@ -68,6 +68,33 @@
 //!   S3 in the background without waiting for the put, so its pointer
 //!   message can be sent (and read) before the object is stored, or without
 //!   it when the put fails (the simulator's large outbox sends).
+//! - `short-ttl`: every record write carries a twentieth of the configured
+//!   TTL (`ProcessorConfig::record_ttl`), so records expire long before
+//!   their copies stop coming (the simulator's check of each write's
+//!   `expires_at`, which the excuses of an application after TTL rest on).
+//! - `key-per-attempt`: [`Context::idempotency_key`](crate::Context::idempotency_key)
+//!   hands each attempt a key of its own (the key and the attempt), so an
+//!   API cannot tell a retried call from a new one (the simulator).
+//! - `concurrency-unbounded`: the poller lets every message it holds run at
+//!   once (`concurrency + prefetch` handlers), above its `concurrency`
+//!   (the simulator's per-host bound).
+//! - `failed-not-marked`: a permanent failure on the claim path parks its
+//!   message without recording `FAILED`, so its claim is left
+//!   `IN_PROGRESS` (the simulator).
+//! - `release-skipped`: a claim whose run failed for a cause that passes is
+//!   not released, so its key stays blocked until its lease ends and the
+//!   copies that meet it meanwhile spend their receives (the simulator's
+//!   check of each receive).
+//! - `outbox-id-per-send`: each send of a record's messages mints their ids
+//!   anew (from the sender's clock), so a message sent again (a duplicate
+//!   recovering what its record left unsent) carries another id (the
+//!   simulator's chained runs).
+//! - `owner-not-checked`: `DynamoStore`'s owner-guarded writes (complete,
+//!   release, mark failed) hold whoever owns the record, so a late write of
+//!   a lease that was taken over applies (the simulator's wire path).
+//! - `lease-not-live`: `DynamoStore`'s extension holds a lease already over
+//!   by the writer's clock, so a late extension holds the key again (the
+//!   simulator's wire path).
 //! - `next-by-message-id`: the simulator's second stage keys on the message
 //!   id instead of the outbox id each message carries, so a message the
 //!   outbox sent twice is applied twice (a check of that check).

@@ -559,7 +559,17 @@ pub async fn dispatch(
     outbox: &[Outgoing],
     secret: Option<&CarrySecret>,
 ) -> Result<(), DispatchError> {
-    let message = |i: usize| outbox[i].to_send(&outbox_id(pk, i), secret);
+    dispatch_as(dispatcher, &|i| outbox_id(pk, i), outbox, secret).await
+}
+
+/// [`dispatch`], each message's id `id_of` its place.
+pub(crate) async fn dispatch_as(
+    dispatcher: &dyn Dispatcher,
+    id_of: &(dyn Fn(usize) -> String + Sync),
+    outbox: &[Outgoing],
+    secret: Option<&CarrySecret>,
+) -> Result<(), DispatchError> {
+    let message = |i: usize| outbox[i].to_send(&id_of(i), secret);
     // Each target with its messages' places in the outbox, in order.
     let mut by_queue: Vec<(&str, Vec<usize>)> = Vec::new();
     for (i, out) in outbox.iter().enumerate() {

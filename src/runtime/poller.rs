@@ -1829,7 +1829,15 @@ pub async fn run<Q: QueueClient, S: DedupStore, H: Handler>(
         stop: CancellationToken::new(),
         ended: CancellationToken::new(),
         shutdown: shutdown.clone(),
-        running: Arc::new(Semaphore::new(concurrency)),
+        // (The `concurrency-unbounded` mutant, for the simulator only, lets
+        // every message held run at once: `concurrency + prefetch`.)
+        running: Arc::new(Semaphore::new(
+            if crate::protocol::mutants::active("concurrency-unbounded") {
+                capacity
+            } else {
+                concurrency
+            },
+        )),
         stats: Default::default(),
     });
     let tasks = ReceiveLoop {

@@ -4,7 +4,7 @@
 //! with the completion, but their own conditions are not evaluated: behaviour
 //! that depends on DynamoDB's condition semantics is tested against DynamoDB.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -56,6 +56,56 @@ struct State {
     /// is a fencing breach (never, with the fence's rules intact and the
     /// clocks within the TTL of each other).
     fences: HashMap<String, u64>,
+    /// The check of each write's `expires_at` (see [`MemoryStore::expect_ttl`]).
+    ttl: TtlCheck,
+}
+
+/// The check that every record write carries the configured TTL: its
+/// `expires_at` is the writer's clock (as the store reads it for the write)
+/// in whole seconds plus the TTL. Off until a TTL is expected.
+#[derive(Debug, Default)]
+struct TtlCheck {
+    /// The TTL the consumers are configured with.
+    expected: Option<Duration>,
+    /// Keys whose record holds an `expires_at` the check found wrong: TTL
+    /// ending such a record excuses nothing (it is noted as a breach, not
+    /// as an end).
+    wrong: HashSet<String>,
+    /// The writes found wrong, described.
+    breaches: Vec<String>,
+}
+
+impl TtlCheck {
+    /// Checks the `expires_at` a write of `owner` stored in `pk`'s record,
+    /// its clock reading `now_ms`.
+    fn check(&mut self, pk: &str, owner: &str, what: &str, now_ms: i64, stored: i64) {
+        let Some(ttl) = self.expected else {
+            return;
+        };
+        let expected = expires_at(now_ms, ttl);
+        if stored == expected {
+            self.wrong.remove(pk);
+        } else {
+            self.wrong.insert(pk.to_owned());
+            self.breaches.push(format!(
+                "{pk}: {what} of owner {owner} wrote expires_at {stored}, not {expected} (the writer's clock, {}s, plus the configured TTL {}s)",
+                now_ms.div_euclid(1000),
+                ttl.as_secs()
+            ));
+        }
+    }
+
+    /// Whether TTL may end `pk`'s record as an excuse: its `expires_at`
+    /// passed the check. If not, the end is noted as a breach.
+    fn may_end(&mut self, pk: &str, how: &str) -> bool {
+        if !self.wrong.remove(pk) {
+            return true;
+        }
+        self.breaches.push(format!(
+            "{pk}: its record, written with a wrong expires_at, {how}"
+        ));
+        false
+    }
 }
 
 /// Committed transactions' staged writes, in commit order, each with the
@@ -95,6 +145,24 @@ impl MemoryStore {
     /// to a record another owner held, described: none while fencing holds.
     pub fn fencing_breaches(&self) -> Vec<String> {
         self.lock().fencing_breaches.clone()
+    }
+
+    /// Checks from now on that every record write carries `ttl`: its
+    /// `expires_at` is the writer's clock in whole seconds plus `ttl`, as
+    /// the consumers are configured (the simulator's check that TTL, which
+    /// excuses an application after it, is the one configured). A write
+    /// found wrong is a breach ([`MemoryStore::ttl_breaches`]), and TTL
+    /// ending its record is noted as one, not as an end
+    /// ([`MemoryStore::ended_by_ttl`]).
+    pub fn expect_ttl(&self, ttl: Duration) {
+        self.lock().ttl.expected = Some(ttl);
+    }
+
+    /// Record writes whose `expires_at` was not the writer's clock plus the
+    /// expected TTL, and TTL ends of such records, described (none while
+    /// the TTL is carried as configured; see [`MemoryStore::expect_ttl`]).
+    pub fn ttl_breaches(&self) -> Vec<String> {
+        self.lock().ttl.breaches.clone()
     }
 
     /// Each claim's lease end as stored, by (key, attempt), as an instant
@@ -141,8 +209,11 @@ impl MemoryStore {
             .collect();
         deleted.sort_by(|a, b| a.pk.cmp(&b.pk));
         let now = tokio::time::Instant::now();
-        for r in deleted.iter().filter(|r| r.status == Status::Completed) {
-            state.ended_by_ttl.push((r.pk.clone(), now));
+        for r in &deleted {
+            let ends = state.ttl.may_end(&r.pk, "was deleted by TTL");
+            if ends && r.status == Status::Completed {
+                state.ended_by_ttl.push((r.pk.clone(), now));
+            }
         }
         deleted
     }
@@ -191,11 +262,15 @@ impl MemoryStore {
     }
 
     /// Applies `f` to our record if `owner` still holds it in progress; a no-op
-    /// when `done` says an earlier call of ours already did it.
+    /// when `done` says an earlier call of ours already did it. `stamp`:
+    /// the write (named) sets the record's `expires_at` from the writer's
+    /// clock reading this (checked: see [`MemoryStore::expect_ttl`]); with
+    /// none, `f` must leave it as it was.
     fn with_owned(
         &self,
         pk: &str,
         owner: &str,
+        stamp: Option<(&str, i64)>,
         done: impl FnOnce(&Record) -> bool,
         f: impl FnOnce(&mut Record, &mut Committed),
     ) -> Result<(), StoreError> {
@@ -215,7 +290,21 @@ impl MemoryStore {
                         r.owner.as_deref().unwrap_or("nobody")
                     ));
                 }
+                let expires_before = r.expires_at_s;
                 f(r, &mut state.committed);
+                match stamp {
+                    Some((what, now_ms)) => {
+                        state.ttl.check(pk, owner, what, now_ms, r.expires_at_s)
+                    }
+                    None if r.expires_at_s != expires_before => {
+                        state.ttl.wrong.insert(pk.to_owned());
+                        state.ttl.breaches.push(format!(
+                            "{pk}: a release of owner {owner} changed expires_at from {expires_before} to {}",
+                            r.expires_at_s
+                        ));
+                    }
+                    None => {}
+                }
                 if r.lease_until_ms == 0 || r.status != Status::InProgress {
                     // Released, failed or completed: the attempt's lease ends now.
                     let now = tokio::time::Instant::now();
@@ -259,6 +348,9 @@ fn completed_and_expired(r: &Record, now_ms: i64) -> bool {
 /// never, with the conditions intact). Judged apart from the conditions, so
 /// a bug in them shows.
 fn ended_by_ttl(state: &mut State, (pk, expired): (String, bool), owner: &str) {
+    if expired && !state.ttl.may_end(&pk, "was replaced after it expired") {
+        return;
+    }
     if expired {
         state.ended_by_ttl.push((pk, tokio::time::Instant::now()));
     } else {
@@ -352,6 +444,10 @@ impl DedupStore for MemoryStore {
                 outbox: Vec::new(),
             },
         );
+        let stored = state.records[&req.pk].expires_at_s;
+        state
+            .ttl
+            .check(&req.pk, &req.owner, "a claim", now_ms, stored);
         Ok(Claim::Acquired {
             attempt: attempts,
             fence,
@@ -364,6 +460,7 @@ impl DedupStore for MemoryStore {
         self.with_owned(
             &c.pk,
             &c.owner,
+            Some(("a completion", now_ms)),
             |r| r.status == Status::Completed,
             |r, committed| {
                 r.status = Status::Completed;
@@ -382,6 +479,7 @@ impl DedupStore for MemoryStore {
         self.with_owned(
             pk,
             owner,
+            None,
             |_| false,
             |r, _| {
                 r.lease_until_ms = 0;
@@ -401,6 +499,7 @@ impl DedupStore for MemoryStore {
         self.with_owned(
             pk,
             owner,
+            Some(("a failure", now_ms)),
             |r| r.status == Status::Failed,
             |r, _| {
                 r.status = Status::Failed;
@@ -441,6 +540,9 @@ impl DedupStore for MemoryStore {
                 if r.lease_until_ms < lease_until {
                     r.lease_until_ms = lease_until;
                     r.expires_at_s = expires_at(now_ms, ttl);
+                    state
+                        .ttl
+                        .check(pk, owner, "an extension", now_ms, r.expires_at_s);
                     let end = tokio::time::Instant::now() + lease;
                     let stored = state
                         .lease_ends
@@ -513,6 +615,10 @@ impl DedupStore for MemoryStore {
                 outbox: c.outbox,
             },
         );
+        let stored = state.records[&c.pk].expires_at_s;
+        state
+            .ttl
+            .check(&c.pk, &c.owner, "a fast-path commit", now_ms, stored);
         if !c.writes.is_empty() {
             state
                 .committed
@@ -666,6 +772,45 @@ mod tests {
         let slow = store.with_clock(Arc::new(behind));
         let second = fence_of(&slow, &req("c#k", "m1")).await;
         assert!(second > first, "{second} after {first}");
+    }
+
+    /// Every record write is held to the expected TTL, on the writer's
+    /// clock: a write short of it is a breach, and TTL ending its record is
+    /// a breach too, not an end (which would excuse an application after it).
+    #[tokio::test]
+    async fn a_record_written_with_a_ttl_other_than_expected_is_a_breach_and_ends_nothing() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        store.expect_ttl(TTL);
+        let held = req("c#k", "m1");
+        fence_of(&store, &held).await;
+        let mut short = completion(&held);
+        short.ttl = Duration::from_secs(60);
+        store.complete(short).await.unwrap();
+        let breaches = store.ttl_breaches();
+        assert_eq!(breaches.len(), 1, "{breaches:?}");
+        assert!(
+            breaches[0].contains("a completion of owner"),
+            "{breaches:?}"
+        );
+        // Past the short TTL, a claim takes it: no end by TTL, a breach.
+        clock.advance(Duration::from_secs(62));
+        fence_of(&store, &req("c#k", "m2")).await;
+        assert!(store.ended_by_ttl().is_empty());
+        let breaches = store.ttl_breaches();
+        assert_eq!(breaches.len(), 2, "{breaches:?}");
+        assert!(
+            breaches[1].contains("wrong expires_at, was replaced"),
+            "{breaches:?}"
+        );
+        // Written as configured, a record TTL ends is an end.
+        let second = req("c#j", "m3");
+        fence_of(&store, &second).await;
+        store.complete(completion(&second)).await.unwrap();
+        clock.advance(TTL + Duration::from_secs(1));
+        store.sweep_expired(clock.now_ms(), |r| r.pk == "c#j");
+        assert_eq!(store.ended_by_ttl().len(), 1);
+        assert_eq!(store.ttl_breaches().len(), 2);
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@
 //! Errors have the documented shapes (`__type`, `message`, and for a
 //! cancelled transaction `CancellationReasons`, one per item).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -234,6 +234,58 @@ struct State {
     /// deleted ones included: a write that stores one not above it is a
     /// breach.
     fences: HashMap<String, i128>,
+    /// The check of each record write's `expires_at`
+    /// ([`DynamoModel::expect_ttl`]).
+    ttl: TtlWatch,
+}
+
+/// The store call a write of a record comes from, told from the record
+/// before and after it: each sets `expires_at` from its writer's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stamp {
+    /// A claim (a record taken: new, or from another owner or state).
+    Claim,
+    /// A completion of the holder's claim.
+    Complete,
+    /// The holder's claim marked failed.
+    Fail,
+    /// The holder's lease extended.
+    Extend,
+    /// A fast-path commit (a new record, or one written over).
+    Fast,
+}
+
+/// The check that every record write carries the configured TTL: its
+/// `expires_at` is its writer's clock, as the store read it for the call,
+/// in whole seconds plus the TTL. The hosts' stores note each call's
+/// reading ([`DynamoModel::stamp`]), read in the same poll as the store's
+/// own (no virtual time passes between), so the check is exact whatever
+/// the host's skew or jumps and however late the request lands.
+#[derive(Debug, Default)]
+struct TtlWatch {
+    /// The configured TTL, whole seconds.
+    expected_s: Option<i64>,
+    /// The writer's clock (ms) of each store call, by (key, owner, call).
+    stamps: HashMap<(String, String, Stamp), Vec<i64>>,
+    /// Keys whose record holds an `expires_at` found wrong: TTL ending it
+    /// excuses nothing (noted as a breach, not as an end).
+    wrong: HashSet<String>,
+    /// What was found wrong, described.
+    breaches: Vec<String>,
+}
+
+impl TtlWatch {
+    /// Whether TTL may end `key`'s record as an excuse (its `expires_at`
+    /// passed the check); if not, the end is noted as a breach.
+    fn may_end(&mut self, key: &str, how: &str) -> bool {
+        if !self.wrong.remove(key) {
+            return true;
+        }
+        self.breaches.push(format!(
+            "{key}: its record, written with a wrong expires_at, {how}"
+        ));
+        false
+    }
 }
 
 /// The DynamoDB model. Clones share the tables.
@@ -353,6 +405,33 @@ impl DynamoModel {
         self.lock().breaches.clone()
     }
 
+    /// Checks from now on that every write of a record of the fenced
+    /// table carries `ttl`: its `expires_at` is the writer's clock, as
+    /// noted by [`DynamoModel::stamp`] for the call, in whole seconds plus
+    /// `ttl` (a write that sets no time leaves it as it was). A write found
+    /// wrong is a breach ([`DynamoModel::ttl_breaches`]), and TTL ending
+    /// its record is noted as one, not as an end.
+    pub fn expect_ttl(&self, ttl: Duration) {
+        self.lock().ttl.expected_s = Some(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2));
+    }
+
+    /// Notes the writer's clock (`now_ms`) of a store call of `owner` on
+    /// the record `key`, read as the store reads it for the call.
+    pub fn stamp(&self, key: &str, owner: &str, call: Stamp, now_ms: i64) {
+        self.lock()
+            .ttl
+            .stamps
+            .entry((key.to_owned(), owner.to_owned(), call))
+            .or_default()
+            .push(now_ms);
+    }
+
+    /// Record writes whose `expires_at` was not the writer's clock plus the
+    /// expected TTL, and TTL ends of such records, described.
+    pub fn ttl_breaches(&self) -> Vec<String> {
+        self.lock().ttl.breaches.clone()
+    }
+
     /// When the record `key` of the fenced table became `COMPLETED`, if it is.
     pub fn completed_at(&self, key: &str) -> Option<Instant> {
         self.lock().completions.get(key).copied()
@@ -393,7 +472,8 @@ impl DynamoModel {
             let Some(item) = t.items.remove(&key) else {
                 continue;
             };
-            if state.completions.remove(&key).is_some() {
+            let ends = state.ttl.may_end(&key, "was deleted by TTL");
+            if state.completions.remove(&key).is_some() && ends {
                 state.ended_by_ttl.push((key, at, Instant::now()));
             }
             deleted.push(item);
@@ -647,6 +727,86 @@ fn note_fence(state: &mut State, key: &str, old: Option<&Item>, new: Option<&Ite
     }
 }
 
+/// Checks the `expires_at` a write of record `key` by `writer` left (see
+/// [`TtlWatch`]): a write that starts, finishes, fails or extends a claim,
+/// or commits on the fast path, sets it from its call's clock reading; any
+/// other leaves it as it was.
+fn check_ttl(state: &mut State, key: &str, writer: Option<&str>, old: Option<&Item>, new: &Item) {
+    let Some(ttl_s) = state.ttl.expected_s else {
+        return;
+    };
+    let s = |i: &Item, k: &str| match i.get(k) {
+        Some(Av::S(v)) => Some(v.clone()),
+        _ => None,
+    };
+    let num = |i: &Item, k: &str| i.get(k).and_then(number);
+    let writer = writer.map(str::to_owned).or_else(|| s(new, "owner"));
+    let writer = writer.unwrap_or_default();
+    let held = old.is_some_and(|o| {
+        s(o, "owner").as_deref() == Some(writer.as_str())
+            && s(o, "status").as_deref() == Some("IN_PROGRESS")
+    });
+    // A claim and a fast-path commit count an attempt (a claim may be its
+    // own owner's again, sent anew after an unknown outcome).
+    let counted = old.is_none_or(|o| num(new, "attempts") > num(o, "attempts"));
+    let call = match s(new, "status").as_deref() {
+        Some("IN_PROGRESS") if counted => Some(Stamp::Claim),
+        Some("IN_PROGRESS")
+            if held && num(new, "lease_until") > old.and_then(|o| num(o, "lease_until")) =>
+        {
+            Some(Stamp::Extend)
+        }
+        Some("COMPLETED") if counted => Some(Stamp::Fast),
+        Some("COMPLETED") if held => Some(Stamp::Complete),
+        Some("FAILED") if held => Some(Stamp::Fail),
+        _ => None,
+    };
+    let stored = num(new, "expires_at");
+    let Some(call) = call else {
+        let before = old.and_then(|o| num(o, "expires_at"));
+        if stored != before {
+            state.ttl.wrong.insert(key.to_owned());
+            state.ttl.breaches.push(format!(
+                "{key}: a write of owner {writer} that sets no time changed expires_at from {before:?} to {stored:?}"
+            ));
+        }
+        return;
+    };
+    let times = state
+        .ttl
+        .stamps
+        .get(&(key.to_owned(), writer.clone(), call))
+        .map_or(&[][..], Vec::as_slice);
+    let matched: Vec<i64> = times
+        .iter()
+        .copied()
+        .filter(|t| stored.is_some_and(|e| t.div_euclid(1000) + ttl_s == e))
+        .collect();
+    if !matched.is_empty() {
+        state.ttl.wrong.remove(key);
+        // An extension holds only a live lease: one over by its writer's
+        // clock when the call read it (at or before the earliest reading
+        // the write can be, so at its own) must not apply, whatever
+        // condition the store sent.
+        let lease = old.and_then(|o| num(o, "lease_until"));
+        if call == Stamp::Extend
+            && let Some(lease) = lease
+            && matched.iter().all(|&t| lease <= t)
+        {
+            let t = matched.iter().min().copied().unwrap_or_default();
+            state.breaches.push(format!(
+                "{key}: an extension of owner {writer} applied to a lease over by its clock (lease until {lease}, its clock at least {t})"
+            ));
+        }
+        return;
+    }
+    let seconds: Vec<i64> = times.iter().map(|t| t.div_euclid(1000)).collect();
+    state.ttl.breaches.push(format!(
+        "{key}: a {call:?} write of owner {writer} stored expires_at {stored:?}, not its clock ({seconds:?} s) plus the configured TTL {ttl_s}s"
+    ));
+    state.ttl.wrong.insert(key.to_owned());
+}
+
 /// Stores the result of a write, noting a fencing breach.
 fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
     if matches!(w.kind, WriteKind::Check) {
@@ -690,7 +850,8 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
         // Another owner's write over a `COMPLETED` record: a claim or a
         // fast-path commit after its expiry.
         let replaced = new.is_some() && owner(new.as_ref()) != owner(old);
-        if completed(old) && replaced {
+        if completed(old) && replaced && state.ttl.may_end(&w.key, "was replaced by another owner")
+        {
             let attr = state.tables.get(&w.table).and_then(|t| t.ttl.clone());
             let at = old.zip(attr).and_then(|(o, a)| o.get(&a).and_then(number));
             state
@@ -705,6 +866,11 @@ fn store(state: &mut State, w: &Write, old: Option<&Item>, new: Option<Item>) {
             (_, false) => {
                 state.completions.remove(&w.key);
             }
+        }
+        // Beside the fence: the TTL this write stored (after the end of
+        // the record it replaced was judged by the TTL that record held).
+        if let Some(new) = &new {
+            check_ttl(state, &w.key, w.owner.as_deref(), old, new);
         }
     }
     if let (false, WriteKind::Put(item)) = (fenced, &w.kind) {

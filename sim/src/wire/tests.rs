@@ -8,6 +8,7 @@ use sqs_once::clock::{Clock, TokioClock};
 use sqs_once::store::{ClaimRequest, Completion};
 use sqs_once::{Claim, DedupStore, DynamoStore, StagedWrite, Status, StoreError};
 
+use super::dynamodb::Stamp;
 use super::*;
 
 fn setup() -> (DynamoModel, DynamoStore, aws_sdk_dynamodb::Client) {
@@ -979,5 +980,50 @@ async fn a_fence_stored_not_above_the_keys_highest_is_a_fencing_breach() {
         vec![format!(
             "sim#e1: a write stored fence {first}, not above the {taken} the key held"
         )]
+    );
+}
+
+/// Every record write is held to the configured TTL: `expires_at` is the
+/// writer's clock, as its call noted it, in whole seconds plus the TTL. A
+/// write short of it is a breach, and TTL ending its record is a breach
+/// too, not an end that could excuse an application after it.
+#[tokio::test(start_paused = true)]
+async fn a_record_written_with_a_ttl_other_than_configured_is_a_breach_and_excuses_nothing() {
+    let (model, store, _) = setup();
+    let clock = TokioClock::starting_at(crate::hosts::epoch());
+    model.expect_ttl(Duration::from_secs(3600));
+    model.stamp("sim#e1", "a", Stamp::Claim, clock.now_ms());
+    let Claim::Acquired { .. } = store.claim(&claim_request("a", "m1")).await.unwrap() else {
+        panic!("not acquired");
+    };
+    assert_eq!(model.ttl_breaches(), Vec::<String>::new());
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    model.stamp("sim#e1", "a", Stamp::Complete, clock.now_ms());
+    let mut short = completion("a", vec![]);
+    short.ttl = Duration::from_secs(60);
+    store.complete(short).await.unwrap();
+    let breaches = model.ttl_breaches();
+    assert_eq!(breaches.len(), 1, "{breaches:?}");
+    assert!(
+        breaches[0].contains("Complete write of owner a"),
+        "{breaches:?}"
+    );
+    // Past that short TTL, another owner's claim takes the record: no end
+    // by TTL is logged, a breach is.
+    tokio::time::advance(Duration::from_secs(62)).await;
+    model.stamp("sim#e1", "b", Stamp::Claim, clock.now_ms());
+    let Claim::Acquired { .. } = store.claim(&claim_request("b", "m2")).await.unwrap() else {
+        panic!("not acquired");
+    };
+    assert!(
+        model.ended_by_ttl().is_empty(),
+        "{:?}",
+        model.ended_by_ttl()
+    );
+    let breaches = model.ttl_breaches();
+    assert_eq!(breaches.len(), 2, "{breaches:?}");
+    assert!(
+        breaches[1].contains("wrong expires_at, was replaced"),
+        "{breaches:?}"
     );
 }

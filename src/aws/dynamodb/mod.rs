@@ -83,6 +83,27 @@ const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
 const LIVE_LEASE_CONDITION: &str = "#owner = :owner AND #status = :in_progress \
      AND lease_until > :now_ms AND lease_until < :lease_until";
 
+/// [`OWNED_CONDITION`], or under the `owner-not-checked` mutant (for the
+/// simulator only) one that holds whoever owns the record (`:owner` still
+/// used, as DynamoDB requires of every value sent).
+fn owned_condition() -> &'static str {
+    if crate::protocol::mutants::active("owner-not-checked") {
+        return "(#owner = :owner OR attribute_exists(pk)) AND #status = :in_progress";
+    }
+    OWNED_CONDITION
+}
+
+/// [`LIVE_LEASE_CONDITION`], or under the `lease-not-live` mutant (for the
+/// simulator only) one that extends a lease already over (`:now_ms` still
+/// used).
+fn live_lease_condition() -> &'static str {
+    if crate::protocol::mutants::active("lease-not-live") {
+        return "#owner = :owner AND #status = :in_progress \
+             AND (lease_until > :now_ms OR attribute_exists(pk)) AND lease_until < :lease_until";
+    }
+    LIVE_LEASE_CONDITION
+}
+
 /// How many times an operation whose outcome is unknown is sent again (with the
 /// same token) before the message is given back to the queue.
 const UNKNOWN_OUTCOME_ATTEMPTS: u32 = 4;
@@ -384,7 +405,7 @@ impl DynamoStore {
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
         set_outbox(&c.outbox, &mut set, &mut remove, &mut values);
         let expr = format!("{set} REMOVE {}", remove.join(", "));
-        self.record_update(&c.pk, expr, OWNED_CONDITION, values)
+        self.record_update(&c.pk, expr, owned_condition(), values)
     }
 
     /// A conditional update of the record `pk` (the old item returned when the
@@ -889,7 +910,7 @@ impl DedupStore for DynamoStore {
             pk,
             owner,
             "SET lease_until = :zero, #error = :error",
-            OWNED_CONDITION,
+            owned_condition(),
             values,
             |r| r.status == Status::InProgress,
         )
@@ -918,7 +939,7 @@ impl DedupStore for DynamoStore {
             pk,
             owner,
             "SET #status = :failed, #error = :error, lease_until = :zero, expires_at = :expires_at",
-            OWNED_CONDITION,
+            owned_condition(),
             values,
             |r| r.status == Status::Failed,
         )
@@ -947,7 +968,7 @@ impl DedupStore for DynamoStore {
             pk,
             owner,
             "SET lease_until = :lease_until, expires_at = :expires_at",
-            LIVE_LEASE_CONDITION,
+            live_lease_condition(),
             values,
             // An earlier send of this very extension, or a later extension of
             // ours, landed first: the lease already reaches at least as far.

@@ -32,7 +32,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             message_id: message.id().to_owned(),
             payload_sha256: self.config.payload_sha256(message),
             lease,
-            ttl: self.config.ttl,
+            ttl: self.config.record_ttl(),
         }
     }
 
@@ -304,7 +304,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             pk: req.pk.clone(),
             owner: req.owner.clone(),
             result: result.clone(),
-            ttl: self.config.ttl,
+            ttl: self.config.record_ttl(),
             writes: ctx.take_staged(),
             outbox: recorded,
         };
@@ -401,9 +401,14 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         req: &ClaimRequest,
         reason: String,
     ) -> Outcome {
+        // (The `failed-not-marked` mutant, for the simulator only, parks
+        // without recording FAILED: the claim is left IN_PROGRESS.)
+        if crate::protocol::mutants::active("failed-not-marked") {
+            return Outcome::Park { reason };
+        }
         match self
             .store
-            .mark_failed(&req.pk, &req.owner, &reason, self.config.ttl)
+            .mark_failed(&req.pk, &req.owner, &reason, self.config.record_ttl())
             .await
         {
             Ok(()) => Outcome::Park { reason },
@@ -436,6 +441,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 
     pub(super) async fn release(&self, req: &ClaimRequest, reason: &str) {
+        // (The `release-skipped` mutant, for the simulator only, leaves the
+        // claim held: the key stays blocked until its lease ends.)
+        if crate::protocol::mutants::active("release-skipped") {
+            return;
+        }
         if let Err(e) = self.store.release(&req.pk, &req.owner, reason).await {
             warn!(error = %e, "release failed; the key stays claimed until its lease ends");
         }

@@ -141,7 +141,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             payload_sha256: self.config.payload_sha256(message),
             fence: ctx.fence(),
             result: result.clone(),
-            ttl: self.config.ttl,
+            ttl: self.config.record_ttl(),
             writes: ctx.take_staged(),
             outbox: recorded,
         };

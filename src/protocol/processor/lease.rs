@@ -162,9 +162,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     }
                 }
             };
-            let extended = self
-                .store
-                .extend_lease(&req.pk, &req.owner, lease, self.config.ttl);
+            let extended =
+                self.store
+                    .extend_lease(&req.pk, &req.owner, lease, self.config.record_ttl());
             match futures::join!(extended, visibility).0 {
                 Ok(()) => {
                     ends.lease

@@ -6,7 +6,9 @@ use tracing::{error, info, warn};
 
 use crate::Message;
 use crate::protocol::handler::{Context, Handler, HandlerError};
-use crate::protocol::outbox::{OutboxError, Outgoing, check_outbox, dispatch};
+use crate::protocol::outbox::{
+    OutboxError, Outgoing, check_outbox, dispatch, dispatch_as, outbox_id,
+};
 use crate::protocol::outcome::{Outcome, StoredResult};
 use crate::protocol::payloads::PayloadErrorKind;
 use crate::protocol::store::DedupStore;
@@ -142,7 +144,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             });
             return Ok(());
         }
-        if let Err(e) = dispatch(&**dispatcher, pk, outbox, secret).await {
+        // (The `outbox-id-per-send` mutant, for the simulator only, mints
+        // the messages' ids anew at each send, from the sender's clock: a
+        // message sent again carries another id.)
+        let sent = if crate::protocol::mutants::active("outbox-id-per-send") {
+            let now_ms = self.clock.now_ms();
+            let id_of = |i| format!("{}@{now_ms}", outbox_id(pk, i));
+            dispatch_as(&**dispatcher, &id_of, outbox, secret).await
+        } else {
+            dispatch(&**dispatcher, pk, outbox, secret).await
+        };
+        if let Err(e) = sent {
             self.metrics.outbox_dispatch_failure();
             if e.is_refusal() {
                 self.metrics.outbox_refused();
