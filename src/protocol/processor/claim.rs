@@ -58,7 +58,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         let mut req = self.claim_request(message, key, lease);
         // (The steps around the handler boxed: inline, each would count in
         // this future's size, moved whole into its box.)
-        let (sent, attempt) =
+        let ((sent, sent_wall_ms), attempt) =
             match Box::pin(self.claim_or_wait(message, opts, visible, &mut req)).await {
                 Ok(claimed) => claimed,
                 Err(outcome) => return outcome,
@@ -67,12 +67,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // the claim took.
         let lease = req.lease;
         tracing::Span::current().record("sqs_once.attempt", attempt.0);
-        let local = LocalEnd::lease(
-            sent,
-            lease,
-            self.config.margin_for(lease),
-            self.clock.now_ms(),
-        );
+        let local = LocalEnd::lease(sent, lease, self.config.margin_for(lease), sent_wall_ms);
+        // A step back while the claim was on its way is seen here.
+        local.note_wall(self.clock.now_ms());
         if local.remaining() < lease / 2 || visible.passed_already() {
             // The claim's own retries used most of the lease: running now would
             // leave the handler too little time before it must be interrupted.
@@ -123,11 +120,14 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         opts: &ProcessOptions<'_>,
         visible: &LocalEnd,
         req: &mut ClaimRequest,
-    ) -> Result<(Instant, (u32, u64)), Outcome> {
+    ) -> Result<((Instant, i64), (u32, u64)), Outcome> {
         loop {
             // The lease is counted from before the claim was sent: the store
-            // sets `lease_until` from a clock read no earlier than this.
+            // sets `lease_until` from a clock read no earlier than this. The
+            // wall clock read beside it anchors the lease end the store
+            // writes (see `LocalEnd::extended`).
             let sent = Instant::now();
+            let sent_wall_ms = self.clock.now_ms();
             // Kept visible meanwhile: a duplicate's claim sends what its
             // record left unsent before it answers (seed 659792's case on
             // a later delivery).
@@ -135,7 +135,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 .kept_visible(message, opts, visible, self.claim(message, req))
                 .await
             {
-                Ok(attempt) => return Ok((sent, attempt)),
+                Ok(attempt) => return Ok(((sent, sent_wall_ms), attempt)),
                 Err(Outcome::InFlight { retry_after }) => {
                     let holder_end = Instant::now() + retry_after;
                     if let Some(left) = self

@@ -132,8 +132,11 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             // The wall clock read every second meanwhile, so that a step
             // back between two extensions is seen (`LocalEnd::extended`).
             let beat_at = Instant::now() + ends.visible.next_beat(interval);
+            let read_every = WALL_READ_EVERY
+                .min(self.config.margin_for(lease) / 2)
+                .max(Duration::from_millis(50));
             while Instant::now() < beat_at {
-                tokio::time::sleep_until(beat_at.min(Instant::now() + WALL_READ_EVERY)).await;
+                tokio::time::sleep_until(beat_at.min(Instant::now() + read_every)).await;
                 ends.lease.note_wall(self.clock.now_ms());
             }
             if counted_from.elapsed() + lease > self.config.max_extension {
@@ -178,8 +181,9 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
     }
 }
 
-/// How often a running claim's heartbeat reads the wall clock between
-/// extensions, to see it step back.
+/// How often, at most, a running claim's heartbeat reads the wall clock
+/// between extensions, to see it step back (and at least every half
+/// margin, so a step back unseen between two readings is inside it).
 const WALL_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// A running claim's two local ends, both moved by the heartbeat.
@@ -239,14 +243,14 @@ pub(super) fn bound(ctx: &Context, opts: &ProcessOptions<'_>, ends: &[&LocalEnd]
 }
 
 impl LocalEnd {
-    /// A claim's lease, sent at `sent`; `wall_ms` is this host's wall
-    /// clock read now (with no step since `sent`).
+    /// A claim's lease, sent at `sent`, when this host's wall clock read
+    /// `wall_ms` (the anchor).
     pub(super) fn lease(sent: Instant, lease: Duration, margin: Duration, wall_ms: i64) -> Self {
         Self {
             end: watch::Sender::new(Some(sent + lease.saturating_sub(margin))),
             visibility: false,
             anchor: Some(Anchor {
-                at: Instant::now(),
+                at: sent,
                 wall_ms,
                 last_ms: AtomicI64::new(wall_ms),
                 stepped_back: AtomicBool::new(false),
@@ -277,9 +281,10 @@ impl LocalEnd {
     /// mapped through the anchor: the monotonic instant of the claim's
     /// answer plus how far the wall clock moved since, plus `keep`. A step
     /// forward changes nothing: the end never reaches past `sent` plus
-    /// `keep`. (The heartbeat reads the wall clock every second between
-    /// extensions, so a step back longer than that is seen; a shorter one
-    /// is within the margin.)
+    /// `keep`. (The claim reads the wall clock when it is sent and when it
+    /// is answered, and the heartbeat every second, or every half margin
+    /// when that is shorter, so a step back unseen between two readings is
+    /// within the margin.)
     pub(super) fn extended(&self, sent: Instant, wall_ms: i64, keep: Duration) {
         self.note_wall(wall_ms);
         let by_monotonic = sent + keep;
@@ -291,7 +296,9 @@ impl LocalEnd {
                 } else {
                     (a.at + keep).checked_sub(moved)
                 };
-                stored.map_or(by_monotonic, |stored| by_monotonic.min(stored))
+                // A step back further than the monotonic clock reaches:
+                // the stored end is already past.
+                stored.map_or_else(Instant::now, |stored| by_monotonic.min(stored))
             }
             _ => by_monotonic,
         };

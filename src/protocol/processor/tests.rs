@@ -1475,3 +1475,81 @@ async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_
         a_stopped_ms - (stored_until - 1_000)
     );
 }
+
+/// The step back comes while the claim's answer is on its way (written at
+/// once, answered 2 s later): anchored after the answer, the step was never
+/// seen (every later reading rose) and the holder ran 4 s into the next
+/// holder's claim. Anchored when the claim is sent, the reading at the
+/// answer is below it.
+#[tokio::test(start_paused = true)]
+async fn a_wall_clock_stepped_back_while_the_claim_is_answered_is_seen() {
+    let start = std::time::SystemTime::now();
+    let truth: Arc<dyn clock::Clock> = Arc::new(clock::TokioClock::starting_at(start));
+    let a_clock = Arc::new(SteppedClock {
+        base: clock::TokioClock::starting_at(start),
+        offset_ms: std::sync::atomic::AtomicI64::new(0),
+    });
+    let shared = MemoryStore::new(truth.clone());
+    let mut a_store = Faulty::new(shared.with_clock(a_clock.clone()));
+    a_store.claim_answer_delay = Duration::from_secs(2);
+    let live = Arc::new(Live::default());
+    let a = Processor::new(
+        a_store.clone(),
+        slow_external(live.clone(), Duration::from_secs(60)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(a_clock.clone());
+    let b = Processor::new(
+        shared.clone(),
+        slow_external(live.clone(), Duration::from_millis(10)),
+        lease_config(),
+    )
+    .unwrap()
+    .with_clock(truth.clone());
+    let msg = Message::new("m", r#"{"id":"k"}"#);
+    let a_run = tokio::spawn({
+        let (a, msg) = (a.clone(), msg.clone());
+        async move { a.process(msg).await }
+    });
+    let started = tokio::time::Instant::now();
+    let give_up = started + Duration::from_secs(30);
+    let lease_until = || async {
+        shared
+            .get("test#k")
+            .await
+            .unwrap()
+            .map_or(0, |r| r.lease_until_ms)
+    };
+    while lease_until().await == 0 {
+        assert!(tokio::time::Instant::now() < give_up, "A never claimed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a_clock.offset_ms.store(-5_000, Ordering::SeqCst);
+    tokio::time::sleep_until(started + Duration::from_secs(6)).await;
+    a_store.extends_fail.store(true, Ordering::SeqCst);
+    a_store.releases_fail.store(true, Ordering::SeqCst);
+    let b_outcome = loop {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "B never took the key"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match b.process(msg.clone()).await {
+            Outcome::InFlight { .. } => continue,
+            o => break o,
+        }
+    };
+    let a_outcome = a_run.await.unwrap();
+    assert!(
+        matches!(b_outcome, Outcome::Completed { .. }),
+        "{b_outcome:?}"
+    );
+    assert!(matches!(&a_outcome, Outcome::Retry { .. }), "{a_outcome:?}");
+    assert_eq!(
+        live.max.load(Ordering::SeqCst),
+        1,
+        "two live attempts of one key"
+    );
+}
