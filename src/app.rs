@@ -166,6 +166,8 @@ pub struct SqsOnce {
     dynamodb_timeout: Duration,
     #[cfg(feature = "s3-payloads")]
     large_payloads: Option<LargePayloadOptions>,
+    #[cfg(feature = "s3-payloads")]
+    bucket_owner: BucketOwner,
     sdk: Option<aws_config::SdkConfig>,
     shutdown: Option<CancellationToken>,
     default_logging: bool,
@@ -192,8 +194,6 @@ struct LargePayloadOptions {
     outgoing: Option<PayloadLocation>,
     /// Whether incoming pointers are read ([`SqsOnce::large_payloads`]).
     read: bool,
-    /// The account S3 calls expect to own the bucket.
-    owner: BucketOwner,
 }
 
 /// The account the front door's S3 calls expect to own a payload's bucket
@@ -201,13 +201,15 @@ struct LargePayloadOptions {
 #[cfg(feature = "s3-payloads")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 enum BucketOwner {
-    /// The source queue's account, read from its URL (when the front door
-    /// knows it); else none, with a warning.
+    /// Not set: none checked, with a warning at start-up.
     #[default]
+    Unset,
+    /// The source queue's account, read from its URL (none, with a
+    /// warning, when the front door does not know the queue).
     QueueAccount,
     /// This account.
     Account(String),
-    /// None checked.
+    /// None checked, on purpose.
     Any,
 }
 
@@ -220,7 +222,6 @@ impl Default for LargePayloadOptions {
             places: None,
             outgoing: None,
             read: false,
-            owner: BucketOwner::QueueAccount,
         }
     }
 }
@@ -254,6 +255,8 @@ impl SqsOnce {
             dynamodb_timeout: Duration::from_secs(5),
             #[cfg(feature = "s3-payloads")]
             large_payloads: None,
+            #[cfg(feature = "s3-payloads")]
+            bucket_owner: BucketOwner::Unset,
             sdk: None,
             shutdown: None,
             default_logging: true,
@@ -419,21 +422,31 @@ impl SqsOnce {
     /// The AWS account (12 digits) that must own every bucket a payload is
     /// read from, stored in or deleted from (S3's `ExpectedBucketOwner`;
     /// `SQS_ONCE_PAYLOAD_BUCKET_OWNER`): a bucket deleted and made again
-    /// under the same name by another account is refused (403), so the
-    /// message is parked rather than its payload taken from, or written
-    /// to, a stranger's bucket. The default is the source queue's account,
-    /// from its URL, when the front door is given the queue.
+    /// under the same name by another account is refused (403) rather than
+    /// its payload taken from, or written to, a stranger's bucket; the
+    /// message is retried and, its receives spent, reaches the DLQ unrun.
+    /// Unset, no owner is checked (a warning says so at start-up): payload
+    /// buckets are often a producer's, in another account.
     #[cfg(feature = "s3-payloads")]
     pub fn payload_bucket_owner(mut self, account: impl Into<String>) -> Self {
-        self.large_payloads.get_or_insert_default().owner = BucketOwner::Account(account.into());
+        self.bucket_owner = BucketOwner::Account(account.into());
         self
     }
 
-    /// Check no bucket owner on S3 calls (`SQS_ONCE_PAYLOAD_BUCKET_OWNER=any`):
-    /// for buckets owned by an account that is not known in advance.
+    /// The source queue's account (from its URL) must own every payload
+    /// bucket (`SQS_ONCE_PAYLOAD_BUCKET_OWNER=queue`; see
+    /// [`payload_bucket_owner`](Self::payload_bucket_owner)).
+    #[cfg(feature = "s3-payloads")]
+    pub fn payload_buckets_owned_by_the_queues_account(mut self) -> Self {
+        self.bucket_owner = BucketOwner::QueueAccount;
+        self
+    }
+
+    /// Check no bucket owner on S3 calls (`SQS_ONCE_PAYLOAD_BUCKET_OWNER=any`),
+    /// without the start-up warning.
     #[cfg(feature = "s3-payloads")]
     pub fn any_payload_bucket_owner(mut self) -> Self {
-        self.large_payloads.get_or_insert_default().owner = BucketOwner::Any;
+        self.bucket_owner = BucketOwner::Any;
         self
     }
 
@@ -805,8 +818,19 @@ impl SqsOnce {
         #[cfg(feature = "s3-payloads")]
         if let Some(options) = self.large_payloads {
             let queue_account = fit_to.as_deref().and_then(account_of_queue_url);
-            processor =
-                processor.with_large_payloads(options.reader(&sdk, &calls, queue_account)?);
+            let owner = match self.bucket_owner {
+                BucketOwner::QueueAccount => match queue_account {
+                    Some(account) => BucketOwner::Account(account.to_owned()),
+                    None => {
+                        tracing::warn!(
+                            "SQS_ONCE_PAYLOAD_BUCKET_OWNER=queue: the source queue's URL is not known, so S3 calls check no bucket owner"
+                        );
+                        BucketOwner::Any
+                    }
+                },
+                other => other,
+            };
+            processor = processor.with_large_payloads(options.reader(&sdk, &calls, owner)?);
         }
         Ok(Prepared {
             sqs,
@@ -824,7 +848,7 @@ impl LargePayloadOptions {
         self,
         sdk: &aws_config::SdkConfig,
         calls: &CallCounter,
-        queue_account: Option<&str>,
+        owner: BucketOwner,
     ) -> Result<LargePayloads, StartError> {
         // Sending only: no incoming pointer is read.
         let read = self.read || self.places.is_some() || self.outgoing.is_none();
@@ -843,25 +867,18 @@ impl LargePayloadOptions {
                 .timeout_config(crate::aws::attempt_timeouts(Duration::from_secs(30)))
                 .build(),
         );
-        let s3 = match (self.owner, queue_account) {
-            (BucketOwner::Account(account), _) => {
+        let s3 = match owner {
+            BucketOwner::Account(account) => {
                 tracing::info!(%account, "S3 calls expect the payload buckets' owner");
                 crate::aws::s3::S3Payloads::new(s3).expecting_owner(account)
             }
-            (BucketOwner::QueueAccount, Some(account)) => {
-                tracing::info!(%account, "S3 calls expect the payload buckets to be the source queue's account's");
-                crate::aws::s3::S3Payloads::new(s3).expecting_owner(account)
-            }
-            (BucketOwner::QueueAccount, None) => {
+            BucketOwner::Unset => {
                 tracing::warn!(
-                    "S3 calls check no bucket owner: the source queue's account is not known; set SQS_ONCE_PAYLOAD_BUCKET_OWNER (or the queue URL)"
+                    "S3 calls check no payload bucket's owner: set SQS_ONCE_PAYLOAD_BUCKET_OWNER (an account id, `queue` for the source queue's, or `any`) so a bucket name taken over by another account is refused"
                 );
                 crate::aws::s3::S3Payloads::new(s3)
             }
-            (BucketOwner::Any, _) => {
-                tracing::warn!("SQS_ONCE_PAYLOAD_BUCKET_OWNER=any: S3 calls check no bucket owner");
-                crate::aws::s3::S3Payloads::new(s3)
-            }
+            BucketOwner::QueueAccount | BucketOwner::Any => crate::aws::s3::S3Payloads::new(s3),
         };
         let mut payloads = LargePayloads::new(s3)
             .deleting(self.delete)

@@ -229,8 +229,9 @@ pub struct Settings {
     /// The AWS account (12 digits) that must own every payload bucket the
     /// consumer reads, writes or deletes in (S3's `ExpectedBucketOwner`: a
     /// bucket made again under the same name by another account is
-    /// refused). Unset: the source queue's account, from its URL; `any`:
-    /// none checked.
+    /// refused, and the message retried until its receives run out). `queue`:
+    /// the source queue's account, from its URL; `any`: none checked.
+    /// Unset: none checked, with a warning at start-up.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_PAYLOAD_BUCKET_OWNER"))]
     pub payload_bucket_owner: Option<String>,
 }
@@ -643,13 +644,16 @@ impl Settings {
         match self.payload_bucket_owner.as_deref().map(str::trim) {
             None | Some("") => {}
             Some("any") => front = front.any_payload_bucket_owner(),
+            Some("queue") => front = front.payload_buckets_owned_by_the_queues_account(),
             Some(account) if account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()) => {
                 front = front.payload_bucket_owner(account);
             }
             Some(other) => {
                 return Err(ConfigError {
                     setting: "SQS_ONCE_PAYLOAD_BUCKET_OWNER",
-                    problem: format!("`{other}` is not a 12-digit AWS account id or `any`"),
+                    problem: format!(
+                        "`{other}` is not a 12-digit AWS account id, `queue` or `any`"
+                    ),
                 });
             }
         }
