@@ -1380,14 +1380,22 @@ impl clock::Clock for SteppedClock {
     }
 }
 
-/// A's wall clock steps 5 s back after its claim; its next extension writes a
-/// lease end 5 s earlier, by every other host's clock, than A's monotonic
-/// clock would count; then A loses DynamoDB. A must stop by the stored end
-/// less the margin, before B (on the true clock) can claim the key. Without
-/// the anchor, A ran until 4 s after B took the key.
-#[tokio::test(start_paused = true)]
-async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_shortened_the_stored_one()
- {
+/// Two hosts on one key: A, whose wall clock a test steps, behind a store
+/// that can be cut off (its claims answered after `claim_answer_delay`),
+/// and B on the true clock; both run `slow_external` handlers counted in
+/// the same [`Live`] (A's 60 s, B's 10 ms).
+#[allow(clippy::type_complexity)]
+fn stepped_host_and_another(
+    claim_answer_delay: Duration,
+) -> (
+    std::time::SystemTime,
+    Arc<SteppedClock>,
+    MemoryStore,
+    Faulty,
+    Arc<Live>,
+    Processor<Faulty, impl Handler>,
+    Processor<MemoryStore, impl Handler>,
+) {
     let start = std::time::SystemTime::now();
     let truth: Arc<dyn clock::Clock> = Arc::new(clock::TokioClock::starting_at(start));
     let a_clock = Arc::new(SteppedClock {
@@ -1395,7 +1403,8 @@ async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_
         offset_ms: std::sync::atomic::AtomicI64::new(0),
     });
     let shared = MemoryStore::new(truth.clone());
-    let a_store = Faulty::new(shared.with_clock(a_clock.clone()));
+    let mut a_store = Faulty::new(shared.with_clock(a_clock.clone()));
+    a_store.claim_answer_delay = claim_answer_delay;
     let live = Arc::new(Live::default());
     let a = Processor::new(
         a_store.clone(),
@@ -1410,7 +1419,55 @@ async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_
         lease_config(),
     )
     .unwrap()
-    .with_clock(truth.clone());
+    .with_clock(truth);
+    (start, a_clock, shared, a_store, live, a, b)
+}
+
+/// The stored lease end of the key `k` (0 before any claim).
+async fn lease_until(store: &MemoryStore) -> i64 {
+    store
+        .get("test#k")
+        .await
+        .unwrap()
+        .map_or(0, |r| r.lease_until_ms)
+}
+
+/// Waits (by `give_up`) until the key `k` is claimed.
+async fn until_claimed(store: &MemoryStore, give_up: tokio::time::Instant) {
+    while lease_until(store).await == 0 {
+        assert!(tokio::time::Instant::now() < give_up, "A never claimed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// B tries every 100 ms (by `give_up`) until it gets the key.
+async fn until_taken(
+    b: &Processor<MemoryStore, impl Handler>,
+    msg: &Message,
+    give_up: tokio::time::Instant,
+) -> Outcome {
+    loop {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "B never took the key"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match b.process(msg.clone()).await {
+            Outcome::InFlight { .. } => continue,
+            o => return o,
+        }
+    }
+}
+
+/// A's wall clock steps 5 s back after its claim; its next extension writes a
+/// lease end 5 s earlier, by every other host's clock, than A's monotonic
+/// clock would count; then A loses DynamoDB. A must stop by the stored end
+/// less the margin, before B (on the true clock) can claim the key. Without
+/// the anchor, A ran until 4 s after B took the key.
+#[tokio::test(start_paused = true)]
+async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_shortened_the_stored_one()
+ {
+    let (start, a_clock, shared, a_store, live, a, b) = stepped_host_and_another(Duration::ZERO);
     let msg = Message::new("m", r#"{"id":"k"}"#);
     let a_run = tokio::spawn({
         let (a, msg) = (a.clone(), msg.clone());
@@ -1421,24 +1478,14 @@ async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_
     });
     let started = tokio::time::Instant::now();
     let give_up = started + Duration::from_secs(30);
-    let lease_until = || async {
-        shared
-            .get("test#k")
-            .await
-            .unwrap()
-            .map_or(0, |r| r.lease_until_ms)
-    };
     // The claim lands (a lease of 10 s from the start), then the clock steps back.
-    while lease_until().await == 0 {
-        assert!(tokio::time::Instant::now() < give_up, "A never claimed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let claimed_until = lease_until().await;
+    until_claimed(&shared, give_up).await;
+    let claimed_until = lease_until(&shared).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     a_clock.offset_ms.store(-5_000, Ordering::SeqCst);
     // Wait for an extension that moved the stored end (sent at 6 s by the
     // true clock, 1 s by A's: to 11 s), then cut A off from DynamoDB.
-    while lease_until().await <= claimed_until {
+    while lease_until(&shared).await <= claimed_until {
         assert!(
             tokio::time::Instant::now() < give_up,
             "no extension moved the lease"
@@ -1447,15 +1494,8 @@ async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_
     }
     a_store.extends_fail.store(true, Ordering::SeqCst);
     a_store.releases_fail.store(true, Ordering::SeqCst);
-    let stored_until = lease_until().await;
-    // B tries every 100 ms until it gets the key.
-    let b_outcome = loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        match b.process(msg.clone()).await {
-            Outcome::InFlight { .. } => continue,
-            o => break o,
-        }
-    };
+    let stored_until = lease_until(&shared).await;
+    let b_outcome = until_taken(&b, &msg, give_up).await;
     let (a_outcome, a_stopped) = a_run.await.unwrap();
     assert!(
         matches!(b_outcome, Outcome::Completed { .. }),
@@ -1483,30 +1523,8 @@ async fn a_wall_clock_stepped_back_mid_lease_shortens_the_local_lease_end_as_it_
 /// answer is below it.
 #[tokio::test(start_paused = true)]
 async fn a_wall_clock_stepped_back_while_the_claim_is_answered_is_seen() {
-    let start = std::time::SystemTime::now();
-    let truth: Arc<dyn clock::Clock> = Arc::new(clock::TokioClock::starting_at(start));
-    let a_clock = Arc::new(SteppedClock {
-        base: clock::TokioClock::starting_at(start),
-        offset_ms: std::sync::atomic::AtomicI64::new(0),
-    });
-    let shared = MemoryStore::new(truth.clone());
-    let mut a_store = Faulty::new(shared.with_clock(a_clock.clone()));
-    a_store.claim_answer_delay = Duration::from_secs(2);
-    let live = Arc::new(Live::default());
-    let a = Processor::new(
-        a_store.clone(),
-        slow_external(live.clone(), Duration::from_secs(60)),
-        lease_config(),
-    )
-    .unwrap()
-    .with_clock(a_clock.clone());
-    let b = Processor::new(
-        shared.clone(),
-        slow_external(live.clone(), Duration::from_millis(10)),
-        lease_config(),
-    )
-    .unwrap()
-    .with_clock(truth.clone());
+    let (_, a_clock, shared, a_store, live, a, b) =
+        stepped_host_and_another(Duration::from_secs(2));
     let msg = Message::new("m", r#"{"id":"k"}"#);
     let a_run = tokio::spawn({
         let (a, msg) = (a.clone(), msg.clone());
@@ -1514,33 +1532,13 @@ async fn a_wall_clock_stepped_back_while_the_claim_is_answered_is_seen() {
     });
     let started = tokio::time::Instant::now();
     let give_up = started + Duration::from_secs(30);
-    let lease_until = || async {
-        shared
-            .get("test#k")
-            .await
-            .unwrap()
-            .map_or(0, |r| r.lease_until_ms)
-    };
-    while lease_until().await == 0 {
-        assert!(tokio::time::Instant::now() < give_up, "A never claimed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_claimed(&shared, give_up).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     a_clock.offset_ms.store(-5_000, Ordering::SeqCst);
     tokio::time::sleep_until(started + Duration::from_secs(6)).await;
     a_store.extends_fail.store(true, Ordering::SeqCst);
     a_store.releases_fail.store(true, Ordering::SeqCst);
-    let b_outcome = loop {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "B never took the key"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        match b.process(msg.clone()).await {
-            Outcome::InFlight { .. } => continue,
-            o => break o,
-        }
-    };
+    let b_outcome = until_taken(&b, &msg, give_up).await;
     let a_outcome = a_run.await.unwrap();
     assert!(
         matches!(b_outcome, Outcome::Completed { .. }),
