@@ -450,9 +450,12 @@ async fn a_pointer_outside_the_payload_buckets_is_parked_without_calling_s3() {
     );
 }
 
+/// Each S3 request's operation and `x-amz-expected-bucket-owner` header.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
 /// Records the `x-amz-expected-bucket-owner` header of each S3 request.
 #[derive(Debug, Default, Clone)]
-struct OwnerHeaders(std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+struct OwnerHeaders(Seen);
 
 impl aws_sdk_s3::config::Intercept for OwnerHeaders {
     fn name(&self) -> &'static str {
