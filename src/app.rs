@@ -617,12 +617,12 @@ impl SqsOnce {
     /// function when `AWS_LAMBDA_RUNTIME_API` is set, else the poller (until
     /// SIGTERM/SIGINT or the [`shutdown_on`](Self::shutdown_on) token).
     /// A runtime whose feature is off is a [`StartError::NotCompiledIn`].
-    /// A process started with the argument `--health` (the ECS template's
+    /// A process whose first argument is `--health` (the ECS template's
     /// container health check) runs nothing: it asks the poller beside it
     /// ([`check_health`](Self::check_health)).
     pub async fn run<H: Handler>(self, handler: H) -> Result<(), StartError> {
         #[cfg(feature = "poller")]
-        if std::env::args().skip(1).any(|a| a == "--health") {
+        if std::env::args_os().nth(1).is_some_and(|a| a == "--health") {
             return self.check_health().await;
         }
         if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
@@ -677,23 +677,28 @@ impl SqsOnce {
         self.log_by_default();
         let shutdown = self.shutdown.take().unwrap_or_else(shutdown_on_signals);
         let mut poller = self.poller.clone();
-        if let Some(port) = self.health_port_or_env()? {
-            // Answered from the start, so a check during the start-up checks
-            // says "not receiving yet" rather than nothing.
-            let liveness = poller
-                .liveness
-                .get_or_insert_with(crate::runtime::poller::Liveness::new)
-                .clone();
-            crate::runtime::health::serve(port, liveness)
-                .await
-                .map_err(|e| {
-                    StartError::from(ConfigError {
-                        setting: "SQS_ONCE_HEALTH_PORT",
-                        problem: format!("cannot listen on 127.0.0.1:{port}: {e}"),
-                    })
-                })?;
-            tracing::info!(port, "answering health checks on 127.0.0.1");
-        }
+        // Answered from the start, so a check during the start-up checks
+        // says "not receiving yet" rather than nothing; closed when this
+        // returns.
+        let _serving = match self.health_port_or_env()? {
+            Some(port) => {
+                let liveness = poller
+                    .liveness
+                    .get_or_insert_with(crate::runtime::poller::Liveness::new)
+                    .clone();
+                let serving = crate::runtime::health::serve(port, liveness)
+                    .await
+                    .map_err(|e| {
+                        StartError::from(ConfigError {
+                            setting: "SQS_ONCE_HEALTH_PORT",
+                            problem: format!("cannot listen on 127.0.0.1:{port}: {e}"),
+                        })
+                    })?;
+                tracing::info!(port, "answering health checks on 127.0.0.1");
+                Some(serving)
+            }
+            None => None,
+        };
         if poller.queue_url.is_empty() {
             poller.queue_url = self.queue_url.clone().unwrap_or_default();
         }
@@ -1152,10 +1157,10 @@ mod tests {
     #[tokio::test]
     async fn the_front_door_answers_health_from_the_poller_beside_it() {
         let liveness = crate::runtime::poller::Liveness::new();
-        let port = crate::runtime::health::serve(0, liveness.clone())
+        let serving = crate::runtime::health::serve(0, liveness.clone())
             .await
-            .unwrap()
-            .port();
+            .unwrap();
+        let port = serving.port();
         let front = SqsOnce::builder("t", "c").health_port(port);
         let before = front.check_health().await.unwrap_err();
         assert!(

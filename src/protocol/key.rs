@@ -457,13 +457,15 @@ pub fn first_sender<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> O
 /// The sender part of a key ([`KeySource::Sender`]): the principal of the
 /// first sender. SQS names an assumed role's caller `AROA…:SESSION` (the
 /// session an instance, a task or a function runs under): one producer
-/// sending again from another instance is the same principal, so the
-/// session is dropped; role and user ids are unique to their principal.
+/// sending again from another instance is the same role, so a role's
+/// session is dropped. Any other form stays whole (a federated user's
+/// `ACCOUNT:NAME` is that user, not the account).
 fn sender_of<'a>(message: &'a Message, secret: Option<&CarrySecret>) -> Result<&'a str, KeyError> {
     let sender = first_sender(message, secret).ok_or(KeyError::NoSender)?;
-    Ok(sender
-        .split_once(':')
-        .map_or(sender, |(principal, _)| principal))
+    Ok(match sender.split_once(':') {
+        Some((role, _)) if role.starts_with("AROA") => role,
+        _ => sender,
+    })
 }
 
 /// The first delivery's id a parked copy carries, if sealed for its own body.
@@ -1287,6 +1289,13 @@ mod tests {
             src.extract(&role("i-0aaa")).unwrap(),
             src.extract(&role("i-0bbb")).unwrap(),
             "one role's instances are one sender"
+        );
+        let federated =
+            |name: &str| Message::new("m-8", body).with_sender_id(format!("123456789012:{name}"));
+        assert_ne!(
+            src.extract(&federated("bob")).unwrap(),
+            src.extract(&federated("eve")).unwrap(),
+            "two federated users are two senders"
         );
         let err = src.extract(&Message::new("m-6", body)).unwrap_err();
         assert!(err.to_string().contains("no SenderId"), "{err}");

@@ -24,12 +24,14 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(3);
 
 /// Answers every connection on `127.0.0.1:port` with the liveness's age.
 /// Binds before it returns; the server runs until the process exits.
-pub(crate) async fn serve(port: u16, liveness: Liveness) -> std::io::Result<SocketAddr> {
+pub(crate) async fn serve(port: u16, liveness: Liveness) -> std::io::Result<Serving> {
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let Ok((mut conn, _)) = listener.accept().await else {
+                // Out of file handles, say: not a loop at full speed.
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
             let answer = match liveness.since_last_beat() {
@@ -42,7 +44,29 @@ pub(crate) async fn serve(port: u16, liveness: Liveness) -> std::io::Result<Sock
             });
         }
     });
-    Ok(addr)
+    Ok(Serving { addr, task })
+}
+
+/// A health answer being served; dropping it closes the port (so a poller
+/// started again in the same process can listen on it).
+pub(crate) struct Serving {
+    #[cfg_attr(not(test), allow(dead_code))]
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Serving {
+    /// The port it answers on.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Asks the poller at `127.0.0.1:port`: `Ok(age)` of its last turn, or why
@@ -101,7 +125,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_recent_beat_is_healthy_and_none_or_an_old_one_is_not() {
         let liveness = Liveness::new();
-        let port = serve(0, liveness.clone()).await.unwrap().port();
+        let serving = serve(0, liveness.clone()).await.unwrap();
+        let port = serving.port();
         let before = ask_off_thread(port, Duration::from_secs(60)).await;
         assert_eq!(before, Err("the poller has not started receiving".into()));
         liveness.beat();
@@ -116,6 +141,30 @@ mod tests {
                 .is_err_and(|e| e.contains("SQS_ONCE_HEALTH_MAX_AGE")),
             "{stale:?}"
         );
+    }
+
+    /// A poller started again in one process (after a start-up error, or a
+    /// second front door once the first returned) can answer on the port.
+    #[tokio::test]
+    async fn a_dropped_answer_frees_its_port() {
+        let first = serve(0, Liveness::new()).await.unwrap();
+        let port = first.port();
+        assert!(
+            serve(port, Liveness::new()).await.is_err(),
+            "the port is taken"
+        );
+        drop(first);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let again = loop {
+            match serve(port, Liveness::new()).await {
+                Ok(again) => break again,
+                Err(e) => {
+                    assert!(tokio::time::Instant::now() < deadline, "still taken: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        assert_eq!(again.port(), port);
     }
 
     #[tokio::test]

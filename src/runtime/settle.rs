@@ -548,7 +548,12 @@ impl<Q: QueueClient> Settler<Q> {
             error!(message_id = message.id(), %reason, "permanent failure but no SQS_ONCE_DLQ_URL: it comes back until the queue's redrive policy parks it");
             return self.again(at, config.backoff_max).await;
         };
-        let key = config.dedup_key(message).ok();
+        // Nothing reads a carried key but the ids' sources (which are never
+        // scoped): under a sender-scoped key its slot goes to the sender.
+        let key = config
+            .dedup_key(message)
+            .ok()
+            .filter(|_| !config.key_source.uses_sender());
         let secret = config.carry_secret.as_ref();
         match dlq.park(message, reason, key.as_deref(), secret).await {
             Ok(()) => {
