@@ -873,6 +873,17 @@ impl LargePayloadOptions {
                 .build(),
         );
         let s3 = match owner {
+            BucketOwner::Account(account)
+                if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                // A typo would refuse every S3 call, and send every large
+                // message to the DLQ unrun.
+                return Err(ConfigError {
+                    setting: "SQS_ONCE_PAYLOAD_BUCKET_OWNER",
+                    problem: format!("`{account}` is not a 12-digit AWS account id"),
+                }
+                .into());
+            }
             BucketOwner::Account(account) => {
                 tracing::info!(%account, "S3 calls expect the payload buckets' owner");
                 crate::aws::s3::S3Payloads::new(s3).expecting_owner(account)
@@ -1153,6 +1164,35 @@ pub fn shutdown_on_signals() -> CancellationToken {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "s3-payloads")]
+    #[tokio::test]
+    async fn a_payload_bucket_owner_that_is_not_an_account_id_is_refused_at_start() {
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let options = || LargePayloadOptions {
+            places: Some(Some(Vec::new())),
+            read: true,
+            ..LargePayloadOptions::default()
+        };
+        let typo = BucketOwner::Account("12345678901".into());
+        let err = options()
+            .reader(&sdk, &CallCounter::default(), typo)
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string().contains("SQS_ONCE_PAYLOAD_BUCKET_OWNER"),
+            "{err}"
+        );
+        let account = BucketOwner::Account("123456789012".into());
+        assert!(
+            options()
+                .reader(&sdk, &CallCounter::default(), account)
+                .is_ok()
+        );
+    }
+
     #[cfg(feature = "poller")]
     #[tokio::test]
     async fn the_front_door_answers_health_from_the_poller_beside_it() {
