@@ -778,6 +778,14 @@ impl SqsOnce {
         parking_dlq: Option<String>,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
+        if self.processor.key_source.uses_sender()
+            && self.processor.envelope != crate::protocol::message::Envelope::None
+        {
+            tracing::warn!(
+                envelope = %self.processor.envelope,
+                "the key is scoped to the sender, but behind an envelope SQS's sender is the service that delivered it, the same for every publisher: the scope separates none of them"
+            );
+        }
         if concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
