@@ -214,6 +214,39 @@ enum BucketOwner {
 }
 
 #[cfg(feature = "s3-payloads")]
+impl BucketOwner {
+    /// `QueueAccount` made the account of `queue_url` (none checked, with a
+    /// warning, when the URL is not known); the others as they are.
+    fn for_queue(self, queue_url: Option<&str>) -> Self {
+        if self != Self::QueueAccount {
+            return self;
+        }
+        match queue_url.and_then(account_of_queue_url) {
+            Some(account) => Self::Account(account.to_owned()),
+            None => {
+                tracing::warn!(
+                    "SQS_ONCE_PAYLOAD_BUCKET_OWNER=queue: the source queue's URL is not known, so S3 calls check no bucket owner"
+                );
+                Self::Any
+            }
+        }
+    }
+}
+
+/// Behind an envelope SQS's `SenderId` is the delivering service, the same
+/// for every publisher: a sender-scoped key separates none of them.
+fn warn_of_a_scope_behind_an_envelope(config: &ProcessorConfig) {
+    if config.key_source.uses_sender()
+        && config.envelope != crate::protocol::message::Envelope::None
+    {
+        tracing::warn!(
+            envelope = %config.envelope,
+            "the key is scoped to the sender, but behind an envelope SQS's sender is the service that delivered it, the same for every publisher: the scope separates none of them"
+        );
+    }
+}
+
+#[cfg(feature = "s3-payloads")]
 impl Default for LargePayloadOptions {
     fn default() -> Self {
         Self {
@@ -569,16 +602,9 @@ impl SqsOnce {
         if self.health_port.is_some() {
             return Ok(self.health_port);
         }
-        match std::env::var("SQS_ONCE_HEALTH_PORT") {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
-                ConfigError {
-                    setting: "SQS_ONCE_HEALTH_PORT",
-                    problem: format!("`{v}` is not a port number"),
-                }
-                .into()
-            }),
-            _ => Ok(None),
-        }
+        Ok(crate::settings::health_port_from(&|n| {
+            std::env::var(n).ok()
+        })?)
     }
 
     /// Answers `--health`: `Ok` (printed) when the poller on the health
@@ -593,17 +619,7 @@ impl SqsOnce {
         };
         let max_age = match self.health_max_age {
             Some(age) => age,
-            None => match std::env::var("SQS_ONCE_HEALTH_MAX_AGE") {
-                Ok(v) if !v.trim().is_empty() => {
-                    humantime::parse_duration(v.trim()).map_err(|e| {
-                        StartError::from(ConfigError {
-                            setting: "SQS_ONCE_HEALTH_MAX_AGE",
-                            problem: e.to_string(),
-                        })
-                    })?
-                }
-                _ => Duration::from_secs(60),
-            },
+            None => crate::settings::health_max_age_from(&|n| std::env::var(n).ok())?,
         };
         let age = tokio::task::spawn_blocking(move || crate::runtime::health::ask(port, max_age))
             .await
@@ -778,14 +794,7 @@ impl SqsOnce {
         parking_dlq: Option<String>,
     ) -> Result<Prepared<H>, StartError> {
         self.processor.validate()?;
-        if self.processor.key_source.uses_sender()
-            && self.processor.envelope != crate::protocol::message::Envelope::None
-        {
-            tracing::warn!(
-                envelope = %self.processor.envelope,
-                "the key is scoped to the sender, but behind an envelope SQS's sender is the service that delivered it, the same for every publisher: the scope separates none of them"
-            );
-        }
+        warn_of_a_scope_behind_an_envelope(&self.processor);
         if concurrency == 0 {
             return Err(ConfigError {
                 setting: "SQS_ONCE_CONCURRENCY",
@@ -830,19 +839,7 @@ impl SqsOnce {
         let mut processor = Processor::new(store, handler, self.processor)?;
         #[cfg(feature = "s3-payloads")]
         if let Some(options) = self.large_payloads {
-            let queue_account = fit_to.as_deref().and_then(account_of_queue_url);
-            let owner = match self.bucket_owner {
-                BucketOwner::QueueAccount => match queue_account {
-                    Some(account) => BucketOwner::Account(account.to_owned()),
-                    None => {
-                        tracing::warn!(
-                            "SQS_ONCE_PAYLOAD_BUCKET_OWNER=queue: the source queue's URL is not known, so S3 calls check no bucket owner"
-                        );
-                        BucketOwner::Any
-                    }
-                },
-                other => other,
-            };
+            let owner = self.bucket_owner.for_queue(fit_to.as_deref());
             processor = processor.with_large_payloads(options.reader(&sdk, &calls, owner)?);
         }
         Ok(Prepared {

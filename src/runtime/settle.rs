@@ -652,7 +652,7 @@ pub(crate) fn copy_to_send_again(
     config: &ProcessorConfig,
     after: Duration,
 ) -> Option<OutgoingMessage> {
-    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, carry_key};
+    use crate::protocol::key::{DEDUP_KEY_ATTRIBUTE, SENDER_ATTRIBUTE, first_sender};
     // A fair queue's message (a group id on a standard queue) is not sent
     // again either: deliberately conservative, its copy would be sent
     // without the group and lose its fairness.
@@ -660,30 +660,29 @@ pub(crate) fn copy_to_send_again(
         return None;
     }
     let mut attributes = message.attributes().clone();
-    if config.key_source.uses_ids() {
-        let secret = config.carry_secret.as_ref()?;
-        let key = config.dedup_key(message).ok()?;
-        let sealed = carry_key(secret, message.body(), &key);
+    // What the copy must carry sealed, where its key reads it: the key
+    // itself (a new id), the first sender (SQS names this consumer).
+    let key = config
+        .key_source
+        .uses_ids()
+        .then(|| config.dedup_key(message).ok());
+    let sender = config
+        .key_source
+        .uses_sender()
+        .then(|| first_sender(message, config.carry_secret.as_ref()).map(str::to_owned));
+    for (name, value) in [(DEDUP_KEY_ATTRIBUTE, key), (SENDER_ATTRIBUTE, sender)] {
+        let Some(value) = value else { continue };
+        let sealed = config
+            .carry_secret
+            .as_ref()?
+            .seal(name, message.body(), &value?);
         attributes.insert(
-            DEDUP_KEY_ATTRIBUTE.to_owned(),
+            name.to_owned(),
             crate::protocol::message::Attribute::string(sealed),
         );
-        if attributes.len() > SQS_MAX_ATTRIBUTES {
-            return None;
-        }
     }
-    if config.key_source.uses_sender() {
-        use crate::protocol::key::{SENDER_ATTRIBUTE, carry_sender, first_sender};
-        let secret = config.carry_secret.as_ref()?;
-        let sender = first_sender(message, Some(secret))?;
-        let sealed = carry_sender(secret, message.body(), sender);
-        attributes.insert(
-            SENDER_ATTRIBUTE.to_owned(),
-            crate::protocol::message::Attribute::string(sealed),
-        );
-        if attributes.len() > SQS_MAX_ATTRIBUTES {
-            return None;
-        }
+    if attributes.len() > SQS_MAX_ATTRIBUTES {
+        return None;
     }
     Some(OutgoingMessage {
         body: message.body().to_owned(),

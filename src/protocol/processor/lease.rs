@@ -296,9 +296,11 @@ impl LocalEnd {
                 } else {
                     (a.at + keep).checked_sub(moved)
                 };
-                // A step back further than the monotonic clock reaches:
-                // the stored end is already past.
-                stored.map_or_else(Instant::now, |stored| by_monotonic.min(stored))
+                // A step back further than the monotonic clock reaches moves
+                // nothing: the stored end only moves forward, so the end
+                // already kept stays inside it.
+                let Some(stored) = stored else { return };
+                by_monotonic.min(stored)
             }
             _ => by_monotonic,
         };
