@@ -602,7 +602,7 @@ impl SqsOnce {
         if self.health_port.is_some() {
             return Ok(self.health_port);
         }
-        Ok(crate::settings::health_port_from(&|n| {
+        Ok(crate::protocol::config::health_port_from(&|n| {
             std::env::var(n).ok()
         })?)
     }
@@ -619,7 +619,7 @@ impl SqsOnce {
         };
         let max_age = match self.health_max_age {
             Some(age) => age,
-            None => crate::settings::health_max_age_from(&|n| std::env::var(n).ok())?,
+            None => crate::protocol::config::health_max_age_from(&|n| std::env::var(n).ok())?,
         };
         let age = tokio::task::spawn_blocking(move || crate::runtime::health::ask(port, max_age))
             .await

@@ -312,32 +312,6 @@ pub fn number(
 /// Reads variables through `var`, with the settings' defaults and parsers.
 struct Vars<F>(F);
 
-/// `SQS_ONCE_HEALTH_PORT` as `var` gives it (the settings and the front
-/// door read it alike).
-pub(crate) fn health_port_from(
-    var: &impl Fn(&str) -> Option<String>,
-) -> Result<Option<u16>, ConfigError> {
-    const NAME: &str = "SQS_ONCE_HEALTH_PORT";
-    var(NAME)
-        .filter(|t| !t.trim().is_empty())
-        .map(|t| {
-            t.trim().parse::<u16>().map_err(|_| ConfigError {
-                setting: NAME,
-                problem: format!("{t:?} is not a port number (1 to 65535)"),
-            })
-        })
-        .transpose()
-}
-
-/// `SQS_ONCE_HEALTH_MAX_AGE` as `var` gives it, with the settings' default
-/// (a test holds the two together).
-pub(crate) fn health_max_age_from(
-    var: &impl Fn(&str) -> Option<String>,
-) -> Result<Duration, ConfigError> {
-    const NAME: &str = "SQS_ONCE_HEALTH_MAX_AGE";
-    parse_duration(NAME, var(NAME).as_deref().unwrap_or("60s"))
-}
-
 impl<F: Fn(&str) -> Option<String>> Vars<F> {
     fn text(&self, name: &'static str) -> Option<String> {
         (self.0)(name)
@@ -420,7 +394,7 @@ impl Settings {
                 .text("SQS_ONCE_EXIT_WHEN_IDLE")
                 .map(|t| parse_duration("SQS_ONCE_EXIT_WHEN_IDLE", &t))
                 .transpose()?,
-            health_port: health_port_from(&v.0)?,
+            health_port: crate::protocol::config::health_port_from(&v.0)?,
             health_max_age: v.duration("SQS_ONCE_HEALTH_MAX_AGE", "60s")?,
             health: false,
             fast_path: v.switch("SQS_ONCE_FAST_PATH", true)?,
@@ -807,6 +781,7 @@ mod tests {
         ])
     }
 
+    #[cfg(feature = "poller")]
     #[test]
     fn the_front_doors_health_settings_read_as_the_settings_do() {
         let only = |table: bool| {
@@ -818,11 +793,17 @@ mod tests {
         };
         let settings = Settings::from_vars(only(true)).unwrap();
         assert_eq!(
-            health_max_age_from(&only(true)).unwrap(),
+            crate::protocol::config::health_max_age_from(&only(true)).unwrap(),
             settings.health_max_age
         );
-        assert_eq!(health_port_from(&only(true)).unwrap(), settings.health_port);
-        assert_eq!(health_port_from(&only(false)).unwrap(), Some(8081));
+        assert_eq!(
+            crate::protocol::config::health_port_from(&only(true)).unwrap(),
+            settings.health_port
+        );
+        assert_eq!(
+            crate::protocol::config::health_port_from(&only(false)).unwrap(),
+            Some(8081)
+        );
     }
 
     #[cfg(feature = "env")]

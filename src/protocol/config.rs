@@ -543,6 +543,34 @@ pub fn parse_choice<T: Clone>(
         })
 }
 
+/// `SQS_ONCE_HEALTH_PORT` as `var` gives it (the settings and the front
+/// door read it alike).
+#[cfg(any(feature = "poller", feature = "lambda"))]
+pub(crate) fn health_port_from(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<u16>, ConfigError> {
+    const NAME: &str = "SQS_ONCE_HEALTH_PORT";
+    var(NAME)
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            t.trim().parse::<u16>().map_err(|_| ConfigError {
+                setting: NAME,
+                problem: format!("{t:?} is not a port number (1 to 65535)"),
+            })
+        })
+        .transpose()
+}
+
+/// `SQS_ONCE_HEALTH_MAX_AGE` as `var` gives it, with the settings' default
+/// (a test holds the two together).
+#[cfg(feature = "poller")]
+pub(crate) fn health_max_age_from(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<Duration, ConfigError> {
+    const NAME: &str = "SQS_ONCE_HEALTH_MAX_AGE";
+    parse_duration(NAME, var(NAME).as_deref().unwrap_or("60s"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
