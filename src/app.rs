@@ -55,6 +55,11 @@ pub enum StartError {
     /// brought back from the DLQ would run again under a new key).
     #[error(transparent)]
     Secret(#[from] crate::aws::dynamodb::SecretError),
+    /// The consumer's stamp in the dedup table names a key derivation other
+    /// than this build's (every message seen before would run again) or a
+    /// record format newer than it reads, or could not be read.
+    #[error(transparent)]
+    Stamp(#[from] crate::aws::dynamodb::StampError),
     /// [`SqsOnce::ensure_table`] was asked for against an endpoint that is
     /// not this machine's or LocalStack's, without
     /// [`SqsOnce::allow_remote_ensure_table`]. Nothing was created.
@@ -115,6 +120,7 @@ impl StartError {
         match self {
             Self::Table(e) => e.is_transient(),
             Self::Secret(e) => e.is_transient(),
+            Self::Stamp(e) => e.is_transient(),
             #[cfg(feature = "poller")]
             Self::Queue(e) => e.is_transient(),
             _ => false,
@@ -1011,16 +1017,33 @@ async fn check_table_and_secret(
     config: &mut ProcessorConfig,
 ) -> Result<(), StartError> {
     let wants_secret = config.carry_secret.is_none();
-    let (checked, secret) = tokio::join!(
+    let key_settings = key_settings(config);
+    let (checked, secret, stamp) = tokio::join!(
         retry_transient(|| async { store.check_table().await.map_err(StartError::from) }),
         async {
             if !wants_secret {
                 return Ok(None);
             }
             retry_transient(|| async { Ok(store.table_carry_secret(true).await?) }).await
-        }
+        },
+        retry_transient(|| async { Ok(store.check_stamp(&config.consumer, &key_settings).await?) })
     );
     checked?;
+    match stamp {
+        Ok(crate::aws::dynamodb::StampCheck::KeySettingsChanged { was }) => tracing::warn!(
+            consumer = %config.consumer, was = %was, now = %key_settings,
+            "the key settings changed since this consumer last started: records made under the old ones are not found, so a message seen before runs again (drain the queue and its DLQ before such a change)"
+        ),
+        Ok(_) => {}
+        // Without the permission the check cannot be made: said, not fatal
+        // (the records themselves need GetItem, which start-up's table
+        // check does not prove).
+        Err(StartError::Stamp(e)) if e.is_access_denied() => tracing::warn!(
+            error = %e,
+            "the consumer's stamp (record format and key derivation) is not checked"
+        ),
+        Err(e) => return Err(e),
+    }
     match secret {
         Ok(Some(secret)) => config.carry_secret = Some(secret),
         Ok(None) => {}
@@ -1031,6 +1054,15 @@ async fn check_table_and_secret(
         ),
     }
     Ok(())
+}
+
+/// The settings that decide what a record is keyed by, as the consumer's
+/// stamp keeps them (a change means records made before are not found).
+fn key_settings(config: &ProcessorConfig) -> String {
+    format!(
+        "key={}; envelope={}; hash_keys={}",
+        config.key_source, config.envelope, config.hash_keys,
+    )
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`): JSON lines in

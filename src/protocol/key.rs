@@ -795,6 +795,15 @@ impl FromStr for KeySource {
 /// key; longer keys are hashed well before that.
 pub const MAX_PLAIN_KEY_BYTES: usize = 1024;
 
+/// The key derivation this build makes keys by: the rules that turn a message
+/// and the key settings into a record key and an idempotency key. A change to
+/// them (which would leave every record made before unfound, so every message
+/// seen before would run again) bumps this number; the dedup table's stamp
+/// of each consumer keeps the number its records were made by, and a build
+/// whose number differs refuses to start on it (`StampError`).
+/// `tests::key_derivation_is_pinned` fails on any such change.
+pub const KEY_DERIVATION: u32 = 1;
+
 /// What starts the dedup-key part of a hashed record key.
 const HASHED_PREFIX: &str = "sha256:";
 
@@ -845,6 +854,70 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every rule that turns a message into a record key and an idempotency
+    /// key, pinned: a change here leaves every record made before unfound.
+    /// If this fails, the derivation changed: bump [`KEY_DERIVATION`] (a
+    /// consumer's stamp then refuses the new build until the operator drains
+    /// and re-stamps) and mark the change **Re-applies** in CHANGELOG.md.
+    #[test]
+    fn key_derivation_is_pinned() {
+        assert_eq!(KEY_DERIVATION, 1, "see this test's comment");
+        let secret = CarrySecret::new([7u8; 32]).unwrap();
+        let body = r#"{"order":{"id":"o-1","n":12.50},"big":123456789012345678901234567890,"s":"{\"inner\":\"x\"}"}"#;
+        let message = Message::new("m-1", body)
+            .with_attribute("tenant", "t-9")
+            .with_deduplication_id("d-1")
+            .with_sender_id("AROAEXAMPLE:session-1");
+        let sealed = Message::new("m-2", body)
+            .with_attribute(DEDUP_KEY_ATTRIBUTE, carry_key(&secret, body, "original"));
+        let mut got = Vec::new();
+        for source in [
+            "message-id",
+            "dedup-id",
+            "attribute:tenant",
+            "json:/order/id",
+            "json:/order/n",
+            "json:/big",
+            "json:/s>/inner",
+            "json:/order/id,attribute:tenant",
+            "body-sha256",
+        ] {
+            let parsed: KeySource = source.parse().unwrap();
+            got.push(parsed.extract(&message).unwrap());
+            got.push(
+                parsed
+                    .clone()
+                    .scoped_to_sender()
+                    .extract(&message)
+                    .unwrap_or_default(),
+            );
+        }
+        got.push(
+            "message-id"
+                .parse::<KeySource>()
+                .unwrap()
+                .extract_with(&sealed, Some(&secret))
+                .unwrap(),
+        );
+        let long = "k".repeat(MAX_PLAIN_KEY_BYTES);
+        let keys: Vec<String> = got
+            .iter()
+            .chain([&long, &"sha256:abc".to_owned()])
+            .flat_map(|k| {
+                [
+                    record_key("c", k),
+                    hashed_record_key("c", k),
+                    idempotency_key("c", k),
+                ]
+            })
+            .collect();
+        assert_eq!(
+            sha256_hex(keys.join("\n").as_bytes()),
+            "9f43297ab6378f32a37adbd090fad1c92bcef80357ed205ad91e163e345f50d9",
+            "the key derivation changed: {keys:#?}"
+        );
+    }
 
     #[test]
     fn sha256_hex_is_the_lower_case_digest() {

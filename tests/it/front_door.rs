@@ -289,3 +289,161 @@ async fn the_front_door_creates_its_table_on_localstack_when_asked() {
         report.calls
     );
 }
+
+/// Consumer `consumer`'s stamp as the table holds it.
+async fn stamp(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    consumer: &str,
+) -> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
+    ddb.get_item()
+        .table_name(table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(sqs_once::aws::dynamodb::stamp_key(
+                consumer,
+            )),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_build_whose_key_derivation_or_record_format_differs_from_the_tables_stamp_refuses_to_start()
+ {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    if !crate::common::localstack_up().await {
+        return;
+    }
+    let (sqs, ddb) = (sqs().await, ddb().await);
+    let q = queues(&sqs, false, 30).await;
+    let table = dedup_table(&ddb).await;
+    let consumer = "stamped";
+    let start = |key: &'static str| {
+        let (effects, handler) = counting();
+        let (table, queue_url, dlq_url) = (table.clone(), q.queue_url.clone(), q.dlq_url.clone());
+        async move {
+            let ran = SqsOnce::builder(&table, consumer)
+                .sdk_config(sdk_config().await)
+                .key(key.parse::<KeySource>().unwrap())
+                .queue_url(&queue_url)
+                .dlq_url(&dlq_url)
+                .poller_config(|c| {
+                    c.wait_time = Duration::from_secs(1);
+                    c.exit_when_idle = Some(Duration::from_secs(2));
+                    c.metrics_interval = None;
+                })
+                .shutdown_on(CancellationToken::new())
+                .run_poller(handler)
+                .await
+                .map(|_| ());
+            (ran, effects.lock().unwrap().values().sum::<u32>())
+        }
+    };
+
+    // The first start stamps the table with this build's numbers and the
+    // key settings in force.
+    send_all(&sqs, &q.queue_url, &[order("o-1")]).await;
+    let (ran, applied) = start("json:/order_id").await;
+    ran.expect("the first start stamps and runs");
+    assert_eq!(applied, 1);
+    let first = stamp(&ddb, &table, consumer).await;
+    assert_eq!(
+        first["key_derivation"].as_n().unwrap(),
+        &sqs_once::key::KEY_DERIVATION.to_string()
+    );
+    assert_eq!(
+        first["record_format"].as_n().unwrap(),
+        &sqs_once::aws::dynamodb::RECORD_FORMAT.to_string()
+    );
+    assert!(
+        first["key_settings"]
+            .as_s()
+            .unwrap()
+            .contains("key=json:/order_id"),
+        "{first:?}"
+    );
+    // The record the fast path wrote carries its format.
+    let record = ddb
+        .get_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S(format!("{consumer}#o-1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        record.item().unwrap()["fmt"].as_n().unwrap(),
+        &sqs_once::aws::dynamodb::RECORD_FORMAT.to_string()
+    );
+
+    // A stamp naming another key derivation (records made by a build that
+    // derives keys otherwise): refused before anything is received, with
+    // what to do; the message waits in the queue, not run.
+    let put = |derivation: u32, format: u32| {
+        let (ddb, table) = (ddb.clone(), table.clone());
+        async move {
+            let mut item = stamp(&ddb, &table, consumer).await;
+            item.insert(
+                "key_derivation".into(),
+                AttributeValue::N(derivation.to_string()),
+            );
+            item.insert(
+                "record_format".into(),
+                AttributeValue::N(format.to_string()),
+            );
+            ddb.put_item()
+                .table_name(&table)
+                .set_item(Some(item))
+                .send()
+                .await
+                .unwrap();
+        }
+    };
+    put(
+        sqs_once::key::KEY_DERIVATION + 1,
+        sqs_once::aws::dynamodb::RECORD_FORMAT,
+    )
+    .await;
+    send_all(&sqs, &q.queue_url, &[order("o-2")]).await;
+    let (ran, applied) = start("json:/order_id").await;
+    let err = ran.expect_err("a different key derivation is refused");
+    assert!(matches!(err, StartError::Stamp(_)), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("key derivation") && text.contains("Drain the queue"),
+        "the refusal says what changed and what to do: {text}"
+    );
+    assert_eq!(applied, 0, "nothing ran");
+    assert_eq!(depth(&sqs, &q.queue_url).await, 1, "o-2 waits in the queue");
+
+    // Records of a newer format: refused too.
+    put(
+        sqs_once::key::KEY_DERIVATION,
+        sqs_once::aws::dynamodb::RECORD_FORMAT + 1,
+    )
+    .await;
+    let (ran, _) = start("json:/order_id").await;
+    let err = ran.expect_err("a newer record format is refused");
+    assert!(err.to_string().contains("record format"), "{err}");
+
+    // This build's numbers again, and the key settings changed by the
+    // operator: it starts (warning), and the stamp takes the new settings.
+    put(
+        sqs_once::key::KEY_DERIVATION,
+        sqs_once::aws::dynamodb::RECORD_FORMAT,
+    )
+    .await;
+    let (ran, applied) = start("json:/order_id,sender").await;
+    ran.expect("changed key settings start, with a warning");
+    assert_eq!(applied, 1, "o-2 ran once");
+    let after = stamp(&ddb, &table, consumer).await;
+    assert!(
+        after["key_settings"].as_s().unwrap().contains("sender"),
+        "{after:?}"
+    );
+}

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{KEY_ATTRIBUTE, OUTBOX_ATTRIBUTE, TTL_ATTRIBUTE};
+use super::{
+    KEY_ATTRIBUTE, OUTBOX_ATTRIBUTE, RECORD_FORMAT, RECORD_FORMAT_ATTRIBUTE, TTL_ATTRIBUTE,
+};
 use crate::protocol::outcome::StoredResult;
 use crate::protocol::store::{Record, Status};
 
@@ -76,6 +78,16 @@ pub enum RecordError {
         #[source]
         source: serde_json::Error,
     },
+    /// A record written in a format newer than this build reads.
+    #[error(
+        "dedup record {pk} is in record format {format}, newer than this build reads (up to {RECORD_FORMAT}): run the newer sqs-once"
+    )]
+    NewerFormat {
+        /// The record's key.
+        pk: String,
+        /// Its format.
+        format: i64,
+    },
     /// A stored result that is not JSON.
     #[error("dedup record {pk}: result is not JSON: {source}")]
     ResultNotJson {
@@ -111,6 +123,11 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record
             .and_then(|v| v.parse().ok())
     };
     let pk = str_of(KEY_ATTRIBUTE).ok_or(RecordError::NoKey)?;
+    // No format attribute: format 1, written before records carried one.
+    if let Some(format) = num_of(RECORD_FORMAT_ATTRIBUTE).filter(|f| *f > i64::from(RECORD_FORMAT))
+    {
+        return Err(RecordError::NewerFormat { pk, format });
+    }
     let Some(status_s) = str_of("status") else {
         return Err(RecordError::NoStatus { pk });
     };
@@ -188,5 +205,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_record_without_a_format_is_read_as_format_one_and_a_newer_one_is_refused() {
+        let record = |format: Option<&str>| {
+            let mut item = HashMap::from([
+                (KEY_ATTRIBUTE.to_owned(), AttributeValue::S("c#k".into())),
+                ("status".to_owned(), AttributeValue::S("COMPLETED".into())),
+                ("owner".to_owned(), AttributeValue::S("o".into())),
+            ]);
+            if let Some(f) = format {
+                item.insert(
+                    RECORD_FORMAT_ATTRIBUTE.to_owned(),
+                    AttributeValue::N(f.into()),
+                );
+            }
+            record_from_item(&item)
+        };
+        // Written before records carried a format: found, as before.
+        let old = record(None).expect("a record of format 1 without the attribute");
+        assert_eq!(old.status, Status::Completed);
+        assert_eq!(old.pk, "c#k");
+        assert!(record(Some(&RECORD_FORMAT.to_string())).is_ok());
+        let newer = (RECORD_FORMAT + 1).to_string();
+        let err = record(Some(&newer)).expect_err("a newer format is not misread");
+        assert!(matches!(err, RecordError::NewerFormat { .. }), "{err}");
+        assert!(
+            err.to_string().contains("newer than this build reads"),
+            "{err}"
+        );
     }
 }

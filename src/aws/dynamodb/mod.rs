@@ -8,12 +8,14 @@
 
 mod item;
 mod secret;
+mod stamp;
 mod table;
 
 use crate::aws::OnHeap;
 use item::replaced;
 pub use item::{RecordError, record_from_item};
 pub use secret::{CARRY_SECRET_ITEM, SecretError};
+pub use stamp::{RECORD_FORMAT, RECORD_FORMAT_ATTRIBUTE, StampCheck, StampError, stamp_key};
 pub use table::TableCheckError;
 
 use std::collections::HashMap;
@@ -529,6 +531,10 @@ impl DynamoStore {
             ("completed_at".to_owned(), n(now_ms)),
             ("attempts".to_owned(), n(1)),
             ("fence".to_owned(), fence(c.fence)),
+            (
+                RECORD_FORMAT_ATTRIBUTE.to_owned(),
+                n(i64::from(RECORD_FORMAT)),
+            ),
         ]);
         match &c.result {
             None => {}
@@ -579,11 +585,12 @@ impl DynamoStore {
             (":zero".to_owned(), n(0)),
             (":one".to_owned(), n(1)),
             (":fence".to_owned(), fence(c.fence)),
+            (":fmt".to_owned(), n(i64::from(RECORD_FORMAT))),
         ]);
         let mut set = "SET #status = :completed, #owner = :owner, expires_at = :expires_at, \
              payload_sha256 = :payload, message_id = :mid, claimed_at = :now_ms, \
              completed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one, \
-             fence = :fence"
+             fence = :fence, fmt = :fmt"
             .to_owned();
         let mut remove = vec!["lease_until", "#error"];
         set_result(c.result.as_ref(), &mut set, &mut remove, &mut values);
@@ -833,13 +840,14 @@ impl DedupStore for DynamoStore {
             (":zero".to_owned(), n(0)),
             (":one".to_owned(), n(1)),
             (":fence_start".to_owned(), fence(clock_fence(now_ms))),
+            (":fmt".to_owned(), n(i64::from(RECORD_FORMAT))),
         ]);
         // The fence: one above the stored one, or above the clock's where
         // none is stored (see `next_fence`).
         let update = "SET #status = :in_progress, #owner = :owner, lease_until = :lease_until, \
              expires_at = :expires_at, payload_sha256 = :payload, message_id = :mid, \
              claimed_at = :now_ms, attempts = if_not_exists(attempts, :zero) + :one, \
-             fence = if_not_exists(fence, :fence_start) + :one \
+             fence = if_not_exists(fence, :fence_start) + :one, fmt = :fmt \
              REMOVE #result, result_sha256, result_bytes, completed_at, #outbox";
         let attr_names = names(&[
             ("#status", "status"),
