@@ -64,6 +64,7 @@
 //! example consumers `ledger` (staged writes, the fast path) and `payments` (an
 //! external API with an idempotency key) in `examples/`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
