@@ -34,7 +34,7 @@ class EcsTemplate(unittest.TestCase):
 
     def test_stop_timeout_leaves_time_for_the_drain(self):
         drain = seconds(self.env["SQS_ONCE_DRAIN"])
-        cleanup = int(re.search(r"CLEANUP: Duration = Duration::from_secs\((\d+)\)", (ROOT / "src/runtime/poller.rs").read_text()).group(1))
+        cleanup = int(re.search(r"CLEANUP: Duration = Duration::from_secs\((\d+)\)", (ROOT / "src/runtime/poller/mod.rs").read_text()).group(1))
         stop = int(self.container["StopTimeout"])
         self.assertLess(drain + cleanup, stop, "the poller must exit before ECS sends SIGKILL")
         self.assertLessEqual(stop, 120, "Fargate allows at most 120 s")
@@ -161,7 +161,7 @@ class EcsTemplate(unittest.TestCase):
         self.assertEqual(check["Command"], ["CMD", "/usr/local/bin/ledger", "--health"])
         self.assertIn("SQS_ONCE_HEALTH_PORT", self.env)
         max_age = seconds(self.env["SQS_ONCE_HEALTH_MAX_AGE"])
-        poller = (ROOT / "src/runtime/poller.rs").read_text()
+        poller = "".join(p.read_text() for p in sorted((ROOT / "src/runtime/poller").glob("*.rs")))
         wait = int(re.search(r"wait_time: Duration::from_secs\((\d+)\)", poller).group(1))
         slack = int(re.search(r"SQS_SLACK: Duration = Duration::from_secs\((\d+)\)", (ROOT / "src/app.rs").read_text()).group(1))
         backoff = int(re.search(r"error_backoff \* 2\)\.min\(Duration::from_secs\((\d+)\)\)", poller).group(1))
