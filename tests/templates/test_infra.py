@@ -26,6 +26,13 @@ class EcsTemplate(unittest.TestCase):
         (cls.container,) = cls.res["TaskDefinition"]["Properties"]["ContainerDefinitions"]
         cls.env = {e["Name"]: e["Value"] for e in cls.container["Environment"]}
 
+    def test_handler_error_text_is_redacted_by_default(self):
+        self.assertEqual(
+            self.env["SQS_ONCE_REDACT_REASONS"],
+            {"Fn::If": ["RedactsHandlerErrors", "on", "off"]},
+        )
+        self.assertEqual(self.t["Parameters"]["RedactHandlerErrors"]["Default"], "true")
+
     def test_fargate_task_in_awsvpc(self):
         props = self.res["TaskDefinition"]["Properties"]
         self.assertEqual(props["RequiresCompatibilities"], ["FARGATE"])

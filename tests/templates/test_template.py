@@ -21,7 +21,7 @@ class SamTemplate(unittest.TestCase):
         cls.variants = {
             fifo: resolve(
                 cls.raw,
-                {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasRecordRetention": False, "HasAlarmTopicArn": False, "HasKmsKey": False, **NO_LARGE_PAYLOADS},
+                {"IsFifo": fifo, "HasConcurrencyLimit": False, "HasRecordRetention": False, "HasAlarmTopicArn": False, "HasKmsKey": False, "RedactsHandlerErrors": True, **NO_LARGE_PAYLOADS},
                 defaults,
             )
             for fifo in (False, True)
@@ -175,6 +175,14 @@ class SamTemplate(unittest.TestCase):
             st["Condition"],
             {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["sqs-once:carry-secret"]}},
         )
+
+    def test_handler_error_text_is_redacted_by_default(self):
+        env = self.function()["Properties"]["Environment"]["Variables"]
+        self.assertEqual(env["SQS_ONCE_REDACT_REASONS"], "on")
+        self.assertEqual(self.raw["Parameters"]["RedactHandlerErrors"]["Default"], "true")
+        # Keys stay plain, and the parameter says why (hashing re-keys).
+        self.assertNotIn("SQS_ONCE_HASH_KEYS", env)
+        self.assertIn("SQS_ONCE_HASH_KEYS", self.raw["Parameters"]["RedactHandlerErrors"]["Description"])
 
     def test_the_consumer_writes_only_its_own_records(self):
         [policy] = self.res(False, "LedgerRole")["Properties"]["Policies"]
