@@ -499,72 +499,15 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         let deletes = &deletes;
         let lanes = futures::stream::iter(lanes)
             .map(|lane| async move {
-                let mut failed = Vec::new();
-                let mut rest = lane.into_iter().peekable();
-                let mut hold = None;
-                while let Some(r) = rest.next() {
-                    let settled = self.run_one(&r, budget, stop, finished).await;
-                    if settled.lets_go() {
-                        // Known done before its direct delete is sent: an
-                        // answer sent meanwhile (the deadline's) leaves it
-                        // out of `batchItemFailures`, so Lambda deletes it
-                        // if the direct delete does not (simulator seeds
-                        // 127362 and 139298: a FIFO record completed on its
-                        // tenth receive, its direct delete still in flight
-                        // when the answer went, was listed as failed and
-                        // reached the DLQ).
-                        done.lock().unwrap_or_else(|e| e.into_inner()).push(r.index);
-                        if let (
-                            Settled::Done | Settled::SentAgain,
-                            Ok(Parsed {
-                                message,
-                                queue: Some(queue),
-                            }),
-                        ) = (settled, &r.parsed)
-                            && message.receive_count() > 1
-                            && let Some(receipt) = message.receipt_handle()
-                        {
-                            let _ = deletes.send((
-                                queue.clone(),
-                                receipt.to_owned(),
-                                message.id().to_owned(),
-                            ));
-                        }
-                        continue;
-                    }
-                    if fifo {
-                        // Held only when the failure set a delay; else the
-                        // rest is left as received.
-                        if let (Settled::Again { after: Some(after) }, Ok(Parsed { message: m, queue })) =
-                            (settled, &r.parsed)
-                        {
-                            let failed_at = Delivery {
-                                source: queue.as_deref(),
-                                message: m,
-                                received_at: budget.received_at,
-                                superseded: false,
-                                invisible_through: None,
-                            };
-                            let more = rest.peek().is_some();
-                            hold =
-                                Some(hold_group(&self.inner.settler, failed_at, after, more).await);
-                        }
-                        failed.push(r.listed());
-                        break;
-                    }
-                    failed.push(r.listed());
-                }
-                // FIFO: after a failure the rest of the group is listed without
-                // running, coming back a second before the failed record
-                // (`hold_group`, as in the poller).
-                for r in rest {
-                    info!(message_id = %r.id, "not started: an earlier message of its group failed");
-                    if let (Some(after), Ok(Parsed { message: m, queue: Some(queue) })) = (hold, &r.parsed) {
-                        retry_later(&self.inner.queue, queue, m, after, budget.received_at).await;
-                    }
-                    failed.push(r.listed());
-                }
-                futures::stream::iter(failed)
+                let run = Run {
+                    fifo,
+                    budget,
+                    stop,
+                    done,
+                    finished,
+                    deletes,
+                };
+                futures::stream::iter(self.run_lane(lane, &run).await)
             })
             .buffer_unordered(self.inner.config.concurrency.max(1))
             .flatten()
@@ -581,6 +524,57 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
         // is dropped: waiting for it would only hold Lambda's back
         // (simulator seed 271312: a hanging try held the answer 2 s, and
         // the message was handed to another consumer meanwhile).
+        failed
+    }
+
+    /// Runs one lane's records in order; answers those to list as failed.
+    /// On a FIFO queue the lane stops at its first failure, and the rest of
+    /// the group is listed without running, coming back a second before the
+    /// failed record (`hold_group`, as in the poller).
+    async fn run_lane(&self, lane: Vec<EventRecord>, run: &Run<'_>) -> Vec<Listed> {
+        let mut failed = Vec::new();
+        let mut rest = lane.into_iter().peekable();
+        let mut hold = None;
+        while let Some(r) = rest.next() {
+            let settled = self.run_one(&r, run.budget, run.stop, run.finished).await;
+            if settled.lets_go() {
+                note_done(&r, settled, run);
+                continue;
+            }
+            failed.push(r.listed());
+            if run.fifo {
+                // Held only when the failure set a delay; else the rest is
+                // left as received.
+                if let (Settled::Again { after: Some(after) }, Ok(Parsed { message: m, queue })) =
+                    (settled, &r.parsed)
+                {
+                    let failed_at = Delivery {
+                        source: queue.as_deref(),
+                        message: m,
+                        received_at: run.budget.received_at,
+                        superseded: false,
+                        invisible_through: None,
+                    };
+                    let more = rest.peek().is_some();
+                    hold = Some(hold_group(&self.inner.settler, failed_at, after, more).await);
+                }
+                break;
+            }
+        }
+        for r in rest {
+            info!(message_id = %r.id, "not started: an earlier message of its group failed");
+            if let (
+                Some(after),
+                Ok(Parsed {
+                    message: m,
+                    queue: Some(queue),
+                }),
+            ) = (hold, &r.parsed)
+            {
+                retry_later(&self.inner.queue, queue, m, after, run.budget.received_at).await;
+            }
+            failed.push(r.listed());
+        }
         failed
     }
 
@@ -806,6 +800,46 @@ impl<S: DedupStore, H: Handler, Q: QueueClient> LambdaAdapter<S, H, Q> {
                 }
             }
         });
+    }
+}
+
+/// What every lane of one invocation shares.
+struct Run<'a> {
+    fifo: bool,
+    budget: Budget,
+    stop: &'a CancellationToken,
+    /// The records finished with, noted as soon as they are.
+    done: &'a std::sync::Mutex<Vec<usize>>,
+    finished: &'a PayloadsToDelete,
+    /// Finished redeliveries' direct deletes: (queue, receipt, message id).
+    deletes: &'a tokio::sync::mpsc::UnboundedSender<(String, String, String)>,
+}
+
+/// Notes record `r` finished with, and sends a finished redelivery's direct
+/// delete. Known done before its direct delete is sent: an answer sent
+/// meanwhile (the deadline's) leaves it out of `batchItemFailures`, so Lambda
+/// deletes it if the direct delete does not (simulator seeds 127362 and
+/// 139298: a FIFO record completed on its tenth receive, its direct delete
+/// still in flight when the answer went, was listed as failed and reached
+/// the DLQ).
+fn note_done(r: &EventRecord, settled: Settled, run: &Run<'_>) {
+    run.done
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(r.index);
+    if let (
+        Settled::Done | Settled::SentAgain,
+        Ok(Parsed {
+            message,
+            queue: Some(queue),
+        }),
+    ) = (settled, &r.parsed)
+        && message.receive_count() > 1
+        && let Some(receipt) = message.receipt_handle()
+    {
+        let _ = run
+            .deletes
+            .send((queue.clone(), receipt.to_owned(), message.id().to_owned()));
     }
 }
 
