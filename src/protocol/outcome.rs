@@ -33,6 +33,7 @@ pub struct StagedWrite {
 /// A handler result as recorded: the value itself, or its digest when larger
 /// than the configured bound.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum StoredResult {
     /// The result, as JSON.
     Value(serde_json::Value),

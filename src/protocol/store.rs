@@ -210,6 +210,7 @@ pub struct ClaimRequest {
 
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Claim {
     /// We own the key: run the handler.
     Acquired {

@@ -103,6 +103,7 @@ pub fn describe_record(r: &Record, now: i64) -> String {
             "result     {bytes} bytes, stored as sha256 {}",
             escape(sha256)
         )),
+        Some(_) => out.push("result     (a form this tool does not show)".to_owned()),
         None => {}
     }
     if let Some(e) = &r.error {
