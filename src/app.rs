@@ -1028,22 +1028,18 @@ async fn check_table_and_secret(
         },
         retry_transient(|| async { Ok(store.check_stamp(&config.consumer, &key_settings).await?) })
     );
-    checked?;
-    match stamp {
-        Ok(crate::aws::dynamodb::StampCheck::KeySettingsChanged { was }) => tracing::warn!(
+    // A change of key settings is said even when the table check fails
+    // after the stamp noted it; a table that cannot serve is named first. A
+    // stamp that cannot be read or written (a missing permission) stops the
+    // start: unchecked, a build that derives keys otherwise would re-apply.
+    if let Ok(crate::aws::dynamodb::StampCheck::KeySettingsChanged { was }) = &stamp {
+        tracing::warn!(
             consumer = %config.consumer, was = %was, now = %key_settings,
             "the key settings changed since this consumer last started: records made under the old ones are not found, so a message seen before runs again (drain the queue and its DLQ before such a change)"
-        ),
-        Ok(_) => {}
-        // Without the permission the check cannot be made: said, not fatal
-        // (the records themselves need GetItem, which start-up's table
-        // check does not prove).
-        Err(StartError::Stamp(e)) if e.is_access_denied() => tracing::warn!(
-            error = %e,
-            "the consumer's stamp (record format and key derivation) is not checked"
-        ),
-        Err(e) => return Err(e),
+        );
     }
+    checked?;
+    stamp?;
     match secret {
         Ok(Some(secret)) => config.carry_secret = Some(secret),
         Ok(None) => {}

@@ -900,6 +900,40 @@ mod tests {
                 .extract_with(&sealed, Some(&secret))
                 .unwrap(),
         );
+        // Keys read through an envelope, as the processor's configuration takes them.
+        let sns = serde_json::json!({
+            "Type": "Notification",
+            "MessageId": "sns-1",
+            "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
+            "Message": r#"{"order":{"id":"o-2"}}"#,
+            "MessageAttributes": {"tenant": {"Type": "String", "Value": "t-8"}}
+        })
+        .to_string();
+        let bridge = serde_json::json!({
+            "version": "0", "id": "e-1", "detail-type": "Order", "source": "shop",
+            "detail": {"order": {"id": "o-3"}}
+        })
+        .to_string();
+        for (envelope, body) in [
+            (crate::protocol::message::Envelope::Sns, &sns),
+            (crate::protocol::message::Envelope::EventBridge, &bridge),
+        ] {
+            for source in [
+                "json:/order/id",
+                "attribute:tenant",
+                "body-sha256",
+                "message-id",
+            ] {
+                let mut config = crate::protocol::config::ProcessorConfig::new("c");
+                config.envelope = envelope;
+                config.key_source = source.parse().unwrap();
+                got.push(
+                    config
+                        .dedup_key(&Message::new("m-3", body.as_str()))
+                        .unwrap_or_else(|e| format!("error: {e}")),
+                );
+            }
+        }
         let long = "k".repeat(MAX_PLAIN_KEY_BYTES);
         let keys: Vec<String> = got
             .iter()
@@ -914,7 +948,7 @@ mod tests {
             .collect();
         assert_eq!(
             sha256_hex(keys.join("\n").as_bytes()),
-            "9f43297ab6378f32a37adbd090fad1c92bcef80357ed205ad91e163e345f50d9",
+            "0aa0dee7d04346dafe353eb685475b9c97afdae32ad192ee0d0824a9c4556f66",
             "the key derivation changed: {keys:#?}"
         );
     }

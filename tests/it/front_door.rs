@@ -415,7 +415,9 @@ async fn a_build_whose_key_derivation_or_record_format_differs_from_the_tables_s
     assert!(matches!(err, StartError::Stamp(_)), "{err}");
     let text = err.to_string();
     assert!(
-        text.contains("key derivation") && text.contains("Drain the queue"),
+        text.contains("key derivation")
+            && text.contains("drained")
+            && text.contains("event source mapping"),
         "the refusal says what changed and what to do: {text}"
     );
     assert_eq!(applied, 0, "nothing ran");

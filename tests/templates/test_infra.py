@@ -110,7 +110,10 @@ class EcsTemplate(unittest.TestCase):
         self.assertEqual(st["Action"], ["dynamodb:GetItem", "dynamodb:PutItem"])
         self.assertEqual(
             st["Condition"],
-            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["sqs-once:carry-secret"]}},
+            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [
+                "sqs-once:carry-secret",
+                {"Fn::Sub": "sqs-once:stamp:${ConsumerName}"},
+            ]}},
         )
 
     def test_the_consumer_writes_only_its_own_records(self):

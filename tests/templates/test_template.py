@@ -173,7 +173,10 @@ class SamTemplate(unittest.TestCase):
         self.assertEqual(st["Action"], ["dynamodb:GetItem", "dynamodb:PutItem"])
         self.assertEqual(
             st["Condition"],
-            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["sqs-once:carry-secret"]}},
+            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [
+                "sqs-once:carry-secret",
+                {"Fn::Sub": "sqs-once:stamp:${ConsumerName}"},
+            ]}},
         )
 
     def test_handler_error_text_is_redacted_by_default(self):

@@ -8,7 +8,7 @@ use super::{
     KEY_ATTRIBUTE, OUTBOX_ATTRIBUTE, RECORD_FORMAT, RECORD_FORMAT_ATTRIBUTE, TTL_ATTRIBUTE,
 };
 use crate::protocol::outcome::StoredResult;
-use crate::protocol::store::{Record, Status};
+use crate::protocol::store::{Record, Status, StoreError};
 
 /// What a committed claim replaced (its `ALL_OLD` item), as [`Replaced`].
 /// Read field by field and leniently: the claim is ours whatever the old
@@ -85,8 +85,8 @@ pub enum RecordError {
     NewerFormat {
         /// The record's key.
         pk: String,
-        /// Its format.
-        format: i64,
+        /// Its format, as stored.
+        format: String,
     },
     /// A stored result that is not JSON.
     #[error("dedup record {pk}: result is not JSON: {source}")]
@@ -97,6 +97,18 @@ pub enum RecordError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+impl From<RecordError> for StoreError {
+    /// A newer build's record is a failure that may pass (the message is
+    /// retried, for a newer consumer to take, or for this one once
+    /// upgraded); any other unreadable record is invalid.
+    fn from(e: RecordError) -> Self {
+        match e {
+            RecordError::NewerFormat { .. } => StoreError::Unavailable(e.to_string()),
+            e => StoreError::Invalid(e.to_string()),
+        }
+    }
 }
 
 /// Whether the numbers the claim condition compares (`expires_at`,
@@ -124,9 +136,15 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<Record
     };
     let pk = str_of(KEY_ATTRIBUTE).ok_or(RecordError::NoKey)?;
     // No format attribute: format 1, written before records carried one.
-    if let Some(format) = num_of(RECORD_FORMAT_ATTRIBUTE).filter(|f| *f > i64::from(RECORD_FORMAT))
-    {
-        return Err(RecordError::NewerFormat { pk, format });
+    // One that is not a whole number this build knows is not misread as 1.
+    if let Some(stored) = item.get(RECORD_FORMAT_ATTRIBUTE) {
+        let format = stored.as_n().ok().and_then(|n| n.parse::<i64>().ok());
+        if format.is_none_or(|f| f > i64::from(RECORD_FORMAT)) {
+            return Err(RecordError::NewerFormat {
+                pk,
+                format: format.map_or_else(|| format!("{stored:?}"), |f| f.to_string()),
+            });
+        }
     }
     let Some(status_s) = str_of("status") else {
         return Err(RecordError::NoStatus { pk });
@@ -235,5 +253,12 @@ mod tests {
             err.to_string().contains("newer than this build reads"),
             "{err}"
         );
+        // Retried, not parked: a newer consumer (or this one, upgraded) reads it.
+        assert!(!StoreError::from(err).is_permanent());
+        // A format that is not a whole number is not read as format 1.
+        assert!(matches!(
+            record(Some("1.5")),
+            Err(RecordError::NewerFormat { .. })
+        ));
     }
 }

@@ -15,7 +15,10 @@ use crate::aws::OnHeap;
 use item::replaced;
 pub use item::{RecordError, record_from_item};
 pub use secret::{CARRY_SECRET_ITEM, SecretError};
-pub use stamp::{RECORD_FORMAT, RECORD_FORMAT_ATTRIBUTE, StampCheck, StampError, stamp_key};
+pub use stamp::{
+    LEGACY_KEY_DERIVATION, RECORD_FORMAT, RECORD_FORMAT_ATTRIBUTE, StampCheck, StampError,
+    stamp_key,
+};
 pub use table::TableCheckError;
 
 use std::collections::HashMap;
@@ -68,14 +71,22 @@ macro_rules! claim_condition {
 /// late must not erase the failure it never saw).
 /// [`Record::claimable_by`] is the same predicate in Rust (the simulator
 /// checks that the two agree).
-pub const CLAIM_CONDITION: &str = claim_condition!();
+///
+/// Only over a record of a format this build writes or older: a newer
+/// build's record is left alone, never rewritten in an older format.
+pub const CLAIM_CONDITION: &str = concat!(
+    "(",
+    claim_condition!(),
+    ") AND (attribute_not_exists(fmt) OR fmt <= :fmt)"
+);
 /// Where a fast-path commit writes over a record: where a claim could take
 /// it, and only over a lower fence than the one its handler read
 /// ([`FastCommit::may_replace`] in Rust).
 pub const FAST_COMMIT_CONDITION: &str = concat!(
     "(",
     claim_condition!(),
-    ") AND (attribute_not_exists(fence) OR fence < :fence)"
+    ") AND (attribute_not_exists(fence) OR fence < :fence) \
+     AND (attribute_not_exists(fmt) OR fmt <= :fmt)"
 );
 const OWNED_CONDITION: &str = "#owner = :owner AND #status = :in_progress";
 /// An extension also needs the lease to be live (one that lands after a release,
@@ -368,8 +379,7 @@ impl DynamoStore {
                 Err(e) => {
                     if let Some(ccf) = conditional_failure(&e) {
                         let old = ccf.item().map(record_from_item).transpose();
-                        let old =
-                            old.map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+                        let old = old.map_err(|e| Attempt::Done(e.into()))?;
                         if old
                             .as_ref()
                             .is_some_and(|r| r.owner.as_deref() == Some(owner) && accept(r))
@@ -888,7 +898,7 @@ impl DedupStore for DynamoStore {
                                 "conditional check failed without the old item (ALL_OLD not honoured)".into(),
                             )));
                         };
-                        let old = record_from_item(item).map_err(|e| Attempt::Done(StoreError::Invalid(e.to_string())))?;
+                        let old = record_from_item(item).map_err(|e| Attempt::Done(e.into()))?;
                         return Ok(decide_conflict(&old, req, now_ms));
                     }
                     Err(classify(&e))
@@ -1061,6 +1071,11 @@ impl DedupStore for DynamoStore {
                 Sent::Found(Ok(_), false) => {
                     tracing::warn!(pk = %c.pk, "the record in the way holds a number the claim condition compares that is not a whole number; the conditional update decides on it");
                 }
+                // A newer build's record: neither read nor written over
+                // (the takeover's condition would refuse it too).
+                Sent::Found(Err(e @ RecordError::NewerFormat { .. }), _) => {
+                    return Err(e.into());
+                }
                 Sent::Found(Err(e), _) => {
                     tracing::warn!(pk = %c.pk, error = %e, "the record in the way does not read as one; written over by the conditional update where a claim could take it");
                 }
@@ -1139,6 +1154,6 @@ impl DedupStore for DynamoStore {
         out.item()
             .map(record_from_item)
             .transpose()
-            .map_err(|e| StoreError::Invalid(e.to_string()))
+            .map_err(StoreError::from)
     }
 }

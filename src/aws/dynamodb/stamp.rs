@@ -75,7 +75,7 @@ pub enum StampError {
     /// This build derives keys differently from the one that made the
     /// records: every message seen before would run again.
     #[error(
-        "dedup table `{table}`: consumer `{consumer}`'s keys were made by key derivation {stored} (sqs-once {by}); this build (sqs-once {ours}) makes them by derivation {KEY_DERIVATION}, so no record made before would be found and every message seen before would run again. Drain the queue and its DLQ, then delete the stamp (item {KEY_ATTRIBUTE} = \"{pk}\") to start under the new derivation, or run the version that made them (CHANGELOG.md marks such changes Re-applies)",
+        "dedup table `{table}`: consumer `{consumer}`'s keys were made by key derivation {stored} (sqs-once {by}); this build (sqs-once {ours}) makes them by derivation {KEY_DERIVATION}, so no record made before would be found and every message seen before would run again. Run the version that made them until the queue and its DLQ are drained (on Lambda, disable the event source mapping before deploying a build that refuses: each failed start spends a receive), then set the stamp's key_derivation to {KEY_DERIVATION} (item {KEY_ATTRIBUTE} = \"{pk}\"; deleting it stamps derivation {LEGACY_KEY_DERIVATION} again) to start under the new one (CHANGELOG.md marks such changes Re-applies)",
         ours = env!("CARGO_PKG_VERSION")
     )]
     KeyDerivationChanged {
@@ -89,6 +89,18 @@ pub enum StampError {
         stored: u32,
         /// The version that wrote the stamp.
         by: String,
+    },
+    /// The stamp holds something other than a stamp.
+    #[error(
+        "dedup table `{table}`: the consumer's stamp (item {KEY_ATTRIBUTE} = \"{pk}\") has no whole number `{attribute}`: fix it, or delete it to have it written again"
+    )]
+    Malformed {
+        /// The dedup table.
+        table: String,
+        /// The stamp's key.
+        pk: String,
+        /// The attribute that is missing or not a number.
+        attribute: String,
     },
     /// The stamp could not be read or written.
     #[error(
@@ -121,11 +133,6 @@ impl StampError {
             }
         )
     }
-
-    /// Whether the call was refused for want of a permission.
-    pub fn is_access_denied(&self) -> bool {
-        matches!(self, StampError::Call { reason, .. } if reason.contains("AccessDenied"))
-    }
 }
 
 struct Stored {
@@ -135,31 +142,47 @@ struct Stored {
     by: String,
 }
 
+/// The key derivation of the versions from before the stamp: a consumer
+/// without a stamp is taken to have made its keys by it (a newer build
+/// finding no stamp cannot tell a new consumer from an old one, so it
+/// stamps this and refuses until the operator says otherwise).
+pub const LEGACY_KEY_DERIVATION: u32 = 1;
+
 impl DynamoStore {
     /// Checks consumer `consumer`'s stamp against this build and
     /// `key_settings` (the key settings in force, as text), writing it when
-    /// there is none and replacing its key settings when they changed.
+    /// there is none (as [`LEGACY_KEY_DERIVATION`]'s) and replacing its key
+    /// settings when they changed.
     pub async fn check_stamp(
         &self,
         consumer: &str,
         key_settings: &str,
     ) -> Result<StampCheck, StampError> {
         let pk = stamp_key(consumer);
+        let mut written = false;
         let stored = match self.read_stamp(consumer, &pk).await? {
             Some(stored) => stored,
             None => {
-                if self.write_stamp(consumer, &pk, key_settings, true).await? {
+                let first = Stored {
+                    format: RECORD_FORMAT,
+                    derivation: LEGACY_KEY_DERIVATION,
+                    scheme: key_settings.to_owned(),
+                    by: env!("CARGO_PKG_VERSION").to_owned(),
+                };
+                if self.write_stamp(consumer, &pk, &first, None).await? {
                     tracing::info!(
-                        table = %self.table, consumer, record_format = RECORD_FORMAT,
-                        key_derivation = KEY_DERIVATION,
+                        table = %self.table, consumer, record_format = first.format,
+                        key_derivation = first.derivation,
                         "stamped the dedup table with this consumer's record format and key derivation"
                     );
-                    return Ok(StampCheck::Written);
+                    written = true;
+                    first
+                } else {
+                    // Another consumer stamped it meanwhile: judge by its stamp.
+                    self.read_stamp(consumer, &pk).await?.ok_or_else(|| {
+                        self.call_error(consumer, "read back", "GetItem", "gone".into(), true)
+                    })?
                 }
-                // Another consumer stamped it meanwhile: judge by its stamp.
-                self.read_stamp(consumer, &pk).await?.ok_or_else(|| {
-                    self.call_error(consumer, "read back", "GetItem", "gone".into(), true)
-                })?
             }
         };
         if stored.format > RECORD_FORMAT {
@@ -179,12 +202,34 @@ impl DynamoStore {
                 by: stored.by,
             });
         }
+        if written {
+            return Ok(StampCheck::Written);
+        }
         if stored.scheme == key_settings && stored.format == RECORD_FORMAT {
             return Ok(StampCheck::Same);
         }
         // An older format (read as well as ours) is moved up to ours; new
-        // key settings replace the old ones, which the caller reports.
-        self.write_stamp(consumer, &pk, key_settings, false).await?;
+        // key settings replace the old ones, which the caller reports. Only
+        // over the stamp as read: one changed meanwhile (another start, an
+        // operator) is checked again from the start.
+        let ours = Stored {
+            format: RECORD_FORMAT,
+            derivation: KEY_DERIVATION,
+            scheme: key_settings.to_owned(),
+            by: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        if !self
+            .write_stamp(consumer, &pk, &ours, Some(&stored))
+            .await?
+        {
+            return Err(self.call_error(
+                consumer,
+                "replace",
+                "PutItem",
+                "the stamp changed while it was checked".into(),
+                true,
+            ));
+        }
         if stored.scheme == key_settings {
             Ok(StampCheck::Same)
         } else {
@@ -209,14 +254,10 @@ impl DynamoStore {
             item.get(name)
                 .and_then(|v| v.as_n().ok())
                 .and_then(|n| n.parse().ok())
-                .ok_or_else(|| {
-                    self.call_error(
-                        consumer,
-                        "use",
-                        "GetItem",
-                        format!("its `{name}` is missing or not a whole number"),
-                        false,
-                    )
+                .ok_or_else(|| StampError::Malformed {
+                    table: self.table.to_string(),
+                    pk: pk.to_owned(),
+                    attribute: name.to_owned(),
                 })
         };
         let text = |name: &str| {
@@ -233,36 +274,40 @@ impl DynamoStore {
         }))
     }
 
-    /// Writes the stamp; `first`: only where there is none (false when one
-    /// landed meanwhile).
+    /// Writes `stamp`: only where there is none (`over` is `None`), or only
+    /// over the stamp `over` as read. False when that condition failed.
     async fn write_stamp(
         &self,
         consumer: &str,
         pk: &str,
-        key_settings: &str,
-        first: bool,
+        stamp: &Stored,
+        over: Option<&Stored>,
     ) -> Result<bool, StampError> {
-        let mut put = self
+        let put = self
             .client
             .put_item()
             .table_name(&*self.table)
             .item(KEY_ATTRIBUTE, AttributeValue::S(pk.to_owned()))
-            .item(FORMAT, AttributeValue::N(RECORD_FORMAT.to_string()))
-            .item(DERIVATION, AttributeValue::N(KEY_DERIVATION.to_string()))
-            .item(SCHEME, AttributeValue::S(key_settings.to_owned()))
-            .item(
-                WRITTEN_BY,
-                AttributeValue::S(env!("CARGO_PKG_VERSION").to_owned()),
-            );
-        if first {
-            put = put.condition_expression("attribute_not_exists(pk)");
-        }
+            .item(FORMAT, AttributeValue::N(stamp.format.to_string()))
+            .item(DERIVATION, AttributeValue::N(stamp.derivation.to_string()))
+            .item(SCHEME, AttributeValue::S(stamp.scheme.clone()))
+            .item(WRITTEN_BY, AttributeValue::S(stamp.by.clone()));
+        let put = match over {
+            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(old) => put
+                .condition_expression("#f = :f AND #d = :d AND #s = :s")
+                .expression_attribute_names("#f", FORMAT)
+                .expression_attribute_names("#d", DERIVATION)
+                .expression_attribute_names("#s", SCHEME)
+                .expression_attribute_values(":f", AttributeValue::N(old.format.to_string()))
+                .expression_attribute_values(":d", AttributeValue::N(old.derivation.to_string()))
+                .expression_attribute_values(":s", AttributeValue::S(old.scheme.clone())),
+        };
         match put.send().await {
             Ok(_) => Ok(true),
             Err(e)
-                if first
-                    && e.as_service_error()
-                        .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
             {
                 Ok(false)
             }
