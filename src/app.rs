@@ -1210,10 +1210,9 @@ mod tests {
             ..LargePayloadOptions::default()
         };
         let typo = BucketOwner::Account("12345678901".into());
-        let err = options()
-            .reader(&sdk, &CallCounter::default(), typo)
-            .err()
-            .expect("refused");
+        let Err(err) = options().reader(&sdk, &CallCounter::default(), typo) else {
+            panic!("a bucket owner that is not an account id is refused");
+        };
         assert!(
             err.to_string().contains("SQS_ONCE_PAYLOAD_BUCKET_OWNER"),
             "{err}"

@@ -855,6 +855,46 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// Keys read through an envelope, as the processor's configuration
+    /// takes them (for [`key_derivation_is_pinned`]).
+    fn enveloped_keys() -> Vec<String> {
+        let mut keys = Vec::new();
+        let sns = serde_json::json!({
+            "Type": "Notification",
+            "MessageId": "sns-1",
+            "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
+            "Message": r#"{"order":{"id":"o-2"}}"#,
+            "MessageAttributes": {"tenant": {"Type": "String", "Value": "t-8"}}
+        })
+        .to_string();
+        let bridge = serde_json::json!({
+            "version": "0", "id": "e-1", "detail-type": "Order", "source": "shop",
+            "detail": {"order": {"id": "o-3"}}
+        })
+        .to_string();
+        for (envelope, body) in [
+            (crate::protocol::message::Envelope::Sns, &sns),
+            (crate::protocol::message::Envelope::EventBridge, &bridge),
+        ] {
+            for source in [
+                "json:/order/id",
+                "attribute:tenant",
+                "body-sha256",
+                "message-id",
+            ] {
+                let mut config = crate::protocol::config::ProcessorConfig::new("c");
+                config.envelope = envelope;
+                config.key_source = source.parse().unwrap();
+                keys.push(
+                    config
+                        .dedup_key(&Message::new("m-3", body.as_str()))
+                        .unwrap_or_else(|e| format!("error: {e}")),
+                );
+            }
+        }
+        keys
+    }
+
     /// Every rule that turns a message into a record key and an idempotency
     /// key, pinned: a change here leaves every record made before unfound.
     /// If this fails, the derivation changed: bump [`KEY_DERIVATION`] (a
@@ -900,40 +940,7 @@ mod tests {
                 .extract_with(&sealed, Some(&secret))
                 .unwrap(),
         );
-        // Keys read through an envelope, as the processor's configuration takes them.
-        let sns = serde_json::json!({
-            "Type": "Notification",
-            "MessageId": "sns-1",
-            "TopicArn": "arn:aws:sns:us-east-1:123456789012:orders",
-            "Message": r#"{"order":{"id":"o-2"}}"#,
-            "MessageAttributes": {"tenant": {"Type": "String", "Value": "t-8"}}
-        })
-        .to_string();
-        let bridge = serde_json::json!({
-            "version": "0", "id": "e-1", "detail-type": "Order", "source": "shop",
-            "detail": {"order": {"id": "o-3"}}
-        })
-        .to_string();
-        for (envelope, body) in [
-            (crate::protocol::message::Envelope::Sns, &sns),
-            (crate::protocol::message::Envelope::EventBridge, &bridge),
-        ] {
-            for source in [
-                "json:/order/id",
-                "attribute:tenant",
-                "body-sha256",
-                "message-id",
-            ] {
-                let mut config = crate::protocol::config::ProcessorConfig::new("c");
-                config.envelope = envelope;
-                config.key_source = source.parse().unwrap();
-                got.push(
-                    config
-                        .dedup_key(&Message::new("m-3", body.as_str()))
-                        .unwrap_or_else(|e| format!("error: {e}")),
-                );
-            }
-        }
+        got.extend(enveloped_keys());
         let long = "k".repeat(MAX_PLAIN_KEY_BYTES);
         let keys: Vec<String> = got
             .iter()
