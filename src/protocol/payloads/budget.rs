@@ -19,9 +19,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 const UNIT: usize = 1024;
 
 /// Of the memory the process may use, the share left to everything but
-/// the payloads' bytes (the runtime, the SDK's buffers, the handler's own
-/// copies of a payload): a half.
-pub const KEPT_FOR_THE_REST: &str = "1/2";
+/// the payloads' bytes as read: two thirds, for one more copy of each
+/// payload held (a `handler_fn` handler is handed its own copy of the
+/// message; an envelope's payload is taken out beside the body it came in)
+/// and the rest of the process (the runtime, the SDK's buffers). The
+/// budget is the remaining third.
+pub const KEPT_FOR_THE_REST: &str = "2/3";
 
 /// A memory limit at least this large is none (cgroup v1 writes
 /// 9223372036854771712 for "unlimited").
@@ -182,8 +185,8 @@ impl MemoryLimits {
     }
 }
 
-/// The budget: `explicit` when set (`0`: none), else half the memory limit
-/// (the other half kept for the rest of the process, see
+/// The budget: `explicit` when set (`0`: none), else a third of the memory
+/// limit (two thirds kept for the rest of the process, see
 /// [`KEPT_FOR_THE_REST`]), else none (no limit found).
 pub fn fit(explicit: Option<usize>, limits: &MemoryLimits) -> FittedBudget {
     match explicit {
@@ -197,9 +200,9 @@ pub fn fit(explicit: Option<usize>, limits: &MemoryLimits) -> FittedBudget {
         },
         None => match limits.limit() {
             Some((limit, from)) => FittedBudget {
-                bytes: Some(usize::try_from(limit / 2).unwrap_or(usize::MAX)),
+                bytes: Some(usize::try_from(limit / 3).unwrap_or(usize::MAX)),
                 from: format!(
-                    "half the memory limit of {limit} bytes ({from}); the other half kept for the rest of the process"
+                    "a third of the memory limit of {limit} bytes ({from}); two thirds kept for a copy of each payload and the rest of the process"
                 ),
             },
             None => FittedBudget {
@@ -226,16 +229,16 @@ mod tests {
     fn the_budget_is_fitted_to_the_memory_the_process_has() {
         let mib = 1024 * 1024;
         let lambda = fit(None, &limits(Some("256"), Some("max\n"), None));
-        assert_eq!(lambda.bytes, Some(128 * mib));
+        assert_eq!(lambda.bytes, Some(256 * mib / 3));
         assert!(
             lambda.from.contains("AWS_LAMBDA_FUNCTION_MEMORY_SIZE"),
             "{}",
             lambda.from
         );
-        let v2 = fit(None, &limits(None, Some("536870912\n"), None));
+        let v2 = fit(None, &limits(None, Some("805306368\n"), None));
         assert_eq!(v2.bytes, Some(256 * mib));
         assert!(v2.from.contains("memory.max"));
-        let v1 = fit(None, &limits(None, None, Some("1073741824\n")));
+        let v1 = fit(None, &limits(None, None, Some("1610612736\n")));
         assert_eq!(v1.bytes, Some(512 * mib));
         // "max", and cgroup v1's huge "unlimited": no budget.
         assert_eq!(fit(None, &limits(None, Some("max\n"), None)).bytes, None);
