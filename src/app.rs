@@ -428,7 +428,7 @@ impl SqsOnce {
     /// The most large payload bytes held at once, across every message in
     /// flight (`SQS_ONCE_PAYLOAD_BUDGET_BYTES`; `0`: no budget). Unset: a
     /// third of the memory the process may use (the Lambda function's memory size,
-    /// else the container's cgroup limit; none when neither is found). A
+    /// else the container's cgroup limit, else the host's memory). A
     /// payload waits for room before it is read; one that could never fit
     /// is parked.
     #[cfg(feature = "s3-payloads")]

@@ -219,9 +219,9 @@ pub struct Settings {
     /// flight: a payload waits (kept invisible) until its bytes fit, and
     /// one that could never fit is parked. Unset: a third of the memory the
     /// process may use (the Lambda function's memory size, else the
-    /// container's cgroup limit), two thirds kept for a copy of each payload
-    /// and the rest of the process; no budget when neither is found. `0`:
-    /// no budget.
+    /// container's cgroup limit, else the host's memory), two thirds kept
+    /// for a copy of each payload and the rest of the process. `0`: no
+    /// budget.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_PAYLOAD_BUDGET_BYTES", value_parser = number("SQS_ONCE_PAYLOAD_BUDGET_BYTES")))]
     pub payload_budget_bytes: Option<usize>,
     /// Where large payloads may be, comma-separated: `bucket` or

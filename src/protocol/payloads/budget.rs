@@ -155,6 +155,11 @@ pub struct MemoryLimits {
     pub cgroup_v2: Option<String>,
     /// `/sys/fs/cgroup/memory/memory.limit_in_bytes` (cgroup v1).
     pub cgroup_v1: Option<String>,
+    /// `/proc/meminfo` (its `MemTotal`): the host's memory, when no
+    /// cgroup limit is found (a Fargate task runs in a VM of its own, whose
+    /// memory is about the task's, while its container's cgroup may carry
+    /// no limit).
+    pub meminfo: Option<String>,
 }
 
 impl MemoryLimits {
@@ -165,6 +170,7 @@ impl MemoryLimits {
             lambda_mb: std::env::var("AWS_LAMBDA_FUNCTION_MEMORY_SIZE").ok(),
             cgroup_v2: read("/sys/fs/cgroup/memory.max"),
             cgroup_v1: read("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+            meminfo: read("/proc/meminfo"),
         }
     }
 
@@ -178,16 +184,27 @@ impl MemoryLimits {
         if let Some(mb) = number(&self.lambda_mb) {
             return Some((mb * 1024 * 1024, "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"));
         }
-        if self.cgroup_v2.is_some() {
-            return number(&self.cgroup_v2).map(|n| (n, "/sys/fs/cgroup/memory.max"));
+        if let Some(n) = number(&self.cgroup_v2) {
+            return Some((n, "/sys/fs/cgroup/memory.max"));
         }
-        number(&self.cgroup_v1).map(|n| (n, "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        if let Some(n) = number(&self.cgroup_v1) {
+            return Some((n, "/sys/fs/cgroup/memory/memory.limit_in_bytes"));
+        }
+        let total_kib = self.meminfo.as_deref().and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        });
+        total_kib
+            .filter(|k| *k > 0)
+            .map(|k| (k * 1024, "/proc/meminfo MemTotal"))
     }
 }
 
 /// The budget: `explicit` when set (`0`: none), else a third of the memory
 /// limit (two thirds kept for the rest of the process, see
-/// [`KEPT_FOR_THE_REST`]), else none (no limit found).
+/// [`KEPT_FOR_THE_REST`]): the Lambda function's memory size, the cgroup
+/// limit (v2, else v1), else the host's memory; none when none is found.
 pub fn fit(explicit: Option<usize>, limits: &MemoryLimits) -> FittedBudget {
     match explicit {
         Some(0) => FittedBudget {
@@ -207,7 +224,7 @@ pub fn fit(explicit: Option<usize>, limits: &MemoryLimits) -> FittedBudget {
             },
             None => FittedBudget {
                 bytes: None,
-                from: "no memory limit found (no Lambda memory size, no cgroup limit): no budget; set SQS_ONCE_PAYLOAD_BUDGET_BYTES".into(),
+                from: "no memory limit found (no Lambda memory size, no cgroup limit, no /proc/meminfo): no budget; set SQS_ONCE_PAYLOAD_BUDGET_BYTES".into(),
             },
         },
     }
@@ -222,6 +239,7 @@ mod tests {
             lambda_mb: lambda.map(str::to_owned),
             cgroup_v2: v2.map(str::to_owned),
             cgroup_v1: v1.map(str::to_owned),
+            meminfo: None,
         }
     }
 
@@ -240,13 +258,30 @@ mod tests {
         assert!(v2.from.contains("memory.max"));
         let v1 = fit(None, &limits(None, None, Some("1610612736\n")));
         assert_eq!(v1.bytes, Some(512 * mib));
-        // "max", and cgroup v1's huge "unlimited": no budget.
+        // "max", and cgroup v1's huge "unlimited": no limit there.
         assert_eq!(fit(None, &limits(None, Some("max\n"), None)).bytes, None);
         assert_eq!(
             fit(None, &limits(None, None, Some("9223372036854771712\n"))).bytes,
             None
         );
         assert_eq!(fit(None, &MemoryLimits::default()).bytes, None);
+        // Then the host's memory.
+        let host = MemoryLimits {
+            meminfo: Some("MemTotal:        3145728 kB\nMemFree:  1 kB\n".into()),
+            ..limits(None, Some("max\n"), None)
+        };
+        let fitted = fit(None, &host);
+        assert_eq!(fitted.bytes, Some(1024 * mib));
+        assert!(fitted.from.contains("MemTotal"), "{}", fitted.from);
+        let ecs = MemoryLimits {
+            cgroup_v2: Some("536870912\n".into()),
+            ..host
+        };
+        assert_eq!(
+            fit(None, &ecs).bytes,
+            Some(512 * mib / 3),
+            "the cgroup's first"
+        );
         // An explicit setting wins; 0 is none.
         let explicit = fit(Some(1000 * 1024), &limits(Some("256"), None, None));
         assert_eq!(explicit.bytes, Some(1000 * 1024));
