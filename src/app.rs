@@ -1236,6 +1236,38 @@ mod tests {
         );
     }
 
+    /// The payload budget set reaches the reader (`0`: none); unset, it is
+    /// fitted to this process's memory (here, at least the host's).
+    #[cfg(feature = "s3-payloads")]
+    #[tokio::test]
+    async fn the_payload_budget_reaches_the_large_payload_reader() {
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let reader = |budget: Option<usize>| {
+            LargePayloadOptions {
+                places: Some(Some(Vec::new())),
+                read: true,
+                budget,
+                ..LargePayloadOptions::default()
+            }
+            .reader(&sdk, &CallCounter::default(), BucketOwner::Any)
+            .expect("valid")
+        };
+        let set = reader(Some(100 << 20));
+        assert_eq!(set.budget().map(|b| b.bytes()), Some(100 << 20));
+        assert!(reader(Some(0)).budget().is_none());
+        let fitted = crate::protocol::payloads::fit_budget(
+            None,
+            &crate::protocol::payloads::MemoryLimits::of_this_process(),
+        );
+        assert_eq!(
+            reader(None).budget().map(|b| b.bytes()),
+            fitted.bytes.map(|b| b / 1024 * 1024)
+        );
+    }
+
     #[cfg(feature = "poller")]
     #[tokio::test]
     async fn the_front_door_answers_health_from_the_poller_beside_it() {

@@ -337,8 +337,9 @@ impl LargePayloads {
 
     /// Reads no payload larger than `max_bytes`: one whose pointer declares
     /// more is parked without calling S3, and a read is cut off as soon as
-    /// it passes the bound (memory per message stays within it, so a poller
-    /// holds at most concurrency x `max_bytes` of payloads at once).
+    /// it passes the bound (memory per message stays within it; across
+    /// messages, [`Self::within`] bounds what is held at once, else up to
+    /// concurrency x `max_bytes`).
     #[must_use]
     pub fn max_bytes(mut self, max_bytes: usize) -> Self {
         self.max_bytes = max_bytes;
