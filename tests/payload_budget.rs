@@ -60,6 +60,21 @@ async fn s3() -> Option<aws_sdk_s3::Client> {
     Some(aws_sdk_s3::Client::from_conf(conf))
 }
 
+/// Deletes the bucket and its objects (LocalStack is shared).
+async fn remove(s3: &aws_sdk_s3::Client, bucket: &str) {
+    let listed = s3.list_objects_v2().bucket(bucket).send().await.unwrap();
+    for o in listed.contents() {
+        let key = o.key().unwrap_or_default();
+        s3.delete_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .unwrap();
+    }
+    s3.delete_bucket().bucket(bucket).send().await.unwrap();
+}
+
 async fn bucket(s3: &aws_sdk_s3::Client) -> String {
     let name = format!("budget-{}", uuid::Uuid::new_v4().simple());
     s3.create_bucket().bucket(&name).send().await.unwrap();
@@ -196,6 +211,7 @@ async fn budget_limited_s3_reads_never_hold_more_than_the_budget() {
     };
     assert!(reason.contains("more than the payload budget"), "{reason}");
     assert_eq!(budget.high_water(), high_water);
+    remove(&s3, &bucket).await;
 }
 
 /// The process's peak and current resident memory, in bytes.
@@ -258,6 +274,7 @@ async fn peak_rss_of_ten_60_mib_payloads_at_once() {
     .await;
     let elapsed = started.elapsed();
     let (peak, _) = rss();
+    remove(&s3, &bucket).await;
     for o in &outcomes {
         assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
     }
