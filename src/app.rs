@@ -200,6 +200,9 @@ struct LargePayloadOptions {
     outgoing: Option<PayloadLocation>,
     /// Whether incoming pointers are read ([`SqsOnce::large_payloads`]).
     read: bool,
+    /// The payload budget set ([`SqsOnce::payload_budget_bytes`]); `None`:
+    /// fitted to the process's memory.
+    budget: Option<usize>,
 }
 
 /// The account the front door's S3 calls expect to own a payload's bucket
@@ -261,6 +264,7 @@ impl Default for LargePayloadOptions {
             places: None,
             outgoing: None,
             read: false,
+            budget: None,
         }
     }
 }
@@ -424,6 +428,18 @@ impl SqsOnce {
         options.delete = delete;
         options.max_bytes = max_bytes;
         options.read = true;
+        self
+    }
+
+    /// The most large payload bytes held at once, across every message in
+    /// flight (`SQS_ONCE_PAYLOAD_BUDGET_BYTES`; `0`: no budget). Unset: a
+    /// third of the memory the process may use (the Lambda function's memory size,
+    /// else the container's cgroup limit, else the host's memory). A
+    /// payload waits for room before it is read; one that could never fit
+    /// is parked.
+    #[cfg(feature = "s3-payloads")]
+    pub fn payload_budget_bytes(mut self, bytes: usize) -> Self {
+        self.large_payloads.get_or_insert_default().budget = Some(bytes);
         self
     }
 
@@ -922,6 +938,28 @@ impl LargePayloadOptions {
             ),
         }
         tracing::info!(read, delete = self.delete, "large payloads through S3: on");
+        if read {
+            let fitted = crate::protocol::payloads::fit_budget(
+                self.budget,
+                &crate::protocol::payloads::MemoryLimits::of_this_process(),
+            );
+            match fitted.bytes {
+                Some(bytes) => {
+                    let budget = crate::protocol::payloads::PayloadBudget::new(bytes);
+                    tracing::info!(
+                        budget_bytes = budget.bytes(),
+                        max_payload_bytes = self.max_bytes,
+                        from = %fitted.from,
+                        "payload budget: at most this many large payload bytes held at once"
+                    );
+                    payloads = payloads.within(std::sync::Arc::new(budget));
+                }
+                None => tracing::warn!(
+                    from = %fitted.from,
+                    "payload budget: none; up to concurrency x SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES of payloads may be held at once"
+                ),
+            }
+        }
         Ok(payloads)
     }
 }
@@ -1222,6 +1260,38 @@ mod tests {
             options()
                 .reader(&sdk, &CallCounter::default(), account)
                 .is_ok()
+        );
+    }
+
+    /// The payload budget set reaches the reader (`0`: none); unset, it is
+    /// fitted to this process's memory (here, at least the host's).
+    #[cfg(feature = "s3-payloads")]
+    #[tokio::test]
+    async fn the_payload_budget_reaches_the_large_payload_reader() {
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let reader = |budget: Option<usize>| {
+            LargePayloadOptions {
+                places: Some(Some(Vec::new())),
+                read: true,
+                budget,
+                ..LargePayloadOptions::default()
+            }
+            .reader(&sdk, &CallCounter::default(), BucketOwner::Any)
+            .expect("valid")
+        };
+        let set = reader(Some(100 << 20));
+        assert_eq!(set.budget().map(|b| b.bytes()), Some(100 << 20));
+        assert!(reader(Some(0)).budget().is_none());
+        let fitted = crate::protocol::payloads::fit_budget(
+            None,
+            &crate::protocol::payloads::MemoryLimits::of_this_process(),
+        );
+        assert_eq!(
+            reader(None).budget().map(|b| b.bytes()),
+            fitted.bytes.map(|b| b / 1024 * 1024)
         );
     }
 

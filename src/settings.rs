@@ -215,6 +215,15 @@ pub struct Settings {
     /// more is parked without calling S3, and a read is cut off past it.
     #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", default_value_t = crate::protocol::payloads::DEFAULT_MAX_PAYLOAD_BYTES, value_parser = number("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES")))]
     pub large_payload_max_bytes: usize,
+    /// The most large payload bytes held at once, across every message in
+    /// flight: a payload waits (kept invisible) until its bytes fit, and
+    /// one that could never fit is parked. Unset: a third of the memory the
+    /// process may use (the Lambda function's memory size, else the
+    /// container's cgroup limit, else the host's memory), two thirds kept
+    /// for a copy of each payload and the rest of the process. `0`: no
+    /// budget.
+    #[cfg_attr(feature = "env", arg(long, env = "SQS_ONCE_PAYLOAD_BUDGET_BYTES", value_parser = number("SQS_ONCE_PAYLOAD_BUDGET_BYTES")))]
+    pub payload_budget_bytes: Option<usize>,
     /// Where large payloads may be, comma-separated: `bucket` or
     /// `bucket/prefix`. A pointer to anything else is parked without calling
     /// S3. Required with large payloads on; `*` allows any bucket (unsafe).
@@ -415,6 +424,10 @@ impl Settings {
                 "SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES",
                 crate::protocol::payloads::DEFAULT_MAX_PAYLOAD_BYTES,
             )?,
+            payload_budget_bytes: v
+                .text("SQS_ONCE_PAYLOAD_BUDGET_BYTES")
+                .map(|t| parse_number("SQS_ONCE_PAYLOAD_BUDGET_BYTES", &t))
+                .transpose()?,
             large_payload_buckets: v.text("SQS_ONCE_LARGE_PAYLOAD_BUCKETS"),
             outbox_payload_bucket: v.text("SQS_ONCE_OUTBOX_PAYLOAD_BUCKET"),
             payload_bucket_owner: v.text("SQS_ONCE_PAYLOAD_BUCKET_OWNER"),
@@ -652,7 +665,10 @@ impl Settings {
         if !self.large_payloads {
             return Ok(front);
         }
-        let front = front.large_payloads(self.delete_payloads, self.large_payload_max_bytes);
+        let mut front = front.large_payloads(self.delete_payloads, self.large_payload_max_bytes);
+        if let Some(bytes) = self.payload_budget_bytes {
+            front = front.payload_budget_bytes(bytes);
+        }
         Ok(match self.payload_locations()? {
             Some(places) => front.payload_buckets(places),
             None => front.any_payload_bucket(),
@@ -768,6 +784,7 @@ mod tests {
             ("SQS_ONCE_LARGE_PAYLOADS", "Y"),
             ("SQS_ONCE_DELETE_PAYLOADS", "t"),
             ("SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES", "1048576"),
+            ("SQS_ONCE_PAYLOAD_BUDGET_BYTES", "134217728"),
             ("SQS_ONCE_ENVELOPE", "sns"),
             ("SQS_ONCE_PAYLOAD_POINTERS", "/a,/b/c"),
             ("SQS_ONCE_HEALTH_PORT", "8081"),

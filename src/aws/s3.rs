@@ -147,7 +147,7 @@ fn get<'a>(
         };
         let length = out.content_length().and_then(|n| usize::try_from(n).ok());
         if let Some(n) = length.filter(|n| *n > max_bytes) {
-            return Err(too_large(format!("the object is {n} bytes")));
+            return Err(too_large(format!("the object is {n} bytes")).with_object_size(n));
         }
         let mut body = out.body;
         let mut bytes = Vec::with_capacity(length.unwrap_or(0).min(max_bytes));

@@ -352,3 +352,83 @@ async fn a_download_slower_than_the_visibility_keeps_the_message_from_other_poll
     assert_eq!(objects.gets(), 1);
     assert_eq!(queue.counts(&url).unwrap().stored(), 0);
 }
+
+/// On Lambda a record whose payload waits for the payload budget past the
+/// invocation's margin is answered as a batch item failure (retried, not
+/// lost), and runs once on the next invocation when the budget is free.
+/// (The redelivery of the batch carries the completed record too: a
+/// duplicate, not run again.)
+#[tokio::test]
+async fn lambda_retries_a_record_that_waits_for_the_payload_budget_past_its_margin() {
+    let objects = MemoryPayloads::default();
+    let records: Vec<serde_json::Value> = ["m1", "m2"]
+        .iter()
+        .map(|id| {
+            let payload = format!(r#"{{"id":"{id}"}}"#);
+            objects.put("b", id, payload.as_str());
+            serde_json::json!({
+                "messageId": id, "receiptHandle": format!("rh-{id}"),
+                "body": format!(r#"["{POINTER_CLASS}",{{"s3BucketName":"b","s3Key":"{id}"}}]"#),
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {SIZE_ATTRIBUTE: {"dataType": "Number", "stringValue": payload.len().to_string()}},
+                "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q",
+            })
+        })
+        .chain([serde_json::json!({
+            // An ordinary record beside them completes.
+            "messageId": "m3", "receiptHandle": "rh-m3", "body": r#"{"id":"m3"}"#,
+            "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+            "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q",
+        })])
+        .collect();
+    let runs = Arc::new(Mutex::new(Vec::<String>::new()));
+    let handler = handler_fn({
+        let runs = runs.clone();
+        move |m: Message, _ctx| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push(m.body().to_owned());
+                Ok(None)
+            }
+        }
+    });
+    let mut config = crate::ProcessorConfig::new("test");
+    config.key_source = "json:/id".parse().unwrap();
+    let budget = Arc::new(PayloadBudget::new(4 * 1024));
+    let processor = Processor::new(MemoryStore::default(), handler, config)
+        .unwrap()
+        .with_large_payloads(LargePayloads::new(objects.clone()).within(budget.clone()));
+    let config = LambdaConfig {
+        dlq_url: Some(DLQ.into()),
+        queue_url: Some(QUEUE.into()),
+        margin: Duration::from_secs(1),
+        ..LambdaConfig::default()
+    };
+    let adapter = LambdaAdapter::new(Queue::default(), processor, config);
+    let event = serde_json::json!({ "Records": records });
+    // Another payload holds the whole budget through the invocation.
+    let hog = budget.try_grant(budget.bytes()).unwrap();
+    let deadline = SystemTime::now() + Duration::from_secs(3);
+    let response = adapter.handle(event.clone(), deadline).await.unwrap();
+    let failed = serde_json::to_value(response).unwrap()["batchItemFailures"].clone();
+    assert_eq!(
+        failed,
+        serde_json::json!([{"itemIdentifier": "m1"}, {"itemIdentifier": "m2"}]),
+        "both retried"
+    );
+    assert_eq!(*runs.lock().unwrap(), [r#"{"id":"m3"}"#]);
+    assert_eq!(objects.gets(), 0);
+    drop(hog);
+    let deadline = SystemTime::now() + Duration::from_secs(30);
+    let response = adapter.handle(event, deadline).await.unwrap();
+    let failed = serde_json::to_value(response).unwrap()["batchItemFailures"].clone();
+    assert_eq!(failed, serde_json::json!([]));
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort();
+    assert_eq!(
+        runs,
+        [r#"{"id":"m1"}"#, r#"{"id":"m2"}"#, r#"{"id":"m3"}"#],
+        "each once (m3 a duplicate the second time)"
+    );
+    assert_eq!(budget.held(), 0);
+}

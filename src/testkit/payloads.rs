@@ -125,7 +125,8 @@ impl PayloadStore for MemoryPayloads {
                         "the object is {} bytes, above the maximum of {max_bytes} bytes",
                         bytes.len()
                     ),
-                ));
+                )
+                .with_object_size(bytes.len()));
             }
             Ok(bytes)
         })

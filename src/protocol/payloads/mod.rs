@@ -44,6 +44,11 @@ use crate::protocol::config::ProcessorConfig;
 use crate::protocol::store::{DedupStore, Status};
 use crate::{Message, Outcome};
 
+mod budget;
+pub use budget::{
+    FittedBudget, KEPT_FOR_THE_REST, MemoryLimits, PayloadBudget, PayloadGrant, fit as fit_budget,
+};
+
 use crate::protocol::pointer::size_attribute;
 pub use crate::protocol::pointer::{
     LEGACY_POINTER_CLASS, LEGACY_SIZE_ATTRIBUTE, POINTER_CLASS, PointerError, S3Pointer,
@@ -83,6 +88,8 @@ pub struct PayloadError {
     pub kind: PayloadErrorKind,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// The object's size, when a [`PayloadErrorKind::TooLarge`] read knew it.
+    object_size: Option<usize>,
 }
 
 impl PayloadError {
@@ -99,7 +106,22 @@ impl PayloadError {
             detail: detail.into(),
             kind,
             source: None,
+            object_size: None,
         }
+    }
+
+    /// Notes the object's size (a [`PayloadErrorKind::TooLarge`] read that
+    /// knew it: a payload under the maximum is then read again under a
+    /// grant of the payload budget that covers it).
+    #[must_use]
+    pub fn with_object_size(mut self, bytes: usize) -> Self {
+        self.object_size = Some(bytes);
+        self
+    }
+
+    /// The object's size, when known.
+    pub fn object_size(&self) -> Option<usize> {
+        self.object_size
     }
 
     /// Keeps the underlying error as the source.
@@ -149,6 +171,9 @@ pub struct LargePayloads {
     outgoing: Option<PayloadLocation>,
     /// Whether incoming pointers are read (off: outgoing bodies only).
     read: bool,
+    /// The payload bytes held at once (`SQS_ONCE_PAYLOAD_BUDGET_BYTES`);
+    /// `None`: no bound but concurrency x `max_bytes`.
+    budget: Option<Arc<PayloadBudget>>,
 }
 
 /// A place payloads may be read from (and deleted in): a bucket, and
@@ -209,6 +234,7 @@ impl std::fmt::Debug for LargePayloads {
         f.debug_struct("LargePayloads")
             .field("delete", &self.delete)
             .field("max_bytes", &self.max_bytes)
+            .field("budget", &self.budget.as_ref().map(|b| b.bytes()))
             .finish_non_exhaustive()
     }
 }
@@ -223,6 +249,7 @@ impl LargePayloads {
             allowed: None,
             outgoing: None,
             read: true,
+            budget: None,
         }
     }
 
@@ -310,12 +337,28 @@ impl LargePayloads {
 
     /// Reads no payload larger than `max_bytes`: one whose pointer declares
     /// more is parked without calling S3, and a read is cut off as soon as
-    /// it passes the bound (memory per message stays within it, so a poller
-    /// holds at most concurrency x `max_bytes` of payloads at once).
+    /// it passes the bound (memory per message stays within it; across
+    /// messages, [`Self::within`] bounds what is held at once, else up to
+    /// concurrency x `max_bytes`).
     #[must_use]
     pub fn max_bytes(mut self, max_bytes: usize) -> Self {
         self.max_bytes = max_bytes;
         self
+    }
+
+    /// Holds at most `budget`'s bytes of payloads at once, across every
+    /// message of every processor sharing it ([`PayloadBudget`]): a payload
+    /// waits for room before it is read, and one that could never fit is
+    /// parked.
+    #[must_use]
+    pub fn within(mut self, budget: Arc<PayloadBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The payload budget, if any.
+    pub fn budget(&self) -> Option<&Arc<PayloadBudget>> {
+        self.budget.as_ref()
     }
 
     /// Deletes the object of each finished message after the message is deleted.
@@ -363,7 +406,7 @@ impl LargePayloads {
         records: &S,
         clock: &dyn Clock,
         until: Option<tokio::time::Instant>,
-    ) -> Result<Option<Message>, Outcome> {
+    ) -> Result<Option<(Message, Option<PayloadGrant>)>, Outcome> {
         let Some(pointer) = S3Pointer::of(message).filter(|_| self.read) else {
             return Ok(None);
         };
@@ -388,9 +431,15 @@ impl LargePayloads {
                 ),
             });
         }
-        let bytes = match self.read(&pointer, until).await {
-            Ok(bytes) => bytes,
-            Err(e) => return Err(failure(e, message, config, records, clock).await),
+        let (bytes, grant) = match self
+            .read_granted(&pointer, declared, message, config, until)
+            .await
+        {
+            Ok(read) => read,
+            Err(Granted::Outcome(outcome)) => return Err(outcome),
+            Err(Granted::Failed(e)) => {
+                return Err(failure(e, message, config, records, clock).await);
+            }
         };
         let Ok(payload) = String::from_utf8(bytes) else {
             return Err(Outcome::Park {
@@ -399,11 +448,119 @@ impl LargePayloads {
         };
         check_size(message, payload.len());
         info!(object = %pointer, bytes = payload.len(), "large payload read");
-        Ok(Some(with_body(
-            message,
-            payload,
-            config.carry_secret.as_ref(),
+        Ok(Some((
+            with_body(message, payload, config.carry_secret.as_ref()),
+            grant,
         )))
+    }
+
+    /// The object's bytes, read under a grant of the payload budget (when
+    /// there is one) that covers them, and the grant, to be held while the
+    /// bytes are. The grant is of the size the pointer `declared`; an
+    /// object longer than that is cut off at the grant, which is given back
+    /// before the object is read again under a grant of its size (no grant
+    /// waits while holding another: two messages each waiting for more
+    /// cannot hold each other up).
+    async fn read_granted(
+        &self,
+        pointer: &S3Pointer,
+        declared: Option<usize>,
+        message: &Message,
+        config: &ProcessorConfig,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<(Vec<u8>, Option<PayloadGrant>), Granted> {
+        let Some(budget) = &self.budget else {
+            let bytes = self.read(pointer, until, self.max_bytes).await;
+            return bytes.map(|b| (b, None)).map_err(Granted::Failed);
+        };
+        let ceiling = self.max_bytes.min(budget.bytes());
+        let mut want = declared.unwrap_or(ceiling).min(self.max_bytes);
+        loop {
+            let grant = self
+                .grant(budget, pointer, want, message, config, until)
+                .await
+                .map_err(Granted::Outcome)?;
+            let limit = grant.bytes().min(self.max_bytes);
+            let e = match self.read(pointer, until, limit).await {
+                Ok(bytes) => return Ok((bytes, Some(grant))),
+                Err(e) if e.kind == PayloadErrorKind::TooLarge && limit < self.max_bytes => e,
+                Err(e) => return Err(Granted::Failed(e)),
+            };
+            drop(grant);
+            let size = e.object_size();
+            if let Some(size) = size.filter(|s| *s > self.max_bytes) {
+                return Err(Granted::Outcome(Outcome::Park {
+                    reason: format!(
+                        "large payload: {pointer} is {size} bytes, above the maximum of {} (SQS_ONCE_LARGE_PAYLOAD_MAX_BYTES); not read",
+                        self.max_bytes
+                    ),
+                }));
+            }
+            let next = size.unwrap_or(ceiling);
+            if next <= limit {
+                return Err(Granted::Outcome(Outcome::Park {
+                    reason: format!(
+                        "large payload: {pointer} runs past the payload budget of {} bytes (SQS_ONCE_PAYLOAD_BUDGET_BYTES): it could never be held; not read",
+                        budget.bytes()
+                    ),
+                }));
+            }
+            info!(object = %pointer, declared, size, "large payload longer than its grant of the payload budget; read again under a larger one");
+            want = next;
+        }
+    }
+
+    /// A grant of `bytes` of the payload budget: at once when free, else
+    /// once enough are given back (the message kept invisible meanwhile by
+    /// the caller), until `until` at the latest (Lambda: the invocation's
+    /// margin, past which the message is retried). A payload that can never
+    /// fit the budget is parked.
+    async fn grant(
+        &self,
+        budget: &Arc<PayloadBudget>,
+        pointer: &S3Pointer,
+        bytes: usize,
+        message: &Message,
+        config: &ProcessorConfig,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<PayloadGrant, Outcome> {
+        if let Some(grant) = budget.try_grant(bytes) {
+            return Ok(grant);
+        }
+        if !budget.fits(bytes) {
+            return Err(Outcome::Park {
+                reason: format!(
+                    "large payload: {pointer} needs {bytes} bytes, more than the payload budget of {} bytes (SQS_ONCE_PAYLOAD_BUDGET_BYTES): it could never be held; not read",
+                    budget.bytes()
+                ),
+            });
+        }
+        info!(
+            object = %pointer,
+            bytes,
+            held = budget.held(),
+            budget = budget.bytes(),
+            "waiting for the payload budget, the message kept invisible"
+        );
+        let deadline = async {
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            grant = budget.grant(bytes) => Ok(grant.expect("a payload that fits is granted")),
+            () = deadline => {
+                warn!(object = %pointer, bytes, budget = budget.bytes(), "no room in the payload budget before the invocation's deadline; the message is retried");
+                Err(Outcome::Retry {
+                    after: config.backoff(message.receive_count()),
+                    reason: format!(
+                        "large payload: {pointer} waited for {bytes} bytes of the payload budget ({} bytes, SQS_ONCE_PAYLOAD_BUDGET_BYTES) until the invocation's deadline",
+                        budget.bytes()
+                    ),
+                })
+            }
+        }
     }
 
     /// The object's bytes. A failure that may pass (no answer, throttling,
@@ -423,6 +580,7 @@ impl LargePayloads {
         &self,
         pointer: &S3Pointer,
         until: Option<tokio::time::Instant>,
+        max_bytes: usize,
     ) -> Result<Vec<u8>, PayloadError> {
         let started = tokio::time::Instant::now();
         let last_start = until.map_or(started + READ_RETRY_WINDOW, |u| {
@@ -430,7 +588,7 @@ impl LargePayloads {
         });
         let mut pause = READ_RETRY_PAUSE;
         loop {
-            match self.store.get(pointer, self.max_bytes).await {
+            match self.store.get(pointer, max_bytes).await {
                 Err(e)
                     if e.kind == PayloadErrorKind::Transient
                         && tokio::time::Instant::now() + pause <= last_start =>
@@ -443,6 +601,15 @@ impl LargePayloads {
             }
         }
     }
+}
+
+/// Why a read under the payload budget did not give the bytes.
+enum Granted {
+    /// The message's outcome (parked, or retried when the wait for the
+    /// budget passed the deadline).
+    Outcome(Outcome),
+    /// The read failed.
+    Failed(PayloadError),
 }
 
 /// The first pause before a large payload's failed read is tried again.

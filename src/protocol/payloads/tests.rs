@@ -460,3 +460,143 @@ async fn a_pointer_outside_the_payload_buckets_is_parked_without_reading_it() {
         ]
     );
 }
+
+/// Each payload's runs, by its first eight bytes.
+type Runs = Arc<Mutex<std::collections::HashMap<String, u32>>>;
+
+/// A processor reading through `objects` within a payload budget of
+/// `budget` bytes; its handler takes 50 ms and counts each payload's runs.
+fn budgeted(
+    objects: &MemoryPayloads,
+    budget: usize,
+) -> (
+    Processor<MemoryStore, impl crate::Handler>,
+    Arc<PayloadBudget>,
+    Runs,
+) {
+    let budget = Arc::new(PayloadBudget::new(budget));
+    let runs: Runs = Arc::default();
+    let (r, b) = (runs.clone(), budget.clone());
+    let handler = handler_fn(move |m: Message, _ctx| {
+        let (r, b) = (r.clone(), b.clone());
+        async move {
+            // The payload's grant is held while its handler runs.
+            assert!(b.held() >= m.body().len(), "the grant is held");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            *r.lock()
+                .unwrap()
+                .entry(m.body()[..8].to_owned())
+                .or_default() += 1;
+            Ok(None)
+        }
+    });
+    let config = crate::ProcessorConfig::new("test");
+    let p = Processor::new(MemoryStore::default(), handler, config)
+        .unwrap()
+        .with_large_payloads(LargePayloads::new(objects.clone()).within(budget.clone()));
+    (p, budget, runs)
+}
+
+const KIB: usize = 1024;
+
+/// Ten payloads of 10 KiB at once within a budget of 35 KiB: never more
+/// than three held, each run once, and the budget is all given back.
+#[tokio::test]
+async fn payloads_beyond_the_budget_wait_their_turn() {
+    let objects = MemoryPayloads::default();
+    objects.slow_gets(std::time::Duration::from_millis(20));
+    let messages: Vec<Message> = (0..10)
+        .map(|i| {
+            let payload = format!("{i:08}{}", "x".repeat(10 * KIB - 8));
+            objects.put("big", &format!("k{i}"), payload);
+            pointer_message(&format!("m{i}"), "big", &format!("k{i}"), 10 * KIB)
+        })
+        .collect();
+    let (p, budget, runs) = budgeted(&objects, 35 * KIB);
+    let outcomes = futures::future::join_all(messages.into_iter().map(|m| p.process(m))).await;
+    for o in &outcomes {
+        assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    }
+    assert_eq!(runs.lock().unwrap().len(), 10);
+    assert!(runs.lock().unwrap().values().all(|n| *n == 1));
+    assert_eq!(budget.high_water(), 30 * KIB, "three at once");
+    assert_eq!(budget.held(), 0);
+    assert_eq!(objects.gets(), 10);
+}
+
+/// A pointer declaring more than the budget is parked without calling S3;
+/// one declaring less than its object is read again under a grant of the
+/// object's size (or parked when that could never fit).
+#[tokio::test]
+async fn a_payload_that_could_never_fit_the_budget_is_parked() {
+    let objects = MemoryPayloads::default();
+    let (p, budget, runs) = budgeted(&objects, 16 * KIB);
+    objects.put("big", "huge", "y".repeat(20 * KIB));
+    let o = p
+        .process(pointer_message("m1", "big", "huge", 20 * KIB))
+        .await;
+    let Outcome::Park { reason } = o else {
+        panic!("{o:?}")
+    };
+    assert!(
+        reason.contains(
+            "more than the payload budget of 16384 bytes (SQS_ONCE_PAYLOAD_BUDGET_BYTES)"
+        ),
+        "{reason}"
+    );
+    assert_eq!(objects.gets(), 0);
+    // Understated: read again under a grant of its size.
+    let payload = format!("{:08}{}", 7, "z".repeat(12 * KIB - 8));
+    objects.put("big", "under", payload);
+    let o = p.process(pointer_message("m2", "big", "under", 100)).await;
+    assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    assert_eq!(objects.gets(), 2);
+    assert_eq!(budget.high_water(), 12 * KIB);
+    // Understated and longer than the budget: parked after one cut-off read.
+    let o = p.process(pointer_message("m3", "big", "huge", 100)).await;
+    let Outcome::Park { reason } = o else {
+        panic!("{o:?}")
+    };
+    assert!(
+        reason.contains("needs 20480 bytes, more than the payload budget"),
+        "{reason}"
+    );
+    assert_eq!(objects.gets(), 3);
+    assert_eq!(runs.lock().unwrap().len(), 1);
+    assert_eq!(budget.held(), 0);
+}
+
+/// On Lambda a wait for the budget ends when the invocation stops waiting:
+/// the message is retried after its backoff, never run without its grant.
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_the_budget_past_the_invocations_deadline_is_a_retry() {
+    let objects = MemoryPayloads::default();
+    objects.put("big", "k1", format!("{:08}", 1));
+    let (p, budget, runs) = budgeted(&objects, 16 * KIB);
+    let hog = budget.try_grant(16 * KIB).unwrap();
+    let start = tokio::time::Instant::now();
+    let opts = crate::protocol::processor::ProcessOptions {
+        wait_until: Some(start + std::time::Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let o = p
+        .process_with(
+            pointer_message("m1", "big", "k1", 8).with_receive_count(2),
+            opts,
+        )
+        .await;
+    let Outcome::Retry { after, reason } = o else {
+        panic!("{o:?}")
+    };
+    assert_eq!(after, std::time::Duration::from_secs(4), "the backoff");
+    assert!(
+        reason.contains("waited for 8 bytes of the payload budget"),
+        "{reason}"
+    );
+    assert_eq!(start.elapsed(), std::time::Duration::from_secs(2));
+    assert_eq!(objects.gets(), 0);
+    drop(hog);
+    let o = p.process(pointer_message("m1", "big", "k1", 8)).await;
+    assert!(matches!(o, Outcome::Completed { .. }), "{o:?}");
+    assert_eq!(runs.lock().unwrap().len(), 1);
+}

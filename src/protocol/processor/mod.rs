@@ -35,7 +35,7 @@ use crate::protocol::limits::SQS_MAX_VISIBILITY;
 use crate::protocol::metrics::Metrics;
 use crate::protocol::outbox::Dispatcher;
 use crate::protocol::outcome::{FailureKind, Outcome, StoredResult};
-use crate::protocol::payloads::LargePayloads;
+use crate::protocol::payloads::{LargePayloads, PayloadGrant};
 use crate::protocol::store::DedupStore;
 use crate::{Message, clock};
 
@@ -241,13 +241,15 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             let visible = LocalEnd::visibility(&opts, self.config.margin_for(lease));
             // The paths below are boxed, each only when taken: held inline,
             // every one would count in this future's size.
-            let message = if let Some(payloads) = &self.payloads {
+            // A large payload's grant of the payload budget is held until
+            // the message is finished with (the end of this block).
+            let (message, _grant) = if let Some(payloads) = &self.payloads {
                 match Box::pin(self.resolve_payload(payloads, message, &opts, &visible)).await {
-                    Ok(message) => message,
+                    Ok(resolved) => resolved,
                     Err(outcome) => return outcome,
                 }
             } else {
-                message
+                (message, None)
             };
             let mut message = match self.open_envelope(message) {
                 Ok(message) => message,
@@ -318,7 +320,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         message: Message,
         opts: &ProcessOptions<'_>,
         visible: &LocalEnd,
-    ) -> Result<Message, Outcome> {
+    ) -> Result<(Message, Option<PayloadGrant>), Outcome> {
         let resolved = tokio::select! {
             biased;
             r = payloads.resolve(&message, &self.config, &*self.store, &*self.clock, opts.wait_until) => r,
@@ -343,7 +345,7 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                     .await
                     .unwrap_or(duplicate))
             }
-            other => Ok(other?.unwrap_or(message)),
+            other => Ok(other?.unwrap_or((message, None))),
         }
     }
 
