@@ -14,6 +14,7 @@
 
 mod claim;
 mod fast;
+mod insert;
 mod lease;
 mod outbox;
 
@@ -277,7 +278,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
             }
             message.set_dedup_key(key);
-            if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
+            let effects = self.handler.effects();
+            if matches!(effects, Effects::Insert { .. }) {
+                // The insert path's claim is its item: it takes no claim
+                // whatever SQS_ONCE_FAST_PATH says.
+                span.record("sqs_once.path", "insert");
+                Box::pin(self.run_fast(&message, &opts, &visible)).await
+            } else if self.config.fast_path && effects == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
                 Box::pin(self.run_fast(&message, &opts, &visible)).await
             } else {
@@ -503,6 +510,9 @@ mod tests;
 
 #[cfg(test)]
 mod outbox_tests;
+
+#[cfg(test)]
+mod insert_tests;
 
 #[cfg(all(test, feature = "poller"))]
 mod privacy_tests;
