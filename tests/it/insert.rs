@@ -251,7 +251,9 @@ async fn duplicates_insert_each_item_once_with_one_put_per_message_and_no_dedup_
         })
         .sum();
     assert!(size <= 1024, "{size} bytes");
-    eprintln!("insert path: item with its marker {size} B; calls for the 60 concurrent messages: {counted:?}");
+    eprintln!(
+        "insert path: item with its marker {size} B; calls for the 60 concurrent messages: {counted:?}"
+    );
 }
 
 #[tokio::test]
