@@ -413,3 +413,21 @@ fn a_refused_put_is_answered_from_the_item_in_the_way() {
     );
     assert_eq!(c.found(&c.item, true), Inserted::Taken { by: None });
 }
+
+#[test]
+fn an_insert_shaped_handler_without_a_key_is_refused_at_start() {
+    let handler = insert_once(
+        &[],
+        handler_fn(|_m: Message, _ctx: Context| async { Ok(None) }),
+    );
+    let started = Processor::new(
+        MemoryStore::default(),
+        handler,
+        config(PayloadMismatch::Warn),
+    );
+    let Err(e) = started else {
+        panic!("an insert-shaped handler without a key attribute started");
+    };
+    assert_eq!(e.setting, "insert_once");
+    assert!(e.problem.contains("key attributes"), "{e}");
+}

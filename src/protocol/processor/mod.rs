@@ -127,6 +127,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         config: ProcessorConfig,
     ) -> Result<Self, crate::protocol::config::ConfigError> {
         config.validate()?;
+        // An insert-shaped handler that names no key could only fail every
+        // message: refused here.
+        if let Effects::Insert { key } = handler.effects()
+            && (key.is_empty() || key.iter().any(|k| k.is_empty()))
+        {
+            return Err(crate::protocol::config::ConfigError {
+                setting: "insert_once",
+                problem: format!(
+                    "an insert-shaped handler (Effects::Insert) must name its item's key attributes, the partition key first (insert_once(&[\"order_id\"], handler)); it names {key:?}"
+                ),
+            });
+        }
         let metrics = Arc::new(Metrics::new(&config.consumer));
         store.report_to(metrics.clone());
         Ok(Self {
