@@ -103,8 +103,8 @@ pub use app::{SqsOnce, StartError, shutdown_on_signals};
 pub use aws::dynamodb::DynamoStore;
 pub use protocol::config::{MissingKey, PayloadMismatch, ProcessorConfig};
 pub use protocol::handler::{
-    Context, Effects, Handler, HandlerError, HandlerFn, HandlerResult, StagedOnly, handler_fn,
-    staged_only,
+    Context, Effects, Handler, HandlerError, HandlerFn, HandlerResult, InsertOnce, StagedOnly,
+    handler_fn, insert_once, staged_only,
 };
 pub use protocol::key::KeySource;
 pub use protocol::message::{Attribute, AttributeValue, Envelope, Message};

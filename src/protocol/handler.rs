@@ -63,6 +63,25 @@ pub enum Effects {
     /// duplicate still runs the handler, whose staged writes are then dropped, so
     /// the handler must have no other side effect.
     StagedOnly,
+    /// One new item keyed by the business id (an order, a payment): the
+    /// handler stages exactly one `Put` of it, and the item itself is the
+    /// dedup record. One conditional `PutItem` (`attribute_not_exists` on
+    /// the first of `key`) writes it with a marker (the record key and the
+    /// body's SHA-256): 1 write unit for an item up to 1 KB, no dedup record
+    /// written. A refused put reads the item in the way (returned by the same
+    /// call): ours is a duplicate; another message's item, or another body
+    /// under our key, is a payload mismatch (`SQS_ONCE_PAYLOAD_MISMATCH`).
+    ///
+    /// What it cannot do: no result is recorded (a duplicate gets none), no
+    /// message can be sent ([`Context::send`]), and once the item is deleted
+    /// a redelivery inserts it again. A handler that stages anything else (a
+    /// second write, an `Update`, a condition of its own) fails permanently
+    /// with the reason. See docs/DESIGN.md, "The insert path".
+    Insert {
+        /// The item's key attributes: the partition key first, then the sort
+        /// key if the table has one.
+        key: &'static [&'static str],
+    },
 }
 
 /// Declares a handler [`Effects::StagedOnly`]: see [`staged_only`].
@@ -93,6 +112,51 @@ impl<H: Handler> Handler for StagedOnly<H> {
 
     fn effects(&self) -> Effects {
         Effects::StagedOnly
+    }
+}
+
+/// Declares a handler [`Effects::Insert`]: see [`insert_once`].
+#[derive(Debug, Clone)]
+pub struct InsertOnce<H> {
+    handler: H,
+    key: &'static [&'static str],
+}
+
+/// Declares that `handler`'s only effect is one new item, keyed by `key`
+/// (the table's partition key attribute, then its sort key if any), that
+/// it stages as one `Put`: the item carries the dedup marker and one
+/// conditional `PutItem` writes it (see [`Effects::Insert`]).
+///
+/// ```
+/// use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+/// use sqs_once::{handler_fn, insert_once};
+///
+/// let handler = insert_once(&["order_id"], handler_fn(|message, ctx| async move {
+///     let put = Put::builder()
+///         .table_name("orders")
+///         .item("order_id", AttributeValue::S(message.id().to_owned()))
+///         .item("body", AttributeValue::S(message.body().to_owned()))
+///         .build()?;
+///     ctx.stage(TransactWriteItem::builder().put(put).build());
+///     Ok(None)
+/// }));
+/// # let _ = handler;
+/// ```
+pub fn insert_once<H: Handler>(key: &'static [&'static str], handler: H) -> InsertOnce<H> {
+    InsertOnce { handler, key }
+}
+
+impl<H: Handler> Handler for InsertOnce<H> {
+    fn handle(
+        &self,
+        message: &Message,
+        ctx: &Context,
+    ) -> impl Future<Output = HandlerResult> + Send {
+        self.handler.handle(message, ctx)
+    }
+
+    fn effects(&self) -> Effects {
+        Effects::Insert { key: self.key }
     }
 }
 

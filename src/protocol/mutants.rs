@@ -75,6 +75,10 @@
 //! - `key-per-attempt`: [`Context::idempotency_key`](crate::Context::idempotency_key)
 //!   hands each attempt a key of its own (the key and the attempt), so an
 //!   API cannot tell a retried call from a new one (the simulator).
+//! - `insert-unconditional`: the insert path's `PutItem` (and the
+//!   in-memory store's insert) goes without its `attribute_not_exists`
+//!   condition, so a copy replaces the item instead of finding it (the
+//!   insert path's unit test of copies at once, in `scripts/test`).
 //! - `concurrency-unbounded`: the poller lets every message it holds run at
 //!   once (`concurrency + prefetch` handlers), above its `concurrency`
 //!   (the simulator's per-host bound).

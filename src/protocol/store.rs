@@ -410,6 +410,94 @@ impl FastCommit {
     }
 }
 
+/// The attribute of an insert-path item ([`crate::Effects::Insert`]) that
+/// holds the record key (`{consumer}#{dedup_key}`) of the message that wrote it.
+pub const INSERT_KEY_ATTRIBUTE: &str = "sqs_once_key";
+/// The attribute of an insert-path item that holds the SHA-256 of the
+/// payload that wrote it (as `payload_sha256` on a record).
+pub const INSERT_PAYLOAD_ATTRIBUTE: &str = "sqs_once_sha256";
+
+/// An insert-path commit ([`crate::Effects::Insert`]): the handler's one
+/// item, written with the marker (the record key and the payload's SHA-256)
+/// only where no item has its key. The item is the dedup record: no other
+/// is written.
+#[derive(Debug, Clone)]
+pub struct InsertCommit {
+    /// The record key the marker holds.
+    pub pk: String,
+    /// SHA-256 of the payload, held by the marker.
+    pub payload_sha256: String,
+    /// The item's table.
+    pub table: String,
+    /// The item's key attributes (partition key first).
+    pub key: Vec<String>,
+    /// The item, without the marker.
+    pub item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+}
+
+/// The answer to an [`InsertCommit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inserted {
+    /// The item was written (or an earlier send of ours was, its answer lost).
+    Inserted,
+    /// The item under the key carries our marker: written by an earlier
+    /// delivery of this message (or a copy); nothing was written.
+    Duplicate {
+        /// False when it was written for another payload under our key.
+        payload_matches: bool,
+    },
+    /// An item with the key exists that no delivery of this key wrote:
+    /// another message's, or one written outside the library. Nothing was
+    /// written.
+    Taken {
+        /// The record key its marker holds; `None`: no marker.
+        by: Option<String>,
+    },
+}
+
+impl InsertCommit {
+    /// The item as written: the handler's, with the marker.
+    pub fn marked_item(
+        &self,
+    ) -> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        let mut item = self.item.clone();
+        item.insert(
+            INSERT_KEY_ATTRIBUTE.to_owned(),
+            AttributeValue::S(self.pk.clone()),
+        );
+        item.insert(
+            INSERT_PAYLOAD_ATTRIBUTE.to_owned(),
+            AttributeValue::S(self.payload_sha256.clone()),
+        );
+        item
+    }
+
+    /// How a put refused by its condition is answered, given the item in
+    /// the way. Shared by every store. `ours_sent`: an earlier send of this
+    /// very commit may have applied (its answer was lost), so an item with
+    /// our marker and payload is that send's.
+    pub fn found(
+        &self,
+        old: &std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+        ours_sent: bool,
+    ) -> Inserted {
+        let marker = |name: &str| old.get(name).and_then(|v| v.as_s().ok()).cloned();
+        match marker(INSERT_KEY_ATTRIBUTE) {
+            Some(k) if k == self.pk => {
+                let payload_matches =
+                    marker(INSERT_PAYLOAD_ATTRIBUTE).is_none_or(|p| p == self.payload_sha256);
+                if payload_matches && ours_sent {
+                    Inserted::Inserted
+                } else {
+                    Inserted::Duplicate { payload_matches }
+                }
+            }
+            by => Inserted::Taken { by },
+        }
+    }
+}
+
 impl StoreError {
     /// Whether the same request can never succeed, so the message is a
     /// permanent failure (parked with this error) rather than retried.
@@ -556,6 +644,20 @@ pub trait DedupStore: Send + Sync + 'static {
         &self,
         c: FastCommit,
     ) -> impl Future<Output = Result<FastCommitted, StoreError>> + Send;
+
+    /// The insert path: puts the one item with its marker where no item has
+    /// its key; a refused put is answered from the item in the way
+    /// ([`InsertCommit::found`]). A store that cannot write items answers
+    /// [`StoreError::Invalid`] (a permanent failure, with the reason).
+    fn commit_insert(
+        &self,
+        c: InsertCommit,
+    ) -> impl Future<Output = Result<Inserted, StoreError>> + Send {
+        let _ = c;
+        std::future::ready(Err(StoreError::Invalid(
+            "this dedup store does not implement the insert path (Effects::Insert)".into(),
+        )))
+    }
 
     /// Marks the messages `sent`, recorded with the `COMPLETED` record `pk`,
     /// as dispatched (removes them), so no later duplicate sends them again.

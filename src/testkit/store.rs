@@ -15,9 +15,9 @@ use crate::protocol::clock::{Clock, SystemClock};
 use crate::protocol::metrics::Metrics;
 use crate::protocol::outcome::StagedWrite;
 use crate::protocol::store::{
-    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, bounded_error, check_transaction_limits, decide_conflict, describe, next_fence,
-    record_bytes,
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, InsertCommit, Inserted,
+    Record, Status, StoreError, bounded_error, check_transaction_limits, decide_conflict, describe,
+    next_fence, record_bytes,
 };
 
 /// The in-memory store. Clones share state.
@@ -32,6 +32,8 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     records: HashMap<String, Record>,
+    /// Items written by the insert path, by table and key values.
+    items: HashMap<(String, Vec<String>), Item>,
     committed: Committed,
     /// Guarded writes applied to a record another owner held, and
     /// `COMPLETED` records a claim or a fast-path commit replaced before
@@ -107,6 +109,9 @@ impl TtlCheck {
         false
     }
 }
+
+/// A DynamoDB item.
+type Item = HashMap<String, aws_sdk_dynamodb::types::AttributeValue>;
 
 /// Committed transactions' staged writes, in commit order, each with the
 /// instant of the tokio clock it committed at.
@@ -243,6 +248,27 @@ impl MemoryStore {
         }
     }
 
+    /// The items the insert path wrote to `table` ([`crate::Effects::Insert`]),
+    /// with their markers, in key order.
+    pub fn items(&self, table: &str) -> Vec<Item> {
+        let state = self.lock();
+        let mut items: Vec<(&Vec<String>, &Item)> = state
+            .items
+            .iter()
+            .filter(|((t, _), _)| t == table)
+            .map(|((_, k), item)| (k, item))
+            .collect();
+        items.sort_by(|a, b| a.0.cmp(b.0));
+        items.into_iter().map(|(_, item)| item.clone()).collect()
+    }
+
+    /// Writes `item` to `table` as if by another tool (no marker of its
+    /// own unless it has one), keyed by `key`.
+    pub fn put_item(&self, table: &str, key: &[&str], item: Item) {
+        let key = key_values(key.iter().copied(), &item);
+        self.lock().items.insert((table.to_owned(), key), item);
+    }
+
     /// Makes every call fail with [`StoreError::Unavailable`] until set back.
     pub fn set_unavailable(&self, unavailable: bool) {
         self.unavailable.store(unavailable, Ordering::SeqCst);
@@ -330,6 +356,11 @@ fn items_of(writes: Vec<StagedWrite>) -> Vec<TransactWriteItem> {
     let mut items: Vec<TransactWriteItem> = writes.into_iter().map(|w| w.item).collect();
     items.shrink_to_fit();
     items
+}
+
+/// The values of an item's `key` attributes, as text that tells types apart.
+fn key_values<'a>(key: impl Iterator<Item = &'a str>, item: &Item) -> Vec<String> {
+    key.map(|k| format!("{:?}", item.get(k))).collect()
 }
 
 fn expires_at(now_ms: i64, ttl: Duration) -> i64 {
@@ -625,6 +656,32 @@ impl DedupStore for MemoryStore {
                 .push((tokio::time::Instant::now(), items_of(c.writes)));
         }
         Ok(FastCommitted::Committed)
+    }
+
+    async fn commit_insert(&self, c: InsertCommit) -> Result<Inserted, StoreError> {
+        self.check_available()?;
+        let key = key_values(c.key.iter().map(String::as_str), &c.item);
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let slot = (c.table.clone(), key);
+        // (The `insert-unconditional` mutant, for the simulator only, puts
+        // the item without its condition: it replaces the one in the way.)
+        let conditional = !crate::protocol::mutants::active("insert-unconditional");
+        if let Some(old) = state.items.get(&slot).filter(|_| conditional) {
+            return Ok(c.found(old, false));
+        }
+        let item = c.marked_item();
+        let put = aws_sdk_dynamodb::types::Put::builder()
+            .table_name(&c.table)
+            .set_item(Some(item.clone()))
+            .build()
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        state.items.insert(slot, item);
+        state.committed.push((
+            tokio::time::Instant::now(),
+            vec![TransactWriteItem::builder().put(put).build()],
+        ));
+        Ok(Inserted::Inserted)
     }
 
     async fn mark_dispatched(

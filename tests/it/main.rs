@@ -12,6 +12,7 @@ mod dynamodb;
 mod emulator;
 mod envelopes;
 mod front_door;
+mod insert;
 mod lambda;
 mod large_payloads;
 mod outbox;

@@ -40,9 +40,9 @@ use crate::protocol::metrics::Metrics;
 use crate::protocol::outbox::Outgoing;
 use crate::protocol::outcome::{FailureKind, StagedWrite, StoredResult};
 use crate::protocol::store::{
-    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, Record, Status,
-    StoreError, bounded_error, check_transaction_limits, clock_fence, decide_conflict, describe,
-    next_fence, record_bytes,
+    Claim, ClaimRequest, Completion, DedupStore, FastCommit, FastCommitted, InsertCommit, Inserted,
+    Record, Status, StoreError, bounded_error, check_transaction_limits, clock_fence,
+    decide_conflict, describe, next_fence, record_bytes,
 };
 
 /// The name of the TTL attribute the dedup table must have enabled.
@@ -518,6 +518,21 @@ fn conditional_failure<R>(
     }
     match e.as_service_error()? {
         UpdateItemError::ConditionalCheckFailedException(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// The `ConditionalCheckFailedException` of a failed `PutItem` (the insert
+/// path's), as [`conditional_failure`] for an update.
+fn put_conditional_failure<R>(
+    e: &SdkError<aws_sdk_dynamodb::operation::put_item::PutItemError, R>,
+) -> Option<&aws_sdk_dynamodb::types::error::ConditionalCheckFailedException> {
+    use aws_sdk_dynamodb::operation::put_item::PutItemError;
+    if crate::protocol::mutants::active("conditional-as-transient") {
+        return None;
+    }
+    match e.as_service_error()? {
+        PutItemError::ConditionalCheckFailedException(c) => Some(c),
         _ => None,
     }
 }
@@ -1105,6 +1120,61 @@ impl DedupStore for DynamoStore {
             }
             Sent::Denied(e) => Err(e),
         }
+    }
+
+    /// The insert path: one `PutItem` of the item with its marker under
+    /// `attribute_not_exists` on its partition key, the item in the way
+    /// returned by the same call when refused (`ALL_OLD`). Sent again with
+    /// the same item while its outcome is unknown: a send that applied is
+    /// then found by its marker.
+    async fn commit_insert(&self, c: InsertCommit) -> Result<Inserted, StoreError> {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let Some(partition) = c.key.first() else {
+            return Err(StoreError::Invalid(
+                "an insert-shaped handler names no key attribute (insert_once(&[\"id\"], ..))"
+                    .into(),
+            ));
+        };
+        let item = c.marked_item();
+        // (The `insert-unconditional` mutant, for the simulator only, puts
+        // the item without its condition.)
+        let conditional = !crate::protocol::mutants::active("insert-unconditional");
+        // Whether an earlier send may have applied (its answer lost).
+        let maybe_applied = AtomicBool::new(false);
+        self.retrying("insert", || async {
+            let mut put = self
+                .client
+                .put_item()
+                .table_name(&c.table)
+                .set_item(Some(item.clone()))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                );
+            if conditional {
+                put = put
+                    .condition_expression("attribute_not_exists(#k)")
+                    .expression_attribute_names("#k", partition);
+            }
+            match put.send().on_heap().await {
+                Ok(_) => Ok(Inserted::Inserted),
+                Err(e) => {
+                    if let Some(ccf) = put_conditional_failure(&e) {
+                        let Some(old) = ccf.item() else {
+                            return Err(Attempt::Done(StoreError::Invalid(
+                                "conditional check failed without the old item (ALL_OLD not honoured)".into(),
+                            )));
+                        };
+                        return Ok(c.found(old, maybe_applied.load(Relaxed)));
+                    }
+                    let attempt = classify(&e);
+                    if matches!(attempt, Attempt::Unknown(_)) {
+                        maybe_applied.store(true, Relaxed);
+                    }
+                    Err(attempt)
+                }
+            }
+        })
+        .await
     }
 
     async fn mark_dispatched(&self, pk: &str, sent: &[Outgoing]) -> Result<(), StoreError> {

@@ -61,7 +61,17 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         // through every step that follows (seed 659792).
         // (This step and the commit boxed: inline, each would count in
         // this future's size, moved whole into its box.)
-        let before = self.completed_before(message, key);
+        let insert = match self.handler.effects() {
+            Effects::Insert { key } => Some(key),
+            _ => None,
+        };
+        let before = async {
+            if insert.is_some() {
+                self.parked_before_insert(message, key).await
+            } else {
+                self.completed_before(message, key).await
+            }
+        };
         if let Some(done) = Box::pin(self.kept_visible(message, opts, visible, before)).await {
             return done;
         }
@@ -105,6 +115,12 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return visibility_lost_before_commit();
         }
         match handled {
+            Ok((value, outbox)) if insert.is_some() => {
+                let item_key = insert.unwrap_or_default();
+                let commit =
+                    self.commit_insert(message, key, opts, visible, &ctx, value, &outbox, item_key);
+                Box::pin(commit).await
+            }
             Ok((value, outbox)) => {
                 let done = Done {
                     ctx: &ctx,

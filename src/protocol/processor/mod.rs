@@ -14,6 +14,7 @@
 
 mod claim;
 mod fast;
+mod insert;
 mod lease;
 mod outbox;
 
@@ -126,6 +127,18 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
         config: ProcessorConfig,
     ) -> Result<Self, crate::protocol::config::ConfigError> {
         config.validate()?;
+        // An insert-shaped handler that names no key could only fail every
+        // message: refused here.
+        if let Effects::Insert { key } = handler.effects()
+            && (key.is_empty() || key.iter().any(|k| k.is_empty()))
+        {
+            return Err(crate::protocol::config::ConfigError {
+                setting: "insert_once",
+                problem: format!(
+                    "an insert-shaped handler (Effects::Insert) must name its item's key attributes, the partition key first (insert_once(&[\"order_id\"], handler)); it names {key:?}"
+                ),
+            });
+        }
         let metrics = Arc::new(Metrics::new(&config.consumer));
         store.report_to(metrics.clone());
         Ok(Self {
@@ -279,7 +292,13 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
                 span.record("sqs_once.record_key", self.config.record_key(&key).as_str());
             }
             message.set_dedup_key(key);
-            if self.config.fast_path && self.handler.effects() == Effects::StagedOnly {
+            let effects = self.handler.effects();
+            if matches!(effects, Effects::Insert { .. }) {
+                // The insert path's claim is its item: it takes no claim
+                // whatever SQS_ONCE_FAST_PATH says.
+                span.record("sqs_once.path", "insert");
+                Box::pin(self.run_fast(&message, &opts, &visible)).await
+            } else if self.config.fast_path && effects == Effects::StagedOnly {
                 span.record("sqs_once.path", "fast");
                 Box::pin(self.run_fast(&message, &opts, &visible)).await
             } else {
@@ -505,6 +524,9 @@ mod tests;
 
 #[cfg(test)]
 mod outbox_tests;
+
+#[cfg(test)]
+mod insert_tests;
 
 #[cfg(all(test, feature = "poller"))]
 mod privacy_tests;

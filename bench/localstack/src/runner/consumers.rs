@@ -243,18 +243,80 @@ pub(crate) async fn run_sqs_once(
     concurrency: usize,
     messages: usize,
 ) -> (f64, BTreeMap<String, u64>) {
+    let handler = LedgerHandler::new(&s.ledger);
+    run_sqs_once_with(sdk, s, fast, handler, (concurrency, messages)).await
+}
+
+/// The ledger's event as one new item (`Effects::Insert`): `pk` the
+/// event's id, with its account and amount, in the ledger table.
+#[derive(Debug, Clone)]
+pub(crate) struct EventItem(pub(crate) String);
+
+impl sqs_once::Handler for EventItem {
+    async fn handle(
+        &self,
+        message: &sqs_once::Message,
+        ctx: &sqs_once::Context,
+    ) -> sqs_once::HandlerResult {
+        use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+        let e: Value = message.json().map_err(sqs_once::HandlerError::permanent)?;
+        let text = |k: &str| AttributeValue::S(e[k].as_str().unwrap_or_default().to_owned());
+        let put = Put::builder()
+            .table_name(&self.0)
+            .item("pk", text("id"))
+            .item("account", text("account"))
+            .item(
+                "amount_cents",
+                AttributeValue::N(e["amount_cents"].to_string()),
+            )
+            .build()?;
+        ctx.stage(TransactWriteItem::builder().put(put).build());
+        Ok(None)
+    }
+}
+
+/// The events' sums by account from the insert path's items (as
+/// `ledger_rows` reads the ledger's balances).
+pub(crate) async fn event_item_sums(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> std::collections::HashMap<String, (i64, i64)> {
+    let mut out: std::collections::HashMap<String, (i64, i64)> = Default::default();
+    let mut pages = ddb
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .into_paginator()
+        .items()
+        .send();
+    while let Some(item) = pages.next().await {
+        let item = item.unwrap();
+        let account = item["account"].as_s().unwrap().clone();
+        let amount: i64 = item["amount_cents"].as_n().unwrap().parse().unwrap();
+        let e = out.entry(account).or_default();
+        e.0 += amount;
+        e.1 += 1;
+    }
+    out
+}
+
+/// sqs-once: the library poller with `handler`, in this process
+/// (`sizes`: concurrency, messages).
+pub(crate) async fn run_sqs_once_with<H: sqs_once::Handler>(
+    sdk: &SdkConfig,
+    s: &Setup,
+    fast: bool,
+    handler: H,
+    (concurrency, messages): (usize, usize),
+) -> (f64, BTreeMap<String, u64>) {
     let calls = CallCounter::default();
     let sqs = aws_sdk_sqs::Client::from_conf(calls.sqs_config(sdk));
     let ddb = aws_sdk_dynamodb::Client::from_conf(calls.dynamodb_config(sdk));
     let mut config = ProcessorConfig::new("bench");
     config.key_source = "json:/id".parse().unwrap();
     config.fast_path = fast;
-    let processor = Processor::new(
-        DynamoStore::new(ddb, s.dedup.as_str()),
-        LedgerHandler::new(&s.ledger),
-        config,
-    )
-    .unwrap();
+    let processor =
+        Processor::new(DynamoStore::new(ddb, s.dedup.as_str()), handler, config).unwrap();
     let mut pc = PollerConfig::new(&s.queues.queue_url);
     pc.concurrency = concurrency;
     pc.wait_time = Duration::from_secs(1);

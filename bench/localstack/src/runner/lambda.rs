@@ -82,7 +82,8 @@ pub(crate) async fn lambda_batch_ms(bench: &Bench, fast: bool) -> f64 {
         c.queue_url = Some(s.queues.queue_url.clone());
         c
     });
-    let (bodies, expected) = events(75, 0.3);
+    // 77 events and 23 copies: ten batches of ten.
+    let (bodies, expected) = events(77, 0.3);
     assert_eq!(bodies.len(), 100);
     let mut total = 0.0;
     for (b, chunk) in bodies.chunks(10).take(10).enumerate() {

@@ -119,6 +119,7 @@ pub(crate) async fn dollars(bench: &Bench, r: &mut Report) {
     for (name, key, ms) in [
         ("sqs-once fast path", "fast", Some(fast_ms)),
         ("sqs-once claim path", "claim", Some(claim_ms)),
+        ("sqs-once insert path", "insert", None),
         (
             "hand-written loop",
             "handwritten",
