@@ -51,6 +51,7 @@ pub trait Handler: Send + Sync + 'static {
 
 /// Which protocol a handler's effects need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Effects {
     /// Anything, including calls outside DynamoDB (a payment API, e-mail): the
     /// key is claimed before the handler runs, so at most one attempt runs at a
