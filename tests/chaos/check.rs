@@ -121,12 +121,12 @@ pub async fn records(ddb: &aws_sdk_dynamodb::Client, table: &str) -> (Vec<String
         .send();
     while let Some(item) = pages.next().await {
         let item = item.unwrap();
-        // The table's carry secret is no record.
+        // The table's carry secret and the consumers' stamps are no
+        // records: a record's key is `{consumer}#{key}`.
         if item
             .get("pk")
             .and_then(|v| v.as_s().ok())
-            .map(String::as_str)
-            == Some(sqs_once::aws::dynamodb::CARRY_SECRET_ITEM)
+            .is_none_or(|pk| !pk.contains('#'))
         {
             continue;
         }
