@@ -379,16 +379,18 @@ impl<'a> Receives<'a> {
     /// partition, a pause before a request, a crash or a SIGTERM), and
     /// that of the calls its host made for it ([`Trouble::calls`]): through
     /// its receipt, on its event's record, for its event's payload or
-    /// outgoing message, or the receive that took it. A fault on a call of
+    /// outgoing message, parking a copy of its message, or the receive
+    /// that took it. A fault on a call of
     /// the host made for anything else is no excuse.
     fn own_trouble(&self, d: &Delivery) -> Vec<(u128, u128)> {
         let host = d.consumer.trim_end_matches("-esm");
         let event = self.event(d);
         let at = d.at.saturating_duration_since(self.e.start).as_millis();
-        let (receipt, key, of_event) = (
+        let (receipt, key, of_event, of_message) = (
             Subject::receipt(&d.receipt),
             Subject::key(&self.e.scenario.record_pk(event)),
             Subject::event(event),
+            Subject::message(&d.message),
         );
         let calls = self.e.trouble.calls.get(host).into_iter().flatten();
         let own_calls = calls
@@ -397,6 +399,7 @@ impl<'a> Receives<'a> {
                     *s == receipt
                         || *s == key
                         || *s == of_event
+                        || *s == of_message
                         || (s == Subject::RECEIVE && (*from..=*until).contains(&at))
                 })
             })

@@ -1144,7 +1144,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
-        let subjects = Subject::of_body(&message.body, &self.link.trace);
+        let subjects = Subject::of_outgoing(&message, &self.link.trace);
         self.call(
             "SendMessage",
             queue,
@@ -1162,7 +1162,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         let (inner, q, all) = (self.inner.clone(), queue.to_owned(), messages.clone());
         let each: Vec<Vec<String>> = messages
             .iter()
-            .map(|m| Subject::of_body(&m.body, &self.link.trace))
+            .map(|m| Subject::of_outgoing(m, &self.link.trace))
             .collect();
         let subjects: Vec<String> = each.iter().flatten().cloned().collect();
         self.late("SendMessageBatch", queue, &subjects, async move {

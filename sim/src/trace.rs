@@ -63,6 +63,12 @@ impl Subject {
         format!("event:{id}")
     }
 
+    /// A call for the message `id` (a copy of it parked in the DLQ, which
+    /// names it).
+    pub fn message(id: &str) -> String {
+        format!("message:{id}")
+    }
+
     /// A receive: it stands for the deliveries taken over its span.
     pub const RECEIVE: &'static str = "receive";
 
@@ -84,6 +90,21 @@ impl Subject {
             None => v.get("id").and_then(|i| i.as_str()).map(str::to_owned),
         };
         event.iter().map(|e| Self::event(e)).collect()
+    }
+
+    /// What an outgoing message was sent for: the event its body names
+    /// ([`Subject::of_body`]), and for a copy parked in the DLQ the message
+    /// it stands for.
+    pub fn of_outgoing(m: &sqs_once::queue::OutgoingMessage, trace: &Trace) -> Vec<String> {
+        let mut out = Self::of_body(&m.body, trace);
+        if let Some(sqs_once::Attribute {
+            value: sqs_once::AttributeValue::Text(id),
+            ..
+        }) = m.attributes.get(sqs_once::parking::MESSAGE_ID_ATTRIBUTE)
+        {
+            out.push(Self::message(id));
+        }
+        out
     }
 
     /// The event an object's content names (`"id":"…"` in a body stored

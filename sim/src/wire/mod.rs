@@ -321,7 +321,13 @@ fn sqs_subjects(op: &str, body: &serde_json::Value, trace: &crate::trace::Trace)
                 .and_then(|b| b.as_str())
                 .map(|b| Subject::of_body(b, trace))
                 .unwrap_or_default();
-            receipt.into_iter().chain(sent)
+            let parked = v
+                .get("MessageAttributes")
+                .and_then(|a| a.get(sqs_once::parking::MESSAGE_ID_ATTRIBUTE))
+                .and_then(|a| a.get("StringValue"))
+                .and_then(|id| id.as_str())
+                .map(Subject::message);
+            receipt.into_iter().chain(sent).chain(parked)
         })
         .collect()
 }
