@@ -15,7 +15,7 @@ use sqs_once::testkit::queue::StoredMessage;
 
 use crate::deliveries::{Deliveries, Delivery};
 use crate::hosts::HostReport;
-use crate::trace::Trouble;
+use crate::trace::{Subject, Trouble};
 use crate::world::{ApiCall, Kind, Scenario};
 
 /// One effect made: the event, and the message whose delivery made it.
@@ -91,8 +91,8 @@ pub struct Evidence<'a> {
     pub lease_ends: Option<BTreeMap<(String, u32), u128>>,
     /// Fast-path handlers started for a redelivery whose record said
     /// `COMPLETED`: (message, receive count, consumer, event, when the
-    /// record was completed, ms from the start).
-    pub reruns: Vec<(String, u32, String, String, u128)>,
+    /// record was completed, when the handler started; ms from the start).
+    pub reruns: Vec<(String, u32, String, String, u128, u128)>,
     /// Record reads that failed: (consumer, record key, ms from the start).
     pub failed_reads: Vec<(String, String, u128)>,
     /// When each delivery's outcome came, and which: (message, receive
@@ -375,11 +375,44 @@ impl<'a> Receives<'a> {
         (ms(d.at), end)
     }
 
-    fn host_trouble(&self, d: &Delivery) -> Option<&'a Vec<(u128, u128)>> {
-        self.e
+    /// The trouble that is `d`'s own: its host's as a whole (a freeze, a
+    /// partition, a pause before a request, a crash or a SIGTERM), and
+    /// that of the calls its host made for it ([`Trouble::calls`]): through
+    /// its receipt, on its event's record, for its event's payload or
+    /// outgoing message, parking a copy of its message, or the receive
+    /// that took it. A fault on a call of
+    /// the host made for anything else is no excuse.
+    fn own_trouble(&self, d: &Delivery) -> Vec<(u128, u128)> {
+        let host = d.consumer.trim_end_matches("-esm");
+        let event = self.event(d);
+        let at = d.at.saturating_duration_since(self.e.start).as_millis();
+        let (receipt, key, of_event, of_message) = (
+            Subject::receipt(&d.receipt),
+            Subject::key(&self.e.scenario.record_pk(event)),
+            Subject::event(event),
+            Subject::message(&d.message),
+        );
+        let calls = self.e.trouble.calls.get(host).into_iter().flatten();
+        let own_calls = calls
+            .filter(|(from, until, subjects)| {
+                subjects.iter().any(|s| {
+                    *s == receipt
+                        || *s == key
+                        || *s == of_event
+                        || *s == of_message
+                        || (s == Subject::RECEIVE && (*from..=*until).contains(&at))
+                })
+            })
+            .map(|&(from, until, _)| (from, until));
+        let whole_host = self
+            .e
             .trouble
             .hosts
-            .get(d.consumer.trim_end_matches("-esm"))
+            .get(host)
+            .into_iter()
+            .flatten()
+            .copied();
+        whole_host.chain(own_calls).collect()
     }
 
     /// Until when `o` may hold its event's key: to its window's end, and
@@ -394,13 +427,11 @@ impl<'a> Receives<'a> {
         if self.outcome(o).is_none() || o.holder_died() {
             return Some(u);
         }
-        self.host_trouble(o).and_then(|spans| {
-            spans
-                .iter()
-                .filter(|&&(a, b)| a <= u && b >= f)
-                .map(|&(_, b)| b.max(u))
-                .max()
-        })
+        self.own_trouble(o)
+            .iter()
+            .filter(|&&(a, b)| a <= u && b >= f)
+            .map(|&(_, b)| b.max(u))
+            .max()
     }
 
     /// The line of a receive spent for nothing.
@@ -431,7 +462,7 @@ impl<'a> Receives<'a> {
     fn troubled(&self, d: &Delivery) -> bool {
         let (from, until) = self.window(d);
         d.holder_died()
-            || Trouble::meets(self.host_trouble(d), from, until)
+            || Trouble::meets(Some(&self.own_trouble(d)), from, until)
             || Trouble::meets(self.e.trouble.events.get(self.event(d)), from, until)
             || self.e.pauses.iter().any(|p| {
                 p.messages.contains(&d.message) && p.from_ms <= until && p.until_ms >= from
@@ -765,6 +796,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         // overlap, fencing, exactly-once of staged effects, nothing lost and
         // FIFO order are still required.
         overlaps(&unskewed_calls(e), &mut v);
+        skewed_overlaps(e, &mut v);
         external_calls(e, &mut v);
         past_lease(e, &mut v);
     }
@@ -1636,14 +1668,17 @@ fn jumped_beyond_margin(e: &Evidence<'_>) -> Option<(String, u128)> {
 
 /// A redelivery of a message whose record was `COMPLETED` before it was
 /// received reads its record and is let go without running its handler,
-/// unless that read failed.
+/// unless that read failed: a failed read of its record by its consumer
+/// between the delivery's arrival and its handler's start (a read that
+/// failed before it arrived, or after its handler started, was another
+/// delivery's, and excuses nothing here).
 fn reruns(e: &Evidence<'_>, v: &mut Vec<String>) {
     // From when the delivery reached its consumer, which reads the record
     // after that (a record completed while a slow answer was on its way is
     // read as such by a correct consumer).
     let ms =
         |d: &crate::deliveries::Delivery| d.arrived.saturating_duration_since(e.start).as_millis();
-    for (message, count, consumer, event, done_ms) in &e.reruns {
+    for (message, count, consumer, event, done_ms, started_ms) in &e.reruns {
         let Some(d) = e
             .deliveries
             .all_of(message)
@@ -1656,7 +1691,7 @@ fn reruns(e: &Evidence<'_>, v: &mut Vec<String>) {
         let read_failed = e
             .failed_reads
             .iter()
-            .any(|(c, p, at)| c == consumer && *p == pk && *at >= ms(&d));
+            .any(|(c, p, at)| c == consumer && *p == pk && (ms(&d)..=*started_ms).contains(at));
         if *done_ms < ms(&d) && !read_failed {
             v.push(format!(
                 "{event}: {consumer} ran the handler of {message} (receive {count}) again though its record was COMPLETED at {done_ms}ms, before that receive"
@@ -1765,16 +1800,108 @@ pub fn paused_calls(e: &Evidence<'_>) -> usize {
 }
 
 /// Overlapping calls of one key at the API, in a run with a host's clock
-/// off by more than the lease margin: the lease promises nothing there (two
-/// hosts may both take it for theirs), so they are counted, not violations.
+/// off by more than the lease margin, in the direction that skew can cause
+/// ([`skew_explains`]): the lease promises nothing there (two hosts may
+/// both take it for theirs), so they are counted, not violations.
 pub fn overlapping(e: &Evidence<'_>) -> usize {
     if e.scenario.skew_beyond_margin.is_none() || !e.scenario.calls() {
         return 0;
     }
-    let (mut all, mut unskewed) = (Vec::new(), Vec::new());
-    overlaps(&e.calls, &mut all);
-    overlaps(&unskewed_calls(e), &mut unskewed);
-    all.len().saturating_sub(unskewed.len()) + skewed_cross_path(e).len() + late_skewed_calls(e)
+    let all = judged_calls(e, &e.calls);
+    let skewed = overlap_pairs(&all)
+        .into_iter()
+        .filter(|(o, c)| skewed_call(e, o) || skewed_call(e, c))
+        .filter(|(o, c)| skew_explains(e, o, c))
+        .count();
+    skewed + skewed_cross_path(e).len() + late_skewed_calls(e)
+}
+
+/// Overlaps of one key where one call is the skewed host's
+/// ([`skewed_call`]) in the direction its skew cannot cause: violations.
+/// (Those of two calls within the margin are [`overlaps`]' to report.)
+fn skewed_overlaps(e: &Evidence<'_>, v: &mut Vec<String>) {
+    if e.scenario.skew_beyond_margin.is_none() {
+        return;
+    }
+    let all = judged_calls(e, &e.calls);
+    for (o, c) in overlap_pairs(&all) {
+        if (skewed_call(e, o) || skewed_call(e, c)) && !skew_explains(e, o, c) {
+            v.push(format!(
+                "{}: API called by {} at {}ms while {}'s call (from {}ms) was still open, the other way round from what the skew of {} can cause",
+                c.event,
+                c.consumer,
+                c.start_ms,
+                o.consumer,
+                o.start_ms,
+                e.scenario.skew_beyond_margin.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+}
+
+/// A call of the host whose clock is off beyond the margin, made while it
+/// was (a host that got there by a jump was within the margin before it:
+/// its calls that ended before the jump are judged as any other's).
+fn skewed_call(e: &Evidence<'_>, c: &ApiCall) -> bool {
+    let Some(skewed) = e.scenario.skew_beyond_margin.as_deref() else {
+        return false;
+    };
+    let jumped_at_ms = e
+        .scenario
+        .consumers
+        .iter()
+        .find(|h| h.name == skewed)
+        .and_then(|h| h.jump)
+        .map(|j| j.at.as_millis());
+    c.consumer == skewed && !jumped_at_ms.is_some_and(|at| c.end_ms.is_some_and(|end| end < at))
+}
+
+/// Whether the skewed host's clock explains `later` starting while
+/// `earlier` was open (one of them the skewed host's, [`skewed_call`]). A
+/// clock that runs ahead takes a live lease for over: the skewed host is
+/// the one that calls later, over another's open call (or over one of its
+/// own from before its jump, its lease written on the clock before).
+/// A clock that runs behind writes a lease that ends sooner in true time
+/// than by its clock: another host takes the key while the skewed host's
+/// call is still open, so the skewed host's call is the earlier one and
+/// the later one is another host's. The other way round, the overlap is a
+/// lease or fencing bug, and fails.
+fn skew_explains(e: &Evidence<'_>, earlier: &ApiCall, later: &ApiCall) -> bool {
+    let Some(skewed) = e.scenario.skew_beyond_margin.as_deref() else {
+        return false;
+    };
+    let ahead = e
+        .scenario
+        .consumers
+        .iter()
+        .find(|c| c.name == skewed)
+        .is_some_and(|c| c.skew_ms > 0);
+    if ahead {
+        skewed_call(e, later) && !skewed_call(e, earlier)
+    } else {
+        skewed_call(e, earlier) && later.consumer != skewed
+    }
+}
+
+/// Every pair of calls of one key where the later-started one started
+/// while the earlier one was open: (earlier, later).
+fn overlap_pairs(calls: &[ApiCall]) -> Vec<(&ApiCall, &ApiCall)> {
+    let mut by_key: BTreeMap<&str, Vec<&ApiCall>> = BTreeMap::new();
+    for c in calls {
+        by_key.entry(&c.key).or_default().push(c);
+    }
+    let mut pairs = Vec::new();
+    for calls in by_key.values_mut() {
+        calls.sort_by_key(|c| c.start_ms);
+        for (i, o) in calls.iter().enumerate() {
+            for c in &calls[i + 1..] {
+                if c.start_ms < o.end_ms.unwrap_or(u128::MAX) {
+                    pairs.push((*o, *c));
+                }
+            }
+        }
+    }
+    pairs
 }
 
 /// The host whose clock runs behind by more than the lease margin, if one

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::deliveries::Deliveries;
-use crate::trace::Trace;
+use crate::trace::{Subject, Trace};
 
 /// How long a call made while its host's link is cut takes to fail (a
 /// connect timeout): a call started in a cut that ends sooner than this
@@ -323,7 +323,7 @@ pub struct Link {
     name: String,
     dice: Dice,
     plan: FaultPlan,
-    trace: Trace,
+    pub(crate) trace: Trace,
     cut_until: Arc<Mutex<[Option<Instant>; 2]>>,
     /// Until when each service throttles half the calls of this host.
     storm_until: Arc<Mutex<[Option<Instant>; 2]>>,
@@ -506,11 +506,14 @@ impl Link {
             && !self.calm.load(Ordering::Relaxed)
     }
 
-    fn draw(&self, service: Service, op: &str) -> Fault {
-        self.draw_from(&self.dice, service, op)
+    fn draw(&self, service: Service, op: &str, subjects: &[String]) -> Fault {
+        self.draw_from(&self.dice, service, op, subjects)
     }
 
-    fn draw_from(&self, d: &Dice, service: Service, op: &str) -> Fault {
+    /// Draws a call's fault; the trouble it makes is the call's, noted
+    /// with what the call was made for (`subjects`: see
+    /// [`crate::trace::Trouble::calls`]).
+    fn draw_from(&self, d: &Dice, service: Service, op: &str, subjects: &[String]) -> Fault {
         if self.is_cut(service) {
             self.counts.cut.fetch_add(1, Ordering::Relaxed);
             return Fault::Cut;
@@ -554,7 +557,7 @@ impl Link {
             Fault::Lose => ("answer lost", Duration::ZERO),
             Fault::Delay(d) => ("delayed", *d),
         };
-        self.trace.host_trouble(&self.name, lasts);
+        self.trace.call_trouble(&self.name, subjects, lasts);
         self.trace
             .event(format!("fault {} {service:?} {op}: {name}", self.name));
         fault
@@ -562,8 +565,14 @@ impl Link {
 
     /// Whether this request is given up on by the client and lands later:
     /// (how long the client waits, when the request is applied).
-    fn draw_late(&self, service: Service, op: &str, rate: f64) -> Option<(Duration, Duration)> {
-        self.draw_late_from(&self.dice, service, op, rate)
+    fn draw_late(
+        &self,
+        service: Service,
+        op: &str,
+        rate: f64,
+        subjects: &[String],
+    ) -> Option<(Duration, Duration)> {
+        self.draw_late_from(&self.dice, service, op, rate, subjects)
     }
 
     fn draw_late_from(
@@ -572,6 +581,7 @@ impl Link {
         service: Service,
         op: &str,
         rate: f64,
+        subjects: &[String],
     ) -> Option<(Duration, Duration)> {
         if self.calm.load(Ordering::Relaxed) || self.is_cut(service) {
             return None;
@@ -582,7 +592,7 @@ impl Link {
         self.counts.late.fetch_add(1, Ordering::Relaxed);
         let wait = dice.millis(Duration::from_millis(500), Duration::from_secs(3));
         let after = wait + dice.millis(Duration::ZERO, Duration::from_secs(20));
-        self.trace.host_trouble(&self.name, after);
+        self.trace.call_trouble(&self.name, subjects, after);
         self.trace.event(format!(
             "fault {} {service:?} {op}: given up after {wait:?}, lands after {after:?}",
             self.name
@@ -613,14 +623,19 @@ impl Link {
     /// an error is a 500 (before or after applying), throttling, a reset, or
     /// for a transaction a conflict; a lost answer is a reset or silence
     /// after applying; a timeout is silence; a delay a slow answer.
-    pub(crate) fn draw_wire(&self, op: &str, transaction: bool) -> crate::wire::WireFault {
+    pub(crate) fn draw_wire(
+        &self,
+        op: &str,
+        transaction: bool,
+        subjects: &[String],
+    ) -> crate::wire::WireFault {
         use crate::wire::WireFault as W;
-        if let Some((wait, after)) = self.draw_late(Service::Ddb, op, self.plan.late) {
+        if let Some((wait, after)) = self.draw_late(Service::Ddb, op, self.plan.late, subjects) {
             // The client's attempt timeout, not `wait`, decides when it gives up.
             let _ = wait;
             return W::Late(after);
         }
-        let fault = match self.draw(Service::Ddb, op) {
+        let fault = match self.draw(Service::Ddb, op, subjects) {
             Fault::None => return W::None,
             Fault::Cut => W::Cut,
             Fault::Fail(STORM) if self.dice.chance(0.5) => W::Provisioned,
@@ -658,17 +673,24 @@ impl Link {
     /// (`ThrottlingException`, `RequestThrottled`), a reset, or for a batch
     /// of `entries` some entries failing alone; a lost answer is a reset or
     /// silence after applying; a timeout is silence; a delay a slow answer.
-    pub(crate) fn draw_sqs_wire(&self, op: &str, entries: usize) -> crate::wire::SqsFault {
+    pub(crate) fn draw_sqs_wire(
+        &self,
+        op: &str,
+        entries: usize,
+        subjects: &[String],
+    ) -> crate::wire::SqsFault {
         use crate::wire::SqsFault as F;
         let Some(dice) = &self.sqs_wire else {
             return F::None;
         };
-        if let Some((wait, after)) = self.draw_late_from(dice, Service::Sqs, op, self.sqs_late) {
+        if let Some((wait, after)) =
+            self.draw_late_from(dice, Service::Sqs, op, self.sqs_late, subjects)
+        {
             // The client's attempt timeout decides when it gives up; the
             // request lands this long after.
             return F::Late(after - wait);
         }
-        let fault = match self.draw_from(dice, Service::Sqs, op) {
+        let fault = match self.draw_from(dice, Service::Sqs, op, subjects) {
             Fault::None => return F::None,
             Fault::Cut => F::Cut,
             Fault::Fail(STORM) => F::Throttled("ThrottlingException"),
@@ -720,10 +742,11 @@ impl Link {
         &self,
         service: Service,
         op: &str,
+        subjects: &[String],
         call: impl Future<Output = T>,
     ) -> Result<T, String> {
         self.thaw().await;
-        let answer = self.through_faults(service, op, call).await;
+        let answer = self.through_faults(service, op, subjects, call).await;
         self.thaw().await;
         answer
     }
@@ -732,9 +755,10 @@ impl Link {
         &self,
         service: Service,
         op: &str,
+        subjects: &[String],
         call: impl Future<Output = T>,
     ) -> Result<T, String> {
-        match self.draw(service, op) {
+        match self.draw(service, op, subjects) {
             Fault::None => Ok(call.await),
             Fault::Cut => {
                 tokio::time::sleep(CONNECT_TIMEOUT).await;
@@ -833,7 +857,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
             self.deliveries.clone(),
             queue.to_owned(),
         );
-        self.late("DeleteMessage", queue, async move {
+        let subjects = [Subject::receipt(receipt)];
+        self.late("DeleteMessage", queue, &subjects, async move {
             if inner.delete(&q, &receipts[0]).await.is_ok() {
                 seen.delete_reached(&q, &receipts);
             }
@@ -848,7 +873,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
             }
             out
         };
-        self.call("DeleteMessage", queue, f).await
+        self.call("DeleteMessage", queue, &subjects, f).await
     }
 
     /// One `DeleteMessageBatch` through the link (see [`QueueClient::delete_batch`]).
@@ -863,7 +888,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
             queue.to_owned(),
             receipts.to_vec(),
         );
-        self.late("DeleteMessageBatch", queue, async move {
+        let subjects = receipt_subjects(receipts);
+        self.late("DeleteMessageBatch", queue, &subjects, async move {
             if let Ok(failed) = inner.delete_batch(&q, &all).await {
                 seen.delete_reached(&q, &applied(&all, &failed));
             }
@@ -877,7 +903,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
             }
             out
         };
-        self.call("DeleteMessageBatch", queue, f).await
+        self.call("DeleteMessageBatch", queue, &subjects, f).await
     }
 
     /// `inner` as seen by a host; what it receives, deletes and keeps
@@ -910,14 +936,20 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
 
     /// Whether this call is given up on and lands later: then `land` is
     /// applied in the background, and the caller sees a timeout.
-    async fn late<F>(&self, op: &'static str, url: &str, land: F) -> Result<(), QueueError>
+    async fn late<F>(
+        &self,
+        op: &'static str,
+        url: &str,
+        subjects: &[String],
+        land: F,
+    ) -> Result<(), QueueError>
     where
         F: Future<Output = ()> + Send + 'static,
     {
         if self.on_wire || self.late <= 0.0 {
             return Ok(());
         }
-        let Some((wait, after)) = self.link.draw_late(Service::Sqs, op, self.late) else {
+        let Some((wait, after)) = self.link.draw_late(Service::Sqs, op, self.late, subjects) else {
             return Ok(());
         };
         let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
@@ -935,15 +967,23 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
 
     /// Notes a batch call whose entries failed alone (a fault drawn on
     /// the wire, or SQS's model doing it: one of its "might"s, which the
-    /// calm does not end) as trouble on the host.
+    /// calm does not end) as trouble on the calls of the failed entries
+    /// (`subjects`: each entry's, by its index).
     fn entries_noted(
         &self,
         out: Result<Vec<EntryFailure>, QueueError>,
+        subjects: &[Vec<String>],
     ) -> Result<Vec<EntryFailure>, QueueError> {
-        if out.as_ref().is_ok_and(|failed| !failed.is_empty()) {
+        if let Some(failed) = out.as_ref().ok().filter(|failed| !failed.is_empty()) {
+            let failed: Vec<String> = failed
+                .iter()
+                .filter_map(|f| subjects.get(f.index))
+                .flatten()
+                .cloned()
+                .collect();
             self.link
                 .trace
-                .host_trouble(&self.link.name, Duration::ZERO);
+                .call_trouble(&self.link.name, &failed, Duration::ZERO);
         }
         out
     }
@@ -952,6 +992,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
         &self,
         op: &'static str,
         url: &str,
+        subjects: &[String],
         f: impl Future<Output = Result<T, QueueError>>,
     ) -> Result<T, QueueError> {
         if self.on_wire {
@@ -959,7 +1000,7 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> FaultyQueue<Q> {
         }
         let out = self
             .life
-            .guard(self.link.through(Service::Sqs, op, f))
+            .guard(self.link.through(Service::Sqs, op, subjects, f))
             .await;
         match out {
             Ok(r) => r,
@@ -992,7 +1033,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             }
             Ok(got)
         };
-        let got = self.call("ReceiveMessage", queue, take).await?;
+        let receive = [Subject::RECEIVE.to_owned()];
+        let got = self.call("ReceiveMessage", queue, &receive, take).await?;
         if !got.is_empty() {
             let who = (self.link.name.as_str(), &self.life, &self.link.sqs_cuts);
             self.deliveries
@@ -1024,7 +1066,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         self.deliveries
             .delete_sent_by(queue, receipts, &self.link.sqs_cuts);
         let _back = Returned(&self.deliveries, queue, receipts);
-        self.entries_noted(self.delete_batch_once(queue, receipts).await)
+        let each: Vec<Vec<String>> = receipts.iter().map(|r| vec![Subject::receipt(r)]).collect();
+        self.entries_noted(self.delete_batch_once(queue, receipts).await, &each)
     }
 
     async fn change_visibility(
@@ -1039,7 +1082,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             queue.to_owned(),
             receipt.to_owned(),
         );
-        self.late("ChangeMessageVisibility", queue, async move {
+        let subjects = [Subject::receipt(receipt)];
+        self.late("ChangeMessageVisibility", queue, &subjects, async move {
             if inner.change_visibility(&q, &r, timeout).await.is_ok() {
                 seen.visibility_set(&[r], timeout);
             }
@@ -1053,7 +1097,8 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             }
             out
         };
-        self.call("ChangeMessageVisibility", queue, f).await
+        self.call("ChangeMessageVisibility", queue, &subjects, f)
+            .await
     }
 
     async fn change_visibility_batch(
@@ -1068,11 +1113,17 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             queue.to_owned(),
             receipts.to_vec(),
         );
-        self.late("ChangeMessageVisibilityBatch", queue, async move {
-            if let Ok(failed) = inner.change_visibility_batch(&q, &all, timeout).await {
-                seen.visibility_set(&applied(&all, &failed), timeout);
-            }
-        })
+        let subjects = receipt_subjects(receipts);
+        self.late(
+            "ChangeMessageVisibilityBatch",
+            queue,
+            &subjects,
+            async move {
+                if let Ok(failed) = inner.change_visibility_batch(&q, &all, timeout).await {
+                    seen.visibility_set(&applied(&all, &failed), timeout);
+                }
+            },
+        )
         .await?;
         let f = async {
             let out = self
@@ -1085,12 +1136,22 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
             }
             out
         };
-        self.entries_noted(self.call("ChangeMessageVisibilityBatch", queue, f).await)
+        let each: Vec<Vec<String>> = receipts.iter().map(|r| vec![Subject::receipt(r)]).collect();
+        let out = self
+            .call("ChangeMessageVisibilityBatch", queue, &subjects, f)
+            .await;
+        self.entries_noted(out, &each)
     }
 
     async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), QueueError> {
-        self.call("SendMessage", queue, self.inner.send(queue, message))
-            .await
+        let subjects = Subject::of_outgoing(&message, &self.link.trace);
+        self.call(
+            "SendMessage",
+            queue,
+            &subjects,
+            self.inner.send(queue, message),
+        )
+        .await
     }
 
     async fn send_batch(
@@ -1099,23 +1160,44 @@ impl<Q: QueueClient + Clone + Send + Sync + 'static> QueueClient for FaultyQueue
         messages: Vec<OutgoingMessage>,
     ) -> Result<Vec<EntryFailure>, QueueError> {
         let (inner, q, all) = (self.inner.clone(), queue.to_owned(), messages.clone());
-        self.late("SendMessageBatch", queue, async move {
+        let each: Vec<Vec<String>> = messages
+            .iter()
+            .map(|m| Subject::of_outgoing(m, &self.link.trace))
+            .collect();
+        let subjects: Vec<String> = each.iter().flatten().cloned().collect();
+        self.late("SendMessageBatch", queue, &subjects, async move {
             let _ = inner.send_batch(&q, all).await;
         })
         .await?;
         let f = self.inner.send_batch(queue, messages);
-        self.entries_noted(self.call("SendMessageBatch", queue, f).await)
+        let out = self.call("SendMessageBatch", queue, &subjects, f).await;
+        self.entries_noted(out, &each)
     }
 
     async fn attributes(&self, queue: &str) -> Result<QueueAttributes, QueueError> {
-        self.call("GetQueueAttributes", queue, self.inner.attributes(queue))
-            .await
+        self.call(
+            "GetQueueAttributes",
+            queue,
+            &[],
+            self.inner.attributes(queue),
+        )
+        .await
     }
 
     async fn queue_url(&self, name: &str, account: &str) -> Result<String, QueueError> {
-        self.call("GetQueueUrl", name, self.inner.queue_url(name, account))
-            .await
+        self.call(
+            "GetQueueUrl",
+            name,
+            &[],
+            self.inner.queue_url(name, account),
+        )
+        .await
     }
+}
+
+/// A batch call's receipts as the subjects of its trouble.
+fn receipt_subjects(receipts: &[String]) -> Vec<String> {
+    receipts.iter().map(|r| Subject::receipt(r)).collect()
 }
 
 /// The receipts of a batch call SQS applied: all but its failed entries.
@@ -1182,6 +1264,7 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
     async fn call<T, F>(
         &self,
         op: &'static str,
+        pk: &str,
         mut f: impl FnMut() -> F,
         land: impl Fn(S) -> Landing,
     ) -> Result<T, StoreError>
@@ -1192,6 +1275,11 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
         // Every attempt refused for a transaction conflict (as `DynamoStore`
         // answers `Busy` only then).
         let mut busy = true;
+        let subjects: Vec<String> = [pk]
+            .into_iter()
+            .filter(|pk| !pk.is_empty())
+            .map(Subject::key)
+            .collect();
         for attempt in 0..STORE_ATTEMPTS {
             if attempt > 0 {
                 self.life
@@ -1209,7 +1297,9 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
             {
                 self.life.guard(tokio::time::sleep(pause)).await;
             }
-            if let Some((wait, after)) = self.link.draw_late(Service::Ddb, op, self.link.plan.late)
+            if let Some((wait, after)) =
+                self.link
+                    .draw_late(Service::Ddb, op, self.link.plan.late, &subjects)
             {
                 let landing = land(self.inner.at(self.clock.now()));
                 let (trace, name) = (self.link.trace.clone(), self.link.name.clone());
@@ -1227,7 +1317,7 @@ impl<S: DedupStore + Clone + AtTime> FaultyStore<S> {
             }
             match self
                 .life
-                .guard(self.link.through(Service::Ddb, op, f()))
+                .guard(self.link.through(Service::Ddb, op, &subjects, f()))
                 .await
             {
                 Ok(r) => return r,
@@ -1257,7 +1347,8 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
                 let _ = inner.claim(&req).await;
             })
         };
-        self.call("claim", || self.inner.claim(req), land).await
+        self.call("claim", &req.pk, || self.inner.claim(req), land)
+            .await
     }
 
     async fn complete(&self, c: Completion) -> Result<(), StoreError> {
@@ -1268,7 +1359,8 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
                 let _ = inner.complete(c).await;
             })
         };
-        self.call("complete", || self.inner.complete(c.clone()), land)
+        let pk = c.pk.clone();
+        self.call("complete", &pk, || self.inner.complete(c.clone()), land)
             .await
     }
 
@@ -1280,7 +1372,7 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
                 let _ = inner.release(&p, &o, &e).await;
             })
         };
-        self.call("release", || self.inner.release(pk, owner, error), land)
+        self.call("release", pk, || self.inner.release(pk, owner, error), land)
             .await
     }
 
@@ -1300,6 +1392,7 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
         };
         self.call(
             "mark_failed",
+            pk,
             || self.inner.mark_failed(pk, owner, error, ttl),
             land,
         )
@@ -1322,6 +1415,7 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
         };
         self.call(
             "extend_lease",
+            pk,
             || self.inner.extend_lease(pk, owner, lease, ttl),
             land,
         )
@@ -1338,6 +1432,7 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
         };
         self.call(
             "commit_unprotected",
+            "",
             || self.inner.commit_unprotected(writes.clone()),
             land,
         )
@@ -1352,8 +1447,14 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
                 let _ = inner.commit_fast(c).await;
             })
         };
-        self.call("commit_fast", || self.inner.commit_fast(c.clone()), land)
-            .await
+        let pk = c.pk.clone();
+        self.call(
+            "commit_fast",
+            &pk,
+            || self.inner.commit_fast(c.clone()),
+            land,
+        )
+        .await
     }
 
     async fn mark_dispatched(
@@ -1370,6 +1471,7 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
         };
         self.call(
             "mark_dispatched",
+            pk,
             || self.inner.mark_dispatched(pk, sent),
             land,
         )
@@ -1378,7 +1480,7 @@ impl<S: DedupStore + Clone + AtTime> DedupStore for FaultyStore<S> {
 
     async fn get(&self, pk: &str) -> Result<Option<Record>, StoreError> {
         let land = |_: S| -> Landing { Box::pin(async {}) };
-        let read = self.call("get", || self.inner.get(pk), land).await;
+        let read = self.call("get", pk, || self.inner.get(pk), land).await;
         if read.is_err() {
             self.link.trace.failed_read(&self.link.name, pk);
         }

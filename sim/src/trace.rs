@@ -27,25 +27,109 @@ struct TraceInner {
     failed_reads: Vec<(String, String, u128)>,
     /// Handlers that started for a redelivery whose record already said
     /// `COMPLETED`: (message id, receive count, consumer, event, when the
-    /// record was completed in ms).
-    reruns: Vec<(String, u32, String, String, u128)>,
+    /// record was completed in ms, when the handler started in ms).
+    reruns: Vec<(String, u32, String, String, u128, u128)>,
     /// What went wrong, and when ([`Trouble`]).
     trouble: Trouble,
+    /// Objects stored in S3 by key: the event whose body each holds.
+    objects: std::collections::BTreeMap<String, String>,
 }
 
 /// Spans of trouble by host or event: (from, until), ms from the run's start.
 pub type Spans = std::collections::BTreeMap<String, Vec<(u128, u128)>>;
+
+/// Spans of trouble on calls by host: (from, until, what the call was made
+/// for: [`Subject`]s), ms from the run's start.
+pub type CallSpans = std::collections::BTreeMap<String, Vec<(u128, u128, Vec<String>)>>;
+
+/// What a call was made for, as [`Trouble::calls`] names it: a record key,
+/// a receipt handle, an event (a large payload's object, an outgoing
+/// message), or a receive (the deliveries it took).
+pub struct Subject;
+
+impl Subject {
+    /// A call on the record `pk`.
+    pub fn key(pk: &str) -> String {
+        format!("key:{pk}")
+    }
+
+    /// A call through the receipt handle `receipt`.
+    pub fn receipt(receipt: &str) -> String {
+        format!("receipt:{receipt}")
+    }
+
+    /// A call for event `id` (its payload's object, its outgoing message).
+    pub fn event(id: &str) -> String {
+        format!("event:{id}")
+    }
+
+    /// A call for the message `id` (a copy of it parked in the DLQ, which
+    /// names it).
+    pub fn message(id: &str) -> String {
+        format!("message:{id}")
+    }
+
+    /// A receive: it stands for the deliveries taken over its span.
+    pub const RECEIVE: &'static str = "receive";
+
+    /// The event an outgoing message's body names (its `id`; for a
+    /// pointer to a body stored in S3, the event whose body the object
+    /// holds: [`Trace::object_stored`]), as a subject.
+    pub fn of_body(body: &str, trace: &Trace) -> Vec<String> {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+            return Vec::new();
+        };
+        let event = match v
+            .get(1)
+            .and_then(|p| p.get("s3Key"))
+            .and_then(|k| k.as_str())
+        {
+            Some(key) => crate::world::event_of_payload_key(key)
+                .map(str::to_owned)
+                .or_else(|| trace.object_event(key)),
+            None => v.get("id").and_then(|i| i.as_str()).map(str::to_owned),
+        };
+        event.iter().map(|e| Self::event(e)).collect()
+    }
+
+    /// What an outgoing message was sent for: the event its body names
+    /// ([`Subject::of_body`]), and for a copy parked in the DLQ the message
+    /// it stands for.
+    pub fn of_outgoing(m: &sqs_once::queue::OutgoingMessage, trace: &Trace) -> Vec<String> {
+        let mut out = Self::of_body(&m.body, trace);
+        if let Some(sqs_once::Attribute {
+            value: sqs_once::AttributeValue::Text(id),
+            ..
+        }) = m.attributes.get(sqs_once::parking::MESSAGE_ID_ATTRIBUTE)
+        {
+            out.push(Self::message(id));
+        }
+        out
+    }
+
+    /// The event an object's content names (`"id":"…"` in a body stored
+    /// whole or `aws-chunked`).
+    pub fn id_in(content: &[u8]) -> Option<String> {
+        let text = String::from_utf8_lossy(content);
+        let from = text.find("\"id\":\"")? + 6;
+        let len = text[from..].find('"')?;
+        Some(text[from..from + len].to_owned())
+    }
+}
 
 /// What went wrong during a run, and when (ms from its start, each a span
 /// `(from, until)`): what may explain a receive a message spent without
 /// completing ([`crate::check::unexplained_receives`]).
 #[derive(Debug, Clone, Default)]
 pub struct Trouble {
-    /// By host: a fault drawn for one of its calls (over the call's wait,
-    /// where it has one), a batch call whose entries failed alone, a
-    /// freeze, a partition, a pause before a write, a request landing
-    /// late, a crash or a SIGTERM.
+    /// By host, the trouble of the whole host: a freeze, a partition, a
+    /// pause before a request, a crash or a SIGTERM.
     pub hosts: Spans,
+    /// By host, trouble on one call, with what the call was made for
+    /// ([`Subject`]): a fault drawn for it (over the call's wait, where it
+    /// has one), a request landing late, a batch call's entries that failed
+    /// alone (those entries' subjects).
+    pub calls: CallSpans,
     /// By host: what stops it keeping a message's visibility, a freeze, a
     /// cut from SQS, a pause before a request (each also in `hosts`).
     pub stalls: Spans,
@@ -78,6 +162,7 @@ impl Trace {
                 failed_reads: Vec::new(),
                 reruns: Vec::new(),
                 trouble: Trouble::default(),
+                objects: std::collections::BTreeMap::new(),
             })),
             start: Instant::now(),
         }
@@ -115,7 +200,9 @@ impl Trace {
 
     /// Notes a handler started for a redelivery whose record said `COMPLETED`.
     /// (`done_ms`: when the record was completed, ms from the start.)
+    /// (Noted as the handler starts: now is its start.)
     pub fn rerun(&self, message: &str, count: u32, consumer: &str, event: &str, done_ms: u128) {
+        let now = self.now_ms();
         let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         t.reruns.push((
             message.to_owned(),
@@ -123,6 +210,7 @@ impl Trace {
             consumer.to_owned(),
             event.to_owned(),
             done_ms,
+            now,
         ));
     }
 
@@ -132,6 +220,18 @@ impl Trace {
     }
 
     /// Notes trouble on `host` from `from` (ms) until `d` from now.
+    /// Notes trouble on a call of `host` made for `subjects` (see
+    /// [`Trouble::calls`]) from now for `d`.
+    pub fn call_trouble(&self, host: &str, subjects: &[String], d: std::time::Duration) {
+        let now = self.now_ms();
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.trouble.calls.entry(host.to_owned()).or_default().push((
+            now,
+            now + d.as_millis(),
+            subjects.to_vec(),
+        ));
+    }
+
     /// Notes a stall of `host` (see [`Trouble::stalls`]) from now for `d`.
     pub fn host_stall(&self, host: &str, d: std::time::Duration) {
         self.note_trouble(|t| &mut t.stalls, host, self.now_ms(), d);
@@ -165,6 +265,19 @@ impl Trace {
             .push((from, now + d.as_millis()));
     }
 
+    /// Notes that the object `key` holds event `event`'s body (an outgoing
+    /// body stored in S3 by the outbox).
+    pub fn object_stored(&self, key: &str, event: &str) {
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.objects.insert(key.to_owned(), event.to_owned());
+    }
+
+    /// The event whose body the object `key` holds, if noted.
+    pub fn object_event(&self, key: &str) -> Option<String> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.objects.get(key).cloned()
+    }
+
     /// What went wrong during the run.
     pub fn trouble(&self) -> Trouble {
         let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -178,7 +291,7 @@ impl Trace {
     }
 
     /// Handlers started for completed redeliveries.
-    pub fn reruns(&self) -> Vec<(String, u32, String, String, u128)> {
+    pub fn reruns(&self) -> Vec<(String, u32, String, String, u128, u128)> {
         let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         t.reruns.clone()
     }

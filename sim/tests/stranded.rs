@@ -18,7 +18,7 @@ use sqs_once_sim::deliveries::Deliveries;
 use sqs_once_sim::faults::{Cuts, FaultPlan, Life};
 use sqs_once_sim::run_seed_with;
 use sqs_once_sim::stores::StorePath;
-use sqs_once_sim::trace::Trouble;
+use sqs_once_sim::trace::{Subject, Trouble};
 use sqs_once_sim::world::{EventSpec, Kind, Scenario};
 use tokio::time::Instant;
 
@@ -1356,6 +1356,36 @@ async fn a_receive_spent_with_nothing_to_explain_it_is_a_violation() {
     let mut failed = Trouble::default();
     failed.events.insert("evt-0001".into(), vec![(200, 200)]);
     assert!(judged(failed, "retry").is_empty());
+    // A fault on a call of its host made for something else (another
+    // receipt, another event's record) explains nothing; one on a call
+    // made for it (through its receipt, on its event's record, for its
+    // event's payload, or the receive that took it) does.
+    let call = |subject: String, from: u128, until: u128| {
+        let mut t = Trouble::default();
+        t.calls
+            .insert("c0".into(), vec![(from, until, vec![subject])]);
+        t
+    };
+    for other in [
+        Subject::receipt("another"),
+        Subject::key(&s.record_pk("evt-0002")),
+        Subject::event("evt-0002"),
+    ] {
+        assert_eq!(judged(call(other, 500, 500), "retry").len(), 1);
+    }
+    for own in [
+        Subject::receipt(&one.receipt),
+        Subject::key(&s.record_pk("evt-0001")),
+        Subject::event("evt-0001"),
+        Subject::RECEIVE.to_owned(),
+    ] {
+        assert!(judged(call(own, 0, 500), "retry").is_empty());
+    }
+    // A receive stands for the deliveries it took, not for one it did not.
+    assert_eq!(
+        judged(call(Subject::RECEIVE.to_owned(), 100, 500), "retry").len(),
+        1
+    );
     // A delivery that finished its message spent nothing.
     assert!(judged(Trouble::default(), "completed").is_empty());
 }

@@ -271,6 +271,67 @@ fn owned_write(op: &str, body: &serde_json::Value) -> bool {
     }
 }
 
+/// What a DynamoDB request was made for (see [`crate::trace::Trouble::calls`]):
+/// every record key (`pk`) it names.
+fn dynamo_subjects(body: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    if k == sqs_once::aws::dynamodb::KEY_ATTRIBUTE
+                        && let Some(pk) = v.get("S").and_then(|s| s.as_str())
+                    {
+                        out.push(crate::trace::Subject::key(pk));
+                    } else {
+                        walk(v, out);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(body, &mut out);
+    out
+}
+
+/// What an SQS request was made for (see [`crate::trace::Trouble::calls`]):
+/// its receipt handles, the events its outgoing bodies name, or for a
+/// receive the deliveries it takes.
+fn sqs_subjects(op: &str, body: &serde_json::Value, trace: &crate::trace::Trace) -> Vec<String> {
+    use crate::trace::Subject;
+    if op == "ReceiveMessage" {
+        return vec![Subject::RECEIVE.to_owned()];
+    }
+    let one = std::iter::once(body);
+    let entries = body
+        .get("Entries")
+        .and_then(|e| e.as_array())
+        .into_iter()
+        .flatten();
+    one.chain(entries)
+        .flat_map(|v| {
+            let receipt = v
+                .get("ReceiptHandle")
+                .and_then(|r| r.as_str())
+                .map(Subject::receipt);
+            let sent = v
+                .get("MessageBody")
+                .and_then(|b| b.as_str())
+                .map(|b| Subject::of_body(b, trace))
+                .unwrap_or_default();
+            let parked = v
+                .get("MessageAttributes")
+                .and_then(|a| a.get(sqs_once::parking::MESSAGE_ID_ATTRIBUTE))
+                .and_then(|a| a.get("StringValue"))
+                .and_then(|id| id.as_str())
+                .map(Subject::message);
+            receipt.into_iter().chain(sent).chain(parked)
+        })
+        .collect()
+}
+
 /// A transaction cancelled because its first item is being written by
 /// another transaction (one reason per item, as DynamoDB answers); a
 /// single-item write refused with `TransactionConflictException`.
@@ -347,9 +408,19 @@ impl Wire {
             .unwrap_or_else(|e| e.into_inner())
             .pop_front();
         let fault = scripted.unwrap_or_else(|| {
-            self.link
-                .as_ref()
-                .map_or(WireFault::None, |link| link.draw_wire(op, false))
+            self.link.as_ref().map_or(WireFault::None, |link| {
+                use crate::trace::Subject;
+                if op == "PutObject"
+                    && let Some(event) = Subject::id_in(&content.body)
+                {
+                    link.trace.object_stored(&key, &event);
+                }
+                let event = crate::world::event_of_payload_key(&key)
+                    .map(str::to_owned)
+                    .or_else(|| link.trace.object_event(&key));
+                let subjects: Vec<String> = event.iter().map(|e| Subject::event(e)).collect();
+                link.draw_wire(op, false, &subjects)
+            })
         });
         let apply = |model: &s3::S3Model| model.handle_with(&method, &bucket, &key, &content);
         let answer = match fault {
@@ -417,7 +488,11 @@ impl Wire {
             .pop_front();
         let fault = scripted.unwrap_or_else(|| {
             self.link.as_ref().map_or(SqsFault::None, |link| {
-                link.draw_sqs_wire(&op, sqs::entries_of(&op, &body))
+                link.draw_sqs_wire(
+                    &op,
+                    sqs::entries_of(&op, &body),
+                    &sqs_subjects(&op, &body, &link.trace),
+                )
             })
         });
         let answer = match fault {
@@ -499,7 +574,7 @@ impl Wire {
                 {
                     tokio::time::sleep(pause).await;
                 }
-                link.draw_wire(&op, op == "TransactWriteItems")
+                link.draw_wire(&op, op == "TransactWriteItems", &dynamo_subjects(&body))
             }
         };
         let apply = |model: &DynamoModel| {
