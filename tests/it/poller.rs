@@ -637,7 +637,10 @@ async fn fast_path_sigkill_before_the_commit_loses_nothing_and_applies_once() {
         .filter_map(|item| item.get("pk")?.as_s().ok())
         .filter(|pk| pk.contains('#'))
         .collect();
-    assert!(records.is_empty(), "no record before the commit: {records:?}");
+    assert!(
+        records.is_empty(),
+        "no record before the commit: {records:?}"
+    );
     assert!(ledger_rows(&ddb, &l.ledger).await.is_empty());
 
     run_until_drained(&l, &sqs, 1, &[]).await;

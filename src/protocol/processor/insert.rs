@@ -6,9 +6,9 @@
 use tracing::{info, warn};
 
 use crate::Message;
-use crate::protocol::config::PayloadMismatch;
 use crate::protocol::handler::{Context, HandlerError};
 use crate::protocol::outcome::Outcome;
+use crate::protocol::store::Status;
 use crate::protocol::store::{
     DedupStore, INSERT_KEY_ATTRIBUTE, INSERT_PAYLOAD_ATTRIBUTE, InsertCommit, Inserted,
 };
@@ -133,9 +133,10 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
 
     /// An item with the key that no delivery of this message's key wrote
     /// (another message's, or one written outside the library): nothing
-    /// was written. Counted and logged as a payload mismatch, and parked
-    /// where `SQS_ONCE_PAYLOAD_MISMATCH=park` says so; under `warn` the
-    /// message is let go as a duplicate, saying so.
+    /// was written. Parked with the reason whatever
+    /// `SQS_ONCE_PAYLOAD_MISMATCH` says: unlike one key with two bodies,
+    /// these are two events, and letting this one go would drop an effect
+    /// that never ran. Counted as a payload mismatch.
     fn insert_taken(&self, message: &Message, by: Option<&str>) -> Outcome {
         self.metrics.payload_mismatch();
         let key = self
@@ -146,29 +147,23 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             Some(other) => format!("written by another message (record key {other:?})"),
             None => "written outside sqs-once (no marker)".to_owned(),
         };
-        match self.config.payload_mismatch {
-            PayloadMismatch::Warn => {
-                warn!(
-                    whose,
-                    "insert path: the item's key is taken by an item {whose}; nothing written, let go as a duplicate (SQS_ONCE_PAYLOAD_MISMATCH=warn)"
-                );
-                Outcome::Duplicate {
-                    result: None,
-                    payload_matches: false,
-                }
-            }
-            PayloadMismatch::Park => Outcome::Park {
-                reason: format!(
-                    "insert refused: the item's key is taken by an item {whose}, not by dedup key {key:?}; nothing was written; parked as SQS_ONCE_PAYLOAD_MISMATCH=park says"
-                ),
-            },
+        warn!(
+            whose, key = %key,
+            "insert path: the item's key is taken by an item of another event; nothing written, parked"
+        );
+        Outcome::Park {
+            reason: format!(
+                "insert refused: the item's key is taken by an item {whose}, not by dedup key {key:?}; nothing was written"
+            ),
         }
     }
 
     /// A redelivery on the insert path (receive count above one) reads its
     /// key's dedup record first: a message parked before (a `FAILED` record
     /// of this delivery: its delete after the park failed) is parked again
-    /// without running, as on the fast path. One read per redelivery.
+    /// without running, as on the fast path, and a `COMPLETED` one (made by
+    /// the fast path or the claim before the consumer took the insert path)
+    /// is a duplicate. One read per redelivery.
     pub(super) async fn parked_before_insert(
         &self,
         message: &Message,
@@ -178,8 +173,19 @@ impl<S: DedupStore, H: Handler> Processor<S, H> {
             return None;
         }
         let pk = self.config.record_key(key);
+        let now_s = self.clock.now_ms().div_euclid(1000);
         match self.store.get(&pk).await {
             Ok(Some(r)) if r.failed_by(message.id()) => Some(super::already_parked(r.error)),
+            // Completed by another path (a consumer switched to the insert
+            // path while messages were in flight): a duplicate, as there.
+            Ok(Some(r)) if r.status == Status::Completed && r.expires_at_s >= now_s => {
+                let payload_matches =
+                    r.payload_sha256.as_deref() == Some(&self.config.payload_sha256(message));
+                Some(Outcome::Duplicate {
+                    result: r.result,
+                    payload_matches,
+                })
+            }
             Ok(_) => None,
             Err(e) => {
                 info!(error = %e, "could not read the record of a redelivery (insert path)");

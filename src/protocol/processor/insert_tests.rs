@@ -247,15 +247,11 @@ async fn an_item_another_message_or_tool_wrote_is_never_taken_for_done_silently(
         matches!(&o, Outcome::Park { reason } if reason.contains("another message") && reason.contains("shop#evt-1")),
         "{o:?}"
     );
+    // Under `warn` too: two events, not one key with two bodies, so letting
+    // it go would drop an effect that never ran.
     let o = warn.process(Message::new("m2", second)).await;
     assert!(
-        matches!(
-            o,
-            Outcome::Duplicate {
-                payload_matches: false,
-                ..
-            }
-        ),
+        matches!(&o, Outcome::Park { reason } if reason.contains("another message")),
         "{o:?}"
     );
     // An item written outside sqs-once: no marker.
@@ -430,4 +426,39 @@ fn an_insert_shaped_handler_without_a_key_is_refused_at_start() {
     };
     assert_eq!(e.setting, "insert_once");
     assert!(e.problem.contains("key attributes"), "{e}");
+}
+
+#[tokio::test]
+async fn a_redelivery_completed_by_another_path_is_a_duplicate_and_runs_nothing() {
+    // A consumer switched to the insert path while a message completed by
+    // the fast path was still in flight: its redelivery finds that record.
+    let store = MemoryStore::default();
+    let staged = Processor::new(
+        store.clone(),
+        crate::staged_only(handler_fn(
+            |_m: Message, _ctx: Context| async move { Ok(None) },
+        )),
+        config(PayloadMismatch::Park),
+    )
+    .unwrap();
+    let body = r#"{"id":"evt-1","order":"o-1","amount":5}"#;
+    let first = staged.process(Message::new("m1", body)).await;
+    assert!(matches!(first, Outcome::Completed { .. }), "{first:?}");
+    let (runs, handler) = orders();
+    let insert = Processor::new(store.clone(), handler, config(PayloadMismatch::Park)).unwrap();
+    let again = insert
+        .process(Message::new("m1", body).with_receive_count(2))
+        .await;
+    assert!(
+        matches!(
+            again,
+            Outcome::Duplicate {
+                payload_matches: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler did not run");
+    assert!(store.items(TABLE).is_empty(), "nothing inserted");
 }
