@@ -45,13 +45,35 @@ pub struct PayloadBudget {
 pub struct PayloadGrant {
     budget: Arc<PayloadBudget>,
     units: u32,
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
 }
 
 impl PayloadGrant {
     /// How many bytes the grant covers (at least what was asked for).
     pub fn bytes(&self) -> usize {
         self.units as usize * UNIT
+    }
+}
+
+impl PayloadGrant {
+    /// Gives back what the grant holds beyond `bytes` (a payload read under
+    /// a grant of the whole budget, its pointer declaring no size, holds
+    /// only what it turned out to be while its message runs).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        let keep = PayloadBudget::units_for(bytes)
+            .unwrap_or(self.units)
+            .min(self.units);
+        let excess = self.units - keep;
+        if excess == 0 {
+            return;
+        }
+        if let Some(extra) = self.permit.split(excess as usize) {
+            drop(extra);
+            self.budget
+                .held
+                .fetch_sub(excess as usize * UNIT, Ordering::SeqCst);
+            self.units = keep;
+        }
     }
 }
 
@@ -130,7 +152,7 @@ impl PayloadBudget {
         PayloadGrant {
             budget: self.clone(),
             units,
-            _permit: permit,
+            permit,
         }
     }
 }
@@ -241,6 +263,27 @@ mod tests {
             cgroup_v1: v1.map(str::to_owned),
             meminfo: None,
         }
+    }
+
+    #[test]
+    fn a_grant_shrunk_to_what_was_read_gives_the_rest_back() {
+        let budget = Arc::new(PayloadBudget::new(1024 * 1024));
+        // A pointer without a size: the whole budget, until the read.
+        let mut whole = budget.try_grant(1024 * 1024).expect("free");
+        assert!(budget.try_grant(1).is_none(), "all of it is held");
+        whole.shrink_to(10 * 1024 + 1);
+        assert_eq!(budget.held(), 11 * 1024, "rounded up to whole KiB");
+        let other = budget
+            .try_grant(512 * 1024)
+            .expect("the rest is free again");
+        drop(whole);
+        assert_eq!(budget.held(), 512 * 1024);
+        drop(other);
+        assert_eq!(budget.held(), 0);
+        assert!(
+            budget.try_grant(1024 * 1024).is_some(),
+            "every byte given back"
+        );
     }
 
     #[test]

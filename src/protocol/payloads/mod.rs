@@ -482,7 +482,12 @@ impl LargePayloads {
                 .map_err(Granted::Outcome)?;
             let limit = grant.bytes().min(self.max_bytes);
             let e = match self.read(pointer, until, limit).await {
-                Ok(bytes) => return Ok((bytes, Some(grant))),
+                Ok(bytes) => {
+                    // Held while the message runs: only what was read.
+                    let mut grant = grant;
+                    grant.shrink_to(bytes.len());
+                    return Ok((bytes, Some(grant)));
+                }
                 Err(e) if e.kind == PayloadErrorKind::TooLarge && limit < self.max_bytes => e,
                 Err(e) => return Err(Granted::Failed(e)),
             };
