@@ -10,11 +10,11 @@
 //!
 //! ```text
 //! source scripts/local-env
-//! SQS_ONCE_BENCH_BUDGET=fitted cargo test --all-features --test payload_budget -- --ignored --nocapture
-//! SQS_ONCE_BENCH_BUDGET=none   cargo test --all-features --test payload_budget -- --ignored --nocapture
+//! BENCH_PAYLOAD_BUDGET=fitted cargo test --all-features --test payload_budget -- --ignored --nocapture
+//! BENCH_PAYLOAD_BUDGET=none   cargo test --all-features --test payload_budget -- --ignored --nocapture
 //! ```
 //!
-//! (`SQS_ONCE_BENCH_HANDLER=copy`: the handler holds a copy of each
+//! (`BENCH_PAYLOAD_HANDLER=copy`: the handler holds a copy of each
 //! message, as a `handler_fn` handler is handed one.)
 
 use std::collections::HashMap;
@@ -234,7 +234,7 @@ fn rss() -> (usize, usize) {
 #[ignore = "moves 600 MiB through S3; run by hand (bench/RESULTS.md)"]
 async fn peak_rss_of_ten_60_mib_payloads_at_once() {
     let Some(s3) = s3().await else { return };
-    let mode = std::env::var("SQS_ONCE_BENCH_BUDGET").unwrap_or_else(|_| "fitted".into());
+    let mode = std::env::var("BENCH_PAYLOAD_BUDGET").unwrap_or_else(|_| "fitted".into());
     let memory_mib = 256;
     let budget = match mode.as_str() {
         "none" => None,
@@ -262,7 +262,7 @@ async fn peak_rss_of_ten_60_mib_payloads_at_once() {
             .await
             .unwrap();
     }
-    let copy = std::env::var("SQS_ONCE_BENCH_HANDLER").as_deref() == Ok("copy");
+    let copy = std::env::var("BENCH_PAYLOAD_HANDLER").as_deref() == Ok("copy");
     let (p, runs) = processor(s3.clone(), budget.clone(), Duration::from_millis(300), copy);
     // The peak so far (the upload's) is forgotten: from here on it counts.
     std::fs::write("/proc/self/clear_refs", "5").unwrap();
