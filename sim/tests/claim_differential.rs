@@ -132,6 +132,11 @@ fn evaluate(condition: &str, item: &Item, now_ms: i64, mid: &str, fence: Option<
         (":failed".to_owned(), Av::S("FAILED".into())),
         (":in_progress".to_owned(), Av::S("IN_PROGRESS".into())),
         (":mid".to_owned(), Av::S(mid.into())),
+        // The format this build writes: the generator's records carry none.
+        (
+            ":fmt".to_owned(),
+            Av::N(sqs_once::aws::dynamodb::RECORD_FORMAT.to_string()),
+        ),
     ]);
     let mut values = values;
     if let Some(fence) = fence {
