@@ -1272,6 +1272,16 @@ fn a_call_a_process_pause_stopped_is_judged_until_the_pause_began() {
 fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
     let mut s = scenario(Kind::External, false, vec![event(0, "g")]);
     s.skew_beyond_margin = Some("c1".into());
+    // c1's clock runs ahead (as the draw makes it, one run in two): it may
+    // take a live lease, so its call can be the later one of an overlap.
+    s.consumers.push(ConsumerSpec {
+        name: "c1".into(),
+        runtime: Runtime::Poller { concurrency: 1 },
+        skew_ms: 5_000,
+        jump: None,
+        kind: Kind::External,
+    });
+    let c1 = s.consumers.len() - 1;
     s.claim_stages = true;
     let acc = accepted(&s);
     let mut e = evidence(&s, &acc);
@@ -1291,6 +1301,21 @@ fn under_a_skew_beyond_the_margin_overlaps_are_counted_and_the_rest_required() {
     e.rows = vec![fx("evt-0000", "msg-00000001")];
     assert!(check(&e).is_empty(), "{:?}", check(&e));
     assert_eq!(sqs_once_sim::check::overlapping(&e), 1);
+    // Running behind, c1 ends leases early: it cannot be the later call.
+    let mut behind_s = s.clone();
+    behind_s.consumers[c1].skew_ms = -5_000;
+    let mut behind = evidence(&behind_s, &acc);
+    behind.calls = e.calls.clone();
+    behind.charged.insert("evt-0000".into(), 1);
+    behind.records.insert("evt-0000".into(), Status::Completed);
+    behind.rows = vec![fx("evt-0000", "msg-00000001")];
+    assert!(
+        check(&behind)
+            .iter()
+            .any(|v| v.contains("the other way round")),
+        "{:?}",
+        check(&behind)
+    );
     // Two hosts within the margin overlapping is still a violation.
     let mut both = e.calls.clone();
     both.push(call("c2", 70, Some(80)));
