@@ -142,6 +142,19 @@ struct Stored {
     by: String,
 }
 
+impl Stored {
+    /// A stamp this build writes: its record format, `derivation`, the key
+    /// settings in force and its version.
+    fn this_build(derivation: u32, key_settings: &str) -> Self {
+        Self {
+            format: RECORD_FORMAT,
+            derivation,
+            scheme: key_settings.to_owned(),
+            by: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}
+
 /// The key derivation of the versions from before the stamp: a consumer
 /// without a stamp is taken to have made its keys by it (a newer build
 /// finding no stamp cannot tell a new consumer from an old one, so it
@@ -159,49 +172,8 @@ impl DynamoStore {
         key_settings: &str,
     ) -> Result<StampCheck, StampError> {
         let pk = stamp_key(consumer);
-        let mut written = false;
-        let stored = match self.read_stamp(consumer, &pk).await? {
-            Some(stored) => stored,
-            None => {
-                let first = Stored {
-                    format: RECORD_FORMAT,
-                    derivation: LEGACY_KEY_DERIVATION,
-                    scheme: key_settings.to_owned(),
-                    by: env!("CARGO_PKG_VERSION").to_owned(),
-                };
-                if self.write_stamp(consumer, &pk, &first, None).await? {
-                    tracing::info!(
-                        table = %self.table, consumer, record_format = first.format,
-                        key_derivation = first.derivation,
-                        "stamped the dedup table with this consumer's record format and key derivation"
-                    );
-                    written = true;
-                    first
-                } else {
-                    // Another consumer stamped it meanwhile: judge by its stamp.
-                    self.read_stamp(consumer, &pk).await?.ok_or_else(|| {
-                        self.call_error(consumer, "read back", "GetItem", "gone".into(), true)
-                    })?
-                }
-            }
-        };
-        if stored.format > RECORD_FORMAT {
-            return Err(StampError::NewerRecords {
-                table: self.table.to_string(),
-                consumer: consumer.to_owned(),
-                stored: stored.format,
-                by: stored.by,
-            });
-        }
-        if stored.derivation != KEY_DERIVATION {
-            return Err(StampError::KeyDerivationChanged {
-                table: self.table.to_string(),
-                consumer: consumer.to_owned(),
-                pk,
-                stored: stored.derivation,
-                by: stored.by,
-            });
-        }
+        let (stored, written) = self.stamp_or_first(consumer, &pk, key_settings).await?;
+        self.refuse_if_incompatible(consumer, &pk, &stored)?;
         if written {
             return Ok(StampCheck::Written);
         }
@@ -212,12 +184,7 @@ impl DynamoStore {
         // key settings replace the old ones, which the caller reports. Only
         // over the stamp as read: one changed meanwhile (another start, an
         // operator) is checked again from the start.
-        let ours = Stored {
-            format: RECORD_FORMAT,
-            derivation: KEY_DERIVATION,
-            scheme: key_settings.to_owned(),
-            by: env!("CARGO_PKG_VERSION").to_owned(),
-        };
+        let ours = Stored::this_build(KEY_DERIVATION, key_settings);
         if !self
             .write_stamp(consumer, &pk, &ours, Some(&stored))
             .await?
@@ -235,6 +202,62 @@ impl DynamoStore {
         } else {
             Ok(StampCheck::KeySettingsChanged { was: stored.scheme })
         }
+    }
+
+    /// The consumer's stamp, and whether this start wrote it: the one
+    /// stored, or, where there is none, a first one naming
+    /// [`LEGACY_KEY_DERIVATION`] (a conditional put: when another start
+    /// wrote one meanwhile, that one).
+    async fn stamp_or_first(
+        &self,
+        consumer: &str,
+        pk: &str,
+        key_settings: &str,
+    ) -> Result<(Stored, bool), StampError> {
+        if let Some(stored) = self.read_stamp(consumer, pk).await? {
+            return Ok((stored, false));
+        }
+        let first = Stored::this_build(LEGACY_KEY_DERIVATION, key_settings);
+        if self.write_stamp(consumer, pk, &first, None).await? {
+            tracing::info!(
+                table = %self.table, consumer, record_format = first.format,
+                key_derivation = first.derivation,
+                "stamped the dedup table with this consumer's record format and key derivation"
+            );
+            return Ok((first, true));
+        }
+        let theirs = self.read_stamp(consumer, pk).await?.ok_or_else(|| {
+            self.call_error(consumer, "read back", "GetItem", "gone".into(), true)
+        })?;
+        Ok((theirs, false))
+    }
+
+    /// Refuses a stamp whose records this build cannot read, or whose keys
+    /// it would make otherwise.
+    fn refuse_if_incompatible(
+        &self,
+        consumer: &str,
+        pk: &str,
+        stored: &Stored,
+    ) -> Result<(), StampError> {
+        if stored.format > RECORD_FORMAT {
+            return Err(StampError::NewerRecords {
+                table: self.table.to_string(),
+                consumer: consumer.to_owned(),
+                stored: stored.format,
+                by: stored.by.clone(),
+            });
+        }
+        if stored.derivation != KEY_DERIVATION {
+            return Err(StampError::KeyDerivationChanged {
+                table: self.table.to_string(),
+                consumer: consumer.to_owned(),
+                pk: pk.to_owned(),
+                stored: stored.derivation,
+                by: stored.by.clone(),
+            });
+        }
+        Ok(())
     }
 
     async fn read_stamp(&self, consumer: &str, pk: &str) -> Result<Option<Stored>, StampError> {
